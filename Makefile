@@ -1,0 +1,81 @@
+# moonjob -- build, test, bench and install.
+#
+# LuaRocks drives this file (build.type = "make"): it passes CFLAGS, LIBFLAG,
+# LUA_INCDIR at build time and PREFIX, BINDIR, LIBDIR, LUADIR at install time.
+# Everything is overridable; DESTDIR is honoured by install.
+LUA        ?= luajit
+LUA_INCDIR ?= /usr/include/luajit-2.1
+CC         ?= cc
+CFLAGS     ?= -O2 -g
+LIBFLAG    ?= -shared
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib/lua/5.1
+LUADIR     ?= $(PREFIX)/share/lua/5.1
+DESTDIR    ?=
+BUSTED     ?= busted
+
+WARN       = -Wall -Wextra -Wno-unused-parameter -std=gnu11
+MJ_CFLAGS  = $(CFLAGS) $(WARN) -fPIC -I$(LUA_INCDIR) -Icore
+UV_LIBS    = -luv
+LUAJIT_LIB = -lluajit-5.1
+
+BUILD      = build
+CORE_SO    = $(BUILD)/moonjob/core.so
+CHILD      = $(BUILD)/moonjob/moonjob-child
+CORE_SRC   = core/loop.c core/process.c core/stdio.c core/lmoonjob.c
+CORE_OBJ   = $(CORE_SRC:core/%.c=$(BUILD)/obj/%.o)
+HEADERS    = core/moonjob.h core/frame.h
+LUA_FILES  = $(wildcard lua/moonjob/*.lua)
+
+DEB_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev libuv1-dev lua-cjson \
+               lua-busted luarocks
+
+.PHONY: all deps test demo bench install uninstall clean
+
+all: $(CORE_SO) $(CHILD)
+
+$(BUILD)/obj/%.o: core/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(MJ_CFLAGS) -c $< -o $@
+
+$(CORE_SO): $(CORE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LIBFLAG) -o $@ $(CORE_OBJ) $(UV_LIBS) -ldl
+
+$(CHILD): core/child.c core/frame.h
+	@mkdir -p $(dir $@)
+	$(CC) $(MJ_CFLAGS) -o $@ core/child.c $(LUAJIT_LIB) -lm -ldl
+
+# Installs the Debian packages moonjob needs, when some are missing.
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+test: deps all
+	$(BUSTED)
+
+demo: deps all
+	LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="$(BUILD)/?.so;;" \
+	  $(LUA) scripts/moonjob run -j 2 examples/square.lua examples/numbers.ndjson
+
+bench: deps all
+	$(LUA) bench/run.lua
+
+install: all
+	install -d $(DESTDIR)$(LUADIR)/moonjob $(DESTDIR)$(LIBDIR)/moonjob $(DESTDIR)$(BINDIR)
+	install -m 644 $(LUA_FILES) $(DESTDIR)$(LUADIR)/moonjob/
+	install -m 755 $(CORE_SO) $(CHILD) $(DESTDIR)$(LIBDIR)/moonjob/
+	install -m 755 scripts/moonjob $(DESTDIR)$(BINDIR)/moonjob
+
+uninstall:
+	rm -rf $(DESTDIR)$(LUADIR)/moonjob $(DESTDIR)$(LIBDIR)/moonjob $(DESTDIR)$(BINDIR)/moonjob
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,46 @@
+/* frame.h -- the wire format between the parent and its children.
+ *
+ * Parent and child talk over a dedicated socketpair (fd 3 in the child) with
+ * length-prefixed frames: a fixed 16-byte header followed by `len` payload
+ * bytes. The header is written in the host's byte order: both ends always run
+ * on the same machine, from the same build.
+ *
+ * The payload is opaque to C. Values inside it are encoded by the Lua side with
+ * LuaJIT's string.buffer serializer (or carried as JSON text in "json" codec
+ * mode); C only moves the bytes.
+ *
+ * Caveat: `job` is a 64-bit job number chosen by the parent; the child echoes
+ * it so that a frame about an old job can never be mistaken for the current one.
+ */
+#ifndef MJ_FRAME_H
+#define MJ_FRAME_H
+
+#include <stdint.h>
+
+typedef struct {
+  uint32_t len;   /* payload bytes that follow the header */
+  uint32_t type;  /* one of mj_frame_type */
+  uint64_t job;   /* job number, 0 when the frame is about no job */
+} mj_frame_header_t;
+
+#define MJ_FRAME_HEADER_SIZE ((uint32_t) sizeof(mj_frame_header_t))
+
+typedef enum {
+  /* parent -> child */
+  MJ_FRAME_INIT = 1,      /* options for the child, before anything else */
+  MJ_FRAME_JOB = 2,       /* run one job */
+  /* child -> parent */
+  MJ_FRAME_READY = 16,    /* processor loaded, waiting for jobs */
+  MJ_FRAME_LOADERR = 17,  /* processor failed to load; the child exits next */
+  MJ_FRAME_DONE = 18,     /* job completed; payload is the result */
+  MJ_FRAME_FAIL = 19,     /* job failed; payload is the error */
+  MJ_FRAME_PROGRESS = 20, /* job:progress(value) */
+  MJ_FRAME_LOG = 21       /* job:log(text) */
+} mj_frame_type;
+
+/* True for the frames that end a job: the parent then reads whatever the
+ * child printed before it, so output is attributed to the right job. */
+#define MJ_FRAME_ENDS_JOB(t) ((t) == MJ_FRAME_DONE || (t) == MJ_FRAME_FAIL || \
+                              (t) == MJ_FRAME_LOADERR)
+
+#endif

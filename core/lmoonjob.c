@@ -1,0 +1,625 @@
+/* lmoonjob.c -- the Lua face of the C core: luaopen_moonjob_core.
+ *
+ * Every Lua-facing function lives here, next to one checker per userdata type
+ * that also rejects an object already closed. The loop context is a userdata
+ * kept as upvalue 1 of every function (no global Lua state in C).
+ *
+ * C events reach Lua through one protected-call helper with a traceback
+ * handler (lmj_call): an error there is printed and the loop carries on. The
+ * Lua layer (moonjob/init.lua) protects user callbacks itself, so an error
+ * reaching lmj_call is a bug in moonjob.
+ *
+ * Objects with libuv handles (processes, timers, inputs) hold a registry
+ * reference to themselves while a handle is open, so the garbage collector
+ * never frees memory libuv still points to.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include "moonjob.h"
+
+#define LMJ_CTX "moonjob.ctx"
+#define LMJ_PROCESS "moonjob.process"
+#define LMJ_TIMER "moonjob.timer"
+#define LMJ_INPUT "moonjob.input"
+#define LMJ_OUTPUT "moonjob.output"
+
+typedef struct {
+  mj_ctx_t ctx;
+  lua_State *L;      /* the thread running the loop, for callbacks */
+} lmj_ctx_t;
+
+/* ------------------------------------------------------------- helpers --- */
+
+static lmj_ctx_t *lmj_ctx(lua_State *L) {
+  return lua_touserdata(L, lua_upvalueindex(1));
+}
+
+/* The luv "fail" convention: nil, "ECODE: message", "ECODE". */
+static int lmj_fail(lua_State *L, int code) {
+  lua_pushnil(L);
+  lua_pushfstring(L, "%s: %s", uv_err_name(code), uv_strerror(code));
+  lua_pushstring(L, uv_err_name(code));
+  return 3;
+}
+
+static int lmj_traceback(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  luaL_traceback(L, L, msg ? msg : "(error object is not a string)", 1);
+  return 1;
+}
+
+/* Calls the function below its nargs arguments on the loop's thread, in
+ * protected mode. On error the traceback goes to stderr; nothing propagates
+ * into libuv. */
+static void lmj_call(lua_State *L, int nargs) {
+  int base = lua_gettop(L) - nargs;
+  lua_pushcfunction(L, lmj_traceback);
+  lua_insert(L, base);
+  if (lua_pcall(L, nargs, 0, base) != 0) {
+    fprintf(stderr, "moonjob: internal error in a callback: %s\n", lua_tostring(L, -1));
+    lua_pop(L, 1);
+  }
+  lua_remove(L, base);
+}
+
+static void lmj_unref(lua_State *L, int *ref) {
+  luaL_unref(L, LUA_REGISTRYINDEX, *ref);
+  *ref = LUA_NOREF;
+}
+
+static int lmj_ref_function(lua_State *L, int idx) {
+  luaL_checktype(L, idx, LUA_TFUNCTION);
+  lua_pushvalue(L, idx);
+  return luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+/* ---------------------------------------------------------------- loop --- */
+
+static int lmj_run(lua_State *L) {
+  static const char *const modes[] = {"default", "once", "nowait", NULL};
+  static const uv_run_mode values[] = {UV_RUN_DEFAULT, UV_RUN_ONCE, UV_RUN_NOWAIT};
+  lmj_ctx_t *c = lmj_ctx(L);
+  uv_run_mode mode = values[luaL_checkoption(L, 1, "default", modes)];
+  int interruptible = lua_toboolean(L, 2);
+  lua_State *previous = c->L;
+  c->L = L;
+  int rc = mj_ctx_run(&c->ctx, mode, interruptible);
+  c->L = previous;
+  if (rc == MJ_EINTERRUPTED) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "interrupted");
+    return 2;
+  }
+  if (rc == MJ_EREENTERED) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "reentered");
+    return 2;
+  }
+  lua_pushboolean(L, rc != 0);
+  return 1;
+}
+
+/* core.running() -> true inside a callback of the loop (it cannot be run). */
+static int lmj_running(lua_State *L) {
+  lua_pushboolean(L, lmj_ctx(L)->ctx.running);
+  return 1;
+}
+
+static int lmj_hrtime(lua_State *L) {
+  lua_pushnumber(L, (lua_Number) uv_hrtime());
+  return 1;
+}
+
+static int lmj_cpu_count(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer) uv_available_parallelism());
+  return 1;
+}
+
+static int lmj_getpid(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer) getpid());
+  return 1;
+}
+
+int luaopen_moonjob_core(lua_State *L);
+
+/* core.child_path() -> the moonjob-child program installed beside this module. */
+static int lmj_child_path(lua_State *L) {
+  Dl_info info;
+  if (dladdr((void *) luaopen_moonjob_core, &info) == 0 || info.dli_fname == NULL)
+    return luaL_error(L, "cannot locate the moonjob.core module on disk");
+  const char *slash = strrchr(info.dli_fname, '/');
+  if (slash == NULL) lua_pushliteral(L, ".");
+  else lua_pushlstring(L, info.dli_fname, (size_t) (slash - info.dli_fname));
+  lua_pushliteral(L, "/moonjob-child");
+  lua_concat(L, 2);
+  return 1;
+}
+
+/* ------------------------------------------------------------- process --- */
+
+typedef struct {
+  mj_process_t p;
+  lmj_ctx_t *lctx;
+  int cb_ref;   /* on_event function */
+  int self_ref; /* keeps the userdata alive until every handle is closed */
+} lmj_process_t;
+
+static lmj_process_t *lmj_check_process(lua_State *L, int idx) {
+  lmj_process_t *lp = luaL_checkudata(L, idx, LMJ_PROCESS);
+  if (lp->self_ref == LUA_NOREF) luaL_argerror(L, idx, "the process is closed");
+  return lp;
+}
+
+static void lmj_process_event_cb(mj_process_t *p, const mj_process_event_t *ev) {
+  lmj_process_t *lp = (lmj_process_t *) p;
+  lua_State *L = lp->lctx->L;
+  int nargs = 1;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lp->cb_ref);
+  switch (ev->kind) {
+    case MJ_PROCESS_FRAME:
+      lua_pushliteral(L, "frame");
+      lua_pushinteger(L, (lua_Integer) ev->header->type);
+      lua_pushnumber(L, (lua_Number) ev->header->job);
+      lua_pushlstring(L, ev->data, ev->header->len);
+      nargs = 4;
+      break;
+    case MJ_PROCESS_OUTPUT:
+      if (ev->stream == 1) lua_pushliteral(L, "stdout");
+      else lua_pushliteral(L, "stderr");
+      lua_pushlstring(L, ev->data, ev->len);
+      nargs = 2;
+      break;
+    case MJ_PROCESS_OVERSIZE:
+      lua_pushliteral(L, "oversize");
+      lua_pushnumber(L, (lua_Number) ev->len);
+      lua_pushnumber(L, (lua_Number) ev->header->job);
+      nargs = 3;
+      break;
+    case MJ_PROCESS_EXIT:
+      lua_pushliteral(L, "exit");
+      lua_pushnumber(L, (lua_Number) ev->exit_status);
+      lua_pushinteger(L, ev->term_signal);
+      nargs = 3;
+      break;
+    case MJ_PROCESS_CLOSED:
+      lua_pushliteral(L, "closed");
+      break;
+  }
+  lmj_call(L, nargs);
+  if (ev->kind == MJ_PROCESS_CLOSED) {
+    lmj_unref(L, &lp->cb_ref);
+    lmj_unref(L, &lp->self_ref);
+  }
+}
+
+/* Reads the NULL-terminated string array t[1..n] into a malloc'd array. The
+ * strings stay owned by the table, which the caller keeps on the stack. */
+static const char **lmj_string_array(lua_State *L, int idx, const char *first) {
+  int n = lua_isnoneornil(L, idx) ? 0 : (int) lua_objlen(L, idx);
+  int extra = first ? 1 : 0;
+  const char **a = malloc((size_t) (n + extra + 1) * sizeof *a);
+  if (a == NULL) return NULL;
+  if (first) a[0] = first;
+  for (int i = 1; i <= n; i++) {
+    lua_rawgeti(L, idx, i);
+    a[i - 1 + extra] = lua_tostring(L, -1);
+    lua_pop(L, 1); /* the string stays referenced by the table */
+    if (a[i - 1 + extra] == NULL) {
+      free(a);
+      luaL_error(L, "element %d of the list is not a string", i);
+    }
+  }
+  a[n + extra] = NULL;
+  return a;
+}
+
+/* core.spawn{ file=, args={...}, env={"K=V",...}, max_frame=, on_event=fn }
+ *   -> process | nil, err, code */
+static int lmj_spawn(lua_State *L) {
+  lmj_ctx_t *c = lmj_ctx(L);
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_getfield(L, 1, "file");       /* 2 */
+  lua_getfield(L, 1, "args");       /* 3 */
+  lua_getfield(L, 1, "env");        /* 4 */
+  lua_getfield(L, 1, "max_frame");  /* 5 */
+  lua_getfield(L, 1, "on_event");   /* 6 */
+  const char *file = luaL_checkstring(L, 2);
+  mj_spawn_options_t opts;
+  opts.file = file;
+  opts.max_frame = (uint32_t) luaL_optnumber(L, 5, 64.0 * 1024 * 1024 + 65536);
+  const char **args = lmj_string_array(L, 3, file);
+  const char **env = lmj_string_array(L, 4, NULL);
+  if (args == NULL || env == NULL) {
+    free(args);
+    free(env);
+    return lmj_fail(L, UV_ENOMEM);
+  }
+  opts.args = (char **) args;
+  opts.env_overrides = env;
+
+  lmj_process_t *lp = lua_newuserdata(L, sizeof *lp);
+  memset(lp, 0, sizeof *lp);
+  luaL_getmetatable(L, LMJ_PROCESS);
+  lua_setmetatable(L, -2);
+  lp->lctx = c;
+  lp->cb_ref = lmj_ref_function(L, 6);
+  lua_pushvalue(L, -1);
+  lp->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  int rc = mj_process_spawn(&c->ctx, &lp->p, &opts, lmj_process_event_cb);
+  free(args);
+  free(env);
+  if (rc != 0) {
+    if (lp->p.open_handles == 0) { /* no CLOSED event will come */
+      lmj_unref(L, &lp->cb_ref);
+      lmj_unref(L, &lp->self_ref);
+    }
+    return lmj_fail(L, rc);
+  }
+  return 1;
+}
+
+/* process:send(type, job, part1 [, part2 ...]) -> true | nil, err, code */
+static int lmj_process_send(lua_State *L) {
+  lmj_process_t *lp = lmj_check_process(L, 1);
+  uint32_t type = (uint32_t) luaL_checkinteger(L, 2);
+  uint64_t job = (uint64_t) luaL_checknumber(L, 3);
+  uv_buf_t parts[4];
+  unsigned n = (unsigned) (lua_gettop(L) - 3);
+  luaL_argcheck(L, n <= 4, 8, "at most 4 payload parts");
+  for (unsigned i = 0; i < n; i++) {
+    size_t len;
+    const char *s = luaL_checklstring(L, 4 + (int) i, &len);
+    parts[i] = uv_buf_init((char *) s, (unsigned) len);
+  }
+  int rc = mj_process_send(&lp->p, type, job, parts, n);
+  if (rc != 0) return lmj_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int lmj_signal_number(lua_State *L, int idx) {
+  static const char *const names[] = {"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP",
+                                      "SIGUSR1", "SIGUSR2", "SIGSTOP", "SIGCONT", NULL};
+  static const int numbers[] = {SIGTERM, SIGKILL, SIGINT, SIGHUP, SIGUSR1, SIGUSR2,
+                                SIGSTOP, SIGCONT};
+  if (lua_type(L, idx) == LUA_TNUMBER) return (int) lua_tointeger(L, idx);
+  return numbers[luaL_checkoption(L, idx, "SIGTERM", names)];
+}
+
+/* process:kill([signal [, whole_group]]) -> true | nil, err, code */
+static int lmj_process_kill(lua_State *L) {
+  lmj_process_t *lp = lmj_check_process(L, 1);
+  int rc = mj_process_kill(&lp->p, lmj_signal_number(L, 2), lua_toboolean(L, 3));
+  if (rc != 0) return lmj_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* process:end_input() -> true | nil, err, code: the child reads end-of-file. */
+static int lmj_process_end_input(lua_State *L) {
+  lmj_process_t *lp = lmj_check_process(L, 1);
+  int rc = mj_process_end_input(&lp->p);
+  if (rc != 0) return lmj_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int lmj_process_pid(lua_State *L) {
+  lmj_process_t *lp = luaL_checkudata(L, 1, LMJ_PROCESS);
+  lua_pushinteger(L, lp->p.pid);
+  return 1;
+}
+
+static int lmj_process_queued(lua_State *L) {
+  lmj_process_t *lp = lmj_check_process(L, 1);
+  lua_pushnumber(L, (lua_Number) mj_process_queued_bytes(&lp->p));
+  return 1;
+}
+
+static int lmj_process_tostring(lua_State *L) {
+  lmj_process_t *lp = luaL_checkudata(L, 1, LMJ_PROCESS);
+  lua_pushfstring(L, "<moonjob.process pid %d%s>", lp->p.pid,
+                  lp->p.exited ? " exited" : "");
+  return 1;
+}
+
+/* --------------------------------------------------------------- timer --- */
+
+typedef struct {
+  uv_timer_t timer;
+  lmj_ctx_t *lctx;
+  int cb_ref;
+  int self_ref;
+} lmj_timer_t;
+
+static lmj_timer_t *lmj_check_timer(lua_State *L, int idx) {
+  lmj_timer_t *t = luaL_checkudata(L, idx, LMJ_TIMER);
+  if (t->self_ref == LUA_NOREF) luaL_argerror(L, idx, "the timer is closed");
+  return t;
+}
+
+static void lmj_timer_cb(uv_timer_t *handle) {
+  lmj_timer_t *t = handle->data;
+  lua_State *L = t->lctx->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, t->cb_ref);
+  lmj_call(L, 0);
+}
+
+/* core.timer(fn) -> timer; fn runs on each expiry. */
+static int lmj_timer_new(lua_State *L) {
+  lmj_ctx_t *c = lmj_ctx(L);
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  lmj_timer_t *t = lua_newuserdata(L, sizeof *t);
+  luaL_getmetatable(L, LMJ_TIMER);
+  lua_setmetatable(L, -2);
+  uv_timer_init(&c->ctx.loop, &t->timer);
+  t->timer.data = t;
+  t->lctx = c;
+  t->cb_ref = lmj_ref_function(L, 1);
+  lua_pushvalue(L, -1);
+  t->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  return 1;
+}
+
+/* timer:start(ms [, repeat_ms]) */
+static int lmj_timer_start(lua_State *L) {
+  lmj_timer_t *t = lmj_check_timer(L, 1);
+  double ms = luaL_checknumber(L, 2), rep = luaL_optnumber(L, 3, 0);
+  luaL_argcheck(L, ms >= 0, 2, "must not be negative");
+  uv_timer_start(&t->timer, lmj_timer_cb, (uint64_t) ms, (uint64_t) rep);
+  return 0;
+}
+
+static int lmj_timer_stop(lua_State *L) {
+  uv_timer_stop(&lmj_check_timer(L, 1)->timer);
+  return 0;
+}
+
+/* timer:unref(): an active timer no longer keeps a blocking run going. */
+static int lmj_timer_unref(lua_State *L) {
+  uv_unref((uv_handle_t *) &lmj_check_timer(L, 1)->timer);
+  return 0;
+}
+
+static void lmj_timer_close_cb(uv_handle_t *handle) {
+  lmj_timer_t *t = handle->data;
+  lua_State *L = t->lctx->L;
+  lmj_unref(L, &t->self_ref);
+}
+
+static int lmj_timer_close(lua_State *L) {
+  lmj_timer_t *t = luaL_checkudata(L, 1, LMJ_TIMER);
+  if (t->cb_ref == LUA_NOREF) return 0;
+  lmj_unref(L, &t->cb_ref);
+  uv_close((uv_handle_t *) &t->timer, lmj_timer_close_cb);
+  return 0;
+}
+
+/* --------------------------------------------------------------- input --- */
+
+typedef struct {
+  mj_input_t in;
+  lmj_ctx_t *lctx;
+  int line_ref, end_ref, self_ref;
+} lmj_input_t;
+
+static lmj_input_t *lmj_check_input(lua_State *L, int idx) {
+  lmj_input_t *li = luaL_checkudata(L, idx, LMJ_INPUT);
+  if (li->self_ref == LUA_NOREF) luaL_argerror(L, idx, "the input is closed");
+  return li;
+}
+
+static void lmj_line_cb(mj_input_t *in, const char *line, size_t len, int too_long) {
+  lmj_input_t *li = (lmj_input_t *) in;
+  lua_State *L = li->lctx->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, li->line_ref);
+  if (too_long) lua_pushnil(L);
+  else lua_pushlstring(L, line, len);
+  lua_pushnumber(L, (lua_Number) len);
+  lmj_call(L, 2);
+}
+
+static void lmj_input_end_cb(mj_input_t *in, int error) {
+  lmj_input_t *li = (lmj_input_t *) in;
+  lua_State *L = li->lctx->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, li->end_ref);
+  if (error) lua_pushfstring(L, "%s: %s", uv_err_name(error), uv_strerror(error));
+  else lua_pushnil(L);
+  lmj_call(L, 1);
+}
+
+/* core.input(fd, max_line, on_line(line|nil, len), on_end(err|nil)) -> input,
+ * paused: call input:resume() to start. A nil line was longer than max_line. */
+static int lmj_input_new(lua_State *L) {
+  lmj_ctx_t *c = lmj_ctx(L);
+  int fd = (int) luaL_checkinteger(L, 1);
+  size_t max_line = (size_t) luaL_checknumber(L, 2);
+  lmj_input_t *li = lua_newuserdata(L, sizeof *li);
+  luaL_getmetatable(L, LMJ_INPUT);
+  lua_setmetatable(L, -2);
+  mj_input_init(&c->ctx, &li->in, fd, max_line, lmj_line_cb, lmj_input_end_cb);
+  li->lctx = c;
+  li->line_ref = lmj_ref_function(L, 3);
+  li->end_ref = lmj_ref_function(L, 4);
+  lua_pushvalue(L, -1);
+  li->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  return 1;
+}
+
+static int lmj_input_resume(lua_State *L) {
+  int rc = mj_input_resume(&lmj_check_input(L, 1)->in);
+  if (rc != 0) return lmj_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int lmj_input_pause(lua_State *L) {
+  mj_input_pause(&lmj_check_input(L, 1)->in);
+  return 0;
+}
+
+/* input:close(): no more lines; the memory goes once no read is in flight. */
+static int lmj_input_close(lua_State *L) {
+  lmj_input_t *li = luaL_checkudata(L, 1, LMJ_INPUT);
+  if (li->self_ref == LUA_NOREF) return 0;
+  mj_input_free(&li->in);
+  lmj_unref(L, &li->line_ref);
+  lmj_unref(L, &li->end_ref);
+  if (!li->in.reading) lmj_unref(L, &li->self_ref);
+  /* else the reference is kept: the read callback still points here. It is
+   * the CLI's exit that ends it. */
+  return 0;
+}
+
+/* -------------------------------------------------------------- output --- */
+
+typedef struct {
+  mj_output_t out;
+} lmj_output_t;
+
+/* core.output(fd) -> output: ordered writes that never block the loop. */
+static int lmj_output_new(lua_State *L) {
+  lmj_ctx_t *c = lmj_ctx(L);
+  int fd = (int) luaL_checkinteger(L, 1);
+  lmj_output_t *lo = lua_newuserdata(L, sizeof *lo);
+  luaL_getmetatable(L, LMJ_OUTPUT);
+  lua_setmetatable(L, -2);
+  mj_output_init(&c->ctx, &lo->out, fd);
+  return 1;
+}
+
+/* output:write(s) -> true | nil, err, code (the first write error, sticky) */
+static int lmj_output_write(lua_State *L) {
+  lmj_output_t *lo = luaL_checkudata(L, 1, LMJ_OUTPUT);
+  size_t len;
+  const char *s = luaL_checklstring(L, 2, &len);
+  int rc = mj_output_write(&lo->out, s, len);
+  if (rc != 0) return lmj_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* output:pending() -> bytes not yet written */
+static int lmj_output_pending(lua_State *L) {
+  lmj_output_t *lo = luaL_checkudata(L, 1, LMJ_OUTPUT);
+  mj_output_t *o = &lo->out;
+  if (o->error) return lmj_fail(L, o->error);
+  lua_pushnumber(L, (lua_Number) (o->pending_len + o->inflight_len - o->inflight_off));
+  return 1;
+}
+
+static int lmj_output_gc(lua_State *L) {
+  lmj_output_t *lo = luaL_checkudata(L, 1, LMJ_OUTPUT);
+  mj_output_free(&lo->out);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- open --- */
+
+static void lmj_new_class(lua_State *L, const char *name, const luaL_Reg *methods,
+                          lua_CFunction tostring, lua_CFunction gc) {
+  luaL_newmetatable(L, name);
+  lua_newtable(L);
+  for (; methods->name; methods++) {
+    lua_pushvalue(L, -3); /* ctx as upvalue 1 */
+    lua_pushcclosure(L, methods->func, 1);
+    lua_setfield(L, -2, methods->name);
+  }
+  lua_setfield(L, -2, "__index");
+  if (tostring) {
+    lua_pushcfunction(L, tostring);
+    lua_setfield(L, -2, "__tostring");
+  }
+  if (gc) {
+    lua_pushcfunction(L, gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
+}
+
+static int lmj_generic_tostring(lua_State *L) {
+  lua_getmetatable(L, 1);
+  lua_pushliteral(L, "__name");
+  lua_rawget(L, -2);
+  lua_pushfstring(L, "<%s %p>", lua_tostring(L, -1), lua_topointer(L, 1));
+  return 1;
+}
+
+static void lmj_set_name(lua_State *L, const char *name) {
+  luaL_getmetatable(L, name);
+  lua_pushstring(L, name);
+  lua_setfield(L, -2, "__name");
+  lua_pop(L, 1);
+}
+
+static void lmj_push_frame_types(lua_State *L) {
+  static const struct { const char *name; int value; } types[] = {
+    {"INIT", MJ_FRAME_INIT}, {"JOB", MJ_FRAME_JOB}, {"READY", MJ_FRAME_READY},
+    {"LOADERR", MJ_FRAME_LOADERR}, {"DONE", MJ_FRAME_DONE}, {"FAIL", MJ_FRAME_FAIL},
+    {"PROGRESS", MJ_FRAME_PROGRESS}, {"LOG", MJ_FRAME_LOG}};
+  lua_newtable(L);
+  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+    lua_pushinteger(L, types[i].value);
+    lua_setfield(L, -2, types[i].name);
+  }
+}
+
+int luaopen_moonjob_core(lua_State *L) {
+  static const luaL_Reg functions[] = {
+    {"run", lmj_run}, {"running", lmj_running}, {"hrtime", lmj_hrtime}, {"cpu_count", lmj_cpu_count},
+    {"getpid", lmj_getpid}, {"child_path", lmj_child_path}, {"spawn", lmj_spawn},
+    {"timer", lmj_timer_new}, {"input", lmj_input_new}, {"output", lmj_output_new},
+    {NULL, NULL}};
+  static const luaL_Reg process_methods[] = {
+    {"send", lmj_process_send}, {"kill", lmj_process_kill},
+    {"end_input", lmj_process_end_input}, {"pid", lmj_process_pid},
+    {"queued", lmj_process_queued}, {NULL, NULL}};
+  static const luaL_Reg timer_methods[] = {
+    {"start", lmj_timer_start}, {"stop", lmj_timer_stop}, {"unref", lmj_timer_unref},
+    {"close", lmj_timer_close}, {NULL, NULL}};
+  static const luaL_Reg input_methods[] = {
+    {"resume", lmj_input_resume}, {"pause", lmj_input_pause}, {"close", lmj_input_close},
+    {NULL, NULL}};
+  static const luaL_Reg output_methods[] = {
+    {"write", lmj_output_write}, {"pending", lmj_output_pending}, {NULL, NULL}};
+
+  /* One loop per Lua state, created on first require, kept in the registry. */
+  lua_getfield(L, LUA_REGISTRYINDEX, LMJ_CTX);
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    lmj_ctx_t *c = lua_newuserdata(L, sizeof *c);
+    int rc = mj_ctx_init(&c->ctx);
+    if (rc != 0) return luaL_error(L, "cannot create the event loop: %s", uv_strerror(rc));
+    c->L = L;
+    lua_pushvalue(L, -1);
+    lua_setfield(L, LUA_REGISTRYINDEX, LMJ_CTX);
+  }
+  lmj_new_class(L, LMJ_PROCESS, process_methods, lmj_process_tostring, NULL);
+  lmj_new_class(L, LMJ_TIMER, timer_methods, lmj_generic_tostring, NULL);
+  lmj_new_class(L, LMJ_INPUT, input_methods, lmj_generic_tostring, NULL);
+  lmj_new_class(L, LMJ_OUTPUT, output_methods, lmj_generic_tostring, lmj_output_gc);
+  lmj_set_name(L, LMJ_TIMER);
+  lmj_set_name(L, LMJ_INPUT);
+  lmj_set_name(L, LMJ_OUTPUT);
+
+  lua_newtable(L);
+  for (const luaL_Reg *f = functions; f->name; f++) {
+    lua_pushvalue(L, -2);
+    lua_pushcclosure(L, f->func, 1);
+    lua_setfield(L, -2, f->name);
+  }
+  lmj_push_frame_types(L);
+  lua_setfield(L, -2, "frame");
+  lua_pushnumber(L, MJ_FRAME_HEADER_SIZE);
+  lua_setfield(L, -2, "FRAME_HEADER_SIZE");
+  return 1;
+}

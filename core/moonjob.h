@@ -1,0 +1,131 @@
+/* moonjob.h -- internal interfaces of the parent's C core (moonjob.core).
+ *
+ * The core is mechanism only: one libuv loop per Lua state (loop.c), child
+ * processes with their channel and output pipes (process.c), and line input /
+ * ordered output on the parent's own descriptors for the CLI (stdio.c). The
+ * Lua bindings (lmoonjob.c) turn the C events below into calls of Lua
+ * functions; all policy (which job goes where, retries, events) is Lua.
+ *
+ * Errors are negative libuv codes (UV_E...), 0 on success.
+ */
+#ifndef MJ_MOONJOB_H
+#define MJ_MOONJOB_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "frame.h"
+
+/* ------------------------------------------------------------ loop.c --- */
+
+typedef struct mj_ctx_s {
+  uv_loop_t loop;
+  uv_async_t wakeup;                   /* wakes the loop from the SIGINT handler */
+  volatile sig_atomic_t interrupted;   /* set by the SIGINT handler */
+  int running;                         /* inside uv_run: the loop is not reentrant */
+  void *data;                          /* owner's context (the Lua state) */
+} mj_ctx_t;
+
+#define MJ_EINTERRUPTED (-10000)       /* mj_ctx_run stopped by SIGINT */
+#define MJ_EREENTERED (-10001)         /* mj_ctx_run called from a callback */
+
+int mj_ctx_init(mj_ctx_t *ctx);
+int mj_ctx_run(mj_ctx_t *ctx, uv_run_mode mode, int interruptible);
+
+/* --------------------------------------------------------- process.c --- */
+
+typedef enum {
+  MJ_PROCESS_FRAME,    /* a whole frame arrived: header, payload */
+  MJ_PROCESS_OUTPUT,   /* bytes on the child's stdout (stream 1) or stderr (2) */
+  MJ_PROCESS_OVERSIZE, /* a frame header announced more than max_frame bytes */
+  MJ_PROCESS_EXIT,     /* the child exited; everything it sent was delivered */
+  MJ_PROCESS_CLOSED    /* every handle is closed: the memory may be released */
+} mj_process_event_kind;
+
+typedef struct {
+  mj_process_event_kind kind;
+  const mj_frame_header_t *header;     /* FRAME */
+  const char *data;                    /* FRAME payload, OUTPUT bytes */
+  size_t len;                          /* OUTPUT length, OVERSIZE announced length */
+  int stream;                          /* OUTPUT: 1 stdout, 2 stderr */
+  int64_t exit_status;                 /* EXIT */
+  int term_signal;                     /* EXIT */
+} mj_process_event_t;
+
+typedef struct mj_process_s mj_process_t;
+typedef void (*mj_process_event_cb)(mj_process_t *p, const mj_process_event_t *ev);
+
+struct mj_process_s {
+  uv_process_t process;
+  uv_pipe_t channel;
+  uv_pipe_t output[2];                 /* the child's stdout and stderr */
+  mj_ctx_t *ctx;
+  mj_process_event_cb on_event;
+  void *data;                          /* owner's slot */
+  char *rbuf;                          /* channel bytes not yet delivered */
+  size_t rlen, rcap;
+  uint32_t max_frame;
+  int pid;
+  int open_handles;                    /* handles whose close_cb is still due */
+  unsigned spawned : 1, exited : 1, closing : 1, channel_eof : 1;
+};
+
+typedef struct {
+  const char *file;                    /* program to run */
+  char **args;                         /* NULL-terminated, args[0] = file */
+  const char *const *env_overrides;    /* NULL-terminated "KEY=VALUE" list, or NULL */
+  uint32_t max_frame;                  /* largest payload accepted from the child */
+} mj_spawn_options_t;
+
+int mj_process_spawn(mj_ctx_t *ctx, mj_process_t *p, const mj_spawn_options_t *opts,
+                     mj_process_event_cb on_event);
+int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t *parts,
+                    unsigned nparts);
+int mj_process_kill(mj_process_t *p, int signum, int whole_group);
+int mj_process_end_input(mj_process_t *p);
+void mj_process_close(mj_process_t *p);
+size_t mj_process_queued_bytes(const mj_process_t *p);
+
+/* ----------------------------------------------------------- stdio.c --- */
+
+typedef struct mj_input_s mj_input_t;
+typedef void (*mj_line_cb)(mj_input_t *in, const char *line, size_t len, int too_long);
+typedef void (*mj_input_end_cb)(mj_input_t *in, int error);
+
+struct mj_input_s {
+  uv_fs_t req;
+  mj_ctx_t *ctx;
+  int fd;
+  mj_line_cb on_line;
+  mj_input_end_cb on_end;
+  void *data;
+  char *buf;                           /* unread bytes: [0, len) */
+  size_t len, cap, max_line;
+  int skipping;                        /* inside a line longer than max_line */
+  unsigned reading : 1, paused : 1, ended : 1, closing : 1;
+};
+
+typedef struct mj_output_s mj_output_t;
+struct mj_output_s {
+  uv_fs_t req;
+  mj_ctx_t *ctx;
+  int fd;
+  char *pending, *inflight;            /* bytes waiting; bytes being written */
+  size_t pending_len, pending_cap, inflight_len, inflight_off, inflight_cap;
+  int error;                           /* first write error, sticky */
+  unsigned writing : 1;
+};
+
+void mj_input_init(mj_ctx_t *ctx, mj_input_t *in, int fd, size_t max_line,
+                   mj_line_cb on_line, mj_input_end_cb on_end);
+int mj_input_resume(mj_input_t *in);
+void mj_input_pause(mj_input_t *in);
+void mj_input_free(mj_input_t *in);
+
+void mj_output_init(mj_ctx_t *ctx, mj_output_t *out, int fd);
+int mj_output_write(mj_output_t *out, const char *data, size_t len);
+void mj_output_free(mj_output_t *out);
+
+#endif

@@ -1,0 +1,389 @@
+/* process.c -- a child process, its channel and its output pipes.
+ *
+ * A child gets four descriptors: stdin from /dev/null, stdout and stderr on
+ * pipes of their own, and the channel (a socketpair) on fd 3. The child is
+ * started detached (its own process group, so a kill of the group reaches its
+ * grandchildren and a Ctrl-C at the terminal does not reach it).
+ *
+ * Channel bytes are cut into frames here (frame.h) and delivered whole; the
+ * payload is never looked at. Sending tries a direct write first and copies
+ * only what the kernel did not take.
+ *
+ * Ordering guarantees, which libuv alone does not give:
+ *  - before a frame that ends a job is delivered, whatever the child wrote to
+ *    stdout/stderr is read and delivered first (the child flushes both before
+ *    sending such a frame), so output is attributed to the right job;
+ *  - MJ_PROCESS_EXIT comes after every frame and output byte the child sent:
+ *    on the exit callback the channel and pipes are drained first.
+ * A pid is never signalled once the child was reaped.
+ *
+ * Caveat: draining at exit reads what the dead child left; a grandchild that
+ * inherited stdout/stderr and writes later is not waited for.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "moonjob.h"
+
+#define MJ_READ_CHUNK (64 * 1024)
+#define MJ_KEEP_BUFFER (1024 * 1024)  /* shrink the frame buffer above this when idle */
+
+extern char **environ;
+
+static void emit(mj_process_t *p, mj_process_event_t *ev) {
+  p->on_event(p, ev);
+}
+
+/* -------------------------------------------------------- output pipes --- */
+
+static void mj_output_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  static char scratch[MJ_READ_CHUNK]; /* consumed synchronously by the read callback */
+  (void) h;
+  (void) suggested;
+  *buf = uv_buf_init(scratch, sizeof scratch);
+}
+
+static void emit_output(mj_process_t *p, int stream, const char *data, size_t len) {
+  mj_process_event_t ev = {.kind = MJ_PROCESS_OUTPUT, .data = data, .len = len, .stream = stream};
+  emit(p, &ev);
+}
+
+static void mj_output_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  mj_process_t *p = s->data;
+  int stream = (s == (uv_stream_t *) &p->output[0]) ? 1 : 2;
+  if (nread > 0) emit_output(p, stream, buf->base, (size_t) nread);
+  else if (nread < 0) uv_read_stop(s);
+}
+
+/* Reads whatever is waiting on the child's stdout and stderr, without
+ * blocking, and delivers it. */
+static void drain_output(mj_process_t *p) {
+  char chunk[16 * 1024];
+  for (int i = 0; i < 2; i++) {
+    uv_os_fd_t fd;
+    if (p->closing || uv_fileno((uv_handle_t *) &p->output[i], &fd) != 0) continue;
+    for (;;) {
+      ssize_t n = read(fd, chunk, sizeof chunk);
+      if (n > 0) emit_output(p, i + 1, chunk, (size_t) n);
+      else if (n < 0 && errno == EINTR) continue;
+      else break;
+      if (p->closing) return;
+    }
+  }
+}
+
+/* ------------------------------------------------------------- channel --- */
+
+static int reserve(mj_process_t *p, size_t want) {
+  if (p->rcap - p->rlen >= want) return 0;
+  size_t cap = p->rcap ? p->rcap : MJ_READ_CHUNK;
+  while (cap - p->rlen < want) cap *= 2;
+  char *grown = realloc(p->rbuf, cap);
+  if (grown == NULL) return UV_ENOMEM;
+  p->rbuf = grown;
+  p->rcap = cap;
+  return 0;
+}
+
+/* Room for the rest of the frame being read, at least one chunk. */
+static void mj_channel_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  mj_process_t *p = h->data;
+  size_t want = MJ_READ_CHUNK;
+  (void) suggested;
+  if (p->rlen >= MJ_FRAME_HEADER_SIZE) {
+    mj_frame_header_t hdr;
+    memcpy(&hdr, p->rbuf, sizeof hdr);
+    if (hdr.len <= p->max_frame && MJ_FRAME_HEADER_SIZE + (size_t) hdr.len - p->rlen > want)
+      want = MJ_FRAME_HEADER_SIZE + (size_t) hdr.len - p->rlen;
+  }
+  if (reserve(p, want) != 0) {
+    *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
+    return;
+  }
+  *buf = uv_buf_init(p->rbuf + p->rlen, (unsigned) (p->rcap - p->rlen));
+}
+
+static void stop_channel(mj_process_t *p) {
+  p->channel_eof = 1;
+  uv_read_stop((uv_stream_t *) &p->channel);
+}
+
+/* Delivers every whole frame in the buffer, keeps the partial rest. */
+static void deliver_frames(mj_process_t *p) {
+  size_t off = 0;
+  while (!p->closing && p->rlen - off >= MJ_FRAME_HEADER_SIZE) {
+    mj_frame_header_t hdr;
+    memcpy(&hdr, p->rbuf + off, sizeof hdr);
+    if (hdr.len > p->max_frame) {
+      mj_process_event_t ev = {.kind = MJ_PROCESS_OVERSIZE, .len = hdr.len, .header = &hdr};
+      stop_channel(p);
+      p->rlen = 0;
+      emit(p, &ev);
+      return;
+    }
+    if (p->rlen - off - MJ_FRAME_HEADER_SIZE < hdr.len) break;
+    if (MJ_FRAME_ENDS_JOB(hdr.type)) drain_output(p);
+    mj_process_event_t ev = {.kind = MJ_PROCESS_FRAME, .header = &hdr,
+                             .data = p->rbuf + off + MJ_FRAME_HEADER_SIZE};
+    off += MJ_FRAME_HEADER_SIZE + hdr.len;
+    emit(p, &ev);
+  }
+  if (p->closing) return;
+  memmove(p->rbuf, p->rbuf + off, p->rlen - off);
+  p->rlen -= off;
+  if (p->rlen == 0 && p->rcap > MJ_KEEP_BUFFER) {
+    free(p->rbuf);
+    p->rbuf = NULL;
+    p->rcap = 0;
+  }
+}
+
+static void mj_channel_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  mj_process_t *p = s->data;
+  (void) buf;
+  if (nread > 0) {
+    p->rlen += (size_t) nread;
+    deliver_frames(p);
+  } else if (nread < 0) {
+    stop_channel(p);
+  }
+}
+
+/* Reads, without blocking, all the child left in the channel. */
+static void drain_channel(mj_process_t *p) {
+  uv_os_fd_t fd;
+  if (p->channel_eof || p->closing || uv_fileno((uv_handle_t *) &p->channel, &fd) != 0) return;
+  while (!p->closing && !p->channel_eof) {
+    uv_buf_t buf;
+    mj_channel_alloc_cb((uv_handle_t *) &p->channel, MJ_READ_CHUNK, &buf);
+    if (buf.base == NULL) return;
+    ssize_t n = read(fd, buf.base, buf.len);
+    if (n > 0) {
+      p->rlen += (size_t) n;
+      deliver_frames(p);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      if (n == 0 || errno != EAGAIN) stop_channel(p);
+      return;
+    }
+  }
+}
+
+/* ------------------------------------------------------------ lifetime --- */
+
+static void mj_close_cb(uv_handle_t *h) {
+  mj_process_t *p = h->data;
+  if (--p->open_handles > 0) return;
+  free(p->rbuf);
+  p->rbuf = NULL;
+  mj_process_event_t ev = {.kind = MJ_PROCESS_CLOSED};
+  emit(p, &ev);
+}
+
+/* Handles never initialised (still zeroed, no loop) are skipped. */
+static void close_handle(mj_process_t *p, uv_handle_t *h) {
+  (void) p;
+  if (h->loop != NULL && !uv_is_closing(h)) uv_close(h, mj_close_cb);
+}
+
+/* Closes every handle of the process. Only called once the child was reaped
+ * (or never started): closing a live child's process handle would leave it
+ * unreaped. MJ_PROCESS_CLOSED follows. */
+void mj_process_close(mj_process_t *p) {
+  if (p->closing) return;
+  p->closing = 1;
+  close_handle(p, (uv_handle_t *) &p->channel);
+  close_handle(p, (uv_handle_t *) &p->output[0]);
+  close_handle(p, (uv_handle_t *) &p->output[1]);
+  close_handle(p, (uv_handle_t *) &p->process);
+}
+
+static void mj_exit_cb(uv_process_t *proc, int64_t exit_status, int term_signal) {
+  mj_process_t *p = proc->data;
+  p->exited = 1;
+  drain_channel(p);
+  drain_output(p);
+  mj_process_event_t ev = {.kind = MJ_PROCESS_EXIT, .exit_status = exit_status,
+                           .term_signal = term_signal};
+  if (!p->closing) emit(p, &ev);
+  mj_process_close(p);
+}
+
+/* ---------------------------------------------------------------- spawn --- */
+
+static int key_overridden(const char *entry, const char *const *overrides) {
+  const char *eq = strchr(entry, '=');
+  size_t keylen = eq ? (size_t) (eq - entry) : strlen(entry);
+  for (; overrides && *overrides; overrides++)
+    if (strncmp(entry, *overrides, keylen) == 0 && (*overrides)[keylen] == '=') return 1;
+  return 0;
+}
+
+/* The parent's environment with the overrides replacing same-named entries.
+ * Returns a malloc'd NULL-terminated array of borrowed strings, or NULL. */
+static char **build_env(const char *const *overrides) {
+  size_t n = 0, m = 0, i = 0;
+  while (environ[n]) n++;
+  while (overrides && overrides[m]) m++;
+  char **env = malloc((n + m + 1) * sizeof *env);
+  if (env == NULL) return NULL;
+  for (size_t k = 0; k < n; k++)
+    if (!key_overridden(environ[k], overrides)) env[i++] = environ[k];
+  for (size_t k = 0; k < m; k++) env[i++] = (char *) overrides[k];
+  env[i] = NULL;
+  return env;
+}
+
+static int init_pipes(mj_process_t *p) {
+  uv_pipe_t *pipes[3] = {&p->channel, &p->output[0], &p->output[1]};
+  for (int i = 0; i < 3; i++) {
+    int rc = uv_pipe_init(&p->ctx->loop, pipes[i], 0);
+    if (rc != 0) return rc;
+    pipes[i]->data = p;
+    p->open_handles++;
+  }
+  return 0;
+}
+
+static int start_reading(mj_process_t *p) {
+  int rc = uv_read_start((uv_stream_t *) &p->channel, mj_channel_alloc_cb, mj_channel_read_cb);
+  for (int i = 0; rc == 0 && i < 2; i++)
+    rc = uv_read_start((uv_stream_t *) &p->output[i], mj_output_alloc_cb, mj_output_read_cb);
+  return rc;
+}
+
+/* Starts the child. On success the events begin; on failure a negative code is
+ * returned and, when p->open_handles is non-zero, the handles are being
+ * closed: MJ_PROCESS_CLOSED still follows and p must live until then. */
+int mj_process_spawn(mj_ctx_t *ctx, mj_process_t *p, const mj_spawn_options_t *opts,
+                     mj_process_event_cb on_event) {
+  uv_process_options_t po;
+  uv_stdio_container_t stdio[4];
+  char **env = NULL;
+  int rc;
+
+  memset(p, 0, sizeof *p);
+  p->ctx = ctx;
+  p->on_event = on_event;
+  p->max_frame = opts->max_frame;
+  p->process.data = p;
+  env = build_env(opts->env_overrides);
+  if (env == NULL) return UV_ENOMEM; /* no handle exists yet: no CLOSED event */
+  rc = init_pipes(p);
+  if (rc != 0) goto error;
+  stdio[0].flags = UV_IGNORE;
+  stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+  stdio[1].data.stream = (uv_stream_t *) &p->output[0];
+  stdio[2].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+  stdio[2].data.stream = (uv_stream_t *) &p->output[1];
+  stdio[3].flags = UV_CREATE_PIPE | UV_READABLE_PIPE | UV_WRITABLE_PIPE;
+  stdio[3].data.stream = (uv_stream_t *) &p->channel;
+  memset(&po, 0, sizeof po);
+  po.file = opts->file;
+  po.args = opts->args;
+  po.env = env;
+  po.stdio = stdio;
+  po.stdio_count = 4;
+  po.flags = UV_PROCESS_DETACHED;
+  po.exit_cb = mj_exit_cb;
+  rc = uv_spawn(&ctx->loop, &p->process, &po);
+  p->open_handles++; /* the process handle must be closed even when uv_spawn failed */
+  free(env);
+  env = NULL;
+  if (rc != 0) goto error;
+  p->spawned = 1;
+  p->pid = p->process.pid;
+  rc = start_reading(p);
+  if (rc != 0) {
+    mj_process_kill(p, SIGKILL, 1);
+    goto error;
+  }
+  return 0;
+error:
+  free(env);
+  if (p->open_handles > 0) mj_process_close(p);
+  return rc;
+}
+
+/* ------------------------------------------------------------- control --- */
+
+static void mj_write_cb(uv_write_t *req, int status) {
+  (void) status; /* a failed write shows up as the child's exit or EOF */
+  free(req);
+}
+
+/* Sends one frame whose payload is the concatenation of parts. Bytes the
+ * kernel does not take at once are copied and queued. Returns 0 or UV_E...;
+ * UV_EPIPE once the process is closing. */
+int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t *parts,
+                    unsigned nparts) {
+  enum { MAX_PARTS = 4 };
+  uv_buf_t bufs[1 + MAX_PARTS];
+  mj_frame_header_t hdr;
+  size_t total = 0;
+  if (p->closing || p->exited) return UV_EPIPE;
+  if (nparts > MAX_PARTS) return UV_EINVAL;
+  for (unsigned i = 0; i < nparts; i++) {
+    bufs[1 + i] = parts[i];
+    total += parts[i].len;
+  }
+  if (total > UINT32_MAX) return UV_E2BIG;
+  hdr.len = (uint32_t) total;
+  hdr.type = type;
+  hdr.job = job;
+  bufs[0] = uv_buf_init((char *) &hdr, sizeof hdr);
+  total += sizeof hdr;
+  int written = uv_try_write((uv_stream_t *) &p->channel, bufs, nparts + 1);
+  if (written == UV_EAGAIN) written = 0;
+  if (written < 0) return written;
+  if ((size_t) written == total) return 0;
+
+  uv_write_t *req = malloc(sizeof *req + total - (size_t) written);
+  if (req == NULL) return UV_ENOMEM;
+  char *rest = (char *) (req + 1), *dst = rest;
+  size_t skip = (size_t) written;
+  for (unsigned i = 0; i <= nparts; i++) {
+    if (skip >= bufs[i].len) {
+      skip -= bufs[i].len;
+      continue;
+    }
+    memcpy(dst, bufs[i].base + skip, bufs[i].len - skip);
+    dst += bufs[i].len - skip;
+    skip = 0;
+  }
+  uv_buf_t buf = uv_buf_init(rest, (unsigned) (dst - rest));
+  int rc = uv_write(req, (uv_stream_t *) &p->channel, &buf, 1, mj_write_cb);
+  if (rc != 0) free(req);
+  return rc;
+}
+
+/* Signals the child, or its whole process group. Returns UV_ESRCH once the
+ * child was reaped: its pid may belong to someone else by then. */
+int mj_process_kill(mj_process_t *p, int signum, int whole_group) {
+  if (!p->spawned || p->exited) return UV_ESRCH;
+  if (kill(whole_group ? -p->pid : p->pid, signum) != 0) return -errno;
+  return 0;
+}
+
+static void mj_shutdown_cb(uv_shutdown_t *req, int status) {
+  (void) status;
+  free(req);
+}
+
+/* Closes the writing side of the channel once queued frames are sent: the
+ * child sees end-of-file and exits when idle. */
+int mj_process_end_input(mj_process_t *p) {
+  if (p->closing || p->exited) return UV_EPIPE;
+  uv_shutdown_t *req = malloc(sizeof *req);
+  if (req == NULL) return UV_ENOMEM;
+  int rc = uv_shutdown(req, (uv_stream_t *) &p->channel, mj_shutdown_cb);
+  if (rc != 0) free(req);
+  return rc;
+}
+
+size_t mj_process_queued_bytes(const mj_process_t *p) {
+  return p->closing ? 0 : p->channel.write_queue_size;
+}

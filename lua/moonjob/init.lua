@@ -1,0 +1,23 @@
+-- moonjob -- run Lua processor files in a pool of sandboxed LuaJIT children.
+--
+--   local moonjob = require "moonjob"
+--   local pool = assert(moonjob.pool("examples/square.lua", { size = 2 }))
+--   print(pool:run({ x = 7 }))   --> 49
+--
+-- This module is the public entry point; the pieces live in moonjob.pool
+-- (policy), moonjob.worker (one child), moonjob.job, moonjob.errors and
+-- moonjob.core (the C mechanism: loop, processes, frames).
+local Pool = require "moonjob.pool"
+local errors = require "moonjob.errors"
+
+local M = {
+  _VERSION = "moonjob scm",
+  errors = errors,
+}
+
+-- moonjob.pool(processor_file [, opts]) -> pool | nil, err
+function M.pool(processor, opts)
+  return Pool.new(processor, opts)
+end
+
+return M

@@ -1,0 +1,243 @@
+-- moonjob.json -- exact JSON for the text edges (the CLI, the "json" codec).
+--
+-- Debian's lua-cjson 2.1.0 prints numbers with at most 14 significant digits,
+-- which silently changes users' data (2^53 comes out as 9.007199254741e+15).
+-- encode() here writes every number exactly: integers up to 2^53 in full, any
+-- other double with the shortest of %.15g/%.16g/%.17g that reads back equal.
+--
+-- decode() uses cjson (exact, strtod) when the text holds no empty array; when
+-- it does, a small Lua decoder runs instead so that `[]` comes back as an empty
+-- table marked with json.array_mt and is written back as `[]`, not `{}`.
+--
+-- Caveats: JSON null decodes to cjson.null (a lightuserdata) inside arrays and
+-- objects, and encodes back as null. NaN and infinities cannot be written.
+-- A table is an array when its keys are exactly 1..n; an empty table is `{}`
+-- unless it carries json.array_mt.
+local cjson = require "cjson"
+local buffer = require "string.buffer"
+
+local M = {}
+M.null = cjson.null
+M.array_mt = { __name = "moonjob.json.array" }
+
+local decode_safe = cjson.new()
+decode_safe.decode_max_depth(1000)
+
+-------------------------------------------------------------- encoding ---
+
+local escapes = {
+  ['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f",
+  ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t",
+}
+for byte = 0, 31 do
+  local c = string.char(byte)
+  escapes[c] = escapes[c] or ("\\u%04x"):format(byte)
+end
+escapes["\127"] = "\\u007f"
+
+local function number_text(n)
+  if n ~= n or n == math.huge or n == -math.huge then
+    error("cannot write " .. tostring(n) .. " in JSON", 0)
+  end
+  if n == math.floor(n) and n >= -2^53 and n <= 2^53 then
+    return ("%.0f"):format(n)
+  end
+  for _, fmt in ipairs({ "%.15g", "%.16g" }) do
+    local s = fmt:format(n)
+    if tonumber(s) == n then return s end
+  end
+  return ("%.17g"):format(n)
+end
+M.number_text = number_text
+
+local function array_length(t)
+  local n = 0
+  for k in pairs(t) do
+    if type(k) ~= "number" or k < 1 or k ~= math.floor(k) then return nil end
+    n = n + 1
+  end
+  for i = 1, n do if t[i] == nil then return nil end end
+  return n
+end
+
+local write_value
+
+local function write_table(out, t, depth)
+  if depth > 1000 then error("cannot write JSON nested deeper than 1000", 0) end
+  local n = array_length(t)
+  if n and (n > 0 or getmetatable(t) == M.array_mt) then
+    out:put("[")
+    for i = 1, n do
+      if i > 1 then out:put(",") end
+      write_value(out, t[i], depth + 1)
+    end
+    return out:put("]")
+  end
+  out:put("{")
+  local first = true
+  for k, v in pairs(t) do
+    local kt = type(k)
+    if kt ~= "string" and kt ~= "number" then
+      error("cannot write a " .. kt .. " key in JSON", 0)
+    end
+    if not first then out:put(",") end
+    first = false
+    write_value(out, kt == "number" and number_text(k) or k, depth + 1)
+    out:put(":")
+    write_value(out, v, depth + 1)
+  end
+  out:put("}")
+end
+
+write_value = function(out, v, depth)
+  local t = type(v)
+  if t == "string" then
+    out:put('"', (v:gsub('[%c"\\]', escapes)), '"')
+  elseif t == "number" then
+    out:put(number_text(v))
+  elseif t == "boolean" then
+    out:put(v and "true" or "false")
+  elseif t == "table" then
+    write_table(out, v, depth)
+  elseif v == nil or v == cjson.null then
+    out:put("null")
+  else
+    error("cannot write a " .. t .. " in JSON", 0)
+  end
+end
+
+-- json.encode(value) -> text | nil, message
+function M.encode(value)
+  local out = buffer.new()
+  local ok, err = pcall(write_value, out, value, 0)
+  if not ok then return nil, err end
+  return out:tostring()
+end
+
+-------------------------------------------------------------- decoding ---
+
+-- The Lua decoder, used only for texts with an empty array in them.
+local parse_value
+
+local function fail_at(s, i, what)
+  error(("%s at character %d"):format(what, i), 0)
+end
+
+local function skip(s, i)
+  return s:find("[^ \t\r\n]", i) or #s + 1
+end
+
+local function utf8_char(code)
+  if code < 0x80 then return string.char(code) end
+  if code < 0x800 then
+    return string.char(0xC0 + math.floor(code / 0x40), 0x80 + code % 0x40)
+  end
+  if code < 0x10000 then
+    return string.char(0xE0 + math.floor(code / 0x1000),
+      0x80 + math.floor(code / 0x40) % 0x40, 0x80 + code % 0x40)
+  end
+  return string.char(0xF0 + math.floor(code / 0x40000), 0x80 + math.floor(code / 0x1000) % 0x40,
+    0x80 + math.floor(code / 0x40) % 0x40, 0x80 + code % 0x40)
+end
+
+local simple_escapes = { b = "\b", f = "\f", n = "\n", r = "\r", t = "\t",
+  ['"'] = '"', ["\\"] = "\\", ["/"] = "/" }
+
+local function parse_string(s, i)
+  local out, j = buffer.new(), i + 1
+  while true do
+    local k = s:find('["\\%c]', j)
+    if not k then fail_at(s, i, "unterminated string") end
+    out:put(s:sub(j, k - 1))
+    local c = s:sub(k, k)
+    if c == '"' then return out:tostring(), k + 1 end
+    if c ~= "\\" then fail_at(s, k, "control character in string") end
+    local e = s:sub(k + 1, k + 1)
+    if simple_escapes[e] then
+      out:put(simple_escapes[e]); j = k + 2
+    elseif e == "u" then
+      local code = tonumber(s:sub(k + 2, k + 5):match("^%x%x%x%x$") or "", 16)
+      if not code then fail_at(s, k, "bad \\u escape") end
+      j = k + 6
+      if code >= 0xD800 and code < 0xDC00 and s:sub(j, j + 1) == "\\u" then
+        local low = tonumber(s:sub(j + 2, j + 5):match("^%x%x%x%x$") or "", 16)
+        if low and low >= 0xDC00 and low < 0xE000 then
+          code = 0x10000 + (code - 0xD800) * 0x400 + (low - 0xDC00)
+          j = j + 6
+        end
+      end
+      out:put(utf8_char(code))
+    else
+      fail_at(s, k, "bad escape")
+    end
+  end
+end
+
+local function parse_array(s, i, depth)
+  local arr, n = {}, 0
+  i = skip(s, i + 1)
+  if s:sub(i, i) == "]" then return setmetatable(arr, M.array_mt), i + 1 end
+  while true do
+    n = n + 1
+    arr[n], i = parse_value(s, i, depth + 1)
+    i = skip(s, i)
+    local c = s:sub(i, i)
+    if c == "]" then return arr, i + 1 end
+    if c ~= "," then fail_at(s, i, "expected ',' or ']'") end
+    i = skip(s, i + 1)
+  end
+end
+
+local function parse_object(s, i, depth)
+  local obj = {}
+  i = skip(s, i + 1)
+  if s:sub(i, i) == "}" then return obj, i + 1 end
+  while true do
+    if s:sub(i, i) ~= '"' then fail_at(s, i, "expected a string key") end
+    local key
+    key, i = parse_string(s, i)
+    i = skip(s, i)
+    if s:sub(i, i) ~= ":" then fail_at(s, i, "expected ':'") end
+    obj[key], i = parse_value(s, skip(s, i + 1), depth + 1)
+    i = skip(s, i)
+    local c = s:sub(i, i)
+    if c == "}" then return obj, i + 1 end
+    if c ~= "," then fail_at(s, i, "expected ',' or '}'") end
+    i = skip(s, i + 1)
+  end
+end
+
+local literals = { t = { "true", true }, f = { "false", false }, n = { "null", cjson.null } }
+
+parse_value = function(s, i, depth)
+  if depth > 1000 then fail_at(s, i, "nested too deep") end
+  local c = s:sub(i, i)
+  if c == "{" then return parse_object(s, i, depth) end
+  if c == "[" then return parse_array(s, i, depth) end
+  if c == '"' then return parse_string(s, i) end
+  local lit = literals[c]
+  if lit then
+    if s:sub(i, i + #lit[1] - 1) ~= lit[1] then fail_at(s, i, "invalid token") end
+    return lit[2], i + #lit[1]
+  end
+  local num = s:match("^-?%d+%.?%d*[eE]?[-+]?%d*", i)
+  if num and tonumber(num) then return tonumber(num), i + #num end
+  fail_at(s, i, "invalid token")
+end
+
+local function lua_decode(s)
+  local value, i = parse_value(s, skip(s, 1), 0)
+  if skip(s, i) <= #s then fail_at(s, skip(s, i), "trailing characters") end
+  return value
+end
+
+-- json.decode(text) -> value | nil, message
+function M.decode(text)
+  local decode = text:find("%[%s*%]") and lua_decode or decode_safe.decode
+  local ok, value = pcall(decode, text)
+  if not ok then return nil, (tostring(value):gsub("^Expected", "expected")) end
+  if value == cjson.null then value = nil end
+  return value
+end
+
+return M

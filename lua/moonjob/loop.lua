@@ -1,0 +1,51 @@
+-- moonjob.loop -- running the shared event loop from Lua.
+--
+-- One libuv loop serves every pool of the program (moonjob.core keeps it in
+-- the Lua registry). Blocking calls (job:wait, pool:run, pool:drain, ...) run
+-- it with wait_until; Ctrl-C during such a call raises "interrupted" and leaves
+-- every pool usable. defer() runs a function on a later loop turn, so results
+-- known at once (a job refused by add) still arrive asynchronously.
+local core = require "moonjob.core"
+
+local M = {}
+
+local deferred, ndeferred = {}, 0
+local defer_timer = nil
+
+local function run_deferred()
+  local batch, n = deferred, ndeferred
+  deferred, ndeferred = {}, 0
+  for i = 1, n do batch[i]() end
+end
+
+-- loop.defer(fn): fn() runs on the next turn of the loop.
+function M.defer(fn)
+  if not defer_timer then defer_timer = core.timer(run_deferred) end
+  ndeferred = ndeferred + 1
+  deferred[ndeferred] = fn
+  if ndeferred == 1 then defer_timer:start(0) end
+end
+
+-- loop.wait_until(done [, level]): runs the loop until done() is true.
+-- Raises "interrupted" on Ctrl-C, and a clear error when called from inside a
+-- moonjob callback (the loop cannot run inside itself).
+function M.wait_until(done, level)
+  level = (level or 1) + 1
+  while not done() do
+    local alive, err = core.run("once", true)
+    if err == "interrupted" then
+      error("interrupted (Ctrl-C); jobs keep running and the pool stays usable", level)
+    elseif err == "reentered" then
+      error("cannot wait inside a moonjob event callback; use pool:on() events there", level)
+    elseif not alive and not done() then
+      error("moonjob: the loop has nothing left to run but the wait is not over", level)
+    end
+  end
+end
+
+-- loop.now() -> milliseconds from an arbitrary origin, sub-millisecond precision.
+function M.now()
+  return core.hrtime() / 1e6
+end
+
+return M

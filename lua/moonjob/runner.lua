@@ -1,0 +1,197 @@
+-- moonjob.runner -- the child side: load a processor file, then run its jobs.
+--
+-- Runs inside the moonjob-child program, which preloads `moonjob.channel`
+-- (blocking frame I/O on fd 3). The first frame is INIT with the options; the
+-- runner loads the processor once, answers READY (or LOADERR and exits), then
+-- serves JOB frames one at a time until end-of-file on the channel.
+--
+-- Every value crossing the channel is encoded with string.buffer (exact), except
+-- in the "json" codec where job data arrives as JSON text and results leave as
+-- exact JSON text (see moonjob.json), so the parent never parses payloads.
+local channel = require "moonjob.channel"
+local buffer = require "string.buffer"
+local errors = require "moonjob.errors"
+
+local M = {}
+
+local options = { codec = "lua", max_payload = 64 * 1024 * 1024 }
+local processor = nil          -- the function that runs a job
+local decoder = buffer.new()
+
+---------------------------------------------------------------- errors ---
+
+-- Turns whatever a processor raised into an error table that can cross the
+-- channel: code, message, traceback, plus the user's own serialisable fields.
+local function to_error(value, traceback, default_code)
+  local err
+  if type(value) == "table" then
+    err = {}
+    for k, v in pairs(value) do
+      if type(k) == "string" and (type(v) ~= "function" and type(v) ~= "userdata"
+          and type(v) ~= "thread" and type(v) ~= "cdata") then
+        err[k] = v
+      end
+    end
+    err.message = err.message ~= nil and tostring(err.message) or tostring(value)
+    err.code = type(err.code) == "string" and err.code or default_code
+  else
+    err = { code = default_code, message = tostring(value) }
+  end
+  err.traceback = err.traceback or traceback
+  return err
+end
+
+local function encode_error(err)
+  local ok, bytes = pcall(buffer.encode, err)
+  if ok then return bytes end
+  return buffer.encode({ code = err.code, message = err.message, traceback = err.traceback })
+end
+
+local function handler(value)
+  local message = type(value) == "table" and tostring(value.message or value) or tostring(value)
+  return { value = value, traceback = debug.traceback(message, 2) }
+end
+
+local function flush_output()
+  io.stdout:flush()
+  io.stderr:flush()
+end
+
+---------------------------------------------------------------- loading ---
+
+local function add_to_package_path(file)
+  local dir = file:match("^(.*)/[^/]*$") or "."
+  package.path = dir .. "/?.lua;" .. dir .. "/?/init.lua;" .. package.path
+end
+
+-- Loads the processor file and runs its init(). Returns the job function, or
+-- nil and an error table.
+local function load_processor(file)
+  add_to_package_path(file)
+  local chunk, message = loadfile(file)
+  if not chunk then return nil, { code = "ELOAD", message = message } end
+  local ok, result = xpcall(chunk, handler)
+  if not ok then return nil, to_error(result.value, result.traceback, "ELOAD") end
+  local exported = result
+  if type(exported) == "table" then
+    if type(exported.process) ~= "function" then
+      return nil, { code = "ELOAD", message = file .. ": the returned table has no process function" }
+    end
+    if exported.init ~= nil then
+      local ok_init, failure = xpcall(exported.init, handler)
+      if not ok_init then
+        local err = to_error(failure.value, failure.traceback, "ELOAD")
+        err.message = "init() failed: " .. err.message
+        err.code = "ELOAD"
+        return nil, err
+      end
+    end
+    return exported.process
+  elseif type(exported) == "function" then
+    return exported
+  end
+  return nil, { code = "ELOAD", message = file .. " must return a function(job) or a table "
+    .. "{ process = function(job) ... end }, not a " .. type(exported) }
+end
+
+------------------------------------------------------------------- jobs ---
+
+local Job = {}
+Job.__index = Job
+
+function Job:progress(value)
+  local ok, bytes = pcall(buffer.encode, value)
+  if not ok then error("job:progress(): value is not serialisable: " .. bytes, 2) end
+  channel.send(channel.PROGRESS, self.number, bytes)
+end
+
+function Job:log(...)
+  local parts = { ... }
+  for i = 1, select("#", ...) do parts[i] = tostring(parts[i]) end
+  channel.send(channel.LOG, self.number, table.concat(parts, " "))
+end
+
+function Job:__tostring()
+  return "<moonjob.job " .. tostring(self.id) .. " running>"
+end
+
+local codecs = {
+  lua = {
+    decode = function() return decoder:decode() end,
+    encode = buffer.encode,
+  },
+  json = {
+    decode = function()
+      local json = require "moonjob.json"
+      local value, err = json.decode(decoder:tostring())
+      if err then error(errors.new("EINPUT", "input is not valid JSON: " .. err, { retry = false })) end
+      return value
+    end,
+    encode = function(value) return assert(require("moonjob.json").encode(value)) end,
+  },
+}
+
+local function fail(number, err)
+  flush_output()
+  channel.send(channel.FAIL, number, encode_error(err))
+end
+
+local function complete(number, result)
+  local codec = codecs[options.codec]
+  local ok, bytes = pcall(codec.encode, result)
+  if not ok then
+    return fail(number, { code = "EPAYLOAD", message = "the result cannot be encoded: "
+      .. tostring(bytes):gsub("^.-:%d+: ", "") })
+  end
+  if #bytes > options.max_payload then
+    return fail(number, { code = "EPAYLOAD", message = ("the result is %d bytes, more than "
+      .. "max_payload (%d); return less or raise max_payload"):format(#bytes, options.max_payload) })
+  end
+  flush_output()
+  channel.send(channel.DONE, number, bytes)
+end
+
+local function run_job(number, payload)
+  decoder:set(payload)
+  local job = setmetatable(decoder:decode(), Job)
+  job.number = number
+  local ok_data, data = pcall(codecs[options.codec].decode)
+  if not ok_data then
+    return fail(number, to_error(data, nil, "EPAYLOAD"))
+  end
+  job.data = data
+  local ok, result = xpcall(processor, handler, job)
+  if ok then return complete(number, result) end
+  fail(number, to_error(result.value, result.traceback, "EPROCESSOR"))
+end
+
+------------------------------------------------------------------- main ---
+
+local function read_init()
+  local kind, _, payload = channel.recv()
+  if kind == nil then return false end
+  assert(kind == channel.INIT, "the first frame must be INIT")
+  for k, v in pairs(buffer.decode(payload)) do options[k] = v end
+  if options.jit == false then jit.off() end
+  return true
+end
+
+-- Returns the exit status of the child.
+function M.main()
+  if not read_init() then return 0 end
+  local err
+  processor, err = load_processor(options.processor)
+  if not processor then
+    flush_output()
+    channel.send(channel.LOADERR, 0, encode_error(err))
+    return 3
+  end
+  channel.send(channel.READY, 0)
+  while true do
+    local kind, number, payload = channel.recv()
+    if kind == nil then return 0 end
+    if kind == channel.JOB then run_job(number, payload) end
+  end
+end
+
+return M

@@ -1,0 +1,201 @@
+-- moonjob.worker -- the parent's side of one child process.
+--
+-- A worker owns one moonjob.core process: it sends INIT and JOB frames,
+-- turns the child's frames, output and exit into calls on its pool, and cuts
+-- the child's stdout/stderr into lines. States: "starting" (until READY),
+-- "idle", "busy" (one job at a time), "exiting" (asked to end), "gone".
+--
+-- The C core delivers whatever the child printed before a frame that ends a
+-- job, and everything the child sent before its exit event, so a line is
+-- always attributed to the job that printed it.
+local buffer = require "string.buffer"
+local core = require "moonjob.core"
+local errors = require "moonjob.errors"
+
+local frame = core.frame
+
+local Worker = {}
+Worker.__index = Worker
+
+local STDERR_TAIL = 5 -- lines of stderr kept to explain a crash
+
+function Worker.__tostring(w)
+  return ("<moonjob.worker pid %d %s>"):format(w.pid or 0, w.state)
+end
+
+-- Worker.spawn(pool) -> worker | nil, err
+function Worker.spawn(pool)
+  local w = setmetatable({ pool = pool, state = "starting", partial = {}, tail = {} }, Worker)
+  local process, err = core.spawn({
+    file = pool.child_program,
+    env = pool.child_env,
+    max_frame = pool.max_payload + 4096,
+    on_event = function(kind, a, b, c) return w:on_event(kind, a, b, c) end,
+  })
+  if not process then return nil, err end
+  w.process, w.pid = process, process:pid()
+  process:send(frame.INIT, 0, pool.init_bytes)
+  return w
+end
+
+-- worker:run(job): sends the job; the worker is busy until it ends.
+function Worker:run(job, meta_bytes)
+  self.state, self.job = "busy", job
+  local ok, err = self.process:send(frame.JOB, job.seq, meta_bytes, job.data_bytes)
+  if not ok then
+    -- the child is going away; its exit event fails the job as a crash
+    self.send_error = err
+  end
+end
+
+-- worker:finish(): ask an idle child to end (it reads end-of-file and exits).
+function Worker:finish()
+  if self.state == "gone" or self.state == "exiting" then return end
+  self.state = "exiting"
+  if not self.process:end_input() then self.process:kill("SIGKILL", true) end
+end
+
+function Worker:kill(signal)
+  return self.process:kill(signal or "SIGKILL", true)
+end
+
+---------------------------------------------------------------- output ---
+
+local function push_tail(tail, line)
+  tail[#tail + 1] = line
+  if #tail > STDERR_TAIL then table.remove(tail, 1) end
+end
+
+function Worker:emit_line(stream, line)
+  if stream == "stderr" then push_tail(self.tail, line) end
+  self.pool:_output_line(self, self.job, stream, line)
+end
+
+function Worker:on_output(stream, chunk)
+  local rest = self.partial[stream]
+  if rest then chunk, self.partial[stream] = rest .. chunk, nil end
+  local start = 1
+  while true do
+    local nl = chunk:find("\n", start, true)
+    if not nl then break end
+    self:emit_line(stream, chunk:sub(start, nl - 1))
+    start = nl + 1
+  end
+  if start <= #chunk then self.partial[stream] = chunk:sub(start) end
+end
+
+-- Lines still without a newline belong to the job that is ending.
+function Worker:flush_partial_lines()
+  for _, stream in ipairs({ "stdout", "stderr" }) do
+    local rest = self.partial[stream]
+    if rest then
+      self.partial[stream] = nil
+      self:emit_line(stream, rest)
+    end
+  end
+end
+
+---------------------------------------------------------------- frames ---
+
+local function decode_error(bytes)
+  local ok, err = pcall(buffer.decode, bytes)
+  if not ok or type(err) ~= "table" then
+    err = { code = "EPROCESSOR", message = "undecodable error from the child" }
+  end
+  return errors.wrap(err)
+end
+
+-- Returns the worker's job when the frame is about it, else nil (a stale frame).
+function Worker:current(seq)
+  local job = self.job
+  if job and job.seq == seq then return job end
+  return nil
+end
+
+function Worker:end_job()
+  local job = self.job
+  self:flush_partial_lines()
+  self.job = nil
+  if self.state == "busy" then self.state = "idle" end
+  return job
+end
+
+local on_frame = {}
+
+on_frame[frame.READY] = function(w)
+  w.state = "idle"
+  w.pool:_worker_ready(w)
+end
+
+on_frame[frame.LOADERR] = function(w, _, payload)
+  w.state = "broken"
+  w.pool:_worker_load_failed(w, decode_error(payload))
+end
+
+on_frame[frame.DONE] = function(w, seq, payload)
+  if not w:current(seq) then return end
+  local job = w:end_job()
+  w.pool:_job_completed(w, job, payload)
+end
+
+on_frame[frame.FAIL] = function(w, seq, payload)
+  if not w:current(seq) then return end
+  local job = w:end_job()
+  w.pool:_job_failed(w, job, decode_error(payload))
+end
+
+on_frame[frame.PROGRESS] = function(w, seq, payload)
+  local job = w:current(seq)
+  if job then w.pool:_job_progress(job, payload) end
+end
+
+on_frame[frame.LOG] = function(w, seq, payload)
+  local job = w:current(seq)
+  if job then w.pool:_output_line(w, job, "log", payload) end
+end
+
+---------------------------------------------------------------- events ---
+
+local function describe_exit(status, signal)
+  if signal ~= 0 then return ("was killed by signal %d"):format(signal) end
+  return ("exited with code %d"):format(status)
+end
+
+local function crash_error(w, status, signal, during_job)
+  local message = "the child process " .. describe_exit(status, signal)
+  if during_job then message = message .. " during the job" end
+  if #w.tail > 0 then message = message .. "; its last stderr lines: " .. table.concat(w.tail, " | ") end
+  return errors.new("ECRASH", message, {
+    exit_status = signal == 0 and status or nil,
+    signal = signal ~= 0 and signal or nil,
+    pid = w.pid,
+  })
+end
+
+local on_event = {
+  frame = function(w, kind, seq, payload)
+    local handler = on_frame[kind]
+    if handler then handler(w, seq, payload) end
+  end,
+  stdout = function(w, chunk) w:on_output("stdout", chunk) end,
+  stderr = function(w, chunk) w:on_output("stderr", chunk) end,
+  oversize = function(w, len)
+    w.failure = errors.new("EPAYLOAD", ("the child sent a %d-byte frame, more than max_payload (%d)")
+      :format(len, w.pool.max_payload))
+    w:kill()
+  end,
+  exit = function(w, status, signal)
+    local job, previous = w.job, w.state
+    w:flush_partial_lines()
+    w.job, w.state = nil, "gone"
+    local err = w.failure or crash_error(w, status, signal, job ~= nil)
+    w.pool:_worker_gone(w, job, err, previous)
+  end,
+  closed = function() end,
+}
+
+function Worker:on_event(kind, a, b, c)
+  return on_event[kind](self, a, b, c)
+end
+
+return Worker
