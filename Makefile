@@ -65,7 +65,11 @@ demo: deps all
 	LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="$(BUILD)/?.so;;" \
 	  $(LUA) scripts/moonjob run -j 2 examples/square.lua examples/numbers.ndjson
 
-bench: deps all
+$(BUILD)/bench-floor: bench/floor.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(WARN) -o $@ bench/floor.c
+
+bench: deps all $(BUILD)/bench-floor
 	$(LUA) bench/run.lua
 
 install: all

@@ -16,6 +16,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -480,6 +481,17 @@ static int lmj_input_close(lua_State *L) {
   return 0;
 }
 
+/* core.open(path) -> fd | nil, err, code: a file opened for reading, for core.input. */
+static int lmj_open(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  uv_fs_t req;
+  int fd = uv_fs_open(NULL, &req, path, O_RDONLY | O_CLOEXEC, 0, NULL);
+  uv_fs_req_cleanup(&req);
+  if (fd < 0) return lmj_fail(L, fd);
+  lua_pushinteger(L, fd);
+  return 1;
+}
+
 /* -------------------------------------------------------------- output --- */
 
 typedef struct {
@@ -577,7 +589,7 @@ int luaopen_moonjob_core(lua_State *L) {
   static const luaL_Reg functions[] = {
     {"run", lmj_run}, {"running", lmj_running}, {"hrtime", lmj_hrtime}, {"cpu_count", lmj_cpu_count},
     {"getpid", lmj_getpid}, {"child_path", lmj_child_path}, {"spawn", lmj_spawn},
-    {"timer", lmj_timer_new}, {"input", lmj_input_new}, {"output", lmj_output_new},
+    {"timer", lmj_timer_new}, {"input", lmj_input_new}, {"open", lmj_open}, {"output", lmj_output_new},
     {NULL, NULL}};
   static const luaL_Reg process_methods[] = {
     {"send", lmj_process_send}, {"kill", lmj_process_kill},

@@ -1,0 +1,188 @@
+-- moonjob.cli -- the `moonjob` command: run a processor over NDJSON input.
+--
+--   moonjob run PROCESSOR [INPUT] [-j N]
+--
+-- Input lines go to the children as JSON text and results come back as exact
+-- JSON text (the pool's "json" codec), so the parent never parses a payload:
+-- it only cuts lines and writes result lines around the children's bytes.
+-- Input is read as a stream and paused while enough jobs are queued, so a file
+-- of millions of lines runs in bounded memory. Output lines are written as
+-- jobs finish, through a writer that never blocks the loop.
+--
+-- Exit status: 0 when every job completed, 1 when any failed, 2 for usage or
+-- set-up errors, 130 when interrupted.
+local core = require "moonjob.core"
+local json = require "moonjob.json"
+local loop = require "moonjob.loop"
+local moonjob = require "moonjob"
+
+local M = {}
+
+local USAGE = [[
+usage: moonjob run PROCESSOR [INPUT] [options]
+
+Runs the processor file PROCESSOR once per line of INPUT, an NDJSON file
+(one job's data per line, any JSON value; default: standard input), in a pool
+of child processes. Prints one JSON line per finished job, as it finishes:
+  {"line":1,"status":"completed","result":...,"attempts":1,"ms":0.4}
+  {"line":2,"status":"failed","error":{"code":"...","message":"..."},"attempts":1,"ms":0.2}
+What the processor prints goes to standard error, prefixed with the job id.
+
+options:
+  -j, --concurrency N   children to run (default: the number of CPUs)
+  -h, --help            show this help
+  --version             show the version
+
+exit status: 0 every job completed, 1 some job failed, 2 usage or set-up error
+]]
+
+local EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+local function usage_error(message)
+  io.stderr:write("moonjob: ", message, "\n", "Try 'moonjob --help'.\n")
+  return EXIT_USAGE
+end
+
+----------------------------------------------------------- arguments ---
+
+local function positive_integer(text)
+  local n = tonumber(text)
+  if n and n >= 1 and n == math.floor(n) then return n end
+end
+
+-- Returns a table of options, or nil and a message.
+local function parse(args)
+  local o = { positional = {} }
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    local value = a:match("^%-%-concurrency=(.*)$")
+    if a == "-h" or a == "--help" then
+      o.help = true
+    elseif a == "--version" then
+      o.version = true
+    elseif a == "-j" or a == "--concurrency" or value then
+      if not value then i = i + 1; value = args[i] end
+      o.concurrency = positive_integer(value or "")
+      if not o.concurrency then
+        return nil, ("%s needs a positive whole number, got '%s'"):format(a, tostring(value))
+      end
+    elseif a:match("^%-%d+$") == nil and a:sub(1, 1) == "-" and a ~= "-" then
+      return nil, ("unknown option '%s'"):format(a)
+    else
+      o.positional[#o.positional + 1] = a
+    end
+    i = i + 1
+  end
+  return o
+end
+
+---------------------------------------------------------------- output ---
+
+local function result_line(job)
+  local head = ('{"line":%d,"status":"%s",'):format(job.line, job.state)
+  local tail = (',"attempts":%d,"ms":%s}\n'):format(job.attempts, json.number_text(
+    math.floor((job.ms or 0) * 1000 + 0.5) / 1000))
+  if job.state == "completed" then
+    return head .. '"result":', job.result_bytes, tail
+  end
+  local err = job.error
+  local text = '{"code":' .. assert(json.encode(tostring(err.code))) .. ',"message":'
+    .. assert(json.encode(tostring(err.message))) .. "}"
+  return head .. '"error":', text, tail
+end
+
+------------------------------------------------------------------- run ---
+
+local function open_input(path)
+  if path == nil or path == "-" then return 0 end
+  local fd, err = core.open(path)
+  if not fd then return nil, ("cannot open input '%s': %s"):format(path, err) end
+  return fd
+end
+
+local function run(processor, input_path, concurrency)
+  local fd, err = open_input(input_path)
+  if not fd then return usage_error(err) end
+  local pool
+  pool, err = moonjob.pool(processor, { size = concurrency, codec = "json" })
+  if not pool then return usage_error(tostring(err)) end
+
+  local out = core.output(1)
+  local high = pool.size * 64 -- jobs queued before input pauses
+  local low = pool.size * 16
+  local inflight, failed, ended, paused, input = 0, 0, false, false, nil
+  local line_no = 0
+
+  local function finished(job)
+    inflight = inflight - 1
+    if job.state == "failed" then failed = failed + 1 end
+    local a, b, c = result_line(job)
+    out:write(a); out:write(b); out:write(c)
+    if paused and inflight <= low and not ended then
+      paused = false
+      input:resume()
+    end
+  end
+  pool:on("completed", finished)
+  pool:on("failed", finished)
+
+  local function on_line(text, len)
+    line_no = line_no + 1
+    if text and not text:find("%S") then return end -- blank lines are not jobs
+    local job = pool:add(text or "", { name = "line " .. line_no })
+    job.line = line_no
+    if not text then
+      job.error = nil
+      pool:_refuse(job, moonjob.errors.new("EINPUT", ("line %d is %d bytes or more, more than "
+        .. "max_payload (%d)"):format(line_no, len, pool.max_payload)))
+    end
+    inflight = inflight + 1
+    if inflight >= high and not paused then
+      paused = true
+      input:pause()
+    end
+  end
+  local read_error
+  input = core.input(fd, pool.max_payload, on_line, function(e)
+    ended, read_error = true, e
+  end)
+  input:resume()
+
+  local ok, why = pcall(loop.wait_until, function()
+    return ended and inflight == 0 and (out:pending() or 0) == 0
+  end)
+  input:close()
+  if not ok then
+    io.stderr:write("moonjob: ", tostring(why):gsub("^.-:%d+: ", ""), "\n")
+    return EXIT_INTERRUPTED
+  end
+  pool:close()
+  if read_error then
+    io.stderr:write("moonjob: reading the input failed: ", read_error, "\n")
+    return EXIT_USAGE
+  end
+  local _, write_error = out:pending()
+  if write_error then
+    io.stderr:write("moonjob: writing the output failed: ", write_error, "\n")
+    return EXIT_FAILED
+  end
+  return failed == 0 and EXIT_OK or EXIT_FAILED
+end
+
+-- cli.main(args) -> exit status
+function M.main(args)
+  local o, err = parse(args)
+  if not o then return usage_error(err) end
+  if o.help then io.stdout:write(USAGE) return EXIT_OK end
+  if o.version then io.stdout:write(moonjob._VERSION, "\n") return EXIT_OK end
+  local command = o.positional[1]
+  if command == nil then return usage_error("missing command: moonjob run PROCESSOR [INPUT]") end
+  if command ~= "run" then return usage_error(("unknown command '%s'; the command is 'run'"):format(command)) end
+  local processor, input_path = o.positional[2], o.positional[3]
+  if not processor then return usage_error("missing PROCESSOR: moonjob run PROCESSOR [INPUT]") end
+  if o.positional[4] then return usage_error(("unexpected argument '%s'"):format(o.positional[4])) end
+  return run(processor, input_path, o.concurrency)
+end
+
+return M

@@ -1,0 +1,74 @@
+-- spec/helpers.lua -- shared fixtures for the specs.
+--
+-- pool(file, opts): a pool on a fixture file, echo off, closed after each test
+-- by cleanup(). wait_for(pred, seconds): runs the loop until pred() or fails
+-- the test after a generous bound that only catches hangs.
+local moonjob = require "moonjob"
+local core = require "moonjob.core"
+local loop = require "moonjob.loop"
+
+local M = {}
+
+local open_pools = {}
+
+function M.fixture(name)
+  return "spec/fixtures/" .. name
+end
+
+function M.pool(name, opts)
+  opts = opts or {}
+  if opts.echo == nil then opts.echo = false end
+  local pool, err = moonjob.pool(M.fixture(name), opts)
+  assert(pool, tostring(err))
+  open_pools[#open_pools + 1] = pool
+  return pool
+end
+
+function M.cleanup()
+  for _, pool in ipairs(open_pools) do pool:close() end
+  open_pools = {}
+end
+
+-- Runs the loop until pred() is true; raises after `seconds` (default 10).
+function M.wait_for(pred, seconds)
+  local deadline = false
+  local timer = core.timer(function() deadline = true end)
+  timer:start((seconds or 10) * 1000)
+  local ok, err = pcall(loop.wait_until, function() return deadline or pred() end)
+  timer:close()
+  assert(ok, err)
+  assert(not deadline or pred(), "timed out waiting")
+end
+
+-- Sleeps while running the loop (the loop keeps serving the pools).
+function M.sleep(seconds)
+  local done = false
+  local timer = core.timer(function() done = true end)
+  timer:start(seconds * 1000)
+  loop.wait_until(function() return done end)
+  timer:close()
+end
+
+function M.process_exists(pid)
+  return os.execute("kill -0 " .. pid .. " 2>/dev/null") == 0
+end
+
+-- Runs a shell command; returns its stdout, stderr and exit status.
+function M.sh(command, stdin)
+  local tmp = os.tmpname()
+  local err = os.tmpname()
+  local full = command .. " >" .. tmp .. " 2>" .. err
+  if stdin then
+    local input = os.tmpname()
+    local f = assert(io.open(input, "wb")); f:write(stdin); f:close()
+    full = full .. " <" .. input
+  end
+  local status = os.execute(full)
+  local function slurp(path)
+    local f = assert(io.open(path, "rb")); local s = f:read("*a"); f:close(); os.remove(path)
+    return s
+  end
+  return slurp(tmp), slurp(err), status / 256 -- os.execute gives the wait status in Lua 5.1
+end
+
+return M
