@@ -1,0 +1,72 @@
+local h = require "helpers"
+
+describe("data across the channel", function()
+  after_each(h.cleanup)
+
+  it("keeps every number exact: integers up to 2^53 and any double", function()
+    local pool = h.pool("echo.lua", { size = 1 })
+    local numbers = { 2^53, -2^53, 2^53 - 1, 123456789012345, 0.1 + 0.2, 1e308, 5e-324,
+      -0.0, math.pi, 1 / 3, 2^63, -1.5e-300 }
+    local back = pool:run(numbers).data
+    for i, n in ipairs(numbers) do
+      assert.equal(n, back[i])
+      assert.equal(string.format("%a", n), string.format("%a", back[i]))
+    end
+    assert.equal(math.huge, pool:run(math.huge).data)
+    local nan = pool:run(0 / 0).data
+    assert.is_true(nan ~= nan)
+  end)
+
+  it("keeps strings with NULs, nested tables, empty tables and booleans", function()
+    local pool = h.pool("echo.lua", { size = 1 })
+    local value = { s = "a\0b\255", nested = { deep = { { 1 }, {} } }, empty = {}, t = true, f = false,
+      [1] = "one", [3] = "three" }
+    assert.same(value, pool:run(value).data)
+  end)
+
+  it("carries a payload of several megabytes both ways", function()
+    local pool = h.pool("echo.lua", { size = 1 })
+    local big = string.rep("0123456789", 800000)
+    assert.equal(big, pool:run(big).data)
+  end)
+end)
+
+describe("the child's output", function()
+  after_each(h.cleanup)
+
+  it("never corrupts the channel, and is kept on the job", function()
+    local pool = h.pool("noisy.lua", { size = 1 })
+    local job = pool:add({ n = 1 })
+    assert.equal(1, job:wait())
+    table.sort(job.logs)
+    assert.same({ "err 1", "log 1", "out 1", "partial 1" }, job.logs)
+  end)
+
+  it("is attributed to the job that printed it, even with many jobs back to back", function()
+    local pool = h.pool("noisy.lua", { size = 2 })
+    local jobs = {}
+    for i = 1, 200 do jobs[i] = pool:add({ n = i }) end
+    pool:drain()
+    for i = 1, 200 do
+      local logs = jobs[i].logs
+      table.sort(logs)
+      assert.same({ "err " .. i, "log " .. i, "out " .. i, "partial " .. i }, logs)
+    end
+  end)
+
+  it("goes to the parent's stderr prefixed with the job id by default", function()
+    local out, err, status = h.sh([[luajit -e '
+      package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+      package.cpath = "build/?.so;" .. package.cpath
+      local pool = require("moonjob").pool("spec/fixtures/noisy.lua", { size = 1 })
+      local job = pool:add({ n = 5 })
+      io.stdout:write("id=", job.id, "\n")
+      job:wait()
+      pool:close()']])
+    assert.equal(0, status)
+    local id = out:match("id=(%d+)")
+    assert.truthy(err:find("[job " .. id .. "] out 5\n", 1, true))
+    assert.truthy(err:find("[job " .. id .. "] err 5\n", 1, true))
+    assert.truthy(err:find("[job " .. id .. "] log 5\n", 1, true))
+  end)
+end)

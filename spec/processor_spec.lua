@@ -1,0 +1,113 @@
+local moonjob = require "moonjob"
+local h = require "helpers"
+
+describe("processor files", function()
+  after_each(h.cleanup)
+
+  describe("the function form", function()
+    it("sees job.id, job.name, job.data and job.attempt", function()
+      local pool = h.pool("echo.lua", { size = 1 })
+      local job = pool:add({ x = 1 }, { name = "first" })
+      local result = job:wait()
+      assert.same({ data = { x = 1 }, id = job.id, name = "first", attempt = 1 }, result)
+    end)
+  end)
+
+  describe("the table form", function()
+    it("runs init once per child, before its first job", function()
+      local pool = h.pool("table_form.lua", { size = 1 })
+      local a = pool:run(1)
+      local b = pool:run(2)
+      assert.equal(1, a.inits)
+      assert.equal(1, b.inits)
+      assert.equal(a.pid, b.pid)
+    end)
+
+    it("fails the job with ELOAD when init raises", function()
+      local pool = h.pool("init_error.lua", { size = 1 })
+      local _, err = pool:run(1)
+      assert.equal("ELOAD", err.code)
+      assert.matches("^init%(%) failed: .*init_error.lua:2: init exploded$", err.message)
+    end)
+  end)
+
+  describe("failures", function()
+    it("error('msg') fails with EPROCESSOR and a traceback naming the file and line", function()
+      local pool = h.pool("fails.lua", { size = 1 })
+      local _, err = pool:run({ how = "string" })
+      assert.equal("EPROCESSOR", err.code)
+      assert.equal("spec/fixtures/fails.lua:5: boom", err.message)
+      assert.matches("stack traceback:", err.traceback)
+      assert.matches("spec/fixtures/fails.lua:5:", err.traceback)
+      assert.equal("EPROCESSOR: spec/fixtures/fails.lua:5: boom", tostring(err))
+    end)
+
+    it("error({ message, code }) keeps the code, the message and the other fields", function()
+      local pool = h.pool("fails.lua", { size = 1 })
+      local _, err = pool:run({ how = "table" })
+      assert.equal("EBADINPUT: bad input", tostring(err))
+      assert.equal("x", err.field)
+      assert.matches("fails.lua:7", err.traceback)
+    end)
+
+    it("reuses the child after a job failed by a Lua error", function()
+      local pool = h.pool("pid.lua", { size = 1 })
+      local fails = h.pool("fails.lua", { size = 1 })
+      local first = pool:run(1)
+      assert.is_nil(fails:run({ how = "string" }))
+      assert.equal(first, pool:run(2))
+      assert.equal(1, fails:stats().spawned)
+      assert.equal("ok", fails:run({ how = "none" }))
+      assert.equal(1, fails:stats().spawned)
+    end)
+
+    it("fails with ELOAD when the file raises while the child runs it", function()
+      local pool = h.pool("load_error.lua", { size = 1 })
+      local _, err = pool:run(1)
+      assert.equal("ELOAD", err.code)
+      assert.equal("spec/fixtures/load_error.lua:2: cannot start: missing configuration", err.message)
+    end)
+
+    it("fails with ELOAD when the file returns neither a function nor a table", function()
+      local pool = h.pool("returns_number.lua", { size = 1 })
+      local _, err = pool:run(1)
+      assert.equal("ELOAD: spec/fixtures/returns_number.lua must return a function(job) or a table "
+        .. "{ process = function(job) ... end }, not a number", tostring(err))
+    end)
+
+    it("fails one waiting job per failed load, never all of them, and starts one child at a time", function()
+      local pool = h.pool("load_error.lua", { size = 2 })
+      local jobs = {}
+      for i = 1, 4 do jobs[i] = pool:add(i) end
+      for i = 1, 4 do
+        local _, err = jobs[i]:wait()
+        assert.equal("ELOAD", err.code)
+      end
+      h.wait_for(function() return pool:stats().children == 0 end)
+      -- two children at first (size), then one per waiting job: no storm
+      assert.is_true(pool:stats().spawned <= 4)
+    end)
+
+    it("fails with EPAYLOAD when the result cannot be serialised", function()
+      local pool = h.pool("fails.lua", { size = 1 })
+      local _, err = pool:run({ how = "function_result" })
+      assert.equal("EPAYLOAD", err.code)
+      assert.matches("the result cannot be encoded", err.message)
+    end)
+
+    it("fails with EPAYLOAD when the result is larger than max_payload, and the pool carries on", function()
+      local pool = h.pool("fails.lua", { size = 1, max_payload = 10000 })
+      local _, err = pool:run({ how = "big_result", size = 20000 })
+      assert.equal("EPAYLOAD", err.code)
+      assert.matches("more than max_payload %(10000%)", err.message)
+      assert.equal(string.rep("x", 100), pool:run({ how = "big_result", size = 100 }))
+    end)
+  end)
+
+  describe("its environment", function()
+    it("can require modules next to the file, and cjson", function()
+      local pool = h.pool("uses_neighbour.lua", { size = 1 })
+      assert.same({ helper = 42, json = "[1,2]" }, pool:run(21))
+    end)
+  end)
+end)

@@ -1,0 +1,71 @@
+local h = require "helpers"
+
+describe("children", function()
+  after_each(h.cleanup)
+
+  it("are reused: consecutive jobs with size = 1 run in the same pid", function()
+    local pool = h.pool("pid.lua", { size = 1 })
+    local pids = pool:map({ 1, 2, 3 })
+    assert.equal(pids[1], pids[2])
+    assert.equal(pids[2], pids[3])
+    assert.equal(1, pool:stats().spawned)
+  end)
+
+  for _, code in ipairs({ 0, 1 }) do
+    it(("that call os.exit(%d) mid-job fail it with ECRASH and are replaced"):format(code), function()
+      local pool = h.pool("fails.lua", { size = 1 })
+      local _, err = pool:run({ how = "exit" .. code })
+      assert.equal("ECRASH", err.code)
+      assert.equal(code, err.exit_status)
+      assert.is_nil(err.signal)
+      assert.equal(("the child process exited with code %d during the job"):format(code), err.message)
+      assert.equal("ok", pool:run({ how = "none" }))
+      local s = pool:stats()
+      assert.equal(2, s.spawned)
+      assert.equal(1, s.crashed)
+    end)
+  end
+
+  it("killed with SIGKILL from outside mid-job fail it with ECRASH naming the signal", function()
+    local pool = h.pool("fails.lua", { size = 1 })
+    local job = pool:add({ how = "sleep", seconds = 5 })
+    h.wait_for(function() return job.state == "active" end)
+    os.execute("kill -KILL " .. job.pid)
+    local _, err = job:wait()
+    assert.equal("ECRASH", err.code)
+    assert.equal(9, err.signal)
+    assert.equal("the child process was killed by signal 9 during the job", err.message)
+    assert.equal("ok", pool:run({ how = "none" }))
+  end)
+
+  it("run the next job in a new child after a crash", function()
+    local pool = h.pool("pid.lua", { size = 1 })
+    local first = pool:run(1)
+    os.execute("kill -KILL " .. first)
+    h.wait_for(function() return pool:stats().crashed == 1 end)
+    local second = pool:run(2)
+    assert.is_not.equal(first, second)
+    assert.equal(1, pool:stats().children)
+  end)
+
+  it("that die while idle are replaced without touching any job", function()
+    local pool = h.pool("pid.lua", { size = 1 })
+    local first = pool:run(1)
+    os.execute("kill -KILL " .. first)
+    h.wait_for(function() local s = pool:stats() return s.crashed == 1 and s.children == 1 end)
+    local s = pool:stats()
+    assert.equal(0, s.failed)
+    assert.equal(1, s.completed)
+    assert.is_number(pool:run(2))
+  end)
+
+  it("of a closed pool are gone, with no zombie left", function()
+    local pool = h.pool("pid.lua", { size = 2 })
+    local pids = pool:map({ 1, 2, 3, 4 })
+    pool:close()
+    for _, pid in ipairs(pids) do
+      local f = io.open("/proc/" .. pid .. "/stat")
+      assert.is_nil(f) -- not even a zombie
+    end
+  end)
+end)
