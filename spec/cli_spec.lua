@@ -1,0 +1,153 @@
+local h = require "helpers"
+local json = require "moonjob.json"
+
+local ENV = 'LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" '
+local MOONJOB = ENV .. "luajit scripts/moonjob "
+
+local function write_file(text)
+  local path = os.tmpname()
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+  return path
+end
+
+-- Output lines decoded and keyed by input line.
+local function by_line(out)
+  local lines = {}
+  for text in out:gmatch("[^\n]+") do
+    local v = assert(json.decode(text))
+    lines[v.line] = v
+  end
+  return lines
+end
+
+describe("moonjob run", function()
+  it("prints one line per job with status, result, attempts and ms, and exits 0", function()
+    local input = write_file('{"x":3}\n{"x":4}\n')
+    local out, err, status = h.sh(MOONJOB .. "run -j 2 examples/square.lua " .. input)
+    os.remove(input)
+    assert.equal(0, status)
+    local lines = by_line(out)
+    assert.equal(9, lines[1].result)
+    assert.equal(16, lines[2].result)
+    assert.equal("completed", lines[1].status)
+    assert.equal(1, lines[1].attempts)
+    assert.is_number(lines[1].ms)
+    assert.matches('^{"line":%d,"status":"completed","result":%d+,"attempts":1,"ms":[%d.e-]+}\n',
+      out)
+    assert.truthy(err:find("squaring 3", 1, true))
+  end)
+
+  it("reads standard input when no INPUT is given", function()
+    local out, _, status = h.sh(MOONJOB .. "run spec/fixtures/identity.lua", '"a"\n"b"\n')
+    assert.equal(0, status)
+    local lines = by_line(out)
+    assert.equal("a", lines[1].result)
+    assert.equal("b", lines[2].result)
+  end)
+
+  it("keeps numbers and empty arrays exact in its JSON output", function()
+    local input = '9007199254740992\n0.30000000000000004\n{"a":[],"b":{},"c":-0}\n1e-7\n123456789012345\n'
+    local out, _, status = h.sh(MOONJOB .. "run -j 1 spec/fixtures/identity.lua", input)
+    assert.equal(0, status)
+    local results = {}
+    for line, result in out:gmatch('"line":(%d+),"status":"completed","result":(.-),"attempts"') do
+      results[tonumber(line)] = result
+    end
+    assert.equal("9007199254740992", results[1])
+    assert.equal("0.30000000000000004", results[2])
+    assert.truthy(results[3]:find('"a":[]', 1, true))
+    assert.truthy(results[3]:find('"b":{}', 1, true))
+    assert.truthy(results[3]:find('"c":-0', 1, true))
+    assert.equal(1e-7, tonumber(results[4]))
+    assert.equal("123456789012345", results[5])
+  end)
+
+  it("fails a line that is not JSON with EINPUT, runs the rest, and exits 1", function()
+    local out, _, status = h.sh(MOONJOB .. "run spec/fixtures/identity.lua", '1\nnot json\n3\n')
+    assert.equal(1, status)
+    local lines = by_line(out)
+    assert.equal(1, lines[1].result)
+    assert.equal("failed", lines[2].status)
+    assert.equal("EINPUT", lines[2].error.code)
+    assert.matches("^input is not valid JSON", lines[2].error.message)
+    assert.equal(3, lines[3].result)
+  end)
+
+  it("reports a processor error with its code and message", function()
+    local out, _, status = h.sh(MOONJOB .. "run spec/fixtures/fails.lua", '{"how":"table"}\n')
+    assert.equal(1, status)
+    assert.equal('{"line":1,"status":"failed","error":{"code":"EBADINPUT","message":"bad input"},',
+      out:match('^(.-)"attempts"'))
+  end)
+
+  it("skips blank lines but counts them in line numbers", function()
+    local out, _, status = h.sh(MOONJOB .. "run spec/fixtures/identity.lua", '1\n\n  \n4')
+    assert.equal(0, status)
+    local lines = by_line(out)
+    assert.equal(1, lines[1].result)
+    assert.equal(4, lines[4].result)
+    assert.is_nil(lines[2])
+  end)
+
+  it("reads its input as a stream, in bounded memory", function()
+    local function peak_kb(n)
+      local input = os.tmpname()
+      local f = assert(io.open(input, "wb"))
+      for i = 1, n do f:write('{"i":', i, ',"pad":"', string.rep("p", 40), '"}\n') end
+      f:close()
+      local out, err, status = h.sh(ENV .. [[luajit -e '
+        local status = require("moonjob.cli").main({ "run", "-j", "2", "spec/fixtures/identity.lua", "]]
+        .. input .. [[" })
+        local hwm = io.open("/proc/self/status"):read("*a"):match("VmHWM:%s*(%d+)")
+        io.stderr:write("peak=", hwm, "\n")
+        os.exit(status)' >/dev/null]])
+      os.remove(input)
+      assert.equal(0, status, err)
+      return tonumber(err:match("peak=(%d+)"))
+    end
+    local small, large = peak_kb(2000), peak_kb(100000)
+    assert.is_true(large < small * 1.5 + 4096,
+      ("peak RSS %d KiB for 100,000 lines against %d KiB for 2,000"):format(large, small))
+  end)
+
+  describe("usage and set-up errors", function()
+    it("prints help and exits 0 with --help", function()
+      local out, _, status = h.sh(MOONJOB .. "--help")
+      assert.equal(0, status)
+      assert.matches("^usage: moonjob run PROCESSOR %[INPUT%]", out)
+    end)
+
+    it("exits 2 without a command", function()
+      local _, err, status = h.sh(MOONJOB)
+      assert.equal(2, status)
+      assert.equal("moonjob: missing command: moonjob run PROCESSOR [INPUT]\nTry 'moonjob --help'.\n", err)
+    end)
+
+    it("exits 2 on an unknown option", function()
+      local _, err, status = h.sh(MOONJOB .. "run --frobnicate examples/square.lua")
+      assert.equal(2, status)
+      assert.matches("unknown option '%-%-frobnicate'", err)
+    end)
+
+    it("exits 2 on a bad concurrency", function()
+      local _, err, status = h.sh(MOONJOB .. "run -j 0 examples/square.lua")
+      assert.equal(2, status)
+      assert.matches("%-j needs a positive whole number, got '0'", err)
+    end)
+
+    it("exits 2 when the processor file is missing", function()
+      local _, err, status = h.sh(MOONJOB .. "run nowhere.lua", "1\n")
+      assert.equal(2, status)
+      assert.equal("moonjob: ELOAD: cannot open processor file 'nowhere.lua': no such readable file\n"
+        .. "Try 'moonjob --help'.\n", err)
+    end)
+
+    it("exits 2 when the input file is missing", function()
+      local _, err, status = h.sh(MOONJOB .. "run examples/square.lua /nonexistent.ndjson")
+      assert.equal(2, status)
+      assert.matches("cannot open input '/nonexistent.ndjson': ENOENT", err)
+    end)
+  end)
+end)
