@@ -31,7 +31,9 @@ LUA_FILES  = $(wildcard lua/moonjob/*.lua)
 DEB_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev libuv1-dev lua-cjson \
                lua-busted luarocks
 
-.PHONY: all deps test demo bench install uninstall clean
+.PHONY: all deps test demo repl bench install uninstall clean
+
+IN_TREE = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="$(BUILD)/?.so;;"
 
 all: $(CORE_SO) $(CHILD)
 
@@ -61,9 +63,15 @@ deps:
 test: deps all
 	$(BUSTED)
 
+# Runs the example processor over the example NDJSON file (one line fails on
+# purpose, so the command's exit status 1 is expected and shown, not fatal).
 demo: deps all
-	LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="$(BUILD)/?.so;;" \
-	  $(LUA) scripts/moonjob run -j 2 examples/square.lua examples/numbers.ndjson
+	$(IN_TREE) $(LUA) scripts/moonjob run -j 2 examples/square.lua examples/numbers.ndjson; \
+	  echo "moonjob exited with status $$? (1: some job failed, as line 6 and 7 do on purpose)"
+
+# A LuaJIT REPL with moonjob on the paths: try require "moonjob".
+repl: deps all
+	$(IN_TREE) $(LUA)
 
 $(BUILD)/bench-floor: bench/floor.c
 	@mkdir -p $(dir $@)

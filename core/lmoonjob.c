@@ -509,12 +509,17 @@ static int lmj_output_new(lua_State *L) {
   return 1;
 }
 
-/* output:write(s) -> true | nil, err, code (the first write error, sticky) */
+/* output:write(s, ...) -> true | nil, err, code (the first write error,
+ * sticky). The pieces go out together, in one write when nothing is in flight. */
 static int lmj_output_write(lua_State *L) {
   lmj_output_t *lo = luaL_checkudata(L, 1, LMJ_OUTPUT);
-  size_t len;
-  const char *s = luaL_checklstring(L, 2, &len);
-  int rc = mj_output_write(&lo->out, s, len);
+  int n = lua_gettop(L), rc = 0;
+  for (int i = 2; i <= n && rc == 0; i++) {
+    size_t len;
+    const char *s = luaL_checklstring(L, i, &len);
+    rc = mj_output_append(&lo->out, s, len);
+  }
+  if (rc == 0) rc = mj_output_start(&lo->out);
   if (rc != 0) return lmj_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;

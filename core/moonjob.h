@@ -125,7 +125,8 @@ void mj_input_pause(mj_input_t *in);
 void mj_input_free(mj_input_t *in);
 
 void mj_output_init(mj_ctx_t *ctx, mj_output_t *out, int fd);
-int mj_output_write(mj_output_t *out, const char *data, size_t len);
+int mj_output_append(mj_output_t *out, const char *data, size_t len);
+int mj_output_start(mj_output_t *out);
 void mj_output_free(mj_output_t *out);
 
 #endif

@@ -196,14 +196,20 @@ void mj_output_init(mj_ctx_t *ctx, mj_output_t *out, int fd) {
   out->fd = fd;
 }
 
-/* Queues bytes for writing. Returns 0, or the first write error seen. */
-int mj_output_write(mj_output_t *out, const char *data, size_t len) {
+/* Queues bytes without starting a write: several pieces can make one write. */
+int mj_output_append(mj_output_t *out, const char *data, size_t len) {
   if (out->error) return out->error;
   int rc = grow(&out->pending, &out->pending_cap, out->pending_len + len);
   if (rc != 0) return rc;
   memcpy(out->pending + out->pending_len, data, len);
   out->pending_len += len;
-  if (!out->writing) start_write(out);
+  return 0;
+}
+
+/* Starts writing what is pending, unless a write is in flight (its callback
+ * picks the pending bytes up). Returns 0, or the first write error seen. */
+int mj_output_start(mj_output_t *out) {
+  if (!out->error && !out->writing && out->pending_len > 0) start_write(out);
   return out->error;
 }
 

@@ -117,8 +117,7 @@ local function run(processor, input_path, concurrency)
   local function finished(job)
     inflight = inflight - 1
     if job.state == "failed" then failed = failed + 1 end
-    local a, b, c = result_line(job)
-    out:write(a); out:write(b); out:write(c)
+    out:write(result_line(job))
     if paused and inflight <= low and not ended then
       paused = false
       input:resume()
