@@ -102,6 +102,23 @@ describe("processor files", function()
       assert.matches("more than max_payload %(10000%)", err.message)
       assert.equal(string.rep("x", 100), pool:run({ how = "big_result", size = 100 }))
     end)
+
+    it("raises in the processor when job:progress() is given more than max_payload", function()
+      local pool = h.pool("oversize.lua", { size = 1, max_payload = 1000 })
+      local _, err = pool:run({ how = "progress", size = 2000 })
+      assert.equal("EPROCESSOR", err.code)
+      assert.matches("oversize.lua:%d+: job:progress%(%): the value is %d+ bytes, more than "
+        .. "max_payload %(1000%)", err.message)
+    end)
+
+    it("fails the job with EPAYLOAD when a child sends an oversized frame, and replaces the child", function()
+      local pool = h.pool("oversize.lua", { size = 1, max_payload = 1000 })
+      local _, err = pool:run({ how = "raw", size = 100000 })
+      assert.equal("EPAYLOAD", err.code)
+      assert.matches("more than max_payload %(1000%)", err.message)
+      assert.equal("fine", pool:run({ how = "none" }))
+      assert.equal(2, pool:stats().spawned)
+    end)
   end)
 
   describe("its environment", function()

@@ -99,16 +99,25 @@ end
 local Job = {}
 Job.__index = Job
 
+local function check_size(what, bytes)
+  if #bytes > options.max_payload then
+    error(("%s is %d bytes, more than max_payload (%d)"):format(what, #bytes, options.max_payload), 3)
+  end
+end
+
 function Job:progress(value)
   local ok, bytes = pcall(buffer.encode, value)
   if not ok then error("job:progress(): value is not serialisable: " .. bytes, 2) end
+  check_size("job:progress(): the value", bytes)
   channel.send(channel.PROGRESS, self.number, bytes)
 end
 
 function Job:log(...)
   local parts = { ... }
   for i = 1, select("#", ...) do parts[i] = tostring(parts[i]) end
-  channel.send(channel.LOG, self.number, table.concat(parts, " "))
+  local text = table.concat(parts, " ")
+  check_size("job:log(): the text", text)
+  channel.send(channel.LOG, self.number, text)
 end
 
 function Job:__tostring()
