@@ -128,16 +128,13 @@ static int channel_send(lua_State *L) {
 static int open_channel(lua_State *L) {
   static const luaL_Reg funcs[] = {
     {"recv", channel_recv}, {"send", channel_send}, {NULL, NULL}};
-  static const struct { const char *name; int value; } types[] = {
-    {"INIT", MJ_FRAME_INIT}, {"JOB", MJ_FRAME_JOB}, {"READY", MJ_FRAME_READY},
-    {"LOADERR", MJ_FRAME_LOADERR}, {"DONE", MJ_FRAME_DONE}, {"FAIL", MJ_FRAME_FAIL},
-    {"PROGRESS", MJ_FRAME_PROGRESS}, {"LOG", MJ_FRAME_LOG}};
   lua_newtable(L);
   luaL_register(L, NULL, funcs);
-  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-    lua_pushinteger(L, types[i].value);
-    lua_setfield(L, -2, types[i].name);
-  }
+#define MJ_SET_TYPE(name)               \
+  lua_pushinteger(L, MJ_FRAME_##name); \
+  lua_setfield(L, -2, #name);
+  MJ_FRAME_TYPES(MJ_SET_TYPE)
+#undef MJ_SET_TYPE
   return 1;
 }
 

@@ -38,6 +38,11 @@ typedef enum {
   MJ_FRAME_LOG = 21       /* job:log(text) */
 } mj_frame_type;
 
+/* X-macro over every frame type, for tables of names (the Lua constants of
+ * both programs come from here). */
+#define MJ_FRAME_TYPES(X) \
+  X(INIT) X(JOB) X(READY) X(LOADERR) X(DONE) X(FAIL) X(PROGRESS) X(LOG)
+
 /* True for the frames that end a job: the parent then reads whatever the
  * child printed before it, so output is attributed to the right job. */
 #define MJ_FRAME_ENDS_JOB(t) ((t) == MJ_FRAME_DONE || (t) == MJ_FRAME_FAIL || \

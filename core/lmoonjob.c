@@ -579,15 +579,12 @@ static void lmj_set_name(lua_State *L, const char *name) {
 }
 
 static void lmj_push_frame_types(lua_State *L) {
-  static const struct { const char *name; int value; } types[] = {
-    {"INIT", MJ_FRAME_INIT}, {"JOB", MJ_FRAME_JOB}, {"READY", MJ_FRAME_READY},
-    {"LOADERR", MJ_FRAME_LOADERR}, {"DONE", MJ_FRAME_DONE}, {"FAIL", MJ_FRAME_FAIL},
-    {"PROGRESS", MJ_FRAME_PROGRESS}, {"LOG", MJ_FRAME_LOG}};
   lua_newtable(L);
-  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-    lua_pushinteger(L, types[i].value);
-    lua_setfield(L, -2, types[i].name);
-  }
+#define LMJ_SET_TYPE(name)              \
+  lua_pushinteger(L, MJ_FRAME_##name); \
+  lua_setfield(L, -2, #name);
+  MJ_FRAME_TYPES(LMJ_SET_TYPE)
+#undef LMJ_SET_TYPE
 }
 
 int luaopen_moonjob_core(lua_State *L) {
