@@ -12,6 +12,11 @@
  * Objects with libuv handles (processes, timers, inputs) hold a registry
  * reference to themselves while a handle is open, so the garbage collector
  * never frees memory libuv still points to.
+ *
+ * Caveat: loading the module sets SIGPIPE to "ignore" when it was left at its
+ * default. A write to a child that just died must come back as EPIPE, not kill
+ * the parent (libuv writes to sockets without MSG_NOSIGNAL). A handler the
+ * program installed itself is left alone.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -587,6 +592,12 @@ static void lmj_push_frame_types(lua_State *L) {
 #undef LMJ_SET_TYPE
 }
 
+static void lmj_ignore_sigpipe(void) {
+  struct sigaction current;
+  if (sigaction(SIGPIPE, NULL, &current) == 0 && current.sa_handler == SIG_DFL)
+    signal(SIGPIPE, SIG_IGN);
+}
+
 int luaopen_moonjob_core(lua_State *L) {
   static const luaL_Reg functions[] = {
     {"run", lmj_run}, {"running", lmj_running}, {"hrtime", lmj_hrtime}, {"cpu_count", lmj_cpu_count},
@@ -606,6 +617,7 @@ int luaopen_moonjob_core(lua_State *L) {
   static const luaL_Reg output_methods[] = {
     {"write", lmj_output_write}, {"pending", lmj_output_pending}, {NULL, NULL}};
 
+  lmj_ignore_sigpipe();
   /* One loop per Lua state, created on first require, kept in the registry. */
   lua_getfield(L, LUA_REGISTRYINDEX, LMJ_CTX);
   if (lua_isnil(L, -1)) {

@@ -11,6 +11,20 @@ local M = {}
 
 local open_pools = {}
 
+-- A hang catcher: a spec that runs the loop for more than HANG_SECONDS after
+-- its last pool was created ends the run with a message, instead of hanging CI.
+local HANG_SECONDS = 60
+local last_progress = core.hrtime()
+local watchdog = core.timer(function()
+  if (core.hrtime() - last_progress) / 1e9 > HANG_SECONDS then
+    io.stderr:write("\nspec/helpers.lua: a spec hung for ", HANG_SECONDS, " s; stopping the run\n",
+      debug.traceback(), "\n")
+    os.exit(3)
+  end
+end)
+watchdog:start(1000, 1000)
+watchdog:unref()
+
 function M.fixture(name)
   return "spec/fixtures/" .. name
 end
@@ -18,6 +32,7 @@ end
 function M.pool(name, opts)
   opts = opts or {}
   if opts.echo == nil then opts.echo = false end
+  last_progress = core.hrtime()
   local pool, err = moonjob.pool(M.fixture(name), opts)
   assert(pool, tostring(err))
   open_pools[#open_pools + 1] = pool
@@ -25,6 +40,7 @@ function M.pool(name, opts)
 end
 
 function M.cleanup()
+  last_progress = core.hrtime()
   for _, pool in ipairs(open_pools) do pool:close() end
   open_pools = {}
 end
@@ -47,6 +63,19 @@ function M.sleep(seconds)
   timer:start(seconds * 1000)
   loop.wait_until(function() return done end)
   timer:close()
+end
+
+-- Waits, without running the loop, until the dead child pid is a zombie
+-- (dead, not yet reaped by moonjob). Bounded: raises after 5 s.
+function M.wait_until_zombie(pid)
+  for _ = 1, 500 do
+    local f = io.open("/proc/" .. pid .. "/stat")
+    local state = f and f:read("*l"):match("^%d+ %b() (%a)")
+    if f then f:close() end
+    if state == "Z" then return end
+    os.execute("sleep 0.01")
+  end
+  error("process " .. pid .. " did not die")
 end
 
 function M.process_exists(pid)

@@ -59,6 +59,21 @@ describe("children", function()
     assert.is_number(pool:run(2))
   end)
 
+  it("that died before the parent noticed never cost a job: it runs in the replacement", function()
+    local pool = h.pool("pid.lua", { size = 1 })
+    local first = pool:run(1)
+    -- kill the child and wait for it to be dead without running the loop, so the
+    -- pool still believes it idle when the next job is dispatched
+    os.execute("kill -KILL " .. first)
+    h.wait_until_zombie(first)
+    local job = pool:add(2)
+    local second, err = job:wait()
+    assert.is_nil(err)
+    assert.is_not.equal(first, second)
+    assert.equal(1, job.attempts)
+    assert.equal(0, pool:stats().failed)
+  end)
+
   it("of a closed pool are gone, with no zombie left", function()
     local pool = h.pool("pid.lua", { size = 2 })
     local pids = pool:map({ 1, 2, 3, 4 })

@@ -219,13 +219,19 @@ function Pool:_ensure_workers()
   end
 end
 
+-- Puts a job that never reached a child back at the head of the queue.
+function Pool:_requeue_first(job)
+  self.qfirst = self.qfirst - 1
+  self.queue[self.qfirst] = job
+end
+
 function Pool:_dispatch(w, job)
-  job.state, job.pid = "active", w.pid
-  job.attempts = job.attempts + 1
+  local attempt = job.attempts + 1
+  local meta = self.meta:reset():encode({ id = job.id, name = job.name, attempt = attempt })
+  if not w:run(job, meta:tostring()) then return self:_requeue_first(job) end
+  job.state, job.pid, job.attempts = "active", w.pid, attempt
   job.started = loop.now()
   self.nactive = self.nactive + 1
-  local meta = self.meta:reset():encode({ id = job.id, name = job.name, attempt = job.attempts })
-  w:run(job, meta:tostring())
   if self.listeners.active then self:_emit("active", job) end
 end
 

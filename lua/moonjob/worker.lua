@@ -38,14 +38,15 @@ function Worker.spawn(pool)
   return w
 end
 
--- worker:run(job): sends the job; the worker is busy until it ends.
+-- worker:run(job, meta_bytes) -> true, or false when the child is already
+-- gone (the job never reached it; the worker is "lost" until its exit event).
 function Worker:run(job, meta_bytes)
-  self.state, self.job = "busy", job
-  local ok, err = self.process:send(frame.JOB, job.seq, meta_bytes, job.data_bytes)
-  if not ok then
-    -- the child is going away; its exit event fails the job as a crash
-    self.send_error = err
+  if not self.process:send(frame.JOB, job.seq, meta_bytes, job.data_bytes) then
+    self.state = "lost"
+    return false
   end
+  self.state, self.job = "busy", job
+  return true
 end
 
 -- worker:finish(): ask an idle child to end (it reads end-of-file and exits).
