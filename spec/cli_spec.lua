@@ -112,6 +112,18 @@ describe("moonjob run", function()
       ("peak RSS %d KiB for 100,000 lines against %d KiB for 2,000"):format(large, small))
   end)
 
+  it("stops quietly with status 1 when its output is closed (| head)", function()
+    local input = os.tmpname()
+    local f = assert(io.open(input, "wb"))
+    for i = 1, 20000 do f:write(i, "\n") end
+    f:close()
+    local out, err = h.sh("(" .. MOONJOB .. "run spec/fixtures/identity.lua " .. input
+      .. '; echo "status=$?" >&2) | head -n 1')
+    os.remove(input)
+    assert.equal(1, select(2, out:gsub("\n", "")))
+    assert.equal("status=1\n", err)
+  end)
+
   describe("usage and set-up errors", function()
     it("prints help and exits 0 with --help", function()
       local out, _, status = h.sh(MOONJOB .. "--help")

@@ -86,7 +86,7 @@ end
 function M.sh(command, stdin)
   local tmp = os.tmpname()
   local err = os.tmpname()
-  local full = command .. " >" .. tmp .. " 2>" .. err
+  local full = "(" .. command .. ") >" .. tmp .. " 2>" .. err
   if stdin then
     local input = os.tmpname()
     local f = assert(io.open(input, "wb")); f:write(stdin); f:close()

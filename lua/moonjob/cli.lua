@@ -112,13 +112,17 @@ local function run(processor, input_path, concurrency)
   local high = pool.size * 64 -- jobs queued before input pauses
   local low = pool.size * 16
   local inflight, failed, ended, paused, input = 0, 0, false, false, nil
-  local line_no = 0
+  local line_no, write_error = 0, nil
 
   local function finished(job)
     inflight = inflight - 1
     if job.state == "failed" then failed = failed + 1 end
-    out:write(result_line(job))
-    if paused and inflight <= low and not ended then
+    local written, err = out:write(result_line(job))
+    if not written and not write_error then -- nobody reads the output any more: stop
+      write_error = err
+      input:pause()
+    end
+    if paused and inflight <= low and not ended and not write_error then
       paused = false
       input:resume()
     end
@@ -149,8 +153,9 @@ local function run(processor, input_path, concurrency)
   input:resume()
 
   local ok, why = pcall(loop.wait_until, function()
-    return ended and inflight == 0 and (out:pending() or 0) == 0
+    return write_error or (ended and inflight == 0 and (out:pending() or 0) == 0)
   end)
+  ended = true -- no more resuming: the input is closed
   input:close()
   if not ok then
     io.stderr:write("moonjob: ", tostring(why):gsub("^.-:%d+: ", ""), "\n")
@@ -161,9 +166,11 @@ local function run(processor, input_path, concurrency)
     io.stderr:write("moonjob: reading the input failed: ", read_error, "\n")
     return EXIT_USAGE
   end
-  local _, write_error = out:pending()
+  write_error = write_error or select(2, out:pending())
   if write_error then
-    io.stderr:write("moonjob: writing the output failed: ", write_error, "\n")
+    if not write_error:find("^EPIPE") then -- a closed pipe (| head) ends quietly
+      io.stderr:write("moonjob: writing the output failed: ", write_error, "\n")
+    end
     return EXIT_FAILED
   end
   return failed == 0 and EXIT_OK or EXIT_FAILED
