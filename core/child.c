@@ -18,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -74,6 +76,17 @@ static int write_all(int fd, struct iovec *iov, int n) {
   return 0;
 }
 
+/* True when bytes written to stdout or stderr are not yet read by the parent.
+ * Both are socketpairs made by libuv; SIOCOUTQ counts what the peer has not
+ * consumed. Anything else (a terminal, a file) counts as pending: safe. */
+static int output_pending(void) {
+  for (int fd = 1; fd <= 2; fd++) {
+    int unread = 0;
+    if (ioctl(fd, SIOCOUTQ, &unread) != 0 || unread > 0) return 1;
+  }
+  return 0;
+}
+
 /* ----------------------------------------------- moonjob.channel module --- */
 
 /* channel.recv() -> type, job, payload | nil at end-of-file.
@@ -99,7 +112,8 @@ static int channel_recv(lua_State *L) {
 
 /* channel.send(type, job, part...) sends one frame whose payload is the
  * concatenation of the string parts, without concatenating them in memory.
- * Raises when the channel is closed. */
+ * A frame that ends a job carries MJ_FRAME_FLAG_OUTPUT when output is still
+ * unread (the caller flushed stdio first). Raises when the channel is closed. */
 static int channel_send(lua_State *L) {
   enum { MAX_PARTS = 4 };
   mj_frame_header_t h;
@@ -109,6 +123,7 @@ static int channel_send(lua_State *L) {
   luaL_argcheck(L, nparts <= MAX_PARTS, 2 + MAX_PARTS + 1, "too many payload parts");
   h.type = (uint32_t) luaL_checkinteger(L, 1);
   h.job = (uint64_t) luaL_checknumber(L, 2);
+  if (MJ_FRAME_ENDS_JOB(h.type) && output_pending()) h.type |= MJ_FRAME_FLAG_OUTPUT;
   for (int i = 0; i < nparts; i++) {
     size_t n;
     const char *s = luaL_checklstring(L, 3 + i, &n);

@@ -38,13 +38,19 @@ typedef enum {
   MJ_FRAME_LOG = 21       /* job:log(text) */
 } mj_frame_type;
 
+/* Set by the child on a frame that ends a job when bytes it wrote to stdout or
+ * stderr were still unread at that moment: the parent then reads those pipes
+ * before handling the frame. Without the flag the parent skips that read. */
+#define MJ_FRAME_FLAG_OUTPUT 0x100u
+#define MJ_FRAME_TYPE_MASK 0xffu
+
 /* X-macro over every frame type, for tables of names (the Lua constants of
  * both programs come from here). */
 #define MJ_FRAME_TYPES(X) \
   X(INIT) X(JOB) X(READY) X(LOADERR) X(DONE) X(FAIL) X(PROGRESS) X(LOG)
 
-/* True for the frames that end a job: the parent then reads whatever the
- * child printed before it, so output is attributed to the right job. */
+/* True for the frames that end a job: with MJ_FRAME_FLAG_OUTPUT the parent
+ * reads whatever the child printed before it, so output lands on the right job. */
 #define MJ_FRAME_ENDS_JOB(t) ((t) == MJ_FRAME_DONE || (t) == MJ_FRAME_FAIL || \
                               (t) == MJ_FRAME_LOADERR)
 

@@ -95,10 +95,9 @@ static int lmj_run(lua_State *L) {
   static const uv_run_mode values[] = {UV_RUN_DEFAULT, UV_RUN_ONCE, UV_RUN_NOWAIT};
   lmj_ctx_t *c = lmj_ctx(L);
   uv_run_mode mode = values[luaL_checkoption(L, 1, "default", modes)];
-  int interruptible = lua_toboolean(L, 2);
   lua_State *previous = c->L;
   c->L = L;
-  int rc = mj_ctx_run(&c->ctx, mode, interruptible);
+  int rc = mj_ctx_run(&c->ctx, mode);
   c->L = previous;
   if (rc == MJ_EINTERRUPTED) {
     lua_pushnil(L);
@@ -112,6 +111,13 @@ static int lmj_run(lua_State *L) {
   }
   lua_pushboolean(L, rc != 0);
   return 1;
+}
+
+/* core.catch_sigint(on): while on, Ctrl-C makes core.run return nil,
+ * "interrupted" instead of reaching the program's own SIGINT handler. */
+static int lmj_catch_sigint(lua_State *L) {
+  mj_ctx_catch_sigint(&lmj_ctx(L)->ctx, lua_toboolean(L, 1));
+  return 0;
 }
 
 /* core.running() -> true inside a callback of the loop (it cannot be run). */
@@ -600,7 +606,7 @@ static void lmj_ignore_sigpipe(void) {
 
 int luaopen_moonjob_core(lua_State *L) {
   static const luaL_Reg functions[] = {
-    {"run", lmj_run}, {"running", lmj_running}, {"hrtime", lmj_hrtime}, {"cpu_count", lmj_cpu_count},
+    {"run", lmj_run}, {"catch_sigint", lmj_catch_sigint}, {"running", lmj_running}, {"hrtime", lmj_hrtime}, {"cpu_count", lmj_cpu_count},
     {"getpid", lmj_getpid}, {"child_path", lmj_child_path}, {"spawn", lmj_spawn},
     {"timer", lmj_timer_new}, {"input", lmj_input_new}, {"open", lmj_open}, {"output", lmj_output_new},
     {NULL, NULL}};

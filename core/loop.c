@@ -1,10 +1,11 @@
 /* loop.c -- the one libuv loop of a Lua state, and running it safely.
  *
  * Every pool of a program shares this loop. mj_ctx_run refuses to re-enter
- * the loop from one of its own callbacks (libuv's uv_run is not reentrant), and
- * can make the run interruptible by Ctrl-C: while it runs, SIGINT only sets a
- * flag and wakes the loop, which stops; the previous SIGINT disposition (for
- * example the LuaJIT REPL's own handler) is restored afterwards.
+ * the loop from one of its own callbacks (libuv's uv_run is not reentrant).
+ * A blocking wait can be made interruptible by Ctrl-C (mj_ctx_catch_sigint):
+ * meanwhile SIGINT only sets a flag and wakes the loop, which stops; the
+ * previous SIGINT disposition (for example the LuaJIT REPL's own handler) is
+ * restored afterwards. The handler is installed once per wait, not per run.
  *
  * Caveat: a signal handler has no argument to carry a context, so the context
  * being run interruptibly is kept in one static pointer; nested interruptible
@@ -14,7 +15,7 @@
 
 #include "moonjob.h"
 
-static mj_ctx_t *volatile sigint_target;
+static mj_ctx_t *volatile sigint_target; /* the context catching SIGINT, if any */
 
 static void mj_sigint_handler(int signum) {
   (void) signum;
@@ -44,30 +45,37 @@ int mj_ctx_init(mj_ctx_t *ctx) {
   return 0;
 }
 
-/* Runs the loop in `mode`. Returns uv_run's result (non-zero while handles
- * remain active), MJ_EINTERRUPTED when Ctrl-C stopped it, or MJ_EREENTERED
- * when called from inside a callback of this loop. */
-int mj_ctx_run(mj_ctx_t *ctx, uv_run_mode mode, int interruptible) {
-  struct sigaction ours, previous;
-  if (ctx->running) return MJ_EREENTERED;
-  if (interruptible) {
+/* While `on`, SIGINT only sets ctx->interrupted and wakes the loop, which
+ * stops; turning it off restores the handler that was there before. Calls
+ * must pair up (on, then off). */
+void mj_ctx_catch_sigint(mj_ctx_t *ctx, int on) {
+  if (on && sigint_target == NULL) {
+    struct sigaction ours;
     memset(&ours, 0, sizeof ours);
     ours.sa_handler = mj_sigint_handler;
     sigemptyset(&ours.sa_mask);
     ctx->interrupted = 0;
     sigint_target = ctx;
-    sigaction(SIGINT, &ours, &previous);
-  }
-  ctx->running = 1;
-  int rc = uv_run(&ctx->loop, mode);
-  ctx->running = 0;
-  if (interruptible) {
-    sigaction(SIGINT, &previous, NULL);
+    sigaction(SIGINT, &ours, &ctx->previous_sigint);
+  } else if (!on && sigint_target == ctx) {
+    sigaction(SIGINT, &ctx->previous_sigint, NULL);
     sigint_target = NULL;
-    if (ctx->interrupted) {
-      ctx->interrupted = 0;
-      return MJ_EINTERRUPTED;
-    }
   }
-  return rc;
+}
+
+/* Runs the loop in `mode`. Returns uv_run's result (non-zero while handles
+ * remain active), MJ_EINTERRUPTED when Ctrl-C stopped it (or came before it
+ * started), or MJ_EREENTERED when called from inside a callback of this loop. */
+int mj_ctx_run(mj_ctx_t *ctx, uv_run_mode mode) {
+  if (ctx->running) return MJ_EREENTERED;
+  if (!ctx->interrupted) {
+    ctx->running = 1;
+    uv_run(&ctx->loop, mode);
+    ctx->running = 0;
+  }
+  if (ctx->interrupted) {
+    ctx->interrupted = 0;
+    return MJ_EINTERRUPTED;
+  }
+  return uv_loop_alive(&ctx->loop);
 }

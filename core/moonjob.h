@@ -25,6 +25,7 @@ typedef struct mj_ctx_s {
   uv_async_t wakeup;                   /* wakes the loop from the SIGINT handler */
   volatile sig_atomic_t interrupted;   /* set by the SIGINT handler */
   int running;                         /* inside uv_run: the loop is not reentrant */
+  struct sigaction previous_sigint;    /* restored by mj_ctx_catch_sigint(ctx, 0) */
   void *data;                          /* owner's context (the Lua state) */
 } mj_ctx_t;
 
@@ -32,7 +33,8 @@ typedef struct mj_ctx_s {
 #define MJ_EREENTERED (-10001)         /* mj_ctx_run called from a callback */
 
 int mj_ctx_init(mj_ctx_t *ctx);
-int mj_ctx_run(mj_ctx_t *ctx, uv_run_mode mode, int interruptible);
+int mj_ctx_run(mj_ctx_t *ctx, uv_run_mode mode);
+void mj_ctx_catch_sigint(mj_ctx_t *ctx, int on);
 
 /* --------------------------------------------------------- process.c --- */
 

@@ -11,8 +11,9 @@
  *
  * Ordering guarantees, which libuv alone does not give:
  *  - before a frame that ends a job is delivered, whatever the child wrote to
- *    stdout/stderr is read and delivered first (the child flushes both before
- *    sending such a frame), so output is attributed to the right job;
+ *    stdout/stderr is read and delivered first (the child flushes both, and
+ *    flags the frame when some of it is still unread: MJ_FRAME_FLAG_OUTPUT),
+ *    so output is attributed to the right job, at no cost when there is none;
  *  - MJ_PROCESS_EXIT comes after every frame and output byte the child sent:
  *    on the exit callback the channel and pipes are drained first.
  * A pid is never signalled once the child was reaped.
@@ -124,7 +125,8 @@ static void deliver_frames(mj_process_t *p) {
       return;
     }
     if (p->rlen - off - MJ_FRAME_HEADER_SIZE < hdr.len) break;
-    if (MJ_FRAME_ENDS_JOB(hdr.type)) drain_output(p);
+    if (hdr.type & MJ_FRAME_FLAG_OUTPUT) drain_output(p);
+    hdr.type &= MJ_FRAME_TYPE_MASK;
     mj_process_event_t ev = {.kind = MJ_PROCESS_FRAME, .header = &hdr,
                              .data = p->rbuf + off + MJ_FRAME_HEADER_SIZE};
     off += MJ_FRAME_HEADER_SIZE + hdr.len;

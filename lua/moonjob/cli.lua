@@ -158,8 +158,9 @@ local function run(processor, input_path, concurrency)
   ended = true -- no more resuming: the input is closed
   input:close()
   if not ok then
-    io.stderr:write("moonjob: ", tostring(why):gsub("^.-:%d+: ", ""), "\n")
-    return EXIT_INTERRUPTED
+    why = tostring(why)
+    io.stderr:write("moonjob: ", why:find("^interrupted") and "interrupted" or why, "\n")
+    return why:find("^interrupted") and EXIT_INTERRUPTED or EXIT_FAILED
   end
   pool:close()
   if read_error then

@@ -59,7 +59,7 @@ end
 -- job:wait() -> result | nil, err. Runs the loop until the job ends.
 function methods:wait()
   if not self:is_finished() then
-    loop.wait_until(function() return self:is_finished() end, 2)
+    loop.wait_until(function() return self:is_finished() end)
   end
   return outcome(self)
 end

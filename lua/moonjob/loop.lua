@@ -26,21 +26,29 @@ function M.defer(fn)
   if ndeferred == 1 then defer_timer:start(0) end
 end
 
--- loop.wait_until(done [, level]): runs the loop until done() is true.
--- Raises "interrupted" on Ctrl-C, and a clear error when called from inside a
--- moonjob callback (the loop cannot run inside itself).
-function M.wait_until(done, level)
-  level = (level or 1) + 1
+-- The errors carry no position: they are about the wait, not about a line.
+local function wait(done)
   while not done() do
-    local alive, err = core.run("once", true)
+    local alive, err = core.run("once")
     if err == "interrupted" then
-      error("interrupted (Ctrl-C); jobs keep running and the pool stays usable", level)
+      error("interrupted (Ctrl-C); jobs keep running and the pool stays usable", 0)
     elseif err == "reentered" then
-      error("cannot wait inside a moonjob event callback; use pool:on() events there", level)
+      error("cannot wait inside a moonjob event callback; use pool:on() events there", 0)
     elseif not alive and not done() then
-      error("moonjob: the loop has nothing left to run but the wait is not over", level)
+      error("moonjob: the loop has nothing left to run but the wait is not over", 0)
     end
   end
+end
+
+-- loop.wait_until(done): runs the loop until done() is true. Raises
+-- "interrupted" on Ctrl-C, and a clear error when called from inside a moonjob
+-- callback (the loop cannot run inside itself).
+function M.wait_until(done)
+  if done() then return end
+  core.catch_sigint(true)
+  local ok, err = pcall(wait, done)
+  core.catch_sigint(false)
+  if not ok then error(err, 0) end
 end
 
 -- loop.now() -> milliseconds from an arbitrary origin, sub-millisecond precision.

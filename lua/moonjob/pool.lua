@@ -382,7 +382,7 @@ function Pool:map(items, opts)
   loop.wait_until(function()
     while n <= #jobs and jobs[n]:is_finished() do n = n + 1 end
     return n > #jobs
-  end, 2)
+  end)
   local results, errs = {}, nil
   for i = 1, #jobs do
     local result, err = jobs[i]:wait()
@@ -398,7 +398,7 @@ end
 
 -- pool:drain(): runs the loop until no job waits or runs.
 function Pool:drain()
-  loop.wait_until(function() return self:_idle() end, 2)
+  loop.wait_until(function() return self:_idle() end)
 end
 
 -- pool:stats() -> { waiting, active, completed, failed, children, size, spawned, crashed }
