@@ -7,10 +7,23 @@
  * reads the INIT frame, loads the processor file and runs jobs one at a time
  * until the channel reaches end-of-file.
  *
+ * Interruption (soft timeout, cancel): the parent sends an INTERRUPT frame,
+ * then MJ_INTERRUPT_SIGNAL. While a job runs under channel.run, the signal
+ * handler sets a count hook that raises an error at every Lua instruction
+ * until the job's protected call returns, so a user's pcall cannot swallow it.
+ * The traceback at the first interruption is kept for the error. Hooks do not
+ * run in JIT-compiled loops nor inside C functions: there the parent's hard
+ * kill is what ends the job.
+ *
+ * Limits (from the command line, set before any processor code runs): core
+ * dumps off, PR_SET_NO_NEW_PRIVS, --max-procs as RLIMIT_NPROC, and
+ * --memory-limit as an exact cap on the Lua heap (a counting allocator that
+ * refuses growth past it) backed by RLIMIT_DATA for memory that bypasses it.
+ *
  * Caveats: the child dies with its parent (PR_SET_PDEATHSIG) and on end of
  * file on the channel, so it never outlives a crashed parent for long. Writes
  * to a closed channel raise a Lua error (SIGPIPE is ignored) and the runner
- * exits.
+ * exits. RLIMIT_NPROC does not apply to root.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -21,6 +34,7 @@
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -32,6 +46,12 @@
 
 #define CHANNEL_FD 3
 #define EXIT_INTERNAL 70 /* EX_SOFTWARE: the runner itself failed */
+#define TRACEBACK_KEY "moonjob.interrupt_traceback"
+
+static pid_t parent_pid;
+static struct rusage job_start_usage;          /* taken when a JOB frame arrives */
+static lua_State *volatile running_L;          /* set while channel.run runs a job */
+static volatile sig_atomic_t interrupt_pending; /* the parent asked to stop the job */
 
 /* ---------------------------------------------------------------- I/O --- */
 
@@ -103,11 +123,27 @@ static int channel_recv(lua_State *L) {
     free(payload);
     return luaL_error(L, "channel read failed: %s", r == 0 ? "end of file" : strerror(errno));
   }
+  if (h.type == MJ_FRAME_JOB) getrusage(RUSAGE_SELF, &job_start_usage);
   lua_pushinteger(L, (lua_Integer) h.type);
   lua_pushnumber(L, (lua_Number) h.job);
   lua_pushlstring(L, payload, h.len);
   free(payload);
   return 3;
+}
+
+static double ms_of(struct timeval tv) {
+  return tv.tv_sec * 1e3 + tv.tv_usec / 1e3;
+}
+
+/* CPU time since the job arrived, and the peak RSS so far. */
+static mj_job_usage_t job_usage(void) {
+  struct rusage now;
+  mj_job_usage_t u = {0, 0};
+  if (getrusage(RUSAGE_SELF, &now) != 0) return u;
+  u.cpu_ms = ms_of(now.ru_utime) + ms_of(now.ru_stime) -
+             ms_of(job_start_usage.ru_utime) - ms_of(job_start_usage.ru_stime);
+  u.max_rss_kb = (double) now.ru_maxrss;
+  return u;
 }
 
 /* channel.send(type, job, part...) sends one frame whose payload is the
@@ -117,32 +153,97 @@ static int channel_recv(lua_State *L) {
 static int channel_send(lua_State *L) {
   enum { MAX_PARTS = 4 };
   mj_frame_header_t h;
-  struct iovec iov[1 + MAX_PARTS];
-  int nparts = lua_gettop(L) - 2;
+  mj_job_usage_t usage;
+  struct iovec iov[2 + MAX_PARTS];
+  int nparts = lua_gettop(L) - 2, n = 1;
   size_t total = 0;
   luaL_argcheck(L, nparts <= MAX_PARTS, 2 + MAX_PARTS + 1, "too many payload parts");
   h.type = (uint32_t) luaL_checkinteger(L, 1);
   h.job = (uint64_t) luaL_checknumber(L, 2);
-  if (MJ_FRAME_ENDS_JOB(h.type) && output_pending()) h.type |= MJ_FRAME_FLAG_OUTPUT;
-  for (int i = 0; i < nparts; i++) {
-    size_t n;
-    const char *s = luaL_checklstring(L, 3 + i, &n);
-    iov[1 + i].iov_base = (void *) s;
-    iov[1 + i].iov_len = n;
-    total += n;
+  if (MJ_FRAME_ENDS_JOB(h.type)) {
+    usage = job_usage();
+    iov[n].iov_base = &usage;
+    iov[n++].iov_len = sizeof usage;
+    total += sizeof usage;
+    if (output_pending()) h.type |= MJ_FRAME_FLAG_OUTPUT;
+  }
+  for (int i = 0; i < nparts; i++, n++) {
+    size_t len;
+    const char *s = luaL_checklstring(L, 3 + i, &len);
+    iov[n].iov_base = (void *) s;
+    iov[n].iov_len = len;
+    total += len;
   }
   if (total > UINT32_MAX) return luaL_error(L, "frame too large (%f bytes)", (double) total);
   h.len = (uint32_t) total;
   iov[0].iov_base = &h;
   iov[0].iov_len = sizeof h;
-  if (write_all(CHANNEL_FD, iov, 1 + nparts) < 0)
+  if (write_all(CHANNEL_FD, iov, n) < 0)
     return luaL_error(L, "channel write failed: %s", strerror(errno));
   return 0;
 }
 
+/* Raises at every Lua instruction once the parent interrupted the job. The
+ * first time, the traceback of where the job stood is kept in the registry. */
+static void interrupt_hook(lua_State *L, lua_Debug *ar) {
+  (void) ar;
+  if (!interrupt_pending) return;
+  lua_getfield(L, LUA_REGISTRYINDEX, TRACEBACK_KEY);
+  int taken = !lua_isnil(L, -1);
+  lua_pop(L, 1);
+  if (!taken) {
+    luaL_traceback(L, L, "interrupted here", 1);
+    lua_setfield(L, LUA_REGISTRYINDEX, TRACEBACK_KEY);
+  }
+  lua_pushliteral(L, "moonjob: the job was interrupted");
+  lua_error(L);
+}
+
+/* Only the parent may interrupt, and only while a job runs. */
+static void on_interrupt_signal(int signum, siginfo_t *info, void *context) {
+  (void) signum;
+  (void) context;
+  lua_State *L = running_L;
+  if (L == NULL || info->si_pid != parent_pid) return;
+  interrupt_pending = 1;
+  lua_sethook(L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+}
+
+/* channel.run(handler, fn, arg) -> ok, value, interrupted
+ * Calls fn(arg) in protected mode with handler as the message handler; while
+ * it runs, the parent's interrupt signal makes it fail. `interrupted` tells
+ * whether that happened (the job may have failed for that reason). */
+static int channel_run(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lua_settop(L, 3);
+  lua_pushnil(L);
+  lua_setfield(L, LUA_REGISTRYINDEX, TRACEBACK_KEY);
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, 3);
+  interrupt_pending = 0;
+  running_L = L;
+  int rc = lua_pcall(L, 1, 1, 1);
+  running_L = NULL;
+  lua_sethook(L, NULL, 0, 0);
+  int interrupted = interrupt_pending;
+  interrupt_pending = 0;
+  lua_pushboolean(L, rc == 0);
+  lua_insert(L, -2);
+  lua_pushboolean(L, interrupted);
+  return 3;
+}
+
+/* channel.interrupt_traceback() -> where the last interrupted job stood, or nil */
+static int channel_interrupt_traceback(lua_State *L) {
+  lua_getfield(L, LUA_REGISTRYINDEX, TRACEBACK_KEY);
+  return 1;
+}
+
 static int open_channel(lua_State *L) {
   static const luaL_Reg funcs[] = {
-    {"recv", channel_recv}, {"send", channel_send}, {NULL, NULL}};
+    {"recv", channel_recv}, {"send", channel_send}, {"run", channel_run},
+    {"interrupt_traceback", channel_interrupt_traceback}, {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, funcs);
 #define MJ_SET_TYPE(name)               \
@@ -155,12 +256,43 @@ static int open_channel(lua_State *L) {
 
 /* -------------------------------------------------------------- main --- */
 
+/* Options from the command line: the limits must be in place before the
+ * Lua state exists. */
+typedef struct {
+  size_t memory_limit; /* bytes of Lua heap, 0 for none */
+  long max_procs;      /* RLIMIT_NPROC, 0 to leave it */
+} child_options_t;
+
+static int parse_options(int argc, char **argv, child_options_t *o) {
+  memset(o, 0, sizeof *o);
+  for (int i = 1; i < argc; i++) {
+    char *end = NULL;
+    if (i + 1 >= argc) return -1;
+    double v = strtod(argv[i + 1], &end);
+    if (*end != '\0' || v < 0) return -1;
+    if (strcmp(argv[i], "--memory-limit") == 0) o->memory_limit = (size_t) v;
+    else if (strcmp(argv[i], "--max-procs") == 0) o->max_procs = (long) v;
+    else return -1;
+    i++;
+  }
+  return 0;
+}
+
+static void set_limit(int resource, rlim_t value) {
+  struct rlimit rl;
+  if (getrlimit(resource, &rl) != 0) return;
+  rl.rlim_cur = value;
+  if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < value) rl.rlim_cur = rl.rlim_max;
+  setrlimit(resource, &rl);
+}
+
 /* The child must not outlive its parent, must survive writes to a closed
- * channel as errors, and must see a blocking channel whatever libuv did. */
-static void set_up_process(void) {
-  pid_t parent = getppid();
+ * channel as errors, must see a blocking channel whatever libuv did, and runs
+ * with the sandbox's limits. */
+static void set_up_process(const child_options_t *o) {
+  parent_pid = getppid();
   prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(EXIT_INTERNAL); /* parent already gone */
+  if (getppid() != parent_pid) _exit(EXIT_INTERNAL); /* parent already gone */
   signal(SIGPIPE, SIG_IGN);
   int flags = fcntl(CHANNEL_FD, F_GETFL);
   if (flags < 0) {
@@ -171,6 +303,48 @@ static void set_up_process(void) {
   fcntl(CHANNEL_FD, F_SETFL, flags & ~O_NONBLOCK);
   fcntl(CHANNEL_FD, F_SETFD, FD_CLOEXEC); /* a processor's os.execute must not hold it */
   setvbuf(stdout, NULL, _IOLBF, 0);       /* print() reaches the parent line by line */
+  prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+  set_limit(RLIMIT_CORE, 0);
+  if (o->max_procs > 0) set_limit(RLIMIT_NPROC, (rlim_t) o->max_procs);
+  if (o->memory_limit > 0) /* a backstop for what bypasses the Lua allocator */
+    set_limit(RLIMIT_DATA, (rlim_t) o->memory_limit * 2 + 256u * 1024 * 1024);
+
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_interrupt_signal;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(MJ_INTERRUPT_SIGNAL, &sa, NULL);
+}
+
+/* ------------------------------------------------------- memory limit --- */
+
+typedef struct {
+  size_t used, limit;
+} heap_t;
+
+/* A Lua allocator that counts bytes and refuses growth past the limit: the
+ * allocation fails with "not enough memory" inside the job. Shrinking is never
+ * refused (LuaJIT raises on a refused shrink too). */
+static void *limited_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+  heap_t *heap = ud;
+  if (ptr == NULL) osize = 0;
+  if (nsize == 0) {
+    free(ptr);
+    heap->used -= osize;
+    return NULL;
+  }
+  if (nsize > osize && heap->used + (nsize - osize) > heap->limit) return NULL;
+  void *p = realloc(ptr, nsize);
+  if (p != NULL) heap->used = heap->used - osize + nsize;
+  return p;
+}
+
+static lua_State *new_state(const child_options_t *o) {
+  static heap_t heap;
+  if (o->memory_limit == 0) return luaL_newstate();
+  heap.limit = o->memory_limit;
+  return lua_newstate(limited_alloc, &heap);
 }
 
 static int traceback(lua_State *L) {
@@ -194,10 +368,13 @@ error:
 }
 
 int main(int argc, char **argv) {
-  (void) argc;
-  (void) argv;
-  set_up_process();
-  lua_State *L = luaL_newstate();
+  child_options_t options;
+  if (parse_options(argc, argv, &options) != 0) {
+    fprintf(stderr, "usage: moonjob-child [--memory-limit BYTES] [--max-procs N]\n");
+    return 2;
+  }
+  set_up_process(&options);
+  lua_State *L = new_state(&options);
   if (L == NULL) {
     fprintf(stderr, "moonjob-child: cannot create a Lua state\n");
     return EXIT_INTERNAL;

@@ -29,6 +29,7 @@ typedef enum {
   /* parent -> child */
   MJ_FRAME_INIT = 1,      /* options for the child, before anything else */
   MJ_FRAME_JOB = 2,       /* run one job */
+  MJ_FRAME_INTERRUPT = 3, /* stop the running job: payload {code, reason}; SIGUSR1 follows */
   /* child -> parent */
   MJ_FRAME_READY = 16,    /* processor loaded, waiting for jobs */
   MJ_FRAME_LOADERR = 17,  /* processor failed to load; the child exits next */
@@ -47,11 +48,21 @@ typedef enum {
 /* X-macro over every frame type, for tables of names (the Lua constants of
  * both programs come from here). */
 #define MJ_FRAME_TYPES(X) \
-  X(INIT) X(JOB) X(READY) X(LOADERR) X(DONE) X(FAIL) X(PROGRESS) X(LOG)
+  X(INIT) X(JOB) X(INTERRUPT) X(READY) X(LOADERR) X(DONE) X(FAIL) X(PROGRESS) X(LOG)
 
 /* True for the frames that end a job: with MJ_FRAME_FLAG_OUTPUT the parent
- * reads whatever the child printed before it, so output lands on the right job. */
+ * reads whatever the child printed before it, so output lands on the right job.
+ * Their payload starts with an mj_job_usage_t block (counted in `len`). */
 #define MJ_FRAME_ENDS_JOB(t) ((t) == MJ_FRAME_DONE || (t) == MJ_FRAME_FAIL || \
                               (t) == MJ_FRAME_LOADERR)
+
+/* What the job cost the child, measured by the child itself. */
+typedef struct {
+  double cpu_ms;     /* user + system CPU time since the job was received */
+  double max_rss_kb; /* the child's peak resident set size so far */
+} mj_job_usage_t;
+
+/* The signal that interrupts a running job once its INTERRUPT frame is sent. */
+#define MJ_INTERRUPT_SIGNAL SIGUSR1
 
 #endif

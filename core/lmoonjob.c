@@ -183,6 +183,11 @@ static void lmj_process_event_cb(mj_process_t *p, const mj_process_event_t *ev) 
       lua_pushnumber(L, (lua_Number) ev->header->job);
       lua_pushlstring(L, ev->data, ev->header->len);
       nargs = 4;
+      if (ev->usage) {
+        lua_pushnumber(L, ev->usage->cpu_ms);
+        lua_pushnumber(L, ev->usage->max_rss_kb);
+        nargs = 6;
+      }
       break;
     case MJ_PROCESS_OUTPUT:
       if (ev->stream == 1) lua_pushliteral(L, "stdout");
@@ -334,6 +339,13 @@ static int lmj_process_pid(lua_State *L) {
 static int lmj_process_queued(lua_State *L) {
   lmj_process_t *lp = lmj_check_process(L, 1);
   lua_pushnumber(L, (lua_Number) mj_process_queued_bytes(&lp->p));
+  return 1;
+}
+
+/* process:unread() -> bytes sent to the child that it has not read yet */
+static int lmj_process_unread(lua_State *L) {
+  lmj_process_t *lp = lmj_check_process(L, 1);
+  lua_pushnumber(L, (lua_Number) mj_process_unread_bytes(&lp->p));
   return 1;
 }
 
@@ -613,7 +625,7 @@ int luaopen_moonjob_core(lua_State *L) {
   static const luaL_Reg process_methods[] = {
     {"send", lmj_process_send}, {"kill", lmj_process_kill},
     {"end_input", lmj_process_end_input}, {"pid", lmj_process_pid},
-    {"queued", lmj_process_queued}, {NULL, NULL}};
+    {"queued", lmj_process_queued}, {"unread", lmj_process_unread}, {NULL, NULL}};
   static const luaL_Reg timer_methods[] = {
     {"start", lmj_timer_start}, {"stop", lmj_timer_stop}, {"unref", lmj_timer_unref},
     {"close", lmj_timer_close}, {NULL, NULL}};

@@ -42,7 +42,8 @@ typedef enum {
   MJ_PROCESS_FRAME,    /* a whole frame arrived: header, payload */
   MJ_PROCESS_OUTPUT,   /* bytes on the child's stdout (stream 1) or stderr (2) */
   MJ_PROCESS_OVERSIZE, /* a frame header announced more than max_frame bytes */
-  MJ_PROCESS_EXIT,     /* the child exited; everything it sent was delivered */
+  MJ_PROCESS_EXIT,     /* the child exited and its channel reached end of file;
+                          everything it sent was delivered */
   MJ_PROCESS_CLOSED    /* every handle is closed: the memory may be released */
 } mj_process_event_kind;
 
@@ -54,6 +55,7 @@ typedef struct {
   int stream;                          /* OUTPUT: 1 stdout, 2 stderr */
   int64_t exit_status;                 /* EXIT */
   int term_signal;                     /* EXIT */
+  const mj_job_usage_t *usage;         /* FRAME that ends a job, else NULL */
 } mj_process_event_t;
 
 typedef struct mj_process_s mj_process_t;
@@ -71,6 +73,8 @@ struct mj_process_s {
   uint32_t max_frame;
   int pid;
   int open_handles;                    /* handles whose close_cb is still due */
+  int64_t exit_status;
+  int term_signal;
   unsigned spawned : 1, exited : 1, closing : 1, channel_eof : 1;
 };
 
@@ -89,6 +93,7 @@ int mj_process_kill(mj_process_t *p, int signum, int whole_group);
 int mj_process_end_input(mj_process_t *p);
 void mj_process_close(mj_process_t *p);
 size_t mj_process_queued_bytes(const mj_process_t *p);
+size_t mj_process_unread_bytes(const mj_process_t *p);
 
 /* ----------------------------------------------------------- stdio.c --- */
 

@@ -15,14 +15,18 @@
  *    flags the frame when some of it is still unread: MJ_FRAME_FLAG_OUTPUT),
  *    so output is attributed to the right job, at no cost when there is none;
  *  - MJ_PROCESS_EXIT comes after every frame and output byte the child sent:
- *    on the exit callback the channel and pipes are drained first.
+ *    on the exit callback the channel and pipes are drained first, and it
+ *    waits for the channel's end of file too (libuv reports the two in either
+ *    order; the child is gone only when both happened).
  * A pid is never signalled once the child was reaped.
  *
  * Caveat: draining at exit reads what the dead child left; a grandchild that
  * inherited stdout/stderr and writes later is not waited for.
  */
 #include <errno.h>
+#include <linux/sockios.h>
 #include <stdlib.h>
+#include <sys/ioctl.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -106,9 +110,13 @@ static void mj_channel_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
   *buf = uv_buf_init(p->rbuf + p->rlen, (unsigned) (p->rcap - p->rlen));
 }
 
+static void mj_process_gone(mj_process_t *p);
+
 static void stop_channel(mj_process_t *p) {
+  if (p->channel_eof) return;
   p->channel_eof = 1;
   uv_read_stop((uv_stream_t *) &p->channel);
+  if (p->exited) mj_process_gone(p);
 }
 
 /* Delivers every whole frame in the buffer, keeps the partial rest. */
@@ -130,6 +138,13 @@ static void deliver_frames(mj_process_t *p) {
     mj_process_event_t ev = {.kind = MJ_PROCESS_FRAME, .header = &hdr,
                              .data = p->rbuf + off + MJ_FRAME_HEADER_SIZE};
     off += MJ_FRAME_HEADER_SIZE + hdr.len;
+    mj_job_usage_t usage;
+    if (MJ_FRAME_ENDS_JOB(hdr.type) && hdr.len >= sizeof usage) {
+      memcpy(&usage, ev.data, sizeof usage); /* the child's usage block comes first */
+      ev.usage = &usage;
+      ev.data += sizeof usage;
+      hdr.len -= (uint32_t) sizeof usage;
+    }
     emit(p, &ev);
   }
   if (p->closing) return;
@@ -203,15 +218,27 @@ void mj_process_close(mj_process_t *p) {
   close_handle(p, (uv_handle_t *) &p->process);
 }
 
+/* Both the exit status and the channel's end of file are in: the child is
+ * gone. Reported once, then every handle is closed. */
+static void mj_process_gone(mj_process_t *p) {
+  if (p->closing) return;
+  drain_output(p);
+  mj_process_event_t ev = {.kind = MJ_PROCESS_EXIT, .exit_status = p->exit_status,
+                           .term_signal = p->term_signal};
+  if (!p->closing) emit(p, &ev);
+  mj_process_close(p);
+}
+
+/* libuv reaped the child. What it sent before dying is read first; the child
+ * counts as gone once the channel also reached end of file (a grandchild that
+ * inherited it may hold it open a while longer). */
 static void mj_exit_cb(uv_process_t *proc, int64_t exit_status, int term_signal) {
   mj_process_t *p = proc->data;
   p->exited = 1;
+  p->exit_status = exit_status;
+  p->term_signal = term_signal;
   drain_channel(p);
-  drain_output(p);
-  mj_process_event_t ev = {.kind = MJ_PROCESS_EXIT, .exit_status = exit_status,
-                           .term_signal = term_signal};
-  if (!p->closing) emit(p, &ev);
-  mj_process_close(p);
+  if (p->channel_eof) mj_process_gone(p);
 }
 
 /* ---------------------------------------------------------------- spawn --- */
@@ -388,4 +415,15 @@ int mj_process_end_input(mj_process_t *p) {
 
 size_t mj_process_queued_bytes(const mj_process_t *p) {
   return p->closing ? 0 : p->channel.write_queue_size;
+}
+
+/* Bytes sent to the child that it has not read yet: still queued in libuv,
+ * plus what sits in the socket (SIOCOUTQ). Zero means the child took every
+ * frame it was sent. */
+size_t mj_process_unread_bytes(const mj_process_t *p) {
+  uv_os_fd_t fd;
+  int outq = 0;
+  if (p->closing || uv_fileno((const uv_handle_t *) &p->channel, &fd) != 0) return 0;
+  if (ioctl(fd, SIOCOUTQ, &outq) != 0) outq = 0;
+  return p->channel.write_queue_size + (size_t) outq;
 }

@@ -22,12 +22,16 @@ describe("moonjob.pool", function()
 
     it("raises on an unknown option, naming it", function()
       assert.has_error(function() moonjob.pool(h.fixture("echo.lua"), { sise = 2 }) end,
-        "moonjob.pool: unknown option 'sise' (known: child, codec, echo, jit, max_payload, size)")
+        "moonjob.pool: unknown option 'sise' (known: ack_timeout, child, codec, echo, "
+        .. "idle_timeout, jit, kill_after, max_jobs_per_child, max_log_bytes, max_payload, max_procs, "
+        .. "memory_limit, min_size, size, timeout)")
     end)
 
-    it("raises on a size that is not a positive integer", function()
+    it("raises on a size that is not a positive whole number", function()
       assert.has_error(function() moonjob.pool(h.fixture("echo.lua"), { size = 0 }) end,
-        "moonjob.pool: option 'size' must be a positive integer")
+        "moonjob.pool: option 'size' must be positive")
+      assert.has_error(function() moonjob.pool(h.fixture("echo.lua"), { size = 1.5 }) end,
+        "moonjob.pool: option 'size' must be a whole number")
     end)
 
     it("defaults size to the number of logical CPUs", function()
@@ -191,9 +195,9 @@ describe("moonjob.pool", function()
       pool:map({ { how = "none" }, { how = "string" } })
       local s = pool:stats()
       assert.same({ waiting = 0, active = 0, completed = 1, failed = 1, children = 2, size = 2,
-        spawned = 2, crashed = 0 }, setmetatable(s, nil))
-      assert.equal("waiting 0, active 0, completed 1, failed 1, children 2/2, spawned 2, crashed 0",
-        tostring(pool:stats()))
+        spawned = 2, crashed = 0, timeouts = 0, killed = 0 }, setmetatable(s, nil))
+      assert.equal("waiting 0, active 0, completed 1, failed 1, children 2/2, spawned 2, crashed 0, "
+        .. "timeouts 0, killed 0", tostring(pool:stats()))
     end)
   end)
 

@@ -7,7 +7,8 @@
 --
 -- Fields: id, name, state ("waiting", "active", "completed", "failed"),
 -- attempts, logs (lines the job printed and job:log texts), error, ms (wall
--- time from start to end of the run), pid (the child that ran it).
+-- time from start to end of the run), cpu_ms and max_rss_kb (measured by the
+-- child), pid (the child that ran it).
 local buffer = require "string.buffer"
 local loop = require "moonjob.loop"
 
@@ -54,6 +55,13 @@ end
 local function outcome(job)
   if job.state == "completed" then return job.result end
   return nil, job.error
+end
+
+-- job:cancel([reason]) -> true, or false when the job had already ended. A
+-- waiting job fails at once with ECANCELED; a running one is interrupted like
+-- a timeout (its cleanup runs; the child is killed after kill_after).
+function methods:cancel(reason)
+  return self.pool:_cancel(self, reason)
 end
 
 -- job:wait() -> result | nil, err. Runs the loop until the job ends.

@@ -1,13 +1,22 @@
 -- moonjob.pool -- a pool of children running one processor file: the policy.
 --
 -- The pool queues jobs (FIFO), hands each to an idle child, keeps `size`
--- children alive, replaces crashed ones, and emits events. Jobs added before
--- any child is ready simply wait (a pre-initialisation queue); nothing fails
--- for that reason.
+-- children alive (or, with idle_timeout, as many as the work needs, at least
+-- min_size), replaces crashed ones, recycles them (max_jobs_per_child, ENOMEM)
+-- and emits events. Jobs added before any child is ready simply wait (a
+-- pre-initialisation queue); nothing fails for that reason.
 --
--- A processor that cannot load fails one waiting job per attempt with ELOAD
--- and the pool then starts at most one child at a time, and only while jobs
--- wait, so a broken file never turns into a fork storm; a successful load
+-- Deadlines are the parent's, never the child's: at a job's soft deadline (or
+-- on cancel) the child is interrupted and its processor's cleanup runs; at
+-- the hard deadline, kill_after seconds later, the child's process group is
+-- SIGKILLed, the job fails with killed = true, and a new child replaces it.
+-- A child that has not taken its job within ack_timeout is replaced and the
+-- job goes back to the head of the queue without counting an attempt.
+--
+-- A processor that cannot load fails one waiting job per attempt with ELOAD;
+-- the pool then starts at most one child at a time, only while jobs wait, and
+-- backs off exponentially (0.1 s doubling up to 30 s) while loads keep
+-- failing, so a broken file never turns into a fork storm; a successful load
 -- puts the pool back to full size.
 --
 -- Caveat: events are emitted from inside the loop; a listener must not block
@@ -17,18 +26,33 @@ local core = require "moonjob.core"
 local errors = require "moonjob.errors"
 local Job = require "moonjob.job"
 local loop = require "moonjob.loop"
+local Queue = require "moonjob.queue"
 local Worker = require "moonjob.worker"
 
 local Pool = {}
 Pool.__index = Pool
 
-local DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024
-local CLOSE_GRACE_MS = 5000 -- children that have not exited by then are killed
+local DEFAULTS = {
+  max_payload = 64 * 1024 * 1024,
+  kill_after = 5,
+  ack_timeout = 2,
+  max_log_bytes = 1024 * 1024,
+}
+local SWEEP_MS = 100            -- how often acknowledgements and idle children are checked
+local TERM_GRACE_MS = 1000      -- SIGTERM to SIGKILL when a close ends busy children
+local BACKOFF_FIRST_MS, BACKOFF_MAX_MS = 100, 30000
 
 local OPTIONS = {
   size = "number", max_payload = "number", codec = "string", echo = "boolean",
-  jit = "boolean", child = "string",
+  jit = "boolean", child = "string", timeout = "number", kill_after = "number",
+  ack_timeout = "number", max_jobs_per_child = "number", memory_limit = "number",
+  idle_timeout = "number", min_size = "number", max_procs = "number",
+  max_log_bytes = "number",
 }
+local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout = true,
+  max_jobs_per_child = true, memory_limit = true, idle_timeout = true, max_procs = true,
+  max_log_bytes = true }
+local WHOLE = { size = true, max_jobs_per_child = true, min_size = true, max_procs = true }
 local CODECS = { lua = true, json = true }
 local EVENTS = {
   completed = true, failed = true, progress = true, log = true, active = true,
@@ -58,11 +82,16 @@ local function check_options(opts)
       error(("moonjob.pool: option '%s' must be a %s, not a %s"):format(k, want, type(v)), 4)
     end
   end
-  if opts.size and (opts.size < 1 or opts.size ~= math.floor(opts.size)) then
-    error("moonjob.pool: option 'size' must be a positive integer", 4)
-  end
-  if opts.max_payload and opts.max_payload < 1 then
-    error("moonjob.pool: option 'max_payload' must be positive", 4)
+  for k, v in pairs(opts) do
+    if WHOLE[k] and v ~= math.floor(v) then
+      error(("moonjob.pool: option '%s' must be a whole number"):format(k), 4)
+    end
+    if POSITIVE[k] and not (v > 0) then
+      error(("moonjob.pool: option '%s' must be positive"):format(k), 4)
+    end
+    if type(v) == "number" and not (v >= 0) then
+      error(("moonjob.pool: option '%s' must not be negative"):format(k), 4)
+    end
   end
   if opts.codec and not CODECS[opts.codec] then
     error("moonjob.pool: option 'codec' must be \"lua\" or \"json\"", 4)
@@ -88,6 +117,19 @@ end
 
 -------------------------------------------------------------- creation ---
 
+local function child_args(opts)
+  local args = {}
+  if opts.memory_limit then
+    args[#args + 1] = "--memory-limit"
+    args[#args + 1] = ("%.0f"):format(opts.memory_limit)
+  end
+  if opts.max_procs then
+    args[#args + 1] = "--max-procs"
+    args[#args + 1] = ("%.0f"):format(opts.max_procs)
+  end
+  return args
+end
+
 -- Pool.new(processor, opts) -> pool | nil, err. See README for the options.
 function Pool.new(processor, opts)
   if type(processor) ~= "string" then
@@ -103,44 +145,37 @@ function Pool.new(processor, opts)
   local self = setmetatable({
     processor = processor,
     size = opts.size or core.cpu_count(),
-    max_payload = opts.max_payload or DEFAULT_MAX_PAYLOAD,
+    min_size = opts.min_size or 0,
+    idle_timeout = opts.idle_timeout,
+    max_payload = opts.max_payload or DEFAULTS.max_payload,
+    timeout = opts.timeout,
+    kill_after = opts.kill_after or DEFAULTS.kill_after,
+    ack_timeout = opts.ack_timeout or DEFAULTS.ack_timeout,
+    max_jobs_per_child = opts.max_jobs_per_child,
+    max_log_bytes = opts.max_log_bytes or DEFAULTS.max_log_bytes,
     codec = opts.codec or "lua",
     echo = opts.echo ~= false,
     child_program = child_program,
+    child_args = child_args(opts),
     child_env = { "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath },
-    workers = {}, nworkers = 0, idle = {},
-    queue = {}, qfirst = 1, qlast = 0,
+    workers = {}, nworkers = 0, nretiring = 0, idle = {},
+    queue = Queue.new(),
     nactive = 0, nrefusing = 0,
+    load_failures = 0,
     listeners = {},
-    counts = { completed = 0, failed = 0, spawned = 0, crashed = 0 },
+    counts = { completed = 0, failed = 0, spawned = 0, crashed = 0, timeouts = 0, killed = 0 },
     meta = buffer.new(),
   }, Pool)
+  self.min_size = math.min(self.min_size, self.size)
   self.init_bytes = buffer.encode({
     processor = processor, codec = self.codec, max_payload = self.max_payload,
-    jit = opts.jit ~= false,
+    jit = opts.jit ~= false, memory_limit = opts.memory_limit,
   })
+  self.sweeper = core.timer(function() self:_sweep() end)
+  self.sweeper:start(SWEEP_MS, SWEEP_MS)
+  self.sweeper:unref()
   self:_ensure_workers()
   return self
-end
-
------------------------------------------------------------------- queue ---
-
-function Pool:_enqueue(job)
-  self.qlast = self.qlast + 1
-  self.queue[self.qlast] = job
-end
-
-function Pool:_dequeue()
-  local first = self.qfirst
-  if first > self.qlast then return nil end
-  local job = self.queue[first]
-  self.queue[first] = nil
-  self.qfirst = first + 1
-  return job
-end
-
-function Pool:_waiting()
-  return self.qlast - self.qfirst + 1
 end
 
 ------------------------------------------------------------------ events ---
@@ -198,9 +233,7 @@ end
 function Pool:_spawn()
   local w, err = Worker.spawn(self)
   if not w then
-    self.broken = errors.new("ESPAWN", "cannot start a child process: " .. tostring(err))
-    local job = self:_dequeue()
-    if job then self:_refuse(job, self.broken) end
+    self:_load_failed(errors.new("ESPAWN", "cannot start a child process: " .. tostring(err)))
     return false
   end
   self.workers[w] = true
@@ -209,51 +242,94 @@ function Pool:_spawn()
   return true
 end
 
--- Keeps `size` children, or, while loads fail, one probe while jobs wait.
+-- How many children the pool wants now: `size`; with idle_timeout, what the
+-- work needs (at least min_size); while loads fail, one probe while jobs wait.
+function Pool:_target()
+  local waiting = self.queue.n
+  if self.broken then return waiting > 0 and 1 or 0 end
+  if self.idle_timeout then
+    return math.max(self.min_size, math.min(self.size, self.nactive + waiting))
+  end
+  return self.size
+end
+
+function Pool:_respawn_later(ms)
+  if not self.respawn_timer then
+    self.respawn_timer = core.timer(function() self:_ensure_workers() end)
+  end
+  self.respawn_timer:start(ms)
+end
+
 function Pool:_ensure_workers()
   if self.closing then return end
-  local target = self.size
-  if self.broken then target = self:_waiting() > 0 and 1 or 0 end
-  while self.nworkers < target do
+  local target = self:_target()
+  if self.nworkers - self.nretiring >= target then return end
+  if self.next_spawn_at then
+    local wait_ms = self.next_spawn_at - loop.now()
+    if wait_ms > 0 then return self:_respawn_later(wait_ms) end
+  end
+  while self.nworkers - self.nretiring < target do
     if not self:_spawn() then return end
   end
 end
 
--- Puts a job that never reached a child back at the head of the queue.
-function Pool:_requeue_first(job)
-  self.qfirst = self.qfirst - 1
-  self.queue[self.qfirst] = job
+-- Ends a child: an idle one reads end of file and exits; kill = true
+-- SIGKILLs its process group. It no longer counts toward the pool's size.
+function Pool:_retire(w, kill)
+  if not w.retiring then
+    w.retiring = true
+    self.nretiring = self.nretiring + 1
+  end
+  if kill then
+    w.state = "killed"
+    w:kill()
+  else
+    w:finish()
+  end
 end
 
 function Pool:_dispatch(w, job)
   local attempt = job.attempts + 1
   local meta = self.meta:reset():encode({ id = job.id, name = job.name, attempt = attempt })
-  if not w:run(job, meta:tostring()) then return self:_requeue_first(job) end
-  job.state, job.pid, job.attempts = "active", w.pid, attempt
+  if not w:run(job, meta:tostring()) then return self.queue:push_first(job) end
+  job.state, job.pid, job.attempts, job.worker = "active", w.pid, attempt, w
   job.started = loop.now()
+  w.dispatched_at, w.acked = job.started, false
   self.nactive = self.nactive + 1
+  local timeout = job.timeout or self.timeout
+  if timeout then w:arm(timeout) end
   if self.listeners.active then self:_emit("active", job) end
 end
 
 function Pool:_pump()
-  local idle = self.idle
-  while self.qfirst <= self.qlast and #idle > 0 do
+  local idle, queue = self.idle, self.queue
+  while queue.n > 0 and #idle > 0 do
     local w = table.remove(idle)
-    if w.state == "idle" then self:_dispatch(w, self:_dequeue()) end
+    if w.state == "idle" then self:_dispatch(w, queue:pop()) end
   end
   self:_ensure_workers()
 end
 
+-- A child is free again: it takes the next job, or is recycled.
 function Pool:_worker_ready(w)
-  self.broken = nil
-  if self.closing then return w:finish() end
-  self.idle[#self.idle + 1] = w
+  self.broken, self.load_failures, self.next_spawn_at = nil, 0, nil
+  if self.closing or (self.max_jobs_per_child and w.jobs_done >= self.max_jobs_per_child) then
+    self:_retire(w)
+  else
+    w.idle_since = loop.now()
+    self.idle[#self.idle + 1] = w
+  end
   self:_pump()
 end
 
-function Pool:_worker_load_failed(w, err)
+-- A child could not load the processor (or start at all): one waiting job
+-- fails with the error, and the next start waits longer each time.
+function Pool:_load_failed(err)
   self.broken = err
-  local job = self:_dequeue()
+  self.load_failures = self.load_failures + 1
+  self.next_spawn_at = loop.now()
+    + math.min(BACKOFF_FIRST_MS * 2 ^ (self.load_failures - 1), BACKOFF_MAX_MS)
+  local job = self.queue:pop()
   if job then
     job.attempts = job.attempts + 1
     job.error = err
@@ -261,10 +337,15 @@ function Pool:_worker_load_failed(w, err)
   end
 end
 
+function Pool:_worker_load_failed(w, err)
+  self:_load_failed(err)
+end
+
 function Pool:_worker_gone(w, job, err, previous)
   self.workers[w] = nil
   self.nworkers = self.nworkers - 1
-  if previous ~= "exiting" and previous ~= "broken" then
+  if w.retiring then self.nretiring = self.nretiring - 1 end
+  if not w.retiring and previous ~= "broken" then
     self.counts.crashed = self.counts.crashed + 1
   end
   if job then
@@ -272,16 +353,77 @@ function Pool:_worker_gone(w, job, err, previous)
     self:_finish(job, "failed")
   elseif previous == "starting" then
     err.message = err.message .. " before it was ready"
-    self:_worker_load_failed(w, err)
+    self:_load_failed(err)
   end
   self:_pump()
+end
+
+--------------------------------------------------------------- deadlines ---
+
+-- Asks the child to stop its job (soft deadline, cancel); the hard deadline
+-- follows kill_after seconds later.
+function Pool:_interrupt(w, job, fields)
+  job.interrupt = fields
+  w:interrupt(fields)
+  w:arm(job.kill_after or self.kill_after)
+end
+
+-- The hard deadline: the child's process group is killed now and the job
+-- fails now; the child's exit later only frees its slot.
+function Pool:_kill_job(w, job)
+  local f = job.interrupt
+  self:_retire(w, true)
+  w:end_job()
+  self.counts.killed = self.counts.killed + 1
+  job.error = errors.new(f.code, f.message .. "; the child was killed after kill_after ("
+    .. tostring(job.kill_after or self.kill_after) .. " s)", { killed = true, reason = f.reason })
+  self:_finish(job, "failed")
+  self:_pump()
+end
+
+-- The worker's timer fired: the soft deadline, or the hard one after it.
+function Pool:_deadline(w)
+  local job = w.job
+  if not job then return end
+  if job.interrupt then return self:_kill_job(w, job) end
+  self.counts.timeouts = self.counts.timeouts + 1
+  self:_interrupt(w, job, { code = "ETIMEDOUT", reason = "timeout",
+    message = ("the job ran past its timeout (%s s)"):format(tostring(job.timeout or self.timeout)) })
+end
+
+-- A child that has not taken its job in time is replaced; the job goes back
+-- to the head of the queue and the attempt does not count.
+function Pool:_unacknowledged(w)
+  local job = w.job
+  w.job = nil
+  self:_retire(w, true)
+  job.state, job.worker, job.started = "waiting", nil, nil
+  job.attempts = job.attempts - 1
+  self.nactive = self.nactive - 1
+  self.queue:push_first(job)
+  self:_pump()
+end
+
+-- Every SWEEP_MS: acknowledgements of dispatched jobs, and idle children past
+-- idle_timeout (down to min_size).
+function Pool:_sweep()
+  local now = loop.now()
+  local ack_ms, idle_ms = self.ack_timeout * 1000, self.idle_timeout and self.idle_timeout * 1000
+  for w in pairs(self.workers) do
+    if w.state == "busy" and not w.acked and now - w.dispatched_at >= ack_ms then
+      if w:unread() == 0 then w.acked = true else self:_unacknowledged(w) end
+    elseif idle_ms and w.state == "idle" and now - w.idle_since >= idle_ms
+        and self.nworkers - self.nretiring > self.min_size then
+      self:_retire(w)
+    end
+  end
 end
 
 ----------------------------------------------------------- job endings ---
 
 function Pool:_finish(job, state)
   local was_active = job.state == "active"
-  job.state = state
+  job.state, job.worker = state, nil
   if job.started then job.ms = loop.now() - job.started end
   if was_active then self.nactive = self.nactive - 1 end
   self.counts[state] = self.counts[state] + 1
@@ -290,7 +432,7 @@ function Pool:_finish(job, state)
   else
     if self.listeners.failed then self:_emit("failed", job, job.error) end
   end
-  if self.listeners.drained and self.nactive == 0 and self:_waiting() == 0 then
+  if self.listeners.drained and self.nactive == 0 and self.queue.n == 0 then
     self:_emit("drained")
   end
 end
@@ -304,6 +446,10 @@ end
 function Pool:_job_failed(w, job, err)
   job.error = err
   self:_finish(job, "failed")
+  if err.code == "ENOMEM" then -- the heap hit memory_limit: start afresh
+    self:_retire(w)
+    return self:_pump()
+  end
   self:_worker_ready(w)
 end
 
@@ -327,9 +473,24 @@ function Pool:_refuse(job, err)
   self.nrefusing = self.nrefusing + 1
   loop.defer(function()
     self.nrefusing = self.nrefusing - 1
-    self:_finish(job, "failed")
+    if not job:is_finished() then self:_finish(job, "failed") end
   end)
   return job
+end
+
+-- Ends a job by cancel: a waiting one at once, a running one is interrupted
+-- like a timeout (soft, then kill). false when the job had already ended.
+function Pool:_cancel(job, reason)
+  if job:is_finished() then return false end
+  local message = "the job was canceled" .. (reason ~= nil and (": " .. tostring(reason)) or "")
+  if job.state == "waiting" then
+    self.queue:remove(job)
+    job.error = errors.new("ECANCELED", message, { reason = reason })
+    self:_finish(job, "failed")
+  elseif not job.interrupt then
+    self:_interrupt(job.worker, job, { code = "ECANCELED", message = message, reason = reason })
+  end
+  return true
 end
 
 -------------------------------------------------------------- public API ---
@@ -346,12 +507,30 @@ local function encode_data(self, data)
   return bytes
 end
 
--- pool:add(data [, opts]) -> job, at once. opts.name is visible as job.name.
+local ADD_OPTIONS = { name = true, timeout = "number", kill_after = "number" }
+
+local function check_add_options(opts)
+  if opts == nil then return end
+  if type(opts) ~= "table" then error("pool:add(): options must be a table", 3) end
+  for k, v in pairs(opts) do
+    local want = ADD_OPTIONS[k]
+    if not want then
+      error(("pool:add(): unknown option '%s' (known: kill_after, name, timeout)"):format(tostring(k)), 3)
+    end
+    if want == "number" and not (type(v) == "number" and v >= 0) then
+      error(("pool:add(): option '%s' must be a number of seconds"):format(k), 3)
+    end
+  end
+end
+
+-- pool:add(data [, opts]) -> job, at once. opts: name (job.name), timeout and
+-- kill_after (seconds; override the pool's).
 function Pool:add(data, opts)
-  if opts ~= nil and type(opts) ~= "table" then error("pool:add(): options must be a table", 2) end
+  check_add_options(opts)
   next_seq = next_seq + 1
   local job = Job.new(self, next_seq, opts and opts.name, nil)
   job.seq = next_seq
+  if opts then job.timeout, job.kill_after = opts.timeout, opts.kill_after end
   if self.closing then
     return self:_refuse(job, errors.new("ECLOSED", "the pool is closed; create a new pool to add jobs"))
   end
@@ -362,7 +541,7 @@ function Pool:add(data, opts)
       .. "max_payload (%d); send less or raise max_payload"):format(#bytes, self.max_payload)))
   end
   job.data_bytes = bytes
-  self:_enqueue(job)
+  self.queue:push(job)
   self:_pump()
   return job
 end
@@ -393,7 +572,7 @@ function Pool:map(items, opts)
 end
 
 function Pool:_idle()
-  return self.nactive == 0 and self:_waiting() == 0 and self.nrefusing == 0
+  return self.nactive == 0 and self.queue.n == 0 and self.nrefusing == 0
 end
 
 -- pool:drain(): runs the loop until no job waits or runs.
@@ -401,53 +580,99 @@ function Pool:drain()
   loop.wait_until(function() return self:_idle() end)
 end
 
--- pool:stats() -> { waiting, active, completed, failed, children, size, spawned, crashed }
+-- pool:cancel_all([reason]) -> number of jobs canceled (waiting and running)
+function Pool:cancel_all(reason)
+  local n = 0
+  while self.queue.n > 0 do
+    if self:_cancel(self.queue:pop(), reason) then n = n + 1 end
+  end
+  for w in pairs(self.workers) do
+    if w.job and self:_cancel(w.job, reason) then n = n + 1 end
+  end
+  return n
+end
+
+local STATS_FORMAT = "waiting %d, active %d, completed %d, failed %d, children %d/%d, "
+  .. "spawned %d, crashed %d, timeouts %d, killed %d"
+
+-- pool:stats() -> { waiting, active, completed, failed, children, size, spawned,
+-- crashed, timeouts, killed }
 function Pool:stats()
   local c = self.counts
   return setmetatable({
-    waiting = self:_waiting(), active = self.nactive, completed = c.completed,
+    waiting = self.queue.n, active = self.nactive, completed = c.completed,
     failed = c.failed, children = self.nworkers, size = self.size,
-    spawned = c.spawned, crashed = c.crashed,
+    spawned = c.spawned, crashed = c.crashed, timeouts = c.timeouts, killed = c.killed,
   }, { __tostring = function(s)
-    return ("waiting %d, active %d, completed %d, failed %d, children %d/%d, spawned %d, crashed %d")
-      :format(s.waiting, s.active, s.completed, s.failed, s.children, s.size, s.spawned, s.crashed)
+    return STATS_FORMAT:format(s.waiting, s.active, s.completed, s.failed, s.children, s.size,
+      s.spawned, s.crashed, s.timeouts, s.killed)
   end })
 end
 
-function Pool:_finish_children()
+--------------------------------------------------------------------- close ---
+
+-- Ends every child now: busy ones get SIGTERM (their jobs fail with ECLOSED),
+-- and whatever is still there TERM_GRACE_MS later gets SIGKILL.
+function Pool:_terminate()
+  if self.terminating then return end
+  self.terminating = true
   for w in pairs(self.workers) do
-    if w.state ~= "busy" then w:finish() end
+    local job = w.job
+    if job then
+      w:end_job()
+      job.error = errors.new("ECLOSED", "the pool was closed while the job ran", { killed = true })
+      self:_finish(job, "failed")
+    end
+    self:_retire(w)
+    w:kill("SIGTERM")
+  end
+  self.killer = core.timer(function()
+    for w in pairs(self.workers) do w:kill() end
+  end)
+  self.killer:start(TERM_GRACE_MS)
+end
+
+function Pool:_close_timers()
+  for _, name in ipairs({ "sweeper", "respawn_timer", "killer", "close_timer" }) do
+    if self[name] then self[name]:close(); self[name] = nil end
   end
 end
 
--- pool:close() -> true. Stops taking jobs, fails waiting ones with ECLOSED,
--- lets running ones finish, then ends the children and waits until they are
--- gone (children still there after 5 s are killed). Called from inside an
--- event listener it does not wait: the children end in the background.
-function Pool:close()
-  if self.closing then return true end
-  self.closing = true
-  while true do
-    local job = self:_dequeue()
-    if not job then break end
-    job.error = errors.new("ECLOSED", "the pool was closed before the job ran")
-    self:_finish(job, "failed")
+-- pool:close([{ timeout = s, force = true }]) -> true. Stops taking jobs (later
+-- adds fail with ECLOSED), fails jobs still waiting with ECLOSED, lets running
+-- jobs finish (at most `timeout` seconds; `force` does not wait), then ends the
+-- children (end of file; SIGTERM then SIGKILL for busy ones) and waits until
+-- they are gone. Inside an event listener it does not wait.
+function Pool:close(opts)
+  if opts ~= nil and type(opts) ~= "table" then error("pool:close(): options must be a table", 2) end
+  opts = opts or {}
+  if not self.closing then
+    self.closing = true
+    while self.queue.n > 0 do
+      local job = self.queue:pop()
+      job.error = errors.new("ECLOSED", "the pool was closed before the job ran")
+      self:_finish(job, "failed")
+    end
+    for w in pairs(self.workers) do
+      if w.state ~= "busy" then self:_retire(w) end
+    end
   end
-  self:_finish_children()
+  if opts.force then
+    self:_terminate()
+  elseif opts.timeout and not self.close_timer then
+    self.close_timer = core.timer(function() self:_terminate() end)
+    self.close_timer:start(opts.timeout * 1000)
+  end
   if core.running() then return true end
-  local killer = core.timer(function()
-    for w in pairs(self.workers) do w:kill() end
-  end)
-  killer:start(CLOSE_GRACE_MS)
   local ok, err = pcall(loop.wait_until, function() return self.nworkers == 0 end)
-  killer:close()
-  if not ok then error(err, 2) end
+  if not ok then error(err, 0) end
+  self:_close_timers()
   return true
 end
 
 function Pool:__tostring()
   return ("<moonjob.pool %s: %d children, %d waiting, %d active%s>"):format(
-    self.processor, self.nworkers, self:_waiting(), self.nactive, self.closing and ", closed" or "")
+    self.processor, self.nworkers, self.queue.n, self.nactive, self.closing and ", closed" or "")
 end
 
 return Pool

@@ -1,9 +1,12 @@
 -- moonjob.runner -- the child side: load a processor file, then run its jobs.
 --
 -- Runs inside the moonjob-child program, which preloads `moonjob.channel`
--- (blocking frame I/O on fd 3). The first frame is INIT with the options; the
+-- (blocking frame I/O on fd 3, and channel.run, which makes a job
+-- interruptible by the parent). The first frame is INIT with the options; the
 -- runner loads the processor once, answers READY (or LOADERR and exits), then
--- serves JOB frames one at a time until end-of-file on the channel.
+-- serves JOB frames one at a time until end-of-file on the channel. An
+-- interrupted job (soft timeout, cancel) runs the processor's cleanup(job,
+-- reason) and fails with the code the parent sent (ETIMEDOUT, ECANCELED).
 --
 -- Every value crossing the channel is encoded with string.buffer (exact), except
 -- in the "json" codec where job data arrives as JSON text and results leave as
@@ -16,6 +19,7 @@ local M = {}
 
 local options = { codec = "lua", max_payload = 64 * 1024 * 1024 }
 local processor = nil          -- the function that runs a job
+local cleanup = nil            -- the processor's optional cleanup(job, reason)
 local decoder = buffer.new()
 
 ---------------------------------------------------------------- errors ---
@@ -86,6 +90,7 @@ local function load_processor(file)
         return nil, err
       end
     end
+    if type(exported.cleanup) == "function" then cleanup = exported.cleanup end
     return exported.process
   elseif type(exported) == "function" then
     return exported
@@ -160,6 +165,37 @@ local function complete(number, result)
   channel.send(channel.DONE, number, bytes)
 end
 
+-- The parent sent an INTERRUPT frame before its signal; frames about other
+-- (earlier) jobs are stale and skipped. Returns { code, message, reason }.
+local function read_interrupt(number)
+  while true do
+    local kind, n, payload = channel.recv()
+    if kind == nil then os.exit(0) end -- the parent is gone
+    if kind == channel.INTERRUPT and n == number then return buffer.decode(payload) end
+  end
+end
+
+-- After an interruption: cleanup(job, reason) runs (not interruptible; the
+-- parent's hard kill bounds it), then the job fails with the parent's code.
+local function fail_interrupted(number, job)
+  local info = read_interrupt(number)
+  local err = { code = info.code, message = info.message, reason = info.reason,
+    traceback = channel.interrupt_traceback() }
+  if cleanup then
+    local ok, failure = xpcall(cleanup, handler, job, info.reason)
+    if not ok then err.cleanup_error = tostring(to_error(failure.value, nil, "EPROCESSOR").message) end
+  end
+  fail(number, err)
+end
+
+local function failure_of(result)
+  if result.value == "not enough memory" then
+    return { code = "ENOMEM", message = ("the job needed more than memory_limit (%d bytes)")
+      :format(options.memory_limit or 0), traceback = result.traceback }
+  end
+  return to_error(result.value, result.traceback, "EPROCESSOR")
+end
+
 local function run_job(number, payload)
   decoder:set(payload)
   local job = setmetatable(decoder:decode(), Job)
@@ -169,9 +205,10 @@ local function run_job(number, payload)
     return fail(number, to_error(data, nil, "EPAYLOAD"))
   end
   job.data = data
-  local ok, result = xpcall(processor, handler, job)
+  local ok, result, interrupted = channel.run(handler, processor, job)
   if ok then return complete(number, result) end
-  fail(number, to_error(result.value, result.traceback, "EPROCESSOR"))
+  if interrupted then return fail_interrupted(number, job) end
+  fail(number, failure_of(result))
 end
 
 ------------------------------------------------------------------- main ---

@@ -1,9 +1,13 @@
 -- moonjob.worker -- the parent's side of one child process.
 --
--- A worker owns one moonjob.core process: it sends INIT and JOB frames,
--- turns the child's frames, output and exit into calls on its pool, and cuts
--- the child's stdout/stderr into lines. States: "starting" (until READY),
--- "idle", "busy" (one job at a time), "exiting" (asked to end), "gone".
+-- A worker owns one moonjob.core process: it sends INIT, JOB and INTERRUPT
+-- frames, turns the child's frames, output and exit into calls on its pool,
+-- and cuts the child's stdout/stderr into lines (at most max_log_bytes per
+-- job; the rest is counted and dropped). It also owns one timer, armed by the
+-- pool for the running job's deadlines. States: "starting" (until READY),
+-- "idle", "busy" (one job at a time), "exiting" (asked to end), "killed"
+-- (SIGKILLed by the pool), "lost" (died before taking a job), "broken" (failed
+-- to load), "gone".
 --
 -- The C core delivers whatever the child printed before a frame that ends a
 -- job, and everything the child sent before its exit event, so a line is
@@ -25,17 +29,38 @@ end
 
 -- Worker.spawn(pool) -> worker | nil, err
 function Worker.spawn(pool)
-  local w = setmetatable({ pool = pool, state = "starting", partial = {}, tail = {} }, Worker)
+  local w = setmetatable({ pool = pool, state = "starting", partial = {}, tail = {},
+    jobs_done = 0, log_bytes = 0 }, Worker)
   local process, err = core.spawn({
     file = pool.child_program,
+    args = pool.child_args,
     env = pool.child_env,
     max_frame = pool.max_payload + 4096,
-    on_event = function(kind, a, b, c) return w:on_event(kind, a, b, c) end,
+    on_event = function(kind, a, b, c, d, e) return w:on_event(kind, a, b, c, d, e) end,
   })
   if not process then return nil, err end
   w.process, w.pid = process, process:pid()
+  w.timer = core.timer(function() pool:_deadline(w) end)
   process:send(frame.INIT, 0, pool.init_bytes)
   return w
+end
+
+-- worker:arm(seconds): the pool's _deadline(w) runs after that long.
+function Worker:arm(seconds)
+  self.timer:start(seconds * 1000)
+end
+
+function Worker:disarm()
+  self.timer:stop()
+end
+
+-- worker:interrupt(err_fields): asks the child to stop the running job; it
+-- fails with err_fields.code once cleanup ran (or the pool's hard kill lands).
+function Worker:interrupt(fields)
+  local job = self.job
+  if not job then return end
+  self.process:send(frame.INTERRUPT, job.seq, buffer.encode(fields))
+  self.process:kill("SIGUSR1", false)
 end
 
 -- worker:run(job, meta_bytes) -> true, or false when the child is already
@@ -56,8 +81,15 @@ function Worker:finish()
   if not self.process:end_input() then self.process:kill("SIGKILL", true) end
 end
 
+-- worker:kill([signal]): signals the child's whole process group (grandchildren
+-- included); SIGKILL by default. Harmless once the child was reaped.
 function Worker:kill(signal)
   return self.process:kill(signal or "SIGKILL", true)
+end
+
+-- Bytes sent to the child that it has not read: 0 once it took its job.
+function Worker:unread()
+  return self.process:unread()
 end
 
 ---------------------------------------------------------------- output ---
@@ -72,7 +104,24 @@ function Worker:emit_line(stream, line)
   self.pool:_output_line(self, self.job, stream, line)
 end
 
+-- Output past max_log_bytes for one job is dropped (and counted): a flood costs
+-- the parent a length check per chunk, never memory.
+local function over_budget(w, chunk)
+  local limit = w.pool.max_log_bytes
+  w.log_bytes = w.log_bytes + #chunk
+  if w.log_bytes <= limit then return false end
+  if not w.truncated then
+    w.truncated = true
+    w:emit_line("stderr", ("[moonjob: output past max_log_bytes (%d) is dropped]"):format(limit))
+  end
+  return true
+end
+
 function Worker:on_output(stream, chunk)
+  if over_budget(self, chunk) then
+    self.partial[stream] = nil
+    return
+  end
   local rest = self.partial[stream]
   if rest then chunk, self.partial[stream] = rest .. chunk, nil end
   local start = 1
@@ -116,9 +165,16 @@ end
 function Worker:end_job()
   local job = self.job
   self:flush_partial_lines()
-  self.job = nil
+  if job and self.truncated then job.dropped_log_bytes = self.log_bytes - self.pool.max_log_bytes end
+  self.job, self.log_bytes, self.truncated = nil, 0, false
+  self.timer:stop()
   if self.state == "busy" then self.state = "idle" end
+  self.jobs_done = self.jobs_done + 1
   return job
+end
+
+local function record_usage(job, cpu_ms, max_rss_kb)
+  job.cpu_ms, job.max_rss_kb = cpu_ms, max_rss_kb
 end
 
 local on_frame = {}
@@ -133,15 +189,17 @@ on_frame[frame.LOADERR] = function(w, _, payload)
   w.pool:_worker_load_failed(w, decode_error(payload))
 end
 
-on_frame[frame.DONE] = function(w, seq, payload)
+on_frame[frame.DONE] = function(w, seq, payload, cpu_ms, max_rss_kb)
   if not w:current(seq) then return end
   local job = w:end_job()
+  record_usage(job, cpu_ms, max_rss_kb)
   w.pool:_job_completed(w, job, payload)
 end
 
-on_frame[frame.FAIL] = function(w, seq, payload)
+on_frame[frame.FAIL] = function(w, seq, payload, cpu_ms, max_rss_kb)
   if not w:current(seq) then return end
   local job = w:end_job()
+  record_usage(job, cpu_ms, max_rss_kb)
   w.pool:_job_failed(w, job, decode_error(payload))
 end
 
@@ -174,9 +232,9 @@ local function crash_error(w, status, signal, during_job)
 end
 
 local on_event = {
-  frame = function(w, kind, seq, payload)
+  frame = function(w, kind, seq, payload, cpu_ms, max_rss_kb)
     local handler = on_frame[kind]
-    if handler then handler(w, seq, payload) end
+    if handler then handler(w, seq, payload, cpu_ms, max_rss_kb) end
   end,
   stdout = function(w, chunk) w:on_output("stdout", chunk) end,
   stderr = function(w, chunk) w:on_output("stderr", chunk) end,
@@ -189,14 +247,15 @@ local on_event = {
     local job, previous = w.job, w.state
     w:flush_partial_lines()
     w.job, w.state = nil, "gone"
+    w.timer:close()
     local err = w.failure or crash_error(w, status, signal, job ~= nil)
     w.pool:_worker_gone(w, job, err, previous)
   end,
   closed = function() end,
 }
 
-function Worker:on_event(kind, a, b, c)
-  return on_event[kind](self, a, b, c)
+function Worker:on_event(kind, a, b, c, d, e)
+  return on_event[kind](self, a, b, c, d, e)
 end
 
 return Worker
