@@ -16,17 +16,21 @@
  * kill is what ends the job.
  *
  * Limits (from the command line, set before any processor code runs): core
- * dumps off, PR_SET_NO_NEW_PRIVS, --max-procs as RLIMIT_NPROC, and
+ * dumps off, PR_SET_NO_NEW_PRIVS, --user (drop from root to that user),
+ * --max-procs as RLIMIT_NPROC, and
  * --memory-limit as an exact cap on the Lua heap (a counting allocator that
  * refuses growth past it) backed by RLIMIT_DATA for memory that bypasses it.
  *
  * Caveats: the child dies with its parent (PR_SET_PDEATHSIG) and on end of
  * file on the channel, so it never outlives a crashed parent for long. Writes
  * to a closed channel raise a Lua error (SIGPIPE is ignored) and the runner
- * exits. RLIMIT_NPROC does not apply to root.
+ * exits. RLIMIT_NPROC does not apply to root: a root parent that wants the
+ * process cap to hold passes --user too.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -192,7 +196,7 @@ static void interrupt_hook(lua_State *L, lua_Debug *ar) {
   int taken = !lua_isnil(L, -1);
   lua_pop(L, 1);
   if (!taken) {
-    luaL_traceback(L, L, "interrupted here", 1);
+    luaL_traceback(L, L, "interrupted here", 0); /* level 0: the interrupted function */
     lua_setfield(L, LUA_REGISTRYINDEX, TRACEBACK_KEY);
   }
   lua_pushliteral(L, "moonjob: the job was interrupted");
@@ -261,21 +265,39 @@ static int open_channel(lua_State *L) {
 typedef struct {
   size_t memory_limit; /* bytes of Lua heap, 0 for none */
   long max_procs;      /* RLIMIT_NPROC, 0 to leave it */
+  const char *user;    /* run as this user (the parent must be root), or NULL */
 } child_options_t;
 
 static int parse_options(int argc, char **argv, child_options_t *o) {
   memset(o, 0, sizeof *o);
-  for (int i = 1; i < argc; i++) {
+  for (int i = 1; i + 1 < argc; i += 2) {
     char *end = NULL;
-    if (i + 1 >= argc) return -1;
+    if (strcmp(argv[i], "--user") == 0) {
+      o->user = argv[i + 1];
+      continue;
+    }
     double v = strtod(argv[i + 1], &end);
     if (*end != '\0' || v < 0) return -1;
     if (strcmp(argv[i], "--memory-limit") == 0) o->memory_limit = (size_t) v;
     else if (strcmp(argv[i], "--max-procs") == 0) o->max_procs = (long) v;
     else return -1;
-    i++;
   }
-  return 0;
+  return argc % 2 == 1 ? 0 : -1;
+}
+
+/* Drops to `user` for good (groups, gid, uid). Exits with a message on failure:
+ * a child that cannot be sandboxed as asked must not run jobs. */
+static void become_user(const char *user) {
+  struct passwd *pw = getpwnam(user);
+  if (pw == NULL) {
+    fprintf(stderr, "moonjob-child: no such user '%s' for the 'user' option\n", user);
+    exit(EXIT_INTERNAL);
+  }
+  if (setgroups(0, NULL) != 0 || setgid(pw->pw_gid) != 0 || setuid(pw->pw_uid) != 0) {
+    fprintf(stderr, "moonjob-child: cannot become user '%s': %s (the 'user' option needs a "
+            "parent running as root)\n", user, strerror(errno));
+    exit(EXIT_INTERNAL);
+  }
 }
 
 static void set_limit(int resource, rlim_t value) {
@@ -305,6 +327,7 @@ static void set_up_process(const child_options_t *o) {
   setvbuf(stdout, NULL, _IOLBF, 0);       /* print() reaches the parent line by line */
   prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
   set_limit(RLIMIT_CORE, 0);
+  if (o->user) become_user(o->user); /* before NPROC: root is exempt from it */
   if (o->max_procs > 0) set_limit(RLIMIT_NPROC, (rlim_t) o->max_procs);
   if (o->memory_limit > 0) /* a backstop for what bypasses the Lua allocator */
     set_limit(RLIMIT_DATA, (rlim_t) o->memory_limit * 2 + 256u * 1024 * 1024);
@@ -370,7 +393,7 @@ error:
 int main(int argc, char **argv) {
   child_options_t options;
   if (parse_options(argc, argv, &options) != 0) {
-    fprintf(stderr, "usage: moonjob-child [--memory-limit BYTES] [--max-procs N]\n");
+    fprintf(stderr, "usage: moonjob-child [--memory-limit BYTES] [--max-procs N] [--user NAME]\n");
     return 2;
   }
   set_up_process(&options);

@@ -78,6 +78,14 @@ function M.wait_until_zombie(pid)
   error("process " .. pid .. " did not die")
 end
 
+function M.is_zombie(pid)
+  local f = io.open("/proc/" .. pid .. "/stat")
+  if not f then return false end
+  local state = f:read("*l"):match("^%d+ %b() (%a)")
+  f:close()
+  return state == "Z"
+end
+
 function M.process_exists(pid)
   return os.execute("kill -0 " .. pid .. " 2>/dev/null") == 0
 end

@@ -47,7 +47,7 @@ local OPTIONS = {
   jit = "boolean", child = "string", timeout = "number", kill_after = "number",
   ack_timeout = "number", max_jobs_per_child = "number", memory_limit = "number",
   idle_timeout = "number", min_size = "number", max_procs = "number",
-  max_log_bytes = "number",
+  max_log_bytes = "number", user = "string",
 }
 local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout = true,
   max_jobs_per_child = true, memory_limit = true, idle_timeout = true, max_procs = true,
@@ -126,6 +126,10 @@ local function child_args(opts)
   if opts.max_procs then
     args[#args + 1] = "--max-procs"
     args[#args + 1] = ("%.0f"):format(opts.max_procs)
+  end
+  if opts.user then
+    args[#args + 1] = "--user"
+    args[#args + 1] = opts.user
   end
   return args
 end
