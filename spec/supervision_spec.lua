@@ -1,3 +1,4 @@
+local core = require "moonjob.core"
 local h = require "helpers"
 
 describe("children", function()
@@ -82,5 +83,177 @@ describe("children", function()
       local f = io.open("/proc/" .. pid .. "/stat")
       assert.is_nil(f) -- not even a zombie
     end
+  end)
+end)
+
+describe("supervision", function()
+  after_each(h.cleanup)
+
+  local function write(path, text)
+    local f = assert(io.open(path, "wb"))
+    f:write(text)
+    f:close()
+  end
+
+  it("never reuses a child that failed to load, backs off, and recovers once the file is fixed", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    os.execute("mkdir -p " .. dir)
+    local file = dir .. "/processor.lua"
+    write(file, 'error("broken on purpose")\n')
+    local pool = assert(require("moonjob").pool(file, { size = 2, echo = false }))
+    local failures = {}
+    for i = 1, 3 do
+      local _, err = pool:run(i)
+      failures[i] = err
+    end
+    for i = 1, 3 do
+      assert.equal("ELOAD", failures[i].code)
+      assert.matches("broken on purpose", failures[i].message)
+    end
+    assert.is_true(pool:stats().spawned <= 4) -- 2 at start, then one per failed job
+    write(file, "return function(job) return job.data * 2 end\n")
+    assert.equal(42, pool:run(21))
+    h.wait_for(function() return pool:stats().children == 2 end) -- back to full size
+    pool:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("waits longer between starts while loads keep failing", function()
+    local pool = h.pool("load_error.lua", { size = 1 })
+    local t0 = core.hrtime()
+    for i = 1, 4 do pool:run(i) end
+    -- back-off 0.1 + 0.2 + 0.4 s between the four starts
+    assert.is_true((core.hrtime() - t0) / 1e9 >= 0.7)
+  end)
+
+  it("replaces a child that does not take its job, and runs the job elsewhere without counting it", function()
+    local pool = h.pool("pid.lua", { size = 1, ack_timeout = 0.3 })
+    local first = pool:run(1)
+    os.execute("kill -STOP " .. first)
+    local job = pool:add(2)
+    local second, err = job:wait()
+    assert.is_nil(err)
+    assert.is_not.equal(first, second)
+    assert.equal(1, job.attempts)
+    h.wait_for(function() return not h.process_exists(first) or h.is_zombie(first) end, 5)
+  end)
+
+  it("recycles a child after max_jobs_per_child jobs", function()
+    local pool = h.pool("pid.lua", { size = 1, max_jobs_per_child = 2 })
+    local pids = pool:map({ 1, 2, 3, 4, 5 })
+    assert.equal(pids[1], pids[2])
+    assert.is_not.equal(pids[2], pids[3])
+    assert.equal(pids[3], pids[4])
+    assert.is_not.equal(pids[4], pids[5])
+    assert.equal(0, pool:stats().crashed)
+  end)
+
+  it("caps the Lua heap with memory_limit: the job fails with ENOMEM and the child is recycled", function()
+    local pool = h.pool("memory.lua", { size = 1, memory_limit = 32 * 1024 * 1024 })
+    local job = pool:add({})
+    local _, err = job:wait()
+    assert.equal("ENOMEM", err.code)
+    assert.equal("the job needed more than memory_limit (33554432 bytes)", err.message)
+    assert.equal(1000, pool:run({ small = true }))
+    assert.equal(2, pool:stats().spawned)
+    assert.equal(0, pool:stats().crashed)
+  end)
+
+  it("reaps idle children after idle_timeout, down to min_size, and starts them again on demand", function()
+    local pool = h.pool("pid.lua", { size = 2, idle_timeout = 0.2, min_size = 1 })
+    pool:map({ 1, 2, 3, 4 })
+    h.wait_for(function() return pool:stats().children == 1 end, 5)
+    h.sleep(0.3)
+    assert.equal(1, pool:stats().children)
+    local jobs = {}
+    for i = 1, 4 do jobs[i] = pool:add(i) end
+    pool:drain()
+    assert.equal(0, pool:stats().crashed)
+  end)
+
+  it("starts children with core dumps off and no new privileges", function()
+    local pool = h.pool("sandbox_probe.lua", { size = 1 })
+    local probe = pool:run({})
+    assert.equal("0", probe.core)
+    assert.equal("1", probe.no_new_privs)
+  end)
+
+  it("keeps a fork bomb inside max_procs", function()
+    local as_root = io.popen("id -u"):read("*l") == "0"
+    -- root is exempt from RLIMIT_NPROC: the user option drops the child to nobody
+    local pool = h.pool("forks.lua", { size = 1, max_procs = 8, user = as_root and "nobody" or nil,
+      timeout = 5, kill_after = 1 })
+    local started = pool:run({ tries = 50 })
+    assert.is_true(started < 8, "started " .. tostring(started) .. " processes")
+    pool:close()
+    os.execute("pkill -KILL -u " .. (as_root and "nobody" or "$(id -u)") .. " -x sleep 2>/dev/null")
+  end)
+
+  it("bounds a stdout flood to max_log_bytes per job and stays responsive", function()
+    local pool = h.pool("spin.lua", { size = 1, max_log_bytes = 100000, timeout = 0.5, kill_after = 0.2 })
+    local worst_gap, last = 0, core.hrtime()
+    local ticker = core.timer(function()
+      local now = core.hrtime()
+      worst_gap = math.max(worst_gap, (now - last) / 1e6)
+      last = now
+    end)
+    ticker:start(10, 10)
+    local job = pool:add({ how = "flood" })
+    local _, err = job:wait()
+    ticker:close()
+    assert.equal("ETIMEDOUT", err.code)
+    local kept = 0
+    for _, line in ipairs(job.logs) do kept = kept + #line + 1 end
+    assert.is_true(kept <= 100000 + 200, "kept " .. kept .. " bytes")
+    assert.matches("output past max_log_bytes %(100000%) is dropped", job.logs[#job.logs])
+    assert.is_true(worst_gap < 500, "the loop stalled for " .. worst_gap .. " ms")
+  end)
+
+  it("reports each job's wall time, the child's CPU time during it, and its peak RSS", function()
+    local pool = h.pool("spin.lua", { size = 1, jit = false, timeout = 0.2 })
+    local job = pool:add({ how = "jit_loop" })
+    job:wait()
+    assert.is_true(job.ms >= 150)
+    assert.is_true(job.cpu_ms >= 100, "cpu_ms " .. tostring(job.cpu_ms))
+    assert.is_true(job.max_rss_kb > 1000)
+  end)
+end)
+
+describe("pool:close()", function()
+  after_each(h.cleanup)
+
+  local function fd_count()
+    local p = io.popen("ls /proc/" .. core.getpid() .. "/fd | wc -l")
+    local n = tonumber(p:read("*l"))
+    p:close()
+    return n
+  end
+
+  it("with a timeout ends jobs still running after it with ECLOSED and leaves nothing behind", function()
+    local before = fd_count()
+    local pool = assert(require("moonjob").pool(h.fixture("spin.lua"), { size = 2, echo = false }))
+    local jobs = { pool:add({ how = "jit_loop" }), pool:add({ how = "grandchild", file = os.tmpname() }) }
+    h.wait_for(function() return jobs[1].state == "active" and jobs[2].state == "active" end)
+    local pids = { jobs[1].pid, jobs[2].pid }
+    local t0 = core.hrtime()
+    pool:close({ timeout = 0.2 })
+    assert.is_true((core.hrtime() - t0) / 1e9 < 5)
+    for i = 1, 2 do
+      assert.equal("ECLOSED", jobs[i].error.code)
+      assert.is_false(h.process_exists(pids[i]))
+    end
+    assert.equal(before, fd_count())
+  end)
+
+  it("with force does not wait for running jobs", function()
+    local pool = h.pool("deaf.lua", { size = 1 })
+    local job = pool:add({ seconds = 30 })
+    h.wait_for(function() return job.state == "active" end)
+    local t0 = core.hrtime()
+    pool:close({ force = true })
+    assert.is_true((core.hrtime() - t0) / 1e9 < 5)
+    assert.equal("ECLOSED", job.error.code)
+    assert.is_false(h.process_exists(job.pid))
   end)
 end)

@@ -188,7 +188,10 @@ local function fail_interrupted(number, job)
   fail(number, err)
 end
 
+-- The message handler does not run for memory errors (LUA_ERRMEM): the raw
+-- "not enough memory" comes back instead of the handler's table.
 local function failure_of(result)
+  if type(result) ~= "table" then result = { value = result } end
   if result.value == "not enough memory" then
     return { code = "ENOMEM", message = ("the job needed more than memory_limit (%d bytes)")
       :format(options.memory_limit or 0), traceback = result.traceback }
