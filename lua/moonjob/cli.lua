@@ -1,6 +1,6 @@
 -- moonjob.cli -- the `moonjob` command: run a processor over NDJSON input.
 --
---   moonjob run PROCESSOR [INPUT] [-j N]
+--   moonjob run PROCESSOR [INPUT] [-j N] [--timeout S] [--kill-after S]
 --
 -- Input lines go to the children as JSON text and results come back as exact
 -- JSON text (the pool's "json" codec), so the parent never parses a payload:
@@ -30,6 +30,10 @@ What the processor prints goes to standard error, prefixed with the job id.
 
 options:
   -j, --concurrency N   children to run (default: the number of CPUs)
+  --timeout S           seconds a job may run; then it is interrupted, its
+                        cleanup runs, and it fails with ETIMEDOUT
+  --kill-after S        seconds after the timeout before the child is killed
+                        (default 5)
   -h, --help            show this help
   --version             show the version
 
@@ -50,24 +54,40 @@ local function positive_integer(text)
   if n and n >= 1 and n == math.floor(n) then return n end
 end
 
+local function seconds(text)
+  local n = tonumber(text)
+  if n and n >= 0 and n < math.huge then return n end
+end
+
+-- option name -> field, parser, what the parser wants
+local VALUED = {
+  ["-j"] = { "concurrency", positive_integer, "a positive whole number" },
+  ["--concurrency"] = { "concurrency", positive_integer, "a positive whole number" },
+  ["--timeout"] = { "timeout", seconds, "a number of seconds" },
+  ["--kill-after"] = { "kill_after", seconds, "a number of seconds" },
+}
+
 -- Returns a table of options, or nil and a message.
 local function parse(args)
   local o = { positional = {} }
   local i = 1
   while i <= #args do
     local a = args[i]
-    local value = a:match("^%-%-concurrency=(.*)$")
+    local name, inline = a:match("^(%-%-[%w-]+)=(.*)$")
+    local valued = VALUED[name or a]
     if a == "-h" or a == "--help" then
       o.help = true
     elseif a == "--version" then
       o.version = true
-    elseif a == "-j" or a == "--concurrency" or value then
+    elseif valued then
+      local value = inline
       if not value then i = i + 1; value = args[i] end
-      o.concurrency = positive_integer(value or "")
-      if not o.concurrency then
-        return nil, ("%s needs a positive whole number, got '%s'"):format(a, tostring(value))
+      local field, parse_value, wants = valued[1], valued[2], valued[3]
+      o[field] = parse_value(value or "")
+      if not o[field] then
+        return nil, ("%s needs %s, got '%s'"):format(name or a, wants, tostring(value))
       end
-    elseif a:match("^%-%d+$") == nil and a:sub(1, 1) == "-" and a ~= "-" then
+    elseif a:sub(1, 1) == "-" and a ~= "-" then
       return nil, ("unknown option '%s'"):format(a)
     else
       o.positional[#o.positional + 1] = a
@@ -101,11 +121,12 @@ local function open_input(path)
   return fd
 end
 
-local function run(processor, input_path, concurrency)
+local function run(processor, input_path, o)
   local fd, err = open_input(input_path)
   if not fd then return usage_error(err) end
   local pool
-  pool, err = moonjob.pool(processor, { size = concurrency, codec = "json" })
+  pool, err = moonjob.pool(processor, { size = o.concurrency, codec = "json", timeout = o.timeout,
+    kill_after = o.kill_after })
   if not pool then return usage_error(tostring(err)) end
 
   local out = core.output(1)
@@ -189,7 +210,7 @@ function M.main(args)
   local processor, input_path = o.positional[2], o.positional[3]
   if not processor then return usage_error("missing PROCESSOR: moonjob run PROCESSOR [INPUT]") end
   if o.positional[4] then return usage_error(("unexpected argument '%s'"):format(o.positional[4])) end
-  return run(processor, input_path, o.concurrency)
+  return run(processor, input_path, o)
 end
 
 return M
