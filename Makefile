@@ -23,7 +23,7 @@ LUAJIT_LIB = -lluajit-5.1
 BUILD      = build
 CORE_SO    = $(BUILD)/moonjob/core.so
 CHILD      = $(BUILD)/moonjob/moonjob-child
-CORE_SRC   = core/loop.c core/process.c core/stdio.c core/lmoonjob.c
+CORE_SRC   = core/loop.c core/process.c core/spawn.c core/reap.c core/stdio.c core/lmoonjob.c
 CORE_OBJ   = $(CORE_SRC:core/%.c=$(BUILD)/obj/%.o)
 HEADERS    = core/moonjob.h core/frame.h
 LUA_FILES  = $(wildcard lua/moonjob/*.lua)

@@ -1,10 +1,15 @@
--- bench/run.lua -- `make bench`: moonjob's throughput against the machine's floor.
+-- bench/run.lua -- `make bench`: moonjob's figures, side by side with floors.
 --
--- For 1 and 2 children: no-op jobs per second through a pool (add N jobs,
--- drain), then the floor program (bench/floor.c: the same one-frame-out,
--- one-frame-back exchange over socketpairs, in plain C with epoll), and their
--- ratio. Each figure is the best of a few rounds, so a passing hiccup on a
--- shared machine does not decide it.
+-- 1. Throughput: for 1 and 2 children, no-op jobs per second through a pool
+--    (add N jobs, drain), then the floor program (bench/floor.c: the same
+--    one-frame-out, one-frame-back exchange over socketpairs, in plain C with
+--    epoll), and their ratio. Each figure is the best of a few rounds, so a
+--    passing hiccup on a shared machine does not decide it.
+-- 2. Hard kills: 100 jobs spinning in JIT-compiled code; the time from each
+--    job's hard deadline to its child being reaped (median, max).
+-- 3. Loop lag: a 1 ms timer's lateness (p99, max) while jobs time out and
+--    children are killed and replaced as fast as the pool can, against the
+--    same timer on an idle loop.
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 package.cpath = "build/?.so;" .. package.cpath
 
@@ -43,6 +48,66 @@ local function floor_rate(size)
   return best
 end
 
+local function percentile(sorted, p)
+  return sorted[math.max(1, math.ceil(#sorted * p))]
+end
+
+-- Hard deadline -> child reaped, over `n` jobs that only a kill can end.
+local function kill_latency(n)
+  local timeout, kill_after = 0.02, 0.02
+  local pool = assert(moonjob.pool("bench/spin.lua", { size = 2, echo = false,
+    timeout = timeout, kill_after = kill_after }))
+  local deadline_of, latencies = {}, {}
+  pool:on("active", function(job) deadline_of[job.pid] = job.started + (timeout + kill_after) * 1000 end)
+  pool:on("exit", function(pid)
+    if deadline_of[pid] then latencies[#latencies + 1] = core.hrtime() / 1e6 - deadline_of[pid] end
+  end)
+  for i = 1, n do pool:add(i) end
+  pool:drain()
+  local t0 = core.hrtime()
+  while #latencies < n and core.hrtime() - t0 < 5e9 do core.run("once") end
+  pool:close()
+  table.sort(latencies)
+  return percentile(latencies, 0.5), latencies[#latencies], #latencies
+end
+
+-- Lateness of a 1 ms repeating timer over `seconds`, with `load` running.
+local function loop_lag(seconds, load)
+  local lags, last = {}, core.hrtime()
+  local ticker = core.timer(function()
+    local now = core.hrtime()
+    lags[#lags + 1] = math.max(0, (now - last) / 1e6 - 1)
+    last = now
+  end)
+  local stop = false
+  local stopper = core.timer(function() stop = true end)
+  local pool, stop_load = nil, nil
+  if load then pool, stop_load = load() end
+  ticker:start(1, 1)
+  stopper:start(seconds * 1000)
+  while not stop do core.run("once") end
+  ticker:close()
+  stopper:close()
+  local churn = pool and pool:stats()
+  if pool then
+    stop_load()
+    pool:close({ force = true })
+  end
+  table.sort(lags)
+  return percentile(lags, 0.99), lags[#lags], churn
+end
+
+-- Jobs that time out at once and get killed, back to back, on 2 children.
+local function timeout_storm()
+  local pool = assert(moonjob.pool("bench/spin.lua", { size = 2, echo = false,
+    timeout = 0.001, kill_after = 0.001 }))
+  local stopped = false
+  local function refill() if not stopped then pool:add(0) end end
+  pool:on("failed", refill)
+  for _ = 1, 4 do refill() end
+  return pool, function() stopped = true end
+end
+
 print(("moonjob bench: %d no-op jobs per round, best of %d rounds, %d logical CPUs")
   :format(JOBS, ROUNDS, core.cpu_count()))
 print(("%-10s %14s %14s %8s"):format("children", "pool jobs/s", "floor jobs/s", "ratio"))
@@ -50,3 +115,13 @@ for _, size in ipairs({ 1, 2 }) do
   local pool, floor = pool_rate(size), floor_rate(size)
   print(("%-10d %14.0f %14.0f %8.2f"):format(size, pool, floor, pool / floor))
 end
+
+local median, max, n = kill_latency(100)
+print(("\nhard deadline -> child reaped, %d JIT-loop jobs: median %.2f ms, max %.2f ms")
+  :format(n, median, max))
+
+local idle_p99, idle_max = loop_lag(2)
+local p99, lag_max, churn = loop_lag(3, timeout_storm)
+print(("loop lag of a 1 ms timer, idle loop:        p99 %.3f ms, max %.3f ms"):format(idle_p99, idle_max))
+print(("loop lag while children are killed/replaced: p99 %.3f ms, max %.3f ms (%d kills in 3 s)")
+  :format(p99, lag_max, churn.killed))

@@ -177,6 +177,11 @@ static void lmj_process_event_cb(mj_process_t *p, const mj_process_event_t *ev) 
   int nargs = 1;
   lua_rawgeti(L, LUA_REGISTRYINDEX, lp->cb_ref);
   switch (ev->kind) {
+    case MJ_PROCESS_SPAWNED:
+      lua_pushliteral(L, "spawned");
+      lua_pushinteger(L, p->pid);
+      nargs = 2;
+      break;
     case MJ_PROCESS_FRAME:
       lua_pushliteral(L, "frame");
       lua_pushinteger(L, (lua_Integer) ev->header->type);
@@ -206,6 +211,10 @@ static void lmj_process_event_cb(mj_process_t *p, const mj_process_event_t *ev) 
       lua_pushnumber(L, (lua_Number) ev->exit_status);
       lua_pushinteger(L, ev->term_signal);
       nargs = 3;
+      if (ev->data) { /* the spawn failed: why */
+        lua_pushlstring(L, ev->data, ev->len);
+        nargs = 4;
+      }
       break;
     case MJ_PROCESS_CLOSED:
       lua_pushliteral(L, "closed");

@@ -20,8 +20,13 @@
 
 /* ------------------------------------------------------------ loop.c --- */
 
+typedef struct mj_process_s mj_process_t;
+
 typedef struct mj_ctx_s {
   uv_loop_t loop;
+  uv_signal_t sigchld;                 /* reap.c: our children's exits */
+  int sigchld_started;
+  mj_process_t *live;                  /* reap.c: children not reaped yet */
   uv_async_t wakeup;                   /* wakes the loop from the SIGINT handler */
   volatile sig_atomic_t interrupted;   /* set by the SIGINT handler */
   int running;                         /* inside uv_run: the loop is not reentrant */
@@ -39,11 +44,14 @@ void mj_ctx_catch_sigint(mj_ctx_t *ctx, int on);
 /* --------------------------------------------------------- process.c --- */
 
 typedef enum {
+  MJ_PROCESS_SPAWNED,  /* the child runs: its pid is known */
   MJ_PROCESS_FRAME,    /* a whole frame arrived: header, payload */
   MJ_PROCESS_OUTPUT,   /* bytes on the child's stdout (stream 1) or stderr (2) */
   MJ_PROCESS_OVERSIZE, /* a frame header announced more than max_frame bytes */
   MJ_PROCESS_EXIT,     /* the child exited and its channel reached end of file;
-                          everything it sent was delivered */
+                          everything it sent was delivered. A spawn that failed
+                          ends here too, with exit status 127 and `data` set
+                          to the reason */
   MJ_PROCESS_CLOSED    /* every handle is closed: the memory may be released */
 } mj_process_event_kind;
 
@@ -58,11 +66,9 @@ typedef struct {
   const mj_job_usage_t *usage;         /* FRAME that ends a job, else NULL */
 } mj_process_event_t;
 
-typedef struct mj_process_s mj_process_t;
 typedef void (*mj_process_event_cb)(mj_process_t *p, const mj_process_event_t *ev);
 
 struct mj_process_s {
-  uv_process_t process;
   uv_pipe_t channel;
   uv_pipe_t output[2];                 /* the child's stdout and stderr */
   mj_ctx_t *ctx;
@@ -71,11 +77,14 @@ struct mj_process_s {
   char *rbuf;                          /* channel bytes not yet delivered */
   size_t rlen, rcap;
   uint32_t max_frame;
-  int pid;
+  int pid;                             /* 0 until the spawn is done */
+  int pending_signal;                  /* asked for before the pid was known */
+  int pending_group;
   int open_handles;                    /* handles whose close_cb is still due */
   int64_t exit_status;
   int term_signal;
-  unsigned spawned : 1, exited : 1, closing : 1, channel_eof : 1;
+  mj_process_t *next_live, *prev_live; /* reap.c's list */
+  unsigned spawned : 1, exited : 1, closing : 1, channel_eof : 1, watched : 1;
 };
 
 typedef struct {
@@ -91,9 +100,19 @@ int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t
                     unsigned nparts);
 int mj_process_kill(mj_process_t *p, int signum, int whole_group);
 int mj_process_end_input(mj_process_t *p);
-void mj_process_close(mj_process_t *p);
+
 size_t mj_process_queued_bytes(const mj_process_t *p);
 size_t mj_process_unread_bytes(const mj_process_t *p);
+
+/* Internal: process.c <- spawn.c and reap.c */
+void mj__process_spawned(mj_process_t *p, int pid, int error);
+void mj__process_exited(mj_process_t *p, int64_t exit_status, int term_signal);
+
+/* ----------------------------------------------------- spawn.c, reap.c --- */
+
+int mj__spawn_start(mj_process_t *p, const mj_spawn_options_t *opts, int parent_fds[3]);
+int mj__reap_watch(mj_process_t *p);
+void mj__reap_unwatch(mj_process_t *p);
 
 /* ----------------------------------------------------------- stdio.c --- */
 

@@ -1,9 +1,10 @@
 /* process.c -- a child process, its channel and its output pipes.
  *
  * A child gets four descriptors: stdin from /dev/null, stdout and stderr on
- * pipes of their own, and the channel (a socketpair) on fd 3. The child is
- * started detached (its own process group, so a kill of the group reaches its
- * grandchildren and a Ctrl-C at the terminal does not reach it).
+ * socketpairs of their own, and the channel (a socketpair) on fd 3. It is
+ * started off the loop thread by spawn.c, in a session of its own (a kill of
+ * its process group reaches its grandchildren; a Ctrl-C at the terminal does
+ * not reach it), and reaped by reap.c.
  *
  * Channel bytes are cut into frames here (frame.h) and delivered whole; the
  * payload is never looked at. Sending tries a direct write first and copies
@@ -34,8 +35,6 @@
 
 #define MJ_READ_CHUNK (64 * 1024)
 #define MJ_KEEP_BUFFER (1024 * 1024)  /* shrink the frame buffer above this when idle */
-
-extern char **environ;
 
 static void emit(mj_process_t *p, mj_process_event_t *ev) {
   p->on_event(p, ev);
@@ -201,21 +200,18 @@ static void mj_close_cb(uv_handle_t *h) {
 }
 
 /* Handles never initialised (still zeroed, no loop) are skipped. */
-static void close_handle(mj_process_t *p, uv_handle_t *h) {
-  (void) p;
+static void close_handle(uv_handle_t *h) {
   if (h->loop != NULL && !uv_is_closing(h)) uv_close(h, mj_close_cb);
 }
 
 /* Closes every handle of the process. Only called once the child was reaped
- * (or never started): closing a live child's process handle would leave it
- * unreaped. MJ_PROCESS_CLOSED follows. */
-void mj_process_close(mj_process_t *p) {
+ * (or never started). MJ_PROCESS_CLOSED follows. */
+static void mj_process_close(mj_process_t *p) {
   if (p->closing) return;
   p->closing = 1;
-  close_handle(p, (uv_handle_t *) &p->channel);
-  close_handle(p, (uv_handle_t *) &p->output[0]);
-  close_handle(p, (uv_handle_t *) &p->output[1]);
-  close_handle(p, (uv_handle_t *) &p->process);
+  close_handle((uv_handle_t *) &p->channel);
+  close_handle((uv_handle_t *) &p->output[0]);
+  close_handle((uv_handle_t *) &p->output[1]);
 }
 
 /* Both the exit status and the channel's end of file are in: the child is
@@ -229,11 +225,10 @@ static void mj_process_gone(mj_process_t *p) {
   mj_process_close(p);
 }
 
-/* libuv reaped the child. What it sent before dying is read first; the child
- * counts as gone once the channel also reached end of file (a grandchild that
- * inherited it may hold it open a while longer). */
-static void mj_exit_cb(uv_process_t *proc, int64_t exit_status, int term_signal) {
-  mj_process_t *p = proc->data;
+/* reap.c collected the child's status. What it sent before dying is read
+ * first; the child counts as gone once the channel also reached end of file
+ * (a grandchild that inherited it may hold it open a while longer). */
+void mj__process_exited(mj_process_t *p, int64_t exit_status, int term_signal) {
   p->exited = 1;
   p->exit_status = exit_status;
   p->term_signal = term_signal;
@@ -243,38 +238,22 @@ static void mj_exit_cb(uv_process_t *proc, int64_t exit_status, int term_signal)
 
 /* ---------------------------------------------------------------- spawn --- */
 
-static int key_overridden(const char *entry, const char *const *overrides) {
-  const char *eq = strchr(entry, '=');
-  size_t keylen = eq ? (size_t) (eq - entry) : strlen(entry);
-  for (; overrides && *overrides; overrides++)
-    if (strncmp(entry, *overrides, keylen) == 0 && (*overrides)[keylen] == '=') return 1;
-  return 0;
-}
-
-/* The parent's environment with the overrides replacing same-named entries.
- * Returns a malloc'd NULL-terminated array of borrowed strings, or NULL. */
-static char **build_env(const char *const *overrides) {
-  size_t n = 0, m = 0, i = 0;
-  while (environ[n]) n++;
-  while (overrides && overrides[m]) m++;
-  char **env = malloc((n + m + 1) * sizeof *env);
-  if (env == NULL) return NULL;
-  for (size_t k = 0; k < n; k++)
-    if (!key_overridden(environ[k], overrides)) env[i++] = environ[k];
-  for (size_t k = 0; k < m; k++) env[i++] = (char *) overrides[k];
-  env[i] = NULL;
-  return env;
-}
-
-static int init_pipes(mj_process_t *p) {
-  uv_pipe_t *pipes[3] = {&p->channel, &p->output[0], &p->output[1]};
+/* Wraps the parent's ends of the socketpairs in libuv pipes (stdout, stderr,
+ * channel). Each fd is closed here if it could not be wrapped. */
+static int open_pipes(mj_process_t *p, const int fds[3]) {
+  uv_pipe_t *pipes[3] = {&p->output[0], &p->output[1], &p->channel};
+  int rc = 0;
   for (int i = 0; i < 3; i++) {
-    int rc = uv_pipe_init(&p->ctx->loop, pipes[i], 0);
-    if (rc != 0) return rc;
-    pipes[i]->data = p;
-    p->open_handles++;
+    if (rc == 0) rc = uv_pipe_init(&p->ctx->loop, pipes[i], 0);
+    if (rc == 0) {
+      pipes[i]->data = p;
+      p->open_handles++;
+      rc = uv_pipe_open(pipes[i], fds[i]);
+      if (rc == 0) continue;
+    }
+    close(fds[i]);
   }
-  return 0;
+  return rc;
 }
 
 static int start_reading(mj_process_t *p) {
@@ -284,57 +263,51 @@ static int start_reading(mj_process_t *p) {
   return rc;
 }
 
-/* Starts the child. On success the events begin; on failure a negative code is
- * returned and, when p->open_handles is non-zero, the handles are being
- * closed: MJ_PROCESS_CLOSED still follows and p must live until then. */
+/* A spawn that could not happen ends like a child that exited with 127. */
+static void spawn_failed(mj_process_t *p, int error) {
+  const char *reason = uv_strerror(error);
+  mj_process_event_t ev = {.kind = MJ_PROCESS_EXIT, .exit_status = 127, .data = reason,
+                           .len = strlen(reason)};
+  p->exited = p->channel_eof = 1;
+  emit(p, &ev);
+  mj_process_close(p);
+}
+
+/* spawn.c is done: the child runs (pid) or could not start (error). */
+void mj__process_spawned(mj_process_t *p, int pid, int error) {
+  if (error != 0) return spawn_failed(p, error);
+  p->spawned = 1;
+  p->pid = pid;
+  mj_process_event_t ev = {.kind = MJ_PROCESS_SPAWNED};
+  emit(p, &ev);
+  if (p->pending_signal) mj_process_kill(p, p->pending_signal, p->pending_group);
+  int rc = start_reading(p);
+  if (rc == 0) rc = mj__reap_watch(p);
+  if (rc != 0) mj_process_kill(p, SIGKILL, 1); /* cannot watch it: it must not live on */
+}
+
+/* Starts the child in the background: MJ_PROCESS_SPAWNED then frames and
+ * output follow, or MJ_PROCESS_EXIT (127) if it cannot start. Frames may be
+ * sent at once. Returns 0, or a negative code when nothing was started; if
+ * p->open_handles is non-zero then, MJ_PROCESS_CLOSED still follows and p
+ * must live until then. */
 int mj_process_spawn(mj_ctx_t *ctx, mj_process_t *p, const mj_spawn_options_t *opts,
                      mj_process_event_cb on_event) {
-  uv_process_options_t po;
-  uv_stdio_container_t stdio[4];
-  char **env = NULL;
-  int rc;
-
+  int fds[3];
   memset(p, 0, sizeof *p);
   p->ctx = ctx;
   p->on_event = on_event;
   p->max_frame = opts->max_frame;
-  p->process.data = p;
-  env = build_env(opts->env_overrides);
-  if (env == NULL) return UV_ENOMEM; /* no handle exists yet: no CLOSED event */
-  rc = init_pipes(p);
-  if (rc != 0) goto error;
-  stdio[0].flags = UV_IGNORE;
-  stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
-  stdio[1].data.stream = (uv_stream_t *) &p->output[0];
-  stdio[2].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
-  stdio[2].data.stream = (uv_stream_t *) &p->output[1];
-  stdio[3].flags = UV_CREATE_PIPE | UV_READABLE_PIPE | UV_WRITABLE_PIPE;
-  stdio[3].data.stream = (uv_stream_t *) &p->channel;
-  memset(&po, 0, sizeof po);
-  po.file = opts->file;
-  po.args = opts->args;
-  po.env = env;
-  po.stdio = stdio;
-  po.stdio_count = 4;
-  po.flags = UV_PROCESS_DETACHED;
-  po.exit_cb = mj_exit_cb;
-  rc = uv_spawn(&ctx->loop, &p->process, &po);
-  p->open_handles++; /* the process handle must be closed even when uv_spawn failed */
-  free(env);
-  env = NULL;
-  if (rc != 0) goto error;
-  p->spawned = 1;
-  p->pid = p->process.pid;
-  rc = start_reading(p);
+  int rc = mj__spawn_start(p, opts, fds);
+  if (rc != 0) return rc;
+  rc = open_pipes(p, fds);
   if (rc != 0) {
-    mj_process_kill(p, SIGKILL, 1);
-    goto error;
+    /* the spawn is queued already: it will find the pipes closed and the
+     * child will read end of file at once */
+    mj_process_close(p);
+    return rc;
   }
   return 0;
-error:
-  free(env);
-  if (p->open_handles > 0) mj_process_close(p);
-  return rc;
 }
 
 /* ------------------------------------------------------------- control --- */
@@ -389,10 +362,16 @@ int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t
   return rc;
 }
 
-/* Signals the child, or its whole process group. Returns UV_ESRCH once the
- * child was reaped: its pid may belong to someone else by then. */
+/* Signals the child, or its whole process group. Before the spawn is done the
+ * signal is kept and sent as soon as the pid is known. Returns UV_ESRCH once
+ * the child was reaped: its pid may belong to someone else by then. */
 int mj_process_kill(mj_process_t *p, int signum, int whole_group) {
-  if (!p->spawned || p->exited) return UV_ESRCH;
+  if (p->exited) return UV_ESRCH;
+  if (!p->spawned) {
+    p->pending_signal = signum;
+    p->pending_group = whole_group;
+    return 0;
+  }
   if (kill(whole_group ? -p->pid : p->pid, signum) != 0) return -errno;
   return 0;
 }

@@ -86,6 +86,28 @@ function M.is_zombie(pid)
   return state == "Z"
 end
 
+-- The parent's open descriptors, as a set of "fd -> target" strings. Pipes
+-- are left out: the listing's own pipe comes and goes, and moonjob's channels
+-- and output pipes are sockets.
+function M.open_fds()
+  local set = {}
+  local listing = io.popen("ls -l /proc/" .. core.getpid() .. "/fd")
+  for line in listing:lines() do
+    local fd, target = line:match("(%d+) %-> (.*)$")
+    if fd and not target:match("^pipe:") then set[fd .. " -> " .. target] = true end
+  end
+  listing:close() -- reaps the listing's shell
+  return set
+end
+
+-- The first line a shell command prints (its shell is reaped before return).
+function M.first_line(command)
+  local p = io.popen(command)
+  local line = p:read("*l")
+  p:close()
+  return line
+end
+
 function M.process_exists(pid)
   return os.execute("kill -0 " .. pid .. " 2>/dev/null") == 0
 end

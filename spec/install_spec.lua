@@ -18,7 +18,7 @@ local function write(path, text)
 end
 
 describe("installing", function()
-  local src = io.popen("pwd"):read("*l")
+  local src = h.first_line("pwd")
 
   it("with luarocks make into a tree gives a working module, core, child and command", function()
     local dir = tmpdir()

@@ -171,7 +171,8 @@ describe("moonjob.pool", function()
     it("raises on an unknown event", function()
       local pool = h.pool("echo.lua", { size = 1 })
       assert.has_error(function() pool:on("finished", print) end,
-        "pool:on(): unknown event 'finished' (completed, failed, progress, log, active, drained, error)")
+        "pool:on(): unknown event 'finished' (completed, failed, progress, log, active, drained, "
+        .. "exit, error)")
     end)
   end)
 

@@ -39,6 +39,16 @@ describe("children", function()
     assert.equal("ok", pool:run({ how = "none" }))
   end)
 
+  it("are reported by the exit event when they are gone", function()
+    local pool = h.pool("fails.lua", { size = 1 })
+    local exits = {}
+    pool:on("exit", function(pid, status, signal) exits[#exits + 1] = { pid, status, signal } end)
+    local job = pool:add({ how = "exit1" })
+    job:wait()
+    h.wait_for(function() return #exits == 1 end)
+    assert.same({ job.pid, 1, 0 }, exits[1])
+  end)
+
   it("run the next job in a new child after a crash", function()
     local pool = h.pool("pid.lua", { size = 1 })
     local first = pool:run(1)
@@ -180,7 +190,7 @@ describe("supervision", function()
   end)
 
   it("keeps a fork bomb inside max_procs", function()
-    local as_root = io.popen("id -u"):read("*l") == "0"
+    local as_root = h.first_line("id -u") == "0"
     -- root is exempt from RLIMIT_NPROC: the user option drops the child to nobody
     local pool = h.pool("forks.lua", { size = 1, max_procs = 8, user = as_root and "nobody" or nil,
       timeout = 5, kill_after = 1 })
@@ -223,15 +233,9 @@ end)
 describe("pool:close()", function()
   after_each(h.cleanup)
 
-  local function fd_count()
-    local p = io.popen("ls /proc/" .. core.getpid() .. "/fd | wc -l")
-    local n = tonumber(p:read("*l"))
-    p:close()
-    return n
-  end
 
   it("with a timeout ends jobs still running after it with ECLOSED and leaves nothing behind", function()
-    local before = fd_count()
+    local before = h.open_fds()
     local pool = assert(require("moonjob").pool(h.fixture("spin.lua"), { size = 2, echo = false }))
     local jobs = { pool:add({ how = "jit_loop" }), pool:add({ how = "grandchild", file = os.tmpname() }) }
     h.wait_for(function() return jobs[1].state == "active" and jobs[2].state == "active" end)
@@ -243,7 +247,9 @@ describe("pool:close()", function()
       assert.equal("ECLOSED", jobs[i].error.code)
       assert.is_false(h.process_exists(pids[i]))
     end
-    assert.equal(before, fd_count())
+    for fd in pairs(h.open_fds()) do
+      assert.is_true(before[fd], "descriptor left open: " .. fd)
+    end
   end)
 
   it("with force does not wait for running jobs", function()

@@ -56,7 +56,7 @@ local WHOLE = { size = true, max_jobs_per_child = true, min_size = true, max_pro
 local CODECS = { lua = true, json = true }
 local EVENTS = {
   completed = true, failed = true, progress = true, log = true, active = true,
-  drained = true, error = true,
+  drained = true, error = true, exit = true,
 }
 
 local next_seq = 0 -- job numbers are unique across the pools of a program
@@ -206,11 +206,12 @@ end
 
 -- pool:on(event, fn) -> pool. Events: completed(job, result), failed(job, err),
 -- progress(job, value), log(job, line, stream), active(job), drained(),
--- error(message, event) for errors raised by other listeners.
+-- exit(pid, exit_status, signal) when a child is gone, and error(message,
+-- event) for errors raised by other listeners.
 function Pool:on(event, fn)
   if not EVENTS[event] then
     error(("pool:on(): unknown event '%s' (completed, failed, progress, log, active, "
-      .. "drained, error)"):format(tostring(event)), 2)
+      .. "drained, exit, error)"):format(tostring(event)), 2)
   end
   if type(fn) ~= "function" then error("pool:on(): the listener must be a function", 2) end
   local list = self.listeners[event] or {}
@@ -345,7 +346,7 @@ function Pool:_worker_load_failed(w, err)
   self:_load_failed(err)
 end
 
-function Pool:_worker_gone(w, job, err, previous)
+function Pool:_worker_gone(w, job, err, previous, status, signal)
   self.workers[w] = nil
   self.nworkers = self.nworkers - 1
   if w.retiring then self.nretiring = self.nretiring - 1 end
@@ -359,6 +360,7 @@ function Pool:_worker_gone(w, job, err, previous)
     err.message = err.message .. " before it was ready"
     self:_load_failed(err)
   end
+  if self.listeners.exit then self:_emit("exit", w.pid, status, signal) end
   self:_pump()
 end
 

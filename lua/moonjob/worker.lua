@@ -39,7 +39,7 @@ function Worker.spawn(pool)
     on_event = function(kind, a, b, c, d, e) return w:on_event(kind, a, b, c, d, e) end,
   })
   if not process then return nil, err end
-  w.process, w.pid = process, process:pid()
+  w.process = process -- w.pid comes with the "spawned" event
   w.timer = core.timer(function() pool:_deadline(w) end)
   process:send(frame.INIT, 0, pool.init_bytes)
   return w
@@ -220,7 +220,11 @@ local function describe_exit(status, signal)
   return ("exited with code %d"):format(status)
 end
 
-local function crash_error(w, status, signal, during_job)
+local function crash_error(w, status, signal, during_job, spawn_failure)
+  if spawn_failure then
+    return errors.new("ESPAWN", ("cannot start the child program %s: %s")
+      :format(w.pool.child_program, spawn_failure))
+  end
   local message = "the child process " .. describe_exit(status, signal)
   if during_job then message = message .. " during the job" end
   if #w.tail > 0 then message = message .. "; its last stderr lines: " .. table.concat(w.tail, " | ") end
@@ -232,6 +236,7 @@ local function crash_error(w, status, signal, during_job)
 end
 
 local on_event = {
+  spawned = function(w, pid) w.pid = pid end,
   frame = function(w, kind, seq, payload, cpu_ms, max_rss_kb)
     local handler = on_frame[kind]
     if handler then handler(w, seq, payload, cpu_ms, max_rss_kb) end
@@ -243,13 +248,13 @@ local on_event = {
       :format(len, w.pool.max_payload))
     w:kill()
   end,
-  exit = function(w, status, signal)
+  exit = function(w, status, signal, spawn_failure)
     local job, previous = w.job, w.state
     w:flush_partial_lines()
     w.job, w.state = nil, "gone"
     w.timer:close()
-    local err = w.failure or crash_error(w, status, signal, job ~= nil)
-    w.pool:_worker_gone(w, job, err, previous)
+    local err = w.failure or crash_error(w, status, signal, job ~= nil, spawn_failure)
+    w.pool:_worker_gone(w, job, err, previous, status, signal)
   end,
   closed = function() end,
 }

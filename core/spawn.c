@@ -1,0 +1,182 @@
+/* spawn.c -- starting a child without blocking the loop.
+ *
+ * uv_spawn forks on the loop thread and waits there until the child has
+ * exec'd: about a millisecond here, during which nothing else runs. moonjob
+ * starts children from libuv's worker threads instead, with posix_spawn
+ * (vfork-based in glibc, so no page tables are copied), and the loop only
+ * sees the result.
+ *
+ * The channel and output pipes are socketpairs created close-on-exec; the
+ * child's ends are placed on fds 1, 2 and 3 by posix_spawn's file actions, and
+ * stdin comes from /dev/null. The child gets its own session
+ * (POSIX_SPAWN_SETSID: a process-group kill reaches its grandchildren, a
+ * terminal's Ctrl-C does not reach it), every signal back at its default
+ * disposition, and an empty signal mask (worker threads block all signals).
+ *
+ * Caveat: the arguments and environment are copied for the worker thread; the
+ * parent's ends of the pipes can be written to at once (frames wait in the
+ * socket until the child reads them), but are read only once the spawn is
+ * done, so no frame arrives before the pid is known.
+ */
+#define _GNU_SOURCE /* POSIX_SPAWN_SETSID */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "moonjob.h"
+
+extern char **environ;
+
+typedef struct {
+  uv_work_t work;
+  mj_process_t *p;
+  char **argv, **envp; /* deep copies, NULL-terminated */
+  int child_fds[3];    /* child's stdout, stderr, channel */
+  pid_t pid;
+  int error;           /* 0 or a UV_E... code */
+} mj_spawn_req_t;
+
+static void free_strings(char **list) {
+  for (char **s = list; s && *s; s++) free(*s);
+  free(list);
+}
+
+static int key_overridden(const char *entry, const char *const *overrides) {
+  const char *eq = strchr(entry, '=');
+  size_t keylen = eq ? (size_t) (eq - entry) : strlen(entry);
+  for (; overrides && *overrides; overrides++)
+    if (strncmp(entry, *overrides, keylen) == 0 && (*overrides)[keylen] == '=') return 1;
+  return 0;
+}
+
+/* Appends a copy of s; returns -1 when out of memory. */
+static int push_copy(char **list, size_t *n, const char *s) {
+  if ((list[*n] = strdup(s)) == NULL) return -1;
+  (*n)++;
+  return 0;
+}
+
+/* The parent's environment with the overrides replacing same-named entries,
+ * deep-copied. NULL when out of memory. */
+static char **copy_env(const char *const *overrides) {
+  size_t n = 0, m = 0, i = 0;
+  while (environ[n]) n++;
+  while (overrides && overrides[m]) m++;
+  char **env = calloc(n + m + 1, sizeof *env);
+  if (env == NULL) return NULL;
+  for (size_t k = 0; k < n; k++)
+    if (!key_overridden(environ[k], overrides) && push_copy(env, &i, environ[k]) != 0) goto error;
+  for (size_t k = 0; k < m; k++)
+    if (push_copy(env, &i, overrides[k]) != 0) goto error;
+  return env;
+error:
+  free_strings(env);
+  return NULL;
+}
+
+static char **copy_args(char **args) {
+  size_t n = 0, i = 0;
+  while (args[n]) n++;
+  char **copy = calloc(n + 1, sizeof *copy);
+  if (copy == NULL) return NULL;
+  for (size_t k = 0; k < n; k++)
+    if (push_copy(copy, &i, args[k]) != 0) {
+      free_strings(copy);
+      return NULL;
+    }
+  return copy;
+}
+
+/* A close-on-exec socketpair whose fds are above 3, so that placing the
+ * child's end on 1, 2 or 3 never lands on itself. */
+static int make_pair(int fds[2]) {
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) return -errno;
+  for (int i = 0; i < 2; i++) {
+    if (fds[i] > 3) continue;
+    int moved = fcntl(fds[i], F_DUPFD_CLOEXEC, 4);
+    if (moved < 0) {
+      int rc = -errno;
+      close(fds[0]);
+      close(fds[1]);
+      return rc;
+    }
+    close(fds[i]);
+    fds[i] = moved;
+  }
+  return 0;
+}
+
+/* Worker thread: the actual posix_spawn. */
+static void mj_spawn_work_cb(uv_work_t *work) {
+  mj_spawn_req_t *req = work->data;
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
+  sigset_t all, none;
+
+  sigfillset(&all);
+  sigemptyset(&none);
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  for (int fd = 1; fd <= 3; fd++)
+    posix_spawn_file_actions_adddup2(&actions, req->child_fds[fd - 1], fd);
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF |
+                                      POSIX_SPAWN_SETSIGMASK);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setsigmask(&attr, &none);
+  int rc = posix_spawn(&req->pid, req->argv[0], &actions, &attr, req->argv, req->envp);
+  req->error = rc == 0 ? 0 : -rc;
+  posix_spawnattr_destroy(&attr);
+  posix_spawn_file_actions_destroy(&actions);
+}
+
+/* Loop thread: hand the outcome to process.c and free the request. */
+static void mj_spawn_after_cb(uv_work_t *work, int status) {
+  mj_spawn_req_t *req = work->data;
+  for (int i = 0; i < 3; i++) close(req->child_fds[i]);
+  mj__process_spawned(req->p, req->pid, status != 0 ? status : req->error);
+  free_strings(req->argv);
+  free_strings(req->envp);
+  free(req);
+}
+
+static void close_pairs(int pairs[3][2], int n) {
+  for (int i = 0; i < n; i++) {
+    close(pairs[i][0]);
+    close(pairs[i][1]);
+  }
+}
+
+/* Creates the socketpairs and queues the spawn. On success parent_fds holds
+ * the parent's ends (stdout, stderr, channel) and mj__process_spawned(p, …)
+ * will be called on the loop thread. Returns 0 or a UV_E... code. */
+int mj__spawn_start(mj_process_t *p, const mj_spawn_options_t *opts, int parent_fds[3]) {
+  int pairs[3][2], made = 0, rc = UV_ENOMEM;
+  mj_spawn_req_t *req = calloc(1, sizeof *req);
+  if (req == NULL) return UV_ENOMEM;
+  req->argv = copy_args(opts->args);
+  req->envp = copy_env(opts->env_overrides);
+  if (req->argv == NULL || req->envp == NULL) goto error;
+  for (; made < 3; made++)
+    if ((rc = make_pair(pairs[made])) != 0) goto error;
+  for (int i = 0; i < 3; i++) {
+    parent_fds[i] = pairs[i][0];
+    req->child_fds[i] = pairs[i][1];
+  }
+  req->p = p;
+  req->work.data = req;
+  rc = uv_queue_work(&p->ctx->loop, &req->work, mj_spawn_work_cb, mj_spawn_after_cb);
+  if (rc != 0) goto error;
+  return 0;
+error:
+  close_pairs(pairs, made);
+  free_strings(req->argv);
+  free_strings(req->envp);
+  free(req);
+  return rc;
+}
