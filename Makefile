@@ -29,7 +29,7 @@ HEADERS    = core/moonjob.h core/frame.h
 LUA_FILES  = $(wildcard lua/moonjob/*.lua)
 
 DEB_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev libuv1-dev lua-cjson \
-               lua-busted luarocks
+               lua-busted luarocks procps
 
 .PHONY: all deps test demo repl bench install uninstall clean
 
