@@ -392,10 +392,6 @@ int mj_process_end_input(mj_process_t *p) {
   return rc;
 }
 
-size_t mj_process_queued_bytes(const mj_process_t *p) {
-  return p->closing ? 0 : p->channel.write_queue_size;
-}
-
 /* Bytes sent to the child that it has not read yet: still queued in libuv,
  * plus what sits in the socket (SIOCOUTQ). Zero means the child took every
  * frame it was sent. */

@@ -5,11 +5,7 @@ local ENV = 'LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" '
 local MOONJOB = ENV .. "luajit scripts/moonjob "
 
 local function write_file(text)
-  local path = os.tmpname()
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-  return path
+  return h.write_file(os.tmpname(), text)
 end
 
 -- Output lines decoded and keyed by input line.

@@ -100,6 +100,21 @@ function M.open_fds()
   return set
 end
 
+function M.write_file(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+  return path
+end
+
+-- A fresh empty directory under /tmp.
+function M.tmpdir()
+  local path = os.tmpname()
+  os.remove(path)
+  assert(os.execute("mkdir -p " .. path) == 0)
+  return path
+end
+
 -- The first line a shell command prints (its shell is reaped before return).
 function M.first_line(command)
   local p = io.popen(command)

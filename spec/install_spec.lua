@@ -2,28 +2,16 @@ local h = require "helpers"
 
 -- Each install goes to a fresh temporary tree, used from a directory that is
 -- not the source tree, so nothing can come from the checkout by accident.
-local function tmpdir()
-  local path = os.tmpname()
-  os.remove(path)
-  assert(os.execute("mkdir -p " .. path) == 0)
-  return path
-end
 
 local SQUARE = [[return function(job) return job.data.x * job.data.x end]]
-
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
 
 describe("installing", function()
   local src = h.first_line("pwd")
 
   it("with luarocks make into a tree gives a working module, core, child and command", function()
-    local dir = tmpdir()
-    write(dir .. "/config.lua", 'rocks_provided = { ["lua-cjson"] = "2.1.0-1" }\n')
-    write(dir .. "/square.lua", SQUARE)
+    local dir = h.tmpdir()
+    h.write_file(dir .. "/config.lua", 'rocks_provided = { ["lua-cjson"] = "2.1.0-1" }\n')
+    h.write_file(dir .. "/square.lua", SQUARE)
     local _, err, status = h.sh(("cd %s && LUAROCKS_CONFIG=%s/config.lua luarocks --lua-version=5.1 "
       .. "--tree=%s/tree make moonjob-scm-1.rockspec"):format(src, dir, dir))
     assert.equal(0, status, err)
@@ -41,8 +29,8 @@ describe("installing", function()
   end)
 
   it("with make install PREFIX=... gives a command that finds its own modules", function()
-    local dir = tmpdir()
-    write(dir .. "/square.lua", SQUARE)
+    local dir = h.tmpdir()
+    h.write_file(dir .. "/square.lua", SQUARE)
     local _, err, status = h.sh(("cd %s && make install PREFIX=%s/prefix"):format(src, dir))
     assert.equal(0, status, err)
     local out, err2, status2 = h.sh(("cd %s && prefix/bin/moonjob run square.lua"):format(dir),

@@ -99,18 +99,11 @@ end)
 describe("supervision", function()
   after_each(h.cleanup)
 
-  local function write(path, text)
-    local f = assert(io.open(path, "wb"))
-    f:write(text)
-    f:close()
-  end
 
   it("never reuses a child that failed to load, backs off, and recovers once the file is fixed", function()
-    local dir = os.tmpname()
-    os.remove(dir)
-    os.execute("mkdir -p " .. dir)
+    local dir = h.tmpdir()
     local file = dir .. "/processor.lua"
-    write(file, 'error("broken on purpose")\n')
+    h.write_file(file, 'error("broken on purpose")\n')
     local pool = assert(require("moonjob").pool(file, { size = 2, echo = false }))
     local failures = {}
     for i = 1, 3 do
@@ -122,7 +115,7 @@ describe("supervision", function()
       assert.matches("broken on purpose", failures[i].message)
     end
     assert.is_true(pool:stats().spawned <= 4) -- 2 at start, then one per failed job
-    write(file, "return function(job) return job.data * 2 end\n")
+    h.write_file(file, "return function(job) return job.data * 2 end\n")
     assert.equal(42, pool:run(21))
     h.wait_for(function() return pool:stats().children == 2 end) -- back to full size
     pool:close()

@@ -342,10 +342,6 @@ function Pool:_load_failed(err)
   end
 end
 
-function Pool:_worker_load_failed(w, err)
-  self:_load_failed(err)
-end
-
 function Pool:_worker_gone(w, job, err, previous, status, signal)
   self.workers[w] = nil
   self.nworkers = self.nworkers - 1

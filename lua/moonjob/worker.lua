@@ -186,7 +186,7 @@ end
 
 on_frame[frame.LOADERR] = function(w, _, payload)
   w.state = "broken"
-  w.pool:_worker_load_failed(w, decode_error(payload))
+  w.pool:_load_failed(decode_error(payload))
 end
 
 on_frame[frame.DONE] = function(w, seq, payload, cpu_ms, max_rss_kb)
