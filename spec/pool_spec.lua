@@ -22,7 +22,7 @@ describe("moonjob.pool", function()
 
     it("raises on an unknown option, naming it", function()
       assert.has_error(function() moonjob.pool(h.fixture("echo.lua"), { sise = 2 }) end,
-        "moonjob.pool: unknown option 'sise' (known: ack_timeout, child, codec, echo, "
+        "moonjob.pool: unknown option 'sise' (known: ack_timeout, attempts, backoff, child, codec, echo, "
         .. "idle_timeout, jit, kill_after, max_jobs_per_child, max_log_bytes, max_payload, max_procs, "
         .. "memory_limit, min_size, size, timeout, user)")
     end)
@@ -171,8 +171,8 @@ describe("moonjob.pool", function()
     it("raises on an unknown event", function()
       local pool = h.pool("echo.lua", { size = 1 })
       assert.has_error(function() pool:on("finished", print) end,
-        "pool:on(): unknown event 'finished' (completed, failed, progress, log, active, drained, "
-        .. "exit, error)")
+        "pool:on(): unknown event 'finished' (completed, failed, progress, log, active, retrying, "
+        .. "drained, exit, error)")
     end)
   end)
 
@@ -196,9 +196,9 @@ describe("moonjob.pool", function()
       pool:map({ { how = "none" }, { how = "string" } })
       local s = pool:stats()
       assert.same({ waiting = 0, active = 0, completed = 1, failed = 1, children = 2, size = 2,
-        spawned = 2, crashed = 0, timeouts = 0, killed = 0 }, setmetatable(s, nil))
+        spawned = 2, crashed = 0, timeouts = 0, killed = 0, retries = 0 }, setmetatable(s, nil))
       assert.equal("waiting 0, active 0, completed 1, failed 1, children 2/2, spawned 2, crashed 0, "
-        .. "timeouts 0, killed 0", tostring(pool:stats()))
+        .. "timeouts 0, killed 0, retries 0", tostring(pool:stats()))
     end)
   end)
 

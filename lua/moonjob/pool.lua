@@ -1,6 +1,7 @@
 -- moonjob.pool -- a pool of children running one processor file: the policy.
 --
--- The pool queues jobs (FIFO), hands each to an idle child, keeps `size`
+-- The pool queues jobs (by priority, then first in first out; delayed jobs
+-- wait for their time), hands each to an idle child, keeps `size`
 -- children alive (or, with idle_timeout, as many as the work needs, at least
 -- min_size), replaces crashed ones, recycles them (max_jobs_per_child, ENOMEM)
 -- and emits events. Jobs added before any child is ready simply wait (a
@@ -26,6 +27,7 @@ local core = require "moonjob.core"
 local errors = require "moonjob.errors"
 local Job = require "moonjob.job"
 local loop = require "moonjob.loop"
+local Backoff = require "moonjob.backoff"
 local Queue = require "moonjob.queue"
 local Worker = require "moonjob.worker"
 
@@ -47,17 +49,20 @@ local OPTIONS = {
   jit = "boolean", child = "string", timeout = "number", kill_after = "number",
   ack_timeout = "number", max_jobs_per_child = "number", memory_limit = "number",
   idle_timeout = "number", min_size = "number", max_procs = "number",
-  max_log_bytes = "number", user = "string",
+  max_log_bytes = "number", user = "string", attempts = "number", backoff = "backoff",
 }
-local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout = true,
+local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout = true, attempts = true,
   max_jobs_per_child = true, memory_limit = true, idle_timeout = true, max_procs = true,
   max_log_bytes = true }
-local WHOLE = { size = true, max_jobs_per_child = true, min_size = true, max_procs = true }
+local WHOLE = { size = true, max_jobs_per_child = true, min_size = true, max_procs = true,
+  attempts = true }
 local CODECS = { lua = true, json = true }
 local EVENTS = {
   completed = true, failed = true, progress = true, log = true, active = true,
-  drained = true, error = true, exit = true,
+  drained = true, error = true, exit = true, retrying = true,
 }
+-- Failures that another attempt cannot fix.
+local FINAL = { ECANCELED = true, ECLOSED = true, EPAYLOAD = true, EINPUT = true }
 
 local next_seq = 0 -- job numbers are unique across the pools of a program
 
@@ -78,7 +83,10 @@ local function check_options(opts)
     if not want then
       error(("moonjob.pool: unknown option '%s' (known: %s)"):format(tostring(k), option_names()), 4)
     end
-    if type(v) ~= want then
+    if want == "backoff" then
+      local ok, why = Backoff.check(v)
+      if not ok then error("moonjob.pool: option 'backoff' " .. why, 4) end
+    elseif type(v) ~= want then
       error(("moonjob.pool: option '%s' must be a %s, not a %s"):format(k, want, type(v)), 4)
     end
   end
@@ -163,11 +171,14 @@ function Pool.new(processor, opts)
     child_args = child_args(opts),
     child_env = { "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath },
     workers = {}, nworkers = 0, nretiring = 0, idle = {},
-    queue = Queue.new(),
+    queue = Queue.new(loop.now),
+    attempts = opts.attempts or 1,
+    backoff = opts.backoff,
     nactive = 0, nrefusing = 0,
     load_failures = 0,
     listeners = {},
-    counts = { completed = 0, failed = 0, spawned = 0, crashed = 0, timeouts = 0, killed = 0 },
+    counts = { completed = 0, failed = 0, spawned = 0, crashed = 0, timeouts = 0, killed = 0,
+      retries = 0 },
     meta = buffer.new(),
   }, Pool)
   self.min_size = math.min(self.min_size, self.size)
@@ -206,12 +217,12 @@ end
 
 -- pool:on(event, fn) -> pool. Events: completed(job, result), failed(job, err),
 -- progress(job, value), log(job, line, stream), active(job), drained(),
--- exit(pid, exit_status, signal) when a child is gone, and error(message,
--- event) for errors raised by other listeners.
+-- retrying(job, err, delay), exit(pid, exit_status, signal) when a child is
+-- gone, and error(message, event) for errors raised by other listeners.
 function Pool:on(event, fn)
   if not EVENTS[event] then
     error(("pool:on(): unknown event '%s' (completed, failed, progress, log, active, "
-      .. "drained, exit, error)"):format(tostring(event)), 2)
+      .. "retrying, drained, exit, error)"):format(tostring(event)), 2)
   end
   if type(fn) ~= "function" then error("pool:on(): the listener must be a function", 2) end
   local list = self.listeners[event] or {}
@@ -250,7 +261,7 @@ end
 -- How many children the pool wants now: `size`; with idle_timeout, what the
 -- work needs (at least min_size); while loads fail, one probe while jobs wait.
 function Pool:_target()
-  local waiting = self.queue.n
+  local waiting = self.queue:ready_n()
   if self.broken then return waiting > 0 and 1 or 0 end
   if self.idle_timeout then
     return math.max(self.min_size, math.min(self.size, self.nactive + waiting))
@@ -296,7 +307,7 @@ end
 function Pool:_dispatch(w, job)
   local attempt = job.attempts + 1
   local meta = self.meta:reset():encode({ id = job.id, name = job.name, attempt = attempt })
-  if not w:run(job, meta:tostring()) then return self.queue:push_first(job) end
+  if not w:run(job, meta:tostring()) then return self.queue:push(job) end
   job.state, job.pid, job.attempts, job.worker = "active", w.pid, attempt, w
   job.started = loop.now()
   w.dispatched_at, w.acked = job.started, false
@@ -306,12 +317,30 @@ function Pool:_dispatch(w, job)
   if self.listeners.active then self:_emit("active", job) end
 end
 
+-- Wakes the pool when the earliest delayed job becomes due.
+function Pool:_arm_delay()
+  local due = self.queue:next_due()
+  if not due then return end
+  if not self.delay_timer then
+    self.delay_timer = core.timer(function() self:_pump() end)
+  end
+  self.delay_timer:start(math.max(0, due - loop.now()) + 1)
+end
+
 function Pool:_pump()
   local idle, queue = self.idle, self.queue
-  while queue.n > 0 and #idle > 0 do
-    local w = table.remove(idle)
-    if w.state == "idle" then self:_dispatch(w, queue:pop()) end
+  while #idle > 0 do
+    local w = idle[#idle]
+    if w.state == "idle" then
+      local job = queue:pop()
+      if not job then break end
+      idle[#idle] = nil
+      self:_dispatch(w, job)
+    else
+      idle[#idle] = nil
+    end
   end
+  self:_arm_delay()
   self:_ensure_workers()
 end
 
@@ -337,8 +366,7 @@ function Pool:_load_failed(err)
   local job = self.queue:pop()
   if job then
     job.attempts = job.attempts + 1
-    job.error = err
-    self:_finish(job, "failed")
+    self:_fail(job, err)
   end
 end
 
@@ -350,8 +378,7 @@ function Pool:_worker_gone(w, job, err, previous, status, signal)
     self.counts.crashed = self.counts.crashed + 1
   end
   if job then
-    job.error = err
-    self:_finish(job, "failed")
+    self:_fail(job, err)
   elseif previous == "starting" then
     err.message = err.message .. " before it was ready"
     self:_load_failed(err)
@@ -377,9 +404,8 @@ function Pool:_kill_job(w, job)
   self:_retire(w, true)
   w:end_job()
   self.counts.killed = self.counts.killed + 1
-  job.error = errors.new(f.code, f.message .. "; the child was killed after kill_after ("
-    .. tostring(job.kill_after or self.kill_after) .. " s)", { killed = true, reason = f.reason })
-  self:_finish(job, "failed")
+  self:_fail(job, errors.new(f.code, f.message .. "; the child was killed after kill_after ("
+    .. tostring(job.kill_after or self.kill_after) .. " s)", { killed = true, reason = f.reason }))
   self:_pump()
 end
 
@@ -402,7 +428,7 @@ function Pool:_unacknowledged(w)
   job.state, job.worker, job.started = "waiting", nil, nil
   job.attempts = job.attempts - 1
   self.nactive = self.nactive - 1
-  self.queue:push_first(job)
+  self.queue:push(job)
   self:_pump()
 end
 
@@ -423,6 +449,29 @@ end
 
 ----------------------------------------------------------- job endings ---
 
+-- Seconds before the job's next attempt, or nil when it fails for good.
+function Pool:_retry_delay(job, err)
+  local max = job.max_attempts or self.attempts
+  if job.attempts >= max or err.retry == false or FINAL[err.code] then return nil end
+  local delay = Backoff.delay(job.backoff or self.backoff, job.attempts, err)
+  return delay ~= false and delay or nil
+end
+
+-- A job's attempt failed: it comes back after its backoff, or fails for good.
+function Pool:_fail(job, err)
+  job.error = err
+  local delay = self:_retry_delay(job, err)
+  if not delay then return self:_finish(job, "failed") end
+  if job.state == "active" then self.nactive = self.nactive - 1 end
+  job.state, job.worker, job.interrupt = "waiting", nil, nil
+  job.errors = job.errors or {}
+  job.errors[#job.errors + 1] = err
+  job.run_at = loop.now() + delay * 1000
+  self.counts.retries = self.counts.retries + 1
+  self.queue:push(job)
+  if self.listeners.retrying then self:_emit("retrying", job, err, delay) end
+end
+
 function Pool:_finish(job, state)
   local was_active = job.state == "active"
   job.state, job.worker = state, nil
@@ -434,20 +483,19 @@ function Pool:_finish(job, state)
   else
     if self.listeners.failed then self:_emit("failed", job, job.error) end
   end
-  if self.listeners.drained and self.nactive == 0 and self.queue.n == 0 then
+  if self.listeners.drained and self:_idle() then
     self:_emit("drained")
   end
 end
 
 function Pool:_job_completed(w, job, result_bytes)
-  job.result_bytes = result_bytes
+  job.result_bytes, job.error = result_bytes, nil
   self:_finish(job, "completed")
   self:_worker_ready(w)
 end
 
 function Pool:_job_failed(w, job, err)
-  job.error = err
-  self:_finish(job, "failed")
+  self:_fail(job, err)
   if err.code == "ENOMEM" then -- the heap hit memory_limit: start afresh
     self:_retire(w)
     return self:_pump()
@@ -509,7 +557,8 @@ local function encode_data(self, data)
   return bytes
 end
 
-local ADD_OPTIONS = { name = true, timeout = "number", kill_after = "number" }
+local ADD_OPTIONS = { name = true, timeout = "number", kill_after = "number", delay = "number",
+  priority = "priority", attempts = "attempts", backoff = "backoff" }
 
 local function check_add_options(opts)
   if opts == nil then return end
@@ -517,22 +566,35 @@ local function check_add_options(opts)
   for k, v in pairs(opts) do
     local want = ADD_OPTIONS[k]
     if not want then
-      error(("pool:add(): unknown option '%s' (known: kill_after, name, timeout)"):format(tostring(k)), 3)
+      error(("pool:add(): unknown option '%s' (known: attempts, backoff, delay, kill_after, name, "
+        .. "priority, timeout)"):format(tostring(k)), 3)
     end
     if want == "number" and not (type(v) == "number" and v >= 0) then
       error(("pool:add(): option '%s' must be a number of seconds"):format(k), 3)
+    elseif want == "priority" and type(v) ~= "number" then
+      error("pool:add(): option 'priority' must be a number (lower runs first)", 3)
+    elseif want == "attempts" and not (type(v) == "number" and v >= 1 and v == math.floor(v)) then
+      error("pool:add(): option 'attempts' must be a whole number, 1 or more", 3)
+    elseif want == "backoff" then
+      local ok, why = Backoff.check(v)
+      if not ok then error("pool:add(): option 'backoff' " .. why, 3) end
     end
   end
 end
 
--- pool:add(data [, opts]) -> job, at once. opts: name (job.name), timeout and
--- kill_after (seconds; override the pool's).
+-- pool:add(data [, opts]) -> job, at once. opts: name (job.name), priority
+-- (lower first), delay (seconds before it may run), and timeout, kill_after,
+-- attempts, backoff (override the pool's).
 function Pool:add(data, opts)
   check_add_options(opts)
   next_seq = next_seq + 1
   local job = Job.new(self, next_seq, opts and opts.name, nil)
   job.seq = next_seq
-  if opts then job.timeout, job.kill_after = opts.timeout, opts.kill_after end
+  if opts then
+    job.timeout, job.kill_after, job.priority = opts.timeout, opts.kill_after, opts.priority
+    job.max_attempts, job.backoff = opts.attempts, opts.backoff
+    if opts.delay and opts.delay > 0 then job.run_at = loop.now() + opts.delay * 1000 end
+  end
   if self.closing then
     return self:_refuse(job, errors.new("ECLOSED", "the pool is closed; create a new pool to add jobs"))
   end
@@ -586,7 +648,7 @@ end
 function Pool:cancel_all(reason)
   local n = 0
   while self.queue.n > 0 do
-    if self:_cancel(self.queue:pop(), reason) then n = n + 1 end
+    if self:_cancel(self.queue:pop_any(), reason) then n = n + 1 end
   end
   for w in pairs(self.workers) do
     if w.job and self:_cancel(w.job, reason) then n = n + 1 end
@@ -595,19 +657,20 @@ function Pool:cancel_all(reason)
 end
 
 local STATS_FORMAT = "waiting %d, active %d, completed %d, failed %d, children %d/%d, "
-  .. "spawned %d, crashed %d, timeouts %d, killed %d"
+  .. "spawned %d, crashed %d, timeouts %d, killed %d, retries %d"
 
 -- pool:stats() -> { waiting, active, completed, failed, children, size, spawned,
--- crashed, timeouts, killed }
+-- crashed, timeouts, killed, retries }
 function Pool:stats()
   local c = self.counts
   return setmetatable({
     waiting = self.queue.n, active = self.nactive, completed = c.completed,
     failed = c.failed, children = self.nworkers, size = self.size,
     spawned = c.spawned, crashed = c.crashed, timeouts = c.timeouts, killed = c.killed,
+    retries = c.retries,
   }, { __tostring = function(s)
     return STATS_FORMAT:format(s.waiting, s.active, s.completed, s.failed, s.children, s.size,
-      s.spawned, s.crashed, s.timeouts, s.killed)
+      s.spawned, s.crashed, s.timeouts, s.killed, s.retries)
   end })
 end
 
@@ -635,7 +698,7 @@ function Pool:_terminate()
 end
 
 function Pool:_close_timers()
-  for _, name in ipairs({ "sweeper", "respawn_timer", "killer", "close_timer" }) do
+  for _, name in ipairs({ "sweeper", "respawn_timer", "killer", "close_timer", "delay_timer" }) do
     if self[name] then self[name]:close(); self[name] = nil end
   end
 end
@@ -651,7 +714,7 @@ function Pool:close(opts)
   if not self.closing then
     self.closing = true
     while self.queue.n > 0 do
-      local job = self.queue:pop()
+      local job = self.queue:pop_any()
       job.error = errors.new("ECLOSED", "the pool was closed before the job ran")
       self:_finish(job, "failed")
     end
