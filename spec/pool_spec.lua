@@ -22,9 +22,9 @@ describe("moonjob.pool", function()
 
     it("raises on an unknown option, naming it", function()
       assert.has_error(function() moonjob.pool(h.fixture("echo.lua"), { sise = 2 }) end,
-        "moonjob.pool: unknown option 'sise' (known: ack_timeout, attempts, backoff, child, codec, echo, "
-        .. "idle_timeout, jit, kill_after, max_jobs_per_child, max_log_bytes, max_payload, max_procs, "
-        .. "memory_limit, min_size, size, timeout, user)")
+        "moonjob.pool: unknown option 'sise' (known: ack_timeout, attempts, backoff, cache, "
+        .. "cache_max, child, codec, dedupe, echo, idle_timeout, jit, kill_after, max_jobs_per_child, "
+        .. "max_log_bytes, max_payload, max_procs, max_queue, memory_limit, min_size, size, timeout, user)")
     end)
 
     it("raises on a size that is not a positive whole number", function()
@@ -196,9 +196,10 @@ describe("moonjob.pool", function()
       pool:map({ { how = "none" }, { how = "string" } })
       local s = pool:stats()
       assert.same({ waiting = 0, active = 0, completed = 1, failed = 1, children = 2, size = 2,
-        spawned = 2, crashed = 0, timeouts = 0, killed = 0, retries = 0 }, setmetatable(s, nil))
+        spawned = 2, crashed = 0, timeouts = 0, killed = 0, retries = 0, cache_hits = 0 },
+        setmetatable(s, nil))
       assert.equal("waiting 0, active 0, completed 1, failed 1, children 2/2, spawned 2, crashed 0, "
-        .. "timeouts 0, killed 0, retries 0", tostring(pool:stats()))
+        .. "timeouts 0, killed 0, retries 0, cache hits 0", tostring(pool:stats()))
     end)
   end)
 

@@ -28,6 +28,7 @@ local errors = require "moonjob.errors"
 local Job = require "moonjob.job"
 local loop = require "moonjob.loop"
 local Backoff = require "moonjob.backoff"
+local Cache = require "moonjob.cache"
 local Queue = require "moonjob.queue"
 local Worker = require "moonjob.worker"
 
@@ -50,12 +51,14 @@ local OPTIONS = {
   ack_timeout = "number", max_jobs_per_child = "number", memory_limit = "number",
   idle_timeout = "number", min_size = "number", max_procs = "number",
   max_log_bytes = "number", user = "string", attempts = "number", backoff = "backoff",
+  dedupe = "dedupe", cache = "number", cache_max = "number", max_queue = "number",
 }
 local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout = true, attempts = true,
+  cache = true, cache_max = true, max_queue = true,
   max_jobs_per_child = true, memory_limit = true, idle_timeout = true, max_procs = true,
   max_log_bytes = true }
 local WHOLE = { size = true, max_jobs_per_child = true, min_size = true, max_procs = true,
-  attempts = true }
+  attempts = true, cache_max = true, max_queue = true }
 local CODECS = { lua = true, json = true }
 local EVENTS = {
   completed = true, failed = true, progress = true, log = true, active = true,
@@ -86,6 +89,10 @@ local function check_options(opts)
     if want == "backoff" then
       local ok, why = Backoff.check(v)
       if not ok then error("moonjob.pool: option 'backoff' " .. why, 4) end
+    elseif want == "dedupe" then
+      if v ~= true and type(v) ~= "function" then
+        error("moonjob.pool: option 'dedupe' must be true or a function(data) -> key", 4)
+      end
     elseif type(v) ~= want then
       error(("moonjob.pool: option '%s' must be a %s, not a %s"):format(k, want, type(v)), 4)
     end
@@ -174,11 +181,16 @@ function Pool.new(processor, opts)
     queue = Queue.new(loop.now),
     attempts = opts.attempts or 1,
     backoff = opts.backoff,
+    dedupe = opts.dedupe,
+    cache_ttl = opts.cache,
+    cache = opts.cache and Cache.new(opts.cache_max or 1000),
+    max_queue = opts.max_queue,
+    inflight = {},                 -- key -> the waiting or running job with that key
     nactive = 0, nrefusing = 0,
     load_failures = 0,
     listeners = {},
     counts = { completed = 0, failed = 0, spawned = 0, crashed = 0, timeouts = 0, killed = 0,
-      retries = 0 },
+      retries = 0, cache_hits = 0 },
     meta = buffer.new(),
   }, Pool)
   self.min_size = math.min(self.min_size, self.size)
@@ -472,9 +484,21 @@ function Pool:_fail(job, err)
   if self.listeners.retrying then self:_emit("retrying", job, err, delay) end
 end
 
+-- A job with a key (id or dedupe) leaves the in-flight map when it ends; a
+-- completed one leaves its result in the cache (failures are never cached).
+function Pool:_release_key(job, state)
+  local key = job.key
+  if not key then return end
+  if self.inflight[key] == job then self.inflight[key] = nil end
+  if state == "completed" and self.cache and not job.from_cache then
+    self.cache:set(key, job.result_bytes, loop.now() + self.cache_ttl * 1000)
+  end
+end
+
 function Pool:_finish(job, state)
   local was_active = job.state == "active"
   job.state, job.worker = state, nil
+  self:_release_key(job, state)
   if job.started then job.ms = loop.now() - job.started end
   if was_active then self.nactive = self.nactive - 1 end
   self.counts[state] = self.counts[state] + 1
@@ -558,7 +582,7 @@ local function encode_data(self, data)
 end
 
 local ADD_OPTIONS = { name = true, timeout = "number", kill_after = "number", delay = "number",
-  priority = "priority", attempts = "attempts", backoff = "backoff" }
+  priority = "priority", attempts = "attempts", backoff = "backoff", id = "id", dedupe = "dedupe" }
 
 local function check_add_options(opts)
   if opts == nil then return end
@@ -566,8 +590,8 @@ local function check_add_options(opts)
   for k, v in pairs(opts) do
     local want = ADD_OPTIONS[k]
     if not want then
-      error(("pool:add(): unknown option '%s' (known: attempts, backoff, delay, kill_after, name, "
-        .. "priority, timeout)"):format(tostring(k)), 3)
+      error(("pool:add(): unknown option '%s' (known: attempts, backoff, dedupe, delay, id, "
+        .. "kill_after, name, priority, timeout)"):format(tostring(k)), 3)
     end
     if want == "number" and not (type(v) == "number" and v >= 0) then
       error(("pool:add(): option '%s' must be a number of seconds"):format(k), 3)
@@ -578,13 +602,45 @@ local function check_add_options(opts)
     elseif want == "backoff" then
       local ok, why = Backoff.check(v)
       if not ok then error("pool:add(): option 'backoff' " .. why, 3) end
+    elseif want == "id" and type(v) ~= "string" and type(v) ~= "number" then
+      error("pool:add(): option 'id' must be a string or a number", 3)
+    elseif want == "dedupe" and v ~= true and v ~= false and type(v) ~= "function" then
+      error("pool:add(): option 'dedupe' must be true, false or a function(data) -> key", 3)
     end
   end
 end
 
--- pool:add(data [, opts]) -> job, at once. opts: name (job.name), priority
--- (lower first), delay (seconds before it may run), and timeout, kill_after,
--- attempts, backoff (override the pool's).
+-- The job's key: "id:<id>" for an explicit id, "data:<key>" for dedupe by
+-- content (dedupe = true: the serialised data itself), or nil.
+local function job_key(self, data, bytes, opts)
+  if opts and opts.id ~= nil then return "id:" .. tostring(opts.id) end
+  local dedupe = self.dedupe
+  if opts and opts.dedupe ~= nil then dedupe = opts.dedupe end
+  if dedupe == true then return "data:" .. bytes end
+  if type(dedupe) == "function" then
+    local key = dedupe(data)
+    if key ~= nil then return "data:" .. tostring(key) end
+  end
+  return nil
+end
+
+-- A cache hit still completes through the loop, never inside add.
+function Pool:_complete_from_cache(job, result_bytes)
+  self.counts.cache_hits = self.counts.cache_hits + 1
+  job.result_bytes, job.from_cache = result_bytes, true
+  self.nrefusing = self.nrefusing + 1
+  loop.defer(function()
+    self.nrefusing = self.nrefusing - 1
+    if not job:is_finished() then self:_finish(job, "completed") end
+  end)
+  return job
+end
+
+-- pool:add(data [, opts]) -> job, at once | nil, err (EQUEUEFULL past max_queue).
+-- opts: name (job.name), priority (lower first), delay (seconds before it may
+-- run), id (a job with that id already waiting or running is returned instead
+-- of a new one), dedupe, and timeout, kill_after, attempts, backoff
+-- (overriding the pool's).
 function Pool:add(data, opts)
   check_add_options(opts)
   next_seq = next_seq + 1
@@ -604,6 +660,19 @@ function Pool:add(data, opts)
     return self:_refuse(job, errors.new("EPAYLOAD", ("the job data is %d bytes, more than "
       .. "max_payload (%d); send less or raise max_payload"):format(#bytes, self.max_payload)))
   end
+  local key = job_key(self, data, bytes, opts)
+  if key then
+    local same = self.inflight[key]
+    if same then return same end
+    local cached = self.cache and self.cache:get(key, loop.now())
+    job.key = key
+    if cached then return self:_complete_from_cache(job, cached) end
+  end
+  if self.max_queue and self.queue.n >= self.max_queue then
+    return nil, errors.new("EQUEUEFULL", ("%d jobs are waiting, the pool's max_queue; wait for "
+      .. "some to finish (pool:drain(), the drained event) and add again"):format(self.queue.n))
+  end
+  if key then self.inflight[key] = job end
   job.data_bytes = bytes
   self.queue:push(job)
   self:_pump()
@@ -612,15 +681,25 @@ end
 
 -- pool:run(data [, opts]) -> result | nil, err. Runs the loop until the job ends.
 function Pool:run(data, opts)
-  return self:add(data, opts):wait()
+  local job, err = self:add(data, opts)
+  if not job then return nil, err end
+  return job:wait()
 end
 
 -- pool:map(items [, opts]) -> results, errors|nil, in input order. A failed
--- item is nil in results and its error is errors[i].
+-- item is nil in results and its error is errors[i]. opts are add()'s. With
+-- max_queue, map adds no faster than the pool drains.
 function Pool:map(items, opts)
   if type(items) ~= "table" then error("pool:map(): items must be a list (table)", 2) end
   local jobs = {}
-  for i = 1, #items do jobs[i] = self:add(items[i], opts) end
+  for i = 1, #items do
+    local job, err = self:add(items[i], opts)
+    while not job and err.code == "EQUEUEFULL" do -- backpressure: wait for room
+      loop.wait_until(function() return self.queue.n < self.max_queue end)
+      job, err = self:add(items[i], opts)
+    end
+    jobs[i] = job
+  end
   local n = 1
   loop.wait_until(function()
     while n <= #jobs and jobs[n]:is_finished() do n = n + 1 end
@@ -657,20 +736,20 @@ function Pool:cancel_all(reason)
 end
 
 local STATS_FORMAT = "waiting %d, active %d, completed %d, failed %d, children %d/%d, "
-  .. "spawned %d, crashed %d, timeouts %d, killed %d, retries %d"
+  .. "spawned %d, crashed %d, timeouts %d, killed %d, retries %d, cache hits %d"
 
 -- pool:stats() -> { waiting, active, completed, failed, children, size, spawned,
--- crashed, timeouts, killed, retries }
+-- crashed, timeouts, killed, retries, cache_hits }
 function Pool:stats()
   local c = self.counts
   return setmetatable({
     waiting = self.queue.n, active = self.nactive, completed = c.completed,
     failed = c.failed, children = self.nworkers, size = self.size,
     spawned = c.spawned, crashed = c.crashed, timeouts = c.timeouts, killed = c.killed,
-    retries = c.retries,
+    retries = c.retries, cache_hits = c.cache_hits,
   }, { __tostring = function(s)
     return STATS_FORMAT:format(s.waiting, s.active, s.completed, s.failed, s.children, s.size,
-      s.spawned, s.crashed, s.timeouts, s.killed, s.retries)
+      s.spawned, s.crashed, s.timeouts, s.killed, s.retries, s.cache_hits)
   end })
 end
 
