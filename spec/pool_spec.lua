@@ -196,10 +196,24 @@ describe("moonjob.pool", function()
       pool:map({ { how = "none" }, { how = "string" } })
       local s = pool:stats()
       assert.same({ waiting = 0, active = 0, completed = 1, failed = 1, children = 2, size = 2,
-        spawned = 2, crashed = 0, timeouts = 0, killed = 0, retries = 0, cache_hits = 0 },
-        setmetatable(s, nil))
-      assert.equal("waiting 0, active 0, completed 1, failed 1, children 2/2, spawned 2, crashed 0, "
-        .. "timeouts 0, killed 0, retries 0, cache hits 0", tostring(pool:stats()))
+        spawned = 2, restarts = 0, crashed = 0, timeouts = 0, killed = 0, retries = 0, cache_hits = 0 },
+        { waiting = s.waiting, active = s.active, completed = s.completed, failed = s.failed,
+          children = s.children, size = s.size, spawned = s.spawned, restarts = s.restarts,
+          crashed = s.crashed, timeouts = s.timeouts, killed = s.killed, retries = s.retries,
+          cache_hits = s.cache_hits })
+      assert.matches("^waiting 0, active 0, completed 1, failed 1, children 2/2, spawned 2, crashed 0, "
+        .. "timeouts 0, killed 0, retries 0, cache hits 0, wait p50 [%d.]+ ms p99 [%d.]+ ms, "
+        .. "run p50 [%d.]+ ms p99 [%d.]+ ms$", tostring(s))
+    end)
+
+    it("gives wait and run time percentiles and per-child job counts", function()
+      local pool = h.pool("deaf.lua", { size = 1 })
+      pool:map({ { seconds = 0.1 }, { seconds = 0.1 }, { seconds = 0.1 } })
+      local s = pool:stats()
+      assert.is_true(s.run_p50 >= 90 and s.run_p99 >= s.run_p50, tostring(s))
+      assert.is_true(s.wait_p99 >= 90, "the third job waited for two others: " .. s.wait_p99)
+      assert.equal(1, #s.workers)
+      assert.equal(3, s.workers[1].jobs)
     end)
   end)
 

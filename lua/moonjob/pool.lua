@@ -41,6 +41,7 @@ local DEFAULTS = {
   ack_timeout = 2,
   max_log_bytes = 1024 * 1024,
 }
+local SAMPLES = 1024             -- recent wait and run times kept for percentiles
 local SWEEP_MS = 100            -- how often acknowledgements and idle children are checked
 local TERM_GRACE_MS = 1000      -- SIGTERM to SIGKILL when a close ends busy children
 local BACKOFF_FIRST_MS, BACKOFF_MAX_MS = 100, 30000
@@ -186,6 +187,7 @@ function Pool.new(processor, opts)
     cache = opts.cache and Cache.new(opts.cache_max or 1000),
     max_queue = opts.max_queue,
     inflight = {},                 -- key -> the waiting or running job with that key
+    wait_ms = { n = 0 }, run_ms = { n = 0 }, -- rings of the last SAMPLES times
     nactive = 0, nrefusing = 0,
     load_failures = 0,
     listeners = {},
@@ -316,12 +318,18 @@ function Pool:_retire(w, kill)
   end
 end
 
+local function sample(ring, value)
+  ring.n = ring.n + 1
+  ring[(ring.n - 1) % SAMPLES + 1] = value
+end
+
 function Pool:_dispatch(w, job)
   local attempt = job.attempts + 1
   local meta = self.meta:reset():encode({ id = job.id, name = job.name, attempt = attempt })
   if not w:run(job, meta:tostring()) then return self.queue:push(job) end
   job.state, job.pid, job.attempts, job.worker = "active", w.pid, attempt, w
   job.started = loop.now()
+  sample(self.wait_ms, job.started - (job.run_at or job.added))
   w.dispatched_at, w.acked = job.started, false
   self.nactive = self.nactive + 1
   local timeout = job.timeout or self.timeout
@@ -500,7 +508,10 @@ function Pool:_finish(job, state)
   job.state, job.worker = state, nil
   self:_release_key(job, state)
   if job.started then job.ms = loop.now() - job.started end
-  if was_active then self.nactive = self.nactive - 1 end
+  if was_active then
+    self.nactive = self.nactive - 1
+    sample(self.run_ms, job.ms)
+  end
   self.counts[state] = self.counts[state] + 1
   if state == "completed" then
     if self.listeners.completed then self:_emit("completed", job, job.result) end
@@ -645,7 +656,7 @@ function Pool:add(data, opts)
   check_add_options(opts)
   next_seq = next_seq + 1
   local job = Job.new(self, next_seq, opts and opts.name, nil)
-  job.seq = next_seq
+  job.seq, job.added = next_seq, loop.now()
   if opts then
     job.timeout, job.kill_after, job.priority = opts.timeout, opts.kill_after, opts.priority
     job.max_attempts, job.backoff = opts.attempts, opts.backoff
@@ -736,21 +747,46 @@ function Pool:cancel_all(reason)
 end
 
 local STATS_FORMAT = "waiting %d, active %d, completed %d, failed %d, children %d/%d, "
-  .. "spawned %d, crashed %d, timeouts %d, killed %d, retries %d, cache hits %d"
+  .. "spawned %d, crashed %d, timeouts %d, killed %d, retries %d, cache hits %d, "
+  .. "wait p50 %.1f ms p99 %.1f ms, run p50 %.1f ms p99 %.1f ms"
+
+-- p50 and p99 of the recent samples in a ring, 0 without samples.
+local function percentiles(ring)
+  local sorted = {}
+  for i = 1, math.min(ring.n, SAMPLES) do sorted[i] = ring[i] end
+  table.sort(sorted)
+  local n = #sorted
+  if n == 0 then return 0, 0 end
+  return sorted[math.ceil(n * 0.5)], sorted[math.ceil(n * 0.99)]
+end
+
+local function format_stats(s)
+  return STATS_FORMAT:format(s.waiting, s.active, s.completed, s.failed, s.children, s.size,
+    s.spawned, s.crashed, s.timeouts, s.killed, s.retries, s.cache_hits, s.wait_p50, s.wait_p99,
+    s.run_p50, s.run_p99)
+end
 
 -- pool:stats() -> { waiting, active, completed, failed, children, size, spawned,
--- crashed, timeouts, killed, retries, cache_hits }
+-- restarts, crashed, timeouts, killed, retries, cache_hits, wait_p50, wait_p99,
+-- run_p50, run_p99 (ms, over the last 1024 jobs), workers = { { pid, jobs,
+-- state } ... } }
 function Pool:stats()
   local c = self.counts
+  local wait_p50, wait_p99 = percentiles(self.wait_ms)
+  local run_p50, run_p99 = percentiles(self.run_ms)
+  local workers = {}
+  for w in pairs(self.workers) do
+    workers[#workers + 1] = { pid = w.pid, jobs = w.jobs_done, state = w.state }
+  end
   return setmetatable({
     waiting = self.queue.n, active = self.nactive, completed = c.completed,
     failed = c.failed, children = self.nworkers, size = self.size,
-    spawned = c.spawned, crashed = c.crashed, timeouts = c.timeouts, killed = c.killed,
+    spawned = c.spawned, restarts = math.max(0, c.spawned - self.size),
+    crashed = c.crashed, timeouts = c.timeouts, killed = c.killed,
     retries = c.retries, cache_hits = c.cache_hits,
-  }, { __tostring = function(s)
-    return STATS_FORMAT:format(s.waiting, s.active, s.completed, s.failed, s.children, s.size,
-      s.spawned, s.crashed, s.timeouts, s.killed, s.retries, s.cache_hits)
-  end })
+    wait_p50 = wait_p50, wait_p99 = wait_p99, run_p50 = run_p50, run_p99 = run_p99,
+    workers = workers,
+  }, { __tostring = format_stats })
 end
 
 --------------------------------------------------------------------- close ---
