@@ -24,7 +24,8 @@ describe("moonjob.pool", function()
       assert.has_error(function() moonjob.pool(h.fixture("echo.lua"), { sise = 2 }) end,
         "moonjob.pool: unknown option 'sise' (known: ack_timeout, attempts, backoff, cache, "
         .. "cache_max, child, codec, dedupe, echo, idle_timeout, jit, kill_after, max_jobs_per_child, "
-        .. "max_log_bytes, max_payload, max_procs, max_queue, memory_limit, min_size, size, timeout, user)")
+        .. "max_log_bytes, max_payload, max_procs, max_queue, memory_limit, min_size, pools, size, "
+        .. "timeout, user)")
     end)
 
     it("raises on a size that is not a positive whole number", function()

@@ -8,6 +8,7 @@
 -- (policy), moonjob.worker (one child), moonjob.job, moonjob.errors and
 -- moonjob.core (the C mechanism: loop, processes, frames).
 local Pool = require "moonjob.pool"
+local Router = require "moonjob.router"
 local errors = require "moonjob.errors"
 
 local M = {
@@ -16,7 +17,10 @@ local M = {
 }
 
 -- moonjob.pool(processor_file [, opts]) -> pool | nil, err
+-- moonjob.pool({ name = processor_file, ... } [, opts]) -> router | nil, err:
+-- one pool per name; add(data, { name = ... }) routes.
 function M.pool(processor, opts)
+  if type(processor) == "table" then return Router.new(processor, opts) end
   return Pool.new(processor, opts)
 end
 

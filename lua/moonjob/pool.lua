@@ -53,6 +53,7 @@ local OPTIONS = {
   idle_timeout = "number", min_size = "number", max_procs = "number",
   max_log_bytes = "number", user = "string", attempts = "number", backoff = "backoff",
   dedupe = "dedupe", cache = "number", cache_max = "number", max_queue = "number",
+  pools = "table",
 }
 local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout = true, attempts = true,
   cache = true, cache_max = true, max_queue = true,
