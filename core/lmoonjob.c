@@ -136,6 +136,12 @@ static int lmj_cpu_count(lua_State *L) {
   return 1;
 }
 
+/* core.isatty(fd) -> true when fd is a terminal */
+static int lmj_isatty(lua_State *L) {
+  lua_pushboolean(L, uv_guess_handle((uv_file) luaL_checkinteger(L, 1)) == UV_TTY);
+  return 1;
+}
+
 static int lmj_getpid(lua_State *L) {
   lua_pushinteger(L, (lua_Integer) getpid());
   return 1;
@@ -622,7 +628,7 @@ static void lmj_ignore_sigpipe(void) {
 int luaopen_moonjob_core(lua_State *L) {
   static const luaL_Reg functions[] = {
     {"run", lmj_run}, {"catch_sigint", lmj_catch_sigint}, {"running", lmj_running}, {"hrtime", lmj_hrtime}, {"cpu_count", lmj_cpu_count},
-    {"getpid", lmj_getpid}, {"child_path", lmj_child_path}, {"spawn", lmj_spawn},
+    {"getpid", lmj_getpid}, {"isatty", lmj_isatty}, {"child_path", lmj_child_path}, {"spawn", lmj_spawn},
     {"timer", lmj_timer_new}, {"input", lmj_input_new}, {"open", lmj_open}, {"output", lmj_output_new},
     {NULL, NULL}};
   static const luaL_Reg process_methods[] = {

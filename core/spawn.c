@@ -13,7 +13,10 @@
  * terminal's Ctrl-C does not reach it), every signal back at its default
  * disposition, and an empty signal mask (worker threads block all signals).
  *
- * Caveat: the arguments and environment are copied for the worker thread; the
+ * Caveats: the child's PR_SET_PDEATHSIG fires when the *thread* that spawned
+ * it ends; libuv's worker threads live as long as the process, so that is the
+ * process's death. The arguments and environment are copied for the worker
+ * thread; the
  * parent's ends of the pipes can be written to at once (frames wait in the
  * socket until the child reads them), but are read only once the spawn is
  * done, so no frame arrives before the pid is known.

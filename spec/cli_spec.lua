@@ -130,6 +130,78 @@ describe("moonjob run", function()
     assert.equal("returned", lines[2].result)
   end)
 
+  it("prints in input order with --keep-order", function()
+    local out, _, status = h.sh(MOONJOB .. "run -j 2 --keep-order spec/fixtures/slow_first.lua",
+      "1\n2\n3\n4\n5\n\n7\n")
+    assert.equal(0, status)
+    local lines = {}
+    for line in out:gmatch('"line":(%d+)') do lines[#lines + 1] = tonumber(line) end
+    assert.same({ 1, 2, 3, 4, 5, 7 }, lines)
+  end)
+
+  it("retries with --attempts and --backoff", function()
+    local out, _, status = h.sh(MOONJOB .. "run --attempts 3 --backoff fixed:0.01 spec/fixtures/flaky.lua",
+      '{"succeed_at":3}\n')
+    assert.equal(0, status)
+    assert.matches('"result":3,"attempts":3', out)
+  end)
+
+  it("writes a joblog, and --resume skips what it records as completed", function()
+    local log = os.tmpname()
+    os.remove(log)
+    local input = h.write_file(os.tmpname(), '1\nnot json\n3\n')
+    local _, _, status = h.sh(MOONJOB .. "run --joblog " .. log .. " spec/fixtures/identity.lua " .. input)
+    assert.equal(1, status)
+    local f = assert(io.open(log))
+    local logged = f:read("*a")
+    f:close()
+    assert.equal(3, select(2, logged:gsub("\n", "")))
+    -- line 2 failed: resume runs only it
+    local out = h.sh(MOONJOB .. "run --resume --joblog " .. log .. " spec/fixtures/identity.lua " .. input)
+    assert.equal(1, select(2, out:gsub("\n", "")))
+    assert.matches('^{"line":2,"status":"failed"', out)
+    os.remove(log)
+    os.remove(input)
+  end)
+
+  it("after the CLI is killed mid-run, --resume runs every job not completed, none twice", function()
+    local log, runs = os.tmpname(), os.tmpname()
+    os.remove(log)
+    local lines = {}
+    for i = 1, 40 do lines[i] = ('{"file":"%s","value":%d,"sleep":0.05}'):format(runs, i) end
+    local input = h.write_file(os.tmpname(), table.concat(lines, "\n") .. "\n")
+    h.sh(ENV .. "timeout -s KILL 0.6 luajit scripts/moonjob run -j 2 --joblog " .. log
+      .. " spec/fixtures/counted.lua " .. input)
+    local first = h.sh("grep -c completed " .. log)
+    assert.is_true(tonumber(first) > 0 and tonumber(first) < 40, "completed before the kill: " .. first)
+    local _, _, status = h.sh(MOONJOB .. "run -j 2 --resume --joblog " .. log
+      .. " spec/fixtures/counted.lua " .. input)
+    assert.equal(0, status)
+    local completed = {}
+    local f = assert(io.open(log))
+    for text in f:lines() do
+      local line = tonumber(text:match('^{"line":(%d+),"status":"completed"'))
+      assert.is_nil(completed[line], "line " .. tostring(line) .. " completed twice")
+      completed[line] = true
+    end
+    f:close()
+    for i = 1, 40 do assert.is_true(completed[i], "line " .. i .. " lost") end
+    -- a job killed with the CLI may have run without being recorded; a recorded one never reruns
+    local ran = tonumber((h.sh("wc -l < " .. runs)))
+    assert.is_true(ran >= 40 and ran <= 42, "executions: " .. ran)
+    os.remove(log); os.remove(runs); os.remove(input)
+  end)
+
+  it("shows a progress line on stderr when it is a terminal, and nothing otherwise", function()
+    local input = h.write_file(os.tmpname(), '{"ms":150}\n{"ms":150}\n{"ms":150}\n')
+    local _, err = h.sh(MOONJOB .. "run -j 1 spec/fixtures/slow.lua " .. input)
+    assert.equal("", err)
+    local out = h.sh("script -qec '" .. MOONJOB:gsub("'", "") .. "run -j 1 spec/fixtures/slow.lua "
+      .. input .. " >/dev/null' /dev/null")
+    assert.matches("done %d+, failed 0, %d+ jobs/s, ETA %d+s", out)
+    os.remove(input)
+  end)
+
   describe("usage and set-up errors", function()
     it("prints help and exits 0 with --help", function()
       local out, _, status = h.sh(MOONJOB .. "--help")
@@ -153,6 +225,15 @@ describe("moonjob run", function()
       local _, err, status = h.sh(MOONJOB .. "run -j 0 examples/square.lua")
       assert.equal(2, status)
       assert.matches("%-j needs a positive whole number, got '0'", err)
+    end)
+
+    it("exits 2 on --resume without --joblog, and on a bad --backoff", function()
+      local _, err, status = h.sh(MOONJOB .. "run --resume examples/square.lua")
+      assert.equal(2, status)
+      assert.matches("%-%-resume needs %-%-joblog FILE", err)
+      local _, err2, status2 = h.sh(MOONJOB .. "run --backoff sometimes examples/square.lua")
+      assert.equal(2, status2)
+      assert.matches("%-%-backoff needs fixed:SECONDS or exponential:SECONDS%[:JITTER%]", err2)
     end)
 
     it("exits 2 on a bad timeout", function()

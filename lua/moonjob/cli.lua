@@ -1,6 +1,7 @@
 -- moonjob.cli -- the `moonjob` command: run a processor over NDJSON input.
 --
 --   moonjob run PROCESSOR [INPUT] [-j N] [--timeout S] [--kill-after S]
+--     [--attempts N] [--backoff SPEC] [--keep-order] [--joblog FILE [--resume]]
 --
 -- Input lines go to the children as JSON text and results come back as exact
 -- JSON text (the pool's "json" codec), so the parent never parses a payload:
@@ -8,6 +9,10 @@
 -- Input is read as a stream and paused while enough jobs are queued, so a file
 -- of millions of lines runs in bounded memory. Output lines are written as
 -- jobs finish, through a writer that never blocks the loop.
+--
+-- --joblog appends each finished job's line (as on stdout) to a file, flushed
+-- at once and before the stdout line; --resume skips the lines it records as
+-- completed. A progress line goes to stderr when it is a terminal.
 --
 -- Exit status: 0 when every job completed, 1 when any failed, 2 for usage or
 -- set-up errors, 130 when interrupted.
@@ -30,6 +35,12 @@ What the processor prints goes to standard error, prefixed with the job id.
 
 options:
   -j, --concurrency N   children to run (default: the number of CPUs)
+  -k, --keep-order      print results in input order (default: as they finish)
+  --attempts N          runs per job before it fails for good (default 1)
+  --backoff SPEC        wait between attempts: fixed:SECONDS or
+                        exponential:SECONDS[:JITTER] (JITTER 0..1)
+  --joblog FILE         append one line per finished job to FILE
+  --resume              skip the lines FILE (--joblog) records as completed
   --timeout S           seconds a job may run; then it is interrupted, its
                         cleanup runs, and it fails with ETIMEDOUT
   --kill-after S        seconds after the timeout before the child is killed
@@ -60,8 +71,23 @@ local function seconds(text)
 end
 
 -- option name -> field, parser, what the parser wants
+local function backoff_spec(text)
+  local kind, delay, jitter = text:match("^(%a+):([%d.]+):?([%d.]*)$")
+  delay, jitter = tonumber(delay), tonumber(jitter)
+  if not (kind == "fixed" or kind == "exponential") or not delay then return nil end
+  if jitter and jitter > 1 then return nil end
+  return { type = kind, delay = delay, jitter = jitter }
+end
+
+local function path(text)
+  if text ~= "" then return text end
+end
+
 local VALUED = {
   ["-j"] = { "concurrency", positive_integer, "a positive whole number" },
+  ["--attempts"] = { "attempts", positive_integer, "a positive whole number" },
+  ["--backoff"] = { "backoff", backoff_spec, "fixed:SECONDS or exponential:SECONDS[:JITTER]" },
+  ["--joblog"] = { "joblog", path, "a file path" },
   ["--concurrency"] = { "concurrency", positive_integer, "a positive whole number" },
   ["--timeout"] = { "timeout", seconds, "a number of seconds" },
   ["--kill-after"] = { "kill_after", seconds, "a number of seconds" },
@@ -79,6 +105,10 @@ local function parse(args)
       o.help = true
     elseif a == "--version" then
       o.version = true
+    elseif a == "--keep-order" or a == "-k" then
+      o.keep_order = true
+    elseif a == "--resume" then
+      o.resume = true
     elseif valued then
       local value = inline
       if not value then i = i + 1; value = args[i] end
@@ -121,53 +151,153 @@ local function open_input(path)
   return fd
 end
 
+------------------------------------------------------------- the joblog ---
+
+-- The line numbers a joblog records as completed (for --resume).
+local function completed_lines(path)
+  local done = {}
+  local f = io.open(path, "r")
+  if not f then return done end
+  for text in f:lines() do
+    local line, status = text:match('^{"line":(%d+),"status":"(%a+)"')
+    if line and status == "completed" then done[tonumber(line)] = true end
+  end
+  f:close()
+  return done
+end
+
+-- Appends one line per finished job and flushes it at once: the joblog is
+-- the record --resume trusts, so it is written before the output line.
+local function open_joblog(path)
+  local f, err = io.open(path, "a")
+  if not f then return nil, ("cannot open joblog '%s': %s"):format(path, err) end
+  f:setvbuf("no")
+  return f
+end
+
+-------------------------------------------------------------- progress ---
+
+local function isatty(fd)
+  return core.isatty(fd)
+end
+
+-- A one-line progress display on stderr, refreshed at most 10 times a second.
+local function progress_bar(total_bytes)
+  local started = loop.now()
+  local bar = { done = 0, failed = 0, bytes = 0 }
+  local timer = core.timer(function()
+    local elapsed = (loop.now() - started) / 1000
+    local rate = elapsed > 0 and bar.done / elapsed or 0
+    local eta = ""
+    if total_bytes and bar.bytes > 0 and elapsed > 0 then
+      local left = elapsed * (total_bytes - bar.bytes) / bar.bytes
+      eta = (", ETA %ds"):format(math.max(0, math.floor(left + 0.5)))
+    end
+    io.stderr:write(("\r\27[Kdone %d, failed %d, %.0f jobs/s%s"):format(bar.done, bar.failed, rate, eta))
+  end)
+  timer:start(100, 100)
+  timer:unref()
+  function bar.close()
+    timer:close()
+    io.stderr:write("\r\27[K")
+  end
+  return bar
+end
+
+------------------------------------------------------------------- run ---
+
+local function pool_options(o)
+  return { size = o.concurrency, codec = "json", timeout = o.timeout, kill_after = o.kill_after,
+    attempts = o.attempts, backoff = o.backoff }
+end
+
+-- Writes result lines in input order: a finished job waits here until every
+-- earlier line was written. Without keep_order, lines go out as jobs finish.
+-- Lines that make no output (blank, resumed) are emitted as "".
+local function ordered_writer(write, keep_order)
+  if not keep_order then return function(_, text) write(text) end end
+  local pending, next_line = {}, 1
+  return function(line, text)
+    pending[line] = text
+    while pending[next_line] do
+      write(pending[next_line])
+      pending[next_line] = nil
+      next_line = next_line + 1
+    end
+  end
+end
+
 local function run(processor, input_path, o)
   local fd, err = open_input(input_path)
   if not fd then return usage_error(err) end
+  local resumed = o.resume and completed_lines(o.joblog) or {}
+  local joblog
+  if o.joblog then
+    joblog, err = open_joblog(o.joblog)
+    if not joblog then return usage_error(err) end
+  end
   local pool
-  pool, err = moonjob.pool(processor, { size = o.concurrency, codec = "json", timeout = o.timeout,
-    kill_after = o.kill_after })
+  pool, err = moonjob.pool(processor, pool_options(o))
   if not pool then return usage_error(tostring(err)) end
 
   local out = core.output(1)
-  local high = pool.size * 64 -- jobs queued before input pauses
-  local low = pool.size * 16
+  local high, low = pool.size * 64, pool.size * 16 -- unwritten jobs before input pauses / resumes
   local inflight, failed, ended, paused, input = 0, 0, false, false, nil
-  local line_no, write_error = 0, nil
+  local line_no, write_error, read_error = 0, nil, nil
+  local bar = o.progress and progress_bar(input_path and input_path ~= "-"
+    and (function() local f = io.open(input_path) local n = f and f:seek("end") if f then f:close() end return n end)())
 
-  local function finished(job)
-    inflight = inflight - 1
-    if job.state == "failed" then failed = failed + 1 end
-    local written, err = out:write(result_line(job))
-    if not written and not write_error then -- nobody reads the output any more: stop
-      write_error = err
+  local function write(text)
+    if write_error or text == "" then return end
+    local written, e = out:write(text)
+    if not written then -- nobody reads the output any more: stop
+      write_error = e
       input:pause()
     end
+  end
+  local emit = ordered_writer(write, o.keep_order)
+
+  local function written(line, text)
+    inflight = inflight - 1
+    emit(line, text)
     if paused and inflight <= low and not ended and not write_error then
       paused = false
       input:resume()
     end
+  end
+
+  local function finished(job)
+    local a, b, c = result_line(job)
+    local text = a .. b .. c
+    if joblog then joblog:write(text) end
+    if job.state == "failed" then failed = failed + 1 end
+    if bar then
+      bar.done = bar.done + 1
+      if job.state == "failed" then bar.failed = bar.failed + 1 end
+    end
+    written(job.line, text)
   end
   pool:on("completed", finished)
   pool:on("failed", finished)
 
   local function on_line(text, len)
     line_no = line_no + 1
-    if text and not text:find("%S") then return end -- blank lines are not jobs
-    local job = pool:add(text or "", { name = "line " .. line_no })
-    job.line = line_no
-    if not text then
-      job.error = nil
-      pool:_refuse(job, moonjob.errors.new("EINPUT", ("line %d is %d bytes or more, more than "
-        .. "max_payload (%d)"):format(line_no, len, pool.max_payload)))
-    end
+    if bar then bar.bytes = bar.bytes + len + 1 end
+    if (text and not text:find("%S")) or resumed[line_no] then return emit(line_no, "") end
     inflight = inflight + 1
+    if not text then -- longer than max_payload: fails without running
+      local e = moonjob.errors.new("EINPUT", ("line %d is %d bytes or more, more than max_payload (%d)")
+        :format(line_no, len, pool.max_payload))
+      finished({ line = line_no, state = "failed", error = e, attempts = 0 })
+    else
+      local job = pool:add(text, { name = "line " .. line_no })
+      job.line = line_no
+    end
     if inflight >= high and not paused then
       paused = true
       input:pause()
     end
   end
-  local read_error
   input = core.input(fd, pool.max_payload, on_line, function(e)
     ended, read_error = true, e
   end)
@@ -178,12 +308,14 @@ local function run(processor, input_path, o)
   end)
   ended = true -- no more resuming: the input is closed
   input:close()
+  if bar then bar.close() end
   if not ok then
     why = tostring(why)
     io.stderr:write("moonjob: ", why:find("^interrupted") and "interrupted" or why, "\n")
     return why:find("^interrupted") and EXIT_INTERRUPTED or EXIT_FAILED
   end
   pool:close()
+  if joblog then joblog:close() end
   if read_error then
     io.stderr:write("moonjob: reading the input failed: ", read_error, "\n")
     return EXIT_USAGE
@@ -210,6 +342,8 @@ function M.main(args)
   local processor, input_path = o.positional[2], o.positional[3]
   if not processor then return usage_error("missing PROCESSOR: moonjob run PROCESSOR [INPUT]") end
   if o.positional[4] then return usage_error(("unexpected argument '%s'"):format(o.positional[4])) end
+  if o.resume and not o.joblog then return usage_error("--resume needs --joblog FILE") end
+  o.progress = isatty(2)
   return run(processor, input_path, o)
 end
 
