@@ -10,6 +10,9 @@
 -- 3. Loop lag: a 1 ms timer's lateness (p99, max) while jobs time out and
 --    children are killed and replaced as fast as the pool can, against the
 --    same timer on an idle loop.
+-- 4. A million waiting jobs: time to add 1,000,000 no-op jobs, the parent's
+--    Lua memory per waiting job (payload included, and without it), and the
+--    time to drain them with 2 children.
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 package.cpath = "build/?.so;" .. package.cpath
 
@@ -116,6 +119,31 @@ for _, size in ipairs({ 1, 2 }) do
   print(("%-10d %14.0f %14.0f %8.2f"):format(size, pool, floor, pool / floor))
 end
 
+-- Adds `n` no-op jobs, measures the memory they hold while waiting, drains them.
+local function million(n)
+  local buffer = require "string.buffer"
+  local pool = assert(moonjob.pool("bench/noop.lua", { size = 2, echo = false }))
+  pool:map({ 1, 2 })
+  collectgarbage()
+  collectgarbage()
+  local before = collectgarbage("count")
+  local t0 = core.hrtime()
+  local payload = 0
+  for i = 1, n do
+    pool:add(i)
+    payload = payload + #buffer.encode(i)
+  end
+  local add_s = (core.hrtime() - t0) / 1e9
+  collectgarbage()
+  collectgarbage()
+  local per_job = (collectgarbage("count") - before) * 1024 / n
+  t0 = core.hrtime()
+  pool:drain()
+  local drain_s = (core.hrtime() - t0) / 1e9
+  pool:close()
+  return add_s, per_job, payload / n, drain_s
+end
+
 local median, max, n = kill_latency(100)
 print(("\nhard deadline -> child reaped, %d JIT-loop jobs: median %.2f ms, max %.2f ms")
   :format(n, median, max))
@@ -127,3 +155,9 @@ for _, size in ipairs({ 1, 2 }) do
   print(("loop lag, %d spinning child(ren) killed/replaced: p99 %.3f ms, max %.3f ms (%d kills in 3 s)")
     :format(size, p99, lag_max, churn.killed))
 end
+
+local MILLION = tonumber(os.getenv("BENCH_WAITING")) or 1000000
+local add_s, per_job, payload, drain_s = million(MILLION)
+print(("\n%d waiting no-op jobs: added in %.2f s, %.0f bytes each in the parent (%.0f without the "
+  .. "%.0f-byte payload string's bytes), drained by 2 children in %.1f s")
+  :format(MILLION, add_s, per_job, per_job - payload, payload, drain_s))

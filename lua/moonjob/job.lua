@@ -15,20 +15,38 @@ local loop = require "moonjob.loop"
 local Job = {}
 local methods = {}
 
+-- A waiting job must stay small (a million may wait): its hot fields live in
+-- the table's array part, colocated with the table header (64 + 6 x 8 bytes),
+-- and are reached by name through the metatable. Every other field is a plain
+-- named field, set only when it has a value; `pool` comes from the pool's own
+-- metatable, `attempts` reads 0 until set, `logs` is made on first use.
+local SLOTS = { id = 1, data_bytes = 2, state = 3, added = 4, qindex = 5, priority = 6 }
+
 local decoders = {
   lua = buffer.decode,
   json = function(bytes) return bytes end, -- JSON text is handed over as is
 }
 
-local function decode(job, bytes)
-  if bytes == nil then return nil end
-  return decoders[job.pool.codec](bytes)
-end
-
-Job.__index = function(job, key)
+local function index(pool, job, key)
+  local slot = SLOTS[key]
+  if slot then
+    local v = rawget(job, slot)
+    if v == false then return nil end
+    return v
+  end
   local m = methods[key]
   if m ~= nil then return m end
-  if key == "result" then return decode(job, rawget(job, "result_bytes")) end
+  if key == "pool" then return pool end
+  if key == "attempts" then return 0 end
+  if key == "logs" then
+    local logs = {}
+    rawset(job, "logs", logs)
+    return logs
+  end
+  if key == "result" then
+    local bytes = rawget(job, "result_bytes")
+    return bytes ~= nil and decoders[pool.codec](bytes) or nil
+  end
   if key == "progress" then
     local bytes = rawget(job, "progress_bytes")
     return bytes and buffer.decode(bytes)
@@ -36,16 +54,32 @@ Job.__index = function(job, key)
   return nil
 end
 
-function Job.__tostring(job)
+local function newindex(job, key, value)
+  local slot = SLOTS[key]
+  if slot then
+    if value == nil then value = false end -- keeps the array part in place
+    rawset(job, slot, value)
+  else
+    rawset(job, key, value)
+  end
+end
+
+local function tostring_job(job)
   return ("<moonjob.job %s %s>"):format(tostring(job.id), job.state)
 end
 
--- Job.new(pool, id, name, data_bytes) -> job, waiting
-function Job.new(pool, id, name, data_bytes)
-  return setmetatable({
-    pool = pool, id = id, name = name, data_bytes = data_bytes,
-    state = "waiting", attempts = 0, logs = {},
-  }, Job)
+-- Job.metatable(pool) -> the metatable of that pool's jobs
+function Job.metatable(pool)
+  return {
+    __index = function(job, key) return index(pool, job, key) end,
+    __newindex = newindex,
+    __tostring = tostring_job,
+  }
+end
+
+-- Job.new(mt, id, added) -> a waiting job without data yet
+function Job.new(mt, id, added)
+  return setmetatable({ id, false, "waiting", added, false, false }, mt)
 end
 
 function methods:is_finished()

@@ -196,6 +196,7 @@ function Pool.new(processor, opts)
       retries = 0, cache_hits = 0 },
     meta = buffer.new(),
   }, Pool)
+  self.job_mt = Job.metatable(self)
   self.min_size = math.min(self.min_size, self.size)
   self.init_bytes = buffer.encode({
     processor = processor, codec = self.codec, max_payload = self.max_payload,
@@ -656,9 +657,9 @@ end
 function Pool:add(data, opts)
   check_add_options(opts)
   next_seq = next_seq + 1
-  local job = Job.new(self, next_seq, opts and opts.name, nil)
-  job.seq, job.added = next_seq, loop.now()
+  local job = Job.new(self.job_mt, next_seq, loop.now())
   if opts then
+    job.name = opts.name
     job.timeout, job.kill_after, job.priority = opts.timeout, opts.kill_after, opts.priority
     job.max_attempts, job.backoff = opts.attempts, opts.backoff
     if opts.delay and opts.delay > 0 then job.run_at = loop.now() + opts.delay * 1000 end

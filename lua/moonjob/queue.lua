@@ -3,31 +3,33 @@
 -- Two binary heaps. `ready` orders jobs by (priority, seq): lower priority
 -- first, first in first out within one priority. `delayed` orders jobs that
 -- may not run yet by (run_at, seq); pop() moves the due ones over first.
--- push, pop and remove are O(log n); each job remembers its heap and index.
+-- push, pop and remove are O(log n); each job remembers its place in
+-- job.qindex: positive in `ready`, negative in `delayed`, false when out.
 -- `n` counts every waiting job, `ready_n()` those that may run now.
 --
--- A job that never reached its child goes back with push: its old seq puts
+-- A job that never reached its child goes back with push: its old id puts
 -- it ahead of everything queued after it at its priority.
 local Queue = {}
 Queue.__index = Queue
 
 local function ready_before(a, b)
-  if a.priority ~= b.priority then return a.priority < b.priority end
-  return a.seq < b.seq
+  local pa, pb = a.priority or 0, b.priority or 0
+  if pa ~= pb then return pa < pb end
+  return a.id < b.id
 end
 
 local function due_before(a, b)
   if a.run_at ~= b.run_at then return a.run_at < b.run_at end
-  return a.seq < b.seq
+  return a.id < b.id
 end
 
-local function new_heap(before)
-  return { n = 0, before = before }
+local function new_heap(before, sign)
+  return { n = 0, before = before, sign = sign }
 end
 
 local function place(heap, job, i)
   heap[i] = job
-  job.qindex = i
+  job.qindex = heap.sign * i
 end
 
 local function sift_up(heap, i)
@@ -56,7 +58,6 @@ end
 
 local function heap_push(heap, job)
   heap.n = heap.n + 1
-  job.qheap = heap
   place(heap, job, heap.n)
   sift_up(heap, heap.n)
 end
@@ -65,23 +66,23 @@ local function heap_remove(heap, i)
   local job, last = heap[i], heap[heap.n]
   heap[heap.n] = nil
   heap.n = heap.n - 1
-  job.qheap, job.qindex = nil, nil
+  job.qindex = false
   if i <= heap.n then
     place(heap, last, i)
     sift_down(heap, i)
-    sift_up(heap, last.qindex)
+    sift_up(heap, last.qindex * heap.sign)
   end
   return job
 end
 
 function Queue.new(now)
-  return setmetatable({ ready = new_heap(ready_before), delayed = new_heap(due_before),
+  return setmetatable({ ready = new_heap(ready_before, 1), delayed = new_heap(due_before, -1),
     n = 0, now = now }, Queue)
 end
 
--- queue:push(job): job.priority (default 0) and job.run_at (ms, optional) decide.
+-- queue:push(job): job.priority (lower first, default 0) and job.run_at (ms,
+-- optional) decide.
 function Queue:push(job)
-  job.priority = job.priority or 0
   if job.run_at and job.run_at > self.now() then
     heap_push(self.delayed, job)
   else
@@ -108,9 +109,11 @@ end
 
 -- queue:remove(job) -> true if the job was waiting here
 function Queue:remove(job)
-  local heap = job.qheap
-  if heap ~= self.ready and heap ~= self.delayed then return false end
-  heap_remove(heap, job.qindex)
+  local q = job.qindex
+  if not q then return false end
+  local heap = q > 0 and self.ready or self.delayed
+  if heap[q * heap.sign] ~= job then return false end
+  heap_remove(heap, q * heap.sign)
   self.n = self.n - 1
   return true
 end

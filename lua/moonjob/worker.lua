@@ -59,14 +59,14 @@ end
 function Worker:interrupt(fields)
   local job = self.job
   if not job then return end
-  self.process:send(frame.INTERRUPT, job.seq, buffer.encode(fields))
+  self.process:send(frame.INTERRUPT, job.id, buffer.encode(fields))
   self.process:kill("SIGUSR1", false)
 end
 
 -- worker:run(job, meta_bytes) -> true, or false when the child is already
 -- gone (the job never reached it; the worker is "lost" until its exit event).
 function Worker:run(job, meta_bytes)
-  if not self.process:send(frame.JOB, job.seq, meta_bytes, job.data_bytes) then
+  if not self.process:send(frame.JOB, job.id, meta_bytes, job.data_bytes) then
     self.state = "lost"
     return false
   end
@@ -156,9 +156,9 @@ local function decode_error(bytes)
 end
 
 -- Returns the worker's job when the frame is about it, else nil (a stale frame).
-function Worker:current(seq)
+function Worker:current(number)
   local job = self.job
-  if job and job.seq == seq then return job end
+  if job and job.id == number then return job end
   return nil
 end
 
