@@ -189,7 +189,7 @@ function Pool.new(processor, opts)
     max_queue = opts.max_queue,
     inflight = {},                 -- key -> the waiting or running job with that key
     wait_ms = { n = 0 }, run_ms = { n = 0 }, -- rings of the last SAMPLES times
-    nactive = 0, nrefusing = 0,
+    nactive = 0, ndeferred = 0,
     load_failures = 0,
     listeners = {},
     counts = { completed = 0, failed = 0, spawned = 0, crashed = 0, timeouts = 0, killed = 0,
@@ -554,15 +554,22 @@ function Pool:_output_line(w, job, stream, line)
   if job and self.listeners.log then self:_emit("log", job, line, stream) end
 end
 
--- Fails a job that never ran, on a later loop turn (never inside add).
-function Pool:_refuse(job, err)
-  job.error = err
-  self.nrefusing = self.nrefusing + 1
+-- Ends a job that never ran on a later loop turn, never inside add: callers
+-- expecting an answer later must not get it now. `ndeferred` keeps drain()
+-- waiting for it.
+function Pool:_finish_later(job, state)
+  self.ndeferred = self.ndeferred + 1
   loop.defer(function()
-    self.nrefusing = self.nrefusing - 1
-    if not job:is_finished() then self:_finish(job, "failed") end
+    self.ndeferred = self.ndeferred - 1
+    if not job:is_finished() then self:_finish(job, state) end
   end)
   return job
+end
+
+-- Fails a job that never ran (unserialisable, too big, pool closed).
+function Pool:_refuse(job, err)
+  job.error = err
+  return self:_finish_later(job, "failed")
 end
 
 -- Ends a job by cancel: a waiting one at once, a running one is interrupted
@@ -641,12 +648,7 @@ end
 function Pool:_complete_from_cache(job, result_bytes)
   self.counts.cache_hits = self.counts.cache_hits + 1
   job.result_bytes, job.from_cache = result_bytes, true
-  self.nrefusing = self.nrefusing + 1
-  loop.defer(function()
-    self.nrefusing = self.nrefusing - 1
-    if not job:is_finished() then self:_finish(job, "completed") end
-  end)
-  return job
+  return self:_finish_later(job, "completed")
 end
 
 -- pool:add(data [, opts]) -> job, at once | nil, err (EQUEUEFULL past max_queue).
@@ -728,7 +730,7 @@ function Pool:map(items, opts)
 end
 
 function Pool:_idle()
-  return self.nactive == 0 and self.queue.n == 0 and self.nrefusing == 0
+  return self.nactive == 0 and self.queue.n == 0 and self.ndeferred == 0
 end
 
 -- pool:drain(): runs the loop until no job waits or runs.
