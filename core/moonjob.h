@@ -109,7 +109,8 @@ void mj__process_exited(mj_process_t *p, int64_t exit_status, int term_signal);
 
 /* ----------------------------------------------------- spawn.c, reap.c --- */
 
-int mj__spawn_start(mj_process_t *p, const mj_spawn_options_t *opts, int parent_fds[3]);
+int mj__spawn_pairs(int parent_fds[3], int child_fds[3]);
+int mj__spawn_queue(mj_process_t *p, const mj_spawn_options_t *opts, const int child_fds[3]);
 int mj__reap_watch(mj_process_t *p);
 void mj__reap_unwatch(mj_process_t *p);
 

@@ -293,21 +293,19 @@ void mj__process_spawned(mj_process_t *p, int pid, int error) {
  * must live until then. */
 int mj_process_spawn(mj_ctx_t *ctx, mj_process_t *p, const mj_spawn_options_t *opts,
                      mj_process_event_cb on_event) {
-  int fds[3];
+  int parent_fds[3], child_fds[3];
   memset(p, 0, sizeof *p);
   p->ctx = ctx;
   p->on_event = on_event;
   p->max_frame = opts->max_frame;
-  int rc = mj__spawn_start(p, opts, fds);
+  int rc = mj__spawn_pairs(parent_fds, child_fds);
   if (rc != 0) return rc;
-  rc = open_pipes(p, fds);
-  if (rc != 0) {
-    /* the spawn is queued already: it will find the pipes closed and the
-     * child will read end of file at once */
-    mj_process_close(p);
-    return rc;
-  }
-  return 0;
+  rc = open_pipes(p, parent_fds);
+  if (rc == 0) rc = mj__spawn_queue(p, opts, child_fds);
+  else
+    for (int i = 0; i < 3; i++) close(child_fds[i]);
+  if (rc != 0) mj_process_close(p); /* no spawn is in flight: CLOSED ends it */
+  return rc;
 }
 
 /* ------------------------------------------------------------- control --- */

@@ -148,38 +148,49 @@ static void mj_spawn_after_cb(uv_work_t *work, int status) {
   free(req);
 }
 
-static void close_pairs(int pairs[3][2], int n) {
-  for (int i = 0; i < n; i++) {
-    close(pairs[i][0]);
-    close(pairs[i][1]);
+/* Makes the three socketpairs (stdout, stderr, channel). Returns 0 or a
+ * UV_E... code, with nothing left open on failure. */
+int mj__spawn_pairs(int parent_fds[3], int child_fds[3]) {
+  int pairs[3][2];
+  for (int made = 0; made < 3; made++) {
+    int rc = make_pair(pairs[made]);
+    if (rc == 0) continue;
+    for (int i = 0; i < made; i++) {
+      close(pairs[i][0]);
+      close(pairs[i][1]);
+    }
+    return rc;
   }
+  for (int i = 0; i < 3; i++) {
+    parent_fds[i] = pairs[i][0];
+    child_fds[i] = pairs[i][1];
+  }
+  return 0;
 }
 
-/* Creates the socketpairs and queues the spawn. On success parent_fds holds
- * the parent's ends (stdout, stderr, channel) and mj__process_spawned(p, …)
- * will be called on the loop thread. Returns 0 or a UV_E... code. */
-int mj__spawn_start(mj_process_t *p, const mj_spawn_options_t *opts, int parent_fds[3]) {
-  int pairs[3][2], made = 0, rc = UV_ENOMEM;
+/* Queues the spawn with the child's ends of the pairs, which it takes over
+ * (closed once the child has them, or now on failure). On success
+ * mj__process_spawned(p, ...) will be called on the loop thread. Returns 0 or
+ * a UV_E... code. */
+int mj__spawn_queue(mj_process_t *p, const mj_spawn_options_t *opts, const int child_fds[3]) {
+  int rc = UV_ENOMEM;
   mj_spawn_req_t *req = calloc(1, sizeof *req);
-  if (req == NULL) return UV_ENOMEM;
+  if (req == NULL) goto error;
   req->argv = copy_args(opts->args);
   req->envp = copy_env(opts->env_overrides);
   if (req->argv == NULL || req->envp == NULL) goto error;
-  for (; made < 3; made++)
-    if ((rc = make_pair(pairs[made])) != 0) goto error;
-  for (int i = 0; i < 3; i++) {
-    parent_fds[i] = pairs[i][0];
-    req->child_fds[i] = pairs[i][1];
-  }
+  memcpy(req->child_fds, child_fds, sizeof req->child_fds);
   req->p = p;
   req->work.data = req;
   rc = uv_queue_work(&p->ctx->loop, &req->work, mj_spawn_work_cb, mj_spawn_after_cb);
   if (rc != 0) goto error;
   return 0;
 error:
-  close_pairs(pairs, made);
-  free_strings(req->argv);
-  free_strings(req->envp);
-  free(req);
+  for (int i = 0; i < 3; i++) close(child_fds[i]);
+  if (req) {
+    free_strings(req->argv);
+    free_strings(req->envp);
+    free(req);
+  }
   return rc;
 }
