@@ -345,12 +345,6 @@ static int lmj_process_end_input(lua_State *L) {
   return 1;
 }
 
-static int lmj_process_pid(lua_State *L) {
-  lmj_process_t *lp = luaL_checkudata(L, 1, LMJ_PROCESS);
-  lua_pushinteger(L, lp->p.pid);
-  return 1;
-}
-
 /* process:unread() -> bytes sent to the child that it has not read yet */
 static int lmj_process_unread(lua_State *L) {
   lmj_process_t *lp = lmj_check_process(L, 1);
@@ -633,7 +627,7 @@ int luaopen_moonjob_core(lua_State *L) {
     {NULL, NULL}};
   static const luaL_Reg process_methods[] = {
     {"send", lmj_process_send}, {"kill", lmj_process_kill},
-    {"end_input", lmj_process_end_input}, {"pid", lmj_process_pid},
+    {"end_input", lmj_process_end_input}, 
     {"unread", lmj_process_unread}, {NULL, NULL}};
   static const luaL_Reg timer_methods[] = {
     {"start", lmj_timer_start}, {"stop", lmj_timer_stop}, {"unref", lmj_timer_unref},
@@ -672,7 +666,5 @@ int luaopen_moonjob_core(lua_State *L) {
   }
   lmj_push_frame_types(L);
   lua_setfield(L, -2, "frame");
-  lua_pushnumber(L, MJ_FRAME_HEADER_SIZE);
-  lua_setfield(L, -2, "FRAME_HEADER_SIZE");
   return 1;
 }

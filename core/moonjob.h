@@ -14,9 +14,25 @@
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <uv.h>
 
 #include "frame.h"
+
+/* ------------------------------------------------------------ buffers --- */
+
+/* Grows *buf (capacity *cap) to hold at least `need` bytes, doubling from
+ * `first`. Returns 0, or UV_ENOMEM with the buffer unchanged. */
+static inline int mj__grow(char **buf, size_t *cap, size_t need, size_t first) {
+  if (*cap >= need) return 0;
+  size_t grown_cap = *cap ? *cap : first;
+  while (grown_cap < need) grown_cap *= 2;
+  char *grown = realloc(*buf, grown_cap);
+  if (grown == NULL) return UV_ENOMEM;
+  *buf = grown;
+  *cap = grown_cap;
+  return 0;
+}
 
 /* ------------------------------------------------------------ loop.c --- */
 

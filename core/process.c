@@ -80,17 +80,6 @@ static void drain_output(mj_process_t *p) {
 
 /* ------------------------------------------------------------- channel --- */
 
-static int reserve(mj_process_t *p, size_t want) {
-  if (p->rcap - p->rlen >= want) return 0;
-  size_t cap = p->rcap ? p->rcap : MJ_READ_CHUNK;
-  while (cap - p->rlen < want) cap *= 2;
-  char *grown = realloc(p->rbuf, cap);
-  if (grown == NULL) return UV_ENOMEM;
-  p->rbuf = grown;
-  p->rcap = cap;
-  return 0;
-}
-
 /* Room for the rest of the frame being read, at least one chunk. */
 static void mj_channel_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   mj_process_t *p = h->data;
@@ -102,7 +91,7 @@ static void mj_channel_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     if (hdr.len <= p->max_frame && MJ_FRAME_HEADER_SIZE + (size_t) hdr.len - p->rlen > want)
       want = MJ_FRAME_HEADER_SIZE + (size_t) hdr.len - p->rlen;
   }
-  if (reserve(p, want) != 0) {
+  if (mj__grow(&p->rbuf, &p->rcap, p->rlen + want, MJ_READ_CHUNK) != 0) {
     *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
     return;
   }

@@ -23,17 +23,6 @@
 
 #define MJ_INPUT_CHUNK (64 * 1024)
 
-static int grow(char **buf, size_t *cap, size_t need) {
-  if (*cap >= need) return 0;
-  size_t cap2 = *cap ? *cap : MJ_INPUT_CHUNK;
-  while (cap2 < need) cap2 *= 2;
-  char *b = realloc(*buf, cap2);
-  if (b == NULL) return UV_ENOMEM;
-  *buf = b;
-  *cap = cap2;
-  return 0;
-}
-
 /* ---------------------------------------------------------------- input --- */
 
 static int issue_read(mj_input_t *in);
@@ -99,7 +88,7 @@ static void mj_input_read_cb(uv_fs_t *req) {
 
 static int issue_read(mj_input_t *in) {
   if (in->reading || in->ended) return 0;
-  int rc = grow(&in->buf, &in->cap, in->len + MJ_INPUT_CHUNK);
+  int rc = mj__grow(&in->buf, &in->cap, in->len + MJ_INPUT_CHUNK, MJ_INPUT_CHUNK);
   if (rc != 0) return rc;
   uv_buf_t buf = uv_buf_init(in->buf + in->len, (unsigned) (in->cap - in->len));
   in->req.data = in;
@@ -199,7 +188,7 @@ void mj_output_init(mj_ctx_t *ctx, mj_output_t *out, int fd) {
 /* Queues bytes without starting a write: several pieces can make one write. */
 int mj_output_append(mj_output_t *out, const char *data, size_t len) {
   if (out->error) return out->error;
-  int rc = grow(&out->pending, &out->pending_cap, out->pending_len + len);
+  int rc = mj__grow(&out->pending, &out->pending_cap, out->pending_len + len, MJ_INPUT_CHUNK);
   if (rc != 0) return rc;
   memcpy(out->pending + out->pending_len, data, len);
   out->pending_len += len;

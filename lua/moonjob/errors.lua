@@ -10,8 +10,6 @@ local Error = {}
 Error.__index = Error
 Error.__tostring = function(e) return tostring(e.code) .. ": " .. tostring(e.message) end
 
-M.metatable = Error
-
 -- errors.new(code, message [, fields]) -> error table
 function M.new(code, message, fields)
   local err = {}
@@ -25,10 +23,6 @@ function M.wrap(t)
   t.code = t.code or "EPROCESSOR"
   t.message = t.message ~= nil and tostring(t.message) or "(no message)"
   return setmetatable(t, Error)
-end
-
-function M.is(value)
-  return getmetatable(value) == Error
 end
 
 return M

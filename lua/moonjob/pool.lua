@@ -402,7 +402,6 @@ function Pool:_worker_gone(w, job, err, previous, status, signal)
   if job then
     self:_fail(job, err)
   elseif previous == "starting" then
-    err.message = err.message .. " before it was ready"
     self:_load_failed(err)
   end
   if self.listeners.exit then self:_emit("exit", w.pid, status, signal) end

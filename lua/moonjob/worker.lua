@@ -220,13 +220,14 @@ local function describe_exit(status, signal)
   return ("exited with code %d"):format(status)
 end
 
-local function crash_error(w, status, signal, during_job, spawn_failure)
+local function crash_error(w, status, signal, during_job, spawn_failure, starting)
   if spawn_failure then
     return errors.new("ESPAWN", ("cannot start the child program %s: %s")
       :format(w.pool.child_program, spawn_failure))
   end
   local message = "the child process " .. describe_exit(status, signal)
   if during_job then message = message .. " during the job" end
+  if starting then message = message .. " before it was ready" end
   if #w.tail > 0 then message = message .. "; its last stderr lines: " .. table.concat(w.tail, " | ") end
   return errors.new("ECRASH", message, {
     exit_status = signal == 0 and status or nil,
@@ -253,7 +254,8 @@ local on_event = {
     w:flush_partial_lines()
     w.job, w.state = nil, "gone"
     w.timer:close()
-    local err = w.failure or crash_error(w, status, signal, job ~= nil, spawn_failure)
+    local err = w.failure
+      or crash_error(w, status, signal, job ~= nil, spawn_failure, previous == "starting")
     w.pool:_worker_gone(w, job, err, previous, status, signal)
   end,
   closed = function() end,
