@@ -37,6 +37,7 @@
 #include <string.h>
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/uio.h>
@@ -53,6 +54,9 @@
 #define TRACEBACK_KEY "moonjob.interrupt_traceback"
 
 static pid_t parent_pid;
+static mj_shared_t *shared;                    /* the page shared with the parent, or NULL */
+static uint64_t job_token;                     /* token of the job in hand (frame.h) */
+static double job_number;                      /* what Lua sees for it: 1, 2, 3... */
 static struct rusage job_start_usage;          /* taken when a JOB frame arrives */
 static lua_State *volatile running_L;          /* set while channel.run runs a job */
 static volatile sig_atomic_t interrupt_pending; /* the parent asked to stop the job */
@@ -113,6 +117,20 @@ static int output_pending(void) {
 
 /* ----------------------------------------------- moonjob.channel module --- */
 
+/* The job number Lua sees for a frame's token: the current job's number for
+ * its token, 0 for any other (an INTERRUPT about a job already over). A JOB
+ * frame makes its token the current one and tells the parent, through the
+ * shared page, that the job was taken. The token itself never reaches Lua. */
+static double number_for(const mj_frame_header_t *h) {
+  if (h->type == MJ_FRAME_JOB) {
+    job_token = h->job;
+    job_number += 1;
+    if (shared) __atomic_store_n(&shared->taken, job_token, __ATOMIC_RELEASE);
+    return job_number;
+  }
+  return (h->job != 0 && h->job == job_token) ? job_number : 0;
+}
+
 /* channel.recv() -> type, job, payload | nil at end-of-file.
  * Raises on a read error or a frame cut short. */
 static int channel_recv(lua_State *L) {
@@ -129,7 +147,7 @@ static int channel_recv(lua_State *L) {
   }
   if (h.type == MJ_FRAME_JOB) getrusage(RUSAGE_SELF, &job_start_usage);
   lua_pushinteger(L, (lua_Integer) h.type);
-  lua_pushnumber(L, (lua_Number) h.job);
+  lua_pushnumber(L, (lua_Number) number_for(&h));
   lua_pushlstring(L, payload, h.len);
   free(payload);
   return 3;
@@ -152,8 +170,10 @@ static mj_job_usage_t job_usage(void) {
 
 /* channel.send(type, job, part...) sends one frame whose payload is the
  * concatenation of the string parts, without concatenating them in memory.
- * A frame that ends a job carries MJ_FRAME_FLAG_OUTPUT when output is still
- * unread (the caller flushed stdio first). Raises when the channel is closed. */
+ * Frames about a job carry the current job's token (`job` is ignored: only
+ * the job in hand can be answered). A frame that ends a job carries
+ * MJ_FRAME_FLAG_OUTPUT when output is still unread (the caller flushed stdio
+ * first). Raises when the channel is closed. */
 static int channel_send(lua_State *L) {
   enum { MAX_PARTS = 4 };
   mj_frame_header_t h;
@@ -163,7 +183,8 @@ static int channel_send(lua_State *L) {
   size_t total = 0;
   luaL_argcheck(L, nparts <= MAX_PARTS, 2 + MAX_PARTS + 1, "too many payload parts");
   h.type = (uint32_t) luaL_checkinteger(L, 1);
-  h.job = (uint64_t) luaL_checknumber(L, 2);
+  luaL_checknumber(L, 2);
+  h.job = (h.type == MJ_FRAME_READY || h.type == MJ_FRAME_LOADERR) ? 0 : job_token;
   if (MJ_FRAME_ENDS_JOB(h.type)) {
     usage = job_usage();
     iov[n].iov_base = &usage;
@@ -300,6 +321,15 @@ static void become_user(const char *user) {
   }
 }
 
+/* The page the parent reads to know which job was taken (frame.h), on fd 4.
+ * Without it (an old parent, a test harness) jobs still run; the parent then
+ * cannot tell that a job was taken. */
+static void map_shared_page(void) {
+  void *page = mmap(NULL, MJ_SHARED_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, MJ_SHARED_FD, 0);
+  if (page != MAP_FAILED) shared = page;
+  close(MJ_SHARED_FD);
+}
+
 static void set_limit(int resource, rlim_t value) {
   struct rlimit rl;
   if (getrlimit(resource, &rl) != 0) return;
@@ -323,6 +353,7 @@ static void set_up_process(const child_options_t *o) {
     exit(2);
   }
   fcntl(CHANNEL_FD, F_SETFL, flags & ~O_NONBLOCK);
+  map_shared_page();
   fcntl(CHANNEL_FD, F_SETFD, FD_CLOEXEC); /* a processor's os.execute must not hold it */
   setvbuf(stdout, NULL, _IOLBF, 0);       /* print() reaches the parent line by line */
   prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);

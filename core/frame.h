@@ -9,8 +9,19 @@
  * LuaJIT's string.buffer serializer (or carried as JSON text in "json" codec
  * mode); C only moves the bytes.
  *
- * Caveat: `job` is a 64-bit job number chosen by the parent; the child echoes
- * it so that a frame about an old job can never be mistaken for the current one.
+ * Job tokens: the `job` field of a JOB frame is a random 64-bit token the
+ * parent draws for that dispatch (process.c); every frame the child sends
+ * about that job carries it back, and INTERRUPT carries it too. The child
+ * learns a token only by reading its JOB frame, so a processor that writes to
+ * the channel cannot forge frames for jobs it has not been given. The parent
+ * checks every header against the child's state (frames_ok in process.c):
+ * READY/LOADERR only while starting, job frames only with the current token.
+ *
+ * Shared page: the parent also maps one page with the child (a memfd on the
+ * child's fd 4, MJ_SHARED_FD). When the child has read a JOB frame it stores
+ * the token in `taken` there; the parent reads it to know, without any frame,
+ * whether the child took its job (acknowledgement) and, when the child dies,
+ * whether it ever started the job.
  */
 #ifndef MJ_FRAME_H
 #define MJ_FRAME_H
@@ -61,6 +72,14 @@ typedef struct {
   double cpu_ms;     /* user + system CPU time since the job was received */
   double max_rss_kb; /* the child's peak resident set size so far */
 } mj_job_usage_t;
+
+/* The page shared by the parent and one child. */
+typedef struct {
+  uint64_t taken; /* token of the last JOB frame the child read (atomic) */
+} mj_shared_t;
+
+#define MJ_SHARED_FD 4
+#define MJ_SHARED_SIZE 4096
 
 /* The signal that interrupts a running job once its INTERRUPT frame is sent. */
 #define MJ_INTERRUPT_SIGNAL SIGUSR1

@@ -191,7 +191,7 @@ static void lmj_process_event_cb(mj_process_t *p, const mj_process_event_t *ev) 
     case MJ_PROCESS_FRAME:
       lua_pushliteral(L, "frame");
       lua_pushinteger(L, (lua_Integer) ev->header->type);
-      lua_pushnumber(L, (lua_Number) ev->header->job);
+      lua_pushnumber(L, (lua_Number) ev->job);
       lua_pushlstring(L, ev->data, ev->header->len);
       nargs = 4;
       if (ev->usage) {
@@ -209,18 +209,21 @@ static void lmj_process_event_cb(mj_process_t *p, const mj_process_event_t *ev) 
     case MJ_PROCESS_OVERSIZE:
       lua_pushliteral(L, "oversize");
       lua_pushnumber(L, (lua_Number) ev->len);
-      lua_pushnumber(L, (lua_Number) ev->header->job);
-      nargs = 3;
+      nargs = 2;
+      break;
+    case MJ_PROCESS_PROTOCOL:
+      lua_pushliteral(L, "protocol");
+      lua_pushlstring(L, ev->data, ev->len);
+      nargs = 2;
       break;
     case MJ_PROCESS_EXIT:
       lua_pushliteral(L, "exit");
       lua_pushnumber(L, (lua_Number) ev->exit_status);
       lua_pushinteger(L, ev->term_signal);
-      nargs = 3;
-      if (ev->data) { /* the spawn failed: why */
-        lua_pushlstring(L, ev->data, ev->len);
-        nargs = 4;
-      }
+      lua_pushboolean(L, ev->taken);
+      if (ev->data) lua_pushlstring(L, ev->data, ev->len); /* the spawn failed: why */
+      else lua_pushnil(L);
+      nargs = 5;
       break;
     case MJ_PROCESS_CLOSED:
       lua_pushliteral(L, "closed");
@@ -342,6 +345,14 @@ static int lmj_process_end_input(lua_State *L) {
   int rc = mj_process_end_input(&lp->p);
   if (rc != 0) return lmj_fail(L, rc);
   lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* process:taken() -> true when the child has read the JOB frame of its
+ * current job (it may be running it, or have died running it). */
+static int lmj_process_taken(lua_State *L) {
+  lmj_process_t *lp = lmj_check_process(L, 1);
+  lua_pushboolean(L, mj_process_taken(&lp->p));
   return 1;
 }
 
@@ -628,7 +639,7 @@ int luaopen_moonjob_core(lua_State *L) {
   static const luaL_Reg process_methods[] = {
     {"send", lmj_process_send}, {"kill", lmj_process_kill},
     {"end_input", lmj_process_end_input}, 
-    {"unread", lmj_process_unread}, {NULL, NULL}};
+    {"unread", lmj_process_unread}, {"taken", lmj_process_taken}, {NULL, NULL}};
   static const luaL_Reg timer_methods[] = {
     {"start", lmj_timer_start}, {"stop", lmj_timer_stop}, {"unref", lmj_timer_unref},
     {"close", lmj_timer_close}, {NULL, NULL}};

@@ -48,6 +48,8 @@ typedef struct mj_ctx_s {
   int running;                         /* inside uv_run: the loop is not reentrant */
   struct sigaction previous_sigint;    /* restored by mj_ctx_catch_sigint(ctx, 0) */
   void *data;                          /* owner's context (the Lua state) */
+  uint64_t tokens[64];                 /* process.c: random job tokens, drawn in batches */
+  unsigned ntokens;                    /* tokens not used yet */
 } mj_ctx_t;
 
 #define MJ_EINTERRUPTED (-10000)       /* mj_ctx_run stopped by SIGINT */
@@ -64,6 +66,8 @@ typedef enum {
   MJ_PROCESS_FRAME,    /* a whole frame arrived: header, payload */
   MJ_PROCESS_OUTPUT,   /* bytes on the child's stdout (stream 1) or stderr (2) */
   MJ_PROCESS_OVERSIZE, /* a frame header announced more than max_frame bytes */
+  MJ_PROCESS_PROTOCOL, /* a frame broke the protocol (`data`: why); the channel
+                          is no longer read */
   MJ_PROCESS_EXIT,     /* the child exited and its channel reached end of file;
                           everything it sent was delivered. A spawn that failed
                           ends here too, with exit status 127 and `data` set
@@ -80,7 +84,17 @@ typedef struct {
   int64_t exit_status;                 /* EXIT */
   int term_signal;                     /* EXIT */
   const mj_job_usage_t *usage;         /* FRAME that ends a job, else NULL */
+  uint64_t job;                        /* FRAME: the job number the parent sent */
+  int taken;                           /* EXIT: the child had read its current JOB frame */
 } mj_process_event_t;
+
+/* What the child may send next (frames_ok in process.c). */
+typedef enum {
+  MJ_CHILD_STARTING, /* READY or LOADERR */
+  MJ_CHILD_IDLE,     /* nothing */
+  MJ_CHILD_BUSY,     /* PROGRESS, LOG, DONE, FAIL with the current token */
+  MJ_CHILD_ENDED     /* nothing (after LOADERR or a protocol error) */
+} mj_child_state_t;
 
 typedef void (*mj_process_event_cb)(mj_process_t *p, const mj_process_event_t *ev);
 
@@ -99,6 +113,11 @@ struct mj_process_s {
   int open_handles;                    /* handles whose close_cb is still due */
   int64_t exit_status;
   int term_signal;
+  mj_child_state_t state;              /* what the child may send next */
+  uint64_t job;                        /* the parent's number for the current job */
+  uint64_t token;                      /* its random token (0: no job) */
+  mj_shared_t *shared;                 /* the page shared with the child, or NULL */
+  int shared_fd;                       /* its memfd until the spawn is done, else -1 */
   mj_process_t *next_live, *prev_live; /* reap.c's list */
   unsigned spawned : 1, exited : 1, closing : 1, channel_eof : 1, watched : 1;
 };
@@ -118,6 +137,7 @@ int mj_process_kill(mj_process_t *p, int signum, int whole_group);
 int mj_process_end_input(mj_process_t *p);
 
 size_t mj_process_unread_bytes(const mj_process_t *p);
+int mj_process_taken(const mj_process_t *p);
 
 /* Internal: process.c <- spawn.c and reap.c */
 void mj__process_spawned(mj_process_t *p, int pid, int error);
@@ -126,7 +146,8 @@ void mj__process_exited(mj_process_t *p, int64_t exit_status, int term_signal);
 /* ----------------------------------------------------- spawn.c, reap.c --- */
 
 int mj__spawn_pairs(int parent_fds[3], int child_fds[3]);
-int mj__spawn_queue(mj_process_t *p, const mj_spawn_options_t *opts, const int child_fds[3]);
+int mj__spawn_queue(mj_process_t *p, const mj_spawn_options_t *opts, const int child_fds[3],
+                    int shared_fd);
 int mj__reap_watch(mj_process_t *p);
 void mj__reap_unwatch(mj_process_t *p);
 

@@ -24,10 +24,14 @@
  * Caveat: draining at exit reads what the dead child left; a grandchild that
  * inherited stdout/stderr and writes later is not waited for.
  */
+#define _GNU_SOURCE /* memfd_create */
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/sockios.h>
 #include <stdlib.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -107,36 +111,103 @@ static void stop_channel(mj_process_t *p) {
   if (p->exited) mj_process_gone(p);
 }
 
-/* Delivers every whole frame in the buffer, keeps the partial rest. */
+/* ------------------------------------------------------------ protocol --- */
+
+/* Why a header the child sent breaks the protocol, or NULL when the child may
+ * send it now: READY and LOADERR only while starting (job 0), job frames only
+ * with the current job's token, job-ending frames with room for their usage
+ * block, the output flag only on those. */
+static const char *frame_violation(const mj_process_t *p, const mj_frame_header_t *h) {
+  uint32_t type = h->type & MJ_FRAME_TYPE_MASK;
+  if (h->type & ~(MJ_FRAME_TYPE_MASK | MJ_FRAME_FLAG_OUTPUT)) return "a frame header with unknown flags";
+  if ((h->type & MJ_FRAME_FLAG_OUTPUT) && !MJ_FRAME_ENDS_JOB(type)) return "a frame header with unknown flags";
+  if (MJ_FRAME_ENDS_JOB(type) && h->len < sizeof(mj_job_usage_t)) return "a job-ending frame too short";
+  switch (type) {
+    case MJ_FRAME_READY:
+    case MJ_FRAME_LOADERR:
+      if (p->state != MJ_CHILD_STARTING) return "a start-up frame after start-up";
+      return h->job == 0 ? NULL : "a start-up frame with a job token";
+    case MJ_FRAME_DONE:
+    case MJ_FRAME_FAIL:
+    case MJ_FRAME_PROGRESS:
+    case MJ_FRAME_LOG:
+      if (p->state != MJ_CHILD_BUSY) return "a job frame while no job was running";
+      return h->job == p->token ? NULL : "a job frame with a wrong job token";
+    default:
+      return "a frame of unknown type";
+  }
+}
+
+/* The child broke the protocol: nothing more it sends is read. */
+static void protocol_error(mj_process_t *p, const char *why) {
+  mj_process_event_t ev = {.kind = MJ_PROCESS_PROTOCOL, .data = why, .len = strlen(why)};
+  p->state = MJ_CHILD_ENDED;
+  p->rlen = 0;
+  emit(p, &ev);
+  stop_channel(p); /* last: the exit event may follow at once */
+}
+
+/* The child state after a whole frame of `type`. */
+static void frame_delivered(mj_process_t *p, uint32_t type) {
+  if (type == MJ_FRAME_READY) {
+    p->state = MJ_CHILD_IDLE;
+  } else if (type == MJ_FRAME_LOADERR) {
+    p->state = MJ_CHILD_ENDED;
+  } else if (type == MJ_FRAME_DONE || type == MJ_FRAME_FAIL) {
+    p->state = MJ_CHILD_IDLE;
+    p->token = 0;
+  }
+}
+
+/* A random job token, never 0. Tokens are drawn from the kernel 64 at a time. */
+static uint64_t draw_token(mj_ctx_t *ctx) {
+  for (;;) {
+    if (ctx->ntokens == 0) {
+      if (uv_random(NULL, NULL, ctx->tokens, sizeof ctx->tokens, 0, NULL) != 0) return 0;
+      ctx->ntokens = sizeof ctx->tokens / sizeof ctx->tokens[0];
+    }
+    uint64_t t = ctx->tokens[--ctx->ntokens];
+    if (t != 0) return t;
+  }
+}
+
+/* Delivers every whole frame in the buffer, keeps the partial rest. Each
+ * header is checked as soon as it is complete, before its payload is awaited:
+ * a processor writing garbage to the channel is caught at once. */
 static void deliver_frames(mj_process_t *p) {
   size_t off = 0;
-  while (!p->closing && p->rlen - off >= MJ_FRAME_HEADER_SIZE) {
+  while (!p->closing && !p->channel_eof && p->rlen - off >= MJ_FRAME_HEADER_SIZE) {
     mj_frame_header_t hdr;
     memcpy(&hdr, p->rbuf + off, sizeof hdr);
+    const char *why = frame_violation(p, &hdr);
+    if (why != NULL) return protocol_error(p, why);
     if (hdr.len > p->max_frame) {
       mj_process_event_t ev = {.kind = MJ_PROCESS_OVERSIZE, .len = hdr.len, .header = &hdr};
-      stop_channel(p);
+      p->state = MJ_CHILD_ENDED;
       p->rlen = 0;
       emit(p, &ev);
+      stop_channel(p); /* last: the exit event may follow at once */
       return;
     }
     if (p->rlen - off - MJ_FRAME_HEADER_SIZE < hdr.len) break;
     if (hdr.type & MJ_FRAME_FLAG_OUTPUT) drain_output(p);
     hdr.type &= MJ_FRAME_TYPE_MASK;
     mj_process_event_t ev = {.kind = MJ_PROCESS_FRAME, .header = &hdr,
-                             .data = p->rbuf + off + MJ_FRAME_HEADER_SIZE};
+                             .data = p->rbuf + off + MJ_FRAME_HEADER_SIZE,
+                             .job = hdr.job ? p->job : 0};
     off += MJ_FRAME_HEADER_SIZE + hdr.len;
     mj_job_usage_t usage;
-    if (MJ_FRAME_ENDS_JOB(hdr.type) && hdr.len >= sizeof usage) {
+    if (MJ_FRAME_ENDS_JOB(hdr.type)) {
       memcpy(&usage, ev.data, sizeof usage); /* the child's usage block comes first */
       ev.usage = &usage;
       ev.data += sizeof usage;
       hdr.len -= (uint32_t) sizeof usage;
     }
+    frame_delivered(p, hdr.type);
     emit(p, &ev);
   }
-  if (p->closing) return;
-  memmove(p->rbuf, p->rbuf + off, p->rlen - off);
+  if (p->closing || p->channel_eof) return;
+  if (off > 0) memmove(p->rbuf, p->rbuf + off, p->rlen - off);
   p->rlen -= off;
   if (p->rlen == 0 && p->rcap > MJ_KEEP_BUFFER) {
     free(p->rbuf);
@@ -179,11 +250,19 @@ static void drain_channel(mj_process_t *p) {
 
 /* ------------------------------------------------------------ lifetime --- */
 
+static void release_shared(mj_process_t *p) {
+  if (p->shared_fd >= 0) close(p->shared_fd);
+  p->shared_fd = -1;
+  if (p->shared != NULL) munmap(p->shared, MJ_SHARED_SIZE);
+  p->shared = NULL;
+}
+
 static void mj_close_cb(uv_handle_t *h) {
   mj_process_t *p = h->data;
   if (--p->open_handles > 0) return;
   free(p->rbuf);
   p->rbuf = NULL;
+  release_shared(p);
   mj_process_event_t ev = {.kind = MJ_PROCESS_CLOSED};
   emit(p, &ev);
 }
@@ -209,7 +288,7 @@ static void mj_process_gone(mj_process_t *p) {
   if (p->closing) return;
   drain_output(p);
   mj_process_event_t ev = {.kind = MJ_PROCESS_EXIT, .exit_status = p->exit_status,
-                           .term_signal = p->term_signal};
+                           .term_signal = p->term_signal, .taken = mj_process_taken(p)};
   if (!p->closing) emit(p, &ev);
   mj_process_close(p);
 }
@@ -262,17 +341,59 @@ static void spawn_failed(mj_process_t *p, int error) {
   mj_process_close(p);
 }
 
-/* spawn.c is done: the child runs (pid) or could not start (error). */
+/* The child cannot be watched by reap.c: kill it and wait for it here (a
+ * SIGKILLed child dies at once), so it is never left unreaped. */
+static void reap_now(mj_process_t *p) {
+  int status = 0;
+  kill(-p->pid, SIGKILL);
+  kill(p->pid, SIGKILL);
+  while (waitpid(p->pid, &status, 0) < 0 && errno == EINTR) {}
+  stop_channel(p);
+  mj__process_exited(p, WIFEXITED(status) ? WEXITSTATUS(status) : 0,
+                     WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+/* spawn.c is done: the child runs (pid) or could not start (error). The
+ * child is always reaped: if it cannot be watched it is killed and reaped at
+ * once, and if it cannot be read from it is killed and its exit reported. */
 void mj__process_spawned(mj_process_t *p, int pid, int error) {
+  if (p->shared_fd >= 0) close(p->shared_fd); /* the child has its copy */
+  p->shared_fd = -1;
   if (error != 0) return spawn_failed(p, error);
   p->spawned = 1;
   p->pid = pid;
   mj_process_event_t ev = {.kind = MJ_PROCESS_SPAWNED};
   emit(p, &ev);
   if (p->pending_signal) mj_process_kill(p, p->pending_signal, p->pending_group);
-  int rc = start_reading(p);
-  if (rc == 0) rc = mj__reap_watch(p);
-  if (rc != 0) mj_process_kill(p, SIGKILL, 1); /* cannot watch it: it must not live on */
+  if (mj__reap_watch(p) != 0) return reap_now(p);
+  if (!p->exited && start_reading(p) != 0) {
+    mj_process_kill(p, SIGKILL, 1);
+    stop_channel(p);
+  }
+}
+
+/* One page shared with the child (its fd 4). Returns 0 or a UV_E... code. */
+static int map_shared(mj_process_t *p) {
+  int fd = memfd_create("moonjob-shared", MFD_CLOEXEC);
+  if (fd < 0) return -errno;
+  if (fd <= MJ_SHARED_FD) { /* placing it on fd 4 in the child must never land on itself */
+    int moved = fcntl(fd, F_DUPFD_CLOEXEC, MJ_SHARED_FD + 1);
+    int rc = -errno;
+    close(fd);
+    if (moved < 0) return rc;
+    fd = moved;
+  }
+  void *page = MAP_FAILED;
+  if (ftruncate(fd, MJ_SHARED_SIZE) == 0)
+    page = mmap(NULL, MJ_SHARED_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (page == MAP_FAILED) {
+    int rc = -errno;
+    close(fd);
+    return rc;
+  }
+  p->shared = page;
+  p->shared_fd = fd;
+  return 0;
 }
 
 /* Starts the child in the background: MJ_PROCESS_SPAWNED then frames and
@@ -287,13 +408,23 @@ int mj_process_spawn(mj_ctx_t *ctx, mj_process_t *p, const mj_spawn_options_t *o
   p->ctx = ctx;
   p->on_event = on_event;
   p->max_frame = opts->max_frame;
-  int rc = mj__spawn_pairs(parent_fds, child_fds);
+  p->state = MJ_CHILD_STARTING;
+  p->shared_fd = -1;
+  int rc = map_shared(p);
   if (rc != 0) return rc;
+  rc = mj__spawn_pairs(parent_fds, child_fds);
+  if (rc != 0) {
+    release_shared(p);
+    return rc;
+  }
   rc = open_pipes(p, parent_fds);
-  if (rc == 0) rc = mj__spawn_queue(p, opts, child_fds);
+  if (rc == 0) rc = mj__spawn_queue(p, opts, child_fds, p->shared_fd);
   else
     for (int i = 0; i < 3; i++) close(child_fds[i]);
-  if (rc != 0) mj_process_close(p); /* no spawn is in flight: CLOSED ends it */
+  if (rc != 0) { /* no spawn is in flight: CLOSED ends it, if a handle was opened */
+    if (p->open_handles == 0) release_shared(p);
+    mj_process_close(p);
+  }
   return rc;
 }
 
@@ -315,6 +446,18 @@ int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t
   size_t total = 0;
   if (p->closing || p->exited) return UV_EPIPE;
   if (nparts > MAX_PARTS) return UV_EINVAL;
+  if (type == MJ_FRAME_JOB) {
+    if (p->state != MJ_CHILD_IDLE) return UV_EBUSY;
+    uint64_t token = draw_token(p->ctx);
+    if (token == 0) return UV_EIO;
+    p->state = MJ_CHILD_BUSY;
+    p->job = job;
+    p->token = token;
+    job = token;
+  } else if (type == MJ_FRAME_INTERRUPT) {
+    if (p->state != MJ_CHILD_BUSY || p->job != job) return 0; /* that job is over */
+    job = p->token;
+  }
   for (unsigned i = 0; i < nparts; i++) {
     bufs[1 + i] = parts[i];
     total += parts[i].len;
@@ -382,6 +525,11 @@ int mj_process_end_input(mj_process_t *p) {
 /* Bytes sent to the child that it has not read yet: still queued in libuv,
  * plus what sits in the socket (SIOCOUTQ). Zero means the child took every
  * frame it was sent. */
+int mj_process_taken(const mj_process_t *p) {
+  return p->shared != NULL && p->token != 0 &&
+         __atomic_load_n(&p->shared->taken, __ATOMIC_ACQUIRE) == p->token;
+}
+
 size_t mj_process_unread_bytes(const mj_process_t *p) {
   uv_os_fd_t fd;
   int outq = 0;

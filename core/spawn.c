@@ -8,7 +8,8 @@
  *
  * The channel and output pipes are socketpairs created close-on-exec; the
  * child's ends are placed on fds 1, 2 and 3 by posix_spawn's file actions, and
- * stdin comes from /dev/null. The child gets its own session
+ * stdin comes from /dev/null; the page it shares with the parent (a memfd,
+ * frame.h) is placed on fd 4. The child gets its own session
  * (POSIX_SPAWN_SETSID: a process-group kill reaches its grandchildren, a
  * terminal's Ctrl-C does not reach it), every signal back at its default
  * disposition, and an empty signal mask (worker threads block all signals).
@@ -40,6 +41,7 @@ typedef struct {
   mj_process_t *p;
   char **argv, **envp; /* deep copies, NULL-terminated */
   int child_fds[3];    /* child's stdout, stderr, channel */
+  int shared_fd;       /* the page shared with the child, placed on its fd 4 */
   pid_t pid;
   int error;           /* 0 or a UV_E... code */
 } mj_spawn_req_t;
@@ -114,28 +116,46 @@ static int make_pair(int fds[2]) {
   return 0;
 }
 
-/* Worker thread: the actual posix_spawn. */
+/* The child's descriptors: stdin from /dev/null, its ends of the pairs on
+ * 1, 2 and 3, the shared page on 4. Returns 0 or an errno value. */
+static int set_file_actions(posix_spawn_file_actions_t *actions, const mj_spawn_req_t *req) {
+  int rc = posix_spawn_file_actions_addopen(actions, 0, "/dev/null", O_RDONLY, 0);
+  for (int fd = 1; rc == 0 && fd <= 3; fd++)
+    rc = posix_spawn_file_actions_adddup2(actions, req->child_fds[fd - 1], fd);
+  if (rc == 0) rc = posix_spawn_file_actions_adddup2(actions, req->shared_fd, MJ_SHARED_FD);
+  return rc;
+}
+
+/* Own session, every signal at its default, nothing blocked (worker threads
+ * block all signals). Returns 0 or an errno value. */
+static int set_attributes(posix_spawnattr_t *attr) {
+  sigset_t all, none;
+  sigfillset(&all);
+  sigemptyset(&none);
+  int rc = posix_spawnattr_setflags(attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF |
+                                              POSIX_SPAWN_SETSIGMASK);
+  if (rc == 0) rc = posix_spawnattr_setsigdefault(attr, &all);
+  if (rc == 0) rc = posix_spawnattr_setsigmask(attr, &none);
+  return rc;
+}
+
+/* Worker thread: the actual posix_spawn. Every set-up call is checked. */
 static void mj_spawn_work_cb(uv_work_t *work) {
   mj_spawn_req_t *req = work->data;
   posix_spawn_file_actions_t actions;
   posix_spawnattr_t attr;
-  sigset_t all, none;
-
-  sigfillset(&all);
-  sigemptyset(&none);
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  for (int fd = 1; fd <= 3; fd++)
-    posix_spawn_file_actions_adddup2(&actions, req->child_fds[fd - 1], fd);
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF |
-                                      POSIX_SPAWN_SETSIGMASK);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setsigmask(&attr, &none);
-  int rc = posix_spawn(&req->pid, req->argv[0], &actions, &attr, req->argv, req->envp);
-  req->error = rc == 0 ? 0 : -rc;
+  int rc = posix_spawn_file_actions_init(&actions);
+  if (rc != 0) goto done;
+  rc = posix_spawnattr_init(&attr);
+  if (rc != 0) goto destroy_actions;
+  rc = set_file_actions(&actions, req);
+  if (rc == 0) rc = set_attributes(&attr);
+  if (rc == 0) rc = posix_spawn(&req->pid, req->argv[0], &actions, &attr, req->argv, req->envp);
   posix_spawnattr_destroy(&attr);
+destroy_actions:
   posix_spawn_file_actions_destroy(&actions);
+done:
+  req->error = -rc;
 }
 
 /* Loop thread: hand the outcome to process.c and free the request. */
@@ -169,10 +189,12 @@ int mj__spawn_pairs(int parent_fds[3], int child_fds[3]) {
 }
 
 /* Queues the spawn with the child's ends of the pairs, which it takes over
- * (closed once the child has them, or now on failure). On success
+ * (closed once the child has them, or now on failure), and the shared page's
+ * fd, which stays the caller's (closed by mj__process_spawned). On success
  * mj__process_spawned(p, ...) will be called on the loop thread. Returns 0 or
  * a UV_E... code. */
-int mj__spawn_queue(mj_process_t *p, const mj_spawn_options_t *opts, const int child_fds[3]) {
+int mj__spawn_queue(mj_process_t *p, const mj_spawn_options_t *opts, const int child_fds[3],
+                    int shared_fd) {
   int rc = UV_ENOMEM;
   mj_spawn_req_t *req = calloc(1, sizeof *req);
   if (req == NULL) goto error;
@@ -180,6 +202,7 @@ int mj__spawn_queue(mj_process_t *p, const mj_spawn_options_t *opts, const int c
   req->envp = copy_env(opts->env_overrides);
   if (req->argv == NULL || req->envp == NULL) goto error;
   memcpy(req->child_fds, child_fds, sizeof req->child_fds);
+  req->shared_fd = shared_fd;
   req->p = p;
   req->work.data = req;
   rc = uv_queue_work(&p->ctx->loop, &req->work, mj_spawn_work_cb, mj_spawn_after_cb);

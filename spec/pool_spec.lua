@@ -25,7 +25,7 @@ describe("moonjob.pool", function()
         "moonjob.pool: unknown option 'sise' (known: ack_timeout, attempts, backoff, cache, "
         .. "cache_max, child, codec, dedupe, echo, idle_timeout, jit, kill_after, max_jobs_per_child, "
         .. "max_log_bytes, max_payload, max_procs, max_queue, memory_limit, min_size, pools, size, "
-        .. "timeout, user)")
+        .. "start_timeout, timeout, user)")
     end)
 
     it("raises on a size that is not a positive whole number", function()

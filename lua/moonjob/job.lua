@@ -10,7 +10,9 @@
 -- time from start to end of the run), cpu_ms and max_rss_kb (measured by the
 -- child), pid (the child that ran it).
 local buffer = require "string.buffer"
+local errors = require "moonjob.errors"
 local loop = require "moonjob.loop"
+require "ffi" -- string.buffer decodes 64-bit integer cdata (42LL) only once ffi is loaded
 
 local Job = {}
 local methods = {}
@@ -44,8 +46,11 @@ local function index(pool, job, key)
     return logs
   end
   if key == "result" then
+    if rawget(job, "decoded") then return rawget(job, "result_value") end
     local bytes = rawget(job, "result_bytes")
-    return bytes ~= nil and decoders[pool.codec](bytes) or nil
+    if bytes == nil then return nil end
+    local ok, value = pcall(decoders[pool.codec], bytes)
+    return ok and value or nil
   end
   if key == "progress" then
     local bytes = rawget(job, "progress_bytes")
@@ -82,13 +87,27 @@ function Job.new(mt, id, added)
   return setmetatable({ id, false, "waiting", added, false, false }, mt)
 end
 
+-- Job.decode(pool, job) -> true | false, why. Decodes the result once (kept
+-- for later reads of job.result); false when the bytes do not decode.
+function Job.decode(pool, job)
+  local ok, value = pcall(decoders[pool.codec], rawget(job, "result_bytes"))
+  if not ok then return false, tostring(value) end
+  rawset(job, "result_value", value)
+  rawset(job, "decoded", true)
+  return true
+end
+
 function methods:is_finished()
   return self.state == "completed" or self.state == "failed"
 end
 
 local function outcome(job)
-  if job.state == "completed" then return job.result end
-  return nil, job.error
+  if job.state ~= "completed" then return nil, job.error end
+  if not rawget(job, "decoded") and rawget(job, "result_bytes") ~= nil then
+    local ok, why = Job.decode(job.pool, job)
+    if not ok then return nil, errors.new("EPROTO", "the child's result cannot be decoded: " .. why) end
+  end
+  return job.result
 end
 
 -- job:cancel([reason]) -> true, or false when the job had already ended. A

@@ -12,13 +12,19 @@
 -- the hard deadline, kill_after seconds later, the child's process group is
 -- SIGKILLed, the job fails with killed = true, and a new child replaces it.
 -- A child that has not taken its job within ack_timeout is replaced and the
--- job goes back to the head of the queue without counting an attempt.
+-- job goes back to the head of the queue without counting an attempt; so does
+-- a job whose child died before taking it (the child marks the jobs it takes
+-- in a page shared with the parent, see core/frame.h).
 --
--- A processor that cannot load fails one waiting job per attempt with ELOAD;
--- the pool then starts at most one child at a time, only while jobs wait, and
--- backs off exponentially (0.1 s doubling up to 30 s) while loads keep
--- failing, so a broken file never turns into a fork storm; a successful load
--- puts the pool back to full size.
+-- Start failures (a processor that cannot load, a child not ready within
+-- start_timeout, a child that cannot be spawned) open a circuit breaker:
+-- while no child is ready or starting, jobs that would be dispatched fail at
+-- once with the start error (each counts an attempt, so jobs with attempts
+-- left retry after their backoff). Children are then started one at a time,
+-- with a back-off of 0.1 s doubling up to 30 s, so a broken file never turns
+-- into a fork storm; a child that becomes ready closes the breaker. Healthy
+-- children keep running jobs meanwhile: only when no child can run at all do
+-- jobs fail.
 --
 -- Caveat: events are emitted from inside the loop; a listener must not block
 -- on a job (the loop cannot run inside itself) and gets a clear error if it tries.
@@ -39,6 +45,7 @@ local DEFAULTS = {
   max_payload = 64 * 1024 * 1024,
   kill_after = 5,
   ack_timeout = 2,
+  start_timeout = 60,
   max_log_bytes = 1024 * 1024,
 }
 local SAMPLES = 1024             -- recent wait and run times kept for percentiles
@@ -49,13 +56,14 @@ local BACKOFF_FIRST_MS, BACKOFF_MAX_MS = 100, 30000
 local OPTIONS = {
   size = "number", max_payload = "number", codec = "string", echo = "boolean",
   jit = "boolean", child = "string", timeout = "number", kill_after = "number",
-  ack_timeout = "number", max_jobs_per_child = "number", memory_limit = "number",
+  ack_timeout = "number", start_timeout = "number", max_jobs_per_child = "number", memory_limit = "number",
   idle_timeout = "number", min_size = "number", max_procs = "number",
   max_log_bytes = "number", user = "string", attempts = "number", backoff = "backoff",
   dedupe = "dedupe", cache = "number", cache_max = "number", max_queue = "number",
   pools = "table",
 }
-local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout = true, attempts = true,
+local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout = true,
+  start_timeout = true, attempts = true,
   cache = true, cache_max = true, max_queue = true,
   max_jobs_per_child = true, memory_limit = true, idle_timeout = true, max_procs = true,
   max_log_bytes = true }
@@ -172,6 +180,7 @@ function Pool.new(processor, opts)
     timeout = opts.timeout,
     kill_after = opts.kill_after or DEFAULTS.kill_after,
     ack_timeout = opts.ack_timeout or DEFAULTS.ack_timeout,
+    start_timeout = opts.start_timeout or DEFAULTS.start_timeout,
     max_jobs_per_child = opts.max_jobs_per_child,
     max_log_bytes = opts.max_log_bytes or DEFAULTS.max_log_bytes,
     codec = opts.codec or "lua",
@@ -190,7 +199,7 @@ function Pool.new(processor, opts)
     inflight = {},                 -- key -> the waiting or running job with that key
     wait_ms = { n = 0 }, run_ms = { n = 0 }, -- rings of the last SAMPLES times
     nactive = 0, ndeferred = 0,
-    load_failures = 0,
+    start_failures = 0,
     listeners = {},
     counts = { completed = 0, failed = 0, spawned = 0, crashed = 0, timeouts = 0, killed = 0,
       retries = 0, cache_hits = 0 },
@@ -265,7 +274,7 @@ end
 function Pool:_spawn()
   local w, err = Worker.spawn(self)
   if not w then
-    self:_load_failed(errors.new("ESPAWN", "cannot start a child process: " .. tostring(err)))
+    self:_start_failed(errors.new("ESPAWN", "cannot start a child process: " .. tostring(err)))
     return false
   end
   self.workers[w] = true
@@ -274,11 +283,22 @@ function Pool:_spawn()
   return true
 end
 
+-- How many workers are ready (idle or busy) and starting.
+function Pool:_live_workers()
+  local ready, starting = 0, 0
+  for w in pairs(self.workers) do
+    if w.state == "idle" or w.state == "busy" then ready = ready + 1
+    elseif w.state == "starting" then starting = starting + 1 end
+  end
+  return ready, starting
+end
+
 -- How many children the pool wants now: `size`; with idle_timeout, what the
--- work needs (at least min_size); while loads fail, one probe while jobs wait.
+-- work needs (at least min_size); while starts fail and no child is ready,
+-- one probe while jobs wait.
 function Pool:_target()
   local waiting = self.queue:ready_n()
-  if self.broken then return waiting > 0 and 1 or 0 end
+  if self.start_error and self:_live_workers() == 0 then return waiting > 0 and 1 or 0 end
   if self.idle_timeout then
     return math.max(self.min_size, math.min(self.size, self.nactive + waiting))
   end
@@ -292,13 +312,17 @@ function Pool:_respawn_later(ms)
   self.respawn_timer:start(ms)
 end
 
+-- Starts the children the pool wants; after start failures, one at a time
+-- and not before the back-off has passed.
 function Pool:_ensure_workers()
   if self.closing then return end
   local target = self:_target()
   if self.nworkers - self.nretiring >= target then return end
-  if self.next_spawn_at then
+  if self.start_error then
+    if select(2, self:_live_workers()) > 0 then return end -- one probe at a time
     local wait_ms = self.next_spawn_at - loop.now()
     if wait_ms > 0 then return self:_respawn_later(wait_ms) end
+    return self:_spawn()
   end
   while self.nworkers - self.nretiring < target do
     if not self:_spawn() then return end
@@ -307,6 +331,7 @@ end
 
 -- Ends a child: an idle one reads end of file and exits; kill = true
 -- SIGKILLs its process group. It no longer counts toward the pool's size.
+-- Returns what the kill returned (nil, err once the child was reaped).
 function Pool:_retire(w, kill)
   if not w.retiring then
     w.retiring = true
@@ -314,10 +339,10 @@ function Pool:_retire(w, kill)
   end
   if kill then
     w.state = "killed"
-    w:kill()
-  else
-    w:finish()
+    return w:kill()
   end
+  w:finish()
+  return true
 end
 
 local function sample(ring, value)
@@ -364,11 +389,17 @@ function Pool:_pump()
   end
   self:_arm_delay()
   self:_ensure_workers()
+  self:_check_breaker()
+end
+
+-- A child became ready: the processor loads, so starts are healthy again.
+function Pool:_worker_loaded(w)
+  self.start_error, self.start_failures, self.next_spawn_at = nil, 0, nil
+  self:_worker_free(w)
 end
 
 -- A child is free again: it takes the next job, or is recycled.
-function Pool:_worker_ready(w)
-  self.broken, self.load_failures, self.next_spawn_at = nil, 0, nil
+function Pool:_worker_free(w)
   if self.closing or (self.max_jobs_per_child and w.jobs_done >= self.max_jobs_per_child) then
     self:_retire(w)
   else
@@ -378,31 +409,70 @@ function Pool:_worker_ready(w)
   self:_pump()
 end
 
--- A child could not load the processor (or start at all): one waiting job
--- fails with the error, and the next start waits longer each time.
-function Pool:_load_failed(err)
-  self.broken = err
-  self.load_failures = self.load_failures + 1
+-- A child could not load the processor, become ready in time, or start at
+-- all: the breaker opens (see the top of this file) and the next start waits
+-- longer each time.
+function Pool:_start_failed(err)
+  self.start_error = err
+  self.start_failures = self.start_failures + 1
   self.next_spawn_at = loop.now()
-    + math.min(BACKOFF_FIRST_MS * 2 ^ (self.load_failures - 1), BACKOFF_MAX_MS)
-  local job = self.queue:pop()
-  if job then
+    + math.min(BACKOFF_FIRST_MS * 2 ^ (self.start_failures - 1), BACKOFF_MAX_MS)
+end
+
+-- True while starts fail and no child is ready or starting: then no waiting
+-- job can run.
+function Pool:_breaker_open()
+  if not self.start_error or self.closing then return false end
+  local ready, starting = self:_live_workers()
+  return ready + starting == 0
+end
+
+-- While the breaker is open, the jobs that could run fail with the start
+-- error, on a later loop turn (never inside add).
+function Pool:_check_breaker()
+  if self.breaker_due or self.queue:ready_n() == 0 or not self:_breaker_open() then return end
+  self.breaker_due = true
+  self.ndeferred = self.ndeferred + 1
+  loop.defer(function()
+    self.breaker_due = false
+    self.ndeferred = self.ndeferred - 1
+    if self:_breaker_open() then self:_fail_ready_jobs(self.start_error) end
+    self:_pump()
+  end)
+end
+
+-- Every job that may run now fails with err (an attempt each).
+function Pool:_fail_ready_jobs(err)
+  for _ = 1, self.queue:ready_n() do
+    local job = self.queue:pop()
+    if not job then break end
     job.attempts = job.attempts + 1
-    self:_fail(job, err)
+    self:_fail(job, errors.new(err.code, err.message, err))
   end
 end
 
-function Pool:_worker_gone(w, job, err, previous, status, signal)
+-- A job the child never took goes back to the head of the queue; the attempt
+-- does not count.
+function Pool:_requeue(job)
+  job.state, job.worker, job.started = "waiting", nil, nil
+  job.attempts = job.attempts - 1
+  self.nactive = self.nactive - 1
+  self.queue:push(job)
+end
+
+function Pool:_worker_gone(w, job, err, taken, status, signal)
   self.workers[w] = nil
   self.nworkers = self.nworkers - 1
   if w.retiring then self.nretiring = self.nretiring - 1 end
-  if not w.retiring and previous ~= "broken" then
+  if not w.retiring and not w.start_reported then
     self.counts.crashed = self.counts.crashed + 1
   end
-  if job then
+  if job and taken then
     self:_fail(job, err)
-  elseif previous == "starting" then
-    self:_load_failed(err)
+  elseif job then
+    self:_requeue(job)
+  elseif not w.ready and not w.start_reported and not self.closing then
+    self:_start_failed(err)
   end
   if self.listeners.exit then self:_emit("exit", w.pid, status, signal) end
   self:_pump()
@@ -422,16 +492,30 @@ end
 -- fails now; the child's exit later only frees its slot.
 function Pool:_kill_job(w, job)
   local f = job.interrupt
-  self:_retire(w, true)
+  local killed = self:_retire(w, true)
   w:end_job()
-  self.counts.killed = self.counts.killed + 1
-  self:_fail(job, errors.new(f.code, f.message .. "; the child was killed after kill_after ("
-    .. tostring(job.kill_after or self.kill_after) .. " s)", { killed = true, reason = f.reason }))
+  local how = "its child had already exited"
+  if killed then
+    self.counts.killed = self.counts.killed + 1
+    how = ("the child was killed after kill_after (%s s)"):format(tostring(job.kill_after or self.kill_after))
+  end
+  self:_fail(job, errors.new(f.code, f.message .. "; " .. how, { killed = killed and true or nil,
+    reason = f.reason }))
   self:_pump()
 end
 
--- The worker's timer fired: the soft deadline, or the hard one after it.
+-- A child not ready within start_timeout is killed; its exit counts as a
+-- start failure with this error.
+function Pool:_start_timed_out(w)
+  w.failure = errors.new("ELOAD", ("the processor did not become ready within %s s (start_timeout)")
+    :format(tostring(self.start_timeout)))
+  self:_retire(w, true)
+end
+
+-- The worker's timer fired: the start deadline, a job's soft deadline, or the
+-- hard one after it.
 function Pool:_deadline(w)
+  if w.state == "starting" then return self:_start_timed_out(w) end
   local job = w.job
   if not job then return end
   if job.interrupt then return self:_kill_job(w, job) end
@@ -441,15 +525,19 @@ function Pool:_deadline(w)
 end
 
 -- A child that has not taken its job in time is replaced; the job goes back
--- to the head of the queue and the attempt does not count.
+-- to the head of the queue and the attempt does not count, unless it was
+-- interrupted meanwhile (canceled, or past its timeout): then it ends with
+-- that error, never having run.
 function Pool:_unacknowledged(w)
-  local job = w.job
-  w.job = nil
+  local job = w:end_job()
   self:_retire(w, true)
-  job.state, job.worker, job.started = "waiting", nil, nil
-  job.attempts = job.attempts - 1
-  self.nactive = self.nactive - 1
-  self.queue:push(job)
+  local f = job.interrupt
+  if f then
+    self:_fail(job, errors.new(f.code, f.message .. "; its child never took it",
+      { reason = f.reason }))
+  else
+    self:_requeue(job)
+  end
   self:_pump()
 end
 
@@ -460,7 +548,7 @@ function Pool:_sweep()
   local ack_ms, idle_ms = self.ack_timeout * 1000, self.idle_timeout and self.idle_timeout * 1000
   for w in pairs(self.workers) do
     if w.state == "busy" and not w.acked and now - w.dispatched_at >= ack_ms then
-      if w:unread() == 0 then w.acked = true else self:_unacknowledged(w) end
+      if w:taken() then w.acked = true else self:_unacknowledged(w) end
     elseif idle_ms and w.state == "idle" and now - w.idle_since >= idle_ms
         and self.nworkers - self.nretiring > self.min_size then
       self:_retire(w)
@@ -481,12 +569,12 @@ end
 -- A job's attempt failed: it comes back after its backoff, or fails for good.
 function Pool:_fail(job, err)
   job.error = err
+  job.errors = job.errors or {}
+  job.errors[#job.errors + 1] = err
   local delay = self:_retry_delay(job, err)
   if not delay then return self:_finish(job, "failed") end
   if job.state == "active" then self.nactive = self.nactive - 1 end
   job.state, job.worker, job.interrupt = "waiting", nil, nil
-  job.errors = job.errors or {}
-  job.errors[#job.errors + 1] = err
   job.run_at = loop.now() + delay * 1000
   self.counts.retries = self.counts.retries + 1
   self.queue:push(job)
@@ -526,8 +614,15 @@ end
 
 function Pool:_job_completed(w, job, result_bytes)
   job.result_bytes, job.error = result_bytes, nil
+  if self.listeners.completed then -- decoded once for them; bytes that do not decode fail the job
+    local ok, why = Job.decode(self, job)
+    if not ok then
+      job.result_bytes = nil
+      return self:_job_failed(w, job, errors.new("EPROTO", "the child's result cannot be decoded: " .. why))
+    end
+  end
   self:_finish(job, "completed")
-  self:_worker_ready(w)
+  self:_worker_free(w)
 end
 
 function Pool:_job_failed(w, job, err)
@@ -536,7 +631,7 @@ function Pool:_job_failed(w, job, err)
     self:_retire(w)
     return self:_pump()
   end
-  self:_worker_ready(w)
+  self:_worker_free(w)
 end
 
 function Pool:_job_progress(job, bytes)
@@ -836,8 +931,8 @@ function Pool:close(opts)
       job.error = errors.new("ECLOSED", "the pool was closed before the job ran")
       self:_finish(job, "failed")
     end
-    for w in pairs(self.workers) do
-      if w.state ~= "busy" then self:_retire(w) end
+    for w in pairs(self.workers) do -- a starting child may never get ready: killed
+      if w.state ~= "busy" then self:_retire(w, w.state == "starting") end
     end
   end
   if opts.force then

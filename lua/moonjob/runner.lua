@@ -12,6 +12,8 @@
 -- in the "json" codec where job data arrives as JSON text and results leave as
 -- exact JSON text (see moonjob.json), so the parent never parses payloads.
 local channel = require "moonjob.channel"
+-- The channel is the runner's alone: a processor cannot require it.
+package.loaded["moonjob.channel"], package.preload["moonjob.channel"] = nil, nil
 local buffer = require "string.buffer"
 local errors = require "moonjob.errors"
 

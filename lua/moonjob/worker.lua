@@ -3,11 +3,18 @@
 -- A worker owns one moonjob.core process: it sends INIT, JOB and INTERRUPT
 -- frames, turns the child's frames, output and exit into calls on its pool,
 -- and cuts the child's stdout/stderr into lines (at most max_log_bytes per
--- job; the rest is counted and dropped). It also owns one timer, armed by the
--- pool for the running job's deadlines. States: "starting" (until READY),
--- "idle", "busy" (one job at a time), "exiting" (asked to end), "killed"
--- (SIGKILLed by the pool), "lost" (died before taking a job), "broken" (failed
--- to load), "gone".
+-- job; the rest is counted and dropped). It also owns one timer, armed for
+-- start_timeout until the child is ready, then by the pool for the running
+-- job's deadlines. States: "starting" (until READY), "idle", "busy" (one job
+-- at a time), "exiting" (asked to end), "killed" (SIGKILLed by the pool),
+-- "lost" (died before taking a job), "broken" (failed to load), "gone".
+--
+-- The C core checks every frame against the child's state and the job's
+-- random token before it reaches this file (core/process.c): a frame that
+-- breaks the protocol arrives as a "protocol" event instead, and the worker
+-- then fails its job with EPROTO. At the child's exit, `taken` tells whether
+-- the child had read its current job (a job it never took goes back to the
+-- queue without counting an attempt).
 --
 -- The C core delivers whatever the child printed before a frame that ends a
 -- job, and everything the child sent before its exit event, so a line is
@@ -41,6 +48,7 @@ function Worker.spawn(pool)
   if not process then return nil, err end
   w.process = process -- w.pid comes with the "spawned" event
   w.timer = core.timer(function() pool:_deadline(w) end)
+  w:arm(pool.start_timeout)
   process:send(frame.INIT, 0, pool.init_bytes)
   return w
 end
@@ -87,9 +95,9 @@ function Worker:kill(signal)
   return self.process:kill(signal or "SIGKILL", true)
 end
 
--- Bytes sent to the child that it has not read: 0 once it took its job.
-function Worker:unread()
-  return self.process:unread()
+-- True once the child has read the JOB frame of its current job.
+function Worker:taken()
+  return self.process:taken()
 end
 
 ---------------------------------------------------------------- output ---
@@ -180,13 +188,15 @@ end
 local on_frame = {}
 
 on_frame[frame.READY] = function(w)
-  w.state = "idle"
-  w.pool:_worker_ready(w)
+  w.timer:stop()
+  w.state, w.ready = "idle", true
+  w.pool:_worker_loaded(w)
 end
 
 on_frame[frame.LOADERR] = function(w, _, payload)
-  w.state = "broken"
-  w.pool:_load_failed(decode_error(payload))
+  w.timer:stop()
+  w.state, w.start_reported = "broken", true
+  w.pool:_start_failed(decode_error(payload))
 end
 
 on_frame[frame.DONE] = function(w, seq, payload, cpu_ms, max_rss_kb)
@@ -220,10 +230,15 @@ local function describe_exit(status, signal)
   return ("exited with code %d"):format(status)
 end
 
+local EXIT_SETUP = 78 -- the child could not set itself up (core/child.c)
+
 local function crash_error(w, status, signal, during_job, spawn_failure, starting)
   if spawn_failure then
     return errors.new("ESPAWN", ("cannot start the child program %s: %s")
       :format(w.pool.child_program, spawn_failure))
+  end
+  if starting and signal == 0 and status == EXIT_SETUP and #w.tail > 0 then
+    return errors.new("ELOAD", (w.tail[#w.tail]:gsub("^moonjob%-child: ", "")))
   end
   local message = "the child process " .. describe_exit(status, signal)
   if during_job then message = message .. " during the job" end
@@ -247,16 +262,21 @@ local on_event = {
   oversize = function(w, len)
     w.failure = errors.new("EPAYLOAD", ("the child sent a %d-byte frame, more than max_payload (%d)")
       :format(len, w.pool.max_payload))
-    w:kill()
+    w.pool:_retire(w, true)
   end,
-  exit = function(w, status, signal, spawn_failure)
-    local job, previous = w.job, w.state
+  protocol = function(w, why)
+    w.failure = errors.new("EPROTO", ("the child broke the channel protocol (%s); a processor "
+      .. "must not write to the channel, fd 3"):format(why))
+    w.pool:_retire(w, true)
+  end,
+  exit = function(w, status, signal, taken, spawn_failure)
+    local job = w.job
     w:flush_partial_lines()
     w.job, w.state = nil, "gone"
     w.timer:close()
     local err = w.failure
-      or crash_error(w, status, signal, job ~= nil, spawn_failure, previous == "starting")
-    w.pool:_worker_gone(w, job, err, previous, status, signal)
+      or crash_error(w, status, signal, job ~= nil, spawn_failure, not w.ready)
+    w.pool:_worker_gone(w, job, err, taken, status, signal)
   end,
   closed = function() end,
 }
