@@ -10,7 +10,9 @@
 -- 3. Loop lag: a 1 ms timer's lateness (p99, max) while jobs time out and
 --    children are killed and replaced as fast as the pool can, against the
 --    same timer on an idle loop.
--- 4. A million waiting jobs: time to add 1,000,000 no-op jobs, the parent's
+-- 4. Large payloads: the same timer's lateness while ten 60 MB results come
+--    back from 2 children, and while ten 60 MB job data go out to them.
+-- 5. A million waiting jobs: time to add 1,000,000 no-op jobs, the parent's
 --    Lua memory per waiting job (payload included, and without it), and the
 --    time to drain them with 2 children.
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
@@ -74,7 +76,8 @@ local function kill_latency(n)
   return percentile(latencies, 0.5), latencies[#latencies], #latencies
 end
 
--- Lateness of a 1 ms repeating timer over `seconds`, with `load` running.
+-- Lateness of a 1 ms repeating timer over `seconds`, with `load` running
+-- (seconds = nil: until the load's stop function, which waits for it, returns).
 local function loop_lag(seconds, load)
   local lags, last = {}, core.hrtime()
   local ticker = core.timer(function()
@@ -86,9 +89,14 @@ local function loop_lag(seconds, load)
   local stopper = core.timer(function() stop = true end)
   local pool, stop_load = nil, nil
   if load then pool, stop_load = load() end
+  last = core.hrtime()
   ticker:start(1, 1)
-  stopper:start(seconds * 1000)
-  while not stop do core.run("once") end
+  if seconds then
+    stopper:start(seconds * 1000)
+    while not stop do core.run("once") end
+  else -- until the load is done
+    stop_load()
+  end
   ticker:close()
   stopper:close()
   local churn = pool and pool:stats()
@@ -154,6 +162,28 @@ for _, size in ipairs({ 1, 2 }) do
   local p99, lag_max, churn = loop_lag(3, function() return timeout_storm(size) end)
   print(("loop lag, %d spinning child(ren) killed/replaced: p99 %.3f ms, max %.3f ms (%d kills in 3 s)")
     :format(size, p99, lag_max, churn.killed))
+end
+
+-- Ten jobs moving `size` bytes each way `direction` ("results": the children
+-- return them; "data": the parent sends them), added before the timer starts
+-- so the caller's own encoding is not counted.
+local function big_payloads(direction, size)
+  return function()
+    local pool = assert(moonjob.pool("bench/big.lua", { size = 2, echo = false,
+      max_payload = size + 4096 }))
+    pool:map({ 1, 2 }) -- children started and warm
+    local data = direction == "data" and string.rep("y", size) or size
+    for _ = 1, 10 do pool:add(data) end
+    return pool, function() pool:drain() end
+  end
+end
+
+local BIG = 60 * 1024 * 1024
+for _, direction in ipairs({ "results", "data" }) do
+  local t0 = core.hrtime()
+  local p99, lag_max, s = loop_lag(nil, big_payloads(direction, BIG))
+  print(("loop lag, ten 60 MB %-7s in flight (2 children): p99 %.3f ms, max %.3f ms, %.1f s, %d failed")
+    :format(direction, p99, lag_max, (core.hrtime() - t0) / 1e9, s.failed))
 end
 
 local MILLION = tonumber(os.getenv("BENCH_WAITING")) or 1000000

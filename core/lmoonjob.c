@@ -167,8 +167,12 @@ static int lmj_child_path(lua_State *L) {
 typedef struct {
   mj_process_t p;
   lmj_ctx_t *lctx;
-  int cb_ref;   /* on_event function */
-  int self_ref; /* keeps the userdata alive until every handle is closed */
+  int cb_ref;    /* on_event function */
+  int self_ref;  /* keeps the userdata alive until every handle is closed */
+  int parts_ref; /* the pieces of a frame arriving in pieces (MJ_PIECE), or LUA_NOREF */
+  int nparts;
+  int sends_ref; /* strings of queued sends, kept until libuv is done with them */
+  int sends_head, sends_tail;
 } lmj_process_t;
 
 static lmj_process_t *lmj_check_process(lua_State *L, int idx) {
@@ -177,10 +181,62 @@ static lmj_process_t *lmj_check_process(lua_State *L, int idx) {
   return lp;
 }
 
+/* Appends a piece of a frame arriving in pieces to the process's list. */
+static void lmj_add_piece(lua_State *L, lmj_process_t *lp, const char *data, size_t len) {
+  if (lp->parts_ref == LUA_NOREF) {
+    lua_newtable(L);
+    lp->parts_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lp->nparts = 0;
+  }
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lp->parts_ref);
+  lua_pushlstring(L, data, len);
+  lua_rawseti(L, -2, ++lp->nparts);
+  lua_pop(L, 1);
+}
+
+/* Pushes a frame's payload: a string, or the list of its pieces. */
+static void lmj_push_payload(lua_State *L, lmj_process_t *lp, const mj_process_event_t *ev) {
+  if (!ev->streamed) {
+    lua_pushlstring(L, ev->data, ev->len);
+    return;
+  }
+  lmj_add_piece(L, lp, ev->data, ev->len);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lp->parts_ref);
+  lmj_unref(L, &lp->parts_ref);
+}
+
+/* Keeps the send's strings (stack slots first..last) until its SENT event. */
+static void lmj_keep_sent(lua_State *L, lmj_process_t *lp, int first, int last) {
+  if (lp->sends_ref == LUA_NOREF) {
+    lua_newtable(L);
+    lp->sends_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lp->sends_head = lp->sends_tail = 1;
+  }
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lp->sends_ref);
+  lua_createtable(L, last - first + 1, 0);
+  for (int i = first; i <= last; i++) {
+    lua_pushvalue(L, i);
+    lua_rawseti(L, -2, i - first + 1);
+  }
+  lua_rawseti(L, -2, lp->sends_tail++);
+  lua_pop(L, 1);
+}
+
+/* The oldest queued send is over (sends end in order). */
+static void lmj_release_sent(lua_State *L, lmj_process_t *lp) {
+  if (lp->sends_ref == LUA_NOREF) return;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lp->sends_ref);
+  lua_pushnil(L);
+  lua_rawseti(L, -2, lp->sends_head++);
+  lua_pop(L, 1);
+}
+
 static void lmj_process_event_cb(mj_process_t *p, const mj_process_event_t *ev) {
   lmj_process_t *lp = (lmj_process_t *) p;
   lua_State *L = lp->lctx->L;
   int nargs = 1;
+  if (ev->kind == MJ_PROCESS_PART) return lmj_add_piece(L, lp, ev->data, ev->len);
+  if (ev->kind == MJ_PROCESS_SENT) return lmj_release_sent(L, lp);
   lua_rawgeti(L, LUA_REGISTRYINDEX, lp->cb_ref);
   switch (ev->kind) {
     case MJ_PROCESS_SPAWNED:
@@ -192,7 +248,7 @@ static void lmj_process_event_cb(mj_process_t *p, const mj_process_event_t *ev) 
       lua_pushliteral(L, "frame");
       lua_pushinteger(L, (lua_Integer) ev->header->type);
       lua_pushnumber(L, (lua_Number) ev->job);
-      lua_pushlstring(L, ev->data, ev->header->len);
+      lmj_push_payload(L, lp, ev);
       nargs = 4;
       if (ev->usage) {
         lua_pushnumber(L, ev->usage->cpu_ms);
@@ -228,10 +284,15 @@ static void lmj_process_event_cb(mj_process_t *p, const mj_process_event_t *ev) 
     case MJ_PROCESS_CLOSED:
       lua_pushliteral(L, "closed");
       break;
+    case MJ_PROCESS_PART:
+    case MJ_PROCESS_SENT:
+      break; /* handled above */
   }
   lmj_call(L, nargs);
   if (ev->kind == MJ_PROCESS_CLOSED) {
     lmj_unref(L, &lp->cb_ref);
+    lmj_unref(L, &lp->parts_ref);
+    lmj_unref(L, &lp->sends_ref);
     lmj_unref(L, &lp->self_ref);
   }
 }
@@ -286,6 +347,7 @@ static int lmj_spawn(lua_State *L) {
   luaL_getmetatable(L, LMJ_PROCESS);
   lua_setmetatable(L, -2);
   lp->lctx = c;
+  lp->parts_ref = lp->sends_ref = LUA_NOREF;
   lp->cb_ref = lmj_ref_function(L, 6);
   lua_pushvalue(L, -1);
   lp->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
@@ -316,7 +378,8 @@ static int lmj_process_send(lua_State *L) {
     parts[i] = uv_buf_init((char *) s, (unsigned) len);
   }
   int rc = mj_process_send(&lp->p, type, job, parts, n);
-  if (rc != 0) return lmj_fail(L, rc);
+  if (rc < 0) return lmj_fail(L, rc);
+  if (rc == MJ_SEND_QUEUED) lmj_keep_sent(L, lp, 4, 3 + (int) n);
   lua_pushboolean(L, 1);
   return 1;
 }

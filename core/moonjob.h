@@ -63,7 +63,11 @@ void mj_ctx_catch_sigint(mj_ctx_t *ctx, int on);
 
 typedef enum {
   MJ_PROCESS_SPAWNED,  /* the child runs: its pid is known */
-  MJ_PROCESS_FRAME,    /* a whole frame arrived: header, payload */
+  MJ_PROCESS_FRAME,    /* a whole frame arrived: header, payload; for a frame
+                          larger than MJ_PIECE, the last piece (`streamed`) */
+  MJ_PROCESS_PART,     /* a piece of a frame larger than MJ_PIECE: data, len */
+  MJ_PROCESS_SENT,     /* a send that returned MJ_SEND_QUEUED is over: its
+                          parts' memory may be released (sends end in order) */
   MJ_PROCESS_OUTPUT,   /* bytes on the child's stdout (stream 1) or stderr (2) */
   MJ_PROCESS_OVERSIZE, /* a frame header announced more than max_frame bytes */
   MJ_PROCESS_PROTOCOL, /* a frame broke the protocol (`data`: why); the channel
@@ -85,6 +89,8 @@ typedef struct {
   int term_signal;                     /* EXIT */
   const mj_job_usage_t *usage;         /* FRAME that ends a job, else NULL */
   uint64_t job;                        /* FRAME: the job number the parent sent */
+  int streamed;                        /* FRAME: PART events came first; `len` is
+                                          the last piece's length */
   int taken;                           /* EXIT: the child had read its current JOB frame */
 } mj_process_event_t;
 
@@ -114,12 +120,15 @@ struct mj_process_s {
   int64_t exit_status;
   int term_signal;
   mj_child_state_t state;              /* what the child may send next */
+  mj_frame_header_t big;               /* the frame being streamed in pieces */
+  mj_job_usage_t big_usage;
+  size_t big_left;                     /* its payload bytes still to come */
   uint64_t job;                        /* the parent's number for the current job */
   uint64_t token;                      /* its random token (0: no job) */
   mj_shared_t *shared;                 /* the page shared with the child, or NULL */
   int shared_fd;                       /* its memfd until the spawn is done, else -1 */
   mj_process_t *next_live, *prev_live; /* reap.c's list */
-  unsigned spawned : 1, exited : 1, closing : 1, channel_eof : 1, watched : 1;
+  unsigned spawned : 1, exited : 1, closing : 1, channel_eof : 1, watched : 1, streaming : 1;
 };
 
 typedef struct {
@@ -131,6 +140,12 @@ typedef struct {
 
 int mj_process_spawn(mj_ctx_t *ctx, mj_process_t *p, const mj_spawn_options_t *opts,
                      mj_process_event_cb on_event);
+/* Frames larger than this reach the owner in pieces of about this size, so no
+ * callback copies more than a piece at a time (60 MB results never stall
+ * the loop). */
+#define MJ_PIECE (256 * 1024)
+#define MJ_SEND_QUEUED 1               /* mj_process_send: the parts are still in use */
+
 int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t *parts,
                     unsigned nparts);
 int mj_process_kill(mj_process_t *p, int signum, int whole_group);

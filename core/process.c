@@ -38,7 +38,7 @@
 #include "moonjob.h"
 
 #define MJ_READ_CHUNK (64 * 1024)
-#define MJ_KEEP_BUFFER (1024 * 1024)  /* shrink the frame buffer above this when idle */
+#define MJ_KEEP_BUFFER (256 * 1024)  /* shrink the frame buffer above this when idle */
 
 static void emit(mj_process_t *p, mj_process_event_t *ev) {
   p->on_event(p, ev);
@@ -84,17 +84,20 @@ static void drain_output(mj_process_t *p) {
 
 /* ------------------------------------------------------------- channel --- */
 
-/* Room for the rest of the frame being read, at least one chunk. */
+/* Room for the rest of the frame being read (of the piece, for a frame read
+ * in pieces), at least one chunk. The buffer never grows past a piece. */
 static void mj_channel_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   mj_process_t *p = h->data;
-  size_t want = MJ_READ_CHUNK;
+  size_t want = MJ_READ_CHUNK, rest = 0;
   (void) suggested;
-  if (p->rlen >= MJ_FRAME_HEADER_SIZE) {
+  if (p->streaming) {
+    rest = p->big_left < MJ_PIECE ? p->big_left : MJ_PIECE;
+  } else if (p->rlen >= MJ_FRAME_HEADER_SIZE) {
     mj_frame_header_t hdr;
     memcpy(&hdr, p->rbuf, sizeof hdr);
-    if (hdr.len <= p->max_frame && MJ_FRAME_HEADER_SIZE + (size_t) hdr.len - p->rlen > want)
-      want = MJ_FRAME_HEADER_SIZE + (size_t) hdr.len - p->rlen;
+    if (hdr.len <= MJ_PIECE) rest = MJ_FRAME_HEADER_SIZE + (size_t) hdr.len;
   }
+  if (rest > p->rlen && rest - p->rlen > want) want = rest - p->rlen;
   if (mj__grow(&p->rbuf, &p->rcap, p->rlen + want, MJ_READ_CHUNK) != 0) {
     *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
     return;
@@ -142,7 +145,6 @@ static const char *frame_violation(const mj_process_t *p, const mj_frame_header_
 static void protocol_error(mj_process_t *p, const char *why) {
   mj_process_event_t ev = {.kind = MJ_PROCESS_PROTOCOL, .data = why, .len = strlen(why)};
   p->state = MJ_CHILD_ENDED;
-  p->rlen = 0;
   emit(p, &ev);
   stop_channel(p); /* last: the exit event may follow at once */
 }
@@ -171,42 +173,105 @@ static uint64_t draw_token(mj_ctx_t *ctx) {
   }
 }
 
-/* Delivers every whole frame in the buffer, keeps the partial rest. Each
- * header is checked as soon as it is complete, before its payload is awaited:
- * a processor writing garbage to the channel is caught at once. */
+/* A frame larger than MJ_PIECE starts: its header (and usage block) are
+ * consumed, its payload comes as pieces. */
+static void start_stream(mj_process_t *p, const mj_frame_header_t *hdr, const char *after) {
+  p->big = *hdr;
+  p->big_left = hdr->len;
+  if (MJ_FRAME_ENDS_JOB(hdr->type & MJ_FRAME_TYPE_MASK)) {
+    memcpy(&p->big_usage, after, sizeof p->big_usage);
+    p->big_left -= sizeof p->big_usage;
+  }
+  p->big.len = (uint32_t) p->big_left;
+  p->streaming = 1;
+}
+
+/* Bytes of the streamed frame's payload: a PART, or the FRAME that ends it. */
+static void deliver_piece(mj_process_t *p, const char *data, size_t n) {
+  p->big_left -= n;
+  if (p->big_left > 0) {
+    mj_process_event_t ev = {.kind = MJ_PROCESS_PART, .header = &p->big, .data = data, .len = n};
+    return emit(p, &ev);
+  }
+  p->streaming = 0;
+  if (p->big.type & MJ_FRAME_FLAG_OUTPUT) drain_output(p);
+  p->big.type &= MJ_FRAME_TYPE_MASK;
+  mj_process_event_t ev = {.kind = MJ_PROCESS_FRAME, .header = &p->big, .data = data, .len = n,
+                           .streamed = 1, .job = p->job};
+  if (MJ_FRAME_ENDS_JOB(p->big.type)) ev.usage = &p->big_usage;
+  frame_delivered(p, p->big.type);
+  emit(p, &ev);
+}
+
+/* A whole frame (header at `at`) of at most MJ_PIECE bytes. */
+static void deliver_whole(mj_process_t *p, mj_frame_header_t hdr, const char *at) {
+  if (hdr.type & MJ_FRAME_FLAG_OUTPUT) drain_output(p);
+  hdr.type &= MJ_FRAME_TYPE_MASK;
+  mj_process_event_t ev = {.kind = MJ_PROCESS_FRAME, .header = &hdr,
+                           .data = at + MJ_FRAME_HEADER_SIZE, .job = hdr.job ? p->job : 0};
+  mj_job_usage_t usage;
+  if (MJ_FRAME_ENDS_JOB(hdr.type)) {
+    memcpy(&usage, ev.data, sizeof usage); /* the child's usage block comes first */
+    ev.usage = &usage;
+    ev.data += sizeof usage;
+    hdr.len -= (uint32_t) sizeof usage;
+  }
+  ev.len = hdr.len;
+  frame_delivered(p, hdr.type);
+  emit(p, &ev);
+}
+
+/* Consumes what it can from `avail` bytes at `at`: a piece of a streamed
+ * frame, a header that starts one, or a whole frame. Returns the bytes
+ * consumed, 0 when more must be read first (or the channel was stopped). */
+static size_t deliver_one(mj_process_t *p, const char *at, size_t avail) {
+  if (p->streaming) {
+    size_t n = avail < p->big_left ? avail : p->big_left;
+    if (n < p->big_left && n < MJ_PIECE) return 0; /* a whole piece, or the end */
+    deliver_piece(p, at, n);
+    return n;
+  }
+  if (avail < MJ_FRAME_HEADER_SIZE) return 0;
+  mj_frame_header_t hdr;
+  memcpy(&hdr, at, sizeof hdr);
+  const char *why = frame_violation(p, &hdr);
+  if (why != NULL) {
+    protocol_error(p, why);
+    return 0;
+  }
+  if (hdr.len > p->max_frame) {
+    mj_process_event_t ev = {.kind = MJ_PROCESS_OVERSIZE, .len = hdr.len, .header = &hdr};
+    p->state = MJ_CHILD_ENDED;
+    emit(p, &ev);
+    stop_channel(p); /* last: the exit event may follow at once */
+    return 0;
+  }
+  if (hdr.len > MJ_PIECE) {
+    int ends = MJ_FRAME_ENDS_JOB(hdr.type & MJ_FRAME_TYPE_MASK);
+    size_t lead = MJ_FRAME_HEADER_SIZE + (ends ? sizeof(mj_job_usage_t) : 0);
+    if (avail < lead) return 0;
+    start_stream(p, &hdr, at + MJ_FRAME_HEADER_SIZE);
+    return lead;
+  }
+  if (avail - MJ_FRAME_HEADER_SIZE < hdr.len) return 0;
+  deliver_whole(p, hdr, at);
+  return MJ_FRAME_HEADER_SIZE + hdr.len;
+}
+
+/* Delivers every whole frame and piece in the buffer, keeps the partial rest.
+ * Each header is checked as soon as it is complete, before its payload is
+ * awaited: a processor writing garbage to the channel is caught at once. */
 static void deliver_frames(mj_process_t *p) {
   size_t off = 0;
-  while (!p->closing && !p->channel_eof && p->rlen - off >= MJ_FRAME_HEADER_SIZE) {
-    mj_frame_header_t hdr;
-    memcpy(&hdr, p->rbuf + off, sizeof hdr);
-    const char *why = frame_violation(p, &hdr);
-    if (why != NULL) return protocol_error(p, why);
-    if (hdr.len > p->max_frame) {
-      mj_process_event_t ev = {.kind = MJ_PROCESS_OVERSIZE, .len = hdr.len, .header = &hdr};
-      p->state = MJ_CHILD_ENDED;
-      p->rlen = 0;
-      emit(p, &ev);
-      stop_channel(p); /* last: the exit event may follow at once */
-      return;
-    }
-    if (p->rlen - off - MJ_FRAME_HEADER_SIZE < hdr.len) break;
-    if (hdr.type & MJ_FRAME_FLAG_OUTPUT) drain_output(p);
-    hdr.type &= MJ_FRAME_TYPE_MASK;
-    mj_process_event_t ev = {.kind = MJ_PROCESS_FRAME, .header = &hdr,
-                             .data = p->rbuf + off + MJ_FRAME_HEADER_SIZE,
-                             .job = hdr.job ? p->job : 0};
-    off += MJ_FRAME_HEADER_SIZE + hdr.len;
-    mj_job_usage_t usage;
-    if (MJ_FRAME_ENDS_JOB(hdr.type)) {
-      memcpy(&usage, ev.data, sizeof usage); /* the child's usage block comes first */
-      ev.usage = &usage;
-      ev.data += sizeof usage;
-      hdr.len -= (uint32_t) sizeof usage;
-    }
-    frame_delivered(p, hdr.type);
-    emit(p, &ev);
+  while (!p->closing && !p->channel_eof) {
+    size_t used = deliver_one(p, p->rbuf + off, p->rlen - off);
+    if (used == 0) break;
+    off += used;
   }
-  if (p->closing || p->channel_eof) return;
+  if (p->closing || p->channel_eof) {
+    p->rlen = 0;
+    return;
+  }
   if (off > 0) memmove(p->rbuf, p->rbuf + off, p->rlen - off);
   p->rlen -= off;
   if (p->rlen == 0 && p->rcap > MJ_KEEP_BUFFER) {
@@ -430,14 +495,54 @@ int mj_process_spawn(mj_ctx_t *ctx, mj_process_t *p, const mj_spawn_options_t *o
 
 /* ------------------------------------------------------------- control --- */
 
+/* A frame the kernel did not take at once: the header is copied here (the
+ * caller's is on its stack), the payload stays in the caller's memory. */
+typedef struct {
+  uv_write_t req;
+  mj_process_t *p;
+  mj_frame_header_t hdr;
+} mj_send_req_t;
+
 static void mj_write_cb(uv_write_t *req, int status) {
+  mj_send_req_t *send = req->data;
+  mj_process_event_t ev = {.kind = MJ_PROCESS_SENT};
   (void) status; /* a failed write shows up as the child's exit or EOF */
-  free(req);
+  emit(send->p, &ev);
+  free(send);
 }
 
-/* Sends one frame whose payload is the concatenation of parts. Bytes the
- * kernel does not take at once are copied and queued. Returns 0 or UV_E...;
- * UV_EPIPE once the process is closing. */
+/* Queues what try_write left: bufs[0..n) past the first `skip` bytes. The
+ * header's bytes are taken from the request's own copy. */
+static int queue_rest(mj_process_t *p, const uv_buf_t *bufs, unsigned n, size_t skip) {
+  enum { MAX_BUFS = 5 };
+  uv_buf_t rest[MAX_BUFS];
+  unsigned nrest = 0;
+  mj_send_req_t *send = malloc(sizeof *send);
+  if (send == NULL) return UV_ENOMEM;
+  memcpy(&send->hdr, bufs[0].base, sizeof send->hdr);
+  send->p = p;
+  send->req.data = send;
+  for (unsigned i = 0; i < n; i++) {
+    char *base = i == 0 ? (char *) &send->hdr : bufs[i].base;
+    if (skip >= bufs[i].len) {
+      skip -= bufs[i].len;
+      continue;
+    }
+    rest[nrest++] = uv_buf_init(base + skip, (unsigned) (bufs[i].len - skip));
+    skip = 0;
+  }
+  int rc = uv_write(&send->req, (uv_stream_t *) &p->channel, rest, nrest, mj_write_cb);
+  if (rc != 0) free(send);
+  return rc == 0 ? MJ_SEND_QUEUED : rc;
+}
+
+/* Sends one frame whose payload is the concatenation of parts. A JOB frame
+ * gets a fresh random token (the child must be idle); an INTERRUPT frame the
+ * current job's token (nothing is sent once that job is over). Returns 0 when
+ * the kernel took every byte; MJ_SEND_QUEUED when the rest is queued without
+ * a copy: the parts' memory must then stay valid until the MJ_PROCESS_SENT
+ * event; or UV_E... (UV_EPIPE once the process is closing, UV_EBUSY for a
+ * JOB while the child is not idle). */
 int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t *parts,
                     unsigned nparts) {
   enum { MAX_PARTS = 4 };
@@ -446,14 +551,11 @@ int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t
   size_t total = 0;
   if (p->closing || p->exited) return UV_EPIPE;
   if (nparts > MAX_PARTS) return UV_EINVAL;
+  uint64_t token = 0;
   if (type == MJ_FRAME_JOB) {
     if (p->state != MJ_CHILD_IDLE) return UV_EBUSY;
-    uint64_t token = draw_token(p->ctx);
+    token = draw_token(p->ctx);
     if (token == 0) return UV_EIO;
-    p->state = MJ_CHILD_BUSY;
-    p->job = job;
-    p->token = token;
-    job = token;
   } else if (type == MJ_FRAME_INTERRUPT) {
     if (p->state != MJ_CHILD_BUSY || p->job != job) return 0; /* that job is over */
     job = p->token;
@@ -465,30 +567,21 @@ int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t
   if (total > UINT32_MAX) return UV_E2BIG;
   hdr.len = (uint32_t) total;
   hdr.type = type;
-  hdr.job = job;
+  hdr.job = token ? token : job;
   bufs[0] = uv_buf_init((char *) &hdr, sizeof hdr);
   total += sizeof hdr;
-  int written = uv_try_write((uv_stream_t *) &p->channel, bufs, nparts + 1);
-  if (written == UV_EAGAIN) written = 0;
-  if (written < 0) return written;
-  if ((size_t) written == total) return 0;
-
-  uv_write_t *req = malloc(sizeof *req + total - (size_t) written);
-  if (req == NULL) return UV_ENOMEM;
-  char *rest = (char *) (req + 1), *dst = rest;
-  size_t skip = (size_t) written;
-  for (unsigned i = 0; i <= nparts; i++) {
-    if (skip >= bufs[i].len) {
-      skip -= bufs[i].len;
-      continue;
-    }
-    memcpy(dst, bufs[i].base + skip, bufs[i].len - skip);
-    dst += bufs[i].len - skip;
-    skip = 0;
+  int rc = 0, written = 0;
+  if (p->channel.write_queue_size == 0) { /* else frames would overtake queued ones */
+    written = uv_try_write((uv_stream_t *) &p->channel, bufs, nparts + 1);
+    if (written == UV_EAGAIN) written = 0;
+    if (written < 0) return written;
   }
-  uv_buf_t buf = uv_buf_init(rest, (unsigned) (dst - rest));
-  int rc = uv_write(req, (uv_stream_t *) &p->channel, &buf, 1, mj_write_cb);
-  if (rc != 0) free(req);
+  if ((size_t) written < total) rc = queue_rest(p, bufs, nparts + 1, (size_t) written);
+  if (rc >= 0 && token != 0) { /* the child now owes frames about this job only */
+    p->state = MJ_CHILD_BUSY;
+    p->job = job;
+    p->token = token;
+  }
   return rc;
 }
 

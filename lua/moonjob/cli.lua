@@ -20,6 +20,7 @@ local core = require "moonjob.core"
 local json = require "moonjob.json"
 local loop = require "moonjob.loop"
 local moonjob = require "moonjob"
+local moonjob_job = require "moonjob.job"
 
 local M = {}
 
@@ -134,7 +135,7 @@ local function result_line(job)
   local tail = (',"attempts":%d,"ms":%s}\n'):format(job.attempts, json.number_text(
     math.floor((job.ms or 0) * 1000 + 0.5) / 1000))
   if job.state == "completed" then
-    return head .. '"result":', job.result_bytes, tail
+    return head .. '"result":', moonjob_job.bytes(job.result_bytes), tail
   end
   local err = job.error
   local text = '{"code":' .. assert(json.encode(tostring(err.code))) .. ',"message":'

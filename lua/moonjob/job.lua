@@ -24,9 +24,17 @@ local methods = {}
 -- metatable, `attempts` reads 0 until set, `logs` is made on first use.
 local SLOTS = { id = 1, data_bytes = 2, state = 3, added = 4, qindex = 5, priority = 6 }
 
+-- Job.bytes(payload) -> string. A payload larger than the core's piece size
+-- (1 MiB) arrives as a list of pieces, so that no loop callback copies it
+-- whole; it is joined only when someone needs it as one string.
+function Job.bytes(payload)
+  if type(payload) == "table" then return table.concat(payload) end
+  return payload
+end
+
 local decoders = {
-  lua = buffer.decode,
-  json = function(bytes) return bytes end, -- JSON text is handed over as is
+  lua = function(bytes) return buffer.decode(Job.bytes(bytes)) end,
+  json = Job.bytes, -- JSON text is handed over as is
 }
 
 local function index(pool, job, key)
@@ -54,7 +62,7 @@ local function index(pool, job, key)
   end
   if key == "progress" then
     local bytes = rawget(job, "progress_bytes")
-    return bytes and buffer.decode(bytes)
+    return bytes and buffer.decode(Job.bytes(bytes))
   end
   return nil
 end

@@ -22,6 +22,7 @@
 local buffer = require "string.buffer"
 local core = require "moonjob.core"
 local errors = require "moonjob.errors"
+local Job = require "moonjob.job"
 
 local frame = core.frame
 
@@ -75,7 +76,8 @@ end
 -- gone (the job never reached it; the worker is "lost" until its exit event).
 function Worker:run(job, meta_bytes)
   if not self.process:send(frame.JOB, job.id, meta_bytes, job.data_bytes) then
-    self.state = "lost"
+    self.state = "lost" -- a frame may be cut short in the channel: the child must go
+    self:kill()
     return false
   end
   self.state, self.job = "busy", job
@@ -156,7 +158,7 @@ end
 ---------------------------------------------------------------- frames ---
 
 local function decode_error(bytes)
-  local ok, err = pcall(buffer.decode, bytes)
+  local ok, err = pcall(buffer.decode, Job.bytes(bytes))
   if not ok or type(err) ~= "table" then
     err = { code = "EPROCESSOR", message = "undecodable error from the child" }
   end
@@ -220,7 +222,7 @@ end
 
 on_frame[frame.LOG] = function(w, seq, payload)
   local job = w:current(seq)
-  if job then w.pool:_output_line(w, job, "log", payload) end
+  if job then w.pool:_output_line(w, job, "log", Job.bytes(payload)) end
 end
 
 ---------------------------------------------------------------- events ---
