@@ -69,6 +69,13 @@ local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout 
   max_log_bytes = true }
 local WHOLE = { size = true, max_jobs_per_child = true, min_size = true, max_procs = true,
   attempts = true, cache_max = true, max_queue = true }
+-- Upper bounds, so that no option reaches C as a number it cannot hold.
+local SECONDS_MAX = 1e9
+local MAXIMUM = { size = 1024, max_payload = 2 ^ 30, memory_limit = 2 ^ 46, max_procs = 2 ^ 31 - 1,
+  max_log_bytes = 2 ^ 40, attempts = 2 ^ 31, cache_max = 2 ^ 31, max_queue = 2 ^ 53,
+  min_size = 1024, max_jobs_per_child = 2 ^ 53, timeout = SECONDS_MAX, kill_after = SECONDS_MAX,
+  ack_timeout = SECONDS_MAX, start_timeout = SECONDS_MAX, idle_timeout = SECONDS_MAX,
+  cache = SECONDS_MAX }
 local CODECS = { lua = true, json = true }
 local EVENTS = {
   completed = true, failed = true, progress = true, log = true, active = true,
@@ -116,6 +123,9 @@ local function check_options(opts)
     end
     if type(v) == "number" and not (v >= 0) then
       error(("moonjob.pool: option '%s' must not be negative"):format(k), 4)
+    end
+    if MAXIMUM[k] and not (v <= MAXIMUM[k]) then
+      error(("moonjob.pool: option '%s' must be at most %.0f"):format(k, MAXIMUM[k]), 4)
     end
   end
   if opts.codec and not CODECS[opts.codec] then
@@ -707,11 +717,12 @@ local function check_add_options(opts)
       error(("pool:add(): unknown option '%s' (known: attempts, backoff, dedupe, delay, id, "
         .. "kill_after, name, priority, timeout)"):format(tostring(k)), 3)
     end
-    if want == "number" and not (type(v) == "number" and v >= 0) then
-      error(("pool:add(): option '%s' must be a number of seconds"):format(k), 3)
-    elseif want == "priority" and type(v) ~= "number" then
-      error("pool:add(): option 'priority' must be a number (lower runs first)", 3)
-    elseif want == "attempts" and not (type(v) == "number" and v >= 1 and v == math.floor(v)) then
+    if want == "number" and not (type(v) == "number" and v >= 0 and v <= SECONDS_MAX) then
+      error(("pool:add(): option '%s' must be a number of seconds (0 to %.0f)"):format(k, SECONDS_MAX), 3)
+    elseif want == "priority" and not (type(v) == "number" and v > -math.huge and v < math.huge) then
+      error("pool:add(): option 'priority' must be a finite number (lower runs first)", 3)
+    elseif want == "attempts" and not (type(v) == "number" and v >= 1 and v <= 2 ^ 31
+        and v == math.floor(v)) then
       error("pool:add(): option 'attempts' must be a whole number, 1 or more", 3)
     elseif want == "backoff" then
       local ok, why = Backoff.check(v)
