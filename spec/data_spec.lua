@@ -29,6 +29,46 @@ describe("data across the channel", function()
     local big = string.rep("0123456789", 800000)
     assert.equal(big, pool:run(big).data)
   end)
+
+  describe("in frames larger than the core's piece size", function()
+    local unit = "abcdefghijklmnopqrstuvwxyz0123456789-" -- 37 bytes: pieces never repeat
+    local n = 100000                                     -- 3.7 MB
+
+    it("delivers a result whole to a completed listener and to wait()", function()
+      local pool = h.pool("big_parts.lua", { size = 1 })
+      local seen
+      pool:on("completed", function(_, result) seen = result end)
+      local result = pool:run({ how = "result", unit = unit, n = n })
+      assert.equal(string.rep(unit, n), result.text)
+      assert.equal(string.rep(unit, n), seen.text)
+    end)
+
+    it("delivers a progress value, a log line and an error whole", function()
+      local pool = h.pool("big_parts.lua", { size = 1 })
+      local progress
+      pool:on("progress", function(_, value) progress = value end)
+      local job = pool:add({ how = "progress", unit = unit, n = n })
+      job:wait()
+      assert.equal(string.rep(unit, n), progress.text)
+      job = pool:add({ how = "log", unit = unit, n = n })
+      job:wait()
+      assert.equal(string.rep(unit, n), job.logs[1])
+      local _, err = pool:run({ how = "error", unit = unit, n = n })
+      assert.equal("EBIG", err.code)
+      assert.equal(string.rep(unit, n), err.text)
+    end)
+
+    it("keeps results of jobs back to back apart", function()
+      local pool = h.pool("big_parts.lua", { size = 2 })
+      local jobs = {}
+      for i = 1, 8 do jobs[i] = pool:add({ how = "result", unit = tostring(i):rep(37), n = 10000 + i }) end
+      for i = 1, 8 do
+        local result = jobs[i]:wait()
+        assert.equal(10000 + i, result.n)
+        assert.equal(tostring(i):rep(37 * (10000 + i)), result.text)
+      end
+    end)
+  end)
 end)
 
 describe("the child's output", function()

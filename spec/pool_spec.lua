@@ -35,6 +35,17 @@ describe("moonjob.pool", function()
         "moonjob.pool: option 'size' must be a whole number")
     end)
 
+    it("raises on numbers past what the pool can hold, naming the bound", function()
+      assert.has_error(function() moonjob.pool(h.fixture("echo.lua"), { size = math.huge }) end,
+        "moonjob.pool: option 'size' must be at most 1024")
+      assert.has_error(function() moonjob.pool(h.fixture("echo.lua"), { max_payload = 2 ^ 32 }) end,
+        "moonjob.pool: option 'max_payload' must be at most 1073741824")
+      assert.has_error(function() moonjob.pool(h.fixture("echo.lua"), { timeout = math.huge }) end,
+        "moonjob.pool: option 'timeout' must be at most 1000000000")
+      assert.has_error(function() moonjob.pool(h.fixture("echo.lua"), { kill_after = 0 / 0 }) end,
+        "moonjob.pool: option 'kill_after' must not be negative")
+    end)
+
     it("defaults size to the number of logical CPUs", function()
       local pool = h.pool("echo.lua")
       assert.equal(require("moonjob.core").cpu_count(), pool:stats().size)

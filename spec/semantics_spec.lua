@@ -90,6 +90,17 @@ end)
 describe("delay and priority", function()
   after_each(h.cleanup)
 
+  it("refuse numbers that cannot order or time a job, naming the option", function()
+    local pool = h.pool("order.lua", { size = 1 })
+    assert.has_error(function() pool:add(1, { priority = 0 / 0 }) end,
+      "pool:add(): option 'priority' must be a finite number (lower runs first)")
+    assert.has_error(function() pool:add(1, { delay = math.huge }) end,
+      "pool:add(): option 'delay' must be a number of seconds (0 to 1000000000)")
+    assert.has_error(function() pool:add(1, { timeout = -1 }) end,
+      "pool:add(): option 'timeout' must be a number of seconds (0 to 1000000000)")
+    assert.equal(0, pool:stats().waiting)
+  end)
+
   it("delay holds a job back for that many seconds", function()
     local pool = h.pool("order.lua", { size = 1 })
     pool:run("warm")
