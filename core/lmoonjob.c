@@ -38,15 +38,27 @@
 #define LMJ_INPUT "moonjob.input"
 #define LMJ_OUTPUT "moonjob.output"
 
+/* The loop context is malloc'd and the userdata holds a pointer to it: when
+ * the Lua state closes, a request still in libuv's thread pool may point into
+ * it, and it must then outlive the state (see lmj_ctx_gc). */
 typedef struct {
   mj_ctx_t ctx;
   lua_State *L;      /* the thread running the loop, for callbacks */
+  int finalizing;    /* the Lua state is closing: no more calls into Lua */
 } lmj_ctx_t;
 
 /* ------------------------------------------------------------- helpers --- */
 
 static lmj_ctx_t *lmj_ctx(lua_State *L) {
-  return lua_touserdata(L, lua_upvalueindex(1));
+  return *(lmj_ctx_t **) lua_touserdata(L, lua_upvalueindex(1));
+}
+
+/* A number argument that fits [min, max], else a "bad argument" error. */
+static double lmj_check_range(lua_State *L, int idx, double min, double max) {
+  double v = luaL_checknumber(L, idx);
+  if (!(v >= min && v <= max))
+    luaL_argerror(L, idx, lua_pushfstring(L, "must be a number from %f to %f", min, max));
+  return v;
 }
 
 /* The luv "fail" convention: nil, "ECODE: message", "ECODE". */
@@ -235,6 +247,7 @@ static void lmj_process_event_cb(mj_process_t *p, const mj_process_event_t *ev) 
   lmj_process_t *lp = (lmj_process_t *) p;
   lua_State *L = lp->lctx->L;
   int nargs = 1;
+  if (lp->lctx->finalizing) return;
   if (ev->kind == MJ_PROCESS_PART) return lmj_add_piece(L, lp, ev->data, ev->len);
   if (ev->kind == MJ_PROCESS_SENT) return lmj_release_sent(L, lp);
   lua_rawgeti(L, LUA_REGISTRYINDEX, lp->cb_ref);
@@ -297,22 +310,23 @@ static void lmj_process_event_cb(mj_process_t *p, const mj_process_event_t *ev) 
   }
 }
 
-/* Reads the NULL-terminated string array t[1..n] into a malloc'd array. The
+/* Reads the list field `name` (stack slot idx: a table of strings, or nil)
+ * into a NULL-terminated array allocated as a userdata, so an error raised
+ * later leaks nothing; `first` (if not NULL) goes before the list. The
  * strings stay owned by the table, which the caller keeps on the stack. */
-static const char **lmj_string_array(lua_State *L, int idx, const char *first) {
-  int n = lua_isnoneornil(L, idx) ? 0 : (int) lua_objlen(L, idx);
+static const char **lmj_string_array(lua_State *L, int idx, const char *name, const char *first) {
+  if (!lua_isnil(L, idx) && !lua_istable(L, idx))
+    luaL_error(L, "core.spawn: '%s' must be a list of strings, not a %s", name, luaL_typename(L, idx));
+  int n = lua_isnil(L, idx) ? 0 : (int) lua_objlen(L, idx);
   int extra = first ? 1 : 0;
-  const char **a = malloc((size_t) (n + extra + 1) * sizeof *a);
-  if (a == NULL) return NULL;
+  const char **a = lua_newuserdata(L, (size_t) (n + extra + 1) * sizeof *a);
   if (first) a[0] = first;
   for (int i = 1; i <= n; i++) {
     lua_rawgeti(L, idx, i);
+    if (lua_type(L, -1) != LUA_TSTRING) /* a number converted here could be collected */
+      luaL_error(L, "core.spawn: %s[%d] must be a string, not a %s", name, i, luaL_typename(L, -1));
     a[i - 1 + extra] = lua_tostring(L, -1);
     lua_pop(L, 1); /* the string stays referenced by the table */
-    if (a[i - 1 + extra] == NULL) {
-      free(a);
-      luaL_error(L, "element %d of the list is not a string", i);
-    }
   }
   a[n + extra] = NULL;
   return a;
@@ -328,19 +342,16 @@ static int lmj_spawn(lua_State *L) {
   lua_getfield(L, 1, "env");        /* 4 */
   lua_getfield(L, 1, "max_frame");  /* 5 */
   lua_getfield(L, 1, "on_event");   /* 6 */
-  const char *file = luaL_checkstring(L, 2);
+  if (lua_type(L, 2) != LUA_TSTRING) luaL_error(L, "core.spawn: 'file' must be a string");
+  const char *file = lua_tostring(L, 2);
+  luaL_checktype(L, 6, LUA_TFUNCTION);
   mj_spawn_options_t opts;
   opts.file = file;
-  opts.max_frame = (uint32_t) luaL_optnumber(L, 5, 64.0 * 1024 * 1024 + 65536);
-  const char **args = lmj_string_array(L, 3, file);
-  const char **env = lmj_string_array(L, 4, NULL);
-  if (args == NULL || env == NULL) {
-    free(args);
-    free(env);
-    return lmj_fail(L, UV_ENOMEM);
-  }
-  opts.args = (char **) args;
-  opts.env_overrides = env;
+  opts.max_frame = 64u * 1024 * 1024 + 65536;
+  if (!lua_isnil(L, 5))
+    opts.max_frame = (uint32_t) lmj_check_range(L, 5, 0, UINT32_MAX - MJ_FRAME_HEADER_SIZE);
+  opts.args = (char **) lmj_string_array(L, 3, "args", file);   /* 7 */
+  opts.env_overrides = lmj_string_array(L, 4, "env", NULL);    /* 8 */
 
   lmj_process_t *lp = lua_newuserdata(L, sizeof *lp);
   memset(lp, 0, sizeof *lp);
@@ -352,8 +363,6 @@ static int lmj_spawn(lua_State *L) {
   lua_pushvalue(L, -1);
   lp->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   int rc = mj_process_spawn(&c->ctx, &lp->p, &opts, lmj_process_event_cb);
-  free(args);
-  free(env);
   if (rc != 0) {
     if (lp->p.open_handles == 0) { /* no CLOSED event will come */
       lmj_unref(L, &lp->cb_ref);
@@ -367,8 +376,8 @@ static int lmj_spawn(lua_State *L) {
 /* process:send(type, job, part1 [, part2 ...]) -> true | nil, err, code */
 static int lmj_process_send(lua_State *L) {
   lmj_process_t *lp = lmj_check_process(L, 1);
-  uint32_t type = (uint32_t) luaL_checkinteger(L, 2);
-  uint64_t job = (uint64_t) luaL_checknumber(L, 3);
+  uint32_t type = (uint32_t) lmj_check_range(L, 2, 0, MJ_FRAME_TYPE_MASK);
+  uint64_t job = (uint64_t) lmj_check_range(L, 3, 0, 9007199254740992.0);
   uv_buf_t parts[4];
   unsigned n = (unsigned) (lua_gettop(L) - 3);
   luaL_argcheck(L, n <= 4, 8, "at most 4 payload parts");
@@ -389,7 +398,7 @@ static int lmj_signal_number(lua_State *L, int idx) {
                                       "SIGUSR1", "SIGUSR2", "SIGSTOP", "SIGCONT", NULL};
   static const int numbers[] = {SIGTERM, SIGKILL, SIGINT, SIGHUP, SIGUSR1, SIGUSR2,
                                 SIGSTOP, SIGCONT};
-  if (lua_type(L, idx) == LUA_TNUMBER) return (int) lua_tointeger(L, idx);
+  if (lua_type(L, idx) == LUA_TNUMBER) return (int) lmj_check_range(L, idx, 0, 64);
   return numbers[luaL_checkoption(L, idx, "SIGTERM", names)];
 }
 
@@ -451,6 +460,7 @@ static lmj_timer_t *lmj_check_timer(lua_State *L, int idx) {
 static void lmj_timer_cb(uv_timer_t *handle) {
   lmj_timer_t *t = handle->data;
   lua_State *L = t->lctx->L;
+  if (t->lctx->finalizing) return;
   lua_rawgeti(L, LUA_REGISTRYINDEX, t->cb_ref);
   lmj_call(L, 0);
 }
@@ -474,8 +484,8 @@ static int lmj_timer_new(lua_State *L) {
 /* timer:start(ms [, repeat_ms]) */
 static int lmj_timer_start(lua_State *L) {
   lmj_timer_t *t = lmj_check_timer(L, 1);
-  double ms = luaL_checknumber(L, 2), rep = luaL_optnumber(L, 3, 0);
-  luaL_argcheck(L, ms >= 0, 2, "must not be negative");
+  double ms = lmj_check_range(L, 2, 0, 1e15);
+  double rep = lua_isnoneornil(L, 3) ? 0 : lmj_check_range(L, 3, 0, 1e15);
   uv_timer_start(&t->timer, lmj_timer_cb, (uint64_t) ms, (uint64_t) rep);
   return 0;
 }
@@ -494,6 +504,7 @@ static int lmj_timer_unref(lua_State *L) {
 static void lmj_timer_close_cb(uv_handle_t *handle) {
   lmj_timer_t *t = handle->data;
   lua_State *L = t->lctx->L;
+  if (t->lctx->finalizing) return;
   lmj_unref(L, &t->self_ref);
 }
 
@@ -515,13 +526,14 @@ typedef struct {
 
 static lmj_input_t *lmj_check_input(lua_State *L, int idx) {
   lmj_input_t *li = luaL_checkudata(L, idx, LMJ_INPUT);
-  if (li->self_ref == LUA_NOREF) luaL_argerror(L, idx, "the input is closed");
+  if (li->line_ref == LUA_NOREF) luaL_argerror(L, idx, "the input is closed");
   return li;
 }
 
 static void lmj_line_cb(mj_input_t *in, const char *line, size_t len, int too_long) {
   lmj_input_t *li = (lmj_input_t *) in;
   lua_State *L = li->lctx->L;
+  if (li->lctx->finalizing) return;
   lua_rawgeti(L, LUA_REGISTRYINDEX, li->line_ref);
   if (too_long) lua_pushnil(L);
   else lua_pushlstring(L, line, len);
@@ -532,22 +544,34 @@ static void lmj_line_cb(mj_input_t *in, const char *line, size_t len, int too_lo
 static void lmj_input_end_cb(mj_input_t *in, int error) {
   lmj_input_t *li = (lmj_input_t *) in;
   lua_State *L = li->lctx->L;
+  if (li->lctx->finalizing) return;
   lua_rawgeti(L, LUA_REGISTRYINDEX, li->end_ref);
   if (error) lua_pushfstring(L, "%s: %s", uv_err_name(error), uv_strerror(error));
   else lua_pushnil(L);
   lmj_call(L, 1);
 }
 
+/* The C side let go of everything: the userdata may be collected. */
+static void lmj_input_freed_cb(mj_input_t *in) {
+  lmj_input_t *li = (lmj_input_t *) in;
+  if (li->lctx->finalizing) return;
+  lmj_unref(li->lctx->L, &li->self_ref);
+}
+
 /* core.input(fd, max_line, on_line(line|nil, len), on_end(err|nil)) -> input,
- * paused: call input:resume() to start. A nil line was longer than max_line. */
+ * paused: call input:resume() to start. A nil line was longer than max_line.
+ * The input owns fd when it is above 2 (closed by input:close()). */
 static int lmj_input_new(lua_State *L) {
   lmj_ctx_t *c = lmj_ctx(L);
-  int fd = (int) luaL_checkinteger(L, 1);
-  size_t max_line = (size_t) luaL_checknumber(L, 2);
+  int fd = (int) lmj_check_range(L, 1, 0, INT_MAX);
+  size_t max_line = (size_t) lmj_check_range(L, 2, 1, 2147483648.0);
+  luaL_checktype(L, 3, LUA_TFUNCTION);
+  luaL_checktype(L, 4, LUA_TFUNCTION);
   lmj_input_t *li = lua_newuserdata(L, sizeof *li);
   luaL_getmetatable(L, LMJ_INPUT);
   lua_setmetatable(L, -2);
   mj_input_init(&c->ctx, &li->in, fd, max_line, lmj_line_cb, lmj_input_end_cb);
+  li->in.on_freed = lmj_input_freed_cb;
   li->lctx = c;
   li->line_ref = lmj_ref_function(L, 3);
   li->end_ref = lmj_ref_function(L, 4);
@@ -568,16 +592,14 @@ static int lmj_input_pause(lua_State *L) {
   return 0;
 }
 
-/* input:close(): no more lines; the memory goes once no read is in flight. */
+/* input:close(): no more lines, also from inside on_line; the memory and the
+ * descriptor go once no read is in flight. */
 static int lmj_input_close(lua_State *L) {
   lmj_input_t *li = luaL_checkudata(L, 1, LMJ_INPUT);
-  if (li->self_ref == LUA_NOREF) return 0;
-  mj_input_free(&li->in);
-  lmj_unref(L, &li->line_ref);
+  if (li->line_ref == LUA_NOREF) return 0;
+  lmj_unref(L, &li->line_ref); /* a callback running now keeps its function on the stack */
   lmj_unref(L, &li->end_ref);
-  if (!li->in.reading) lmj_unref(L, &li->self_ref);
-  /* else the reference is kept: the read callback still points here. It is
-   * the CLI's exit that ends it. */
+  mj_input_free(&li->in);      /* may call lmj_input_freed_cb at once */
   return 0;
 }
 
@@ -595,31 +617,40 @@ static int lmj_open(lua_State *L) {
 /* -------------------------------------------------------------- output --- */
 
 typedef struct {
-  mj_output_t out;
+  mj_output_t *out; /* NULL once released */
 } lmj_output_t;
 
-/* core.output(fd) -> output: ordered writes that never block the loop. */
+static mj_output_t *lmj_check_output(lua_State *L, int idx) {
+  lmj_output_t *lo = luaL_checkudata(L, idx, LMJ_OUTPUT);
+  if (lo->out == NULL) luaL_argerror(L, idx, "the output is released");
+  return lo->out;
+}
+
+/* core.output(fd) -> output: ordered writes that never block the loop. The
+ * output outlives its userdata until what was written to it is out. */
 static int lmj_output_new(lua_State *L) {
   lmj_ctx_t *c = lmj_ctx(L);
-  int fd = (int) luaL_checkinteger(L, 1);
+  int fd = (int) lmj_check_range(L, 1, 0, INT_MAX);
   lmj_output_t *lo = lua_newuserdata(L, sizeof *lo);
+  lo->out = NULL;
   luaL_getmetatable(L, LMJ_OUTPUT);
   lua_setmetatable(L, -2);
-  mj_output_init(&c->ctx, &lo->out, fd);
+  lo->out = mj_output_new(&c->ctx, fd);
+  if (lo->out == NULL) return luaL_error(L, "not enough memory for an output");
   return 1;
 }
 
 /* output:write(s, ...) -> true | nil, err, code (the first write error,
  * sticky). The pieces go out together, in one write when nothing is in flight. */
 static int lmj_output_write(lua_State *L) {
-  lmj_output_t *lo = luaL_checkudata(L, 1, LMJ_OUTPUT);
+  mj_output_t *out = lmj_check_output(L, 1);
   int n = lua_gettop(L), rc = 0;
   for (int i = 2; i <= n && rc == 0; i++) {
     size_t len;
     const char *s = luaL_checklstring(L, i, &len);
-    rc = mj_output_append(&lo->out, s, len);
+    rc = mj_output_append(out, s, len);
   }
-  if (rc == 0) rc = mj_output_start(&lo->out);
+  if (rc == 0) rc = mj_output_start(out);
   if (rc != 0) return lmj_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
@@ -627,8 +658,7 @@ static int lmj_output_write(lua_State *L) {
 
 /* output:pending() -> bytes not yet written */
 static int lmj_output_pending(lua_State *L) {
-  lmj_output_t *lo = luaL_checkudata(L, 1, LMJ_OUTPUT);
-  mj_output_t *o = &lo->out;
+  mj_output_t *o = lmj_check_output(L, 1);
   if (o->error) return lmj_fail(L, o->error);
   lua_pushnumber(L, (lua_Number) (o->pending_len + o->inflight_len - o->inflight_off));
   return 1;
@@ -636,7 +666,8 @@ static int lmj_output_pending(lua_State *L) {
 
 static int lmj_output_gc(lua_State *L) {
   lmj_output_t *lo = luaL_checkudata(L, 1, LMJ_OUTPUT);
-  mj_output_free(&lo->out);
+  if (lo->out) mj_output_release(lo->out);
+  lo->out = NULL;
   return 0;
 }
 
@@ -693,6 +724,48 @@ static void lmj_ignore_sigpipe(void) {
     signal(SIGPIPE, SIG_IGN);
 }
 
+/* The state is closing (or the context was dropped): every child is killed
+ * and reaped, every handle closed, the loop closed. When requests are still in
+ * libuv's thread pool (a read blocked on a terminal), the context is left
+ * allocated: they point into it. */
+static int lmj_ctx_gc(lua_State *L) {
+  lmj_ctx_t **slot = lua_touserdata(L, 1);
+  lmj_ctx_t *c = *slot;
+  if (c == NULL) return 0;
+  *slot = NULL;
+  c->finalizing = 1;
+  if (mj_ctx_close(&c->ctx) == 0) free(c);
+  return 0;
+}
+
+/* Pushes a new loop context: a userdata holding a pointer to it. */
+static void lmj_new_ctx(lua_State *L) {
+  lmj_ctx_t **slot = lua_newuserdata(L, sizeof *slot);
+  *slot = NULL;
+  luaL_newmetatable(L, LMJ_CTX);
+  lua_pushcfunction(L, lmj_ctx_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  lmj_ctx_t *c = calloc(1, sizeof *c);
+  if (c == NULL) luaL_error(L, "not enough memory for the event loop");
+  int rc = mj_ctx_init(&c->ctx);
+  if (rc != 0) {
+    free(c);
+    luaL_error(L, "cannot create the event loop: %s", uv_strerror(rc));
+  }
+  c->L = L;
+  *slot = c;
+}
+
+/* Keeps this module (and libuv with it) loaded until the process ends: a
+ * signal handler or a thread pool thread of libuv must never outlive its
+ * code, whatever order the Lua state closes in. */
+static void lmj_pin_module(void) {
+  Dl_info info;
+  if (dladdr((void *) luaopen_moonjob_core, &info) != 0 && info.dli_fname != NULL)
+    dlopen(info.dli_fname, RTLD_NOW | RTLD_NODELETE);
+}
+
 int luaopen_moonjob_core(lua_State *L) {
   static const luaL_Reg functions[] = {
     {"run", lmj_run}, {"catch_sigint", lmj_catch_sigint}, {"running", lmj_running}, {"hrtime", lmj_hrtime}, {"cpu_count", lmj_cpu_count},
@@ -713,14 +786,12 @@ int luaopen_moonjob_core(lua_State *L) {
     {"write", lmj_output_write}, {"pending", lmj_output_pending}, {NULL, NULL}};
 
   lmj_ignore_sigpipe();
+  lmj_pin_module();
   /* One loop per Lua state, created on first require, kept in the registry. */
   lua_getfield(L, LUA_REGISTRYINDEX, LMJ_CTX);
   if (lua_isnil(L, -1)) {
     lua_pop(L, 1);
-    lmj_ctx_t *c = lua_newuserdata(L, sizeof *c);
-    int rc = mj_ctx_init(&c->ctx);
-    if (rc != 0) return luaL_error(L, "cannot create the event loop: %s", uv_strerror(rc));
-    c->L = L;
+    lmj_new_ctx(L);
     lua_pushvalue(L, -1);
     lua_setfield(L, LUA_REGISTRYINDEX, LMJ_CTX);
   }

@@ -11,7 +11,9 @@
  * being run interruptibly is kept in one static pointer; nested interruptible
  * runs cannot happen because runs do not nest.
  */
+#include <errno.h>
 #include <string.h>
+#include <time.h>
 
 #include "moonjob.h"
 
@@ -19,10 +21,13 @@ static mj_ctx_t *volatile sigint_target; /* the context catching SIGINT, if any 
 
 static void mj_sigint_handler(int signum) {
   (void) signum;
+  int saved_errno = errno;            /* the interrupted code may be reading errno */
   mj_ctx_t *ctx = sigint_target;
-  if (ctx == NULL) return;
-  ctx->interrupted = 1;
-  uv_async_send(&ctx->wakeup);        /* async-signal-safe */
+  if (ctx != NULL) {
+    ctx->interrupted = 1;
+    uv_async_send(&ctx->wakeup);      /* async-signal-safe */
+  }
+  errno = saved_errno;
 }
 
 static void mj_wakeup_cb(uv_async_t *handle) {
@@ -78,4 +83,36 @@ int mj_ctx_run(mj_ctx_t *ctx, uv_run_mode mode) {
     return MJ_EINTERRUPTED;
   }
   return uv_loop_alive(&ctx->loop);
+}
+
+/* Handles left after processes and inputs were closed (timers, whose memory
+ * belongs to their owner, and the context's own) need no close callback. */
+static void mj_close_walk_cb(uv_handle_t *h, void *arg) {
+  (void) arg;
+  if (!uv_is_closing(h)) uv_close(h, NULL);
+}
+
+/* Ends everything the context owns, for good: spawns in flight are waited for,
+ * every child is SIGKILLed with its process group and reaped, every handle is
+ * closed, and the loop is closed. The owner's callbacks still run meanwhile
+ * (for example close callbacks) and must not call back into a program that is
+ * going away. Returns 0, or UV_EBUSY when requests in libuv's thread pool (a
+ * read blocked on a terminal) did not end within about two seconds: the
+ * context's memory must then never be freed. */
+int mj_ctx_close(mj_ctx_t *ctx) {
+  enum { WAIT_MS = 2000 };
+  uint64_t deadline = uv_hrtime() + (uint64_t) WAIT_MS * 1000000;
+  mj_ctx_catch_sigint(ctx, 0);
+  while (ctx->spawning > 0 && uv_hrtime() < deadline) uv_run(&ctx->loop, UV_RUN_NOWAIT);
+  mj__reap_kill_all(ctx, WAIT_MS);
+  mj__process_close_all(ctx);
+  mj__input_close_all(ctx);
+  uv_walk(&ctx->loop, mj_close_walk_cb, NULL);
+  while (uv_run(&ctx->loop, UV_RUN_NOWAIT) != 0 && uv_hrtime() < deadline) {
+    const struct timespec pause = {0, 1000000};
+    nanosleep(&pause, NULL);
+  }
+  int rc = uv_loop_close(&ctx->loop);
+  if (rc == 0) mj__output_detach_all(ctx);
+  return rc;
 }

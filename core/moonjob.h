@@ -43,6 +43,9 @@ typedef struct mj_ctx_s {
   uv_signal_t sigchld;                 /* reap.c: our children's exits */
   int sigchld_started;
   mj_process_t *live;                  /* reap.c: children not reaped yet */
+  mj_process_t *open;                  /* process.c: processes whose handles are open */
+  struct mj_input_s *inputs;           /* stdio.c: inputs not freed yet */
+  struct mj_output_s *outputs;         /* stdio.c: outputs not freed yet */
   uv_async_t wakeup;                   /* wakes the loop from the SIGINT handler */
   volatile sig_atomic_t interrupted;   /* set by the SIGINT handler */
   int running;                         /* inside uv_run: the loop is not reentrant */
@@ -50,6 +53,8 @@ typedef struct mj_ctx_s {
   void *data;                          /* owner's context (the Lua state) */
   uint64_t tokens[64];                 /* process.c: random job tokens, drawn in batches */
   unsigned ntokens;                    /* tokens not used yet */
+  int spawning;                        /* spawn.c: spawns queued on worker threads */
+  char scratch[64 * 1024];             /* process.c: output read buffer, used synchronously */
 } mj_ctx_t;
 
 #define MJ_EINTERRUPTED (-10000)       /* mj_ctx_run stopped by SIGINT */
@@ -58,6 +63,7 @@ typedef struct mj_ctx_s {
 int mj_ctx_init(mj_ctx_t *ctx);
 int mj_ctx_run(mj_ctx_t *ctx, uv_run_mode mode);
 void mj_ctx_catch_sigint(mj_ctx_t *ctx, int on);
+int mj_ctx_close(mj_ctx_t *ctx);
 
 /* --------------------------------------------------------- process.c --- */
 
@@ -128,6 +134,7 @@ struct mj_process_s {
   mj_shared_t *shared;                 /* the page shared with the child, or NULL */
   int shared_fd;                       /* its memfd until the spawn is done, else -1 */
   mj_process_t *next_live, *prev_live; /* reap.c's list */
+  mj_process_t *next_open, *prev_open; /* the context's list of open processes */
   unsigned spawned : 1, exited : 1, closing : 1, channel_eof : 1, watched : 1, streaming : 1;
 };
 
@@ -156,6 +163,7 @@ int mj_process_taken(const mj_process_t *p);
 
 /* Internal: process.c <- spawn.c and reap.c */
 void mj__process_spawned(mj_process_t *p, int pid, int error);
+void mj__process_close_all(mj_ctx_t *ctx);
 void mj__process_exited(mj_process_t *p, int64_t exit_status, int term_signal);
 
 /* ----------------------------------------------------- spawn.c, reap.c --- */
@@ -165,24 +173,37 @@ int mj__spawn_queue(mj_process_t *p, const mj_spawn_options_t *opts, const int c
                     int shared_fd);
 int mj__reap_watch(mj_process_t *p);
 void mj__reap_unwatch(mj_process_t *p);
+void mj__reap_kill_all(mj_ctx_t *ctx, uint64_t timeout_ms);
 
 /* ----------------------------------------------------------- stdio.c --- */
 
 typedef struct mj_input_s mj_input_t;
 typedef void (*mj_line_cb)(mj_input_t *in, const char *line, size_t len, int too_long);
 typedef void (*mj_input_end_cb)(mj_input_t *in, int error);
+typedef void (*mj_input_freed_cb)(mj_input_t *in);
+
+typedef enum { MJ_INPUT_FILE, MJ_INPUT_PIPE, MJ_INPUT_TTY } mj_input_mode_t;
 
 struct mj_input_s {
-  uv_fs_t req;
+  uv_fs_t req;                         /* MJ_INPUT_FILE: the read in flight */
+  union {                              /* MJ_INPUT_PIPE, MJ_INPUT_TTY */
+    uv_handle_t handle;
+    uv_pipe_t pipe;
+    uv_tty_t tty;
+  } stream;
   mj_ctx_t *ctx;
   int fd;
+  mj_input_mode_t mode;
   mj_line_cb on_line;
   mj_input_end_cb on_end;
+  mj_input_freed_cb on_freed;          /* optional: the input released everything */
   void *data;
   char *buf;                           /* unread bytes: [0, len) */
   size_t len, cap, max_line;
   int skipping;                        /* inside a line longer than max_line */
-  unsigned reading : 1, paused : 1, ended : 1, closing : 1;
+  mj_input_t *next, *prev;             /* the context's list of inputs */
+  unsigned reading : 1, paused : 1, ended : 1, closing : 1, delivering : 1, stream_open : 1,
+      fd_in_stream : 1;
 };
 
 typedef struct mj_output_s mj_output_t;
@@ -193,7 +214,8 @@ struct mj_output_s {
   char *pending, *inflight;            /* bytes waiting; bytes being written */
   size_t pending_len, pending_cap, inflight_len, inflight_off, inflight_cap;
   int error;                           /* first write error, sticky */
-  unsigned writing : 1;
+  mj_output_t *next, *prev;            /* the context's list of outputs */
+  unsigned writing : 1, orphaned : 1;  /* orphaned: released, frees itself when done */
 };
 
 void mj_input_init(mj_ctx_t *ctx, mj_input_t *in, int fd, size_t max_line,
@@ -201,10 +223,12 @@ void mj_input_init(mj_ctx_t *ctx, mj_input_t *in, int fd, size_t max_line,
 int mj_input_resume(mj_input_t *in);
 void mj_input_pause(mj_input_t *in);
 void mj_input_free(mj_input_t *in);
+void mj__input_close_all(mj_ctx_t *ctx);
 
-void mj_output_init(mj_ctx_t *ctx, mj_output_t *out, int fd);
+mj_output_t *mj_output_new(mj_ctx_t *ctx, int fd);
 int mj_output_append(mj_output_t *out, const char *data, size_t len);
 int mj_output_start(mj_output_t *out);
-void mj_output_free(mj_output_t *out);
+void mj_output_release(mj_output_t *out);
+void mj__output_detach_all(mj_ctx_t *ctx);
 
 #endif

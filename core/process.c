@@ -46,11 +46,11 @@ static void emit(mj_process_t *p, mj_process_event_t *ev) {
 
 /* -------------------------------------------------------- output pipes --- */
 
+/* The context's scratch buffer: the read callback consumes it at once. */
 static void mj_output_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  static char scratch[MJ_READ_CHUNK]; /* consumed synchronously by the read callback */
-  (void) h;
+  mj_process_t *p = h->data;
   (void) suggested;
-  *buf = uv_buf_init(scratch, sizeof scratch);
+  *buf = uv_buf_init(p->ctx->scratch, sizeof p->ctx->scratch);
 }
 
 static void emit_output(mj_process_t *p, int stream, const char *data, size_t len) {
@@ -322,9 +322,24 @@ static void release_shared(mj_process_t *p) {
   p->shared = NULL;
 }
 
+static void link_open(mj_process_t *p) {
+  p->next_open = p->ctx->open;
+  p->prev_open = NULL;
+  if (p->ctx->open) p->ctx->open->prev_open = p;
+  p->ctx->open = p;
+}
+
+static void unlink_open(mj_process_t *p) {
+  if (p->prev_open) p->prev_open->next_open = p->next_open;
+  else if (p->ctx->open == p) p->ctx->open = p->next_open;
+  if (p->next_open) p->next_open->prev_open = p->prev_open;
+  p->next_open = p->prev_open = NULL;
+}
+
 static void mj_close_cb(uv_handle_t *h) {
   mj_process_t *p = h->data;
   if (--p->open_handles > 0) return;
+  unlink_open(p);
   free(p->rbuf);
   p->rbuf = NULL;
   release_shared(p);
@@ -370,6 +385,15 @@ void mj__process_exited(mj_process_t *p, int64_t exit_status, int term_signal) {
 }
 
 /* ---------------------------------------------------------------- spawn --- */
+
+/* Closes every process of the context, whatever its state (the context is
+ * being closed: its children were killed and reaped first). */
+void mj__process_close_all(mj_ctx_t *ctx) {
+  for (mj_process_t *p = ctx->open; p != NULL; p = p->next_open) {
+    p->channel_eof = p->exited = 1;
+    mj_process_close(p);
+  }
+}
 
 /* Wraps the parent's ends of the socketpairs in libuv pipes (stdout, stderr,
  * channel). Each fd is closed here if it could not be wrapped. */
@@ -475,10 +499,15 @@ int mj_process_spawn(mj_ctx_t *ctx, mj_process_t *p, const mj_spawn_options_t *o
   p->max_frame = opts->max_frame;
   p->state = MJ_CHILD_STARTING;
   p->shared_fd = -1;
+  link_open(p);
   int rc = map_shared(p);
-  if (rc != 0) return rc;
+  if (rc != 0) {
+    unlink_open(p);
+    return rc;
+  }
   rc = mj__spawn_pairs(parent_fds, child_fds);
   if (rc != 0) {
+    unlink_open(p);
     release_shared(p);
     return rc;
   }
@@ -487,7 +516,10 @@ int mj_process_spawn(mj_ctx_t *ctx, mj_process_t *p, const mj_spawn_options_t *o
   else
     for (int i = 0; i < 3; i++) close(child_fds[i]);
   if (rc != 0) { /* no spawn is in flight: CLOSED ends it, if a handle was opened */
-    if (p->open_handles == 0) release_shared(p);
+    if (p->open_handles == 0) {
+      unlink_open(p);
+      release_shared(p);
+    }
     mj_process_close(p);
   }
   return rc;

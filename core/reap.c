@@ -16,7 +16,9 @@
  * Caveat: a SIGCHLD costs a scan of the live children (size of the pools).
  */
 #include <errno.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #include "moonjob.h"
 
@@ -73,4 +75,26 @@ void mj__reap_unwatch(mj_process_t *p) {
   if (p->next_live) p->next_live->prev_live = p->prev_live;
   p->next_live = p->prev_live = NULL;
   if (p->ctx->live == NULL) uv_unref((uv_handle_t *) &p->ctx->sigchld);
+}
+
+/* Ends every live child now: SIGKILL to its process group and to itself, then
+ * waits for each (a SIGKILLed process dies at once, unless the kernel holds it
+ * in an uninterruptible sleep), for at most timeout_ms in all. Used when the
+ * context is closed; children still unreaped after that stay zombies until the
+ * program exits. */
+void mj__reap_kill_all(mj_ctx_t *ctx, uint64_t timeout_ms) {
+  for (mj_process_t *p = ctx->live; p != NULL; p = p->next_live) {
+    kill(-p->pid, SIGKILL);
+    kill(p->pid, SIGKILL);
+  }
+  uint64_t deadline = uv_hrtime() + timeout_ms * 1000000;
+  const struct timespec pause = {0, 1000000};
+  while (ctx->live != NULL && uv_hrtime() < deadline) {
+    mj_process_t *p = ctx->live, *next;
+    for (; p != NULL; p = next) {
+      next = p->next_live;
+      try_reap(p);
+    }
+    if (ctx->live != NULL) nanosleep(&pause, NULL);
+  }
 }

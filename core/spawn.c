@@ -161,6 +161,7 @@ done:
 /* Loop thread: hand the outcome to process.c and free the request. */
 static void mj_spawn_after_cb(uv_work_t *work, int status) {
   mj_spawn_req_t *req = work->data;
+  req->p->ctx->spawning--;
   for (int i = 0; i < 3; i++) close(req->child_fds[i]);
   mj__process_spawned(req->p, req->pid, status != 0 ? status : req->error);
   free_strings(req->argv);
@@ -207,6 +208,7 @@ int mj__spawn_queue(mj_process_t *p, const mj_spawn_options_t *opts, const int c
   req->work.data = req;
   rc = uv_queue_work(&p->ctx->loop, &req->work, mj_spawn_work_cb, mj_spawn_after_cb);
   if (rc != 0) goto error;
+  p->ctx->spawning++;
   return 0;
 error:
   for (int i = 0; i < 3; i++) close(child_fds[i]);

@@ -1,23 +1,34 @@
 /* stdio.c -- line input and ordered output on the parent's own descriptors.
  *
  * The CLI reads NDJSON from a file or stdin and writes result lines to stdout
- * without ever blocking the loop: both directions go through libuv's
- * filesystem requests (a worker thread does the blocking read or write), which
- * work the same for regular files, pipes and terminals.
+ * without ever blocking the loop.
  *
- * Input is read one chunk at a time and cut into lines here; the reader can be
- * paused between lines, so the caller bounds how much input is in memory (the
- * CLI pauses while enough jobs are queued). A line longer than max_line is not
- * kept: the callback is told it was too long and the rest of it is skipped.
+ * Input is cut into lines here; the reader can be paused between lines, so the
+ * caller bounds how much input is in memory (the CLI pauses while enough jobs
+ * are queued). A line longer than max_line is not kept: the callback is told
+ * it was too long and the rest of it is skipped. How bytes are read depends on
+ * the descriptor: a regular file through libuv's filesystem requests (a worker
+ * thread does the read, which always returns), a pipe, socket or terminal as a
+ * libuv stream on the loop itself. A read of a pipe or terminal in the thread
+ * pool could block for ever, and would then hold up the end of the program
+ * (libuv joins its threads at exit).
+ *
+ * The input owns its descriptor when it is above 2: it is closed once the
+ * input is freed and no read is in flight. Freeing is safe from inside the
+ * input's own callbacks: delivery stops, and the memory goes once nothing
+ * uses it any more (then on_freed runs).
  *
  * Output keeps at most one write in flight, so bytes land in order; writes
- * made meanwhile are appended to a pending buffer that goes out next.
+ * made meanwhile are appended to a pending buffer that goes out next. An
+ * output released while bytes are still going out finishes writing them, then
+ * frees itself.
  *
- * Caveat: an input being read cannot be freed until its request returns; the
- * owner keeps it alive while `reading` is set.
+ * Caveat: an input or output with a filesystem request in flight cannot be
+ * freed until it returns; a regular file's read or write always does.
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "moonjob.h"
 
@@ -27,10 +38,42 @@
 
 static int issue_read(mj_input_t *in);
 
-/* Delivers complete lines while not paused; keeps the partial rest. */
+static void link_input(mj_input_t *in) {
+  in->next = in->ctx->inputs;
+  in->prev = NULL;
+  if (in->ctx->inputs) in->ctx->inputs->prev = in;
+  in->ctx->inputs = in;
+}
+
+static void unlink_input(mj_input_t *in) {
+  if (in->prev) in->prev->next = in->next;
+  else if (in->ctx->inputs == in) in->ctx->inputs = in->next;
+  if (in->next) in->next->prev = in->prev;
+  in->next = in->prev = NULL;
+}
+
+/* Everything is released: buffer, descriptor, list entry. Then on_freed. */
+static void release(mj_input_t *in) {
+  free(in->buf);
+  in->buf = NULL;
+  in->len = in->cap = 0;
+  if (in->fd > 2 && !in->fd_in_stream) close(in->fd); /* else it goes with the stream */
+  in->fd = -1;
+  unlink_input(in);
+  if (in->on_freed) in->on_freed(in);
+}
+
+/* Releases the input if it was freed and nothing uses it any more. */
+static void release_if_done(mj_input_t *in) {
+  if (in->closing && !in->reading && !in->delivering && !in->stream_open) release(in);
+}
+
+/* Delivers complete lines while not paused; keeps the partial rest. Stops at
+ * once when a callback freed the input. */
 static void deliver_lines(mj_input_t *in) {
   size_t off = 0;
   int partial = 0; /* stopped at a line with no newline yet */
+  in->delivering = 1;
   while (!in->paused && !in->closing && off < in->len) {
     char *start = in->buf + off;
     char *nl = memchr(start, '\n', in->len - off);
@@ -46,49 +89,60 @@ static void deliver_lines(mj_input_t *in) {
     }
     in->on_line(in, start, n, n > in->max_line);
   }
-  memmove(in->buf, in->buf + off, in->len - off);
-  in->len -= off;
-  if (partial && !in->skipping && in->len > in->max_line) {
-    in->skipping = 1;
-    in->on_line(in, in->buf, in->len, 1);
+  if (!in->closing) {
+    if (off > 0) memmove(in->buf, in->buf + off, in->len - off);
+    in->len -= off;
+    if (partial && !in->skipping && in->len > in->max_line) {
+      in->skipping = 1;
+      in->on_line(in, in->buf, in->len, 1);
+    }
+    if (in->skipping) in->len = 0;
   }
-  if (in->skipping) in->len = 0;
+  in->delivering = 0;
 }
 
 static void finish(mj_input_t *in, int error) {
-  if (error == 0 && in->len > 0 && !in->skipping) {
+  in->paused = 0;
+  deliver_lines(in); /* nothing more will come: flush */
+  if (!in->closing && error == 0 && in->len > 0 && !in->skipping) {
     size_t n = in->len;
     in->len = 0;
+    in->delivering = 1;
     in->on_line(in, in->buf, n, n > in->max_line); /* last line without a newline */
+    in->delivering = 0;
   }
   in->ended = 1;
-  in->on_end(in, error);
+  if (!in->closing) in->on_end(in, error);
 }
+
+/* Room for one more chunk after the unread bytes. */
+static int make_room(mj_input_t *in) {
+  return mj__grow(&in->buf, &in->cap, in->len + MJ_INPUT_CHUNK, MJ_INPUT_CHUNK);
+}
+
+/* Bytes arrived (n > 0), the end (n == 0), or an error (n < 0). */
+static void on_bytes(mj_input_t *in, ssize_t n) {
+  if (in->closing) return;
+  if (n < 0) return finish(in, (int) n);
+  if (n == 0) return finish(in, 0);
+  in->len += (size_t) n;
+  deliver_lines(in);
+}
+
+/* --- regular files: one filesystem request at a time --- */
 
 static void mj_input_read_cb(uv_fs_t *req) {
   mj_input_t *in = req->data;
   ssize_t result = req->result;
   uv_fs_req_cleanup(req);
   in->reading = 0;
-  if (in->closing) {
-    free(in->buf);
-    in->buf = NULL;
-    return;
-  }
-  if (result < 0) return finish(in, (int) result);
-  if (result == 0) {
-    in->paused = 0;
-    deliver_lines(in); /* after end of file nothing more will come: flush */
-    return finish(in, 0);
-  }
-  in->len += (size_t) result;
-  deliver_lines(in);
-  if (!in->paused && !in->closing) issue_read(in);
+  on_bytes(in, result);
+  if (result > 0 && !in->paused && !in->closing) issue_read(in);
+  release_if_done(in);
 }
 
-static int issue_read(mj_input_t *in) {
-  if (in->reading || in->ended) return 0;
-  int rc = mj__grow(&in->buf, &in->cap, in->len + MJ_INPUT_CHUNK, MJ_INPUT_CHUNK);
+static int read_file(mj_input_t *in) {
+  int rc = make_room(in);
   if (rc != 0) return rc;
   uv_buf_t buf = uv_buf_init(in->buf + in->len, (unsigned) (in->cap - in->len));
   in->req.data = in;
@@ -97,6 +151,62 @@ static int issue_read(mj_input_t *in) {
   return rc;
 }
 
+/* --- pipes, sockets, terminals: a libuv stream --- */
+
+static void mj_input_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  mj_input_t *in = h->data;
+  (void) suggested;
+  if (make_room(in) != 0) {
+    *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
+    return;
+  }
+  *buf = uv_buf_init(in->buf + in->len, (unsigned) (in->cap - in->len));
+}
+
+static void mj_input_stream_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  mj_input_t *in = s->data;
+  (void) buf;
+  if (nread == 0) return; /* nothing this time (EAGAIN) */
+  if (nread < 0) uv_read_stop(s);
+  on_bytes(in, nread == UV_EOF ? 0 : nread);
+  if (in->paused && !in->ended && !in->closing) uv_read_stop(s);
+}
+
+static void mj_input_close_cb(uv_handle_t *h) {
+  mj_input_t *in = h->data;
+  in->stream_open = 0;
+  release_if_done(in);
+}
+
+static int open_stream(mj_input_t *in) {
+  int rc;
+  if (in->mode == MJ_INPUT_TTY) rc = uv_tty_init(&in->ctx->loop, &in->stream.tty, in->fd, 0);
+  else rc = uv_pipe_init(&in->ctx->loop, &in->stream.pipe, 0);
+  if (rc != 0) return rc;
+  in->stream_open = 1;
+  in->stream.handle.data = in;
+  if (in->mode == MJ_INPUT_PIPE) rc = uv_pipe_open(&in->stream.pipe, in->fd);
+  uv_os_fd_t used;
+  if (rc == 0 && uv_fileno(&in->stream.handle, &used) == 0 && used == in->fd)
+    in->fd_in_stream = 1; /* libuv closes it with the stream (a terminal is reopened) */
+  if (rc != 0) uv_close(&in->stream.handle, mj_input_close_cb);
+  return rc;
+}
+
+static int read_stream(mj_input_t *in) {
+  int rc = in->stream_open ? 0 : open_stream(in);
+  if (rc == 0 && !uv_is_active(&in->stream.handle))
+    rc = uv_read_start((uv_stream_t *) &in->stream.handle, mj_input_alloc_cb, mj_input_stream_cb);
+  return rc;
+}
+
+static int issue_read(mj_input_t *in) {
+  if (in->reading || in->ended || in->closing) return 0;
+  return in->mode == MJ_INPUT_FILE ? read_file(in) : read_stream(in);
+}
+
+/* Sets up an input on fd (paused: mj_input_resume starts it). on_freed, when
+ * not NULL, runs once mj_input_free's release is complete. */
 void mj_input_init(mj_ctx_t *ctx, mj_input_t *in, int fd, size_t max_line,
                    mj_line_cb on_line, mj_input_end_cb on_end) {
   memset(in, 0, sizeof *in);
@@ -106,27 +216,44 @@ void mj_input_init(mj_ctx_t *ctx, mj_input_t *in, int fd, size_t max_line,
   in->on_line = on_line;
   in->on_end = on_end;
   in->paused = 1;
+  switch (uv_guess_handle(fd)) {
+    case UV_FILE: in->mode = MJ_INPUT_FILE; break;
+    case UV_TTY: in->mode = MJ_INPUT_TTY; break;
+    default: in->mode = MJ_INPUT_PIPE; break;
+  }
+  link_input(in);
 }
 
 /* Starts or continues reading. Lines already buffered are delivered first. */
 int mj_input_resume(mj_input_t *in) {
   if (in->ended || in->closing) return 0;
   in->paused = 0;
-  deliver_lines(in);
-  return in->paused ? 0 : issue_read(in);
+  if (in->len > 0) deliver_lines(in);
+  return in->paused || in->closing ? 0 : issue_read(in);
 }
 
 /* No more lines are delivered until mj_input_resume. */
 void mj_input_pause(mj_input_t *in) {
   in->paused = 1;
+  if (in->stream_open) uv_read_stop((uv_stream_t *) &in->stream.handle);
 }
 
-/* Releases the buffer now, or when the read in flight returns. */
+/* No more lines or end. Everything is released now, or as soon as the read in
+ * flight returns, the stream is closed, or the callback running returns. */
 void mj_input_free(mj_input_t *in) {
+  if (in->closing) return;
   in->closing = 1;
-  if (!in->reading) {
-    free(in->buf);
-    in->buf = NULL;
+  if (in->stream_open && !uv_is_closing(&in->stream.handle))
+    uv_close(&in->stream.handle, mj_input_close_cb);
+  release_if_done(in);
+}
+
+/* The context is closing: every input is freed. */
+void mj__input_close_all(mj_ctx_t *ctx) {
+  mj_input_t *in = ctx->inputs, *next;
+  for (; in != NULL; in = next) {
+    next = in->next; /* mj_input_free may unlink it */
+    mj_input_free(in);
   }
 }
 
@@ -134,24 +261,31 @@ void mj_input_free(mj_input_t *in) {
 
 static void start_write(mj_output_t *out);
 
+static void free_output(mj_output_t *out) {
+  if (out->ctx) {
+    if (out->prev) out->prev->next = out->next;
+    else out->ctx->outputs = out->next;
+    if (out->next) out->next->prev = out->prev;
+  }
+  free(out->pending);
+  free(out->inflight);
+  free(out);
+}
+
 static void mj_output_write_cb(uv_fs_t *req) {
   mj_output_t *out = req->data;
   ssize_t result = req->result;
   uv_fs_req_cleanup(req);
+  out->writing = 0;
   if (result < 0) {
     out->error = (int) result;
-    out->writing = 0;
     out->inflight_len = out->pending_len = 0;
-    return;
+  } else {
+    out->inflight_off += (size_t) result;
+    if (out->inflight_off >= out->inflight_len) out->inflight_len = out->inflight_off = 0;
+    if (out->inflight_len > 0 || out->pending_len > 0) start_write(out); /* the rest goes next */
   }
-  out->inflight_off += (size_t) result;
-  if (out->inflight_off < out->inflight_len) {
-    out->writing = 0;
-    return start_write(out); /* a short write: the rest goes next */
-  }
-  out->inflight_len = out->inflight_off = 0;
-  out->writing = 0;
-  if (out->pending_len > 0) start_write(out);
+  if (out->orphaned && !out->writing) free_output(out);
 }
 
 /* Sends what is in flight (the rest of a short write) or, when nothing is, the
@@ -179,10 +313,17 @@ static void start_write(mj_output_t *out) {
   out->writing = 1;
 }
 
-void mj_output_init(mj_ctx_t *ctx, mj_output_t *out, int fd) {
-  memset(out, 0, sizeof *out);
+/* A new output on fd, or NULL when out of memory. Release it with
+ * mj_output_release. */
+mj_output_t *mj_output_new(mj_ctx_t *ctx, int fd) {
+  mj_output_t *out = calloc(1, sizeof *out);
+  if (out == NULL) return NULL;
   out->ctx = ctx;
   out->fd = fd;
+  out->next = ctx->outputs;
+  if (ctx->outputs) ctx->outputs->prev = out;
+  ctx->outputs = out;
+  return out;
 }
 
 /* Queues bytes without starting a write: several pieces can make one write. */
@@ -198,13 +339,29 @@ int mj_output_append(mj_output_t *out, const char *data, size_t len) {
 /* Starts writing what is pending, unless a write is in flight (its callback
  * picks the pending bytes up). Returns 0, or the first write error seen. */
 int mj_output_start(mj_output_t *out) {
+  if (out->ctx == NULL) return UV_ECANCELED; /* its loop is closed */
   if (!out->error && !out->writing && out->pending_len > 0) start_write(out);
   return out->error;
 }
 
-void mj_output_free(mj_output_t *out) {
-  if (out->writing) return; /* the buffers stay with the request in flight */
-  free(out->pending);
-  free(out->inflight);
-  out->pending = out->inflight = NULL;
+/* The owner lets go: bytes still pending are written first, then the output
+ * frees itself. */
+void mj_output_release(mj_output_t *out) {
+  mj_output_start(out);
+  if (out->writing) out->orphaned = 1;
+  else free_output(out);
+}
+
+/* The context's loop is closed (no request is in flight any more): outputs
+ * still held by their owners no longer write, the orphaned ones are freed. */
+void mj__output_detach_all(mj_ctx_t *ctx) {
+  mj_output_t *out = ctx->outputs, *next;
+  for (; out != NULL; out = next) {
+    next = out->next;
+    out->next = out->prev = NULL;
+    out->ctx = NULL;
+    out->writing = 0;
+    if (out->orphaned) free_output(out);
+  }
+  ctx->outputs = NULL;
 }
