@@ -51,6 +51,9 @@
 
 #define CHANNEL_FD 3
 #define EXIT_INTERNAL 70 /* EX_SOFTWARE: the runner itself failed */
+#define EXIT_SETUP 78    /* EX_CONFIG: the child could not set itself up; its one
+                            stderr line says why, and the parent reports it as ELOAD */
+#define HEAP_RESERVE (1024 * 1024) /* heap the runner may use past memory_limit to report */
 #define TRACEBACK_KEY "moonjob.interrupt_traceback"
 
 static pid_t parent_pid;
@@ -59,7 +62,20 @@ static uint64_t job_token;                     /* token of the job in hand (fram
 static double job_number;                      /* what Lua sees for it: 1, 2, 3... */
 static struct rusage job_start_usage;          /* taken when a JOB frame arrives */
 static lua_State *volatile running_L;          /* set while channel.run runs a job */
+static int ready_sent;                         /* READY went out: set-up is over */
 static volatile sig_atomic_t interrupt_pending; /* the parent asked to stop the job */
+
+/* The Lua heap's accounting (memory_limit). Growth past `limit` is refused
+ * while `strict` (set-up, loading, a job); otherwise the runner may use
+ * HEAP_RESERVE more, so that it can still build and send the error of a job
+ * that filled the heap (the job's data may still be referenced). */
+typedef struct {
+  size_t used, limit;
+  int strict;
+  int refused; /* growth was refused since the last job started */
+} heap_t;
+
+static heap_t heap;
 
 /* ---------------------------------------------------------------- I/O --- */
 
@@ -205,6 +221,10 @@ static int channel_send(lua_State *L) {
   iov[0].iov_len = sizeof h;
   if (write_all(CHANNEL_FD, iov, n) < 0)
     return luaL_error(L, "channel write failed: %s", strerror(errno));
+  if (h.type == MJ_FRAME_READY) {
+    ready_sent = 1;
+    heap.strict = 0;
+  }
   return 0;
 }
 
@@ -228,16 +248,23 @@ static void interrupt_hook(lua_State *L, lua_Debug *ar) {
 static void on_interrupt_signal(int signum, siginfo_t *info, void *context) {
   (void) signum;
   (void) context;
+  int saved_errno = errno;
   lua_State *L = running_L;
-  if (L == NULL || info->si_pid != parent_pid) return;
-  interrupt_pending = 1;
-  lua_sethook(L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+  if (L != NULL && info->si_pid == parent_pid) {
+    interrupt_pending = 1;
+    lua_sethook(L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+  }
+  errno = saved_errno;
 }
 
-/* channel.run(handler, fn, arg) -> ok, value, interrupted
+/* channel.run(handler, fn, arg) -> ok, value, interrupted, out_of_memory
  * Calls fn(arg) in protected mode with handler as the message handler; while
- * it runs, the parent's interrupt signal makes it fail. `interrupted` tells
- * whether that happened (the job may have failed for that reason). */
+ * it runs, the parent's interrupt signal makes it fail, and memory_limit holds
+ * strictly. `interrupted` tells whether the interrupt happened (the job may
+ * have failed for that reason); `out_of_memory` that the job failed because
+ * the heap was full (the handler does not run then, or failed itself). After
+ * a failure the heap is collected, and the runner has HEAP_RESERVE bytes past
+ * the limit to report it. */
 static int channel_run(lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
   luaL_checktype(L, 2, LUA_TFUNCTION);
@@ -247,16 +274,30 @@ static int channel_run(lua_State *L) {
   lua_pushvalue(L, 2);
   lua_pushvalue(L, 3);
   interrupt_pending = 0;
+  heap.strict = 1;
+  heap.refused = 0;
   running_L = L;
   int rc = lua_pcall(L, 1, 1, 1);
   running_L = NULL;
   lua_sethook(L, NULL, 0, 0);
+  heap.strict = 0;
   int interrupted = interrupt_pending;
   interrupt_pending = 0;
+  /* out of heap: directly, or while the message handler itself allocated */
+  int out_of_memory = rc == LUA_ERRMEM || (rc == LUA_ERRERR && heap.refused);
+  if (rc != 0) lua_gc(L, LUA_GCCOLLECT, 0); /* the job's garbage goes before the runner goes on */
   lua_pushboolean(L, rc == 0);
   lua_insert(L, -2);
   lua_pushboolean(L, interrupted);
-  return 3;
+  lua_pushboolean(L, out_of_memory);
+  return 4;
+}
+
+/* channel.strict(on): while on, the Lua heap may not pass memory_limit at all
+ * (the runner loads the processor so); off, the runner has a small reserve. */
+static int channel_strict(lua_State *L) {
+  heap.strict = lua_toboolean(L, 1);
+  return 0;
 }
 
 /* channel.interrupt_traceback() -> where the last interrupted job stood, or nil */
@@ -268,7 +309,8 @@ static int channel_interrupt_traceback(lua_State *L) {
 static int open_channel(lua_State *L) {
   static const luaL_Reg funcs[] = {
     {"recv", channel_recv}, {"send", channel_send}, {"run", channel_run},
-    {"interrupt_traceback", channel_interrupt_traceback}, {NULL, NULL}};
+    {"interrupt_traceback", channel_interrupt_traceback}, {"strict", channel_strict},
+    {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, funcs);
 #define MJ_SET_TYPE(name)               \
@@ -289,19 +331,31 @@ typedef struct {
   const char *user;    /* run as this user (the parent must be root), or NULL */
 } child_options_t;
 
+/* A whole number in decimal digits only, at most max. Returns 0 or -1. */
+static int parse_whole(const char *text, unsigned long long max, unsigned long long *out) {
+  if (*text == '\0' || strspn(text, "0123456789") != strlen(text)) return -1;
+  errno = 0;
+  unsigned long long v = strtoull(text, NULL, 10);
+  if (errno != 0 || v > max) return -1;
+  *out = v;
+  return 0;
+}
+
 static int parse_options(int argc, char **argv, child_options_t *o) {
   memset(o, 0, sizeof *o);
   for (int i = 1; i + 1 < argc; i += 2) {
-    char *end = NULL;
+    unsigned long long v;
     if (strcmp(argv[i], "--user") == 0) {
       o->user = argv[i + 1];
-      continue;
+    } else if (strcmp(argv[i], "--memory-limit") == 0) {
+      if (parse_whole(argv[i + 1], (unsigned long long) 1 << 46, &v) != 0) return -1;
+      o->memory_limit = (size_t) v;
+    } else if (strcmp(argv[i], "--max-procs") == 0) {
+      if (parse_whole(argv[i + 1], 2147483647ULL, &v) != 0) return -1;
+      o->max_procs = (long) v;
+    } else {
+      return -1;
     }
-    double v = strtod(argv[i + 1], &end);
-    if (*end != '\0' || v < 0) return -1;
-    if (strcmp(argv[i], "--memory-limit") == 0) o->memory_limit = (size_t) v;
-    else if (strcmp(argv[i], "--max-procs") == 0) o->max_procs = (long) v;
-    else return -1;
   }
   return argc % 2 == 1 ? 0 : -1;
 }
@@ -373,10 +427,6 @@ static void set_up_process(const child_options_t *o) {
 
 /* ------------------------------------------------------- memory limit --- */
 
-typedef struct {
-  size_t used, limit;
-} heap_t;
-
 /* A Lua allocator that counts bytes and refuses growth past the limit: the
  * allocation fails with "not enough memory" inside the job. Shrinking is never
  * refused (LuaJIT raises on a refused shrink too). */
@@ -388,16 +438,20 @@ static void *limited_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
     heap->used -= osize;
     return NULL;
   }
-  if (nsize > osize && heap->used + (nsize - osize) > heap->limit) return NULL;
+  size_t cap = heap->limit + (heap->strict ? 0 : HEAP_RESERVE);
+  if (nsize > osize && heap->used + (nsize - osize) > cap) {
+    heap->refused = 1;
+    return NULL;
+  }
   void *p = realloc(ptr, nsize);
   if (p != NULL) heap->used = heap->used - osize + nsize;
   return p;
 }
 
 static lua_State *new_state(const child_options_t *o) {
-  static heap_t heap;
   if (o->memory_limit == 0) return luaL_newstate();
   heap.limit = o->memory_limit;
+  heap.strict = 1; /* until READY: set-up and loading count in full */
   return lua_newstate(limited_alloc, &heap);
 }
 
@@ -407,16 +461,54 @@ static int traceback(lua_State *L) {
   return 1;
 }
 
-/* Runs require("moonjob.runner").main(). Returns the process exit status. */
+/* The child cannot start: one line on stderr, exit EXIT_SETUP. */
+static void setup_failed(const char *why) {
+  fprintf(stderr, "moonjob-child: %s\n", why);
+  fflush(stderr);
+  _exit(EXIT_SETUP);
+}
+
+static void setup_out_of_memory(void) {
+  char why[160];
+  snprintf(why, sizeof why, "memory_limit (%zu bytes) is too small to start the processor",
+           heap.limit);
+  setup_failed(why);
+}
+
+/* An error outside any protected call: never silent. */
+static int panic(lua_State *L) {
+  if (!ready_sent && heap.refused) setup_out_of_memory();
+  const char *msg = lua_tostring(L, -1);
+  fprintf(stderr, "moonjob-child: unprotected Lua error: %s\n", msg ? msg : "(not a string)");
+  fflush(stderr);
+  _exit(EXIT_INTERNAL);
+}
+
+/* The libraries and moonjob.channel, run by lua_cpcall. */
+static int set_up_state(lua_State *L) {
+  luaL_openlibs(L);
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "preload");
+  lua_pushcfunction(L, open_channel);
+  lua_setfield(L, -2, "moonjob.channel");
+  return 0;
+}
+
+/* Runs require("moonjob.runner").main(). Returns the process exit status. A
+ * memory error before READY is a set-up failure (memory_limit too small). */
 static int run_runner(lua_State *L) {
+  int rc;
   lua_pushcfunction(L, traceback);
   lua_getglobal(L, "require");
   lua_pushliteral(L, "moonjob.runner");
-  if (lua_pcall(L, 1, 1, 1) != 0) goto error;
+  rc = lua_pcall(L, 1, 1, 1);
+  if (rc != 0) goto error;
   lua_getfield(L, -1, "main");
-  if (lua_pcall(L, 0, 1, 1) != 0) goto error;
+  rc = lua_pcall(L, 0, 1, 1);
+  if (rc != 0) goto error;
   return (int) luaL_optinteger(L, -1, 0);
 error:
+  if (!ready_sent && (rc == LUA_ERRMEM || heap.refused)) setup_out_of_memory();
   fprintf(stderr, "moonjob-child: %s\n", lua_tostring(L, -1));
   return EXIT_INTERNAL;
 }
@@ -424,21 +516,20 @@ error:
 int main(int argc, char **argv) {
   child_options_t options;
   if (parse_options(argc, argv, &options) != 0) {
-    fprintf(stderr, "usage: moonjob-child [--memory-limit BYTES] [--max-procs N] [--user NAME]\n");
+    fprintf(stderr, "usage: moonjob-child [--memory-limit BYTES] [--max-procs N] [--user NAME]"
+            " (whole numbers)\n");
     return 2;
   }
   set_up_process(&options);
   lua_State *L = new_state(&options);
   if (L == NULL) {
-    fprintf(stderr, "moonjob-child: cannot create a Lua state\n");
-    return EXIT_INTERNAL;
+    if (options.memory_limit > 0) setup_out_of_memory();
+    setup_failed("cannot create a Lua state");
   }
-  luaL_openlibs(L);
-  lua_getglobal(L, "package");
-  lua_getfield(L, -1, "preload");
-  lua_pushcfunction(L, open_channel);
-  lua_setfield(L, -2, "moonjob.channel");
-  lua_pop(L, 2);
+  lua_atpanic(L, panic);
+  int rc = lua_cpcall(L, set_up_state, NULL);
+  if (rc == LUA_ERRMEM) setup_out_of_memory();
+  if (rc != 0) setup_failed(lua_tostring(L, -1) ? lua_tostring(L, -1) : "cannot open the Lua libraries");
   int status = run_runner(L);
   fflush(stdout);
   _exit(status); /* skip lua_close: the OS frees everything at once */

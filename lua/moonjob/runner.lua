@@ -26,20 +26,64 @@ local decoder = buffer.new()
 
 ---------------------------------------------------------------- errors ---
 
+local MAX_DEPTH = 20 -- nested tables in an error past this become "[too deep]"
+
+-- A copy of v that string.buffer can encode: values that cannot cross become
+-- a short placeholder that says why ("[function]", "[Circular]", ...).
+local function crossable(v, depth, seen)
+  local t = type(v)
+  if t == "nil" or t == "boolean" or t == "number" or t == "string" then return v end
+  if t == "cdata" then
+    return pcall(buffer.encode, v) and v or "[cdata]" -- 64-bit integers cross
+  end
+  if t ~= "table" then return "[" .. t .. "]" end
+  if seen[v] then return "[Circular]" end
+  if depth > MAX_DEPTH then return "[too deep]" end
+  seen[v] = true
+  local copy = {}
+  for k, value in pairs(v) do
+    local tk = type(k)
+    if tk == "string" or tk == "number" or tk == "boolean" then
+      copy[k] = crossable(value, depth + 1, seen)
+    end
+  end
+  seen[v] = nil
+  return copy
+end
+
+-- A short text for a table raised without a usable message:
+-- 'a table was raised: { reason = "x", n = 3 }' (a few fields, shortened).
+local function describe_table(value)
+  local fields, n = {}, 0
+  for k, v in pairs(value) do
+    n = n + 1
+    if n > 5 then fields[#fields + 1] = "..." break end
+    local text = type(v) == "string" and ("%q"):format(v) or tostring(v)
+    if #text > 40 then text = text:sub(1, 37) .. "..." end
+    fields[#fields + 1] = tostring(k) .. " = " .. text
+  end
+  return "a table was raised: { " .. table.concat(fields, ", ") .. " }"
+end
+
+-- The message of whatever was raised: a string as is; a table's `message`, or
+-- its __tostring, or a description of its fields.
+local function message_of(value)
+  if type(value) ~= "table" then return tostring(value) end
+  if value.message ~= nil then return tostring(value.message) end
+  local mt = getmetatable(value)
+  if mt and mt.__tostring then return tostring(value) end
+  return describe_table(value)
+end
+
 -- Turns whatever a processor raised into an error table that can cross the
--- channel: code, message, traceback, plus the user's own serialisable fields.
+-- channel: code, message, traceback, plus every field of the user's own that
+-- can cross (the others become placeholders).
 local function to_error(value, traceback, default_code)
   local err
   if type(value) == "table" then
-    err = {}
-    for k, v in pairs(value) do
-      if type(k) == "string" and (type(v) ~= "function" and type(v) ~= "userdata"
-          and type(v) ~= "thread" and type(v) ~= "cdata") then
-        err[k] = v
-      end
-    end
-    err.message = err.message ~= nil and tostring(err.message) or tostring(value)
-    err.code = type(err.code) == "string" and err.code or default_code
+    err = crossable(value, 1, {})
+    err.message = message_of(value)
+    err.code = type(value.code) == "string" and value.code or default_code
   else
     err = { code = default_code, message = tostring(value) }
   end
@@ -54,8 +98,7 @@ local function encode_error(err)
 end
 
 local function handler(value)
-  local message = type(value) == "table" and tostring(value.message or value) or tostring(value)
-  return { value = value, traceback = debug.traceback(message, 2) }
+  return { value = value, traceback = debug.traceback(message_of(value), 2) }
 end
 
 local function flush_output()
@@ -77,7 +120,8 @@ local function load_processor(file)
   local chunk, message = loadfile(file)
   if not chunk then return nil, { code = "ELOAD", message = message } end
   local ok, result = xpcall(chunk, handler)
-  if not ok then return nil, to_error(result.value, result.traceback, "ELOAD") end
+  if not ok then return nil, to_error(type(result) == "table" and result.value or result,
+    type(result) == "table" and result.traceback or nil, "ELOAD") end
   local exported = result
   if type(exported) == "table" then
     if type(exported.process) ~= "function" then
@@ -86,6 +130,7 @@ local function load_processor(file)
     if exported.init ~= nil then
       local ok_init, failure = xpcall(exported.init, handler)
       if not ok_init then
+        if type(failure) ~= "table" then failure = { value = failure } end -- a memory error
         local err = to_error(failure.value, failure.traceback, "ELOAD")
         err.message = "init() failed: " .. err.message
         err.code = "ELOAD"
@@ -185,16 +230,20 @@ local function fail_interrupted(number, job)
     traceback = channel.interrupt_traceback() }
   if cleanup then
     local ok, failure = xpcall(cleanup, handler, job, info.reason)
-    if not ok then err.cleanup_error = tostring(to_error(failure.value, nil, "EPROCESSOR").message) end
+    if not ok then
+      if type(failure) ~= "table" then failure = { value = failure } end -- a memory error
+      err.cleanup_error = tostring(to_error(failure.value, nil, "EPROCESSOR").message)
+    end
   end
   fail(number, err)
 end
 
 -- The message handler does not run for memory errors (LUA_ERRMEM): the raw
--- "not enough memory" comes back instead of the handler's table.
-local function failure_of(result)
+-- "not enough memory" comes back instead of the handler's table (or the
+-- handler itself ran out: "error in error handling"); channel.run tells.
+local function failure_of(result, out_of_memory)
   if type(result) ~= "table" then result = { value = result } end
-  if result.value == "not enough memory" then
+  if out_of_memory or result.value == "not enough memory" then
     return { code = "ENOMEM", message = ("the job needed more than memory_limit (%d bytes)")
       :format(options.memory_limit or 0), traceback = result.traceback }
   end
@@ -210,10 +259,10 @@ local function run_job(number, payload)
     return fail(number, to_error(data, nil, "EPAYLOAD"))
   end
   job.data = data
-  local ok, result, interrupted = channel.run(handler, processor, job)
+  local ok, result, interrupted, out_of_memory = channel.run(handler, processor, job)
   if ok then return complete(number, result) end
   if interrupted then return fail_interrupted(number, job) end
-  fail(number, failure_of(result))
+  fail(number, failure_of(result, out_of_memory))
 end
 
 ------------------------------------------------------------------- main ---
@@ -231,7 +280,13 @@ end
 function M.main()
   if not read_init() then return 0 end
   local err
+  channel.strict(true)
   processor, err = load_processor(options.processor)
+  channel.strict(false)
+  if not processor and err.message == "not enough memory" then
+    err.message = ("the processor needed more than memory_limit (%d bytes) to load")
+      :format(options.memory_limit or 0)
+  end
   if not processor then
     flush_output()
     channel.send(channel.LOADERR, 0, encode_error(err))
