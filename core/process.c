@@ -455,7 +455,10 @@ void mj__process_spawned(mj_process_t *p, int pid, int error) {
   emit(p, &ev);
   if (p->pending_signal) mj_process_kill(p, p->pending_signal, p->pending_group);
   if (mj__reap_watch(p) != 0) return reap_now(p);
-  if (!p->exited && start_reading(p) != 0) {
+  /* Even when the child was reaped at once: another child being spawned at
+   * this instant may hold a copy of the channel, so its end of file can come
+   * later, and only a reading handle sees it. */
+  if (!p->closing && !p->channel_eof && start_reading(p) != 0) {
     mj_process_kill(p, SIGKILL, 1);
     stop_channel(p);
   }

@@ -9,6 +9,13 @@ local loop = require "moonjob.loop"
 
 local M = {}
 
+-- The command that runs luajit on this tree's modules. `make sanitize` sets
+-- MOONJOB_CPATH (its build) and MOONJOB_PRELOAD (the ASan runtime, preloaded
+-- into luajit only, never into the shell tools the specs use).
+local preload = os.getenv("MOONJOB_PRELOAD")
+M.LUAJIT = ('env LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="%s;;" %sluajit')
+  :format(os.getenv("MOONJOB_CPATH") or "build/?.so", preload and ("LD_PRELOAD=" .. preload .. " ") or "")
+
 local open_pools = {}
 
 -- A hang catcher: a spec that runs the loop for more than HANG_SECONDS after

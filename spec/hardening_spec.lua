@@ -1,0 +1,291 @@
+-- Failure behaviour at the edges: broken processors, children that never get
+-- ready, jobs that must never run twice, children killed at the worst
+-- moment, full heaps, errors that cannot cross as they are, spawn limits.
+local core = require "moonjob.core"
+local h = require "helpers"
+
+local function lines_in(path)
+  local f = io.open(path)
+  if not f then return 0 end
+  local n = 0
+  for _ in f:lines() do n = n + 1 end
+  f:close()
+  return n
+end
+
+local function seconds_since(t0)
+  return (core.hrtime() - t0) / 1e9
+end
+
+
+describe("a processor that cannot load", function()
+  after_each(h.cleanup)
+
+  for _, case in ipairs({
+    { "a top-level error", 'error("broken on purpose")', "broken on purpose" },
+    { "a missing module", 'require "no_such_module_xyz"', "module 'no_such_module_xyz' not found" },
+    { "an init() that throws", 'return { init = function() error("init exploded") end, '
+      .. 'process = function() return 1 end }', "init%(%) failed: .*init exploded" },
+  }) do
+    it("fails 50 waiting jobs at once with ELOAD (" .. case[1] .. "), loading the file a handful of times", function()
+      local dir = h.tmpdir()
+      local loads = dir .. "/loads"
+      local file = h.write_file(dir .. "/processor.lua",
+        ("local f = io.open(%q, 'a') f:write('x\\n') f:close()\n%s\n"):format(loads, case[2]))
+      local pool = assert(require("moonjob").pool(file, { size = 2, echo = false }))
+      local t0 = core.hrtime()
+      local jobs = {}
+      for i = 1, 50 do jobs[i] = pool:add(i) end
+      pool:drain()
+      assert.is_true(seconds_since(t0) < 15, "hung")
+      for i = 1, 50 do
+        local _, err = jobs[i]:wait()
+        assert.equal("ELOAD", err.code)
+        assert.matches(case[3], err.message)
+        assert.equal(1, jobs[i].attempts)
+      end
+      assert.is_true(lines_in(loads) <= 10, lines_in(loads) .. " loads")
+      pool:close()
+      os.execute("rm -rf " .. dir)
+    end)
+  end
+
+  it("recovers once the file is fixed: a job with attempts left completes", function()
+    local dir = h.tmpdir()
+    local file = h.write_file(dir .. "/processor.lua", 'error("broken on purpose")\n')
+    local pool = assert(require("moonjob").pool(file, { size = 2, echo = false }))
+    local _, err = pool:run(1)
+    assert.equal("ELOAD", err.code)
+    h.write_file(file, "return function(job) return job.data * 2 end\n")
+    assert.equal(42, pool:run(21, { attempts = 30, backoff = { type = "fixed", delay = 0.2 } }))
+    pool:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("retries jobs with attempts left after their backoff, each failure counting", function()
+    local pool = h.pool("load_error.lua", { size = 1 })
+    local job = pool:add(1, { attempts = 3, backoff = { type = "fixed", delay = 0.05 } })
+    local _, err = job:wait()
+    assert.equal("ELOAD", err.code)
+    assert.equal(3, job.attempts)
+    assert.equal(3, #job.errors)
+  end)
+end)
+
+describe("a child that never becomes ready", function()
+  after_each(h.cleanup)
+
+  it("is killed after start_timeout and fails the waiting job with ELOAD", function()
+    local pool = h.pool("never_ready.lua", { size = 1, start_timeout = 0.5 })
+    local _, err = pool:run(1)
+    assert.equal("ELOAD", err.code)
+    assert.equal("the processor did not become ready within 0.5 s (start_timeout)", err.message)
+  end)
+
+  it("does not hold up close(), and leaves no process of its group behind", function()
+    local dir = h.tmpdir()
+    local pidfile = dir .. "/sleeper"
+    local file = h.write_file(dir .. "/processor.lua", ([[
+      return { init = function() os.execute("sleep 20 & echo $! > %s; wait") end,
+               process = function() return 1 end }]]):format(pidfile))
+    local pool = assert(require("moonjob").pool(file, { size = 1, echo = false }))
+    h.wait_for(function() return lines_in(pidfile) == 1 end)
+    local sleeper = h.first_line("cat " .. pidfile)
+    local t0 = core.hrtime()
+    pool:close()
+    assert.is_true(seconds_since(t0) < 5, "close took " .. seconds_since(t0) .. " s")
+    h.wait_for(function() return not h.process_exists(sleeper) or h.is_zombie(sleeper) end)
+    os.execute("rm -rf " .. dir)
+  end)
+end)
+
+describe("a job", function()
+  local dir, runs
+  before_each(function()
+    dir = h.tmpdir()
+    runs = dir .. "/runs"
+  end)
+  after_each(function()
+    h.cleanup()
+    os.execute("rm -rf " .. dir)
+  end)
+
+  for _, how in ipairs({ "jit_loop", "c_call" }) do
+    it("cancelled while stuck in a " .. how .. " fails once with ECANCELED and never runs again", function()
+      local pool = h.pool("runs.lua", { size = 1, ack_timeout = 0.3, kill_after = 0.5 })
+      local completed = 0
+      pool:on("completed", function() completed = completed + 1 end)
+      local job = pool:add({ file = runs, how = how })
+      h.wait_for(function() return lines_in(runs) == 1 end)
+      job:cancel("enough")
+      local _, err = job:wait()
+      assert.equal("ECANCELED", err.code)
+      assert.equal("the job was canceled: enough; the child was killed after kill_after (0.5 s)", err.message)
+      assert.equal("ran", pool:run({ file = runs, how = "none" })) -- the pool goes on
+      assert.equal(2, lines_in(runs))
+      assert.equal(1, completed)
+      assert.equal(1, #job.errors)
+    end)
+  end
+
+  it("with a soft timeout shorter than ack_timeout runs once", function()
+    local pool = h.pool("runs.lua", { size = 1, timeout = 0.1, kill_after = 0.3 })
+    local job = pool:add({ file = runs, how = "jit_loop" })
+    local _, err = job:wait()
+    assert.equal("ETIMEDOUT", err.code)
+    assert.equal(1, job.attempts)
+    assert.equal(1, #job.errors)
+    h.sleep(2.3) -- past ack_timeout: the sweep must not bring the job back
+    assert.equal(1, lines_in(runs))
+    assert.equal("failed", job.state)
+  end)
+
+  it("keeps every attempt's error in job.errors, the last one too", function()
+    local pool = h.pool("runs.lua", { size = 1 })
+    local job = pool:add({ file = runs, how = "fail" })
+    local _, err = job:wait()
+    assert.equal(1, #job.errors)
+    assert.equal(err, job.errors[1])
+    job = pool:add({ file = runs, how = "fail" }, { attempts = 3 })
+    _, err = job:wait()
+    assert.equal(3, #job.errors)
+    assert.equal(err, job.errors[3])
+    assert.equal("EAGAIN", job.errors[1].code)
+  end)
+
+  it("that crashes its child at once fails with ECRASH, and runs exactly its attempts", function()
+    local pool = h.pool("runs.lua", { size = 1 })
+    local job = pool:add({ file = runs, how = "exit" }, { attempts = 3 })
+    local _, err = job:wait()
+    assert.equal("ECRASH", err.code)
+    assert.equal(3, job.attempts)
+    assert.equal(3, lines_in(runs))
+  end)
+end)
+
+describe("a child killed from outside while idle", function()
+  after_each(h.cleanup)
+
+  it("an instant before a job reaches it costs the job nothing: 40 rounds all complete", function()
+    local pool = h.pool("pid.lua", { size = 1 })
+    pool:run(0)
+    for round = 1, 40 do
+      h.wait_for(function()
+        local w = pool:stats().workers[1]
+        return w and w.state == "idle"
+      end)
+      os.execute("kill -KILL " .. pool:stats().workers[1].pid)
+      local job = pool:add(round)
+      local _, err = job:wait()
+      assert.is_nil(err, err and tostring(err))
+      assert.equal(1, job.attempts)
+    end
+  end)
+end)
+
+describe("a full heap (memory_limit)", function()
+  after_each(h.cleanup)
+
+  for _, how in ipairs({ "tables", "global", "string", "rep", "ffi", "errfull" }) do
+    it("fails the job with ENOMEM (" .. how .. "), and the pool goes on", function()
+      local pool = h.pool("memory_bomb.lua", { size = 1, memory_limit = 32 * 1024 * 1024 })
+      local _, err = pool:run(how)
+      assert.equal("ENOMEM", err.code)
+      assert.equal("the job needed more than memory_limit (33554432 bytes)", err.message)
+      assert.equal("ok", pool:run("none"))
+    end)
+  end
+
+  it("too small to start the processor fails with a clear ELOAD", function()
+    local pool = h.pool("memory_bomb.lua", { size = 1, memory_limit = 20000 })
+    local _, err = pool:run("none")
+    assert.equal("ELOAD", err.code)
+    assert.equal("memory_limit (20000 bytes) is too small to start the processor", err.message)
+  end)
+end)
+
+describe("errors that cannot cross as they are", function()
+  after_each(h.cleanup)
+
+  it("keep every field that can, with placeholders for the rest", function()
+    local pool = h.pool("memory_bomb.lua", { size = 1 })
+    local _, err = pool:run("errtable")
+    assert.equal("EPROCESSOR", err.code)
+    assert.equal("x", err.reason)
+    assert.equal("[function]", err.f)
+    assert.equal("[thread]", err.co)
+    assert.same({ deep = {} }, err.nested)
+  end)
+
+  it("mark cycles as [Circular]", function()
+    local dir = h.tmpdir()
+    local file = h.write_file(dir .. "/p.lua", [[
+      return function() local t = { name = "loop" } t.self = t error({ code = "ECYCLE", t = t }) end]])
+    local pool = assert(require("moonjob").pool(file, { size = 1, echo = false }))
+    local _, err = pool:run(1)
+    assert.equal("ECYCLE", err.code)
+    assert.equal("loop", err.t.name)
+    assert.equal("[Circular]", err.t.self)
+    pool:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("raised as a table without a message at load read as a description, not an address", function()
+    local dir = h.tmpdir()
+    local file = h.write_file(dir .. "/p.lua", 'error({ reason = "no config" })\n')
+    local pool = assert(require("moonjob").pool(file, { size = 1, echo = false }))
+    local _, err = pool:run(1)
+    assert.equal("ELOAD", err.code)
+    assert.equal('a table was raised: { reason = "no config" }', err.message)
+    assert.equal("no config", err.reason)
+    pool:close()
+    os.execute("rm -rf " .. dir)
+  end)
+end)
+
+describe("results that are 64-bit integers", function()
+  after_each(h.cleanup)
+
+  it("arrive in a parent that never loaded ffi itself, also through a completed listener", function()
+    local out, err, status = h.sh(h.LUAJIT .. [[ -e '
+      local pool = require("moonjob").pool("spec/fixtures/int64.lua", { size = 1, echo = false })
+      local seen
+      pool:on("completed", function(_, r) seen = r end)
+      local a = pool:run("literal")
+      local b = pool:run("new")
+      print(tostring(a), tostring(b), tostring(seen), a == 42LL)
+      pool:close()']])
+    assert.equal(0, status, err)
+    assert.equal("42LL\t42LL\t42LL\ttrue\n", out)
+  end)
+end)
+
+describe("spawn failures", function()
+  it("under a descriptor limit leave the jobs to the children that run", function()
+    local out, err, status = h.sh("ulimit -n 64; " .. h.LUAJIT .. [[ -e '
+      local pool = require("moonjob").pool("spec/fixtures/identity.lua", { size = 40, echo = false })
+      local jobs = {}
+      for i = 1, 400 do jobs[i] = pool:add(i) end
+      pool:drain()
+      local ok, codes = 0, {}
+      for i = 1, 400 do
+        local r, e = jobs[i]:wait()
+        if r == i then ok = ok + 1 else codes[#codes + 1] = e and e.code end
+      end
+      print(ok, table.concat(codes, ","))
+      pool:close()']])
+    assert.equal(0, status, err)
+    assert.equal("400\t\n", out)
+  end)
+
+  it("fail jobs with ESPAWN when no child can start at all", function()
+    -- 12 descriptors: enough for the parent, not for a child's channel and pipes
+    local out, err, status = h.sh("ulimit -n 12; " .. h.LUAJIT .. [[ -e '
+      local pool = require("moonjob").pool("spec/fixtures/identity.lua", { size = 2, echo = false })
+      local r, e = pool:run(1)
+      print(r, e and e.code, e and e.message)
+      pool:close()']])
+    assert.equal(0, status, err)
+    assert.equal("nil\tESPAWN\tcannot start a child process: EMFILE: too many open files\n", out)
+  end)
+end)
