@@ -414,8 +414,11 @@ static void set_up_process(const child_options_t *o) {
   set_limit(RLIMIT_CORE, 0);
   if (o->user) become_user(o->user); /* before NPROC: root is exempt from it */
   if (o->max_procs > 0) set_limit(RLIMIT_NPROC, (rlim_t) o->max_procs);
+#ifndef __SANITIZE_ADDRESS__ /* ASan's shadow memory does not fit under RLIMIT_DATA: the
+                                sanitized build (make sanitize) relies on the allocator alone */
   if (o->memory_limit > 0) /* a backstop for what bypasses the Lua allocator */
     set_limit(RLIMIT_DATA, (rlim_t) o->memory_limit * 2 + 256u * 1024 * 1024);
+#endif
 
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);

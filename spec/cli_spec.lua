@@ -1,8 +1,7 @@
 local h = require "helpers"
 local json = require "moonjob.json"
 
-local ENV = 'LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" '
-local MOONJOB = ENV .. "luajit scripts/moonjob "
+local MOONJOB = h.LUAJIT .. " scripts/moonjob "
 
 local function write_file(text)
   return h.write_file(os.tmpname(), text)
@@ -93,7 +92,7 @@ describe("moonjob run", function()
       local f = assert(io.open(input, "wb"))
       for i = 1, n do f:write('{"i":', i, ',"pad":"', string.rep("p", 40), '"}\n') end
       f:close()
-      local out, err, status = h.sh(ENV .. [[luajit -e '
+      local out, err, status = h.sh(h.LUAJIT .. [[ -e '
         local status = require("moonjob.cli").main({ "run", "-j", "2", "spec/fixtures/identity.lua", "]]
         .. input .. [[" })
         local hwm = io.open("/proc/self/status"):read("*a"):match("VmHWM:%s*(%d+)")
@@ -170,7 +169,7 @@ describe("moonjob run", function()
     local lines = {}
     for i = 1, 40 do lines[i] = ('{"file":"%s","value":%d,"sleep":0.05}'):format(runs, i) end
     local input = h.write_file(os.tmpname(), table.concat(lines, "\n") .. "\n")
-    h.sh(ENV .. "timeout -s KILL 0.6 luajit scripts/moonjob run -j 2 --joblog " .. log
+    h.sh("timeout -s KILL 0.6 " .. MOONJOB .. "run -j 2 --joblog " .. log
       .. " spec/fixtures/counted.lua " .. input)
     local first = h.sh("grep -c completed " .. log)
     assert.is_true(tonumber(first) > 0 and tonumber(first) < 40, "completed before the kill: " .. first)

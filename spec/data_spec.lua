@@ -95,9 +95,7 @@ describe("the child's output", function()
   end)
 
   it("goes to the parent's stderr prefixed with the job id by default", function()
-    local out, err, status = h.sh([[luajit -e '
-      package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
-      package.cpath = "build/?.so;" .. package.cpath
+    local out, err, status = h.sh(h.LUAJIT .. [[ -e '
       local pool = require("moonjob").pool("spec/fixtures/noisy.lua", { size = 1 })
       local job = pool:add({ n = 5 })
       io.stdout:write("id=", job.id, "\n")

@@ -13,6 +13,11 @@ local M = {}
 -- MOONJOB_CPATH (its build) and MOONJOB_PRELOAD (the ASan runtime, preloaded
 -- into luajit only, never into the shell tools the specs use).
 local preload = os.getenv("MOONJOB_PRELOAD")
+if os.getenv("LD_PRELOAD") then -- loaded into this luajit already; not into the tools it starts
+  local ffi = require "ffi"
+  ffi.cdef "int unsetenv(const char *name);"
+  ffi.C.unsetenv("LD_PRELOAD")
+end
 M.LUAJIT = ('env LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="%s;;" %sluajit')
   :format(os.getenv("MOONJOB_CPATH") or "build/?.so", preload and ("LD_PRELOAD=" .. preload .. " ") or "")
 
