@@ -8,7 +8,9 @@
  * have its own) keep their statuses.
  *
  * A pid stays on the list until its status was collected: until then it
- * cannot be reused, which is what makes signalling it safe.
+ * cannot be reused, which is what makes signalling it safe. The same holds
+ * for its process group id, so the group is killed between the child's exit
+ * (seen with WNOWAIT) and its reaping: grandchildren never outlive a child.
  *
  * The signal handle keeps the loop alive while some child is not reaped, as
  * a uv_process_t would.
@@ -17,15 +19,24 @@
  */
 #include <errno.h>
 #include <signal.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <time.h>
 
 #include "moonjob.h"
 
-/* Collects the status of p if it exited. Returns 1 when it did. */
+/* Collects the status of p if it exited. Returns 1 when it did. Before the
+ * child is reaped, its process group is SIGKILLed: nothing a processor
+ * started outlives its child, and while the dead leader is unreaped its group
+ * id cannot be reused, so the kill can reach no one else. */
 static int try_reap(mj_process_t *p) {
   int status;
+  siginfo_t info;
   pid_t r;
+  memset(&info, 0, sizeof info);
+  if (waitid(P_PID, (id_t) p->pid, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid != p->pid)
+    return 0;
+  kill(-p->pid, SIGKILL);
   do r = waitpid(p->pid, &status, WNOHANG);
   while (r < 0 && errno == EINTR);
   if (r != p->pid) return 0;

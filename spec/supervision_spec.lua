@@ -236,8 +236,11 @@ describe("pool:close()", function()
   it("with a timeout ends jobs still running after it with ECLOSED and leaves nothing behind", function()
     local before = h.open_fds()
     local pool = assert(require("moonjob").pool(h.fixture("spin.lua"), { size = 2, echo = false }))
-    local jobs = { pool:add({ how = "jit_loop" }), pool:add({ how = "grandchild", file = os.tmpname() }) }
+    local pidfile = os.tmpname()
+    local jobs = { pool:add({ how = "jit_loop" }), pool:add({ how = "grandchild", file = pidfile }) }
     h.wait_for(function() return jobs[1].state == "active" and jobs[2].state == "active" end)
+    h.wait_for(function() return h.first_line("cat " .. pidfile) ~= nil end)
+    local grandchild = h.first_line("cat " .. pidfile) -- ignores SIGTERM
     local pids = { jobs[1].pid, jobs[2].pid }
     local t0 = core.hrtime()
     pool:close({ timeout = 0.2 })
@@ -246,6 +249,8 @@ describe("pool:close()", function()
       assert.equal("ECLOSED", jobs[i].error.code)
       assert.is_false(h.process_exists(pids[i]))
     end
+    h.wait_for(function() return not h.process_exists(grandchild) or h.is_zombie(grandchild) end)
+    os.remove(pidfile)
     for fd in pairs(h.open_fds()) do
       assert.is_true(before[fd], "descriptor left open: " .. fd)
     end
