@@ -141,6 +141,16 @@ describe("moonjob.core", function()
     end)
   end)
 
+  describe("the child program", function()
+    it("refuses limits that are not whole numbers before anything runs", function()
+      for _, bad in ipairs({ "nan", "inf", "-1", "1e9", "12abc", "" }) do
+        local _, err, status = h.sh(("%s --memory-limit '%s' 3>/dev/null"):format(core.child_path(), bad))
+        assert.equal(2, status, bad)
+        assert.matches("^usage: moonjob%-child", err)
+      end
+    end)
+  end)
+
   describe("timer", function()
     it("refuses negative, NaN and huge times", function()
       local t = core.timer(function() end)
