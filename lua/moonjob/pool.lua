@@ -461,9 +461,15 @@ function Pool:_fail_ready_jobs(err)
   end
 end
 
--- A job the child never took goes back to the head of the queue; the attempt
--- does not count.
-function Pool:_requeue(job)
+-- A job its child never took goes back to the head of the queue and the
+-- attempt does not count, unless it was interrupted meanwhile (canceled, or
+-- past its timeout): then it ends with that error, never having run.
+function Pool:_give_back(job)
+  local f = job.interrupt
+  if f then
+    return self:_fail(job, errors.new(f.code, f.message .. "; its child never took it",
+      { reason = f.reason }))
+  end
   job.state, job.worker, job.started = "waiting", nil, nil
   job.attempts = job.attempts - 1
   self.nactive = self.nactive - 1
@@ -480,7 +486,7 @@ function Pool:_worker_gone(w, job, err, taken, status, signal)
   if job and taken then
     self:_fail(job, err)
   elseif job then
-    self:_requeue(job)
+    self:_give_back(job)
   elseif not w.ready and not w.start_reported and not self.closing then
     self:_start_failed(err)
   end
@@ -534,20 +540,12 @@ function Pool:_deadline(w)
     message = ("the job ran past its timeout (%s s)"):format(tostring(job.timeout or self.timeout)) })
 end
 
--- A child that has not taken its job in time is replaced; the job goes back
--- to the head of the queue and the attempt does not count, unless it was
--- interrupted meanwhile (canceled, or past its timeout): then it ends with
--- that error, never having run.
+-- A child that has not taken its job in time is replaced; the job is given
+-- back (see _give_back).
 function Pool:_unacknowledged(w)
   local job = w:end_job()
   self:_retire(w, true)
-  local f = job.interrupt
-  if f then
-    self:_fail(job, errors.new(f.code, f.message .. "; its child never took it",
-      { reason = f.reason }))
-  else
-    self:_requeue(job)
-  end
+  self:_give_back(job)
   self:_pump()
 end
 
