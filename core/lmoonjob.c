@@ -428,13 +428,6 @@ static int lmj_process_taken(lua_State *L) {
   return 1;
 }
 
-/* process:unread() -> bytes sent to the child that it has not read yet */
-static int lmj_process_unread(lua_State *L) {
-  lmj_process_t *lp = lmj_check_process(L, 1);
-  lua_pushnumber(L, (lua_Number) mj_process_unread_bytes(&lp->p));
-  return 1;
-}
-
 static int lmj_process_tostring(lua_State *L) {
   lmj_process_t *lp = luaL_checkudata(L, 1, LMJ_PROCESS);
   lua_pushfstring(L, "<moonjob.process pid %d%s>", lp->p.pid,
@@ -775,7 +768,7 @@ int luaopen_moonjob_core(lua_State *L) {
   static const luaL_Reg process_methods[] = {
     {"send", lmj_process_send}, {"kill", lmj_process_kill},
     {"end_input", lmj_process_end_input}, 
-    {"unread", lmj_process_unread}, {"taken", lmj_process_taken}, {NULL, NULL}};
+    {"taken", lmj_process_taken}, {NULL, NULL}};
   static const luaL_Reg timer_methods[] = {
     {"start", lmj_timer_start}, {"stop", lmj_timer_stop}, {"unref", lmj_timer_unref},
     {"close", lmj_timer_close}, {NULL, NULL}};

@@ -158,7 +158,6 @@ int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t
 int mj_process_kill(mj_process_t *p, int signum, int whole_group);
 int mj_process_end_input(mj_process_t *p);
 
-size_t mj_process_unread_bytes(const mj_process_t *p);
 int mj_process_taken(const mj_process_t *p);
 
 /* Internal: process.c <- spawn.c and reap.c */

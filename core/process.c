@@ -27,9 +27,7 @@
 #define _GNU_SOURCE /* memfd_create */
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/sockios.h>
 #include <stdlib.h>
-#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <string.h>
@@ -634,6 +632,13 @@ int mj_process_kill(mj_process_t *p, int signum, int whole_group) {
   return 0;
 }
 
+/* True when the child has read the JOB frame of its current job: it stored
+ * the job's token in the page it shares with the parent (frame.h). */
+int mj_process_taken(const mj_process_t *p) {
+  return p->shared != NULL && p->token != 0 &&
+         __atomic_load_n(&p->shared->taken, __ATOMIC_ACQUIRE) == p->token;
+}
+
 static void mj_shutdown_cb(uv_shutdown_t *req, int status) {
   (void) status;
   free(req);
@@ -650,18 +655,3 @@ int mj_process_end_input(mj_process_t *p) {
   return rc;
 }
 
-/* Bytes sent to the child that it has not read yet: still queued in libuv,
- * plus what sits in the socket (SIOCOUTQ). Zero means the child took every
- * frame it was sent. */
-int mj_process_taken(const mj_process_t *p) {
-  return p->shared != NULL && p->token != 0 &&
-         __atomic_load_n(&p->shared->taken, __ATOMIC_ACQUIRE) == p->token;
-}
-
-size_t mj_process_unread_bytes(const mj_process_t *p) {
-  uv_os_fd_t fd;
-  int outq = 0;
-  if (p->closing || uv_fileno((const uv_handle_t *) &p->channel, &fd) != 0) return 0;
-  if (ioctl(fd, SIOCOUTQ, &outq) != 0) outq = 0;
-  return p->channel.write_queue_size + (size_t) outq;
-}
