@@ -6,9 +6,16 @@
  * its process group reaches its grandchildren; a Ctrl-C at the terminal does
  * not reach it), and reaped by reap.c.
  *
- * Channel bytes are cut into frames here (frame.h) and delivered whole; the
- * payload is never looked at. Sending tries a direct write first and copies
- * only what the kernel did not take.
+ * Channel bytes are cut into frames here (frame.h); the payload is never
+ * looked at. Every header is checked as soon as it is complete against what
+ * the child may send in its state, and against the random token of the job in
+ * hand (frame_violation): anything else is reported as MJ_PROCESS_PROTOCOL
+ * and the channel is no longer read. A frame up to MJ_PIECE bytes is
+ * delivered whole; a larger one in pieces, so that no callback copies more
+ * than a piece. Sending tries a direct write first; what the kernel did not
+ * take is queued without a copy (the caller keeps the bytes until
+ * MJ_PROCESS_SENT). The page shared with the child (a memfd on its fd 4) tells
+ * whether it took its current job (mj_process_taken).
  *
  * Ordering guarantees, which libuv alone does not give:
  *  - before a frame that ends a job is delivered, whatever the child wrote to
