@@ -32,7 +32,7 @@ LUA_FILES  = $(wildcard lua/moonjob/*.lua)
 DEB_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev libuv1-dev lua-cjson \
                lua-busted luarocks procps
 
-.PHONY: all deps test sanitize demo repl bench install uninstall clean
+.PHONY: all deps spec-host test sanitize demo repl bench install uninstall clean
 
 IN_TREE = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="$(BUILD)/?.so;;"
 
@@ -61,7 +61,14 @@ deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
 
-test: deps all
+# A C program embedding LuaJIT, for the spec that closes many Lua states.
+SPEC_HOST  = $(BUILD)/spec-states
+spec-host: $(SPEC_HOST)
+$(SPEC_HOST): spec/host/states.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(WARN) -I$(LUA_INCDIR) $(LDFLAGS) -o $@ spec/host/states.c $(LUAJIT_LIB)
+
+test: deps all spec-host
 	$(BUSTED)
 
 # The whole suite on a build with AddressSanitizer and UndefinedBehaviorSanitizer,
@@ -86,7 +93,7 @@ SAN_ENV    = ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:log_path=$(SAN_LOGS)/as
              MOONJOB_CPATH="$(SAN_BUILD)/?.so" MOONJOB_PRELOAD=$(SAN_RT)
 
 sanitize: deps
-	$(MAKE) BUILD=$(SAN_BUILD) CFLAGS="$(SAN_FLAGS)" LDFLAGS="-fsanitize=address,undefined" all
+	$(MAKE) BUILD=$(SAN_BUILD) CFLAGS="$(SAN_FLAGS)" LDFLAGS="-fsanitize=address,undefined" all spec-host
 	rm -rf $(SAN_LOGS) && mkdir -p $(SAN_LOGS)
 	$(SAN_ENV) LD_PRELOAD=$(SAN_RT) $(LUA) /usr/bin/busted --cpath="$(SAN_BUILD)/?.so"; \
 	  status=$$?; \

@@ -18,8 +18,12 @@ if os.getenv("LD_PRELOAD") then -- loaded into this luajit already; not into the
   ffi.cdef "int unsetenv(const char *name);"
   ffi.C.unsetenv("LD_PRELOAD")
 end
+local cpath = os.getenv("MOONJOB_CPATH") or "build/?.so"
 M.LUAJIT = ('env LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="%s;;" %sluajit')
-  :format(os.getenv("MOONJOB_CPATH") or "build/?.so", preload and ("LD_PRELOAD=" .. preload .. " ") or "")
+  :format(cpath, preload and ("LD_PRELOAD=" .. preload .. " ") or "")
+-- The build directory in use (build, or build-sanitize under make sanitize).
+M.BUILD = cpath:match("^(.*)/%?%.so$")
+M.SANITIZED = preload ~= nil
 
 local open_pools = {}
 
