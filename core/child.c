@@ -8,7 +8,10 @@
  * until the channel reaches end-of-file.
  *
  * Interruption (soft timeout, cancel): the parent sends an INTERRUPT frame,
- * then MJ_INTERRUPT_SIGNAL. While a job runs under channel.run, the signal
+ * then, once the frame is written, MJ_INTERRUPT_SIGNAL. A signal that comes
+ * before the job's channel.run is ignored, but its frame is then already in
+ * the channel, and channel.run looks there before it starts the job. While a
+ * job runs under channel.run, the signal
  * handler sets a count hook that raises an error at every Lua instruction
  * until the job's protected call returns, so a user's pcall cannot swallow it.
  * The traceback at the first interruption is kept for the error. Hooks do not
@@ -40,6 +43,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -136,7 +140,9 @@ static int output_pending(void) {
 /* The job number Lua sees for a frame's token: the current job's number for
  * its token, 0 for any other (an INTERRUPT about a job already over). A JOB
  * frame makes its token the current one and tells the parent, through the
- * shared page, that the job was taken. The token itself never reaches Lua. */
+ * shared page, that the job was taken: as soon as its header is read, so a
+ * large payload still arriving never reads as a job left untaken. The token
+ * itself never reaches Lua. */
 static double number_for(const mj_frame_header_t *h) {
   if (h->type == MJ_FRAME_JOB) {
     job_token = h->job;
@@ -147,24 +153,69 @@ static double number_for(const mj_frame_header_t *h) {
   return (h->job != 0 && h->job == job_token) ? job_number : 0;
 }
 
-/* channel.recv() -> type, job, payload | nil at end-of-file.
+/* Reads and drops n bytes of the channel. Returns 1, or -1 (errno set). */
+static int skip_bytes(int fd, size_t n) {
+  char sink[65536];
+  while (n > 0) {
+    size_t step = n < sizeof sink ? n : sizeof sink;
+    if (read_exact(fd, sink, step) != 1) return -1;
+    n -= step;
+  }
+  return 1;
+}
+
+typedef struct {
+  const char *bytes;
+  size_t len;
+} payload_t;
+
+/* Under lua_cpcall: the payload as a Lua string, left in the registry. */
+static int store_payload(lua_State *L) {
+  payload_t *p = lua_touserdata(L, 1);
+  lua_pushlstring(L, p->bytes, p->len);
+  lua_setfield(L, LUA_REGISTRYINDEX, "moonjob.payload");
+  return 0;
+}
+
+/* Pushes the payload as a string; false when the Lua heap cannot hold it
+ * (memory_limit): the caller reports that instead of raising. */
+static int push_payload(lua_State *L, const char *bytes, size_t len) {
+  payload_t p = {bytes, len};
+  if (lua_cpcall(L, store_payload, &p) != 0) {
+    lua_pop(L, 1);
+    lua_gc(L, LUA_GCCOLLECT, 0);
+    return 0;
+  }
+  lua_getfield(L, LUA_REGISTRYINDEX, "moonjob.payload");
+  lua_pushnil(L);
+  lua_setfield(L, LUA_REGISTRYINDEX, "moonjob.payload");
+  return 1;
+}
+
+/* channel.recv() -> type, job, payload | type, job, false (the payload did
+ * not fit in memory: read and dropped) | nil at end-of-file.
  * Raises on a read error or a frame cut short. */
 static int channel_recv(lua_State *L) {
   mj_frame_header_t h;
   int r = read_exact(CHANNEL_FD, &h, sizeof h);
   if (r == 0) return 0;
   if (r < 0) return luaL_error(L, "channel read failed: %s", strerror(errno));
+  if (h.type == MJ_FRAME_JOB) getrusage(RUSAGE_SELF, &job_start_usage);
+  lua_pushinteger(L, (lua_Integer) h.type);
+  lua_pushnumber(L, (lua_Number) number_for(&h));
   char *payload = malloc(h.len ? h.len : 1);
-  if (payload == NULL) return luaL_error(L, "not enough memory for a %u-byte frame", h.len);
+  if (payload == NULL) {
+    if (skip_bytes(CHANNEL_FD, h.len) < 0)
+      return luaL_error(L, "channel read failed: %s", strerror(errno));
+    lua_pushboolean(L, 0);
+    return 3;
+  }
   r = h.len ? read_exact(CHANNEL_FD, payload, h.len) : 1;
   if (r <= 0) {
     free(payload);
     return luaL_error(L, "channel read failed: %s", r == 0 ? "end of file" : strerror(errno));
   }
-  if (h.type == MJ_FRAME_JOB) getrusage(RUSAGE_SELF, &job_start_usage);
-  lua_pushinteger(L, (lua_Integer) h.type);
-  lua_pushnumber(L, (lua_Number) number_for(&h));
-  lua_pushlstring(L, payload, h.len);
+  if (!push_payload(L, payload, h.len)) lua_pushboolean(L, 0);
   free(payload);
   return 3;
 }
@@ -244,6 +295,16 @@ static void interrupt_hook(lua_State *L, lua_Debug *ar) {
   lua_error(L);
 }
 
+/* True when an INTERRUPT for the job in hand waits in the channel. The
+ * parent signals only once that frame is written, so a signal that came
+ * before channel.run set running_L left its frame here to be found. */
+static int interrupt_queued(void) {
+  mj_frame_header_t h;
+  ssize_t r = recv(CHANNEL_FD, &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+  return r == (ssize_t) sizeof h && h.type == MJ_FRAME_INTERRUPT && job_token != 0 &&
+         h.job == job_token;
+}
+
 /* Only the parent may interrupt, and only while a job runs. */
 static void on_interrupt_signal(int signum, siginfo_t *info, void *context) {
   (void) signum;
@@ -277,6 +338,10 @@ static int channel_run(lua_State *L) {
   heap.strict = 1;
   heap.refused = 0;
   running_L = L;
+  if (interrupt_queued()) { /* interrupted before it started */
+    interrupt_pending = 1;
+    lua_sethook(L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+  }
   int rc = lua_pcall(L, 1, 1, 1);
   running_L = NULL;
   lua_sethook(L, NULL, 0, 0);

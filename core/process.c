@@ -543,10 +543,17 @@ typedef struct {
   mj_frame_header_t hdr;
 } mj_send_req_t;
 
+/* An INTERRUPT frame is followed by the signal once it is written (see
+ * child.c), and only while its job is still the child's. */
+static void signal_interrupt(mj_process_t *p, uint64_t token) {
+  if (p->state == MJ_CHILD_BUSY && p->token == token) mj_process_kill(p, MJ_INTERRUPT_SIGNAL, 0);
+}
+
 static void mj_write_cb(uv_write_t *req, int status) {
   mj_send_req_t *send = req->data;
   mj_process_event_t ev = {.kind = MJ_PROCESS_SENT};
-  (void) status; /* a failed write shows up as the child's exit or EOF */
+  /* a failed write shows up as the child's exit or EOF */
+  if (status == 0 && send->hdr.type == MJ_FRAME_INTERRUPT) signal_interrupt(send->p, send->hdr.job);
   emit(send->p, &ev);
   free(send);
 }
@@ -578,7 +585,8 @@ static int queue_rest(mj_process_t *p, const uv_buf_t *bufs, unsigned n, size_t 
 
 /* Sends one frame whose payload is the concatenation of parts. A JOB frame
  * gets a fresh random token (the child must be idle); an INTERRUPT frame the
- * current job's token (nothing is sent once that job is over). Returns 0 when
+ * current job's token (nothing is sent once that job is over), and
+ * MJ_INTERRUPT_SIGNAL follows it as soon as the kernel holds all of it. Returns 0 when
  * the kernel took every byte; MJ_SEND_QUEUED when the rest is queued without
  * a copy: the parts' memory must then stay valid until the MJ_PROCESS_SENT
  * event; or UV_E... (UV_EPIPE once the process is closing, UV_EBUSY for a
@@ -617,6 +625,7 @@ int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t
     if (written < 0) return written;
   }
   if ((size_t) written < total) rc = queue_rest(p, bufs, nparts + 1, (size_t) written);
+  else if (type == MJ_FRAME_INTERRUPT) signal_interrupt(p, hdr.job);
   if (rc >= 0 && token != 0) { /* the child now owes frames about this job only */
     p->state = MJ_CHILD_BUSY;
     p->job = job;

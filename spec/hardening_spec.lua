@@ -128,6 +128,34 @@ describe("a job", function()
     end)
   end
 
+  it("cancelled an instant after it was sent is interrupted, whenever its child gets the signal", function()
+    -- jit = false: the job's loop is always interruptible, so only a lost
+    -- interrupt could let it complete (kill_after is far away)
+    local pool = h.pool("runs.lua", { size = 1, jit = false, kill_after = 60 })
+    local completed = 0
+    pool:on("completed", function() completed = completed + 1 end)
+    assert.equal("ran", pool:run({ file = runs, how = "none" }))
+    for round = 1, 20 do
+      local pad = string.rep("x", round % 2 == 0 and 4 * 1024 * 1024 or 0)
+      local job = pool:add({ file = runs, how = "spin", seconds = 5, pad = pad })
+      assert.is_true(job:cancel("at once"))
+      local _, err = job:wait()
+      assert.equal("ECANCELED", err and err.code, "round " .. round)
+      assert.equal("the job was canceled: at once", err.message)
+    end
+    assert.equal(1, completed)
+    assert.equal(0, pool:stats().killed)
+  end)
+
+  it("with data slower to read than ack_timeout is taken, not given back", function()
+    local pool = h.pool("identity.lua", { size = 1, ack_timeout = 0.02, max_payload = 256 * 1024 * 1024 })
+    local data = string.rep("x", 200 * 1024 * 1024)
+    local job = pool:add(data)
+    assert.equal(#data, #job:wait())
+    assert.equal(1, job.attempts)
+    assert.equal(1, pool:stats().spawned)
+  end)
+
   it("with a soft timeout shorter than ack_timeout runs once", function()
     local pool = h.pool("runs.lua", { size = 1, timeout = 0.1, kill_after = 0.3 })
     local job = pool:add({ file = runs, how = "jit_loop" })
@@ -195,6 +223,17 @@ describe("a full heap (memory_limit)", function()
       assert.equal("ok", pool:run("none"))
     end)
   end
+
+  it("fails the job with ENOMEM when its data or result cannot fit, and the pool goes on", function()
+    local pool = h.pool("identity.lua", { size = 1, memory_limit = 32 * 1024 * 1024 })
+    for _, mb in ipairs({ 10, 20, 31, 40 }) do
+      local _, err = pool:run(string.rep("x", mb * 1024 * 1024))
+      assert.equal("ENOMEM", err and err.code, mb .. " MB: " .. tostring(err and err.message))
+      assert.matches("needed more than memory_limit %(33554432 bytes%)$", err.message)
+      assert.equal(mb, pool:run(mb))
+    end
+    assert.equal(0, pool:stats().crashed)
+  end)
 
   it("too small to start the processor fails with a clear ELOAD", function()
     local pool = h.pool("memory_bomb.lua", { size = 1, memory_limit = 20000 })

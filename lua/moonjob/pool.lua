@@ -470,6 +470,10 @@ function Pool:_give_back(job)
     return self:_fail(job, errors.new(f.code, f.message .. "; its child never took it",
       { reason = f.reason }))
   end
+  if self.closing then -- no child will ever take it now; it never ran
+    job.attempts = job.attempts - 1
+    return self:_fail(job, errors.new("ECLOSED", "the pool was closed before the job ran"))
+  end
   job.state, job.worker, job.started = "waiting", nil, nil
   job.attempts = job.attempts - 1
   self.nactive = self.nactive - 1
@@ -574,12 +578,13 @@ function Pool:_retry_delay(job, err)
   return delay ~= false and delay or nil
 end
 
--- A job's attempt failed: it comes back after its backoff, or fails for good.
+-- A job's attempt failed: it comes back after its backoff, or fails for good
+-- (always once the pool is closing: nothing would run it again).
 function Pool:_fail(job, err)
   job.error = err
   job.errors = job.errors or {}
   job.errors[#job.errors + 1] = err
-  local delay = self:_retry_delay(job, err)
+  local delay = not self.closing and self:_retry_delay(job, err)
   if not delay then return self:_finish(job, "failed") end
   if job.state == "active" then self.nactive = self.nactive - 1 end
   job.state, job.worker, job.interrupt = "waiting", nil, nil

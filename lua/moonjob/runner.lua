@@ -197,9 +197,25 @@ local function fail(number, err)
   channel.send(channel.FAIL, number, encode_error(err))
 end
 
+-- A heap filled outside the processor's own call (receiving or decoding the
+-- job's data, encoding its result) is ENOMEM like any other.
+local function is_memory_error(e)
+  return type(e) == "string" and e:find("not enough memory", 1, true) ~= nil
+end
+
+local function out_of_memory(what)
+  return { code = "ENOMEM", message = ("%s needed more than memory_limit (%d bytes)")
+    :format(what, options.memory_limit or 0) }
+end
+
 local function complete(number, result)
   local codec = codecs[options.codec]
   local ok, bytes = pcall(codec.encode, result)
+  if not ok and is_memory_error(bytes) then
+    bytes = nil
+    collectgarbage()
+    return fail(number, out_of_memory("encoding the result"))
+  end
   if not ok then
     return fail(number, { code = "EPAYLOAD", message = "the result cannot be encoded: "
       .. tostring(bytes):gsub("^.-:%d+: ", "") })
@@ -250,19 +266,31 @@ local function failure_of(result, out_of_memory)
   return to_error(result.value, result.traceback, "EPROCESSOR")
 end
 
-local function run_job(number, payload)
+-- Decodes the job's data; false and an error when it cannot.
+local function decode_job(payload)
+  if payload == false then return false, out_of_memory("the job's data") end
   decoder:set(payload)
-  local job = setmetatable(decoder:decode(), Job)
+  local ok_meta, meta = pcall(decoder.decode, decoder)
+  local ok_data, data = ok_meta, nil
+  if ok_meta then ok_data, data = pcall(codecs[options.codec].decode) end
+  if ok_data then return meta, data end
+  local e = ok_meta and data or meta
+  decoder:reset()
+  collectgarbage()
+  if is_memory_error(e) then return false, out_of_memory("decoding the job's data") end
+  return false, to_error(e, nil, "EPAYLOAD")
+end
+
+local function run_job(number, payload)
+  local meta, data = decode_job(payload)
+  if not meta then return fail(number, data) end
+  local job = setmetatable(meta, Job)
   job.number = number
-  local ok_data, data = pcall(codecs[options.codec].decode)
-  if not ok_data then
-    return fail(number, to_error(data, nil, "EPAYLOAD"))
-  end
   job.data = data
-  local ok, result, interrupted, out_of_memory = channel.run(handler, processor, job)
+  local ok, result, interrupted, heap_full = channel.run(handler, processor, job)
   if ok then return complete(number, result) end
   if interrupted then return fail_interrupted(number, job) end
-  fail(number, failure_of(result, out_of_memory))
+  fail(number, failure_of(result, heap_full))
 end
 
 ------------------------------------------------------------------- main ---

@@ -63,13 +63,13 @@ function Worker:disarm()
   self.timer:stop()
 end
 
--- worker:interrupt(err_fields): asks the child to stop the running job; it
--- fails with err_fields.code once cleanup ran (or the pool's hard kill lands).
+-- worker:interrupt(err_fields): asks the child to stop the running job (the
+-- core signals the child once the frame is written); it fails with
+-- err_fields.code once cleanup ran (or the pool's hard kill lands).
 function Worker:interrupt(fields)
   local job = self.job
   if not job then return end
   self.process:send(frame.INTERRUPT, job.id, buffer.encode(fields))
-  self.process:kill("SIGUSR1", false)
 end
 
 -- worker:run(job, meta_bytes) -> true, or false when the child is already
