@@ -102,6 +102,7 @@ static void deliver_lines(mj_input_t *in) {
 }
 
 static void finish(mj_input_t *in, int error) {
+  in->ended = 1; /* a resume from the last lines' callbacks reads no more */
   in->paused = 0;
   deliver_lines(in); /* nothing more will come: flush */
   if (!in->closing && error == 0 && in->len > 0 && !in->skipping) {
@@ -111,7 +112,6 @@ static void finish(mj_input_t *in, int error) {
     in->on_line(in, in->buf, n, n > in->max_line); /* last line without a newline */
     in->delivering = 0;
   }
-  in->ended = 1;
   if (!in->closing) in->on_end(in, error);
 }
 
@@ -224,12 +224,21 @@ void mj_input_init(mj_ctx_t *ctx, mj_input_t *in, int fd, size_t max_line,
   link_input(in);
 }
 
-/* Starts or continues reading. Lines already buffered are delivered first. */
+/* Starts or continues reading. Lines already buffered are delivered first.
+ * From inside on_line (a delivery is running), the running delivery goes on;
+ * a file's next read is issued when it is over, a stream's reading restarts
+ * (its next bytes come on a later loop turn). An input closed by a callback
+ * during this call is released before it returns. */
 int mj_input_resume(mj_input_t *in) {
   if (in->ended || in->closing) return 0;
   in->paused = 0;
+  if (in->delivering) return in->mode == MJ_INPUT_FILE ? 0 : issue_read(in);
   if (in->len > 0) deliver_lines(in);
-  return in->paused || in->closing ? 0 : issue_read(in);
+  if (in->closing) {
+    release_if_done(in);
+    return 0;
+  }
+  return in->paused ? 0 : issue_read(in);
 }
 
 /* No more lines are delivered until mj_input_resume. */

@@ -82,6 +82,57 @@ describe("moonjob.core", function()
       assert.is_false(ended)
     end)
 
+    -- A pipe holding `n` lines, its writing end closed: read as a stream.
+    local function lines_pipe(n)
+      local ffi = require "ffi"
+      pcall(ffi.cdef, "int pipe(int fds[2]); long write(int fd, const void *b, size_t n); int close(int fd);")
+      local fds = ffi.new("int[2]")
+      assert(ffi.C.pipe(fds) == 0)
+      local t = {}
+      for i = 1, n do t[i] = "line " .. i .. "\n" end
+      local text = table.concat(t)
+      assert(ffi.C.write(fds[1], text, #text) == #text)
+      ffi.C.close(fds[1])
+      return fds[0]
+    end
+
+    for _, source in ipairs({ "file", "pipe" }) do
+      it("can be paused and resumed from inside its own on_line callback (" .. source .. ")", function()
+        local fd = source == "file" and assert(core.open(lines_file(200))) or lines_pipe(200)
+        local got, ended = {}, false
+        local input
+        input = core.input(fd, 1024, function(line)
+          got[#got + 1] = line
+          if #got % 7 == 0 then input:pause(); input:resume() end
+          if #got % 11 == 0 then input:pause(); core.timer(function() input:resume() end):start(0) end
+        end, function() ended = true end)
+        input:resume()
+        run_until(function() return ended end)
+        assert.equal(200, #got)
+        for i = 1, 200 do assert.equal("line " .. i, got[i]) end
+        input:close()
+      end)
+    end
+
+    it("closed from on_line while resume() delivers gives its descriptor back", function()
+      local path = lines_file(5)
+      local before = h.open_fds()
+      for _ = 1, 50 do
+        local fd = assert(core.open(path))
+        local input, first = nil, true
+        input = core.input(fd, 1024, function()
+          if first then first = false; input:pause(); return end -- the rest stays buffered
+          input:close()
+        end, function() end)
+        input:resume()
+        run_until(function() return not first end)
+        input:resume() -- delivers the buffered lines now: the callback closes the input
+        assert.is_false(fd_open(fd))
+      end
+      collectgarbage()
+      assert.same(before, h.open_fds())
+    end)
+
     it("closes the descriptor it was given once closed", function()
       local fd = assert(core.open(lines_file(3)))
       local done = false
