@@ -33,6 +33,7 @@
 #include "moonjob.h"
 
 #define LMJ_CTX "moonjob.ctx"
+#define LMJ_THREAD "moonjob.thread"
 #define LMJ_PROCESS "moonjob.process"
 #define LMJ_TIMER "moonjob.timer"
 #define LMJ_INPUT "moonjob.input"
@@ -43,7 +44,8 @@
  * it, and it must then outlive the state (see lmj_ctx_gc). */
 typedef struct {
   mj_ctx_t ctx;
-  lua_State *L;      /* the thread running the loop, for callbacks */
+  lua_State *L;      /* the thread running the loop, for callbacks: the caller
+                        of core.run while it runs, else the context's own thread */
   int finalizing;    /* the Lua state is closing: no more calls into Lua */
 } lmj_ctx_t;
 
@@ -746,7 +748,11 @@ static void lmj_new_ctx(lua_State *L) {
     free(c);
     luaL_error(L, "cannot create the event loop: %s", uv_strerror(rc));
   }
-  c->L = L;
+  /* Callbacks outside core.run (input:resume delivering lines, say) run on
+   * a thread of the context's own, anchored in the registry: the thread that
+   * first required the module may be a coroutine long collected. */
+  c->L = lua_newthread(L);
+  lua_setfield(L, LUA_REGISTRYINDEX, LMJ_THREAD);
   *slot = c;
 }
 

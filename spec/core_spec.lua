@@ -133,6 +133,30 @@ describe("moonjob.core", function()
       assert.same(before, h.open_fds())
     end)
 
+    it("delivers outside core.run even when the module was first required in a dead coroutine", function()
+      local path = lines_file(5)
+      local script = h.write_file(dir .. "/coroutine.lua", ([[
+        local core
+        local co = coroutine.create(function() core = require "moonjob.core" end)
+        assert(coroutine.resume(co))
+        co = nil
+        local input, got = nil, {}
+        input = core.input(assert(core.open(%q)), 100, function(line)
+          got[#got + 1] = line
+          if #got == 1 then input:pause() end
+        end, function() end)
+        input:resume()
+        while #got == 0 do core.run("once") end
+        for _ = 1, 5 do collectgarbage() end
+        local junk = {}
+        for i = 1, 100000 do junk[i] = { i, tostring(i) } end
+        input:resume() -- the buffered lines, delivered outside core.run
+        print(table.concat(got, ","))]]):format(path))
+      local out, err, status = h.sh(h.LUAJIT .. " " .. script)
+      assert.equal(0, status, err)
+      assert.equal("line 1,line 2,line 3,line 4,line 5\n", out)
+    end)
+
     it("closes the descriptor it was given once closed", function()
       local fd = assert(core.open(lines_file(3)))
       local done = false
