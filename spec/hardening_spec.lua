@@ -57,7 +57,25 @@ describe("a processor that cannot load", function()
     local _, err = pool:run(1)
     assert.equal("ELOAD", err.code)
     h.write_file(file, "return function(job) return job.data * 2 end\n")
-    assert.equal(42, pool:run(21, { attempts = 30, backoff = { type = "fixed", delay = 0.2 } }))
+    assert.equal(42, pool:run(21, { attempts = 5 })) -- no backoff: each attempt waits for a probe
+    pool:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("costs a job without backoff one attempt per failed probe, not all at once", function()
+    local dir = h.tmpdir()
+    local loads = dir .. "/loads"
+    local file = h.write_file(dir .. "/processor.lua",
+      ("local f = io.open(%q, 'a') f:write('x\\n') f:close()\nerror('broken')\n"):format(loads))
+    local pool = assert(require("moonjob").pool(file, { size = 1, echo = false }))
+    local jobs = {}
+    for i = 1, 200 do jobs[i] = pool:add(i, { attempts = 3 }) end
+    pool:drain()
+    for i = 1, 200 do
+      assert.equal(3, jobs[i].attempts)
+      assert.equal(3, #jobs[i].errors)
+    end
+    assert.is_true(lines_in(loads) >= 3, lines_in(loads) .. " loads for 3 attempts")
     pool:close()
     os.execute("rm -rf " .. dir)
   end)

@@ -20,7 +20,8 @@
 -- start_timeout, a child that cannot be spawned) open a circuit breaker:
 -- while no child is ready or starting, jobs that would be dispatched fail at
 -- once with the start error (each counts an attempt, so jobs with attempts
--- left retry after their backoff). Children are then started one at a time,
+-- left retry after their backoff, and not before the next probe: a failed
+-- probe costs a job one attempt at most). Children are then started one at a time,
 -- with a back-off of 0.1 s doubling up to 30 s, so a broken file never turns
 -- into a fork storm; a child that becomes ready closes the breaker. Healthy
 -- children keep running jobs meanwhile: only when no child can run at all do
@@ -451,13 +452,16 @@ function Pool:_check_breaker()
   end)
 end
 
--- Every job that may run now fails with err (an attempt each).
+-- Every job that may run now fails with err (an attempt each). A job with
+-- attempts left comes back after its backoff, and never before the next probe
+-- has started: each failed probe costs a job at most one attempt, whatever
+-- its backoff (none included).
 function Pool:_fail_ready_jobs(err)
   for _ = 1, self.queue:ready_n() do
     local job = self.queue:pop()
     if not job then break end
     job.attempts = job.attempts + 1
-    self:_fail(job, errors.new(err.code, err.message, err))
+    self:_fail(job, errors.new(err.code, err.message, err), self.next_spawn_at)
   end
 end
 
@@ -580,7 +584,8 @@ end
 
 -- A job's attempt failed: it comes back after its backoff, or fails for good
 -- (always once the pool is closing: nothing would run it again).
-function Pool:_fail(job, err)
+-- not_before (loop.now() milliseconds) holds a retry back further.
+function Pool:_fail(job, err, not_before)
   job.error = err
   job.errors = job.errors or {}
   job.errors[#job.errors + 1] = err
@@ -588,7 +593,7 @@ function Pool:_fail(job, err)
   if not delay then return self:_finish(job, "failed") end
   if job.state == "active" then self.nactive = self.nactive - 1 end
   job.state, job.worker, job.interrupt = "waiting", nil, nil
-  job.run_at = loop.now() + delay * 1000
+  job.run_at = math.max(loop.now() + delay * 1000, not_before or 0)
   self.counts.retries = self.counts.retries + 1
   self.queue:push(job)
   if self.listeners.retrying then self:_emit("retrying", job, err, delay) end
