@@ -65,6 +65,17 @@ describe("a processor writing to the channel", function()
     assert.equal(42, forged)
   end)
 
+  it("sending a progress value that does not decode reads as nil; the job and listeners go on", function()
+    local pool = h.pool("garbage_progress.lua", { size = 1 })
+    local seen = {}
+    pool:on("progress", function(job, value) seen[#seen + 1] = value == nil end)
+    local job = pool:add(1)
+    assert.equal("finished", (job:wait()))
+    assert.is_nil(job.progress)
+    assert.same({ true }, seen)
+    assert.equal(0, pool:stats().failed)
+  end)
+
   it("cannot require the runner's channel module", function()
     local pool = h.pool("channel_probe.lua", { size = 1 })
     local result = pool:run(1)

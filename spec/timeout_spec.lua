@@ -141,8 +141,11 @@ describe("job:cancel()", function()
 
   it("kills a running job that cannot be interrupted, after kill_after", function()
     local pool = h.pool("spin.lua", { size = 1, kill_after = 0.1 })
-    local job = pool:add({ how = "jit_loop" })
-    h.wait_for(function() return job.state == "active" end)
+    local job = pool:add({ how = "jit_loop_announced" })
+    h.wait_for(function() return job.progress == "spinning" end)
+    -- the child is back in its compiled loop microseconds after sending the
+    -- progress; a generous margin, so the interrupt cannot land in between
+    h.sleep(0.3)
     job:cancel()
     local _, err = job:wait()
     assert.equal("ECANCELED", err.code)

@@ -60,9 +60,11 @@ local function index(pool, job, key)
     local ok, value = pcall(decoders[pool.codec], bytes)
     return ok and value or nil
   end
-  if key == "progress" then
+  if key == "progress" then -- bytes that do not decode (a broken child) read as nil
     local bytes = rawget(job, "progress_bytes")
-    return bytes and buffer.decode(Job.bytes(bytes))
+    if bytes == nil then return nil end
+    local ok, value = pcall(buffer.decode, Job.bytes(bytes))
+    return ok and value or nil
   end
   return nil
 end

@@ -562,7 +562,9 @@ end
 function Pool:_sweep()
   local now = loop.now()
   local ack_ms, idle_ms = self.ack_timeout * 1000, self.idle_timeout and self.idle_timeout * 1000
-  for w in pairs(self.workers) do
+  local current = {} -- replacing a child adds workers: never while iterating them
+  for w in pairs(self.workers) do current[#current + 1] = w end
+  for _, w in ipairs(current) do
     if w.state == "busy" and not w.acked and now - w.dispatched_at >= ack_ms then
       if w:taken() then w.acked = true else self:_unacknowledged(w) end
     elseif idle_ms and w.state == "idle" and now - w.idle_since >= idle_ms
