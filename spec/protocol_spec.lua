@@ -76,6 +76,18 @@ describe("a processor writing to the channel", function()
     assert.equal(0, pool:stats().failed)
   end)
 
+  it("keeps progress values that decode as sent, false included", function()
+    local pool = h.pool("progress_value.lua", { size = 1 })
+    for _, value in ipairs({ false, 0, "", { 1, 2 } }) do
+      local seen
+      pool:on("progress", function(_, v) seen = v end)
+      local job = pool:add(value)
+      job:wait()
+      assert.same(value, job.progress)
+      assert.same(value, seen)
+    end
+  end)
+
   it("cannot require the runner's channel module", function()
     local pool = h.pool("channel_probe.lua", { size = 1 })
     local result = pool:run(1)

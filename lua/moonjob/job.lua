@@ -64,7 +64,8 @@ local function index(pool, job, key)
     local bytes = rawget(job, "progress_bytes")
     if bytes == nil then return nil end
     local ok, value = pcall(buffer.decode, Job.bytes(bytes))
-    return ok and value or nil
+    if ok then return value end
+    return nil
   end
   return nil
 end

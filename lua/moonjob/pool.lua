@@ -595,10 +595,14 @@ function Pool:_fail(job, err, not_before)
   if not delay then return self:_finish(job, "failed") end
   if job.state == "active" then self.nactive = self.nactive - 1 end
   job.state, job.worker, job.interrupt = "waiting", nil, nil
-  job.run_at = math.max(loop.now() + delay * 1000, not_before or 0)
+  local now = loop.now()
+  job.run_at = math.max(now + delay * 1000, not_before or 0)
   self.counts.retries = self.counts.retries + 1
   self.queue:push(job)
-  if self.listeners.retrying then self:_emit("retrying", job, err, delay) end
+  if self.listeners.retrying then -- the delay as it will be: a probe may hold the job back longer
+    local held = job.run_at - now > delay * 1000
+    self:_emit("retrying", job, err, held and (job.run_at - now) / 1000 or delay)
+  end
 end
 
 -- A job with a key (id or dedupe) leaves the in-flight map when it ends; a

@@ -234,7 +234,11 @@ local function read_interrupt(number)
   while true do
     local kind, n, payload = channel.recv()
     if kind == nil then os.exit(0) end -- the parent is gone
-    if kind == channel.INTERRUPT and n == number then return buffer.decode(payload) end
+    if kind == channel.INTERRUPT and n == number then
+      local ok, info = pcall(buffer.decode, payload or "")
+      if ok and type(info) == "table" then return info end
+      return { code = "ECANCELED", message = "the job was interrupted" } -- a heap too full to read why
+    end
   end
 end
 
