@@ -474,12 +474,11 @@ function Pool:_give_back(job)
     return self:_fail(job, errors.new(f.code, f.message .. "; its child never took it",
       { reason = f.reason }))
   end
-  if self.closing then -- no child will ever take it now; it never ran
-    job.attempts = job.attempts - 1
+  job.attempts = job.attempts - 1 -- it never ran
+  if self.closing then -- and no child will take it now
     return self:_fail(job, errors.new("ECLOSED", "the pool was closed before the job ran"))
   end
   job.state, job.worker, job.started = "waiting", nil, nil
-  job.attempts = job.attempts - 1
   self.nactive = self.nactive - 1
   self.queue:push(job)
 end
@@ -596,13 +595,13 @@ function Pool:_fail(job, err, not_before)
   if job.state == "active" then self.nactive = self.nactive - 1 end
   job.state, job.worker, job.interrupt = "waiting", nil, nil
   local now = loop.now()
-  job.run_at = math.max(now + delay * 1000, not_before or 0)
+  job.run_at = now + delay * 1000
+  if not_before and not_before > job.run_at then -- held back longer: the delay reported says so
+    job.run_at, delay = not_before, (not_before - now) / 1000
+  end
   self.counts.retries = self.counts.retries + 1
   self.queue:push(job)
-  if self.listeners.retrying then -- the delay as it will be: a probe may hold the job back longer
-    local held = job.run_at - now > delay * 1000
-    self:_emit("retrying", job, err, held and (job.run_at - now) / 1000 or delay)
-  end
+  if self.listeners.retrying then self:_emit("retrying", job, err, delay) end
 end
 
 -- A job with a key (id or dedupe) leaves the in-flight map when it ends; a

@@ -212,7 +212,6 @@ local function complete(number, result)
   local codec = codecs[options.codec]
   local ok, bytes = pcall(codec.encode, result)
   if not ok and is_memory_error(bytes) then
-    bytes = nil
     collectgarbage()
     return fail(number, out_of_memory("encoding the result"))
   end
@@ -235,7 +234,8 @@ local function read_interrupt(number)
     local kind, n, payload = channel.recv()
     if kind == nil then os.exit(0) end -- the parent is gone
     if kind == channel.INTERRUPT and n == number then
-      local ok, info = pcall(buffer.decode, payload or "")
+      local ok, info = false, nil
+      if payload then ok, info = pcall(buffer.decode, payload) end
       if ok and type(info) == "table" then return info end
       return { code = "ECANCELED", message = "the job was interrupted" } -- a heap too full to read why
     end
@@ -261,11 +261,12 @@ end
 -- The message handler does not run for memory errors (LUA_ERRMEM): the raw
 -- "not enough memory" comes back instead of the handler's table (or the
 -- handler itself ran out: "error in error handling"); channel.run tells.
-local function failure_of(result, out_of_memory)
+local function failure_of(result, heap_full)
   if type(result) ~= "table" then result = { value = result } end
-  if out_of_memory or result.value == "not enough memory" then
-    return { code = "ENOMEM", message = ("the job needed more than memory_limit (%d bytes)")
-      :format(options.memory_limit or 0), traceback = result.traceback }
+  if heap_full or result.value == "not enough memory" then
+    local err = out_of_memory("the job")
+    err.traceback = result.traceback
+    return err
   end
   return to_error(result.value, result.traceback, "EPROCESSOR")
 end
@@ -274,11 +275,11 @@ end
 local function decode_job(payload)
   if payload == false then return false, out_of_memory("the job's data") end
   decoder:set(payload)
-  local ok_meta, meta = pcall(decoder.decode, decoder)
-  local ok_data, data = ok_meta, nil
-  if ok_meta then ok_data, data = pcall(codecs[options.codec].decode) end
-  if ok_data then return meta, data end
-  local e = ok_meta and data or meta
+  local ok, meta = pcall(decoder.decode, decoder)
+  local data
+  if ok then ok, data = pcall(codecs[options.codec].decode) end
+  if ok then return meta, data end
+  local e = data or meta -- the error: the data's, or the meta's when that failed first
   decoder:reset()
   collectgarbage()
   if is_memory_error(e) then return false, out_of_memory("decoding the job's data") end
