@@ -61,12 +61,17 @@ deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
 
-# A C program embedding LuaJIT, for the spec that closes many Lua states.
-SPEC_HOST  = $(BUILD)/spec-states
+# Programs the specs need: a C program embedding LuaJIT (the spec that closes
+# many Lua states) and a library that makes one set-up call of the child fail
+# (the sandbox spec: the child must fail closed).
+SPEC_HOST  = $(BUILD)/spec-states $(BUILD)/spec-failing.so
 spec-host: $(SPEC_HOST)
-$(SPEC_HOST): spec/host/states.c
+$(BUILD)/spec-states: spec/host/states.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(WARN) -I$(LUA_INCDIR) $(LDFLAGS) -o $@ spec/host/states.c $(LUAJIT_LIB)
+$(BUILD)/spec-failing.so: spec/host/failing.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(WARN) -fPIC -shared $(LDFLAGS) -o $@ spec/host/failing.c -ldl
 
 test: deps all spec-host
 	$(BUSTED)

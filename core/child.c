@@ -18,18 +18,23 @@
  * run in JIT-compiled loops nor inside C functions: there the parent's hard
  * kill is what ends the job.
  *
- * Limits (from the command line, set before any processor code runs): core
- * dumps off, PR_SET_NO_NEW_PRIVS, --user (drop from root to that user),
- * --max-procs as RLIMIT_NPROC, and
- * --memory-limit as an exact cap on the Lua heap (a counting allocator that
- * refuses growth past it) backed by RLIMIT_DATA for memory that bypasses it.
+ * The sandbox (set before any processor code runs, every step checked: a
+ * child that cannot set it up exits with EXIT_SETUP and runs no job): only
+ * fds 0-3 stay open; core dumps off, PR_SET_NO_NEW_PRIVS, --user (drop from
+ * root to that user), --max-procs as RLIMIT_NPROC, and --memory-limit as an
+ * exact cap on the Lua heap (a counting allocator that refuses growth past
+ * it) backed by RLIMIT_DATA for memory that bypasses it. Limits are lowered
+ * hard and soft, and a root child loses CAP_SYS_RESOURCE, so a processor
+ * cannot raise them back.
  *
- * Caveats: the child dies with its parent (PR_SET_PDEATHSIG) and on end of
- * file on the channel, so it never outlives a crashed parent for long. Writes
- * to a closed channel raise a Lua error (SIGPIPE is ignored) and the runner
- * exits. RLIMIT_NPROC does not apply to root: a root parent that wants the
- * process cap to hold passes --user too.
+ * Caveats: the child dies with its parent (PR_SET_PDEATHSIG, caught so that
+ * it takes its process group along) and on end of file on the channel, so it
+ * never outlives a crashed parent. A grandchild that calls setsid() leaves the
+ * group and is out of reach. Writes to a closed channel raise a Lua error
+ * (SIGPIPE is ignored) and the runner exits. RLIMIT_NPROC does not apply to
+ * root: a root parent that wants the process cap to hold passes --user too.
  */
+#define _GNU_SOURCE /* close_range */
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -44,8 +49,10 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#include <linux/capability.h>
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -59,6 +66,7 @@
                             stderr line says why, and the parent reports it as ELOAD */
 #define HEAP_RESERVE (1024 * 1024) /* heap the runner may use past memory_limit to report */
 #define TRACEBACK_KEY "moonjob.interrupt_traceback"
+#define MJ_PARENT_DEATH_SIGNAL SIGHUP /* PR_SET_PDEATHSIG; caught: see on_parent_death */
 
 static pid_t parent_pid;
 static mj_shared_t *shared;                    /* the page shared with the parent, or NULL */
@@ -425,18 +433,37 @@ static int parse_options(int argc, char **argv, child_options_t *o) {
   return argc % 2 == 1 ? 0 : -1;
 }
 
-/* Drops to `user` for good (groups, gid, uid). Exits with a message on failure:
- * a child that cannot be sandboxed as asked must not run jobs. */
+/* ------------------------------------------------------------ sandbox --- */
+
+/* The child cannot start: one line on stderr, exit EXIT_SETUP, which the
+ * parent reports as ELOAD with that line. */
+static void setup_failed(const char *why) {
+  fprintf(stderr, "moonjob-child: %s\n", why);
+  fflush(stderr);
+  _exit(EXIT_SETUP);
+}
+
+/* A set-up call failed: the sandbox cannot be what was asked, so the child
+ * runs no job (fail closed). `what` names the step; errno says why. */
+static void setup_call_failed(const char *what) {
+  char why[256];
+  snprintf(why, sizeof why, "cannot %s: %s; the child runs no job without its sandbox", what,
+           strerror(errno));
+  setup_failed(why);
+}
+
+/* Drops to `user` for good (groups, gid, uid). */
 static void become_user(const char *user) {
+  char why[256];
   struct passwd *pw = getpwnam(user);
   if (pw == NULL) {
-    fprintf(stderr, "moonjob-child: no such user '%s' for the 'user' option\n", user);
-    exit(EXIT_INTERNAL);
+    snprintf(why, sizeof why, "no such user '%s' for the 'user' option", user);
+    setup_failed(why);
   }
   if (setgroups(0, NULL) != 0 || setgid(pw->pw_gid) != 0 || setuid(pw->pw_uid) != 0) {
-    fprintf(stderr, "moonjob-child: cannot become user '%s': %s (the 'user' option needs a "
-            "parent running as root)\n", user, strerror(errno));
-    exit(EXIT_INTERNAL);
+    snprintf(why, sizeof why, "cannot become user '%s': %s (the 'user' option needs a parent "
+             "running as root)", user, strerror(errno));
+    setup_failed(why);
   }
 }
 
@@ -449,48 +476,107 @@ static void map_shared_page(void) {
   close(MJ_SHARED_FD);
 }
 
-static void set_limit(int resource, rlim_t value) {
+/* Lowers the soft and the hard limit to `value` (a hard limit already lower
+ * stays), so that a processor cannot raise it back: raising a hard limit
+ * takes CAP_SYS_RESOURCE, which drop_resource_capability removes. */
+static void limit(int resource, const char *name, rlim_t value) {
   struct rlimit rl;
-  if (getrlimit(resource, &rl) != 0) return;
-  rl.rlim_cur = value;
-  if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < value) rl.rlim_cur = rl.rlim_max;
-  setrlimit(resource, &rl);
+  char what[64];
+  snprintf(what, sizeof what, "set %s", name);
+  if (getrlimit(resource, &rl) != 0) setup_call_failed(what);
+  if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < value) value = rl.rlim_max;
+  rl.rlim_cur = rl.rlim_max = value;
+  if (setrlimit(resource, &rl) != 0) setup_call_failed(what);
 }
 
-/* The child must not outlive its parent, must survive writes to a closed
- * channel as errors, must see a blocking channel whatever libuv did, and runs
- * with the sandbox's limits. */
+/* Without CAP_SYS_RESOURCE a process cannot raise a hard limit; a root child
+ * has it, so it goes from every capability set, and from the bounding set
+ * when the child may change that (CAP_SETPCAP), so that nothing the processor
+ * executes gets it back. Other capabilities of a root child stay (use the
+ * 'user' option). */
+static void drop_resource_capability(void) {
+  struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+  const uint32_t bit = 1u << CAP_SYS_RESOURCE; /* CAP_SYS_RESOURCE < 32: word 0 */
+  if (syscall(SYS_capget, &header, data) != 0) setup_call_failed("read the capabilities");
+  if ((data[0].effective & (1u << CAP_SETPCAP)) && prctl(PR_CAPBSET_READ, CAP_SYS_RESOURCE) == 1 &&
+      prctl(PR_CAPBSET_DROP, CAP_SYS_RESOURCE) != 0)
+    setup_call_failed("drop CAP_SYS_RESOURCE from the bounding set");
+  if (!((data[0].effective | data[0].permitted | data[0].inheritable) & bit)) return;
+  data[0].effective &= ~bit;
+  data[0].permitted &= ~bit;
+  data[0].inheritable &= ~bit;
+  if (syscall(SYS_capset, &header, data) != 0) setup_call_failed("drop CAP_SYS_RESOURCE");
+}
+
+/* The parent died (PR_SET_PDEATHSIG): the child's whole process group goes,
+ * the child with it, so nothing a processor started outlives the parent,
+ * even a parent killed by SIGKILL. When the signal comes from the end of the
+ * parent's spawning thread while the parent lives on (getppid unchanged), it
+ * is ignored; sent by anyone else, it acts as by default. */
+static void on_parent_death(int signum, siginfo_t *info, void *context) {
+  (void) context;
+  if (getppid() != parent_pid) {
+    kill(0, SIGKILL);
+    _exit(EXIT_INTERNAL);
+  }
+  if (info->si_pid == parent_pid) return;
+  signal(signum, SIG_DFL);
+  raise(signum);
+}
+
+static void on_signal(int signum, void (*handler)(int, siginfo_t *, void *), const char *what) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = handler;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  if (sigaction(signum, &sa, NULL) != 0) setup_call_failed(what);
+}
+
+/* The child holds exactly stdin, stdout, stderr and the channel once the
+ * shared page is mapped: whatever else a parent left open without
+ * close-on-exec (a joblog, a file of the embedding program) is closed before
+ * any processor code runs. spawn.c closes them too; this covers a child
+ * started some other way. */
+static void close_other_descriptors(void) {
+  if (close_range(MJ_SHARED_FD + 1, ~0U, 0) != 0) setup_call_failed("close inherited descriptors");
+}
+
+/* The sandbox, before the Lua state exists. Every step is checked: a child
+ * whose sandbox cannot be set up exits with EXIT_SETUP and runs no job. The
+ * child dies with its parent, taking its process group along; it survives
+ * writes to a closed channel as errors; it sees a blocking channel whatever
+ * libuv did. */
 static void set_up_process(const child_options_t *o) {
   parent_pid = getppid();
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  on_signal(MJ_PARENT_DEATH_SIGNAL, on_parent_death, "watch for the parent's death");
+  if (prctl(PR_SET_PDEATHSIG, MJ_PARENT_DEATH_SIGNAL) != 0) setup_call_failed("set PR_SET_PDEATHSIG");
   if (getppid() != parent_pid) _exit(EXIT_INTERNAL); /* parent already gone */
-  signal(SIGPIPE, SIG_IGN);
   int flags = fcntl(CHANNEL_FD, F_GETFL);
   if (flags < 0) {
     fprintf(stderr, "moonjob-child: no channel on fd %d; this program is started by moonjob\n",
             CHANNEL_FD);
     exit(2);
   }
-  fcntl(CHANNEL_FD, F_SETFL, flags & ~O_NONBLOCK);
   map_shared_page();
-  fcntl(CHANNEL_FD, F_SETFD, FD_CLOEXEC); /* a processor's os.execute must not hold it */
-  setvbuf(stdout, NULL, _IOLBF, 0);       /* print() reaches the parent line by line */
-  prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-  set_limit(RLIMIT_CORE, 0);
+  close_other_descriptors();
+  if (signal(SIGPIPE, SIG_IGN) == SIG_ERR) setup_call_failed("ignore SIGPIPE");
+  if (fcntl(CHANNEL_FD, F_SETFL, flags & ~O_NONBLOCK) != 0) setup_call_failed("make the channel blocking");
+  /* a processor's os.execute must not hold the channel */
+  if (fcntl(CHANNEL_FD, F_SETFD, FD_CLOEXEC) != 0) setup_call_failed("set close-on-exec on the channel");
+  if (setvbuf(stdout, NULL, _IOLBF, 0) != 0) setup_call_failed("line-buffer stdout"); /* print() reaches the parent line by line */
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) setup_call_failed("set PR_SET_NO_NEW_PRIVS");
   if (o->user) become_user(o->user); /* before NPROC: root is exempt from it */
-  if (o->max_procs > 0) set_limit(RLIMIT_NPROC, (rlim_t) o->max_procs);
+  drop_resource_capability();
+  limit(RLIMIT_CORE, "RLIMIT_CORE (no core files)", 0);
+  if (o->max_procs > 0) limit(RLIMIT_NPROC, "RLIMIT_NPROC (max_procs)", (rlim_t) o->max_procs);
 #ifndef __SANITIZE_ADDRESS__ /* ASan's shadow memory does not fit under RLIMIT_DATA: the
                                 sanitized build (make sanitize) relies on the allocator alone */
   if (o->memory_limit > 0) /* a backstop for what bypasses the Lua allocator */
-    set_limit(RLIMIT_DATA, (rlim_t) o->memory_limit * 2 + 256u * 1024 * 1024);
+    limit(RLIMIT_DATA, "RLIMIT_DATA (memory_limit)", (rlim_t) o->memory_limit * 2 + 256u * 1024 * 1024);
 #endif
-
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_sigaction = on_interrupt_signal;
-  sa.sa_flags = SA_SIGINFO | SA_RESTART;
-  sigemptyset(&sa.sa_mask);
-  sigaction(MJ_INTERRUPT_SIGNAL, &sa, NULL);
+  on_signal(MJ_INTERRUPT_SIGNAL, on_interrupt_signal, "watch for interrupts");
 }
 
 /* ------------------------------------------------------- memory limit --- */
@@ -527,13 +613,6 @@ static int traceback(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
   luaL_traceback(L, L, msg ? msg : "(error object is not a string)", 1);
   return 1;
-}
-
-/* The child cannot start: one line on stderr, exit EXIT_SETUP. */
-static void setup_failed(const char *why) {
-  fprintf(stderr, "moonjob-child: %s\n", why);
-  fflush(stderr);
-  _exit(EXIT_SETUP);
 }
 
 static void setup_out_of_memory(void) {

@@ -22,7 +22,7 @@
  * socket until the child reads them), but are read only once the spawn is
  * done, so no frame arrives before the pid is known.
  */
-#define _GNU_SOURCE /* POSIX_SPAWN_SETSID */
+#define _GNU_SOURCE /* POSIX_SPAWN_SETSID, posix_spawn_file_actions_addclosefrom_np */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -117,12 +117,16 @@ static int make_pair(int fds[2]) {
 }
 
 /* The child's descriptors: stdin from /dev/null, its ends of the pairs on
- * 1, 2 and 3, the shared page on 4. Returns 0 or an errno value. */
+ * 1, 2 and 3, the shared page on 4, and no other: a descriptor the parent
+ * opened without close-on-exec (a joblog, a program's io.open) is closed
+ * too. Returns 0 or an errno value. */
 static int set_file_actions(posix_spawn_file_actions_t *actions, const mj_spawn_req_t *req) {
   int rc = posix_spawn_file_actions_addopen(actions, 0, "/dev/null", O_RDONLY, 0);
   for (int fd = 1; rc == 0 && fd <= 3; fd++)
     rc = posix_spawn_file_actions_adddup2(actions, req->child_fds[fd - 1], fd);
   if (rc == 0) rc = posix_spawn_file_actions_adddup2(actions, req->shared_fd, MJ_SHARED_FD);
+  /* nothing else of the parent's reaches the child, close-on-exec or not */
+  if (rc == 0) rc = posix_spawn_file_actions_addclosefrom_np(actions, MJ_SHARED_FD + 1);
   return rc;
 }
 

@@ -41,6 +41,12 @@ end)
 watchdog:start(1000, 1000)
 watchdog:unref()
 
+-- path made absolute (relative to the current directory).
+function M.abs(path)
+  if path:sub(1, 1) == "/" then return path end
+  return os.getenv("PWD") .. "/" .. path
+end
+
 function M.fixture(name)
   return "spec/fixtures/" .. name
 end
@@ -94,13 +100,6 @@ function M.wait_until_zombie(pid)
   error("process " .. pid .. " did not die")
 end
 
-function M.is_zombie(pid)
-  local f = io.open("/proc/" .. pid .. "/stat")
-  if not f then return false end
-  local state = f:read("*l"):match("^%d+ %b() (%a)")
-  f:close()
-  return state == "Z"
-end
 
 -- The parent's open descriptors, as a set of "fd -> target" strings. Pipes
 -- are left out: the listing's own pipe comes and goes, and moonjob's channels
@@ -137,6 +136,55 @@ function M.first_line(command)
   local line = p:read("*l")
   p:close()
   return line
+end
+
+-- The state letter of a process (R, S, Z, ...), or nil when there is none.
+local function process_state(pid)
+  local f = io.open("/proc/" .. pid .. "/stat")
+  if not f then return nil end
+  local line = f:read("*l")
+  f:close()
+  return line and line:match("^%d+ %b() (%a)")
+end
+
+function M.is_zombie(pid)
+  return process_state(pid) == "Z"
+end
+
+-- True while pid runs: a zombie (dead, unreaped; this machine's init may not
+-- reap) counts as gone.
+function M.running(pid)
+  local state = process_state(pid)
+  return state ~= nil and state ~= "Z" and state ~= "X"
+end
+
+-- The pids of the running (not zombie) processes of process group pgid.
+function M.group_members(pgid)
+  local members = {}
+  local listing = io.popen("ls /proc")
+  for name in listing:lines() do
+    local f = name:match("^%d+$") and io.open("/proc/" .. name .. "/stat")
+    local line = f and f:read("*l")
+    if f then f:close() end
+    local state, group = (line or ""):match("^%d+ %b() (%a) %d+ (%d+)")
+    if group and tonumber(group) == pgid and state ~= "Z" and state ~= "X" then
+      members[#members + 1] = tonumber(name)
+    end
+  end
+  listing:close()
+  return members
+end
+
+-- Waits, without running the loop, until no process of group pgid runs.
+-- Bounded: returns what still runs after `seconds` (default 5).
+function M.wait_group_gone(pgid, seconds)
+  local members
+  for _ = 1, (seconds or 5) * 50 do
+    members = M.group_members(pgid)
+    if #members == 0 then return members end
+    os.execute("sleep 0.02")
+  end
+  return members
 end
 
 function M.process_exists(pid)
