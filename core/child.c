@@ -91,6 +91,21 @@ static heap_t heap;
 
 /* ---------------------------------------------------------------- I/O --- */
 
+/* The parent is gone: the child's whole process group (the child included)
+ * is killed, so that nothing a processor started outlives the parent. */
+static void parent_gone(void) {
+  kill(0, SIGKILL);
+  _exit(EXIT_INTERNAL);
+}
+
+/* The channel ended (end of file, or a write found it closed). The parent
+ * marks the shared page before it ends the channel on purpose; otherwise it
+ * died, maybe an instant before its death signal reaches the child: the child
+ * must not exit quietly and leave its group behind. */
+static void channel_ended(void) {
+  if (shared != NULL && !__atomic_load_n(&shared->input_ended, __ATOMIC_ACQUIRE)) parent_gone();
+}
+
 /* Reads exactly n bytes. Returns 1 when done, 0 on end-of-file before the
  * first byte, -1 on error or end-of-file in the middle (errno set). */
 static int read_exact(int fd, void *buf, size_t n) {
@@ -206,6 +221,7 @@ static int push_payload(lua_State *L, const char *bytes, size_t len) {
 static int channel_recv(lua_State *L) {
   mj_frame_header_t h;
   int r = read_exact(CHANNEL_FD, &h, sizeof h);
+  if (r <= 0) channel_ended();
   if (r == 0) return 0;
   if (r < 0) return luaL_error(L, "channel read failed: %s", strerror(errno));
   if (h.type == MJ_FRAME_JOB) getrusage(RUSAGE_SELF, &job_start_usage);
@@ -213,13 +229,16 @@ static int channel_recv(lua_State *L) {
   lua_pushnumber(L, (lua_Number) number_for(&h));
   char *payload = malloc(h.len ? h.len : 1);
   if (payload == NULL) {
-    if (skip_bytes(CHANNEL_FD, h.len) < 0)
+    if (skip_bytes(CHANNEL_FD, h.len) < 0) {
+      channel_ended();
       return luaL_error(L, "channel read failed: %s", strerror(errno));
+    }
     lua_pushboolean(L, 0);
     return 3;
   }
   r = h.len ? read_exact(CHANNEL_FD, payload, h.len) : 1;
   if (r <= 0) {
+    channel_ended();
     free(payload);
     return luaL_error(L, "channel read failed: %s", r == 0 ? "end of file" : strerror(errno));
   }
@@ -278,8 +297,11 @@ static int channel_send(lua_State *L) {
   h.len = (uint32_t) total;
   iov[0].iov_base = &h;
   iov[0].iov_len = sizeof h;
-  if (write_all(CHANNEL_FD, iov, n) < 0)
-    return luaL_error(L, "channel write failed: %s", strerror(errno));
+  if (write_all(CHANNEL_FD, iov, n) < 0) {
+    int saved_errno = errno;
+    if (errno == EPIPE || errno == ECONNRESET) channel_ended();
+    return luaL_error(L, "channel write failed: %s", strerror(saved_errno));
+  }
   if (h.type == MJ_FRAME_READY) {
     ready_sent = 1;
     heap.strict = 0;
@@ -509,18 +531,14 @@ static void drop_resource_capability(void) {
   if (syscall(SYS_capset, &header, data) != 0) setup_call_failed("drop CAP_SYS_RESOURCE");
 }
 
-/* The parent died (PR_SET_PDEATHSIG): the child's whole process group goes,
- * the child with it, so nothing a processor started outlives the parent,
- * even a parent killed by SIGKILL. When the signal comes from the end of the
- * parent's spawning thread while the parent lives on (getppid unchanged), it
- * is ignored; sent by anyone else, it acts as by default. */
+/* The parent died (PR_SET_PDEATHSIG, sent as the parent's spawning thread
+ * ends: libuv's worker threads end only with the process): the child's whole
+ * process group goes, the child with it, so nothing a processor started
+ * outlives the parent, even a parent killed by SIGKILL. The same signal sent
+ * by anyone else acts as by default. */
 static void on_parent_death(int signum, siginfo_t *info, void *context) {
   (void) context;
-  if (getppid() != parent_pid) {
-    kill(0, SIGKILL);
-    _exit(EXIT_INTERNAL);
-  }
-  if (info->si_pid == parent_pid) return;
+  if (info->si_pid == parent_pid || getppid() != parent_pid) parent_gone();
   signal(signum, SIG_DFL);
   raise(signum);
 }

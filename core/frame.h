@@ -75,7 +75,9 @@ typedef struct {
 
 /* The page shared by the parent and one child. */
 typedef struct {
-  uint64_t taken; /* token of the last JOB frame the child read (atomic) */
+  uint64_t taken;       /* token of the last JOB frame the child read (atomic) */
+  uint32_t input_ended; /* 1 once the parent ends the channel on purpose (atomic): an
+                           end of file without it means the parent died */
 } mj_shared_t;
 
 #define MJ_SHARED_FD 4

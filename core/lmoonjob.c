@@ -116,7 +116,8 @@ static int lmj_run(lua_State *L) {
   if (rc == MJ_EINTERRUPTED) {
     lua_pushnil(L);
     lua_pushliteral(L, "interrupted");
-    return 2;
+    lua_pushinteger(L, c->ctx.stop_signal);
+    return 3;
   }
   if (rc == MJ_EREENTERED) {
     lua_pushnil(L);
@@ -132,6 +133,14 @@ static int lmj_run(lua_State *L) {
 static int lmj_catch_sigint(lua_State *L) {
   mj_ctx_catch_sigint(&lmj_ctx(L)->ctx, lua_toboolean(L, 1));
   return 0;
+}
+
+/* core.hold_stop_signals() -> true | false: from now on SIGINT, SIGTERM and
+ * SIGHUP only make core.run return nil, "interrupted", signum (false when
+ * another Lua state of the process holds them). For the command line. */
+static int lmj_hold_stop_signals(lua_State *L) {
+  lua_pushboolean(L, mj_ctx_hold_stop_signals(&lmj_ctx(L)->ctx) == 0);
+  return 1;
 }
 
 /* core.running() -> true inside a callback of the loop (it cannot be run). */
@@ -767,7 +776,7 @@ static void lmj_pin_module(void) {
 
 int luaopen_moonjob_core(lua_State *L) {
   static const luaL_Reg functions[] = {
-    {"run", lmj_run}, {"catch_sigint", lmj_catch_sigint}, {"running", lmj_running}, {"hrtime", lmj_hrtime}, {"cpu_count", lmj_cpu_count},
+    {"run", lmj_run}, {"catch_sigint", lmj_catch_sigint}, {"hold_stop_signals", lmj_hold_stop_signals}, {"running", lmj_running}, {"hrtime", lmj_hrtime}, {"cpu_count", lmj_cpu_count},
     {"getpid", lmj_getpid}, {"isatty", lmj_isatty}, {"child_path", lmj_child_path}, {"spawn", lmj_spawn},
     {"timer", lmj_timer_new}, {"input", lmj_input_new}, {"open", lmj_open}, {"output", lmj_output_new},
     {NULL, NULL}};

@@ -6,6 +6,9 @@
  * meanwhile SIGINT only sets a flag and wakes the loop, which stops; the
  * previous SIGINT disposition (for example the LuaJIT REPL's own handler) is
  * restored afterwards. The handler is installed once per wait, not per run.
+ * A program can instead hold SIGINT, SIGTERM and SIGHUP for the context's
+ * whole life (mj_ctx_hold_stop_signals: the command line, which then ends its
+ * children and exits with 128 + the signal).
  *
  * Caveat: a signal handler has no argument to carry a context, so the context
  * being run interruptibly is kept in one static pointer; nested interruptible
@@ -17,14 +20,17 @@
 
 #include "moonjob.h"
 
-static mj_ctx_t *volatile sigint_target; /* the context catching SIGINT, if any */
+static mj_ctx_t *volatile signal_target; /* the context catching stop signals, if any */
 
-static void mj_sigint_handler(int signum) {
-  (void) signum;
+/* The signals that stop a wait: SIGINT alone for a library's blocking calls,
+ * all three for a program that holds them (the command line). */
+static const int stop_signals[MJ_NSTOP_SIGNALS] = {SIGINT, SIGTERM, SIGHUP};
+
+static void mj_stop_signal_handler(int signum) {
   int saved_errno = errno;            /* the interrupted code may be reading errno */
-  mj_ctx_t *ctx = sigint_target;
+  mj_ctx_t *ctx = signal_target;
   if (ctx != NULL) {
-    ctx->interrupted = 1;
+    ctx->interrupted = signum;
     uv_async_send(&ctx->wakeup);      /* async-signal-safe */
   }
   errno = saved_errno;
@@ -50,27 +56,57 @@ int mj_ctx_init(mj_ctx_t *ctx) {
   return 0;
 }
 
+/* Catches the first n stop signals for ctx, keeping the handlers that were
+ * there to put back. */
+static void catch_stop_signals(mj_ctx_t *ctx, int n) {
+  struct sigaction ours;
+  memset(&ours, 0, sizeof ours);
+  ours.sa_handler = mj_stop_signal_handler;
+  sigemptyset(&ours.sa_mask);
+  ctx->interrupted = 0;
+  signal_target = ctx;
+  for (int i = 0; i < n; i++) sigaction(stop_signals[i], &ours, &ctx->previous[i]);
+  ctx->ncaught = n;
+}
+
+static void release_stop_signals(mj_ctx_t *ctx) {
+  for (int i = 0; i < ctx->ncaught; i++) sigaction(stop_signals[i], &ctx->previous[i], NULL);
+  ctx->ncaught = 0;
+  signal_target = NULL;
+}
+
 /* While `on`, SIGINT only sets ctx->interrupted and wakes the loop, which
  * stops; turning it off restores the handler that was there before. Calls
- * must pair up (on, then off). */
+ * must pair up (on, then off). Once the context holds the stop signals
+ * (mj_ctx_hold_stop_signals), this does nothing. */
 void mj_ctx_catch_sigint(mj_ctx_t *ctx, int on) {
-  if (on && sigint_target == NULL) {
-    struct sigaction ours;
-    memset(&ours, 0, sizeof ours);
-    ours.sa_handler = mj_sigint_handler;
-    sigemptyset(&ours.sa_mask);
-    ctx->interrupted = 0;
-    sigint_target = ctx;
-    sigaction(SIGINT, &ours, &ctx->previous_sigint);
-  } else if (!on && sigint_target == ctx) {
-    sigaction(SIGINT, &ctx->previous_sigint, NULL);
-    sigint_target = NULL;
-  }
+  if (ctx->holding_signals) return;
+  if (on && signal_target == NULL) catch_stop_signals(ctx, 1);
+  else if (!on && signal_target == ctx) release_stop_signals(ctx);
+}
+
+/* For a program that stops on SIGINT, SIGTERM and SIGHUP (the command line):
+ * from now until the context closes, each of them only stops the loop, at
+ * once or at its next run, and mj_ctx_run returns MJ_EINTERRUPTED with the
+ * signal in ctx->stop_signal. A signal the program was started with ignored
+ * stays ignored, as Unix programs do (nohup ignores SIGHUP). Returns 0, or -1
+ * when another context (another Lua state) catches them. */
+int mj_ctx_hold_stop_signals(mj_ctx_t *ctx) {
+  if (ctx->holding_signals) return 0;
+  if (signal_target == ctx) release_stop_signals(ctx);
+  if (signal_target != NULL) return -1;
+  catch_stop_signals(ctx, MJ_NSTOP_SIGNALS);
+  for (int i = 0; i < MJ_NSTOP_SIGNALS; i++) /* ignored when the program started (nohup, a */
+    if (ctx->previous[i].sa_handler == SIG_IGN) /* shell's background job): stays ignored */
+      sigaction(stop_signals[i], &ctx->previous[i], NULL);
+  ctx->holding_signals = 1;
+  return 0;
 }
 
 /* Runs the loop in `mode`. Returns uv_run's result (non-zero while handles
- * remain active), MJ_EINTERRUPTED when Ctrl-C stopped it (or came before it
- * started), or MJ_EREENTERED when called from inside a callback of this loop. */
+ * remain active), MJ_EINTERRUPTED when a stop signal stopped it (or came
+ * before it started; ctx->stop_signal says which), or MJ_EREENTERED when
+ * called from inside a callback of this loop. */
 int mj_ctx_run(mj_ctx_t *ctx, uv_run_mode mode) {
   if (ctx->running) return MJ_EREENTERED;
   if (!ctx->interrupted) {
@@ -79,6 +115,7 @@ int mj_ctx_run(mj_ctx_t *ctx, uv_run_mode mode) {
     ctx->running = 0;
   }
   if (ctx->interrupted) {
+    ctx->stop_signal = ctx->interrupted;
     ctx->interrupted = 0;
     return MJ_EINTERRUPTED;
   }
@@ -102,6 +139,7 @@ static void mj_close_walk_cb(uv_handle_t *h, void *arg) {
 int mj_ctx_close(mj_ctx_t *ctx) {
   enum { WAIT_MS = 2000 };
   uint64_t deadline = uv_hrtime() + (uint64_t) WAIT_MS * 1000000;
+  ctx->holding_signals = 0;
   mj_ctx_catch_sigint(ctx, 0);
   while (ctx->spawning > 0 && uv_hrtime() < deadline) uv_run(&ctx->loop, UV_RUN_NOWAIT);
   mj__reap_kill_all(ctx, WAIT_MS);

@@ -38,6 +38,8 @@ static inline int mj__grow(char **buf, size_t *cap, size_t need, size_t first) {
 
 typedef struct mj_process_s mj_process_t;
 
+#define MJ_NSTOP_SIGNALS 3              /* SIGINT, SIGTERM, SIGHUP (loop.c) */
+
 typedef struct mj_ctx_s {
   uv_loop_t loop;
   uv_signal_t sigchld;                 /* reap.c: our children's exits */
@@ -47,9 +49,12 @@ typedef struct mj_ctx_s {
   struct mj_input_s *inputs;           /* stdio.c: inputs not freed yet */
   struct mj_output_s *outputs;         /* stdio.c: outputs not freed yet */
   uv_async_t wakeup;                   /* wakes the loop from the SIGINT handler */
-  volatile sig_atomic_t interrupted;   /* set by the SIGINT handler */
+  volatile sig_atomic_t interrupted;   /* the stop signal caught, 0 for none */
+  int stop_signal;                     /* the signal that stopped the last run */
   int running;                         /* inside uv_run: the loop is not reentrant */
-  struct sigaction previous_sigint;    /* restored by mj_ctx_catch_sigint(ctx, 0) */
+  int holding_signals;                 /* mj_ctx_hold_stop_signals was called */
+  int ncaught;                         /* stop signals caught now */
+  struct sigaction previous[MJ_NSTOP_SIGNALS]; /* their handlers before, put back after */
   void *data;                          /* owner's context (the Lua state) */
   uint64_t tokens[64];                 /* process.c: random job tokens, drawn in batches */
   unsigned ntokens;                    /* tokens not used yet */
@@ -57,12 +62,13 @@ typedef struct mj_ctx_s {
   char scratch[64 * 1024];             /* process.c: output read buffer, used synchronously */
 } mj_ctx_t;
 
-#define MJ_EINTERRUPTED (-10000)       /* mj_ctx_run stopped by SIGINT */
+#define MJ_EINTERRUPTED (-10000)       /* mj_ctx_run stopped by a stop signal */
 #define MJ_EREENTERED (-10001)         /* mj_ctx_run called from a callback */
 
 int mj_ctx_init(mj_ctx_t *ctx);
 int mj_ctx_run(mj_ctx_t *ctx, uv_run_mode mode);
 void mj_ctx_catch_sigint(mj_ctx_t *ctx, int on);
+int mj_ctx_hold_stop_signals(mj_ctx_t *ctx);
 int mj_ctx_close(mj_ctx_t *ctx);
 
 /* --------------------------------------------------------- process.c --- */

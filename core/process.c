@@ -661,9 +661,11 @@ static void mj_shutdown_cb(uv_shutdown_t *req, int status) {
 }
 
 /* Closes the writing side of the channel once queued frames are sent: the
- * child sees end-of-file and exits when idle. */
+ * child sees end-of-file and exits when idle. The shared page says it was on
+ * purpose (an end of file without that tells the child its parent died). */
 int mj_process_end_input(mj_process_t *p) {
   if (p->closing || p->exited) return UV_EPIPE;
+  if (p->shared) __atomic_store_n(&p->shared->input_ended, 1, __ATOMIC_RELEASE);
   uv_shutdown_t *req = malloc(sizeof *req);
   if (req == NULL) return UV_ENOMEM;
   int rc = uv_shutdown(req, (uv_stream_t *) &p->channel, mj_shutdown_cb);

@@ -238,7 +238,7 @@ describe("moonjob run", function()
     it("exits 2 on a bad timeout", function()
       local _, err, status = h.sh(MOONJOB .. "run --timeout soon examples/square.lua")
       assert.equal(2, status)
-      assert.matches("%-%-timeout needs a number of seconds, got 'soon'", err)
+      assert.matches("%-%-timeout needs a number of seconds above 0 %(at most 1e9%), got 'soon'", err)
     end)
 
     it("exits 2 when the processor file is missing", function()

@@ -72,7 +72,8 @@ describe("the command line", function()
     os.execute("mkfifo " .. fifo)
     -- a writer that keeps the FIFO open and sends nothing; ended by pid below
     local writer = h.first_line("(exec sleep 30 > " .. fifo .. ") >/dev/null 2>&1 & echo $!")
-    local _, err, status = h.sh(("timeout -s KILL 20 %s scripts/moonjob run spec/fixtures/identity.lua %s"
+    -- a shell's background job starts with SIGINT ignored, which moonjob keeps: reset it
+    local _, err, status = h.sh(("timeout -s KILL 20 env --default-signal=INT %s scripts/moonjob run spec/fixtures/identity.lua %s"
       .. " & cli=$!; sleep 0.5; kill -INT $cli; wait $cli"):format(h.LUAJIT, fifo))
     os.execute("kill " .. writer)
     os.execute("rm -rf " .. dir)

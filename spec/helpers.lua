@@ -28,18 +28,25 @@ M.SANITIZED = preload ~= nil
 local open_pools = {}
 
 -- A hang catcher: a spec that runs the loop for more than HANG_SECONDS after
--- its last pool was created ends the run with a message, instead of hanging CI.
+-- its last pool was created (or its last bounded wait began) ends the run with a message, instead of hanging CI.
+-- busted loads this file afresh for each spec file (insulation), so the
+-- catcher and its clock live once per process, in the registry: a catcher per
+-- load would keep the clock of a spec file long finished.
 local HANG_SECONDS = 60
-local last_progress = core.hrtime()
-local watchdog = core.timer(function()
-  if (core.hrtime() - last_progress) / 1e9 > HANG_SECONDS then
-    io.stderr:write("\nspec/helpers.lua: a spec hung for ", HANG_SECONDS, " s; stopping the run\n",
-      debug.traceback(), "\n")
-    os.exit(3)
-  end
-end)
-watchdog:start(1000, 1000)
-watchdog:unref()
+local progress = debug.getregistry()["moonjob.spec.progress"]
+if not progress then
+  progress = { last = core.hrtime() }
+  debug.getregistry()["moonjob.spec.progress"] = progress
+  progress.watchdog = core.timer(function()
+    if (core.hrtime() - progress.last) / 1e9 > HANG_SECONDS then
+      io.stderr:write("\nspec/helpers.lua: a spec hung for ", HANG_SECONDS, " s; stopping the run\n",
+        debug.traceback(), "\n")
+      os.exit(3)
+    end
+  end)
+  progress.watchdog:start(1000, 1000)
+  progress.watchdog:unref()
+end
 
 -- path made absolute (relative to the current directory).
 function M.abs(path)
@@ -54,7 +61,7 @@ end
 function M.pool(name, opts)
   opts = opts or {}
   if opts.echo == nil then opts.echo = false end
-  last_progress = core.hrtime()
+  progress.last = core.hrtime()
   local pool, err = moonjob.pool(M.fixture(name), opts)
   assert(pool, tostring(err))
   open_pools[#open_pools + 1] = pool
@@ -62,13 +69,14 @@ function M.pool(name, opts)
 end
 
 function M.cleanup()
-  last_progress = core.hrtime()
+  progress.last = core.hrtime()
   for _, pool in ipairs(open_pools) do pool:close() end
   open_pools = {}
 end
 
 -- Runs the loop until pred() is true; raises after `seconds` (default 10).
 function M.wait_for(pred, seconds)
+  progress.last = core.hrtime() -- a bounded wait of its own
   local deadline = false
   local timer = core.timer(function() deadline = true end)
   timer:start((seconds or 10) * 1000)
@@ -80,6 +88,7 @@ end
 
 -- Sleeps while running the loop (the loop keeps serving the pools).
 function M.sleep(seconds)
+  progress.last = core.hrtime()
   local done = false
   local timer = core.timer(function() done = true end)
   timer:start(seconds * 1000)

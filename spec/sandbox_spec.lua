@@ -153,15 +153,17 @@ describe("grandchildren", function()
     assert.same({}, h.wait_group_gone(seen.child))
   end)
 
-  it("die with the parent when it is killed by SIGKILL, with every child", function()
+  it("die with the parent when it is killed by SIGKILL, with every child, busy or idle", function()
     local dir = h.tmpdir()
     local script = h.write_file(dir .. "/parent.lua", [[
 local moonjob = require "moonjob"
-local pool = assert(moonjob.pool("spec/fixtures/grandchildren.lua", { size = 3, echo = false }))
+local pool = assert(moonjob.pool("spec/fixtures/grandchildren.lua", { size = 4, echo = false }))
 local seen = {}
 pool:on("progress", function(_, pids) seen[#seen + 1] = pids.child .. " " .. pids.grandchild end)
 for _, how in ipairs({ "plain", "ignores_term", "holds_channel" }) do pool:add({ how = how, stay = true }) end
-require("moonjob.loop").wait_until(function() return #seen == 3 end)
+local done = pool:run({ how = "plain" }) -- its child is idle, blocked reading the channel
+seen[#seen + 1] = done.child .. " " .. done.grandchild
+require("moonjob.loop").wait_until(function() return #seen == 4 end)
 local f = assert(io.open(arg[1], "w"))
 f:write(table.concat(seen, "\n"), "\n")
 f:close()
@@ -174,7 +176,7 @@ while true do require("ffi").C.sleep(60) end
       local f = io.open(dir .. "/pids")
       local n = f and select(2, f:read("*a"):gsub("\n", ""))
       if f then f:close() end
-      return n == 3
+      return n == 4
     end)
     local groups = {}
     for line in io.lines(dir .. "/pids") do

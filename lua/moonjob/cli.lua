@@ -11,18 +11,30 @@
 -- jobs finish, through a writer that never blocks the loop.
 --
 -- --joblog appends each finished job's line (as on stdout) to a file, flushed
--- at once and before the stdout line; --resume skips the lines it records as
--- completed. A progress line goes to stderr when it is a terminal.
+-- at once and before the stdout line; a failed write (a full disk) stops the
+-- run, and a record cut short by it is dropped when the joblog is next
+-- opened. --resume skips the lines it records as completed. A progress line
+-- goes to stderr when it is a terminal.
 --
--- Exit status: 0 when every job completed, 1 when any failed, 2 for usage or
--- set-up errors, 130 when interrupted.
+-- SIGINT, SIGTERM and SIGHUP stop the run: the children and everything they
+-- started are killed, and the exit status is 128 + the signal. A processor
+-- that fails to load before any job completed stops the run too (exit 2).
+--
+-- Exit status: 0 when every job completed, 1 when any failed, 2 for usage,
+-- set-up or I/O errors that stop the run, 128 + N on signal N.
 local core = require "moonjob.core"
+local ffi = require "ffi"
 local json = require "moonjob.json"
 local loop = require "moonjob.loop"
 local moonjob = require "moonjob"
 local moonjob_job = require "moonjob.job"
 
 local M = {}
+
+ffi.cdef [[
+int truncate(const char *path, int64_t length);
+char *strerror(int errnum);
+]]
 
 local USAGE = [[
 usage: moonjob run PROCESSOR [INPUT] [options]
@@ -46,13 +58,19 @@ options:
                         cleanup runs, and it fails with ETIMEDOUT
   --kill-after S        seconds after the timeout before the child is killed
                         (default 5)
+  --start-timeout S     seconds a child may take to load the processor
+                        (default 60); then the run stops with ELOAD
   -h, --help            show this help
   --version             show the version
 
-exit status: 0 every job completed, 1 some job failed, 2 usage or set-up error
+exit status: 0 every job completed, 1 some job failed, 2 usage, set-up or I/O
+error (the processor cannot load, the joblog cannot be written), 128+N when
+stopped by signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)
 ]]
 
-local EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+local EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+local SIGNAL_NAMES = { [1] = "SIGHUP", [2] = "SIGINT", [15] = "SIGTERM" }
+local SECONDS_MAX = 1e9 -- the pool's own bound on its times
 
 local function usage_error(message)
   io.stderr:write("moonjob: ", message, "\n", "Try 'moonjob --help'.\n")
@@ -68,7 +86,12 @@ end
 
 local function seconds(text)
   local n = tonumber(text)
-  if n and n >= 0 and n < math.huge then return n end
+  if n and n >= 0 and n <= SECONDS_MAX then return n end
+end
+
+local function positive_seconds(text)
+  local n = seconds(text)
+  if n and n > 0 then return n end
 end
 
 -- option name -> field, parser, what the parser wants
@@ -90,8 +113,9 @@ local VALUED = {
   ["--backoff"] = { "backoff", backoff_spec, "fixed:SECONDS or exponential:SECONDS[:JITTER]" },
   ["--joblog"] = { "joblog", path, "a file path" },
   ["--concurrency"] = { "concurrency", positive_integer, "a positive whole number" },
-  ["--timeout"] = { "timeout", seconds, "a number of seconds" },
-  ["--kill-after"] = { "kill_after", seconds, "a number of seconds" },
+  ["--timeout"] = { "timeout", positive_seconds, "a number of seconds above 0 (at most 1e9)" },
+  ["--start-timeout"] = { "start_timeout", positive_seconds, "a number of seconds above 0 (at most 1e9)" },
+  ["--kill-after"] = { "kill_after", seconds, "a number of seconds, 0 or more (at most 1e9)" },
 }
 
 -- Returns a table of options, or nil and a message.
@@ -154,24 +178,50 @@ end
 
 ------------------------------------------------------------- the joblog ---
 
--- The line numbers a joblog records as completed (for --resume).
-local function completed_lines(path)
-  local done = {}
-  local f = io.open(path, "r")
-  if not f then return done end
-  for text in f:lines() do
+-- Reads a joblog: the line numbers it records as completed (for --resume),
+-- and the length of its whole records. Only records ended by a newline count:
+-- a write cut short (a full disk, a crash) leaves a last record without one.
+local function read_joblog(path)
+  local done, whole, offset = {}, 0, 0
+  local f = io.open(path, "rb")
+  if not f then return done, 0 end
+  while true do
+    local text = f:read("*L") -- the line with its newline, if it has one
+    if not text then break end
+    offset = offset + #text
+    if text:sub(-1) ~= "\n" then break end
+    whole = offset
     local line, status = text:match('^{"line":(%d+),"status":"(%a+)"')
     if line and status == "completed" then done[tonumber(line)] = true end
   end
   f:close()
-  return done
+  return done, whole
 end
 
--- Appends one line per finished job and flushes it at once: the joblog is
--- the record --resume trusts, so it is written before the output line.
+-- Opens the joblog for appending, first cutting off a last record that a
+-- failed write left without its newline (the next record would be glued to
+-- it). Every record is one unbuffered write: the joblog is the record
+-- --resume trusts, so it is written before the output line.
 local function open_joblog(path)
   local f, err = io.open(path, "a")
   if not f then return nil, ("cannot open joblog '%s': %s"):format(path, err) end
+  local size = f:seek("end")
+  local whole = size
+  local tail = size > 0 and io.open(path, "rb")
+  if tail then
+    tail:seek("set", size - 1)
+    if tail:read(1) ~= "\n" then whole = select(2, read_joblog(path)) end
+    tail:close()
+  end
+  if whole < size then
+    f:close()
+    if ffi.C.truncate(path, whole) ~= 0 then
+      return nil, ("cannot cut the unfinished last record of joblog '%s': %s"):format(path,
+        ffi.string(ffi.C.strerror(ffi.errno())))
+    end
+    f, err = io.open(path, "a")
+    if not f then return nil, ("cannot open joblog '%s': %s"):format(path, err) end
+  end
   f:setvbuf("no")
   return f
 end
@@ -209,7 +259,7 @@ end
 
 local function pool_options(o)
   return { size = o.concurrency, codec = "json", timeout = o.timeout, kill_after = o.kill_after,
-    attempts = o.attempts, backoff = o.backoff }
+    start_timeout = o.start_timeout, attempts = o.attempts, backoff = o.backoff }
 end
 
 -- Writes result lines in input order: a finished job waits here until every
@@ -228,25 +278,52 @@ local function ordered_writer(write, keep_order)
   end
 end
 
+-- The pool, or nil and a usage message. Options were checked by parse(); a
+-- pool that still refuses them gets the same treatment, not a stack trace.
+local function new_pool(processor, o)
+  local ok, pool, err = pcall(moonjob.pool, processor, pool_options(o))
+  if not ok then return nil, (tostring(pool):gsub("^moonjob%.pool: ", "")) end
+  if not pool then return nil, tostring(err) end
+  return pool
+end
+
+local function input_size(path)
+  if not path or path == "-" then return nil end
+  local f = io.open(path)
+  local n = f and f:seek("end")
+  if f then f:close() end
+  return n
+end
+
+-- Runs the loop until done() or the bound; a stop signal ends it early.
+local function run_for(done, ms)
+  local expired = false
+  local timer = core.timer(function() expired = true end)
+  timer:start(ms)
+  pcall(loop.wait_until, function() return expired or done() end)
+  timer:close()
+end
+
 local function run(processor, input_path, o)
+  core.hold_stop_signals() -- SIGINT, SIGTERM, SIGHUP now only stop the loop
   local fd, err = open_input(input_path)
   if not fd then return usage_error(err) end
-  local resumed = o.resume and completed_lines(o.joblog) or {}
+  local resumed = o.resume and read_joblog(o.joblog) or {}
   local joblog
   if o.joblog then
     joblog, err = open_joblog(o.joblog)
     if not joblog then return usage_error(err) end
   end
   local pool
-  pool, err = moonjob.pool(processor, pool_options(o))
-  if not pool then return usage_error(tostring(err)) end
+  pool, err = new_pool(processor, o)
+  if not pool then return usage_error(err) end
 
   local out = core.output(1)
   local high, low = pool.size * 64, pool.size * 16 -- unwritten jobs before input pauses / resumes
-  local inflight, failed, ended, paused, input = 0, 0, false, false, nil
+  local inflight, completed, failed, ended, paused, input = 0, 0, 0, false, false, nil
   local line_no, write_error, read_error = 0, nil, nil
-  local bar = o.progress and progress_bar(input_path and input_path ~= "-"
-    and (function() local f = io.open(input_path) local n = f and f:seek("end") if f then f:close() end return n end)())
+  local stop -- why the run stops early: { status = n, message = text }, or nil
+  local bar = o.progress and progress_bar(input_size(input_path))
 
   local function write(text)
     if write_error or text == "" then return end
@@ -267,11 +344,30 @@ local function run(processor, input_path, o)
     end
   end
 
+  -- A job that fails with ELOAD before any completed: the processor cannot
+  -- load, so no job will run; the run stops as for a syntax error.
+  local function cannot_load(job)
+    return completed == 0 and job.state == "failed" and job.error.code == "ELOAD"
+  end
+
   local function finished(job)
+    if stop then return end -- the run is stopping: nothing more is recorded
+    if cannot_load(job) then
+      stop = { status = EXIT_USAGE, message = "the processor cannot run: " .. tostring(job.error.message) }
+      return
+    end
     local a, b, c = result_line(job)
     local text = a .. b .. c
-    if joblog then joblog:write(text) end
-    if job.state == "failed" then failed = failed + 1 end
+    if joblog then
+      local ok, e = joblog:write(text)
+      if not ok then
+        stop = { status = EXIT_USAGE, message = ("writing the joblog '%s' failed: %s; the run stopped "
+          .. "(the joblog records every line printed so far; --resume goes on from there)")
+          :format(o.joblog, tostring(e)) }
+        return
+      end
+    end
+    if job.state == "failed" then failed = failed + 1 else completed = completed + 1 end
     if bar then
       bar.done = bar.done + 1
       if job.state == "failed" then bar.failed = bar.failed + 1 end
@@ -305,15 +401,24 @@ local function run(processor, input_path, o)
   input:resume()
 
   local ok, why = pcall(loop.wait_until, function()
-    return write_error or (ended and inflight == 0 and (out:pending() or 0) == 0)
+    return stop or write_error or (ended and inflight == 0 and (out:pending() or 0) == 0)
   end)
   ended = true -- no more resuming: the input is closed
   input:close()
   if bar then bar.close() end
   if not ok then
     why = tostring(why)
-    io.stderr:write("moonjob: ", why:find("^interrupted") and "interrupted" or why, "\n")
-    return why:find("^interrupted") and EXIT_INTERRUPTED or EXIT_FAILED
+    local signum = why:find("^interrupted") and loop.signal
+    stop = { status = signum and 128 + signum or EXIT_FAILED,
+      message = signum and ("interrupted by %s; running jobs were killed"):format(SIGNAL_NAMES[signum] or signum) or why }
+  end
+  if stop then
+    -- end every child and what it started now; print what was already written
+    pcall(pool.close, pool, { force = true })
+    run_for(function() return (out:pending() or 0) == 0 end, 1000)
+    if joblog then joblog:close() end
+    io.stderr:write("moonjob: ", stop.message, "\n")
+    return stop.status
   end
   pool:close()
   if joblog then joblog:close() end

@@ -5,9 +5,20 @@
 -- encode() here writes every number exactly: integers up to 2^53 in full, any
 -- other double with the shortest of %.15g/%.16g/%.17g that reads back equal.
 --
--- decode() uses cjson (exact, strtod) when the text holds no empty array; when
--- it does, a small Lua decoder runs instead so that `[]` comes back as an empty
--- table marked with json.array_mt and is written back as `[]`, not `{}`.
+-- decode() never changes a number silently. Integers written without fraction
+-- or exponent are exact up to 64 bits: within ±2^53 they are Lua numbers,
+-- beyond they are LuaJIT's 64-bit integer cdata (int64_t, or uint64_t above
+-- 2^63-1), which encode() writes back digit for digit; further out they are an
+-- error. Other numbers are doubles, as JSON parsers commonly read them; one
+-- beyond a double's range (1e400), or too small for one and not zero (1e-400),
+-- is an error, as are NaN and Infinity (not JSON).
+--
+-- decode() uses cjson (strtod, invalid numbers refused) for most texts. A
+-- small Lua decoder runs instead when the text holds an empty array, so that
+-- `[]` comes back as an empty table marked with json.array_mt and is written
+-- back as `[]`, not `{}`; or a run of 16 digits or an exponent of 3 digits,
+-- the only ways to write a number cjson would change (a big integer, an
+-- overflow, an underflow).
 --
 -- Caveats: JSON null decodes to cjson.null (a lightuserdata) inside arrays and
 -- objects, and encodes back as null. NaN and infinities cannot be written.
@@ -15,6 +26,7 @@
 -- unless it carries json.array_mt.
 local cjson = require "cjson"
 local buffer = require "string.buffer"
+local ffi = require "ffi"
 
 local M = {}
 M.null = cjson.null
@@ -22,6 +34,7 @@ M.array_mt = { __name = "moonjob.json.array" }
 
 local decode_safe = cjson.new()
 decode_safe.decode_max_depth(1000)
+decode_safe.decode_invalid_numbers(false) -- NaN, Infinity, hex: not JSON
 
 -------------------------------------------------------------- encoding ---
 
@@ -99,6 +112,8 @@ write_value = function(out, v, depth)
     out:put(v and "true" or "false")
   elseif t == "table" then
     write_table(out, v, depth)
+  elseif t == "cdata" and (ffi.istype("int64_t", v) or ffi.istype("uint64_t", v)) then
+    out:put((tostring(v):gsub("U?LL$", ""))) -- every digit: 12345678901234567890ULL
   elseif v == nil or v == cjson.null then
     out:put("null")
   else
@@ -116,8 +131,9 @@ end
 
 -------------------------------------------------------------- decoding ---
 
--- The Lua decoder, used only for texts with an empty array in them.
-local parse_value
+-- The Lua decoder, used only for texts with an empty array or a number that
+-- cjson would change in them.
+local parse_value, parse_number
 
 local function fail_at(s, i, what)
   error(("%s at character %d"):format(what, i), 0)
@@ -209,6 +225,47 @@ end
 
 local literals = { t = { "true", true }, f = { "false", false }, n = { "null", cjson.null } }
 
+local U64_MAX = ffi.new("uint64_t", 0) - 1
+local I64_MAX = ffi.new("uint64_t", 0x7fffffff) * 2 ^ 32 + 0xffffffff
+
+-- An integer beyond ±2^53, as 64-bit integer cdata; an error past 64 bits.
+local function big_integer(s, i, negative, digits)
+  local v = ffi.new("uint64_t", 0)
+  for k = 1, #digits do
+    local d = digits:byte(k) - 48
+    if v > (U64_MAX - d) / 10 then v = nil break end
+    v = v * 10 + d
+  end
+  if v and not negative and v <= I64_MAX then return ffi.new("int64_t", v) end
+  if v and not negative then return v end
+  if v and v <= I64_MAX + 1 then return -ffi.cast("int64_t", v) end
+  fail_at(s, i, ("number %s%s is an integer beyond 64 bits; write it as a string")
+    :format(negative and "-" or "", digits))
+end
+
+-- A JSON number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][-+]?[0-9]+)?
+function parse_number(s, i)
+  local negative, digits, j = s:match("^(-?)(%d+)()", i)
+  if not digits then fail_at(s, i, "invalid number") end
+  if #digits > 1 and digits:sub(1, 1) == "0" then fail_at(s, i, "invalid number (leading zero)") end
+  local fraction = s:match("^%.%d+", j) or (s:sub(j, j) == "." and fail_at(s, j, "invalid number"))
+  j = j + #(fraction or "")
+  local exponent = s:match("^[eE][-+]?%d+", j) or (s:find("^[eE]", j) and fail_at(s, j, "invalid number"))
+  j = j + #(exponent or "")
+  if not fraction and not exponent and (#digits > 16 or (#digits == 16 and digits > "9007199254740992")) then
+    return big_integer(s, i, negative == "-", digits), j -- beyond ±2^53: digits, not a double
+  end
+  local text = s:sub(i, j - 1)
+  local v = tonumber(text)
+  if v == math.huge or v == -math.huge then
+    fail_at(s, i, ("number %s is beyond the range of a double (about 1.8e308)"):format(text))
+  end
+  if v == 0 and (digits .. (fraction or "")):find("[1-9]") then
+    fail_at(s, i, ("number %s is too small for a double (it would read as 0)"):format(text))
+  end
+  return v, j
+end
+
 parse_value = function(s, i, depth)
   if depth > 1000 then fail_at(s, i, "nested too deep") end
   local c = s:sub(i, i)
@@ -220,8 +277,7 @@ parse_value = function(s, i, depth)
     if s:sub(i, i + #lit[1] - 1) ~= lit[1] then fail_at(s, i, "invalid token") end
     return lit[2], i + #lit[1]
   end
-  local num = s:match("^-?%d+%.?%d*[eE]?[-+]?%d*", i)
-  if num and tonumber(num) then return tonumber(num), i + #num end
+  if c == "-" or c:find("^%d") then return parse_number(s, i) end
   fail_at(s, i, "invalid token")
 end
 
@@ -232,8 +288,14 @@ local function lua_decode(s)
 end
 
 -- json.decode(text) -> value | nil, message
+-- What sends a text to the Lua decoder (see the top of the file).
+local function needs_lua_decoder(text)
+  return text:find("%[%s*%]") or text:find("%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d")
+    or text:find("[eE][-+]?%d%d%d")
+end
+
 function M.decode(text)
-  local decode = text:find("%[%s*%]") and lua_decode or decode_safe.decode
+  local decode = needs_lua_decoder(text) and lua_decode or decode_safe.decode
   local ok, value = pcall(decode, text)
   if not ok then return nil, (tostring(value):gsub("^Expected", "expected")) end
   if value == cjson.null then value = nil end

@@ -29,8 +29,9 @@ end
 -- The errors carry no position: they are about the wait, not about a line.
 local function wait(done)
   while not done() do
-    local alive, err = core.run("once")
+    local alive, err, signum = core.run("once")
     if err == "interrupted" then
+      M.signal = signum
       error("interrupted (Ctrl-C); jobs keep running and the pool stays usable", 0)
     elseif err == "reentered" then
       error("cannot wait inside a moonjob event callback; use pool:on() events there", 0)
@@ -41,8 +42,10 @@ local function wait(done)
 end
 
 -- loop.wait_until(done): runs the loop until done() is true. Raises
--- "interrupted" on Ctrl-C, and a clear error when called from inside a moonjob
--- callback (the loop cannot run inside itself).
+-- "interrupted" on Ctrl-C (or on SIGTERM and SIGHUP in a program that holds
+-- them, core.hold_stop_signals; loop.signal is then the signal's number), and
+-- a clear error when called from inside a moonjob callback (the loop cannot
+-- run inside itself).
 function M.wait_until(done)
   if done() then return end
   core.catch_sigint(true)

@@ -666,7 +666,7 @@ function Pool:_output_line(w, job, stream, line)
   if job then job.logs[#job.logs + 1] = line end
   if self.echo then
     local who = job and ("job " .. tostring(job.id)) or ("child " .. tostring(w.pid))
-    io.stderr:write("[", who, "] ", line, "\n")
+    io.stderr:write("[" .. who .. "] " .. line .. "\n") -- one write: lines never interleave mid-line
   end
   if job and self.listeners.log then self:_emit("log", job, line, stream) end
 end

@@ -185,7 +185,11 @@ local codecs = {
     decode = function()
       local json = require "moonjob.json"
       local value, err = json.decode(decoder:tostring())
-      if err then error(errors.new("EINPUT", "input is not valid JSON: " .. err, { retry = false })) end
+      if err then
+        local what = err:find("^number ") and "input cannot cross exactly: "
+          or "input is not valid JSON: "
+        error(errors.new("EINPUT", what .. err, { retry = false }))
+      end
       return value
     end,
     encode = function(value) return assert(require("moonjob.json").encode(value)) end,

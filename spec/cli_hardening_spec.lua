@@ -1,0 +1,307 @@
+-- The command line loses nothing and leaves nothing behind: stopped by a
+-- signal it ends every child's process group and exits 128 + the signal; a
+-- processor that cannot load stops it at once; numbers never change silently;
+-- a joblog that cannot be written stops the run, and a record cut short is
+-- never trusted; echoed lines stay whole next to result lines in one file.
+local h = require "helpers"
+local json = require "moonjob.json"
+
+local MOONJOB = h.LUAJIT .. " scripts/moonjob "
+
+local function read(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- Starts the command line in the background (every stop signal at its default,
+-- as from an interactive shell: a shell's background job starts with SIGINT
+-- ignored, which moonjob keeps). Returns its pid and the files it writes.
+local function start_cli(dir, args)
+  local files = { out = dir .. "/out", err = dir .. "/err", status = dir .. "/status" }
+  local pid = h.first_line(("(env --default-signal=INT,TERM,HUP %s %s >%s 2>%s & echo $!; wait $!; "
+    .. "echo $? >%s.tmp; mv %s.tmp %s) 2>/dev/null &")
+    :format(MOONJOB, args, files.out, files.err, files.status, files.status, files.status))
+  return tonumber(pid), files
+end
+
+-- The pids the grandchildren fixture reported, once there are n of them: its
+-- "pids CHILD GRANDCHILD" lines (echoed by the CLI on stderr) and its results.
+local function wait_for_pids(files, n)
+  local found
+  h.wait_for(function()
+    found = {}
+    for child, grandchild in (read(files.err) or ""):gmatch("pids (%d+) (%d+)") do
+      found[#found + 1] = { child = tonumber(child), grandchild = tonumber(grandchild) }
+    end
+    for result in (read(files.out) or ""):gmatch('"result":(%b{})') do
+      found[#found + 1] = { child = tonumber(result:match('"child":(%d+)')),
+        grandchild = tonumber(result:match('"grandchild":(%d+)')) }
+    end
+    return #found >= n
+  end, 10)
+  return found
+end
+
+local function wait_for_status(files)
+  h.wait_for(function() return read(files.status) ~= nil end, 10)
+  return tonumber(read(files.status))
+end
+
+describe("moonjob run stopped by a signal", function()
+  local INPUT = '{"how":"ignores_term","stay":true}\n{"how":"holds_channel","stay":true}\n'
+    .. '{"how":"plain"}\n'
+
+  for _, case in ipairs({ { "INT", 2 }, { "TERM", 15 }, { "HUP", 1 } }) do
+    it("by SIG" .. case[1] .. " kills every child's process group and exits " .. 128 + case[2], function()
+      local dir = h.tmpdir()
+      local input = h.write_file(dir .. "/in", INPUT)
+      local pid, files = start_cli(dir, "run -j 3 spec/fixtures/grandchildren.lua " .. input)
+      local pids = wait_for_pids(files, 3)
+      for _, p in ipairs(pids) do assert.is_true(h.running(p.grandchild)) end
+      os.execute("kill -" .. case[1] .. " " .. pid)
+      local status = wait_for_status(files)
+      local err = read(files.err)
+      os.execute("rm -rf " .. dir)
+      assert.equal(128 + case[2], status, err)
+      assert.matches("moonjob: interrupted by SIG" .. case[1] .. "; running jobs were killed", err)
+      for _, p in ipairs(pids) do
+        assert.same({}, h.wait_group_gone(p.child), "a process of child " .. p.child .. " outlived the CLI")
+      end
+    end)
+  end
+
+  it("by SIGKILL takes its children's process groups down with it", function()
+    local dir = h.tmpdir()
+    local input = h.write_file(dir .. "/in", INPUT)
+    local pid, files = start_cli(dir, "run -j 3 spec/fixtures/grandchildren.lua " .. input)
+    local pids = wait_for_pids(files, 3)
+    os.execute("kill -KILL " .. pid)
+    wait_for_status(files)
+    os.execute("rm -rf " .. dir)
+    for _, p in ipairs(pids) do
+      assert.same({}, h.wait_group_gone(p.child), "a process of child " .. p.child .. " outlived the CLI")
+    end
+  end)
+
+  it("keeps a signal it was started with ignored (nohup)", function()
+    local dir = h.tmpdir()
+    local input = h.write_file(dir .. "/in", '{"ms":600}\n')
+    local pid = tonumber(h.first_line(("(nohup %s run spec/fixtures/slow.lua %s >%s/out 2>/dev/null; "
+      .. "echo $? >%s/status) >/dev/null 2>&1 & echo $!"):format(MOONJOB, input, dir, dir)))
+    h.sleep(0.3)
+    local cli = h.first_line("pgrep -P " .. pid) -- nohup's luajit, child of the subshell
+    if cli then os.execute("kill -HUP " .. cli) end
+    h.wait_for(function() return read(dir .. "/status") ~= nil end, 10)
+    local status, out = tonumber(read(dir .. "/status")), read(dir .. "/out")
+    os.execute("rm -rf " .. dir)
+    assert.is_not_nil(cli, "the CLI was not found under its shell")
+    assert.equal(0, status)
+    assert.matches('"status":"completed"', out)
+  end)
+end)
+
+describe("moonjob run with a processor that cannot load", function()
+  local function lines(n)
+    local t = {}
+    for i = 1, n do t[i] = tostring(i) end
+    return table.concat(t, "\n") .. "\n"
+  end
+
+  for _, case in ipairs({
+    { "load_error.lua", "cannot start: missing configuration" },
+    { "init_error.lua", "init%(%) failed: .*init exploded" },
+  }) do
+    it("(" .. case[1] .. ") stops at once over 20,000 lines: exit 2, the ELOAD message, no output", function()
+      local input = h.write_file(os.tmpname(), lines(20000))
+      local t0 = os.time()
+      local out, err, status = h.sh(MOONJOB .. "run -j 2 spec/fixtures/" .. case[1] .. " " .. input)
+      local seconds = os.time() - t0
+      os.remove(input)
+      assert.equal(2, status, err)
+      assert.equal("", out)
+      assert.matches("^moonjob: the processor cannot run: .*" .. case[2], err)
+      assert.equal(1, select(2, err:gsub("\n", "")), err)
+      assert.is_true(seconds < 10, "took " .. seconds .. " s")
+    end)
+  end
+
+  it("that never becomes ready stops after --start-timeout", function()
+    local out, err, status = h.sh(MOONJOB .. "run --start-timeout 0.3 spec/fixtures/never_ready.lua", "1\n2\n")
+    assert.equal(2, status, err)
+    assert.equal("", out)
+    assert.matches("did not become ready within 0.3 s %(start_timeout%)", err)
+  end)
+
+  it("goes on when it fails to load only after some job completed", function()
+    -- flaky load: the first child loads, later ones fail (the file counts its loads)
+    local dir = h.tmpdir()
+    local processor = h.write_file(dir .. "/p.lua", ([[
+local f = io.open(%q, "a+") f:write("x") local n = f:seek("end") f:close()
+if n > 1 then error("second load fails") end
+return function(job) if job.data == 1 then os.exit(9) end return job.data end
+]]):format(dir .. "/loads"))
+    local out, err, status = h.sh(MOONJOB .. "run -j 1 -k " .. processor, "2\n1\n3\n")
+    os.execute("rm -rf " .. dir)
+    assert.equal(1, status, err)
+    assert.matches('^{"line":1,"status":"completed"', out)
+    assert.matches('{"line":2,"status":"failed","error":{"code":"ECRASH"', out, 1, true)
+    assert.matches('{"line":3,"status":"failed","error":{"code":"ELOAD"', out, 1, true)
+  end)
+end)
+
+describe("moonjob run's usage errors", function()
+  for _, case in ipairs({
+    { "--timeout 0", "%-%-timeout needs a number of seconds above 0" },
+    { "--timeout 1e10", "%-%-timeout needs a number of seconds above 0 %(at most 1e9%)" },
+    { "--start-timeout 0", "%-%-start%-timeout needs a number of seconds above 0" },
+    { "--kill-after -1", "%-%-kill%-after needs a number of seconds, 0 or more" },
+  }) do
+    it("exit 2 with a message, no stack trace: " .. case[1], function()
+      local out, err, status = h.sh(MOONJOB .. "run " .. case[1] .. " examples/square.lua", "1\n")
+      assert.equal(2, status, err)
+      assert.equal("", out)
+      assert.matches("^moonjob: " .. case[2], err)
+      assert.is_nil(err:find("traceback", 1, true), err)
+    end)
+  end
+end)
+
+describe("moonjob run's numbers", function()
+  it("cross exactly as 64-bit integers beyond 2^53, or fail with EINPUT saying why", function()
+    local input = table.concat({
+      "12345678901234567890", "9007199254740993", "-9223372036854775808", '{"id":18446744073709551615}',
+      "18446744073709551616", "1e400", "-1e400", "NaN", "1e-400", "9007199254740992", "0.1",
+    }, "\n") .. "\n"
+    local out, err, status = h.sh(MOONJOB .. "run -k spec/fixtures/identity.lua", input)
+    assert.equal(1, status, err)
+    local lines = {}
+    for text in out:gmatch("[^\n]+") do lines[#lines + 1] = text end
+    assert.equal(11, #lines)
+    local exact = { "12345678901234567890", "9007199254740993", "-9223372036854775808",
+      '{"id":18446744073709551615}' }
+    for i, text in ipairs(exact) do
+      local head = ('{"line":%d,"status":"completed","result":%s,"attempts":1,'):format(i, text)
+      assert.equal(head, lines[i]:sub(1, #head))
+    end
+    for i, why in pairs({ [5] = "integer beyond 64 bits", [6] = "beyond the range of a double",
+      [7] = "beyond the range of a double", [8] = "not valid JSON", [9] = "too small for a double" }) do
+      local v = assert(json.decode(lines[i]))
+      assert.equal("failed", v.status)
+      assert.equal("EINPUT", v.error.code, lines[i])
+      assert.matches(why, v.error.message)
+    end
+    assert.matches('"result":9007199254740992,', lines[10])
+    assert.matches('"result":0.1,', lines[11])
+  end)
+end)
+
+describe("moonjob run's echoed lines", function()
+  it("stay whole next to result lines when stdout and stderr go to one file", function()
+    local n = 3000
+    local t = {}
+    for i = 1, n do t[i] = ('{"x":%d}'):format(i) end
+    local input = h.write_file(os.tmpname(), table.concat(t, "\n") .. "\n")
+    local merged = os.tmpname()
+    local _, _, status = h.sh(MOONJOB .. "run -j 2 examples/square.lua " .. input .. " >" .. merged .. " 2>&1")
+    local text = read(merged)
+    os.remove(input)
+    os.remove(merged)
+    assert.equal(0, status)
+    local results, echoed, broken = 0, 0, {}
+    for line in text:gmatch("[^\n]*\n") do
+      if line:match('^{"line":%d+,"status":"completed","result":%d+,"attempts":1,"ms":[%d.e-]+}\n$') then
+        results = results + 1
+      elseif line:match("^%[job %d+%] squaring %d+\n$") then
+        echoed = echoed + 1
+      else
+        broken[#broken + 1] = line
+      end
+    end
+    assert.same({}, broken)
+    assert.equal(n, results)
+    assert.equal(n, echoed)
+  end)
+end)
+
+describe("moonjob run's joblog", function()
+  local AS_ROOT = h.first_line("id -u") == "0"
+
+  local function numbers(n)
+    local t = {}
+    for i = 1, n do t[i] = tostring(i) end
+    return table.concat(t, "\n") .. "\n"
+  end
+
+  local function completed_in(text)
+    local set, count = {}, 0
+    for line in text:gmatch('"line":(%d+),"status":"completed"') do
+      assert.is_nil(set[line], "line " .. line .. " completed twice")
+      set[line] = true
+      count = count + 1
+    end
+    return set, count
+  end
+
+  it("on a full disk stops the run with a clear error, and --resume loses no line and repeats none", function()
+    assert.is_true(AS_ROOT, "this spec mounts a small tmpfs: run the suite as root (as CI does)")
+    local dir = h.tmpdir()
+    local mount = dir .. "/full"
+    os.execute("mkdir -p " .. mount)
+    assert.equal(0, os.execute("mount -t tmpfs -o size=16k tmpfs " .. mount))
+    local input = h.write_file(dir .. "/in", numbers(2000))
+    local ok, failure = pcall(function()
+      local out, err, status = h.sh(("%s run -j 2 --joblog %s/log spec/fixtures/identity.lua %s")
+        :format(MOONJOB, mount, input))
+      assert.equal(2, status, err)
+      assert.matches("^moonjob: writing the joblog '.-/log' failed: No space left on device; the run stopped", err)
+      local logged = read(mount .. "/log")
+      assert.are_not.equal("\n", logged:sub(-1)) -- the disk filled mid-record
+      local printed, nprinted = completed_in(out)
+      assert.is_true(nprinted > 0 and nprinted < 2000, "printed " .. nprinted)
+      -- every printed line is recorded: --resume will not rerun them
+      local recorded = completed_in(logged:match("^(.*\n)"))
+      for line in pairs(printed) do assert.is_true(recorded[line], "line " .. line .. " printed, not recorded") end
+      -- the disk is freed (the joblog moves off it); --resume does the rest
+      os.execute(("cp %s/log %s/log"):format(mount, dir))
+      local out2, err2, status2 = h.sh(("%s run -j 2 --resume --joblog %s/log spec/fixtures/identity.lua %s")
+        :format(MOONJOB, dir, input))
+      assert.equal(0, status2, err2)
+      local all = {}
+      for line in pairs(recorded) do all[line] = true end
+      for line in pairs(completed_in(out2)) do
+        assert.is_nil(all[line], "line " .. line .. " ran again")
+        all[line] = true
+      end
+      for i = 1, 2000 do assert.is_true(all[tostring(i)], "line " .. i .. " lost") end
+      -- the joblog is whole records only, the cut one dropped
+      for record in read(dir .. "/log"):gmatch("[^\n]*\n?") do
+        if record ~= "" then assert.is_not_nil(json.decode(record), "not a whole record: " .. record) end
+      end
+    end)
+    os.execute("umount " .. mount)
+    os.execute("rm -rf " .. dir)
+    assert(ok, failure)
+  end)
+
+  it("--resume ignores a truncated last record and cuts it off before appending", function()
+    local dir = h.tmpdir()
+    local log = h.write_file(dir .. "/log", '{"line":1,"status":"completed","result":1,"attempts":1,"ms":1}\n'
+      .. '{"line":2,"status":"completed","result":')
+    local input = h.write_file(dir .. "/in", numbers(3))
+    local out, err, status = h.sh(("%s run -k --resume --joblog %s spec/fixtures/identity.lua %s")
+      :format(MOONJOB, log, input))
+    local logged = read(log)
+    os.execute("rm -rf " .. dir)
+    assert.equal(0, status, err)
+    assert.matches('^{"line":2,"status":"completed","result":2,', out)
+    assert.matches('\n{"line":3,"status":"completed","result":3,', out)
+    local records = {}
+    for record in logged:gmatch("([^\n]*)\n") do records[#records + 1] = assert(json.decode(record)).line end
+    assert.equal(logged:sub(-1), "\n")
+    table.sort(records)
+    assert.same({ 1, 2, 3 }, records)
+  end)
+end)
