@@ -304,6 +304,16 @@ local function run_for(done, ms)
   timer:close()
 end
 
+-- Why the run stops when a wait raised: a stop signal (exit 128 + N), or an
+-- error of moonjob's own (exit 1, its message).
+local function stopped_by(why)
+  why = tostring(why)
+  local signum = why:find("^interrupted") and loop.signal
+  if not signum then return { status = EXIT_FAILED, message = why } end
+  return { status = 128 + signum,
+    message = ("interrupted by %s; running jobs were killed"):format(SIGNAL_NAMES[signum] or signum) }
+end
+
 local function run(processor, input_path, o)
   core.hold_stop_signals() -- SIGINT, SIGTERM, SIGHUP now only stop the loop
   local fd, err = open_input(input_path)
@@ -406,11 +416,10 @@ local function run(processor, input_path, o)
   ended = true -- no more resuming: the input is closed
   input:close()
   if bar then bar.close() end
-  if not ok then
-    why = tostring(why)
-    local signum = why:find("^interrupted") and loop.signal
-    stop = { status = signum and 128 + signum or EXIT_FAILED,
-      message = signum and ("interrupted by %s; running jobs were killed"):format(SIGNAL_NAMES[signum] or signum) or why }
+  if not ok then stop = stopped_by(why) end
+  if not stop then -- every job is over: the idle children end (a signal meanwhile still counts)
+    ok, why = pcall(pool.close, pool)
+    if not ok then stop = stopped_by(why) end
   end
   if stop then
     -- end every child and what it started now; print what was already written
@@ -420,7 +429,6 @@ local function run(processor, input_path, o)
     io.stderr:write("moonjob: ", stop.message, "\n")
     return stop.status
   end
-  pool:close()
   if joblog then joblog:close() end
   if read_error then
     io.stderr:write("moonjob: reading the input failed: ", read_error, "\n")
