@@ -92,9 +92,11 @@ static heap_t heap;
 /* ---------------------------------------------------------------- I/O --- */
 
 /* The parent is gone: the child's whole process group (the child included)
- * is killed, so that nothing a processor started outlives the parent. */
+ * is killed, so that nothing a processor started outlives the parent. Only a
+ * child that leads its group does so (moonjob starts each in a session of its
+ * own); one started some other way must not kill its starter's group. */
 static void parent_gone(void) {
-  kill(0, SIGKILL);
+  if (getpgrp() == getpid()) kill(0, SIGKILL);
   _exit(EXIT_INTERNAL);
 }
 
@@ -552,6 +554,13 @@ static void on_signal(int signum, void (*handler)(int, siginfo_t *, void *), con
   if (sigaction(signum, &sa, NULL) != 0) setup_call_failed(what);
 }
 
+/* Asks for MJ_PARENT_DEATH_SIGNAL when the parent dies, then checks that
+ * it did not die already (before the request, no signal would come). */
+static void watch_parent(void) {
+  if (prctl(PR_SET_PDEATHSIG, MJ_PARENT_DEATH_SIGNAL) != 0) setup_call_failed("set PR_SET_PDEATHSIG");
+  if (getppid() != parent_pid) parent_gone();
+}
+
 /* The child holds exactly stdin, stdout, stderr and the channel once the
  * shared page is mapped: whatever else a parent left open without
  * close-on-exec (a joblog, a file of the embedding program) is closed before
@@ -569,8 +578,7 @@ static void close_other_descriptors(void) {
 static void set_up_process(const child_options_t *o) {
   parent_pid = getppid();
   on_signal(MJ_PARENT_DEATH_SIGNAL, on_parent_death, "watch for the parent's death");
-  if (prctl(PR_SET_PDEATHSIG, MJ_PARENT_DEATH_SIGNAL) != 0) setup_call_failed("set PR_SET_PDEATHSIG");
-  if (getppid() != parent_pid) _exit(EXIT_INTERNAL); /* parent already gone */
+  watch_parent();
   int flags = fcntl(CHANNEL_FD, F_GETFL);
   if (flags < 0) {
     fprintf(stderr, "moonjob-child: no channel on fd %d; this program is started by moonjob\n",
@@ -585,7 +593,10 @@ static void set_up_process(const child_options_t *o) {
   if (fcntl(CHANNEL_FD, F_SETFD, FD_CLOEXEC) != 0) setup_call_failed("set close-on-exec on the channel");
   if (setvbuf(stdout, NULL, _IOLBF, 0) != 0) setup_call_failed("line-buffer stdout"); /* print() reaches the parent line by line */
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) setup_call_failed("set PR_SET_NO_NEW_PRIVS");
-  if (o->user) become_user(o->user); /* before NPROC: root is exempt from it */
+  if (o->user) {
+    become_user(o->user); /* before NPROC: root is exempt from it */
+    watch_parent();       /* the kernel clears the death signal when credentials change */
+  }
   drop_resource_capability();
   limit(RLIMIT_CORE, "RLIMIT_CORE (no core files)", 0);
   if (o->max_procs > 0) limit(RLIMIT_NPROC, "RLIMIT_NPROC (max_procs)", (rlim_t) o->max_procs);

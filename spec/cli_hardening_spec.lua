@@ -53,53 +53,75 @@ end
 describe("moonjob run stopped by a signal", function()
   local INPUT = '{"how":"ignores_term","stay":true}\n{"how":"holds_channel","stay":true}\n'
     .. '{"how":"plain"}\n'
+  -- --timeout: if a spec fails half-way, its jobs still end within a minute
+  local RUN = "run -j 3 --timeout 60 --kill-after 1 spec/fixtures/grandchildren.lua "
 
-  for _, case in ipairs({ { "INT", 2 }, { "TERM", 15 }, { "HUP", 1 } }) do
-    it("by SIG" .. case[1] .. " kills every child's process group and exits " .. 128 + case[2], function()
-      local dir = h.tmpdir()
-      local input = h.write_file(dir .. "/in", INPUT)
-      local pid, files = start_cli(dir, "run -j 3 spec/fixtures/grandchildren.lua " .. input)
-      local pids = wait_for_pids(files, 3)
-      for _, p in ipairs(pids) do assert.is_true(h.running(p.grandchild)) end
-      os.execute("kill -" .. case[1] .. " " .. pid)
-      local status = wait_for_status(files)
-      local err = read(files.err)
-      os.execute("rm -rf " .. dir)
-      assert.equal(128 + case[2], status, err)
-      assert.matches("moonjob: interrupted by SIG" .. case[1] .. "; running jobs were killed", err)
-      for _, p in ipairs(pids) do
-        assert.same({}, h.wait_group_gone(p.child), "a process of child " .. p.child .. " outlived the CLI")
-      end
-    end)
-  end
-
-  it("by SIGKILL takes its children's process groups down with it", function()
+  -- Starts the CLI on INPUT, waits for its three children and grandchildren,
+  -- and makes sure nothing is left running whatever the spec's outcome.
+  local function start_grandchildren()
     local dir = h.tmpdir()
     local input = h.write_file(dir .. "/in", INPUT)
-    local pid, files = start_cli(dir, "run -j 3 spec/fixtures/grandchildren.lua " .. input)
-    local pids = wait_for_pids(files, 3)
-    os.execute("kill -KILL " .. pid)
-    wait_for_status(files)
-    os.execute("rm -rf " .. dir)
+    local pid, files = start_cli(dir, RUN .. input)
+    local pids = {}
+    finally(function()
+      os.execute("kill -KILL " .. pid .. " 2>/dev/null")
+      for _, p in ipairs(pids) do os.execute("kill -KILL -" .. p.child .. " 2>/dev/null") end
+      os.execute("rm -rf " .. dir)
+    end)
+    for _, p in ipairs(wait_for_pids(files, 3)) do pids[#pids + 1] = p end
+    for _, p in ipairs(pids) do assert.is_true(h.running(p.grandchild)) end
+    return pid, files, pids
+  end
+
+  local function assert_all_gone(pids)
     for _, p in ipairs(pids) do
       assert.same({}, h.wait_group_gone(p.child), "a process of child " .. p.child .. " outlived the CLI")
     end
+  end
+
+  for _, case in ipairs({ { "INT", 2 }, { "TERM", 15 }, { "HUP", 1 } }) do
+    it("by SIG" .. case[1] .. " kills every child's process group and exits " .. 128 + case[2], function()
+      local pid, files, pids = start_grandchildren()
+      os.execute("kill -" .. case[1] .. " " .. pid)
+      local status = wait_for_status(files)
+      local err = read(files.err)
+      assert.equal(128 + case[2], status, err)
+      assert.matches("moonjob: interrupted by SIG" .. case[1] .. "; running jobs were killed", err)
+      assert_all_gone(pids)
+    end)
+  end
+
+  it("by several signals in a row still ends every group before it exits", function()
+    local pid, files, pids = start_grandchildren()
+    os.execute(("kill -TERM %d; kill -INT %d; kill -HUP %d"):format(pid, pid, pid))
+    local status = wait_for_status(files)
+    assert.is_true(status == 143 or status == 130 or status == 129, "status " .. tostring(status))
+    assert_all_gone(pids)
+  end)
+
+  it("by SIGKILL takes its children's process groups down with it", function()
+    local pid, files, pids = start_grandchildren()
+    os.execute("kill -KILL " .. pid)
+    wait_for_status(files)
+    assert_all_gone(pids)
   end)
 
   it("keeps a signal it was started with ignored (nohup)", function()
     local dir = h.tmpdir()
-    local input = h.write_file(dir .. "/in", '{"ms":600}\n')
-    local pid = tonumber(h.first_line(("(nohup %s run spec/fixtures/slow.lua %s >%s/out 2>/dev/null; "
-      .. "echo $? >%s/status) >/dev/null 2>&1 & echo $!"):format(MOONJOB, input, dir, dir)))
-    h.sleep(0.3)
-    local cli = h.first_line("pgrep -P " .. pid) -- nohup's luajit, child of the subshell
-    if cli then os.execute("kill -HUP " .. cli) end
-    h.wait_for(function() return read(dir .. "/status") ~= nil end, 10)
-    local status, out = tonumber(read(dir .. "/status")), read(dir .. "/out")
-    os.execute("rm -rf " .. dir)
+    finally(function() os.execute("rm -rf " .. dir) end)
+    local processor = h.write_file(dir .. "/p.lua",
+      'return function() print("started") os.execute("sleep 2") return "done" end\n')
+    local input = h.write_file(dir .. "/in", "1\n")
+    local shell = tonumber(h.first_line(("(nohup %s run %s %s >%s/out 2>%s/err; echo $? >%s/status.tmp; "
+      .. "mv %s/status.tmp %s/status) >/dev/null 2>&1 & echo $!")
+      :format(MOONJOB, processor, input, dir, dir, dir, dir, dir)))
+    h.wait_for(function() return (read(dir .. "/err") or ""):find("started") ~= nil end)
+    local cli = h.first_line("pgrep -P " .. shell) -- nohup's luajit, child of the subshell
     assert.is_not_nil(cli, "the CLI was not found under its shell")
-    assert.equal(0, status)
-    assert.matches('"status":"completed"', out)
+    os.execute("kill -HUP " .. cli) -- the job runs: the CLI has set its signals up
+    h.wait_for(function() return read(dir .. "/status") ~= nil end, 10)
+    assert.equal(0, tonumber(read(dir .. "/status")), read(dir .. "/err"))
+    assert.matches('"status":"completed","result":"done"', read(dir .. "/out"))
   end)
 end)
 
@@ -154,10 +176,12 @@ end)
 
 describe("moonjob run's usage errors", function()
   for _, case in ipairs({
-    { "--timeout 0", "%-%-timeout needs a number of seconds above 0" },
-    { "--timeout 1e10", "%-%-timeout needs a number of seconds above 0 %(at most 1e9%)" },
-    { "--start-timeout 0", "%-%-start%-timeout needs a number of seconds above 0" },
-    { "--kill-after -1", "%-%-kill%-after needs a number of seconds, 0 or more" },
+    { "--timeout 0", "%-%-timeout needs a number of seconds from 0.001 to 1e9, got '0'" },
+    { "--timeout 1e-300", "%-%-timeout needs a number of seconds from 0.001 to 1e9" },
+    { "--timeout 1e10", "%-%-timeout needs a number of seconds from 0.001 to 1e9" },
+    { "--start-timeout 0", "%-%-start%-timeout needs a number of seconds from 0.001 to 1e9" },
+    { "--kill-after -1", "%-%-kill%-after needs a number of seconds from 0 to 1e9" },
+    { "-j 100000", "%-j needs a whole number from 1 to 1024" },
   }) do
     it("exit 2 with a message, no stack trace: " .. case[1], function()
       local out, err, status = h.sh(MOONJOB .. "run " .. case[1] .. " examples/square.lua", "1\n")
@@ -170,31 +194,48 @@ describe("moonjob run's usage errors", function()
 end)
 
 describe("moonjob run's numbers", function()
-  it("cross exactly as 64-bit integers beyond 2^53, or fail with EINPUT saying why", function()
-    local input = table.concat({
-      "12345678901234567890", "9007199254740993", "-9223372036854775808", '{"id":18446744073709551615}',
-      "18446744073709551616", "1e400", "-1e400", "NaN", "1e-400", "9007199254740992", "0.1",
-    }, "\n") .. "\n"
-    local out, err, status = h.sh(MOONJOB .. "run -k spec/fixtures/identity.lua", input)
+  -- input line -> the result it must print exactly, or the EINPUT reason
+  local CASES = {
+    { "12345678901234567890", result = "12345678901234567890" },
+    { "9007199254740993", result = "9007199254740993" },
+    { "-9223372036854775808", result = "-9223372036854775808" },
+    { '{"id":18446744073709551615}', result = '{"id":18446744073709551615}' },
+    { "9007199254740992", result = "9007199254740992" },
+    { "0.1", result = "0.1" },
+    { "-0", result = "-0" },
+    { "0e99999999999", result = "0" },
+    { '"a\tb 1234567890123456"', result = '"a\\tb 1234567890123456"' }, -- a raw tab, as cjson takes it
+    { "18446744073709551616", einput = "integer beyond 64 bits" },
+    { "-9223372036854775809", einput = "integer beyond 64 bits" },
+    { "1e400", einput = "beyond the range of a double" },
+    { "-1e400", einput = "beyond the range of a double" },
+    { "1e999999999999", einput = "beyond the range of a double" },
+    { '{"a":1e9999999,"b":2}', einput = "beyond the range of a double" },
+    { "1e-400", einput = "too small for a double" },
+    { "[1,1e-9999999,3]", einput = "too small for a double" },
+    { "NaN", einput = "not valid JSON" },
+    { "Infinity", einput = "not valid JSON" },
+    { '["\\ud800", "1234567890123456"]', einput = "invalid unicode escape" },
+  }
+
+  it("cross exactly (64-bit integers beyond 2^53), or fail with EINPUT saying why, never silently", function()
+    local input = {}
+    for i, case in ipairs(CASES) do input[i] = case[1] end
+    local out, err, status = h.sh(MOONJOB .. "run -k spec/fixtures/identity.lua", table.concat(input, "\n") .. "\n")
     assert.equal(1, status, err)
     local lines = {}
     for text in out:gmatch("[^\n]+") do lines[#lines + 1] = text end
-    assert.equal(11, #lines)
-    local exact = { "12345678901234567890", "9007199254740993", "-9223372036854775808",
-      '{"id":18446744073709551615}' }
-    for i, text in ipairs(exact) do
-      local head = ('{"line":%d,"status":"completed","result":%s,"attempts":1,'):format(i, text)
-      assert.equal(head, lines[i]:sub(1, #head))
+    assert.equal(#CASES, #lines)
+    for i, case in ipairs(CASES) do
+      if case.result then
+        local head = ('{"line":%d,"status":"completed","result":%s,"attempts":1,'):format(i, case.result)
+        assert.equal(head, lines[i]:sub(1, #head), "input: " .. case[1])
+      else
+        local v = assert(json.decode(lines[i]))
+        assert.equal("EINPUT", v.error.code, lines[i])
+        assert.matches(case.einput, v.error.message, 1, true)
+      end
     end
-    for i, why in pairs({ [5] = "integer beyond 64 bits", [6] = "beyond the range of a double",
-      [7] = "beyond the range of a double", [8] = "not valid JSON", [9] = "too small for a double" }) do
-      local v = assert(json.decode(lines[i]))
-      assert.equal("failed", v.status)
-      assert.equal("EINPUT", v.error.code, lines[i])
-      assert.matches(why, v.error.message)
-    end
-    assert.matches('"result":9007199254740992,', lines[10])
-    assert.matches('"result":0.1,', lines[11])
   end)
 end)
 
@@ -296,6 +337,7 @@ describe("moonjob run's joblog", function()
     local logged = read(log)
     os.execute("rm -rf " .. dir)
     assert.equal(0, status, err)
+    assert.matches("ended in a record cut short %(a full disk or a crash%); it was dropped", err)
     assert.matches('^{"line":2,"status":"completed","result":2,', out)
     assert.matches('\n{"line":3,"status":"completed","result":3,', out)
     local records = {}
@@ -303,5 +345,30 @@ describe("moonjob run's joblog", function()
     assert.equal(logged:sub(-1), "\n")
     table.sort(records)
     assert.same({ 1, 2, 3 }, records)
+  end)
+
+  it("keeps a last line that is not a record, and appends whole records after it", function()
+    local dir = h.tmpdir()
+    local log = h.write_file(dir .. "/log", "notes\nlast words")
+    local _, err, status = h.sh(("%s run --joblog %s spec/fixtures/identity.lua"):format(MOONJOB, log), "7\n")
+    local logged = read(log)
+    os.execute("rm -rf " .. dir)
+    assert.equal(0, status, err)
+    assert.matches('^notes\nlast words\n{"line":1,"status":"completed","result":7,[^\n]*}\n$', logged)
+  end)
+
+  it("can be a pipe (a FIFO read by another program)", function()
+    local dir = h.tmpdir()
+    os.execute("mkfifo " .. dir .. "/fifo")
+    local reader = tonumber(h.first_line(("cat %s/fifo > %s/copy 2>/dev/null & echo $!"):format(dir, dir)))
+    finally(function()
+      os.execute("kill " .. reader .. " 2>/dev/null")
+      os.execute("rm -rf " .. dir)
+    end)
+    local out, err, status = h.sh(("%s run --joblog %s/fifo spec/fixtures/identity.lua"):format(MOONJOB, dir),
+      "1\n2\n")
+    assert.equal(0, status, err)
+    assert.equal(2, select(2, out:gsub("\n", "")))
+    h.wait_for(function() return select(2, (read(dir .. "/copy") or ""):gsub("\n", "")) == 2 end)
   end)
 end)

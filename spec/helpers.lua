@@ -74,14 +74,19 @@ function M.cleanup()
   open_pools = {}
 end
 
--- Runs the loop until pred() is true; raises after `seconds` (default 10).
+-- Runs the loop until pred() is true, looking at least every 20 ms; raises
+-- after `seconds` (default 10).
 function M.wait_for(pred, seconds)
   progress.last = core.hrtime() -- a bounded wait of its own
   local deadline = false
   local timer = core.timer(function() deadline = true end)
   timer:start((seconds or 10) * 1000)
+  -- pred may watch something outside the loop (a file, a process): look every 20 ms
+  local poll = core.timer(function() end)
+  poll:start(20, 20)
   local ok, err = pcall(loop.wait_until, function() return deadline or pred() end)
   timer:close()
+  poll:close()
   assert(ok, err)
   assert(not deadline or pred(), "timed out waiting")
 end

@@ -21,7 +21,8 @@ describe("a child", function()
 
   it("holds only stdin, stdout, stderr and its channel, whatever the parent left open", function()
     -- neither is close-on-exec: an io.open'd file and a descriptor high up
-    local file = assert(io.open(os.tmpname(), "w"))
+    local path = os.tmpname()
+    local file = assert(io.open(path, "w"))
     local raw = ffi.C.open("/etc/hostname", O_RDONLY, 0)
     assert.is_true(raw >= 0)
     local high = ffi.C.dup2(raw, 200)
@@ -31,6 +32,7 @@ describe("a child", function()
     ffi.C.close(raw)
     ffi.C.close(high)
     file:close()
+    os.remove(path)
     assert.equal(4, #open, table.concat(open, ", "))
     assert.equal("0 /dev/null", open[1])
     for fd = 1, 3 do assert.matches("^" .. fd .. " socket:", open[fd + 1]) end
@@ -157,11 +159,12 @@ describe("grandchildren", function()
     assert.same({}, h.wait_group_gone(seen.child))
   end)
 
-  it("die with the parent when it is killed by SIGKILL, with every child, busy or idle", function()
-    local dir = h.tmpdir()
-    local script = h.write_file(dir .. "/parent.lua", [[
+  -- A parent program that starts four children with grandchildren (three
+  -- busy, one idle) and writes their pids to a file, then sleeps.
+  local PARENT = [[
 local moonjob = require "moonjob"
-local pool = assert(moonjob.pool("spec/fixtures/grandchildren.lua", { size = 4, echo = false }))
+local pool = assert(moonjob.pool("spec/fixtures/grandchildren.lua",
+  { size = 4, echo = false, user = arg[2] ~= "" and arg[2] or nil }))
 local seen = {}
 pool:on("progress", function(_, pids) seen[#seen + 1] = pids.child .. " " .. pids.grandchild end)
 for _, how in ipairs({ "plain", "ignores_term", "holds_channel" }) do pool:add({ how = how, stay = true }) end
@@ -173,25 +176,38 @@ f:write(table.concat(seen, "\n"), "\n")
 f:close()
 require("ffi").cdef("unsigned sleep(unsigned seconds);")
 while true do require("ffi").C.sleep(60) end
-]])
-    local pid = tonumber(h.first_line(("%s %s %s/pids >/dev/null 2>&1 & echo $!")
-      :format(h.LUAJIT, script, dir)))
-    h.wait_for(function()
-      local f = io.open(dir .. "/pids")
-      local n = f and select(2, f:read("*a"):gsub("\n", ""))
-      if f then f:close() end
-      return n == 4
+]]
+
+  for _, user in ipairs({ "", "nobody" }) do
+    local as = user == "" and "" or " (children running as " .. user .. ")"
+    it("die with the parent when it is killed by SIGKILL, with every child, busy or idle" .. as, function()
+      assert.is_true(user == "" or AS_ROOT, "the user option needs the suite to run as root (as CI does)")
+      local dir = h.tmpdir()
+      local script = h.write_file(dir .. "/parent.lua", PARENT)
+      os.execute("chmod 755 " .. dir) -- the children, as another user, read nothing here; the fixture is in the tree
+      local pid = tonumber(h.first_line(("%s %s %s/pids '%s' >/dev/null 2>&1 & echo $!")
+        :format(h.LUAJIT, script, dir, user)))
+      local groups = {}
+      finally(function() -- whatever happens, nothing is left running
+        os.execute("kill -KILL " .. pid .. " 2>/dev/null")
+        for _, group in ipairs(groups) do os.execute("kill -KILL -" .. group .. " 2>/dev/null") end
+        os.execute("rm -rf " .. dir)
+      end)
+      h.wait_for(function()
+        local f = io.open(dir .. "/pids")
+        local n = f and select(2, f:read("*a"):gsub("\n", ""))
+        if f then f:close() end
+        return n == 4
+      end)
+      for line in io.lines(dir .. "/pids") do
+        local child, grandchild = line:match("^(%d+) (%d+)$")
+        groups[#groups + 1] = tonumber(child)
+        assert.is_true(h.running(tonumber(grandchild)))
+      end
+      os.execute("kill -KILL " .. pid)
+      for _, group in ipairs(groups) do
+        assert.same({}, h.wait_group_gone(group), "group " .. group .. " outlived its parent")
+      end
     end)
-    local groups = {}
-    for line in io.lines(dir .. "/pids") do
-      local child, grandchild = line:match("^(%d+) (%d+)$")
-      assert.is_true(h.running(tonumber(grandchild)))
-      groups[#groups + 1] = tonumber(child)
-    end
-    os.execute("kill -KILL " .. pid)
-    os.execute("rm -rf " .. dir)
-    for _, group in ipairs(groups) do
-      assert.same({}, h.wait_group_gone(group), "group " .. group .. " outlived its parent")
-    end
-  end)
+  end
 end)

@@ -81,7 +81,12 @@ end
 
 local function positive_integer(text)
   local n = tonumber(text)
-  if n and n >= 1 and n == math.floor(n) then return n end
+  if n and n >= 1 and n <= 2 ^ 31 and n == math.floor(n) then return n end
+end
+
+local function children(text)
+  local n = positive_integer(text)
+  if n and n <= 1024 then return n end
 end
 
 local function seconds(text)
@@ -89,9 +94,9 @@ local function seconds(text)
   if n and n >= 0 and n <= SECONDS_MAX then return n end
 end
 
-local function positive_seconds(text)
+local function positive_seconds(text) -- timers count milliseconds
   local n = seconds(text)
-  if n and n > 0 then return n end
+  if n and n >= 0.001 then return n end
 end
 
 -- option name -> field, parser, what the parser wants
@@ -108,14 +113,14 @@ local function path(text)
 end
 
 local VALUED = {
-  ["-j"] = { "concurrency", positive_integer, "a positive whole number" },
-  ["--attempts"] = { "attempts", positive_integer, "a positive whole number" },
+  ["-j"] = { "concurrency", children, "a whole number from 1 to 1024" },
+  ["--attempts"] = { "attempts", positive_integer, "a whole number from 1 to 2^31" },
   ["--backoff"] = { "backoff", backoff_spec, "fixed:SECONDS or exponential:SECONDS[:JITTER]" },
   ["--joblog"] = { "joblog", path, "a file path" },
-  ["--concurrency"] = { "concurrency", positive_integer, "a positive whole number" },
-  ["--timeout"] = { "timeout", positive_seconds, "a number of seconds above 0 (at most 1e9)" },
-  ["--start-timeout"] = { "start_timeout", positive_seconds, "a number of seconds above 0 (at most 1e9)" },
-  ["--kill-after"] = { "kill_after", seconds, "a number of seconds, 0 or more (at most 1e9)" },
+  ["--concurrency"] = { "concurrency", children, "a whole number from 1 to 1024" },
+  ["--timeout"] = { "timeout", positive_seconds, "a number of seconds from 0.001 to 1e9" },
+  ["--start-timeout"] = { "start_timeout", positive_seconds, "a number of seconds from 0.001 to 1e9" },
+  ["--kill-after"] = { "kill_after", seconds, "a number of seconds from 0 to 1e9" },
 }
 
 -- Returns a table of options, or nil and a message.
@@ -198,29 +203,46 @@ local function read_joblog(path)
   return done, whole
 end
 
--- Opens the joblog for appending, first cutting off a last record that a
--- failed write left without its newline (the next record would be glued to
--- it). Every record is one unbuffered write: the joblog is the record
--- --resume trusts, so it is written before the output line.
+-- What a joblog ends with after its last newline: "" when it ends whole (or
+-- cannot be read back: a pipe, a terminal), else the offset where that last
+-- line starts and the line's first bytes.
+local function joblog_tail(path, size)
+  local f = size and size > 0 and io.open(path, "rb")
+  if not f then return "" end
+  f:seek("set", size - 1)
+  local last = f:read(1)
+  f:close()
+  if last == "\n" then return "" end
+  local _, whole = read_joblog(path)
+  f = assert(io.open(path, "rb"))
+  f:seek("set", whole)
+  local start = f:read(8) or ""
+  f:close()
+  return start, whole
+end
+
+-- Opens the joblog for appending. A last record that a failed write cut short
+-- (a full disk, a crash) is cut off first, with a note on stderr: the next
+-- record would be glued to it. A last line that is not a record (the file was
+-- not only a joblog) is left and ended with a newline instead. Every record
+-- is one unbuffered write: the joblog is the record --resume trusts, so it is
+-- written before the output line.
 local function open_joblog(path)
   local f, err = io.open(path, "a")
   if not f then return nil, ("cannot open joblog '%s': %s"):format(path, err) end
-  local size = f:seek("end")
-  local whole = size
-  local tail = size > 0 and io.open(path, "rb")
-  if tail then
-    tail:seek("set", size - 1)
-    if tail:read(1) ~= "\n" then whole = select(2, read_joblog(path)) end
-    tail:close()
-  end
-  if whole < size then
+  local start, whole = joblog_tail(path, f:seek("end")) -- no size for what cannot seek
+  if start:find('^{"line":') then
     f:close()
     if ffi.C.truncate(path, whole) ~= 0 then
       return nil, ("cannot cut the unfinished last record of joblog '%s': %s"):format(path,
         ffi.string(ffi.C.strerror(ffi.errno())))
     end
+    io.stderr:write(("moonjob: joblog '%s' ended in a record cut short (a full disk or a crash); "
+      .. "it was dropped, and its line runs again with --resume\n"):format(path))
     f, err = io.open(path, "a")
     if not f then return nil, ("cannot open joblog '%s': %s"):format(path, err) end
+  elseif start ~= "" then
+    f:write("\n")
   end
   f:setvbuf("no")
   return f
@@ -282,7 +304,7 @@ end
 -- pool that still refuses them gets the same treatment, not a stack trace.
 local function new_pool(processor, o)
   local ok, pool, err = pcall(moonjob.pool, processor, pool_options(o))
-  if not ok then return nil, (tostring(pool):gsub("^moonjob%.pool: ", "")) end
+  if not ok then return nil, (tostring(pool):gsub("^[^:]*:%d+: ", ""):gsub("^moonjob%.pool: ", "")) end
   if not pool then return nil, tostring(err) end
   return pool
 end
@@ -315,7 +337,6 @@ local function stopped_by(why)
 end
 
 local function run(processor, input_path, o)
-  core.hold_stop_signals() -- SIGINT, SIGTERM, SIGHUP now only stop the loop
   local fd, err = open_input(input_path)
   if not fd then return usage_error(err) end
   local resumed = o.resume and read_joblog(o.joblog) or {}
@@ -324,6 +345,9 @@ local function run(processor, input_path, o)
     joblog, err = open_joblog(o.joblog)
     if not joblog then return usage_error(err) end
   end
+  -- From here on SIGINT, SIGTERM, SIGHUP only stop the loop (until now they
+  -- ended the program at once: no child existed yet).
+  core.hold_stop_signals()
   local pool
   pool, err = new_pool(processor, o)
   if not pool then return usage_error(err) end
@@ -422,8 +446,11 @@ local function run(processor, input_path, o)
     if not ok then stop = stopped_by(why) end
   end
   if stop then
-    -- end every child and what it started now; print what was already written
-    pcall(pool.close, pool, { force = true })
+    -- end every child and what it started now (more signals meanwhile do not
+    -- cut this short); print what was already written
+    for _ = 1, 100 do -- a wait cut short by a signal is resumed; the close itself is bounded
+      if pcall(pool.close, pool, { force = true }) then break end
+    end
     run_for(function() return (out:pending() or 0) == 0 end, 1000)
     if joblog then joblog:close() end
     io.stderr:write("moonjob: ", stop.message, "\n")

@@ -162,12 +162,10 @@ local simple_escapes = { b = "\b", f = "\f", n = "\n", r = "\r", t = "\t",
 local function parse_string(s, i)
   local out, j = buffer.new(), i + 1
   while true do
-    local k = s:find('["\\%c]', j)
+    local k = s:find('["\\]', j)
     if not k then fail_at(s, i, "unterminated string") end
     out:put(s:sub(j, k - 1))
-    local c = s:sub(k, k)
-    if c == '"' then return out:tostring(), k + 1 end
-    if c ~= "\\" then fail_at(s, k, "control character in string") end
+    if s:sub(k, k) == '"' then return out:tostring(), k + 1 end
     local e = s:sub(k + 1, k + 1)
     if simple_escapes[e] then
       out:put(simple_escapes[e]); j = k + 2
@@ -175,12 +173,12 @@ local function parse_string(s, i)
       local code = tonumber(s:sub(k + 2, k + 5):match("^%x%x%x%x$") or "", 16)
       if not code then fail_at(s, k, "bad \\u escape") end
       j = k + 6
-      if code >= 0xD800 and code < 0xDC00 and s:sub(j, j + 1) == "\\u" then
-        local low = tonumber(s:sub(j + 2, j + 5):match("^%x%x%x%x$") or "", 16)
-        if low and low >= 0xDC00 and low < 0xE000 then
-          code = 0x10000 + (code - 0xD800) * 0x400 + (low - 0xDC00)
-          j = j + 6
-        end
+      if code >= 0xD800 and code < 0xE000 then -- a surrogate: only as a high-low pair
+        local low = code < 0xDC00 and s:sub(j, j + 1) == "\\u"
+          and tonumber(s:sub(j + 2, j + 5):match("^%x%x%x%x$") or "", 16)
+        if not (low and low >= 0xDC00 and low < 0xE000) then fail_at(s, k, "invalid unicode escape code") end
+        code = 0x10000 + (code - 0xD800) * 0x400 + (low - 0xDC00)
+        j = j + 6
       end
       out:put(utf8_char(code))
     else
@@ -256,11 +254,16 @@ function parse_number(s, i)
     return big_integer(s, i, negative == "-", digits), j -- beyond ±2^53: digits, not a double
   end
   local text = s:sub(i, j - 1)
-  local v = tonumber(text)
+  local v = tonumber(text) -- nil for an exponent too long for strtod's caller
+  local zero = not (digits .. (fraction or "")):find("[1-9]")
+  if v == nil and zero then v = negative == "-" and -0.0 or 0 end
+  if v == nil then -- a nonzero mantissa with a huge exponent: its sign says which way
+    v = exponent:find("^[eE]%-") and 0 or math.huge
+  end
   if v == math.huge or v == -math.huge then
     fail_at(s, i, ("number %s is beyond the range of a double (about 1.8e308)"):format(text))
   end
-  if v == 0 and (digits .. (fraction or "")):find("[1-9]") then
+  if v == 0 and not zero then
     fail_at(s, i, ("number %s is too small for a double (it would read as 0)"):format(text))
   end
   return v, j
