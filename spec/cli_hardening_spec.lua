@@ -327,6 +327,18 @@ describe("moonjob run's joblog", function()
     assert(ok, failure)
   end)
 
+  it("drops a record cut within its first bytes too", function()
+    local dir = h.tmpdir()
+    local log = h.write_file(dir .. "/log", '{"line":1,"status":"completed","result":1,"attempts":1,"ms":1}\n{"l')
+    local _, err, status = h.sh(("%s run --resume --joblog %s spec/fixtures/identity.lua"):format(MOONJOB, log),
+      "1\n2\n")
+    local logged = read(log)
+    os.execute("rm -rf " .. dir)
+    assert.equal(0, status, err)
+    for record in logged:gmatch("([^\n]*)\n") do assert.is_not_nil(json.decode(record), record) end
+    assert.equal("\n", logged:sub(-1))
+  end)
+
   it("--resume ignores a truncated last record and cuts it off before appending", function()
     local dir = h.tmpdir()
     local log = h.write_file(dir .. "/log", '{"line":1,"status":"completed","result":1,"attempts":1,"ms":1}\n'

@@ -206,6 +206,8 @@ end
 -- What a joblog ends with after its last newline: "" when it ends whole (or
 -- cannot be read back: a pipe, a terminal), else the offset where that last
 -- line starts and the line's first bytes.
+local RECORD_START = '{"line":'
+
 local function joblog_tail(path, size)
   local f = size and size > 0 and io.open(path, "rb")
   if not f then return "" end
@@ -231,7 +233,7 @@ local function open_joblog(path)
   local f, err = io.open(path, "a")
   if not f then return nil, ("cannot open joblog '%s': %s"):format(path, err) end
   local start, whole = joblog_tail(path, f:seek("end")) -- no size for what cannot seek
-  if start:find('^{"line":') then
+  if start ~= "" and RECORD_START:sub(1, #start) == start:sub(1, #RECORD_START) then -- a record's start, maybe cut inside it
     f:close()
     if ffi.C.truncate(path, whole) ~= 0 then
       return nil, ("cannot cut the unfinished last record of joblog '%s': %s"):format(path,
