@@ -301,7 +301,7 @@ static int channel_send(lua_State *L) {
   iov[0].iov_len = sizeof h;
   if (write_all(CHANNEL_FD, iov, n) < 0) {
     int saved_errno = errno;
-    if (errno == EPIPE || errno == ECONNRESET) channel_ended();
+    if (saved_errno == EPIPE || saved_errno == ECONNRESET) channel_ended();
     return luaL_error(L, "channel write failed: %s", strerror(saved_errno));
   }
   if (h.type == MJ_FRAME_READY) {

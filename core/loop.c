@@ -69,6 +69,11 @@ static void catch_stop_signals(mj_ctx_t *ctx, int n) {
   ctx->ncaught = n;
 }
 
+/* The context holds all stop signals for good (mj_ctx_hold_stop_signals). */
+static int holding_stop_signals(const mj_ctx_t *ctx) {
+  return ctx->ncaught == MJ_NSTOP_SIGNALS;
+}
+
 static void release_stop_signals(mj_ctx_t *ctx) {
   for (int i = 0; i < ctx->ncaught; i++) sigaction(stop_signals[i], &ctx->previous[i], NULL);
   ctx->ncaught = 0;
@@ -80,7 +85,7 @@ static void release_stop_signals(mj_ctx_t *ctx) {
  * must pair up (on, then off). Once the context holds the stop signals
  * (mj_ctx_hold_stop_signals), this does nothing. */
 void mj_ctx_catch_sigint(mj_ctx_t *ctx, int on) {
-  if (ctx->holding_signals) return;
+  if (holding_stop_signals(ctx)) return;
   if (on && signal_target == NULL) catch_stop_signals(ctx, 1);
   else if (!on && signal_target == ctx) release_stop_signals(ctx);
 }
@@ -92,14 +97,13 @@ void mj_ctx_catch_sigint(mj_ctx_t *ctx, int on) {
  * stays ignored, as Unix programs do (nohup ignores SIGHUP). Returns 0, or -1
  * when another context (another Lua state) catches them. */
 int mj_ctx_hold_stop_signals(mj_ctx_t *ctx) {
-  if (ctx->holding_signals) return 0;
+  if (holding_stop_signals(ctx)) return 0;
   if (signal_target == ctx) release_stop_signals(ctx);
   if (signal_target != NULL) return -1;
   catch_stop_signals(ctx, MJ_NSTOP_SIGNALS);
   for (int i = 0; i < MJ_NSTOP_SIGNALS; i++) /* ignored when the program started (nohup, a */
     if (ctx->previous[i].sa_handler == SIG_IGN) /* shell's background job): stays ignored */
       sigaction(stop_signals[i], &ctx->previous[i], NULL);
-  ctx->holding_signals = 1;
   return 0;
 }
 
@@ -139,8 +143,7 @@ static void mj_close_walk_cb(uv_handle_t *h, void *arg) {
 int mj_ctx_close(mj_ctx_t *ctx) {
   enum { WAIT_MS = 2000 };
   uint64_t deadline = uv_hrtime() + (uint64_t) WAIT_MS * 1000000;
-  ctx->holding_signals = 0;
-  mj_ctx_catch_sigint(ctx, 0);
+  if (signal_target == ctx) release_stop_signals(ctx);
   while (ctx->spawning > 0 && uv_hrtime() < deadline) uv_run(&ctx->loop, UV_RUN_NOWAIT);
   mj__reap_kill_all(ctx, WAIT_MS);
   mj__process_close_all(ctx);

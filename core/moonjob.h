@@ -52,8 +52,8 @@ typedef struct mj_ctx_s {
   volatile sig_atomic_t interrupted;   /* the stop signal caught, 0 for none */
   int stop_signal;                     /* the signal that stopped the last run */
   int running;                         /* inside uv_run: the loop is not reentrant */
-  int holding_signals;                 /* mj_ctx_hold_stop_signals was called */
-  int ncaught;                         /* stop signals caught now */
+  int ncaught;                         /* stop signals caught now: 1 during a wait, all
+                                          once held (mj_ctx_hold_stop_signals) */
   struct sigaction previous[MJ_NSTOP_SIGNALS]; /* their handlers before, put back after */
   void *data;                          /* owner's context (the Lua state) */
   uint64_t tokens[64];                 /* process.c: random job tokens, drawn in batches */

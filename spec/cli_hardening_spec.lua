@@ -16,14 +16,24 @@ local function read(path)
   return s
 end
 
--- Starts the command line in the background (every stop signal at its default,
--- as from an interactive shell: a shell's background job starts with SIGINT
--- ignored, which moonjob keeps). Returns its pid and the files it writes.
-local function start_cli(dir, args)
+-- NDJSON input: the numbers 1..n, one per line.
+local function numbers(n)
+  local t = {}
+  for i = 1, n do t[i] = tostring(i) end
+  return table.concat(t, "\n") .. "\n"
+end
+
+-- Starts the command line in the background through `launcher` (by default
+-- env, setting every stop signal to its default, as from an interactive
+-- shell: a shell's background job starts with SIGINT ignored, which moonjob
+-- keeps). The launcher execs the CLI, so the pid returned is the CLI's.
+-- Returns it and the files the run writes (out, err, and status at its end).
+local function start_cli(dir, args, launcher)
   local files = { out = dir .. "/out", err = dir .. "/err", status = dir .. "/status" }
-  local pid = h.first_line(("(env --default-signal=INT,TERM,HUP %s %s >%s 2>%s & echo $!; wait $!; "
+  local pid = h.first_line(("(%s %s %s >%s 2>%s & echo $!; wait $!; "
     .. "echo $? >%s.tmp; mv %s.tmp %s) 2>/dev/null &")
-    :format(MOONJOB, args, files.out, files.err, files.status, files.status, files.status))
+    :format(launcher or "env --default-signal=INT,TERM,HUP", MOONJOB, args, files.out, files.err,
+      files.status, files.status, files.status))
   return tonumber(pid), files
 end
 
@@ -112,32 +122,22 @@ describe("moonjob run stopped by a signal", function()
     local processor = h.write_file(dir .. "/p.lua",
       'return function() print("started") os.execute("sleep 2") return "done" end\n')
     local input = h.write_file(dir .. "/in", "1\n")
-    local shell = tonumber(h.first_line(("(nohup %s run %s %s >%s/out 2>%s/err; echo $? >%s/status.tmp; "
-      .. "mv %s/status.tmp %s/status) >/dev/null 2>&1 & echo $!")
-      :format(MOONJOB, processor, input, dir, dir, dir, dir, dir)))
-    h.wait_for(function() return (read(dir .. "/err") or ""):find("started") ~= nil end)
-    local cli = h.first_line("pgrep -P " .. shell) -- nohup's luajit, child of the subshell
-    assert.is_not_nil(cli, "the CLI was not found under its shell")
+    local cli, files = start_cli(dir, "run " .. processor .. " " .. input, "nohup")
+    assert.is_not_nil(cli, "the CLI was not started")
+    h.wait_for(function() return (read(files.err) or ""):find("started") ~= nil end)
     os.execute("kill -HUP " .. cli) -- the job runs: the CLI has set its signals up
-    h.wait_for(function() return read(dir .. "/status") ~= nil end, 10)
-    assert.equal(0, tonumber(read(dir .. "/status")), read(dir .. "/err"))
-    assert.matches('"status":"completed","result":"done"', read(dir .. "/out"))
+    assert.equal(0, wait_for_status(files), read(files.err))
+    assert.matches('"status":"completed","result":"done"', read(files.out))
   end)
 end)
 
 describe("moonjob run with a processor that cannot load", function()
-  local function lines(n)
-    local t = {}
-    for i = 1, n do t[i] = tostring(i) end
-    return table.concat(t, "\n") .. "\n"
-  end
-
   for _, case in ipairs({
     { "load_error.lua", "cannot start: missing configuration" },
     { "init_error.lua", "init%(%) failed: .*init exploded" },
   }) do
     it("(" .. case[1] .. ") stops at once over 20,000 lines: exit 2, the ELOAD message, no output", function()
-      local input = h.write_file(os.tmpname(), lines(20000))
+      local input = h.write_file(os.tmpname(), numbers(20000))
       local t0 = os.time()
       local out, err, status = h.sh(MOONJOB .. "run -j 2 spec/fixtures/" .. case[1] .. " " .. input)
       local seconds = os.time() - t0
@@ -268,13 +268,6 @@ describe("moonjob run's echoed lines", function()
 end)
 
 describe("moonjob run's joblog", function()
-  local AS_ROOT = h.first_line("id -u") == "0"
-
-  local function numbers(n)
-    local t = {}
-    for i = 1, n do t[i] = tostring(i) end
-    return table.concat(t, "\n") .. "\n"
-  end
 
   local function completed_in(text)
     local set, count = {}, 0
@@ -287,7 +280,7 @@ describe("moonjob run's joblog", function()
   end
 
   it("on a full disk stops the run with a clear error, and --resume loses no line and repeats none", function()
-    assert.is_true(AS_ROOT, "this spec mounts a small tmpfs: run the suite as root (as CI does)")
+    assert.is_true(h.AS_ROOT, "this spec mounts a small tmpfs: run the suite as root (as CI does)")
     local dir = h.tmpdir()
     local mount = dir .. "/full"
     os.execute("mkdir -p " .. mount)

@@ -25,15 +25,6 @@ if how == "exit_close" then os.exit(3, true) end
 if how == "exit" then os.exit(4) end
 ]]
 
--- Alive and not a zombie (an orphan zombie waits for init, which may be slow).
-local function running(pid)
-  local f = io.open("/proc/" .. pid .. "/stat")
-  if not f then return false end
-  local state = f:read("*l"):match("^%d+ %b() (%a)")
-  f:close()
-  return state ~= "Z"
-end
-
 describe("a program that ends without closing its pool", function()
   local dir
   before_each(function() dir = h.tmpdir() end)
@@ -57,7 +48,7 @@ describe("a program that ends without closing its pool", function()
         assert.is_nil(err:find("Segmentation", 1, true), err)
         local f = io.open(pidfile)
         for pid in f:lines() do
-          h.wait_for(function() return not running(pid) end, 5)
+          h.wait_for(function() return not h.running(pid) end, 5)
         end
         f:close()
       end

@@ -14,7 +14,6 @@ for _, decl in ipairs({ "int open(const char *path, int flags, int mode);", "int
 end
 local O_RDONLY = 0
 
-local AS_ROOT = h.first_line("id -u") == "0"
 
 describe("a child", function()
   after_each(h.cleanup)
@@ -76,13 +75,13 @@ describe("a child", function()
   end)
 
   it("cannot raise them back either when dropped from root to another user", function()
-    assert.is_true(AS_ROOT, "this spec drops from root to 'nobody': run the suite as root (as CI does)")
+    assert.is_true(h.AS_ROOT, "this spec drops from root to 'nobody': run the suite as root (as CI does)")
     check_limits_hold({ size = 1, memory_limit = 10e6, max_procs = 20, user = "nobody" })
   end)
 
   it("keeps a fork bomb inside max_procs even after trying to lift it, and leaves none behind", function()
     -- root is exempt from RLIMIT_NPROC: the user option drops the child to nobody
-    local pool = h.pool("forks.lua", { size = 1, max_procs = 8, user = AS_ROOT and "nobody" or nil,
+    local pool = h.pool("forks.lua", { size = 1, max_procs = 8, user = h.AS_ROOT and "nobody" or nil,
       timeout = 5, kill_after = 1 })
     local job = pool:add({ tries = 50, lift = true })
     local started = job:wait()
@@ -98,10 +97,12 @@ describe("a child whose sandbox cannot be set up", function()
 
   -- A wrapper child program: the real one, with one set-up call made to fail.
   local function failing_child(dir, call)
-    return h.write_file(dir .. "/child.sh", ([[#!/bin/sh
+    local path = h.write_file(dir .. "/child.sh", ([[#!/bin/sh
 LD_PRELOAD=%s/spec-failing.so MOONJOB_FAIL=%s ASAN_OPTIONS="${ASAN_OPTIONS}:verify_asan_link_order=0" \
   exec %s "$@"
 ]]):format(h.abs(h.BUILD), call, core.child_path()))
+    os.execute("chmod +x " .. path)
+    return path
   end
 
   for _, case in ipairs({
@@ -113,7 +114,6 @@ LD_PRELOAD=%s/spec-failing.so MOONJOB_FAIL=%s ASAN_OPTIONS="${ASAN_OPTIONS}:veri
     it("runs no job: " .. case[1] .. " failing ends in ELOAD naming " .. case[2], function()
       local dir = h.tmpdir()
       local child = failing_child(dir, case[1])
-      os.execute("chmod +x " .. child)
       local pool = h.pool("identity.lua", { size = 1, child = child, max_procs = 50 })
       local _, err = pool:run({ x = 1 })
       os.execute("rm -rf " .. dir)
@@ -181,10 +181,9 @@ while true do require("ffi").C.sleep(60) end
   for _, user in ipairs({ "", "nobody" }) do
     local as = user == "" and "" or " (children running as " .. user .. ")"
     it("die with the parent when it is killed by SIGKILL, with every child, busy or idle" .. as, function()
-      assert.is_true(user == "" or AS_ROOT, "the user option needs the suite to run as root (as CI does)")
+      assert.is_true(user == "" or h.AS_ROOT, "the user option needs the suite to run as root (as CI does)")
       local dir = h.tmpdir()
       local script = h.write_file(dir .. "/parent.lua", PARENT)
-      os.execute("chmod 755 " .. dir) -- the children, as another user, read nothing here; the fixture is in the tree
       local pid = tonumber(h.first_line(("%s %s %s/pids '%s' >/dev/null 2>&1 & echo $!")
         :format(h.LUAJIT, script, dir, user)))
       local groups = {}

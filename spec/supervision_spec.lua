@@ -145,7 +145,7 @@ describe("supervision", function()
     assert.is_nil(err)
     assert.is_not.equal(first, second)
     assert.equal(1, job.attempts)
-    h.wait_for(function() return not h.process_exists(first) or h.is_zombie(first) end, 5)
+    h.wait_for(function() return not h.running(first) end, 5)
   end)
 
   it("recycles a child after max_jobs_per_child jobs", function()
@@ -238,7 +238,7 @@ describe("pool:close()", function()
       assert.equal("ECLOSED", jobs[i].error.code)
       assert.is_false(h.process_exists(pids[i]))
     end
-    h.wait_for(function() return not h.process_exists(grandchild) or h.is_zombie(grandchild) end)
+    h.wait_for(function() return not h.running(grandchild) end)
     os.remove(pidfile)
     for fd in pairs(h.open_fds()) do
       assert.is_true(before[fd], "descriptor left open: " .. fd)

@@ -204,8 +204,8 @@ local function read_joblog(path)
 end
 
 -- What a joblog ends with after its last newline: "" when it ends whole (or
--- cannot be read back: a pipe, a terminal), else the offset where that last
--- line starts and the line's first bytes.
+-- cannot be read back: a pipe, a terminal), else that last line's first bytes
+-- and the offset where it starts.
 local RECORD_START = '{"line":'
 
 local function joblog_tail(path, size)
@@ -257,18 +257,20 @@ local function isatty(fd)
 end
 
 -- A one-line progress display on stderr, refreshed at most 10 times a second.
-local function progress_bar(total_bytes)
+-- counts() -> jobs finished, jobs failed.
+local function progress_bar(total_bytes, counts)
   local started = loop.now()
-  local bar = { done = 0, failed = 0, bytes = 0 }
+  local bar = { bytes = 0 }
   local timer = core.timer(function()
+    local done, failed = counts()
     local elapsed = (loop.now() - started) / 1000
-    local rate = elapsed > 0 and bar.done / elapsed or 0
+    local rate = elapsed > 0 and done / elapsed or 0
     local eta = ""
     if total_bytes and bar.bytes > 0 and elapsed > 0 then
       local left = elapsed * (total_bytes - bar.bytes) / bar.bytes
       eta = (", ETA %ds"):format(math.max(0, math.floor(left + 0.5)))
     end
-    io.stderr:write(("\r\27[Kdone %d, failed %d, %.0f jobs/s%s"):format(bar.done, bar.failed, rate, eta))
+    io.stderr:write(("\r\27[Kdone %d, failed %d, %.0f jobs/s%s"):format(done, failed, rate, eta))
   end)
   timer:start(100, 100)
   timer:unref()
@@ -359,7 +361,8 @@ local function run(processor, input_path, o)
   local inflight, completed, failed, ended, paused, input = 0, 0, 0, false, false, nil
   local line_no, write_error, read_error = 0, nil, nil
   local stop -- why the run stops early: { status = n, message = text }, or nil
-  local bar = o.progress and progress_bar(input_size(input_path))
+  local bar = o.progress and progress_bar(input_size(input_path),
+    function() return completed + failed, failed end)
 
   local function write(text)
     if write_error or text == "" then return end
@@ -404,10 +407,6 @@ local function run(processor, input_path, o)
       end
     end
     if job.state == "failed" then failed = failed + 1 else completed = completed + 1 end
-    if bar then
-      bar.done = bar.done + 1
-      if job.state == "failed" then bar.failed = bar.failed + 1 end
-    end
     written(job.line, text)
   end
   pool:on("completed", finished)

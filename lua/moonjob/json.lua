@@ -224,21 +224,23 @@ end
 local literals = { t = { "true", true }, f = { "false", false }, n = { "null", cjson.null } }
 
 local U64_MAX = ffi.new("uint64_t", 0) - 1
-local I64_MAX = ffi.new("uint64_t", 0x7fffffff) * 2 ^ 32 + 0xffffffff
+local I64_MAX = ffi.new("uint64_t", 2 ^ 63) - 1
 
 -- An integer beyond ±2^53, as 64-bit integer cdata; an error past 64 bits.
 local function big_integer(s, i, negative, digits)
+  local function beyond()
+    fail_at(s, i, ("number %s%s is an integer beyond 64 bits; write it as a string")
+      :format(negative and "-" or "", digits))
+  end
   local v = ffi.new("uint64_t", 0)
   for k = 1, #digits do
     local d = digits:byte(k) - 48
-    if v > (U64_MAX - d) / 10 then v = nil break end
+    if v > (U64_MAX - d) / 10 then beyond() end
     v = v * 10 + d
   end
-  if v and not negative and v <= I64_MAX then return ffi.new("int64_t", v) end
-  if v and not negative then return v end
-  if v and v <= I64_MAX + 1 then return -ffi.cast("int64_t", v) end
-  fail_at(s, i, ("number %s%s is an integer beyond 64 bits; write it as a string")
-    :format(negative and "-" or "", digits))
+  if not negative then return v <= I64_MAX and ffi.new("int64_t", v) or v end
+  if v > I64_MAX + 1 then beyond() end
+  return -ffi.cast("int64_t", v) -- -2^63 wraps onto itself: still right
 end
 
 -- A JSON number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][-+]?[0-9]+)?
@@ -254,11 +256,11 @@ function parse_number(s, i)
     return big_integer(s, i, negative == "-", digits), j -- beyond ±2^53: digits, not a double
   end
   local text = s:sub(i, j - 1)
-  local v = tonumber(text) -- nil for an exponent too long for strtod's caller
+  local v = tonumber(text)
   local zero = not (digits .. (fraction or "")):find("[1-9]")
-  if v == nil and zero then v = negative == "-" and -0.0 or 0 end
-  if v == nil then -- a nonzero mantissa with a huge exponent: its sign says which way
-    v = exponent:find("^[eE]%-") and 0 or math.huge
+  if v == nil then -- LuaJIT gives up on an exponent this long: its sign says which way
+    v = (zero or exponent:find("^[eE]%-")) and 0 or math.huge
+    if negative == "-" then v = -v end
   end
   if v == math.huge or v == -math.huge then
     fail_at(s, i, ("number %s is beyond the range of a double (about 1.8e308)"):format(text))
@@ -290,13 +292,13 @@ local function lua_decode(s)
   return value
 end
 
--- json.decode(text) -> value | nil, message
 -- What sends a text to the Lua decoder (see the top of the file).
 local function needs_lua_decoder(text)
   return text:find("%[%s*%]") or text:find("%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d")
     or text:find("[eE][-+]?%d%d%d")
 end
 
+-- json.decode(text) -> value | nil, message
 function M.decode(text)
   local decode = needs_lua_decoder(text) and lua_decode or decode_safe.decode
   local ok, value = pcall(decode, text)
