@@ -20,16 +20,18 @@
  *
  * The sandbox (set before any processor code runs, every step checked: a
  * child that cannot set it up exits with EXIT_SETUP and runs no job): only
- * fds 0-3 stay open; core dumps off, PR_SET_NO_NEW_PRIVS, --user (drop from
- * root to that user), --max-procs as RLIMIT_NPROC, and --memory-limit as an
- * exact cap on the Lua heap (a counting allocator that refuses growth past
- * it) backed by RLIMIT_DATA for memory that bypasses it. Limits are lowered
+ * fds 0-3 stay open (then a pidfd of the parent takes fd 4); core dumps
+ * off, PR_SET_NO_NEW_PRIVS, --user (drop from root to that user),
+ * --max-procs as RLIMIT_NPROC, and --memory-limit as an exact cap on the Lua
+ * heap (a counting allocator that refuses growth past it) backed by
+ * RLIMIT_DATA for memory that bypasses it. Limits are lowered
  * hard and soft, and a root child loses CAP_SYS_RESOURCE, so a processor
  * cannot raise them back.
  *
- * Caveats: the child dies with its parent (PR_SET_PDEATHSIG, caught so that
- * it takes its process group along) and on end of file on the channel, so it
- * never outlives a crashed parent. A grandchild that calls setsid() leaves the
+ * Caveats: the child dies with its parent, taking its process group along (a
+ * thread polling a pidfd of the parent, PR_SET_PDEATHSIG caught, an end of
+ * file on the channel the parent did not announce), so it never outlives a
+ * crashed parent; one stopped (SIGSTOP) at that moment waits to be continued. A grandchild that calls setsid() leaves the
  * group and is out of reach. Writes to a closed channel raise a Lua error
  * (SIGPIPE is ignored) and the runner exits. RLIMIT_NPROC does not apply to
  * root: a root parent that wants the process cap to hold passes --user too.
@@ -38,6 +40,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
+#include <pthread.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
@@ -492,11 +496,14 @@ static void become_user(const char *user) {
 }
 
 /* The page the parent reads to know which job was taken (frame.h), on fd 4.
- * Without it (an old parent, a test harness) jobs still run; the parent then
- * cannot tell that a job was taken. */
+ * Without fd 4 (an old parent, a test harness) jobs still run; the parent then
+ * cannot tell that a job was taken. A page given but not mappable fails the
+ * set-up: without it the child could not tell its parent's death from a close. */
 static void map_shared_page(void) {
+  if (fcntl(MJ_SHARED_FD, F_GETFD) < 0) return;
   void *page = mmap(NULL, MJ_SHARED_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, MJ_SHARED_FD, 0);
-  if (page != MAP_FAILED) shared = page;
+  if (page == MAP_FAILED) setup_call_failed("map the page shared with the parent");
+  shared = page;
   close(MJ_SHARED_FD);
 }
 
@@ -567,7 +574,45 @@ static void watch_parent(void) {
  * any processor code runs. spawn.c closes them too; this covers a child
  * started some other way. */
 static void close_other_descriptors(void) {
-  if (close_range(MJ_SHARED_FD + 1, ~0U, 0) != 0) setup_call_failed("close inherited descriptors");
+  if (close_range(MJ_SHARED_FD + 1, ~0U, 0) == 0) return;
+  if (errno != ENOSYS) setup_call_failed("close inherited descriptors");
+  closefrom(MJ_SHARED_FD + 1); /* kernels before 5.9: glibc walks /proc/self/fd */
+}
+
+/* A thread that waits for the parent's exit on a pidfd, then kills the group:
+ * the death signal alone can be ignored or blocked by a processor (ffi, a C
+ * library), a thread blocked in poll cannot be. */
+static void *parent_watcher(void *arg) {
+  struct pollfd p = {(int) (intptr_t) arg, POLLIN, 0};
+  while (poll(&p, 1, -1) < 0 && errno == EINTR) continue;
+  parent_gone();
+  return NULL;
+}
+
+/* Starts parent_watcher, with every signal blocked in it (handlers run in the
+ * main thread), before RLIMIT_NPROC is set (the thread counts as a process
+ * of the user). Kernels without pidfd_open (before 5.3) keep the death signal
+ * alone. The pidfd is close-on-exec. */
+static void start_parent_watcher(void) {
+  int fd = (int) syscall(SYS_pidfd_open, parent_pid, 0);
+  if (fd < 0 && errno == ENOSYS) return;
+  if (fd < 0) setup_call_failed("watch the parent (pidfd_open)");
+  if (getppid() != parent_pid) parent_gone(); /* the pidfd may name a reused pid */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_attr_t attr;
+  pthread_t thread;
+  int rc = pthread_attr_init(&attr);
+  if (rc == 0) rc = pthread_attr_setstacksize(&attr, 64 * 1024);
+  if (rc == 0) rc = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  if (rc == 0) rc = pthread_sigmask(SIG_SETMASK, &all, &old);
+  if (rc == 0) {
+    rc = pthread_create(&thread, &attr, parent_watcher, (void *) (intptr_t) fd);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+  }
+  pthread_attr_destroy(&attr);
+  errno = rc;
+  if (rc != 0) setup_call_failed("start the thread that watches the parent");
 }
 
 /* The sandbox, before the Lua state exists. Every step is checked: a child
@@ -597,6 +642,7 @@ static void set_up_process(const child_options_t *o) {
     become_user(o->user); /* before NPROC: root is exempt from it */
     watch_parent();       /* the kernel clears the death signal when credentials change */
   }
+  start_parent_watcher();
   drop_resource_capability();
   limit(RLIMIT_CORE, "RLIMIT_CORE (no core files)", 0);
   if (o->max_procs > 0) limit(RLIMIT_NPROC, "RLIMIT_NPROC (max_procs)", (rlim_t) o->max_procs);

@@ -57,15 +57,19 @@ int mj_ctx_init(mj_ctx_t *ctx) {
 }
 
 /* Catches the first n stop signals for ctx, keeping the handlers that were
- * there to put back. */
-static void catch_stop_signals(mj_ctx_t *ctx, int n) {
+ * there to put back. With keep_ignored, a signal ignored now stays ignored
+ * (it is never caught, not even for an instant). */
+static void catch_stop_signals(mj_ctx_t *ctx, int n, int keep_ignored) {
   struct sigaction ours;
   memset(&ours, 0, sizeof ours);
   ours.sa_handler = mj_stop_signal_handler;
   sigemptyset(&ours.sa_mask);
   ctx->interrupted = 0;
   signal_target = ctx;
-  for (int i = 0; i < n; i++) sigaction(stop_signals[i], &ours, &ctx->previous[i]);
+  for (int i = 0; i < n; i++) {
+    sigaction(stop_signals[i], NULL, &ctx->previous[i]);
+    if (!(keep_ignored && ctx->previous[i].sa_handler == SIG_IGN)) sigaction(stop_signals[i], &ours, NULL);
+  }
   ctx->ncaught = n;
 }
 
@@ -86,7 +90,7 @@ static void release_stop_signals(mj_ctx_t *ctx) {
  * (mj_ctx_hold_stop_signals), this does nothing. */
 void mj_ctx_catch_sigint(mj_ctx_t *ctx, int on) {
   if (holding_stop_signals(ctx)) return;
-  if (on && signal_target == NULL) catch_stop_signals(ctx, 1);
+  if (on && signal_target == NULL) catch_stop_signals(ctx, 1, 0);
   else if (!on && signal_target == ctx) release_stop_signals(ctx);
 }
 
@@ -100,10 +104,7 @@ int mj_ctx_hold_stop_signals(mj_ctx_t *ctx) {
   if (holding_stop_signals(ctx)) return 0;
   if (signal_target == ctx) release_stop_signals(ctx);
   if (signal_target != NULL) return -1;
-  catch_stop_signals(ctx, MJ_NSTOP_SIGNALS);
-  for (int i = 0; i < MJ_NSTOP_SIGNALS; i++) /* ignored when the program started (nohup, a */
-    if (ctx->previous[i].sa_handler == SIG_IGN) /* shell's background job): stays ignored */
-      sigaction(stop_signals[i], &ctx->previous[i], NULL);
+  catch_stop_signals(ctx, MJ_NSTOP_SIGNALS, 1); /* nohup, a shell's `&`: ignored stays ignored */
   return 0;
 }
 

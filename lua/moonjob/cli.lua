@@ -392,7 +392,7 @@ local function run(processor, input_path, o)
   local function finished(job)
     if stop then return end -- the run is stopping: nothing more is recorded
     if cannot_load(job) then
-      stop = { status = EXIT_USAGE, message = "the processor cannot run: " .. tostring(job.error.message) }
+      stop = { status = EXIT_USAGE, message = tostring(job.error) } -- "ELOAD: ...", as a syntax error reads
       return
     end
     local a, b, c = result_line(job)
