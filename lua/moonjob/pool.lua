@@ -447,6 +447,10 @@ function Pool:_check_breaker()
   loop.defer(function()
     self.breaker_due = false
     self.ndeferred = self.ndeferred - 1
+    -- A job failed by the last probe becomes ready when the next probe is
+    -- due: start that probe first, so the job waits for it instead of
+    -- failing a second time on the same probe's error.
+    self:_ensure_workers()
     if self:_breaker_open() then self:_fail_ready_jobs(self.start_error) end
     self:_pump()
   end)
