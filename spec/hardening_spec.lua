@@ -110,6 +110,39 @@ describe("a processor that cannot load", function()
     assert(ok, err)
   end)
 
+  it("costs one attempt per probe even when a broken child's exit reaches the pool late", function()
+    -- Until the exit is handled no probe can start; jobs the last probe failed
+    -- fall due meanwhile and must wait for the next probe, not fail again
+    -- (before the fix: 1 load for 3 attempts) nor spin the loop (a hang).
+    local core = require "moonjob.core"
+    local Pool = require "moonjob.pool"
+    local gone = Pool._worker_gone
+    Pool._worker_gone = function(pool, ...) -- every exit handled 300 ms late
+      local args = { n = select("#", ...), ... }
+      local timer
+      timer = core.timer(function() timer:close() gone(pool, unpack(args, 1, args.n)) end)
+      timer:start(300)
+    end
+    local ok, err = pcall(function()
+      local dir = h.tmpdir()
+      local loads = dir .. "/loads"
+      local file = h.write_file(dir .. "/processor.lua",
+        ("local f = io.open(%q, 'a') f:write('x\\n') f:close()\nerror('broken')\n"):format(loads))
+      local pool = assert(require("moonjob").pool(file, { size = 1, echo = false }))
+      pool:add(0)
+      require("moonjob.loop").wait_until(function() return pool.start_error ~= nil end)
+      local jobs = {}
+      for i = 1, 50 do jobs[i] = pool:add(i, { attempts = 3 }) end -- while the broken child lingers
+      pool:drain()
+      for i = 1, 50 do assert.equal(3, jobs[i].attempts) end
+      assert.is_true(lines_in(loads) >= 3, lines_in(loads) .. " loads for 3 attempts")
+      pool:close()
+      os.execute("rm -rf " .. dir)
+    end)
+    Pool._worker_gone = gone
+    assert(ok, err)
+  end)
+
   it("retries jobs with attempts left after their backoff, each failure counting", function()
     local pool = h.pool("load_error.lua", { size = 1 })
     local job = pool:add(1, { attempts = 3, backoff = { type = "fixed", delay = 0.05 } })

@@ -447,25 +447,37 @@ function Pool:_check_breaker()
   loop.defer(function()
     self.breaker_due = false
     self.ndeferred = self.ndeferred - 1
-    -- A job failed by the last probe becomes ready when the next probe is
-    -- due: start that probe first, so the job waits for it instead of
-    -- failing a second time on the same probe's error.
-    self:_ensure_workers()
     if self:_breaker_open() then self:_fail_ready_jobs(self.start_error) end
     self:_pump()
   end)
 end
 
--- Every job that may run now fails with err (an attempt each). A job with
--- attempts left comes back after its backoff, and never before the next probe
--- has started: each failed probe costs a job at most one attempt, whatever
--- its backoff (none included).
+-- Every job that may run now fails with err, the failed probe's error (an
+-- attempt each). A job with attempts left comes back after its backoff, and
+-- not before the next probe is due: each failed probe costs a job at most one
+-- attempt, whatever its backoff (none included). A job this probe already
+-- failed can be ready here only because the clock crossed the next probe's
+-- time after the pool last looked: it is spared, and that probe starts now.
 function Pool:_fail_ready_jobs(err)
+  local spared = {}
   for _ = 1, self.queue:ready_n() do
     local job = self.queue:pop()
     if not job then break end
-    job.attempts = job.attempts + 1
-    self:_fail(job, errors.new(err.code, err.message, err), self.next_spawn_at)
+    if job.failed_by == err then
+      spared[#spared + 1] = job
+    else
+      job.failed_by, job.attempts = err, job.attempts + 1
+      self:_fail(job, errors.new(err.code, err.message, err), self.next_spawn_at)
+    end
+  end
+  if #spared == 0 then return end
+  for _, job in ipairs(spared) do self.queue:push(job) end
+  self:_ensure_workers()
+  if not self:_breaker_open() then return end -- the probe started: they wait for it
+  for _, job in ipairs(spared) do -- it cannot yet (a broken child not gone): look again soon
+    self.queue:remove(job)
+    job.run_at = loop.now() + SWEEP_MS
+    self.queue:push(job)
   end
 end
 
