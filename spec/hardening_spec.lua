@@ -110,37 +110,40 @@ describe("a processor that cannot load", function()
     assert(ok, err)
   end)
 
-  it("costs one attempt per probe even when a broken child's exit reaches the pool late", function()
-    -- Until the exit is handled no probe can start; jobs the last probe failed
-    -- fall due meanwhile and must wait for the next probe, not fail again
-    -- (before the fix: 1 load for 3 attempts) nor spin the loop (a hang).
-    local core = require "moonjob.core"
-    local Pool = require "moonjob.pool"
-    local gone = Pool._worker_gone
-    Pool._worker_gone = function(pool, ...) -- every exit handled 300 ms late
-      local args = { n = select("#", ...), ... }
-      local timer
-      timer = core.timer(function() timer:close() gone(pool, unpack(args, 1, args.n)) end)
-      timer:start(300)
-    end
-    local ok, err = pcall(function()
-      local dir = h.tmpdir()
-      local loads = dir .. "/loads"
-      local file = h.write_file(dir .. "/processor.lua",
-        ("local f = io.open(%q, 'a') f:write('x\\n') f:close()\nerror('broken')\n"):format(loads))
-      local pool = assert(require("moonjob").pool(file, { size = 1, echo = false }))
-      pool:add(0)
-      require("moonjob.loop").wait_until(function() return pool.start_error ~= nil end)
-      local jobs = {}
-      for i = 1, 50 do jobs[i] = pool:add(i, { attempts = 3 }) end -- while the broken child lingers
-      pool:drain()
-      for i = 1, 50 do assert.equal(3, jobs[i].attempts) end
-      assert.is_true(lines_in(loads) >= 3, lines_in(loads) .. " loads for 3 attempts")
-      pool:close()
-      os.execute("rm -rf " .. dir)
-    end)
-    Pool._worker_gone = gone
+  it("costs one attempt per probe when a broken child's exit is held up by a process it started", function()
+    -- Each load starts a process in a session of its own that holds the
+    -- channel, so the child's exit reaches the pool only when that process
+    -- ends. Probes must go on meanwhile, each costing one attempt: before the
+    -- fix the jobs failed again on one probe's error (1 load for 3 attempts),
+    -- then, half fixed, waited for the exits.
+    local dir = h.tmpdir()
+    local loads, pids = dir .. "/loads", dir .. "/pids"
+    local file = h.write_file(dir .. "/processor.lua", ([[
+local ffi = require "ffi"
+ffi.cdef "int fork(void); int setsid(void); unsigned int sleep(unsigned int); void _exit(int);"
+local f = io.open(%q, "a") f:write("x\n") f:close()
+local pid = ffi.C.fork()
+if pid == 0 then ffi.C.setsid() ffi.C.sleep(30) ffi.C._exit(0) end
+f = io.open(%q, "a") f:write(pid, "\n") f:close()
+error("broken")
+]]):format(loads, pids))
+    local pool = assert(require("moonjob").pool(file, { size = 1, echo = false }))
+    local jobs = {}
+    for i = 1, 50 do jobs[i] = pool:add(i, { attempts = 3 }) end
+    local ok, err = pcall(h.wait_for, function()
+      for i = 1, 50 do if not jobs[i]:is_finished() then return false end end
+      return true
+    end, 10)
+    for pid in io.lines(pids) do os.execute("kill -KILL " .. pid) end
+    pool:close()
+    local nloads = lines_in(loads)
+    os.execute("rm -rf " .. dir)
     assert(ok, err)
+    for i = 1, 50 do
+      assert.equal(3, jobs[i].attempts)
+      assert.equal("failed", jobs[i].state)
+    end
+    assert.is_true(nloads >= 3, nloads .. " loads for 3 attempts")
   end)
 
   it("retries jobs with attempts left after their backoff, each failure counting", function()

@@ -328,16 +328,21 @@ end
 function Pool:_ensure_workers()
   if self.closing then return end
   local target = self:_target()
-  if self.nworkers - self.nretiring >= target then return end
-  if self.start_error then
-    if select(2, self:_live_workers()) > 0 then return end -- one probe at a time
-    local wait_ms = self.next_spawn_at - loop.now()
-    if wait_ms > 0 then return self:_respawn_later(wait_ms) end
-    return self:_spawn()
-  end
+  if self.start_error then return self:_probe(target) end
   while self.nworkers - self.nretiring < target do
     if not self:_spawn() then return end
   end
+end
+
+-- While starts fail: one probe at a time, once the back-off has passed. A
+-- child that failed to start holds no place even before its exit reaches the
+-- pool (a processor's setsid'd process may hold its channel open for long).
+function Pool:_probe(target)
+  local ready, starting = self:_live_workers()
+  if starting > 0 or ready >= target then return end
+  local wait_ms = self.next_spawn_at - loop.now()
+  if wait_ms > 0 then return self:_respawn_later(wait_ms) end
+  return self:_spawn()
 end
 
 -- Ends a child: an idle one reads end of file and exits; kill = true
@@ -455,29 +460,20 @@ end
 -- Every job that may run now fails with err, the failed probe's error (an
 -- attempt each). A job with attempts left comes back after its backoff, and
 -- not before the next probe is due: each failed probe costs a job at most one
--- attempt, whatever its backoff (none included). A job this probe already
--- failed can be ready here only because the clock crossed the next probe's
--- time after the pool last looked: it is spared, and that probe starts now.
+-- attempt, whatever its backoff (none included). So a job this probe already
+-- failed is ready again only once the next probe is due (the clock may have
+-- crossed that time since the pool last looked): that probe starts now, and
+-- the jobs still waiting wait for it.
 function Pool:_fail_ready_jobs(err)
-  local spared = {}
   for _ = 1, self.queue:ready_n() do
     local job = self.queue:pop()
     if not job then break end
     if job.failed_by == err then
-      spared[#spared + 1] = job
-    else
-      job.failed_by, job.attempts = err, job.attempts + 1
-      self:_fail(job, errors.new(err.code, err.message, err), self.next_spawn_at)
+      self.queue:push(job)
+      return self:_ensure_workers()
     end
-  end
-  if #spared == 0 then return end
-  for _, job in ipairs(spared) do self.queue:push(job) end
-  self:_ensure_workers()
-  if not self:_breaker_open() then return end -- the probe started: they wait for it
-  for _, job in ipairs(spared) do -- it cannot yet (a broken child not gone): look again soon
-    self.queue:remove(job)
-    job.run_at = loop.now() + SWEEP_MS
-    self.queue:push(job)
+    job.failed_by, job.attempts = err, job.attempts + 1
+    self:_fail(job, errors.new(err.code, err.message, err), self.next_spawn_at)
   end
 end
 

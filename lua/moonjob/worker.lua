@@ -199,6 +199,7 @@ on_frame[frame.LOADERR] = function(w, _, payload)
   w.timer:stop()
   w.state, w.start_reported = "broken", true
   w.pool:_start_failed(decode_error(payload))
+  w.pool:_pump() -- now, not at the exit: a process the processor started may delay that
 end
 
 on_frame[frame.DONE] = function(w, seq, payload, cpu_ms, max_rss_kb)
