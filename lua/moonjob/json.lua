@@ -226,11 +226,15 @@ local literals = { t = { "true", true }, f = { "false", false }, n = { "null", c
 local U64_MAX = ffi.new("uint64_t", 0) - 1
 local I64_MAX = ffi.new("uint64_t", 2 ^ 63) - 1
 
+-- A number that cannot cross exactly: where it is, then why.
+local function number_fails(text, i, why)
+  error(("number %s at character %d %s"):format(text, i, why), 0)
+end
+
 -- An integer beyond ±2^53, as 64-bit integer cdata; an error past 64 bits.
 local function big_integer(s, i, negative, digits)
   local function beyond()
-    fail_at(s, i, ("number %s%s is an integer beyond 64 bits; write it as a string")
-      :format(negative and "-" or "", digits))
+    number_fails((negative and "-" or "") .. digits, i, "is an integer beyond 64 bits; write it as a string")
   end
   local v = ffi.new("uint64_t", 0)
   for k = 1, #digits do
@@ -263,10 +267,10 @@ function parse_number(s, i)
     if negative == "-" then v = -v end
   end
   if v == math.huge or v == -math.huge then
-    fail_at(s, i, ("number %s is beyond the range of a double (about 1.8e308)"):format(text))
+    number_fails(text, i, "is beyond the range of a double (about 1.8e308)")
   end
   if v == 0 and not zero then
-    fail_at(s, i, ("number %s is too small for a double (it would read as 0)"):format(text))
+    number_fails(text, i, "is too small for a double (it would read as 0)")
   end
   return v, j
 end
