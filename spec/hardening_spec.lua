@@ -110,40 +110,85 @@ describe("a processor that cannot load", function()
     assert(ok, err)
   end)
 
-  it("costs one attempt per probe when a broken child's exit is held up by a process it started", function()
-    -- Each load starts a process in a session of its own that holds the
-    -- channel, so the child's exit reaches the pool only when that process
-    -- ends. Probes must go on meanwhile, each costing one attempt: before the
-    -- fix the jobs failed again on one probe's error (1 load for 3 attempts),
-    -- then, half fixed, waited for the exits.
-    local dir = h.tmpdir()
-    local loads, pids = dir .. "/loads", dir .. "/pids"
-    local file = h.write_file(dir .. "/processor.lua", ([[
+  -- Processor source that starts a process in a session of its own (out of
+  -- reach of the group kill) holding the channel, and records its pid in
+  -- `pids`: the child's exit reaches the pool only when that process ends.
+  local function channel_holder(pids)
+    return ([[
 local ffi = require "ffi"
 ffi.cdef "int fork(void); int setsid(void); unsigned int sleep(unsigned int); void _exit(int);"
-local f = io.open(%q, "a") f:write("x\n") f:close()
-local pid = ffi.C.fork()
-if pid == 0 then ffi.C.setsid() ffi.C.sleep(30) ffi.C._exit(0) end
-f = io.open(%q, "a") f:write(pid, "\n") f:close()
-error("broken")
-]]):format(loads, pids))
-    local pool = assert(require("moonjob").pool(file, { size = 1, echo = false }))
-    local jobs = {}
-    for i = 1, 50 do jobs[i] = pool:add(i, { attempts = 3 }) end
+local holder = ffi.C.fork()
+if holder == 0 then ffi.C.setsid() ffi.C.sleep(30) ffi.C._exit(0) end
+local pids = io.open(%q, "a") pids:write(holder, "\n") pids:close()
+]]):format(pids)
+  end
+
+  -- Runs jobs until all are finished (at most 10 s), then ends the holders.
+  local function finish_all(pool, jobs, pids)
     local ok, err = pcall(h.wait_for, function()
-      for i = 1, 50 do if not jobs[i]:is_finished() then return false end end
+      for _, job in ipairs(jobs) do if not job:is_finished() then return false end end
       return true
     end, 10)
     for pid in io.lines(pids) do os.execute("kill -KILL " .. pid) end
     pool:close()
+    assert(ok, err)
+  end
+
+  it("costs one attempt per probe when a broken child's exit is held up by a process it started", function()
+    -- Probes must go on meanwhile, each costing one attempt: before the fix
+    -- the jobs failed again on one probe's error (1 load for 3 attempts),
+    -- then, half fixed, waited for the exits.
+    local dir = h.tmpdir()
+    local loads, pids = dir .. "/loads", dir .. "/pids"
+    local file = h.write_file(dir .. "/processor.lua", channel_holder(pids)
+      .. ("local f = io.open(%q, 'a') f:write('x\\n') f:close()\nerror('broken')\n"):format(loads))
+    local pool = assert(require("moonjob").pool(file, { size = 1, echo = false }))
+    local jobs = {}
+    for i = 1, 50 do jobs[i] = pool:add(i, { attempts = 3 }) end
+    finish_all(pool, jobs, pids)
     local nloads = lines_in(loads)
     os.execute("rm -rf " .. dir)
-    assert(ok, err)
     for i = 1, 50 do
       assert.equal(3, jobs[i].attempts)
       assert.equal("failed", jobs[i].state)
     end
     assert.is_true(nloads >= 3, nloads .. " loads for 3 attempts")
+  end)
+
+  it("leaves no place to a broken child whose exit is held up once the processor loads again", function()
+    -- size 1, a new child per job: the broken child must not count as the one
+    -- child the pool keeps (it did: no child replaced the first that loaded)
+    local dir = h.tmpdir()
+    local pids, flag = dir .. "/pids", dir .. "/flag"
+    local file = h.write_file(dir .. "/processor.lua", ([[
+local f = io.open(%q)
+if f then f:close() return function(job) return job.data end end
+io.open(%q, "w"):close()
+]]):format(flag, flag) .. channel_holder(pids) .. "error('broken once')\n")
+    local pool = assert(require("moonjob").pool(file, { size = 1, max_jobs_per_child = 1, echo = false }))
+    local jobs = {}
+    for i = 1, 5 do jobs[i] = pool:add(i, { attempts = 3 }) end
+    finish_all(pool, jobs, pids)
+    os.execute("rm -rf " .. dir)
+    for i = 1, 5 do assert.equal(i, jobs[i].result) end
+  end)
+
+  it("opens the breaker at a start_timeout whose child's exit is held up", function()
+    -- the timed-out child is killed, its holder is not: the start failure must
+    -- count then, not at an exit that does not come (the jobs waited for it)
+    local dir = h.tmpdir()
+    local pids = dir .. "/pids"
+    local file = h.write_file(dir .. "/processor.lua", channel_holder(pids) .. "ffi.C.sleep(30)\n")
+    local pool = assert(require("moonjob").pool(file, { size = 1, start_timeout = 0.2, echo = false }))
+    local jobs = {}
+    for i = 1, 3 do jobs[i] = pool:add(i, { attempts = 2 }) end
+    finish_all(pool, jobs, pids)
+    os.execute("rm -rf " .. dir)
+    for i = 1, 3 do
+      assert.equal("failed", jobs[i].state)
+      assert.equal(2, jobs[i].attempts)
+      assert.matches("did not become ready within 0.2 s", jobs[i].error.message)
+    end
   end)
 
   it("retries jobs with attempts left after their backoff, each failure counting", function()

@@ -369,7 +369,10 @@ end
 function Pool:_dispatch(w, job)
   local attempt = job.attempts + 1
   local meta = self.meta:reset():encode({ id = job.id, name = job.name, attempt = attempt })
-  if not w:run(job, meta:tostring()) then return self.queue:push(job) end
+  if not w:run(job, meta:tostring()) then -- the child is gone: it holds no place either
+    self:_retire(w, true)
+    return self.queue:push(job)
+  end
   job.state, job.pid, job.attempts, job.worker = "active", w.pid, attempt, w
   job.started = loop.now()
   sample(self.wait_ms, job.started - (job.run_at or job.added))
@@ -539,12 +542,21 @@ function Pool:_kill_job(w, job)
   self:_pump()
 end
 
--- A child not ready within start_timeout is killed; its exit counts as a
--- start failure with this error.
+-- A child not ready within start_timeout is killed: a start failure.
 function Pool:_start_timed_out(w)
-  w.failure = errors.new("ELOAD", ("the processor did not become ready within %s s (start_timeout)")
-    :format(tostring(self.start_timeout)))
+  self:_worker_broken(w, errors.new("ELOAD",
+    ("the processor did not become ready within %s s (start_timeout)"):format(tostring(self.start_timeout))))
+end
+
+-- A child could not start (LOADERR, start_timeout): its process group is
+-- killed, it holds no place in the pool from now on, and the breaker opens
+-- now, not at its exit, which a process it started in a session of its own
+-- (out of the group's reach) can hold back for as long as it holds the channel.
+function Pool:_worker_broken(w, err)
+  w.start_reported = true
   self:_retire(w, true)
+  self:_start_failed(err)
+  self:_pump()
 end
 
 -- The worker's timer fired: the start deadline, a job's soft deadline, or the

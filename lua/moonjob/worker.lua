@@ -6,8 +6,9 @@
 -- job; the rest is counted and dropped). It also owns one timer, armed for
 -- start_timeout until the child is ready, then by the pool for the running
 -- job's deadlines. States: "starting" (until READY), "idle", "busy" (one job
--- at a time), "exiting" (asked to end), "killed" (SIGKILLed by the pool),
--- "lost" (died before taking a job), "broken" (failed to load), "gone".
+-- at a time), "exiting" (asked to end), "killed" (SIGKILLed by the pool: a
+-- deadline, a failed start, a channel found closed), "lost" (died before
+-- taking a job, until the pool kills it), "gone".
 --
 -- The C core checks every frame against the child's state and the job's
 -- random token before it reaches this file (core/process.c): a frame that
@@ -197,9 +198,7 @@ end
 
 on_frame[frame.LOADERR] = function(w, _, payload)
   w.timer:stop()
-  w.state, w.start_reported = "broken", true
-  w.pool:_start_failed(decode_error(payload))
-  w.pool:_pump() -- now, not at the exit: a process the processor started may delay that
+  w.pool:_worker_broken(w, decode_error(payload))
 end
 
 on_frame[frame.DONE] = function(w, seq, payload, cpu_ms, max_rss_kb)
