@@ -18,19 +18,20 @@ LDFLAGS    ?=
 
 WARN       = -Wall -Wextra -Wno-unused-parameter -std=gnu11
 MJ_CFLAGS  = $(CFLAGS) $(WARN) -fPIC -I$(LUA_INCDIR) -Icore
-UV_LIBS    = -luv
+UV_LIBS    = -luv -lhiredis
 LUAJIT_LIB = -lluajit-5.1
 
 BUILD      = build
 CORE_SO    = $(BUILD)/moonjob/core.so
 CHILD      = $(BUILD)/moonjob/moonjob-child
-CORE_SRC   = core/loop.c core/process.c core/spawn.c core/reap.c core/stdio.c core/lmoonjob.c
+CORE_SRC   = core/loop.c core/process.c core/spawn.c core/reap.c core/stdio.c core/redis.c core/lmoonjob.c
 CORE_OBJ   = $(CORE_SRC:core/%.c=$(BUILD)/obj/%.o)
 HEADERS    = core/moonjob.h core/frame.h
 LUA_FILES  = $(wildcard lua/moonjob/*.lua)
 
 DEB_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev libuv1-dev lua-cjson \
-               lua-busted luarocks procps
+               lua-busted luarocks procps libhiredis-dev redis-server redis-tools python3-redis \
+               iproute2
 
 .PHONY: all deps spec-host test sanitize demo repl bench install uninstall clean
 

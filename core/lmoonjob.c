@@ -30,6 +30,8 @@
 #include <lauxlib.h>
 #include <lua.h>
 
+#include <hiredis/hiredis.h>
+
 #include "moonjob.h"
 
 #define LMJ_CTX "moonjob.ctx"
@@ -38,6 +40,7 @@
 #define LMJ_TIMER "moonjob.timer"
 #define LMJ_INPUT "moonjob.input"
 #define LMJ_OUTPUT "moonjob.output"
+#define LMJ_REDIS "moonjob.redis"
 
 /* The loop context is malloc'd and the userdata holds a pointer to it: when
  * the Lua state closes, a request still in libuv's thread pool may point into
@@ -675,6 +678,214 @@ static int lmj_output_gc(lua_State *L) {
   return 0;
 }
 
+/* --------------------------------------------------------------- redis --- */
+
+/* A connection's memory outlives its userdata's reach: it is freed once
+ * hiredis and libuv let go of it (on_freed), after conn:close() or when the
+ * context closes. The userdata holds a pointer to it, NULL once freed. */
+typedef struct {
+  mj_redis_t r;
+  lmj_ctx_t *lctx;
+  int event_ref;
+  int self_ref;
+} lmj_redis_t;
+
+static lmj_redis_t *lmj_check_redis(lua_State *L, int idx) {
+  lmj_redis_t **slot = luaL_checkudata(L, idx, LMJ_REDIS);
+  if (*slot == NULL || (*slot)->r.closed) luaL_argerror(L, idx, "the connection is closed");
+  return *slot;
+}
+
+/* A reply as Lua values: strings and statuses as strings, integers as
+ * numbers, nil as nil (false inside an array), arrays as tables with n, an
+ * error inside an array as { err = message }. hiredis bounds the depth. */
+static void lmj_push_reply(lua_State *L, const redisReply *reply, int nested) {
+  switch (reply->type) {
+  case REDIS_REPLY_STRING:
+  case REDIS_REPLY_STATUS:
+    lua_pushlstring(L, reply->str, reply->len);
+    break;
+  case REDIS_REPLY_INTEGER:
+    lua_pushnumber(L, (lua_Number) reply->integer);
+    break;
+  case REDIS_REPLY_ARRAY:
+    luaL_checkstack(L, 4, "redis reply");
+    lua_createtable(L, reply->elements > INT_MAX ? 0 : (int) reply->elements, 1);
+    for (size_t i = 0; i < reply->elements; i++) {
+      lmj_push_reply(L, reply->element[i], 1);
+      lua_rawseti(L, -2, (int) i + 1);
+    }
+    lua_pushnumber(L, (lua_Number) reply->elements);
+    lua_setfield(L, -2, "n");
+    break;
+  case REDIS_REPLY_ERROR:
+    lua_createtable(L, 0, 1);
+    lua_pushlstring(L, reply->str, reply->len);
+    lua_setfield(L, -2, "err");
+    break;
+  default:
+    if (nested) lua_pushboolean(L, 0);
+    else lua_pushnil(L);
+  }
+}
+
+/* cb(value) for a reply; cb(nil, message, "reply") for an error reply;
+ * cb(nil, why, "connection") when the connection ended first. */
+static void lmj_redis_reply_cb(mj_redis_t *r, intptr_t tag, int persistent,
+                               const redisReply *reply, const char *error) {
+  lmj_redis_t *lr = r->data;
+  lua_State *L = lr->lctx->L;
+  if (lr->lctx->finalizing) return;
+  int ref = (int) tag;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+  if (!persistent || reply == NULL) luaL_unref(L, LUA_REGISTRYINDEX, ref);
+  if (reply == NULL) {
+    lua_pushnil(L);
+    lua_pushstring(L, error);
+    lua_pushliteral(L, "connection");
+    lmj_call(L, 3);
+  } else if (reply->type == REDIS_REPLY_ERROR) {
+    lua_pushnil(L);
+    lua_pushlstring(L, reply->str, reply->len);
+    lua_pushliteral(L, "reply");
+    lmj_call(L, 3);
+  } else {
+    lmj_push_reply(L, reply, 0);
+    lmj_call(L, 1);
+  }
+}
+
+/* on_event("up") once connected; on_event("down", why) once down for good. */
+static void lmj_redis_state_cb(mj_redis_t *r, int up, const char *why) {
+  lmj_redis_t *lr = r->data;
+  lua_State *L = lr->lctx->L;
+  if (lr->lctx->finalizing || lr->event_ref == LUA_NOREF) return;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lr->event_ref);
+  lua_pushstring(L, up ? "up" : "down");
+  if (why) lua_pushstring(L, why);
+  else lua_pushnil(L);
+  lmj_call(L, 2);
+}
+
+static void lmj_redis_freed_cb(mj_redis_t *r) {
+  lmj_redis_t *lr = r->data;
+  if (!lr->lctx->finalizing) {
+    lua_State *L = lr->lctx->L;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, lr->self_ref);
+    lmj_redis_t **slot = lua_touserdata(L, -1);
+    if (slot != NULL) *slot = NULL;
+    lua_pop(L, 1);
+    lmj_unref(L, &lr->self_ref);
+    lmj_unref(L, &lr->event_ref);
+  }
+  free(lr);
+}
+
+/* core.redis(host, port, timeout_ms, max_reply, on_event) -> conn | nil, err */
+static int lmj_redis_new(lua_State *L) {
+  lmj_ctx_t *c = lmj_ctx(L);
+  const char *host = luaL_checkstring(L, 1);
+  int port = (int) lmj_check_range(L, 2, 1, 65535);
+  double timeout_ms = lmj_check_range(L, 3, 1, 1e12);
+  double max_reply = lmj_check_range(L, 4, 1024, 1e15);
+  luaL_checktype(L, 5, LUA_TFUNCTION);
+  lmj_redis_t **slot = lua_newuserdata(L, sizeof *slot);
+  *slot = NULL;
+  luaL_getmetatable(L, LMJ_REDIS);
+  lua_setmetatable(L, -2);
+  lmj_redis_t *lr = calloc(1, sizeof *lr);
+  if (lr == NULL) return lmj_fail(L, UV_ENOMEM);
+  lr->lctx = c;
+  lr->r.data = lr;
+  lr->r.on_reply = lmj_redis_reply_cb;
+  lr->r.on_state = lmj_redis_state_cb;
+  lr->r.on_freed = lmj_redis_freed_cb;
+  int rc = mj_redis_open(&c->ctx, &lr->r, host, port, (uint64_t) timeout_ms, (size_t) max_reply);
+  if (rc != 0) {
+    free(lr);
+    return lmj_fail(L, rc);
+  }
+  *slot = lr;
+  lr->event_ref = lmj_ref_function(L, 5);
+  lua_pushvalue(L, -1);
+  lr->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  return 1;
+}
+
+/* Sends args (a table of strings or numbers) with cb for its reply(ies). */
+static int lmj_redis_send(lua_State *L, int persistent) {
+  enum { ON_STACK = 16 };
+  lmj_redis_t *lr = lmj_check_redis(L, 1);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  luaL_checktype(L, 3, LUA_TFUNCTION);
+  int argc = (int) lua_objlen(L, 2);
+  if (argc < 1) luaL_argerror(L, 2, "a command needs at least its name");
+  const char *argv_stack[ON_STACK];
+  size_t lens_stack[ON_STACK];
+  const char **argv = argv_stack;
+  size_t *lens = lens_stack;
+  if (argc > ON_STACK) {
+    argv = malloc(argc * sizeof *argv);
+    lens = malloc(argc * sizeof *lens);
+    if (argv == NULL || lens == NULL) {
+      free(argv);
+      free(lens);
+      return lmj_fail(L, UV_ENOMEM);
+    }
+  }
+  int bad = 0;
+  lua_checkstack(L, 2);
+  for (int i = 0; i < argc && !bad; i++) {
+    lua_rawgeti(L, 2, i + 1);
+    int t = lua_type(L, -1);
+    if (t == LUA_TSTRING || t == LUA_TNUMBER) {
+      lua_rawseti(L, 2, i + 1); /* numbers become strings in place, kept alive by the table */
+      lua_rawgeti(L, 2, i + 1);
+      argv[i] = lua_tolstring(L, -1, &lens[i]);
+    } else {
+      bad = i + 1;
+    }
+    lua_pop(L, 1);
+  }
+  int rc = UV_EINVAL;
+  if (!bad) {
+    int ref = lmj_ref_function(L, 3);
+    rc = mj_redis_command(&lr->r, argc, argv, lens, ref, persistent);
+    if (rc != 0) luaL_unref(L, LUA_REGISTRYINDEX, ref);
+  }
+  if (argv != argv_stack) {
+    free(argv);
+    free(lens);
+  }
+  if (bad) return luaL_argerror(L, 2, lua_pushfstring(L, "argument %d is not a string or a number", bad));
+  if (rc != 0) return lmj_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* conn:command(args, cb) -> true | nil, err: cb gets the reply (see above). */
+static int lmj_redis_command(lua_State *L) {
+  return lmj_redis_send(L, 0);
+}
+
+/* conn:subscribe({ "SUBSCRIBE", channel }, cb): cb gets every message. */
+static int lmj_redis_subscribe(lua_State *L) {
+  return lmj_redis_send(L, 1);
+}
+
+/* conn:close(): commands in flight get (nil, "closed", "connection") now. */
+static int lmj_redis_close(lua_State *L) {
+  lmj_redis_t **slot = luaL_checkudata(L, 1, LMJ_REDIS);
+  if (*slot == NULL || (*slot)->r.closed) return 0;
+  mj_redis_close(&(*slot)->r);
+  return 0;
+}
+
+static int lmj_redis_pending(lua_State *L) {
+  lua_pushnumber(L, lmj_check_redis(L, 1)->r.pending);
+  return 1;
+}
+
 /* ---------------------------------------------------------------- open --- */
 
 static void lmj_new_class(lua_State *L, const char *name, const luaL_Reg *methods,
@@ -779,6 +990,7 @@ int luaopen_moonjob_core(lua_State *L) {
     {"run", lmj_run}, {"catch_sigint", lmj_catch_sigint}, {"hold_stop_signals", lmj_hold_stop_signals}, {"running", lmj_running}, {"hrtime", lmj_hrtime}, {"cpu_count", lmj_cpu_count},
     {"getpid", lmj_getpid}, {"isatty", lmj_isatty}, {"child_path", lmj_child_path}, {"spawn", lmj_spawn},
     {"timer", lmj_timer_new}, {"input", lmj_input_new}, {"open", lmj_open}, {"output", lmj_output_new},
+    {"redis", lmj_redis_new},
     {NULL, NULL}};
   static const luaL_Reg process_methods[] = {
     {"send", lmj_process_send}, {"kill", lmj_process_kill},
@@ -790,6 +1002,9 @@ int luaopen_moonjob_core(lua_State *L) {
   static const luaL_Reg input_methods[] = {
     {"resume", lmj_input_resume}, {"pause", lmj_input_pause}, {"close", lmj_input_close},
     {NULL, NULL}};
+  static const luaL_Reg redis_methods[] = {
+    {"command", lmj_redis_command}, {"subscribe", lmj_redis_subscribe},
+    {"close", lmj_redis_close}, {"pending", lmj_redis_pending}, {NULL, NULL}};
   static const luaL_Reg output_methods[] = {
     {"write", lmj_output_write}, {"pending", lmj_output_pending}, {NULL, NULL}};
 
@@ -810,6 +1025,8 @@ int luaopen_moonjob_core(lua_State *L) {
   lmj_set_name(L, LMJ_TIMER);
   lmj_set_name(L, LMJ_INPUT);
   lmj_set_name(L, LMJ_OUTPUT);
+  lmj_new_class(L, LMJ_REDIS, redis_methods, lmj_generic_tostring, NULL);
+  lmj_set_name(L, LMJ_REDIS);
 
   lua_newtable(L);
   for (const luaL_Reg *f = functions; f->name; f++) {

@@ -48,6 +48,7 @@ typedef struct mj_ctx_s {
   mj_process_t *open;                  /* process.c: processes whose handles are open */
   struct mj_input_s *inputs;           /* stdio.c: inputs not freed yet */
   struct mj_output_s *outputs;         /* stdio.c: outputs not freed yet */
+  struct mj_redis_s *redis;            /* redis.c: connections not freed yet */
   uv_async_t wakeup;                   /* wakes the loop from the SIGINT handler */
   volatile sig_atomic_t interrupted;   /* the stop signal caught, 0 for none */
   int stop_signal;                     /* the signal that stopped the last run */
@@ -235,5 +236,52 @@ int mj_output_append(mj_output_t *out, const char *data, size_t len);
 int mj_output_start(mj_output_t *out);
 void mj_output_release(mj_output_t *out);
 void mj__output_detach_all(mj_ctx_t *ctx);
+
+/* ----------------------------------------------------------- redis.c --- */
+
+struct redisAsyncContext;
+struct redisReply;
+typedef struct mj_redis_s mj_redis_t;
+
+typedef enum { MJ_REDIS_RESOLVING, MJ_REDIS_CONNECTING, MJ_REDIS_UP, MJ_REDIS_DOWN } mj_redis_state_t;
+
+/* A reply (NULL with `error` set when the connection ended first). */
+typedef void (*mj_redis_reply_cb)(mj_redis_t *r, intptr_t tag, int persistent,
+                                  const struct redisReply *reply, const char *error);
+/* up = 1: connected; up = 0: down for good, with why. */
+typedef void (*mj_redis_state_cb)(mj_redis_t *r, int up, const char *why);
+typedef void (*mj_redis_freed_cb)(mj_redis_t *r);
+
+struct mj_redis_s {
+  mj_ctx_t *ctx;
+  struct redisAsyncContext *ac;        /* NULL once hiredis freed it */
+  uv_getaddrinfo_t resolver;
+  uv_poll_t poll;                      /* the socket, for hiredis (our adapter) */
+  uv_timer_t watchdog;                 /* connect and reply timeouts */
+  char host[256];
+  int port;
+  uint64_t timeout_ms;
+  size_t max_reply;                    /* bytes one reply may take */
+  size_t reply_bytes;                  /* taken by the reply being read */
+  unsigned pending;                    /* commands whose reply is due */
+  uint64_t last_progress;              /* loop time: connect started, or last reply */
+  mj_redis_state_t state;
+  char why[192];                       /* why it went down */
+  int events;                          /* UV_READABLE | UV_WRITABLE hiredis wants */
+  int open_handles;
+  mj_redis_reply_cb on_reply;
+  mj_redis_state_cb on_state;
+  mj_redis_freed_cb on_freed;
+  void *data;                          /* owner's */
+  mj_redis_t *next, *prev;             /* the context's list of connections */
+  unsigned resolving : 1, poll_open : 1, closed : 1, reply_too_big : 1;
+};
+
+int mj_redis_open(mj_ctx_t *ctx, mj_redis_t *r, const char *host, int port,
+                  uint64_t timeout_ms, size_t max_reply);
+int mj_redis_command(mj_redis_t *r, int argc, const char **argv, const size_t *lens,
+                     intptr_t tag, int persistent);
+void mj_redis_close(mj_redis_t *r);
+void mj__redis_close_all(mj_ctx_t *ctx);
 
 #endif

@@ -1,0 +1,400 @@
+/* redis.c -- one connection to a Redis server, on the context's libuv loop.
+ *
+ * Mechanism only: resolve the host name with uv_getaddrinfo (hiredis 0.14
+ * would call a blocking getaddrinfo), connect to the numeric address with
+ * hiredis's asynchronous API, watch the socket with a uv_poll_t of our own
+ * (the adapter below), send commands as argument vectors (binary-safe), and
+ * hand each reply to the owner. What the commands mean, reconnecting, AUTH and
+ * SELECT are the owner's business (lua/moonjob/redis.lua).
+ *
+ * One mj_redis_t is one connection: once it goes down (refused, reset, timed
+ * out, closed) it stays down, every command in flight gets an error, and the
+ * owner opens a new one if it wants to.
+ *
+ * hiredis 0.14 has no timeouts of its own, so a cut network would hang a
+ * connection for ever: a watchdog timer drops the connection when connecting
+ * takes longer than timeout_ms, or when commands are in flight and no reply
+ * came for timeout_ms. Commands sent with `persistent` (SUBSCRIBE) are not
+ * counted: their replies come when they come.
+ *
+ * Everything read from the server is untrusted: replies are built by our own
+ * reader functions, which refuse a reply (and drop the connection) once it
+ * would take more than max_reply bytes, whatever its shape (one huge string,
+ * or millions of tiny array elements).
+ *
+ * Caveats: hiredis frees its context itself after an error; r->ac is cleared
+ * in its callbacks and never used after. Freeing from inside a hiredis
+ * callback is deferred by hiredis until the callback returns.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+
+#include "moonjob.h"
+
+/* ------------------------------------------------------ reply objects --- */
+
+/* Each object of a reply is charged to the connection; past max_reply the
+ * reader gets NULL ("out of memory" to hiredis) and the connection drops. */
+static void *charge(const redisReadTask *task, size_t bytes) {
+  mj_redis_t *r = task->privdata;
+  if (r->reply_bytes + bytes > r->max_reply) {
+    snprintf(r->why, sizeof r->why, "a reply from the server is larger than %zu bytes", r->max_reply);
+    r->reply_too_big = 1;
+    return NULL;
+  }
+  r->reply_bytes += bytes;
+  return calloc(1, sizeof(redisReply));
+}
+
+static void *link_to_parent(const redisReadTask *task, redisReply *reply) {
+  if (task->parent != NULL) {
+    redisReply *parent = task->parent->obj;
+    parent->element[task->idx] = reply;
+  }
+  return reply;
+}
+
+static void *create_string(const redisReadTask *task, char *str, size_t len) {
+  redisReply *reply = charge(task, sizeof *reply + len + 1);
+  if (reply == NULL) return NULL;
+  reply->str = malloc(len + 1);
+  if (reply->str == NULL) {
+    free(reply);
+    return NULL;
+  }
+  memcpy(reply->str, str, len);
+  reply->str[len] = '\0';
+  reply->len = len;
+  reply->type = task->type;
+  return link_to_parent(task, reply);
+}
+
+static void *create_array(const redisReadTask *task, int elements) {
+  size_t count = elements > 0 ? (size_t) elements : 0;
+  redisReply *reply = charge(task, sizeof *reply + count * sizeof(redisReply *));
+  if (reply == NULL) return NULL;
+  if (count > 0) {
+    reply->element = calloc(count, sizeof(redisReply *));
+    if (reply->element == NULL) {
+      free(reply);
+      return NULL;
+    }
+  }
+  reply->elements = count;
+  reply->type = REDIS_REPLY_ARRAY;
+  return link_to_parent(task, reply);
+}
+
+static void *create_integer(const redisReadTask *task, long long value) {
+  redisReply *reply = charge(task, sizeof *reply);
+  if (reply == NULL) return NULL;
+  reply->type = REDIS_REPLY_INTEGER;
+  reply->integer = value;
+  return link_to_parent(task, reply);
+}
+
+static void *create_nil(const redisReadTask *task) {
+  redisReply *reply = charge(task, sizeof *reply);
+  if (reply == NULL) return NULL;
+  reply->type = REDIS_REPLY_NIL;
+  return link_to_parent(task, reply);
+}
+
+static void free_reply(void *object) {
+  redisReply *reply = object;
+  if (reply == NULL) return;
+  for (size_t i = 0; i < reply->elements; i++) free_reply(reply->element[i]);
+  free(reply->element);
+  free(reply->str);
+  free(reply);
+}
+
+static redisReplyObjectFunctions reply_functions = {
+  create_string, create_array, create_integer, create_nil, free_reply,
+};
+
+/* ------------------------------------------------------------- states --- */
+
+static void link_open(mj_redis_t *r) {
+  r->next = r->ctx->redis;
+  r->prev = NULL;
+  if (r->next) r->next->prev = r;
+  r->ctx->redis = r;
+}
+
+static void unlink_open(mj_redis_t *r) {
+  if (r->prev) r->prev->next = r->next;
+  else if (r->ctx->redis == r) r->ctx->redis = r->next;
+  if (r->next) r->next->prev = r->prev;
+  r->next = r->prev = NULL;
+}
+
+static void handle_closed(uv_handle_t *handle) {
+  mj_redis_t *r = handle->data;
+  if (--r->open_handles == 0 && !r->resolving) {
+    unlink_open(r);
+    if (r->on_freed) r->on_freed(r);
+  }
+}
+
+/* The connection is down for good: the owner hears it once, with why. */
+static void went_down(mj_redis_t *r, const char *why) {
+  if (r->state == MJ_REDIS_DOWN) return;
+  r->state = MJ_REDIS_DOWN;
+  uv_timer_stop(&r->watchdog);
+  if (r->why[0] == '\0') snprintf(r->why, sizeof r->why, "%s", why ? why : "connection closed");
+  if (r->on_state && !r->closed) r->on_state(r, 0, r->why);
+}
+
+/* Drops the connection: hiredis runs every pending callback with no reply
+ * (the owner sees r->why), then its cleanup hook closes our poll handle. */
+static void drop(mj_redis_t *r, const char *why) {
+  if (r->why[0] == '\0' && why) snprintf(r->why, sizeof r->why, "%s", why);
+  redisAsyncContext *ac = r->ac;
+  if (ac == NULL) {
+    went_down(r, why);
+    return;
+  }
+  int deferred = (ac->c.flags & REDIS_IN_CALLBACK) != 0;
+  redisAsyncFree(ac); /* inside one of its callbacks, hiredis frees it on return */
+  if (!deferred) {
+    r->ac = NULL;
+    went_down(r, why);
+  }
+}
+
+/* ------------------------------------------------------------ adapter --- */
+
+static void poll_cb(uv_poll_t *handle, int status, int events) {
+  mj_redis_t *r = handle->data;
+  if (r->ac == NULL) return;
+  if (status < 0 && r->state == MJ_REDIS_CONNECTING) {
+    redisAsyncHandleWrite(r->ac); /* hiredis reads the socket's error (refused, unreachable) */
+    if (r->ac == NULL || r->state == MJ_REDIS_DOWN) return;
+  }
+  if (status < 0) {
+    char why[96];
+    snprintf(why, sizeof why, "socket error: %s", uv_strerror(status));
+    drop(r, why);
+    return;
+  }
+  if (events & UV_READABLE) redisAsyncHandleRead(r->ac);
+  if (r->ac != NULL && (events & UV_WRITABLE)) redisAsyncHandleWrite(r->ac);
+}
+
+static void watch(mj_redis_t *r) {
+  if (r->poll_open && !uv_is_closing((uv_handle_t *) &r->poll)) {
+    if (r->events) uv_poll_start(&r->poll, r->events, poll_cb);
+    else uv_poll_stop(&r->poll);
+  }
+}
+
+static void ev_add_read(void *data) { mj_redis_t *r = data; r->events |= UV_READABLE; watch(r); }
+static void ev_del_read(void *data) { mj_redis_t *r = data; r->events &= ~UV_READABLE; watch(r); }
+static void ev_add_write(void *data) { mj_redis_t *r = data; r->events |= UV_WRITABLE; watch(r); }
+static void ev_del_write(void *data) { mj_redis_t *r = data; r->events &= ~UV_WRITABLE; watch(r); }
+
+static void ev_cleanup(void *data) {
+  mj_redis_t *r = data;
+  if (r->poll_open && !uv_is_closing((uv_handle_t *) &r->poll))
+    uv_close((uv_handle_t *) &r->poll, handle_closed);
+}
+
+static int attach(mj_redis_t *r, redisAsyncContext *ac) {
+  int rc = uv_poll_init(&r->ctx->loop, &r->poll, ac->c.fd);
+  if (rc != 0) return rc;
+  r->poll.data = r;
+  r->poll_open = 1;
+  r->open_handles++;
+  ac->ev.data = r;
+  ac->ev.addRead = ev_add_read;
+  ac->ev.delRead = ev_del_read;
+  ac->ev.addWrite = ev_add_write;
+  ac->ev.delWrite = ev_del_write;
+  ac->ev.cleanup = ev_cleanup;
+  return 0;
+}
+
+/* ----------------------------------------------------------- watchdog --- */
+
+static void watchdog_cb(uv_timer_t *handle) {
+  mj_redis_t *r = handle->data;
+  uint64_t now = uv_now(&r->ctx->loop);
+  int waiting = r->state == MJ_REDIS_RESOLVING || r->state == MJ_REDIS_CONNECTING || r->pending > 0;
+  if (!waiting) {
+    uv_timer_stop(&r->watchdog);
+    return;
+  }
+  if (now - r->last_progress < r->timeout_ms) return;
+  char why[96];
+  if (r->state == MJ_REDIS_UP)
+    snprintf(why, sizeof why, "no reply from the server within %llu ms", (unsigned long long) r->timeout_ms);
+  else
+    snprintf(why, sizeof why, "could not connect within %llu ms", (unsigned long long) r->timeout_ms);
+  drop(r, why);
+}
+
+static void arm_watchdog(mj_redis_t *r) {
+  uint64_t every = r->timeout_ms / 4 ? r->timeout_ms / 4 : 1;
+  r->last_progress = uv_now(&r->ctx->loop);
+  if (!uv_is_active((uv_handle_t *) &r->watchdog))
+    uv_timer_start(&r->watchdog, watchdog_cb, every, every);
+}
+
+/* ------------------------------------------------------------ connect --- */
+
+static void on_connect(const redisAsyncContext *ac, int status) {
+  mj_redis_t *r = ac->data;
+  if (status != REDIS_OK) {
+    r->ac = NULL; /* hiredis frees it after this callback */
+    went_down(r, ac->errstr);
+    return;
+  }
+  r->state = MJ_REDIS_UP;
+  r->last_progress = uv_now(&r->ctx->loop);
+  if (r->pending == 0) uv_timer_stop(&r->watchdog);
+  if (r->on_state && !r->closed) r->on_state(r, 1, NULL);
+}
+
+static void on_disconnect(const redisAsyncContext *ac, int status) {
+  mj_redis_t *r = ac->data;
+  r->ac = NULL; /* hiredis frees it after this callback */
+  went_down(r, status == REDIS_OK ? "connection closed" : ac->errstr);
+}
+
+static void connect_to(mj_redis_t *r, const char *ip) {
+  redisAsyncContext *ac = redisAsyncConnect(ip, r->port);
+  if (ac == NULL) {
+    went_down(r, "out of memory");
+    return;
+  }
+  if (ac->err) {
+    char why[160];
+    snprintf(why, sizeof why, "cannot connect to %.100s:%d: %s", r->host, r->port, ac->errstr);
+    redisAsyncFree(ac);
+    went_down(r, why);
+    return;
+  }
+  ac->data = r;
+  ac->c.reader->fn = &reply_functions;
+  redisReaderSetPrivdata(ac->c.reader, r);
+  int rc = attach(r, ac);
+  if (rc != 0) {
+    redisAsyncFree(ac);
+    went_down(r, uv_strerror(rc));
+    return;
+  }
+  r->ac = ac;
+  r->state = MJ_REDIS_CONNECTING;
+  redisAsyncSetConnectCallback(ac, on_connect);
+  redisAsyncSetDisconnectCallback(ac, on_disconnect);
+}
+
+static void resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
+  mj_redis_t *r = req->data;
+  char ip[64] = "";
+  r->resolving = 0;
+  if (status == 0 && res != NULL) {
+    if (res->ai_family == AF_INET6)
+      uv_ip6_name((struct sockaddr_in6 *) res->ai_addr, ip, sizeof ip);
+    else
+      uv_ip4_name((struct sockaddr_in *) res->ai_addr, ip, sizeof ip);
+  }
+  uv_freeaddrinfo(res);
+  if (r->closed || r->state == MJ_REDIS_DOWN) { /* closed, or timed out while resolving */
+    if (r->closed && r->open_handles == 0) {
+      unlink_open(r);
+      if (r->on_freed) r->on_freed(r);
+    }
+    return;
+  }
+  if (status != 0) {
+    char why[160];
+    snprintf(why, sizeof why, "cannot resolve %.100s: %s", r->host, uv_strerror(status));
+    went_down(r, why);
+    return;
+  }
+  connect_to(r, ip);
+}
+
+/* Starts connecting to host:port (a name or a numeric address). The owner
+ * hears on_state(r, 1) once connected, on_state(r, 0, why) once down (also
+ * when connecting failed), and on_freed(r) after mj_redis_close once no handle
+ * or request points into r any more. Returns 0 or a libuv error. */
+int mj_redis_open(mj_ctx_t *ctx, mj_redis_t *r, const char *host, int port,
+                  uint64_t timeout_ms, size_t max_reply) {
+  struct addrinfo hints;
+  if (strlen(host) >= sizeof r->host) return UV_EINVAL;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  r->resolver.data = r;
+  int rc = uv_getaddrinfo(&ctx->loop, &r->resolver, resolved, host, NULL, &hints);
+  if (rc != 0) return rc;
+  r->resolving = 1;
+  r->ctx = ctx;
+  snprintf(r->host, sizeof r->host, "%s", host);
+  r->port = port;
+  r->timeout_ms = timeout_ms ? timeout_ms : 1;
+  r->max_reply = max_reply;
+  r->state = MJ_REDIS_RESOLVING;
+  uv_timer_init(&ctx->loop, &r->watchdog);
+  r->watchdog.data = r;
+  r->open_handles = 1;
+  link_open(r);
+  arm_watchdog(r);
+  return 0;
+}
+
+/* ----------------------------------------------------------- commands --- */
+
+static void reply_cb(redisAsyncContext *ac, void *reply, void *privdata) {
+  mj_redis_t *r = ac->data;
+  intptr_t tag = (intptr_t) privdata;
+  int persistent = (int) (tag & 1);
+  if (!persistent && r->pending > 0) r->pending--;
+  if (reply != NULL) r->last_progress = uv_now(&r->ctx->loop);
+  r->reply_bytes = 0;
+  if (r->on_reply) {
+    const char *error = reply == NULL ? (r->why[0] ? r->why : "connection lost") : NULL;
+    r->on_reply(r, tag >> 1, persistent, reply, error);
+  }
+}
+
+/* Sends a command (argc strings with their lengths). `tag` comes back with its
+ * reply; a persistent command (SUBSCRIBE) gets every message of the channel
+ * and a last call without a reply when the connection ends. Returns 0, or
+ * UV_ENOTCONN when the connection is not up. */
+int mj_redis_command(mj_redis_t *r, int argc, const char **argv, const size_t *lens, intptr_t tag,
+                     int persistent) {
+  if (r->state != MJ_REDIS_UP || r->ac == NULL || r->closed) return UV_ENOTCONN;
+  void *privdata = (void *) ((tag << 1) | (persistent ? 1 : 0));
+  if (redisAsyncCommandArgv(r->ac, reply_cb, privdata, argc, argv, lens) != REDIS_OK)
+    return UV_ENOTCONN;
+  if (!persistent && r->pending++ == 0) arm_watchdog(r);
+  return 0;
+}
+
+/* Ends the connection: commands in flight get an error (their callbacks run
+ * now), no state event follows, and on_freed comes once the handles closed. */
+void mj_redis_close(mj_redis_t *r) {
+  if (r->closed) return;
+  r->closed = 1;
+  if (r->ac != NULL) drop(r, "closed");
+  r->state = MJ_REDIS_DOWN;
+  if (!uv_is_closing((uv_handle_t *) &r->watchdog))
+    uv_close((uv_handle_t *) &r->watchdog, handle_closed);
+  if (r->resolving) uv_cancel((uv_req_t *) &r->resolver);
+}
+
+/* mj_ctx_close: every connection ends with the context. */
+void mj__redis_close_all(mj_ctx_t *ctx) {
+  mj_redis_t *r = ctx->redis, *next;
+  for (; r != NULL; r = next) {
+    next = r->next;
+    mj_redis_close(r);
+  }
+}
