@@ -24,4 +24,10 @@ function M.pool(processor, opts)
   return Pool.new(processor, opts)
 end
 
+-- moonjob.queue(redis_url, name [, opts]) -> queue | nil, err: add jobs to a
+-- durable queue on Redis that worker pools on any host run (moonjob.redis.queue).
+function M.queue(url, name, opts)
+  return require("moonjob.redis.queue").new(url, name, opts)
+end
+
 return M

@@ -1,0 +1,291 @@
+-- moonjob.redis.client -- a Redis client on moonjob's loop: policy over
+-- core.redis (one connection, mechanism in core/redis.c).
+--
+-- What it adds: redis:// URLs (user, password, db; the password is never
+-- printed), AUTH and SELECT, loading moonjob's function library on each
+-- connection, reconnecting with back-off and jitter, and calls made while the
+-- connection is being re-established waiting for it (up to timeout_ms) rather
+-- than failing at once. A subscription lives on a second connection of its
+-- own and is renewed on each reconnect; its callback then hears "resubscribed"
+-- (messages sent while it was down are lost: the owner re-checks).
+--
+-- Caveats: no TLS (hiredis 0.14 has none); no Unix sockets; one server (no
+-- Sentinel or Cluster redirections; every key of a queue shares one hash tag
+-- so a cluster-aware proxy can route it).
+local core = require "moonjob.core"
+local loop = require "moonjob.loop"
+
+local M = {}
+local Client = {}
+Client.__index = Client
+
+local function unescape(s)
+  return (s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
+end
+
+-- parse(url) -> { host, port, db, user, password } | nil, err
+function M.parse(url)
+  if type(url) ~= "string" then return nil, "a Redis URL must be a string like redis://host:6379/0" end
+  local rest = url:match("^redis://(.*)$")
+  if not rest then
+    return nil, ("'%s' is not a Redis URL: write redis://[user:password@]host[:port][/db]"):format(
+      url:gsub("//[^@/]*@", "//***@"))
+  end
+  local t = { port = 6379, db = 0 }
+  local auth, hostpart = rest:match("^([^@]*)@(.*)$")
+  if auth then
+    local user, password = auth:match("^([^:]*):(.*)$")
+    if user then
+      t.user, t.password = user ~= "" and unescape(user) or nil, unescape(password)
+    else
+      t.password = unescape(auth)
+    end
+    rest = hostpart
+  end
+  local hostport, db = rest:match("^([^/]*)/?(.*)$")
+  if db ~= "" then
+    t.db = tonumber(db)
+    if not t.db or t.db < 0 or t.db % 1 ~= 0 then
+      return nil, ("the database in a Redis URL must be a number, not '%s'"):format(db)
+    end
+  end
+  local host, port = hostport:match("^%[([^%]]+)%]:?(%d*)$")
+  if not host then host, port = hostport:match("^([^:]*):?(%d*)$") end
+  if not host or host == "" then
+    return nil, "a Redis URL needs a host: redis://127.0.0.1:6379/0"
+  end
+  t.host = host
+  if port ~= "" then
+    t.port = tonumber(port)
+    if t.port < 1 or t.port > 65535 then return nil, "the port in a Redis URL must be from 1 to 65535" end
+  end
+  return t
+end
+
+-- The URL as it may be printed: the password replaced by ***.
+function M.display(t)
+  local auth = ""
+  if t.password then auth = (t.user or "") .. ":***@" end
+  local host = t.host:find(":") and "[" .. t.host .. "]" or t.host
+  return ("redis://%s%s:%d/%d"):format(auth, host, t.port, t.db)
+end
+
+local library_text
+local function library()
+  if not library_text then
+    local path = assert(package.searchpath("moonjob.redis.functions", package.path),
+      "moonjob.redis.functions is not installed beside moonjob")
+    local f = assert(io.open(path, "rb"))
+    library_text = f:read("*a")
+    f:close()
+  end
+  return library_text
+end
+
+-- M.new(url, opts) -> client | nil, err. opts: timeout_ms (connect, replies and
+-- waiting for a connection; default 5000), max_reply (bytes; default 64 MiB),
+-- on_state(up, why) (the connection came up or went down).
+function M.new(url, opts)
+  local t, err = M.parse(url)
+  if not t then return nil, err end
+  opts = opts or {}
+  local self = setmetatable({
+    target = t, name = M.display(t),
+    timeout_ms = opts.timeout_ms or 5000,
+    max_reply = opts.max_reply or 64 * 1024 * 1024,
+    on_state = opts.on_state,
+    ready = false, closed = false, why = nil,
+    waiting = {},        -- calls made while not ready: { args, cb, deadline }
+    subscriptions = {},  -- channel -> cb
+    backoff = 0,
+  }, Client)
+  self.timer = core.timer(function() self:_tick() end)
+  self:_connect()
+  return self
+end
+
+function Client:__tostring() return "moonjob redis client " .. self.name end
+
+-- Server errors come back as they are; connection errors name the server.
+local function connection_error(self, why)
+  return ("EREDIS: %s: %s"):format(self.name, why or "not connected")
+end
+
+function Client:_setup_commands()
+  local t, cmds = self.target, {}
+  if t.password then
+    cmds[#cmds + 1] = t.user and { "AUTH", t.user, t.password } or { "AUTH", t.password }
+  end
+  if t.db ~= 0 then cmds[#cmds + 1] = { "SELECT", t.db } end
+  cmds[#cmds + 1] = { "FUNCTION", "LOAD", "REPLACE", library() }
+  return cmds
+end
+
+-- Runs the set-up commands in order on conn, then done(nil) or done(err).
+local function set_up(conn, cmds, done)
+  local i = 0
+  local function step(_, err)
+    if err then return done(err) end
+    i = i + 1
+    if i > #cmds then return done(nil) end
+    local ok, serr = conn:command(cmds[i], step)
+    if not ok then done(serr) end
+  end
+  step()
+end
+
+function Client:_connect()
+  if self.closed then return end
+  local conn
+  conn = core.redis(self.target.host, self.target.port, self.timeout_ms, self.max_reply,
+    function(kind, why)
+      if self.conn ~= conn then return end
+      if kind == "up" then
+        set_up(conn, self:_setup_commands(), function(err)
+          if self.conn ~= conn then return end
+          if err then
+            if err:find("WRONGPASS") or err:find("NOAUTH") or err:find("invalid password") then
+              err = err .. " (check the user and password in the URL)"
+            end
+            conn:close()
+            return self:_down(err)
+          end
+          self:_up()
+        end)
+      else
+        self:_down(why)
+      end
+    end)
+  if not conn then return self:_down("cannot start connecting") end
+  self.conn = conn
+  self:_resubscribe()
+end
+
+function Client:_up()
+  self.ready, self.why, self.backoff = true, nil, 0
+  local waiting = self.waiting
+  self.waiting = {}
+  for _, w in ipairs(waiting) do self:call(w[1], w[2]) end
+  if self.on_state then self.on_state(true) end
+end
+
+-- Down: waiting calls keep waiting until their deadline, a new connection
+-- starts after a back-off (100 ms doubling to 5 s, with jitter).
+function Client:_down(why)
+  local was_ready = self.ready
+  self.ready, self.why, self.conn = false, why, nil
+  if self.closed then return end
+  self.backoff = math.min(math.max(self.backoff * 2, 100), 5000)
+  self.reconnect_at = loop.now() + self.backoff * (0.5 + math.random())
+  self.timer:start(50, 50)
+  if was_ready and self.on_state then self.on_state(false, why) end
+end
+
+function Client:_tick()
+  local now = loop.now()
+  if #self.waiting > 0 then
+    local keep = {}
+    for _, w in ipairs(self.waiting) do
+      if now >= w[3] then
+        w[2](nil, connection_error(self, self.why), "connection")
+      else
+        keep[#keep + 1] = w
+      end
+    end
+    self.waiting = keep
+  end
+  if not self.conn and not self.closed and now >= (self.reconnect_at or 0) then self:_connect() end
+  if self.conn and #self.waiting == 0 and not self.sub_pending then self.timer:stop() end
+  if self.sub_pending then self:_resubscribe() end
+end
+
+-- client:call(args, cb): cb(reply) or cb(nil, err, kind) with kind "reply"
+-- (the server refused: err is its message) or "connection".
+function Client:call(args, cb)
+  if self.closed then return cb(nil, "EREDIS: the client is closed", "connection") end
+  if self.ready and self.conn then
+    local ok, err = self.conn:command(args, function(v, e, kind)
+      if e and kind == "connection" then e = connection_error(self, e) end
+      cb(v, e, kind)
+    end)
+    if ok then return end
+    self.why = err
+  end
+  self.waiting[#self.waiting + 1] = { args, cb, loop.now() + self.timeout_ms }
+  self.timer:start(50, 50)
+end
+
+-- client:call_wait(args) -> reply | nil, err: a blocking call (the REPL, a script).
+function Client:call_wait(args)
+  local done, value, err = false, nil, nil
+  self:call(args, function(v, e) done, value, err = true, v, e end)
+  loop.wait_until(function() return done end)
+  return value, err
+end
+
+-- client:wait_ready() -> true | nil, err: waits up to timeout_ms for a connection.
+function Client:wait_ready()
+  local deadline = loop.now() + self.timeout_ms
+  loop.wait_until(function() return self.ready or self.closed or loop.now() >= deadline end)
+  if self.ready then return true end
+  return nil, connection_error(self, self.why or "no answer")
+end
+
+-- Subscriptions: one more connection, set up like the first.
+function Client:subscribe(channel, cb)
+  self.subscriptions[channel] = cb
+  self:_resubscribe()
+end
+
+function Client:_resubscribe()
+  if next(self.subscriptions) == nil or self.closed then return end
+  if self.sub and self.sub_up then
+    for channel, cb in pairs(self.subscriptions) do
+      if not self.sub_channels[channel] then
+        self.sub_channels[channel] = true
+        self.sub:subscribe({ "SUBSCRIBE", channel }, function(msg, err)
+          if err then return end
+          if msg[1] == "message" then cb("message", msg[3])
+          elseif msg[1] == "subscribe" then cb("resubscribed") end
+        end)
+      end
+    end
+    return
+  end
+  if self.sub then return end
+  self.sub_pending = nil
+  local sub
+  sub = core.redis(self.target.host, self.target.port, self.timeout_ms, self.max_reply,
+    function(kind)
+      if self.sub ~= sub then return end
+      if kind == "up" then
+        local cmds = self:_setup_commands()
+        cmds[#cmds] = nil -- no need to load the library here
+        set_up(sub, cmds, function(err)
+          if self.sub ~= sub then return end
+          if err then sub:close(); self.sub = nil; self.sub_pending = true; return end
+          self.sub_up, self.sub_channels = true, {}
+          self:_resubscribe()
+        end)
+      else
+        self.sub, self.sub_up = nil, false
+        self.sub_pending = true
+        self.timer:start(self.backoff > 0 and self.backoff or 200, 200)
+      end
+    end)
+  self.sub, self.sub_up = sub, false
+end
+
+function Client:close()
+  if self.closed then return end
+  self.closed, self.ready = true, false
+  if self.conn then self.conn:close() end
+  if self.sub then self.sub:close() end
+  self.conn, self.sub = nil, nil
+  local waiting = self.waiting
+  self.waiting = {}
+  for _, w in ipairs(waiting) do w[2](nil, "EREDIS: the client is closed", "connection") end
+  self.timer:close()
+end
+
+return M

@@ -1,0 +1,336 @@
+#!lua name=moonjob
+-- moonjob's queue, as a library of Redis Functions (Redis 7). This file runs
+-- inside Redis, not in moonjob: workers load it with FUNCTION LOAD REPLACE
+-- when they connect, and every change of a queue's state is one FCALL, so it
+-- is atomic. docs/REDIS.md is the contract for other languages.
+--
+-- KEYS[1] of every call is the queue's prefix, "mj:{<queue>}:"; every key of
+-- the queue starts with it, so all of them share one hash tag (one cluster
+-- slot). Keys:
+--   <p>seq         counter: order of arrival (first in, first out per priority)
+--   <p>j:<id>      hash: one job (fields below)
+--   <p>wait        sorted set: jobs ready to run; score = priority (lower
+--                  first), member = 16-digit arrival number .. ":" .. id
+--   <p>delayed     sorted set: id by the time it may run (ms, server clock)
+--   <p>active      sorted set: id by the time its lease expires (ms)
+--   <p>completed   sorted set: id by the time it finished (ms)
+--   <p>failed      sorted set: id by the time it failed for good (ms)
+--   <p>events      pub/sub channel: "added", "cancel <id>", "done <id>"
+-- Job fields: data (JSON text), priority, attempts (allowed), made (attempts
+-- started), backoff (JSON text or ""), timeout, kill_after, name, cache (s),
+-- state (waiting, delayed, active, completed, failed), token (of the run
+-- holding the lease), worker, result (JSON text), error (JSON text), cancel
+-- (the reason, once asked while active), created, started, finished, run_at
+-- (ms), member (its wait member), notify ("1": publish "done <id>"),
+-- cache_until (ms).
+--
+-- Time is always the server's (TIME), never a worker's clock. Results and
+-- failures carrying a token that is not the job's current one are refused:
+-- a worker that lost its lease cannot overwrite the run that replaced it.
+
+local function now_ms()
+  local t = redis.call("TIME")
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function job_key(p, id) return p .. "j:" .. id end
+
+local function publish(p, message)
+  redis.call("PUBLISH", p .. "events", message)
+end
+
+local function err_json(code, message)
+  return cjson.encode({ code = code, message = message })
+end
+
+-- Finished jobs are kept by count and by age, a bounded amount of work per
+-- call (so a backlog is removed over the next calls). A completed job whose
+-- result is cached stays readable until its cache ends.
+local function trim(p, set, keep_count, keep_age_ms, now)
+  local removed = {}
+  local old = redis.call("ZRANGEBYSCORE", p .. set, "-inf", now - keep_age_ms, "LIMIT", 0, 100)
+  for _, id in ipairs(old) do removed[#removed + 1] = id end
+  local extra = redis.call("ZCARD", p .. set) - #removed - keep_count
+  if extra > 0 then
+    local oldest = redis.call("ZRANGE", p .. set, #removed, #removed + math.min(extra, 100) - 1)
+    for _, id in ipairs(oldest) do removed[#removed + 1] = id end
+  end
+  for _, id in ipairs(removed) do
+    redis.call("ZREM", p .. set, id)
+    local key = job_key(p, id)
+    local cache_until = tonumber(redis.call("HGET", key, "cache_until") or "0") or 0
+    if cache_until > now then
+      redis.call("PEXPIREAT", key, cache_until)
+    else
+      redis.call("DEL", key)
+    end
+  end
+end
+
+local function retain(p, args_at, args, now)
+  local keep_count = tonumber(args[args_at]) or 1000
+  local keep_age = tonumber(args[args_at + 1]) or 86400000
+  trim(p, "completed", keep_count, keep_age, now)
+  trim(p, "failed", keep_count, keep_age, now)
+end
+
+local function make_waiting(p, id, key, now)
+  local prio = tonumber(redis.call("HGET", key, "priority")) or 0
+  local member = string.format("%016d", redis.call("INCR", p .. "seq")) .. ":" .. id
+  redis.call("HSET", key, "state", "waiting", "member", member, "run_at", now)
+  if redis.call("ZCARD", p .. "wait") == 0 then publish(p, "added") end
+  redis.call("ZADD", p .. "wait", prio, member)
+end
+
+local function make_delayed(p, id, key, run_at)
+  redis.call("HSET", key, "state", "delayed", "run_at", run_at)
+  redis.call("ZADD", p .. "delayed", run_at, id)
+end
+
+local function finish(p, id, key, state, field, value, now)
+  redis.call("ZREM", p .. "active", id)
+  redis.call("HSET", key, "state", state, field, value, "finished", now, "token", "")
+  if state == "completed" then
+    local cache = tonumber(redis.call("HGET", key, "cache")) or 0
+    if cache > 0 then redis.call("HSET", key, "cache_until", now + math.floor(cache * 1000)) end
+  end
+  redis.call("ZADD", p .. state, now, id)
+  if redis.call("HGET", key, "notify") == "1" then publish(p, "done " .. id) end
+end
+
+-- A job whose lease expired ran on a worker that stopped renewing (killed,
+-- cut off, paused): it runs again, counting an attempt (ESTALLED), or fails
+-- for good once its attempts are used up.
+local function recover_stalled(p, now)
+  local stalled = redis.call("ZRANGEBYSCORE", p .. "active", "-inf", now, "LIMIT", 0, 100)
+  for _, id in ipairs(stalled) do
+    local key = job_key(p, id)
+    local made = tonumber(redis.call("HGET", key, "made")) or 0
+    local attempts = tonumber(redis.call("HGET", key, "attempts")) or 1
+    local e = err_json("ESTALLED", "the job's lease expired on worker "
+      .. tostring(redis.call("HGET", key, "worker")) .. " (killed, cut off or paused)")
+    if redis.call("HGET", key, "cancel") then
+      finish(p, id, key, "failed", "error", err_json("ECANCELED", redis.call("HGET", key, "cancel")), now)
+    elseif made >= attempts then
+      finish(p, id, key, "failed", "error", e, now)
+    else
+      redis.call("ZREM", p .. "active", id)
+      redis.call("HSET", key, "error", e, "token", "")
+      make_waiting(p, id, key, now)
+    end
+  end
+  return #stalled
+end
+
+local function promote_delayed(p, now)
+  local due = redis.call("ZRANGEBYSCORE", p .. "delayed", "-inf", now, "LIMIT", 0, 1000)
+  for _, id in ipairs(due) do
+    redis.call("ZREM", p .. "delayed", id)
+    make_waiting(p, id, job_key(p, id), now)
+  end
+end
+
+-- add(p; id, data, priority, delay_ms, attempts, backoff, timeout, kill_after,
+--     name, cache, max_queue, notify) -> { id, state, joined }
+-- id "" draws a number; id "\0dedupe" is "d:" .. the SHA-1 of data. A job with that id waiting, delayed or running is
+-- joined (joined = 1); a completed one whose cache has not ended is returned
+-- as it is; otherwise the id starts a new job.
+local function add(keys, args)
+  local p = keys[1]
+  local id, data = args[1], args[2]
+  local prio, delay = tonumber(args[3]) or 0, tonumber(args[4]) or 0
+  local now = now_ms()
+  if id == "" then id = tostring(redis.call("INCR", p .. "ids"))
+  elseif id == "\0dedupe" then id = "d:" .. redis.sha1hex(data) end
+  local key = job_key(p, id)
+  local state = redis.call("HGET", key, "state")
+  if state == "waiting" or state == "delayed" or state == "active" then
+    if args[12] == "1" then redis.call("HSET", key, "notify", "1") end
+    return { id, state, 1 }
+  elseif state == "completed" and (tonumber(redis.call("HGET", key, "cache_until")) or 0) > now then
+    return { id, state, 1 }
+  end
+  local max_queue = tonumber(args[11]) or 0
+  if max_queue > 0 and redis.call("ZCARD", p .. "wait") + redis.call("ZCARD", p .. "delayed") >= max_queue then
+    return redis.error_reply("EQUEUEFULL the queue holds max_queue (" .. max_queue .. ") waiting jobs")
+  end
+  if state then
+    redis.call("ZREM", p .. "completed", id)
+    redis.call("ZREM", p .. "failed", id)
+    redis.call("DEL", key)
+  end
+  redis.call("HSET", key, "id", id, "data", data, "priority", prio, "attempts", args[5],
+    "made", 0, "backoff", args[6], "timeout", args[7], "kill_after", args[8], "name", args[9],
+    "cache", args[10], "notify", args[12], "created", now)
+  if delay > 0 then
+    make_delayed(p, id, key, now + delay)
+    return { id, "delayed", 0 }
+  end
+  make_waiting(p, id, key, now)
+  return { id, "waiting", 0 }
+end
+
+-- fetch(p; worker, n, lease_ms) -> { next_due_ms, job, job, ... }; each job is
+-- { id, token, data, made, attempts, backoff, timeout, kill_after, name }.
+-- Recovers stalled jobs and makes due delayed jobs ready first. next_due_ms:
+-- when the earliest delayed job falls due (server ms from now), or -1.
+local function fetch(keys, args)
+  local p, worker = keys[1], args[1]
+  local n, lease = tonumber(args[2]) or 1, tonumber(args[3]) or 30000
+  local now = now_ms()
+  recover_stalled(p, now)
+  promote_delayed(p, now)
+  local out = { -1 }
+  local popped = n > 0 and redis.call("ZPOPMIN", p .. "wait", n) or {}
+  for i = 1, #popped, 2 do
+    local member = popped[i]
+    local id = string.sub(member, 18)
+    local key = job_key(p, id)
+    if redis.call("EXISTS", key) == 1 then
+      local made = redis.call("HINCRBY", key, "made", 1)
+      local token = worker .. "/" .. made
+      redis.call("HSET", key, "state", "active", "token", token, "worker", worker, "started", now)
+      redis.call("ZADD", p .. "active", now + lease, id)
+      local f = redis.call("HMGET", key, "data", "attempts", "backoff", "timeout", "kill_after", "name")
+      out[#out + 1] = { id, token, f[1], made, f[2], f[3], f[4], f[5], f[6] }
+    end
+  end
+  local first = redis.call("ZRANGE", p .. "delayed", 0, 0, "WITHSCORES")
+  if first[2] then out[1] = math.max(0, tonumber(first[2]) - now) end
+  return out
+end
+
+local function holds(key, token)
+  return token ~= "" and redis.call("HGET", key, "token") == token
+    and redis.call("HGET", key, "state") == "active"
+end
+
+-- renew(p; lease_ms, id, token, id, token, ...) -> { id, code, reason, ... }
+-- for each job whose lease this worker no longer holds (ELOST) or whose
+-- cancel was asked (ECANCELED, with the reason). The others' leases now end
+-- lease_ms from now.
+local function renew(keys, args)
+  local p, lease = keys[1], tonumber(args[1]) or 30000
+  local now = now_ms()
+  local out = {}
+  for i = 2, #args, 2 do
+    local id, token = args[i], args[i + 1]
+    local key = job_key(p, id)
+    if not holds(key, token) then
+      out[#out + 1] = id; out[#out + 1] = "ELOST"; out[#out + 1] = ""
+    else
+      redis.call("ZADD", p .. "active", "XX", now + lease, id)
+      local reason = redis.call("HGET", key, "cancel")
+      if reason then
+        out[#out + 1] = id; out[#out + 1] = "ECANCELED"; out[#out + 1] = reason
+      end
+    end
+  end
+  return out
+end
+
+-- complete(p; id, token, result, keep_count, keep_age_ms) -> "OK" | "ESTALE"
+local function complete(keys, args)
+  local p, id, token = keys[1], args[1], args[2]
+  local key = job_key(p, id)
+  if not holds(key, token) then return "ESTALE" end
+  local now = now_ms()
+  finish(p, id, key, "completed", "result", args[3], now)
+  retain(p, 4, args, now)
+  return "OK"
+end
+
+-- fail(p; id, token, error, retry_ms, keep_count, keep_age_ms) -> state | "ESTALE"
+-- retry_ms >= 0: the job runs again after that many ms if it has attempts
+-- left (the worker computed the backoff); -1: it fails for good.
+local function fail(keys, args)
+  local p, id, token = keys[1], args[1], args[2]
+  local key = job_key(p, id)
+  if not holds(key, token) then return "ESTALE" end
+  local now = now_ms()
+  local retry = tonumber(args[4]) or -1
+  local made = tonumber(redis.call("HGET", key, "made")) or 0
+  local attempts = tonumber(redis.call("HGET", key, "attempts")) or 1
+  if retry >= 0 and made < attempts and not redis.call("HGET", key, "cancel") then
+    redis.call("ZREM", p .. "active", id)
+    redis.call("HSET", key, "error", args[3], "token", "")
+    if retry > 0 then make_delayed(p, id, key, now + retry) else make_waiting(p, id, key, now) end
+    return redis.call("HGET", key, "state")
+  end
+  finish(p, id, key, "failed", "error", args[3], now)
+  retain(p, 5, args, now)
+  return "failed"
+end
+
+-- release(p; id, token) -> "OK" | "ESTALE": a job the worker holds but gives
+-- back unfinished (it stops): waiting again, its attempt not counted.
+local function release(keys, args)
+  local p, id, token = keys[1], args[1], args[2]
+  local key = job_key(p, id)
+  if not holds(key, token) then return "ESTALE" end
+  local now = now_ms()
+  redis.call("ZREM", p .. "active", id)
+  redis.call("HINCRBY", key, "made", -1)
+  redis.call("HSET", key, "token", "")
+  if redis.call("HGET", key, "cancel") then
+    finish(p, id, key, "failed", "error", err_json("ECANCELED", redis.call("HGET", key, "cancel")), now)
+  else
+    make_waiting(p, id, key, now)
+  end
+  return "OK"
+end
+
+-- cancel(p; id, reason) -> the state the job was in, or "ENOTFOUND". A
+-- waiting or delayed job fails with ECANCELED at once; a running one is
+-- interrupted by the worker that holds it ("cancel <id>" on the channel,
+-- and the worker's next renew).
+local function cancel(keys, args)
+  local p, id, reason = keys[1], args[1], args[2]
+  local key = job_key(p, id)
+  local state = redis.call("HGET", key, "state")
+  if not state then return "ENOTFOUND" end
+  local now = now_ms()
+  if state == "waiting" then
+    redis.call("ZREM", p .. "wait", redis.call("HGET", key, "member"))
+  elseif state == "delayed" then
+    redis.call("ZREM", p .. "delayed", id)
+  elseif state == "active" then
+    redis.call("HSET", key, "cancel", reason)
+    publish(p, "cancel " .. id)
+    return state
+  else
+    return state
+  end
+  finish(p, id, key, "failed", "error", err_json("ECANCELED", reason), now)
+  return state
+end
+
+-- get(p; id) -> { state, result, error, made, attempts, name, created,
+-- started, finished } or nil when no such job is kept.
+local function get(keys, args)
+  local f = redis.call("HMGET", job_key(keys[1], args[1]), "state", "result", "error", "made",
+    "attempts", "name", "created", "started", "finished")
+  if not f[1] then return nil end
+  return f
+end
+
+-- counts(p) -> { waiting, delayed, active, completed, failed }
+local function counts(keys)
+  local p = keys[1]
+  return { redis.call("ZCARD", p .. "wait"), redis.call("ZCARD", p .. "delayed"),
+    redis.call("ZCARD", p .. "active"), redis.call("ZCARD", p .. "completed"),
+    redis.call("ZCARD", p .. "failed") }
+end
+
+local function version() return "1" end
+
+redis.register_function("moonjob_add", add)
+redis.register_function("moonjob_fetch", fetch)
+redis.register_function("moonjob_renew", renew)
+redis.register_function("moonjob_complete", complete)
+redis.register_function("moonjob_fail", fail)
+redis.register_function("moonjob_release", release)
+redis.register_function("moonjob_cancel", cancel)
+redis.register_function{ function_name = "moonjob_get", callback = get, flags = { "no-writes" } }
+redis.register_function{ function_name = "moonjob_counts", callback = counts, flags = { "no-writes" } }
+redis.register_function{ function_name = "moonjob_version", callback = version, flags = { "no-writes" } }
