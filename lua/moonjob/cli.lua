@@ -38,6 +38,9 @@ char *strerror(int errnum);
 
 local USAGE = [[
 usage: moonjob run PROCESSOR [INPUT] [options]
+       moonjob worker PROCESSOR --redis URL --queue NAME [-j N] [--lease S] [--grace S]
+       moonjob add --redis URL --queue NAME [INPUT] [--attempts N] [--priority P] [--delay S]
+       moonjob status --redis URL --queue NAME [--watch]
 
 Runs the processor file PROCESSOR once per line of INPUT, an NDJSON file
 (one job's data per line, any JSON value; default: standard input), in a pool
@@ -60,6 +63,20 @@ options:
                         (default 5)
   --start-timeout S     seconds a child may take to load the processor
                         (default 60); then the run stops with ELOAD
+
+durable queues on Redis (README "Durable queues on Redis"):
+  worker                run jobs from the queue until SIGTERM or Ctrl-C, then
+                        give back what was not started and exit 0
+  add                   add one job per NDJSON line of INPUT; prints the ids
+  status                print the queue's counts (--watch: every second)
+  --redis URL           redis://[user:password@]host[:port][/db]
+  --queue NAME          the queue's name
+  --lease S             seconds a fetched job is held before another worker
+                        may take it, renewed every S/3 (default 30)
+  --grace S             seconds running jobs get to finish when the worker
+                        stops (default 30)
+  --priority P, --delay S   for add: lower runs first; seconds before it may run
+
   -h, --help            show this help
   --version             show the version
 
@@ -121,6 +138,12 @@ local VALUED = {
   ["--timeout"] = { "timeout", positive_seconds, "a number of seconds from 0.001 to 1e9" },
   ["--start-timeout"] = { "start_timeout", positive_seconds, "a number of seconds from 0.001 to 1e9" },
   ["--kill-after"] = { "kill_after", seconds, "a number of seconds from 0 to 1e9" },
+  ["--redis"] = { "redis", path, "a URL: redis://[user:password@]host[:port][/db]" },
+  ["--queue"] = { "queue", path, "a queue name" },
+  ["--lease"] = { "lease", positive_seconds, "a number of seconds from 0.001 to 1e9" },
+  ["--grace"] = { "grace", seconds, "a number of seconds from 0 to 1e9" },
+  ["--delay"] = { "delay", seconds, "a number of seconds from 0 to 1e9" },
+  ["--priority"] = { "priority", tonumber, "a number (lower runs first)" },
 }
 
 -- Returns a table of options, or nil and a message.
@@ -139,6 +162,8 @@ local function parse(args)
       o.keep_order = true
     elseif a == "--resume" then
       o.resume = true
+    elseif a == "--watch" then
+      o.watch = true
     elseif valued then
       local value = inline
       if not value then i = i + 1; value = args[i] end
@@ -472,6 +497,24 @@ local function run(processor, input_path, o)
   return failed == 0 and EXIT_OK or EXIT_FAILED
 end
 
+-- moonjob worker | add | status (moonjob.cli_redis).
+local function remote_command(command, o)
+  local remote = require "moonjob.cli_redis"
+  local bad = remote.check_target(o, usage_error)
+  if bad then return bad end
+  if command == "worker" then
+    local processor = o.positional[2]
+    if not processor then return usage_error("missing PROCESSOR: moonjob worker PROCESSOR --redis URL --queue NAME") end
+    if o.positional[3] then return usage_error(("unexpected argument '%s'"):format(o.positional[3])) end
+    return remote.worker(processor, o, pool_options)
+  elseif command == "add" then
+    if o.positional[3] then return usage_error(("unexpected argument '%s'"):format(o.positional[3])) end
+    return remote.add(o.positional[2], o)
+  end
+  if o.positional[2] then return usage_error(("unexpected argument '%s'"):format(o.positional[2])) end
+  return remote.status(o)
+end
+
 -- cli.main(args) -> exit status
 function M.main(args)
   local o, err = parse(args)
@@ -480,7 +523,10 @@ function M.main(args)
   if o.version then io.stdout:write(moonjob._VERSION, "\n") return EXIT_OK end
   local command = o.positional[1]
   if command == nil then return usage_error("missing command: moonjob run PROCESSOR [INPUT]") end
-  if command ~= "run" then return usage_error(("unknown command '%s'; the command is 'run'"):format(command)) end
+  if command == "worker" or command == "add" or command == "status" then return remote_command(command, o) end
+  if command ~= "run" then
+    return usage_error(("unknown command '%s'; the commands are run, worker, add and status"):format(command))
+  end
   local processor, input_path = o.positional[2], o.positional[3]
   if not processor then return usage_error("missing PROCESSOR: moonjob run PROCESSOR [INPUT]") end
   if o.positional[4] then return usage_error(("unexpected argument '%s'"):format(o.positional[4])) end

@@ -1,0 +1,300 @@
+-- moonjob.redis.remote -- a pool's second job source: a durable queue on Redis.
+--
+-- Policy only (the connection is moonjob.redis.client, the queue's atomic
+-- steps are functions.lua). A pool created with { redis = url, queue = name }
+-- owns one Remote, which:
+--   * fetches jobs in batches while the pool has room: `size` running plus
+--     `prefetch` waiting in the pool (default: as many as children), each
+--     fetched job holding a lease (`lease` seconds) and a token;
+--   * hands them to the pool's local source as ordinary jobs (JSON text, the
+--     pool's "json" codec: the parent never parses or runs what it read);
+--   * renews every lease it holds in one FCALL every lease/3, from the loop,
+--     which user code cannot block (processors run in children);
+--   * reports each end with the job's token: complete, fail (with the retry
+--     delay the pool's backoff computed, or -1 for a final failure), release
+--     (the pool is closing and the job never ran, or stopped: not counted);
+--   * fences itself: a job whose lease was last confirmed more than
+--     2/3 of a lease ago (renewals failing: Redis down, link cut) is stopped
+--     (interrupted, then killed after kill_after) and dropped without any
+--     report, so it is stopped before the lease can expire and another
+--     worker runs it. The same happens to a job Redis says is no longer
+--     ours (ELOST). A cancel asked on any host ("cancel <id>" on the queue's
+--     channel, or the next renew) interrupts the job here with ECANCELED.
+--
+-- Caveat (the documented window): a worker paused (SIGSTOP, a VM freeze) or
+-- cut off for longer than the lease cannot stop its job in time; the job then
+-- runs again elsewhere (ESTALLED) while the first run may have done side
+-- effects. Its late report is refused by token. Processors must be idempotent.
+local Job = require "moonjob.job"
+local client = require "moonjob.redis.client"
+local errors = require "moonjob.errors"
+local json = require "moonjob.json"
+local loop = require "moonjob.loop"
+local core = require "moonjob.core"
+local Queue = require "moonjob.redis.queue"
+
+local Remote = {}
+Remote.__index = Remote
+
+local function random_id()
+  local f = io.open("/dev/urandom", "rb")
+  local bytes = f and f:read(8) or tostring(loop.now()) .. tostring(core.getpid())
+  if f then f:close() end
+  return (bytes:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
+end
+
+-- Remote.new(pool, opts) -> remote. opts (the pool's): redis, queue, lease
+-- (seconds), prefetch, poll (seconds between looks at an empty queue),
+-- keep_completed, keep_failed_age... see README "Durable queues on Redis".
+function Remote.new(pool, opts)
+  local self = setmetatable({
+    pool = pool, name = opts.queue, prefix = Queue.prefix(opts.queue),
+    lease_ms = math.floor((opts.lease or 30) * 1000),
+    prefetch = opts.prefetch or opts.size or 1,
+    poll_ms = math.floor((opts.poll or 1) * 1000),
+    keep_count = opts.keep or 1000, keep_age_ms = math.floor((opts.keep_age or 86400) * 1000),
+    worker_id = (opts.worker_name or "") .. random_id(),
+    held = {},        -- remote id -> job (fetched, not reported yet)
+    nheld = 0,
+    fetching = false, stopping = false, up = false,
+    counts = { fetched = 0, completed = 0, failed = 0, released = 0, fenced = 0, lost = 0, refused = 0 },
+  }, Remote)
+  local c, err = client.new(opts.redis, {
+    timeout_ms = math.max(500, math.min(self.lease_ms / 3, 5000)),
+    max_reply = (pool.max_payload + 4096) * math.max(1, self.prefetch + (opts.size or 1)) + 65536,
+    on_state = function(up, why) self:_state(up, why) end,
+  })
+  if not c then error("moonjob.pool: option 'redis': " .. err, 4) end
+  self.client = c
+  c:subscribe(self.prefix .. "events", function(kind, message) self:_message(kind, message) end)
+  self.renew_timer = core.timer(function() self:_renew() end)
+  self.renew_timer:start(self.lease_ms / 3, self.lease_ms / 3)
+  self.fence_timer = core.timer(function() self:_fence() end)
+  local every = math.max(10, math.floor(self.lease_ms / 12))
+  self.fence_timer:start(every, every)
+  self.poll_timer = core.timer(function() self:want() end)
+  self.poll_timer:start(self.poll_ms, self.poll_ms)
+  return self
+end
+
+function Remote:_state(up, why)
+  self.up = up
+  self.pool:_emit("redis", up and "up" or "down", why)
+  if up then self:want() end
+end
+
+function Remote:_message(kind, message)
+  if kind == "resubscribed" or message == "added" then return self:want() end
+  local id = message and message:match("^cancel (.*)$")
+  if id and self.held[id] then self:_cancel_here(self.held[id], "ECANCELED", "canceled on another host") end
+end
+
+-- How many more jobs the pool has room for.
+function Remote:room()
+  local size = self.pool.size or 1
+  return size + self.prefetch - self.nheld
+end
+
+-- want(): fetch if there is room and no fetch is in flight.
+function Remote:want()
+  if self.stopping or self.fetching or not self.up then return end
+  local n = self:room()
+  if n <= 0 then return end
+  self.fetching = true
+  local sent_at = loop.now()
+  self.client:call({ "FCALL", "moonjob_fetch", 1, self.prefix, self.worker_id, n, self.lease_ms },
+    function(reply, err)
+      self.fetching = false
+      if not reply then
+        self.pool:_emit("redis", "error", "fetch: " .. tostring(err))
+        return
+      end
+      local got = 0
+      for i = 2, #reply do
+        got = got + 1
+        self:_take(reply[i], sent_at)
+      end
+      if got > 0 then
+        self.pool:_pump()
+        if got >= n then self:want() end
+      end
+      self:_arm_delayed(reply[1])
+    end)
+end
+
+-- The earliest delayed job falls due in `ms` (server time): look then.
+function Remote:_arm_delayed(ms)
+  ms = tonumber(ms) or -1
+  if ms < 0 or ms >= self.poll_ms then return end
+  if not self.due_timer then self.due_timer = core.timer(function() self:want() end) end
+  self.due_timer:start(ms + 1)
+end
+
+local function number_or_nil(s)
+  local n = tonumber(s)
+  if n and n > 0 then return n end
+  return nil
+end
+
+-- A fetched job becomes a pool job. Malformed or oversized jobs fail at
+-- once (reported to Redis, no attempt at running them).
+function Remote:_take(f, sent_at)
+  local pool = self.pool
+  local id, token, data = f[1], f[2], f[3]
+  local job = pool:_new_job()
+  job.remote_id, job.token, job.lease_from = id, token, sent_at
+  job.attempts = (tonumber(f[4]) or 1) - 1
+  job.max_attempts = tonumber(f[5]) or 1
+  job.timeout, job.kill_after = number_or_nil(f[7]), number_or_nil(f[8])
+  if f[9] and f[9] ~= "" then job.name = f[9] end
+  self.held[id] = job
+  self.nheld = self.nheld + 1
+  self.counts.fetched = self.counts.fetched + 1
+  if f[6] and f[6] ~= "" then
+    local spec = json.decode(f[6])
+    if type(spec) == "table" then job.backoff = spec end
+  end
+  if type(data) ~= "string" then
+    return self:_refuse(job, "EINPUT", "the job's data in Redis is missing or not a string")
+  elseif #data > pool.max_payload then
+    return self:_refuse(job, "EPAYLOAD", ("the job data is %d bytes, more than max_payload (%d)")
+      :format(#data, pool.max_payload))
+  end
+  job.data_bytes = data
+  pool.source:push(job)
+end
+
+function Remote:_refuse(job, code, message)
+  job.attempts = job.attempts + 1
+  job.retry_never = true
+  self.pool:_fail(job, errors.new(code, message))
+end
+
+-- Stops a job here (running: interrupted; waiting in the pool: taken out)
+-- with code. For ECANCELED the end is reported (the token is still ours);
+-- for a fence or a lost lease it is not (abandoned).
+function Remote:_cancel_here(job, code, reason)
+  if code ~= "ECANCELED" then job.abandoned = true end
+  self.pool:_cancel(job, reason, code)
+end
+
+-- Every lease we hold, renewed in one call.
+function Remote:_renew()
+  if self.nheld == 0 or not self.up then return end
+  local args = { "FCALL", "moonjob_renew", 1, self.prefix, self.lease_ms }
+  local sent = {}
+  for id, job in pairs(self.held) do
+    if not job.abandoned then
+      args[#args + 1] = id
+      args[#args + 1] = job.token
+      sent[#sent + 1] = job
+    end
+  end
+  local sent_at = loop.now()
+  self.client:call(args, function(reply, err)
+    if not reply then
+      self.pool:_emit("redis", "error", "renew: " .. tostring(err))
+      return
+    end
+    local bad = {}
+    for i = 1, #reply, 3 do bad[reply[i]] = { reply[i + 1], reply[i + 2] } end
+    for _, job in ipairs(sent) do
+      local b = bad[job.remote_id]
+      if not b or b[1] == "ECANCELED" then job.lease_from = math.max(job.lease_from, sent_at) end
+      if b and self.held[job.remote_id] == job and not job.abandoned then
+        if b[1] == "ECANCELED" then
+          self:_cancel_here(job, "ECANCELED", b[2])
+        else
+          self.counts.lost = self.counts.lost + 1
+          self:_cancel_here(job, "ELOST", "the job's lease is no longer this worker's (it expired and "
+            .. "the job was recovered); stopped here")
+        end
+      end
+    end
+  end)
+end
+
+-- Self-fencing: stop what we cannot prove we still hold.
+function Remote:_fence()
+  if self.nheld == 0 then return end
+  local limit = loop.now() - self.lease_ms * 2 / 3
+  for _, job in pairs(self.held) do
+    if job.lease_from < limit and not job.abandoned then
+      self.counts.fenced = self.counts.fenced + 1
+      self:_cancel_here(job, "ELEASE", ("the lease could not be renewed for %.1f s (Redis unreachable); "
+        .. "stopped so that another worker can run it"):format((loop.now() - job.lease_from) / 1000))
+    end
+  end
+end
+
+local function encode_error(err)
+  local text = json.encode(err)
+  if not text then
+    text = json.encode({ code = tostring(err.code), message = tostring(err.message) })
+  end
+  return text
+end
+
+function Remote:_forget(job)
+  if self.held[job.remote_id] == job then
+    self.held[job.remote_id] = nil
+    self.nheld = self.nheld - 1
+  end
+end
+
+local function report(self, what, args)
+  self.client:call(args, function(reply, err)
+    if reply == "ESTALE" then
+      self.counts.refused = self.counts.refused + 1
+      self.pool:_emit("redis", "stale", what .. " refused: the lease had passed to another run")
+    elseif not reply then
+      self.pool:_emit("redis", "error", what .. ": " .. tostring(err))
+    end
+    self:want()
+  end)
+end
+
+-- The pool's hooks: a remote job ended here.
+function Remote:completed(job, result_bytes)
+  self:_forget(job)
+  if job.abandoned then return self:want() end
+  self.counts.completed = self.counts.completed + 1
+  report(self, "complete", { "FCALL", "moonjob_complete", 1, self.prefix, job.remote_id, job.token,
+    Job.bytes(result_bytes), self.keep_count, self.keep_age_ms })
+end
+
+-- retry_ms: the backoff before the next attempt, or nil for a final failure.
+function Remote:failed(job, err, retry_ms)
+  self:_forget(job)
+  if job.abandoned then return self:want() end
+  if err.code == "ECLOSED" then return self:release(job) end
+  self.counts.failed = self.counts.failed + 1
+  report(self, "fail", { "FCALL", "moonjob_fail", 1, self.prefix, job.remote_id, job.token,
+    encode_error(err), retry_ms and math.floor(retry_ms) or -1, self.keep_count, self.keep_age_ms })
+end
+
+function Remote:release(job)
+  self:_forget(job)
+  self.counts.released = self.counts.released + 1
+  report(self, "release", { "FCALL", "moonjob_release", 1, self.prefix, job.remote_id, job.token })
+end
+
+-- No more fetching (the pool is closing).
+function Remote:stop()
+  self.stopping = true
+end
+
+-- Reports still in flight (the pool's close waits for them, bounded).
+function Remote:busy()
+  return self.client.conn ~= nil and self.client.conn:pending() > 0
+end
+
+function Remote:close()
+  self.stopping = true
+  for _, t in ipairs({ self.renew_timer, self.fence_timer, self.poll_timer, self.due_timer }) do
+    t:close()
+  end
+  self.client:close()
+end
+
+return Remote
