@@ -28,6 +28,7 @@ CORE_SRC   = core/loop.c core/process.c core/spawn.c core/reap.c core/stdio.c co
 CORE_OBJ   = $(CORE_SRC:core/%.c=$(BUILD)/obj/%.o)
 HEADERS    = core/moonjob.h core/frame.h
 LUA_FILES  = $(wildcard lua/moonjob/*.lua)
+POOL_FILES = $(wildcard lua/moonjob/pool/*.lua)
 
 DEB_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev libuv1-dev lua-cjson \
                lua-busted luarocks procps
@@ -123,8 +124,9 @@ bench: deps all $(BUILD)/bench-floor
 	$(LUA) bench/run.lua
 
 install: all
-	install -d $(DESTDIR)$(LUADIR)/moonjob $(DESTDIR)$(LIBDIR)/moonjob $(DESTDIR)$(BINDIR)
+	install -d $(DESTDIR)$(LUADIR)/moonjob/pool $(DESTDIR)$(LIBDIR)/moonjob $(DESTDIR)$(BINDIR)
 	install -m 644 $(LUA_FILES) $(DESTDIR)$(LUADIR)/moonjob/
+	install -m 644 $(POOL_FILES) $(DESTDIR)$(LUADIR)/moonjob/pool/
 	install -m 755 $(CORE_SO) $(CHILD) $(DESTDIR)$(LIBDIR)/moonjob/
 	install -m 755 scripts/moonjob $(DESTDIR)$(BINDIR)/moonjob
 
