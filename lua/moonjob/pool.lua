@@ -49,10 +49,6 @@ local SWEEP_MS = 100            -- how often acknowledgements and idle children 
 local TERM_GRACE_MS = 1000      -- SIGTERM to SIGKILL when a close ends busy children
 local BACKOFF_FIRST_MS, BACKOFF_MAX_MS = 100, 30000
 
-local EVENTS = {
-  completed = true, failed = true, progress = true, log = true, active = true,
-  drained = true, error = true, exit = true, retrying = true,
-}
 -- Failures that another attempt cannot fix.
 local FINAL = { ECANCELED = true, ECLOSED = true, EPAYLOAD = true, EINPUT = true }
 
@@ -117,57 +113,6 @@ function Pool.new(processor, opts)
   self.sweeper:unref()
   self:_ensure_workers()
   return self
-end
-
------------------------------------------------------------------- events ---
-
-local function traceback(err)
-  return debug.traceback(tostring(err), 2)
-end
-
-function Pool:_report(event, message)
-  if event ~= "error" and self.listeners.error then
-    return self:_emit("error", message, event)
-  end
-  io.stderr:write(("moonjob: error in a '%s' listener: %s\n"):format(event, message))
-end
-
-function Pool:_emit(event, ...)
-  local list = self.listeners[event]
-  if not list then return end
-  for i = 1, #list do
-    local ok, err = xpcall(list[i], traceback, ...)
-    if not ok then self:_report(event, err) end
-  end
-end
-
--- pool:on(event, fn) -> pool. Events: completed(job, result), failed(job, err),
--- progress(job, value), log(job, line, stream), active(job), drained(),
--- retrying(job, err, delay), exit(pid, exit_status, signal) when a child is
--- gone, and error(message, event) for errors raised by other listeners.
-function Pool:on(event, fn)
-  if not EVENTS[event] then
-    error(("pool:on(): unknown event '%s' (completed, failed, progress, log, active, "
-      .. "retrying, drained, exit, error)"):format(tostring(event)), 2)
-  end
-  if type(fn) ~= "function" then error("pool:on(): the listener must be a function", 2) end
-  local list = self.listeners[event] or {}
-  list[#list + 1] = fn
-  self.listeners[event] = list
-  return self
-end
-
--- pool:off(event, fn) -> true if fn was listening
-function Pool:off(event, fn)
-  local list = self.listeners[event]
-  for i = 1, list and #list or 0 do
-    if list[i] == fn then
-      table.remove(list, i)
-      if #list == 0 then self.listeners[event] = nil end
-      return true
-    end
-  end
-  return false
 end
 
 ---------------------------------------------------------------- workers ---
@@ -860,5 +805,19 @@ function Pool:__tostring()
   return ("<moonjob.pool %s: %d children, %d waiting, %d active%s>"):format(
     self.processor, self.nworkers, self.queue.n, self.nactive, self.closing and ", closed" or "")
 end
+
+---------------------------------------------------------------- mix-in ---
+
+-- Each concern's methods live in moonjob/pool/*.lua and are copied into Pool
+-- here, so pool:on() and self:_emit() work as if defined in this file (and
+-- calls between them go through self, so one can be replaced on Pool).
+local function mix_in(methods)
+  for name, fn in pairs(methods) do
+    assert(Pool[name] == nil, "moonjob.pool: two definitions of " .. name)
+    Pool[name] = fn
+  end
+end
+
+mix_in(require "moonjob.pool.events")
 
 return Pool
