@@ -44,7 +44,6 @@ local Pool = {}
 Pool.__index = Pool
 
 local DEFAULTS = Options.DEFAULTS
-local SAMPLES = 1024             -- recent wait and run times kept for percentiles
 local SWEEP_MS = 100            -- how often acknowledgements and idle children are checked
 local TERM_GRACE_MS = 1000      -- SIGTERM to SIGKILL when a close ends busy children
 local BACKOFF_FIRST_MS, BACKOFF_MAX_MS = 100, 30000
@@ -94,7 +93,7 @@ function Pool.new(processor, opts)
     cache = opts.cache and Cache.new(opts.cache_max or 1000),
     max_queue = opts.max_queue,
     inflight = {},                 -- key -> the waiting or running job with that key
-    wait_ms = { n = 0 }, run_ms = { n = 0 }, -- rings of the last SAMPLES times
+    wait_ms = { n = 0 }, run_ms = { n = 0 }, -- rings of recent times (moonjob.pool.stats)
     nactive = 0, ndeferred = 0,
     start_failures = 0,
     listeners = {},
@@ -196,11 +195,6 @@ function Pool:_retire(w, kill)
   return true
 end
 
-local function sample(ring, value)
-  ring.n = ring.n + 1
-  ring[(ring.n - 1) % SAMPLES + 1] = value
-end
-
 function Pool:_dispatch(w, job)
   local attempt = job.attempts + 1
   local meta = self.meta:reset():encode({ id = job.id, name = job.name, attempt = attempt })
@@ -210,7 +204,7 @@ function Pool:_dispatch(w, job)
   end
   job.state, job.pid, job.attempts, job.worker = "active", w.pid, attempt, w
   job.started = loop.now()
-  sample(self.wait_ms, job.started - (job.run_at or job.added))
+  self:_sample_wait(job.started - (job.run_at or job.added))
   w.dispatched_at, w.acked = job.started, false
   self.nactive = self.nactive + 1
   local timeout = job.timeout or self.timeout
@@ -481,7 +475,7 @@ function Pool:_finish(job, state)
   if job.started then job.ms = loop.now() - job.started end
   if was_active then
     self.nactive = self.nactive - 1
-    sample(self.run_ms, job.ms)
+    self:_sample_run(job.ms)
   end
   self.counts[state] = self.counts[state] + 1
   if state == "completed" then
@@ -697,49 +691,6 @@ function Pool:cancel_all(reason)
   return n
 end
 
-local STATS_FORMAT = "waiting %d, active %d, completed %d, failed %d, children %d/%d, "
-  .. "spawned %d, crashed %d, timeouts %d, killed %d, retries %d, cache hits %d, "
-  .. "wait p50 %.1f ms p99 %.1f ms, run p50 %.1f ms p99 %.1f ms"
-
--- p50 and p99 of the recent samples in a ring, 0 without samples.
-local function percentiles(ring)
-  local sorted = {}
-  for i = 1, math.min(ring.n, SAMPLES) do sorted[i] = ring[i] end
-  table.sort(sorted)
-  local n = #sorted
-  if n == 0 then return 0, 0 end
-  return sorted[math.ceil(n * 0.5)], sorted[math.ceil(n * 0.99)]
-end
-
-local function format_stats(s)
-  return STATS_FORMAT:format(s.waiting, s.active, s.completed, s.failed, s.children, s.size,
-    s.spawned, s.crashed, s.timeouts, s.killed, s.retries, s.cache_hits, s.wait_p50, s.wait_p99,
-    s.run_p50, s.run_p99)
-end
-
--- pool:stats() -> { waiting, active, completed, failed, children, size, spawned,
--- restarts, crashed, timeouts, killed, retries, cache_hits, wait_p50, wait_p99,
--- run_p50, run_p99 (ms, over the last 1024 jobs), workers = { { pid, jobs,
--- state } ... } }
-function Pool:stats()
-  local c = self.counts
-  local wait_p50, wait_p99 = percentiles(self.wait_ms)
-  local run_p50, run_p99 = percentiles(self.run_ms)
-  local workers = {}
-  for w in pairs(self.workers) do
-    workers[#workers + 1] = { pid = w.pid, jobs = w.jobs_done, state = w.state }
-  end
-  return setmetatable({
-    waiting = self.queue.n, active = self.nactive, completed = c.completed,
-    failed = c.failed, children = self.nworkers, size = self.size,
-    spawned = c.spawned, restarts = math.max(0, c.spawned - self.size),
-    crashed = c.crashed, timeouts = c.timeouts, killed = c.killed,
-    retries = c.retries, cache_hits = c.cache_hits,
-    wait_p50 = wait_p50, wait_p99 = wait_p99, run_p50 = run_p50, run_p99 = run_p99,
-    workers = workers,
-  }, { __tostring = format_stats })
-end
-
 --------------------------------------------------------------------- close ---
 
 -- Ends every child now: busy ones get SIGTERM (their jobs fail with ECLOSED),
@@ -819,5 +770,6 @@ local function mix_in(methods)
 end
 
 mix_in(require "moonjob.pool.events")
+mix_in(require "moonjob.pool.stats")
 
 return Pool
