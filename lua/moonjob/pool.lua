@@ -37,7 +37,7 @@ local loop = require "moonjob.loop"
 local Backoff = require "moonjob.backoff"
 local Cache = require "moonjob.cache"
 local Options = require "moonjob.pool.options"
-local Queue = require "moonjob.queue"
+local Source = require "moonjob.pool.source"
 local Worker = require "moonjob.worker"
 
 local Pool = {}
@@ -85,7 +85,7 @@ function Pool.new(processor, opts)
     child_args = Options.child_args(opts),
     child_env = { "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath },
     workers = {}, nworkers = 0, nretiring = 0, idle = {},
-    queue = Queue.new(loop.now),
+    source = Source.new_local(loop.now), -- the waiting jobs (moonjob.pool.source)
     attempts = opts.attempts or 1,
     backoff = opts.backoff,
     dedupe = opts.dedupe,
@@ -142,7 +142,7 @@ end
 -- work needs (at least min_size); while starts fail and no child is ready,
 -- one probe while jobs wait.
 function Pool:_target()
-  local waiting = self.queue:ready_n()
+  local waiting = self.source:ready_count()
   if self.start_error and self:_live_workers() == 0 then return waiting > 0 and 1 or 0 end
   if self.idle_timeout then
     return math.max(self.min_size, math.min(self.size, self.nactive + waiting))
@@ -200,7 +200,7 @@ function Pool:_dispatch(w, job)
   local meta = self.meta:reset():encode({ id = job.id, name = job.name, attempt = attempt })
   if not w:run(job, meta:tostring()) then -- the child is gone: it holds no place either
     self:_retire(w, true)
-    return self.queue:push(job)
+    return self.source:push(job)
   end
   job.state, job.pid, job.attempts, job.worker = "active", w.pid, attempt, w
   job.started = loop.now()
@@ -214,7 +214,7 @@ end
 
 -- Wakes the pool when the earliest delayed job becomes due.
 function Pool:_arm_delay()
-  local due = self.queue:next_due()
+  local due = self.source:next_due()
   if not due then return end
   if not self.delay_timer then
     self.delay_timer = core.timer(function() self:_pump() end)
@@ -223,11 +223,11 @@ function Pool:_arm_delay()
 end
 
 function Pool:_pump()
-  local idle, queue = self.idle, self.queue
+  local idle, source = self.idle, self.source
   while #idle > 0 do
     local w = idle[#idle]
     if w.state == "idle" then
-      local job = queue:pop()
+      local job = source:pop_ready()
       if not job then break end
       idle[#idle] = nil
       self:_dispatch(w, job)
@@ -278,7 +278,7 @@ end
 -- While the breaker is open, the jobs that could run fail with the start
 -- error, on a later loop turn (never inside add).
 function Pool:_check_breaker()
-  if self.breaker_due or self.queue:ready_n() == 0 or not self:_breaker_open() then return end
+  if self.breaker_due or self.source:ready_count() == 0 or not self:_breaker_open() then return end
   self.breaker_due = true
   self.ndeferred = self.ndeferred + 1
   loop.defer(function()
@@ -297,11 +297,11 @@ end
 -- crossed that time since the pool last looked): that probe starts now, and
 -- the jobs still waiting wait for it.
 function Pool:_fail_ready_jobs(err)
-  for _ = 1, self.queue:ready_n() do
-    local job = self.queue:pop()
+  for _ = 1, self.source:ready_count() do
+    local job = self.source:pop_ready()
     if not job then break end
     if job.failed_by == err then
-      self.queue:push(job)
+      self.source:push(job)
       return self:_ensure_workers()
     end
     job.failed_by, job.attempts = err, job.attempts + 1
@@ -324,7 +324,7 @@ function Pool:_give_back(job)
   end
   job.state, job.worker, job.started = "waiting", nil, nil
   self.nactive = self.nactive - 1
-  self.queue:push(job)
+  self.source:push(job)
 end
 
 function Pool:_worker_gone(w, job, err, taken, status, signal)
@@ -453,7 +453,7 @@ function Pool:_fail(job, err, not_before)
     job.run_at, delay = not_before, (not_before - now) / 1000
   end
   self.counts.retries = self.counts.retries + 1
-  self.queue:push(job)
+  self.source:push(job)
   if self.listeners.retrying then self:_emit("retrying", job, err, delay) end
 end
 
@@ -548,7 +548,7 @@ function Pool:_cancel(job, reason)
   if job:is_finished() then return false end
   local message = "the job was canceled" .. (reason ~= nil and (": " .. tostring(reason)) or "")
   if job.state == "waiting" then
-    self.queue:remove(job)
+    self.source:remove(job)
     job.error = errors.new("ECANCELED", message, { reason = reason })
     self:_finish(job, "failed")
   elseif not job.interrupt then
@@ -624,13 +624,13 @@ function Pool:add(data, opts)
     job.key = key
     if cached then return self:_complete_from_cache(job, cached) end
   end
-  if self.max_queue and self.queue.n >= self.max_queue then
+  if self.max_queue and self.source:count() >= self.max_queue then
     return nil, errors.new("EQUEUEFULL", ("%d jobs are waiting, the pool's max_queue; wait for "
-      .. "some to finish (pool:drain(), the drained event) and add again"):format(self.queue.n))
+      .. "some to finish (pool:drain(), the drained event) and add again"):format(self.source:count()))
   end
   if key then self.inflight[key] = job end
   job.data_bytes = bytes
-  self.queue:push(job)
+  self.source:push(job)
   self:_pump()
   return job
 end
@@ -651,7 +651,7 @@ function Pool:map(items, opts)
   for i = 1, #items do
     local job, err = self:add(items[i], opts)
     while not job and err.code == "EQUEUEFULL" do -- backpressure: wait for room
-      loop.wait_until(function() return self.queue.n < self.max_queue end)
+      loop.wait_until(function() return self.source:count() < self.max_queue end)
       job, err = self:add(items[i], opts)
     end
     jobs[i] = job
@@ -671,7 +671,7 @@ function Pool:map(items, opts)
 end
 
 function Pool:_idle()
-  return self.nactive == 0 and self.queue.n == 0 and self.ndeferred == 0
+  return self.nactive == 0 and self.source:count() == 0 and self.ndeferred == 0
 end
 
 -- pool:drain(): runs the loop until no job waits or runs.
@@ -682,8 +682,8 @@ end
 -- pool:cancel_all([reason]) -> number of jobs canceled (waiting and running)
 function Pool:cancel_all(reason)
   local n = 0
-  while self.queue.n > 0 do
-    if self:_cancel(self.queue:pop_any(), reason) then n = n + 1 end
+  while self.source:count() > 0 do
+    if self:_cancel(self.source:pop_any(), reason) then n = n + 1 end
   end
   for w in pairs(self.workers) do
     if w.job and self:_cancel(w.job, reason) then n = n + 1 end
@@ -730,8 +730,8 @@ function Pool:close(opts)
   opts = opts or {}
   if not self.closing then
     self.closing = true
-    while self.queue.n > 0 do
-      local job = self.queue:pop_any()
+    while self.source:count() > 0 do
+      local job = self.source:pop_any()
       job.error = errors.new("ECLOSED", "the pool was closed before the job ran")
       self:_finish(job, "failed")
     end
@@ -754,7 +754,7 @@ end
 
 function Pool:__tostring()
   return ("<moonjob.pool %s: %d children, %d waiting, %d active%s>"):format(
-    self.processor, self.nworkers, self.queue.n, self.nactive, self.closing and ", closed" or "")
+    self.processor, self.nworkers, self.source:count(), self.nactive, self.closing and ", closed" or "")
 end
 
 ---------------------------------------------------------------- mix-in ---
