@@ -34,7 +34,6 @@ local core = require "moonjob.core"
 local errors = require "moonjob.errors"
 local Job = require "moonjob.job"
 local loop = require "moonjob.loop"
-local Backoff = require "moonjob.backoff"
 local Cache = require "moonjob.cache"
 local Options = require "moonjob.pool.options"
 local Source = require "moonjob.pool.source"
@@ -47,9 +46,6 @@ local DEFAULTS = Options.DEFAULTS
 local SWEEP_MS = 100            -- how often acknowledgements and idle children are checked
 local TERM_GRACE_MS = 1000      -- SIGTERM to SIGKILL when a close ends busy children
 local BACKOFF_FIRST_MS, BACKOFF_MAX_MS = 100, 30000
-
--- Failures that another attempt cannot fix.
-local FINAL = { ECANCELED = true, ECLOSED = true, EPAYLOAD = true, EINPUT = true }
 
 local next_seq = 0 -- job numbers are unique across the pools of a program
 
@@ -309,24 +305,6 @@ function Pool:_fail_ready_jobs(err)
   end
 end
 
--- A job its child never took goes back to the head of the queue and the
--- attempt does not count, unless it was interrupted meanwhile (canceled, or
--- past its timeout): then it ends with that error, never having run.
-function Pool:_give_back(job)
-  local f = job.interrupt
-  if f then
-    return self:_fail(job, errors.new(f.code, f.message .. "; its child never took it",
-      { reason = f.reason }))
-  end
-  job.attempts = job.attempts - 1 -- it never ran
-  if self.closing then -- and no child will take it now
-    return self:_fail(job, errors.new("ECLOSED", "the pool was closed before the job ran"))
-  end
-  job.state, job.worker, job.started = "waiting", nil, nil
-  self.nactive = self.nactive - 1
-  self.source:push(job)
-end
-
 function Pool:_worker_gone(w, job, err, taken, status, signal)
   self.workers[w] = nil
   self.nworkers = self.nworkers - 1
@@ -426,67 +404,7 @@ function Pool:_sweep()
   end
 end
 
------------------------------------------------------------ job endings ---
-
--- Seconds before the job's next attempt, or nil when it fails for good.
-function Pool:_retry_delay(job, err)
-  local max = job.max_attempts or self.attempts
-  if job.attempts >= max or err.retry == false or FINAL[err.code] then return nil end
-  local delay = Backoff.delay(job.backoff or self.backoff, job.attempts, err)
-  return delay ~= false and delay or nil
-end
-
--- A job's attempt failed: it comes back after its backoff, or fails for good
--- (always once the pool is closing: nothing would run it again).
--- not_before (loop.now() milliseconds) holds a retry back further.
-function Pool:_fail(job, err, not_before)
-  job.error = err
-  job.errors = job.errors or {}
-  job.errors[#job.errors + 1] = err
-  local delay = not self.closing and self:_retry_delay(job, err)
-  if not delay then return self:_finish(job, "failed") end
-  if job.state == "active" then self.nactive = self.nactive - 1 end
-  job.state, job.worker, job.interrupt = "waiting", nil, nil
-  local now = loop.now()
-  job.run_at = now + delay * 1000
-  if not_before and not_before > job.run_at then -- held back longer: the delay reported says so
-    job.run_at, delay = not_before, (not_before - now) / 1000
-  end
-  self.counts.retries = self.counts.retries + 1
-  self.source:push(job)
-  if self.listeners.retrying then self:_emit("retrying", job, err, delay) end
-end
-
--- A job with a key (id or dedupe) leaves the in-flight map when it ends; a
--- completed one leaves its result in the cache (failures are never cached).
-function Pool:_release_key(job, state)
-  local key = job.key
-  if not key then return end
-  if self.inflight[key] == job then self.inflight[key] = nil end
-  if state == "completed" and self.cache and not job.from_cache then
-    self.cache:set(key, job.result_bytes, loop.now() + self.cache_ttl * 1000)
-  end
-end
-
-function Pool:_finish(job, state)
-  local was_active = job.state == "active"
-  job.state, job.worker = state, nil
-  self:_release_key(job, state)
-  if job.started then job.ms = loop.now() - job.started end
-  if was_active then
-    self.nactive = self.nactive - 1
-    self:_sample_run(job.ms)
-  end
-  self.counts[state] = self.counts[state] + 1
-  if state == "completed" then
-    if self.listeners.completed then self:_emit("completed", job, job.result) end
-  else
-    if self.listeners.failed then self:_emit("failed", job, job.error) end
-  end
-  if self.listeners.drained and self:_idle() then
-    self:_emit("drained")
-  end
-end
+------------------------------------------------------- a job's results ---
 
 function Pool:_job_completed(w, job, result_bytes)
   job.result_bytes, job.error = result_bytes, nil
@@ -524,39 +442,6 @@ function Pool:_output_line(w, job, stream, line)
   if job and self.listeners.log then self:_emit("log", job, line, stream) end
 end
 
--- Ends a job that never ran on a later loop turn, never inside add: callers
--- expecting an answer later must not get it now. `ndeferred` keeps drain()
--- waiting for it.
-function Pool:_finish_later(job, state)
-  self.ndeferred = self.ndeferred + 1
-  loop.defer(function()
-    self.ndeferred = self.ndeferred - 1
-    if not job:is_finished() then self:_finish(job, state) end
-  end)
-  return job
-end
-
--- Fails a job that never ran (unserialisable, too big, pool closed).
-function Pool:_refuse(job, err)
-  job.error = err
-  return self:_finish_later(job, "failed")
-end
-
--- Ends a job by cancel: a waiting one at once, a running one is interrupted
--- like a timeout (soft, then kill). false when the job had already ended.
-function Pool:_cancel(job, reason)
-  if job:is_finished() then return false end
-  local message = "the job was canceled" .. (reason ~= nil and (": " .. tostring(reason)) or "")
-  if job.state == "waiting" then
-    self.source:remove(job)
-    job.error = errors.new("ECANCELED", message, { reason = reason })
-    self:_finish(job, "failed")
-  elseif not job.interrupt then
-    self:_interrupt(job.worker, job, { code = "ECANCELED", message = message, reason = reason })
-  end
-  return true
-end
-
 -------------------------------------------------------------- public API ---
 
 local function encode_data(self, data)
@@ -583,13 +468,6 @@ local function job_key(self, data, bytes, opts)
     if key ~= nil then return "data:" .. tostring(key) end
   end
   return nil
-end
-
--- A cache hit still completes through the loop, never inside add.
-function Pool:_complete_from_cache(job, result_bytes)
-  self.counts.cache_hits = self.counts.cache_hits + 1
-  job.result_bytes, job.from_cache = result_bytes, true
-  return self:_finish_later(job, "completed")
 end
 
 -- pool:add(data [, opts]) -> job, at once | nil, err (EQUEUEFULL past max_queue).
@@ -771,5 +649,6 @@ end
 
 mix_in(require "moonjob.pool.events")
 mix_in(require "moonjob.pool.stats")
+mix_in(require "moonjob.pool.lifecycle")
 
 return Pool
