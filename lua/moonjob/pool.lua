@@ -37,15 +37,11 @@ local loop = require "moonjob.loop"
 local Cache = require "moonjob.cache"
 local Options = require "moonjob.pool.options"
 local Source = require "moonjob.pool.source"
-local Worker = require "moonjob.worker"
 
 local Pool = {}
 Pool.__index = Pool
 
 local DEFAULTS = Options.DEFAULTS
-local SWEEP_MS = 100            -- how often acknowledgements and idle children are checked
-local TERM_GRACE_MS = 1000      -- SIGTERM to SIGKILL when a close ends busy children
-local BACKOFF_FIRST_MS, BACKOFF_MAX_MS = 100, 30000
 
 local next_seq = 0 -- job numbers are unique across the pools of a program
 
@@ -103,93 +99,12 @@ function Pool.new(processor, opts)
     processor = processor, codec = self.codec, max_payload = self.max_payload,
     jit = opts.jit ~= false, memory_limit = opts.memory_limit,
   })
-  self.sweeper = core.timer(function() self:_sweep() end)
-  self.sweeper:start(SWEEP_MS, SWEEP_MS)
-  self.sweeper:unref()
+  self:_start_sweeper()
   self:_ensure_workers()
   return self
 end
 
 ---------------------------------------------------------------- workers ---
-
-function Pool:_spawn()
-  local w, err = Worker.spawn(self)
-  if not w then
-    self:_start_failed(errors.new("ESPAWN", "cannot start a child process: " .. tostring(err)))
-    return false
-  end
-  self.workers[w] = true
-  self.nworkers = self.nworkers + 1
-  self.counts.spawned = self.counts.spawned + 1
-  return true
-end
-
--- How many workers are ready (idle or busy) and starting.
-function Pool:_live_workers()
-  local ready, starting = 0, 0
-  for w in pairs(self.workers) do
-    if w.state == "idle" or w.state == "busy" then ready = ready + 1
-    elseif w.state == "starting" then starting = starting + 1 end
-  end
-  return ready, starting
-end
-
--- How many children the pool wants now: `size`; with idle_timeout, what the
--- work needs (at least min_size); while starts fail and no child is ready,
--- one probe while jobs wait.
-function Pool:_target()
-  local waiting = self.source:ready_count()
-  if self.start_error and self:_live_workers() == 0 then return waiting > 0 and 1 or 0 end
-  if self.idle_timeout then
-    return math.max(self.min_size, math.min(self.size, self.nactive + waiting))
-  end
-  return self.size
-end
-
-function Pool:_respawn_later(ms)
-  if not self.respawn_timer then
-    self.respawn_timer = core.timer(function() self:_ensure_workers() end)
-  end
-  self.respawn_timer:start(ms)
-end
-
--- Starts the children the pool wants; after start failures, one at a time
--- and not before the back-off has passed.
-function Pool:_ensure_workers()
-  if self.closing then return end
-  local target = self:_target()
-  if self.start_error then return self:_probe(target) end
-  while self.nworkers - self.nretiring < target do
-    if not self:_spawn() then return end
-  end
-end
-
--- While starts fail: one probe at a time, once the back-off has passed. A
--- child that failed to start holds no place even before its exit reaches the
--- pool (a processor's setsid'd process may hold its channel open for long).
-function Pool:_probe(target)
-  local ready, starting = self:_live_workers()
-  if starting > 0 or ready >= target then return end
-  local wait_ms = self.next_spawn_at - loop.now()
-  if wait_ms > 0 then return self:_respawn_later(wait_ms) end
-  return self:_spawn()
-end
-
--- Ends a child: an idle one reads end of file and exits; kill = true
--- SIGKILLs its process group. It no longer counts toward the pool's size.
--- Returns what the kill returned (nil, err once the child was reaped).
-function Pool:_retire(w, kill)
-  if not w.retiring then
-    w.retiring = true
-    self.nretiring = self.nretiring + 1
-  end
-  if kill then
-    w.state = "killed"
-    return w:kill()
-  end
-  w:finish()
-  return true
-end
 
 function Pool:_dispatch(w, job)
   local attempt = job.attempts + 1
@@ -242,76 +157,8 @@ function Pool:_worker_loaded(w)
   self:_worker_free(w)
 end
 
--- A child is free again: it takes the next job, or is recycled.
-function Pool:_worker_free(w)
-  if self.closing or (self.max_jobs_per_child and w.jobs_done >= self.max_jobs_per_child) then
-    self:_retire(w)
-  else
-    w.idle_since = loop.now()
-    self.idle[#self.idle + 1] = w
-  end
-  self:_pump()
-end
-
--- A child could not load the processor, become ready in time, or start at
--- all: the breaker opens (see the top of this file) and the next start waits
--- longer each time.
-function Pool:_start_failed(err)
-  self.start_error = err
-  self.start_failures = self.start_failures + 1
-  self.next_spawn_at = loop.now()
-    + math.min(BACKOFF_FIRST_MS * 2 ^ (self.start_failures - 1), BACKOFF_MAX_MS)
-end
-
--- True while starts fail and no child is ready or starting: then no waiting
--- job can run.
-function Pool:_breaker_open()
-  if not self.start_error or self.closing then return false end
-  local ready, starting = self:_live_workers()
-  return ready + starting == 0
-end
-
--- While the breaker is open, the jobs that could run fail with the start
--- error, on a later loop turn (never inside add).
-function Pool:_check_breaker()
-  if self.breaker_due or self.source:ready_count() == 0 or not self:_breaker_open() then return end
-  self.breaker_due = true
-  self.ndeferred = self.ndeferred + 1
-  loop.defer(function()
-    self.breaker_due = false
-    self.ndeferred = self.ndeferred - 1
-    if self:_breaker_open() then self:_fail_ready_jobs(self.start_error) end
-    self:_pump()
-  end)
-end
-
--- Every job that may run now fails with err, the failed probe's error (an
--- attempt each). A job with attempts left comes back after its backoff, and
--- not before the next probe is due: each failed probe costs a job at most one
--- attempt, whatever its backoff (none included). So a job this probe already
--- failed is ready again only once the next probe is due (the clock may have
--- crossed that time since the pool last looked): that probe starts now, and
--- the jobs still waiting wait for it.
-function Pool:_fail_ready_jobs(err)
-  for _ = 1, self.source:ready_count() do
-    local job = self.source:pop_ready()
-    if not job then break end
-    if job.failed_by == err then
-      self.source:push(job)
-      return self:_ensure_workers()
-    end
-    job.failed_by, job.attempts = err, job.attempts + 1
-    self:_fail(job, errors.new(err.code, err.message, err), self.next_spawn_at)
-  end
-end
-
 function Pool:_worker_gone(w, job, err, taken, status, signal)
-  self.workers[w] = nil
-  self.nworkers = self.nworkers - 1
-  if w.retiring then self.nretiring = self.nretiring - 1 end
-  if not w.retiring and not w.start_reported then
-    self.counts.crashed = self.counts.crashed + 1
-  end
+  self:_remove_worker(w)
   if job and taken then
     self:_fail(job, err)
   elseif job then
@@ -325,47 +172,6 @@ end
 
 --------------------------------------------------------------- deadlines ---
 
--- Asks the child to stop its job (soft deadline, cancel); the hard deadline
--- follows kill_after seconds later.
-function Pool:_interrupt(w, job, fields)
-  job.interrupt = fields
-  w:interrupt(fields)
-  w:arm(job.kill_after or self.kill_after)
-end
-
--- The hard deadline: the child's process group is killed now and the job
--- fails now; the child's exit later only frees its slot.
-function Pool:_kill_job(w, job)
-  local f = job.interrupt
-  local killed = self:_retire(w, true)
-  w:end_job()
-  local how = "its child had already exited"
-  if killed then
-    self.counts.killed = self.counts.killed + 1
-    how = ("the child was killed after kill_after (%s s)"):format(tostring(job.kill_after or self.kill_after))
-  end
-  self:_fail(job, errors.new(f.code, f.message .. "; " .. how, { killed = killed and true or nil,
-    reason = f.reason }))
-  self:_pump()
-end
-
--- A child not ready within start_timeout is killed: a start failure.
-function Pool:_start_timed_out(w)
-  self:_worker_broken(w, errors.new("ELOAD",
-    ("the processor did not become ready within %s s (start_timeout)"):format(tostring(self.start_timeout))))
-end
-
--- A child could not start (LOADERR, start_timeout): its process group is
--- killed, it holds no place in the pool from now on, and the breaker opens
--- now, not at its exit, which a process it started in a session of its own
--- (out of the group's reach) can hold back for as long as it holds the channel.
-function Pool:_worker_broken(w, err)
-  w.start_reported = true
-  self:_retire(w, true)
-  self:_start_failed(err)
-  self:_pump()
-end
-
 -- The worker's timer fired: the start deadline, a job's soft deadline, or the
 -- hard one after it.
 function Pool:_deadline(w)
@@ -373,35 +179,7 @@ function Pool:_deadline(w)
   local job = w.job
   if not job then return end
   if job.interrupt then return self:_kill_job(w, job) end
-  self.counts.timeouts = self.counts.timeouts + 1
-  self:_interrupt(w, job, { code = "ETIMEDOUT", reason = "timeout",
-    message = ("the job ran past its timeout (%s s)"):format(tostring(job.timeout or self.timeout)) })
-end
-
--- A child that has not taken its job in time is replaced; the job is given
--- back (see _give_back).
-function Pool:_unacknowledged(w)
-  local job = w:end_job()
-  self:_retire(w, true)
-  self:_give_back(job)
-  self:_pump()
-end
-
--- Every SWEEP_MS: acknowledgements of dispatched jobs, and idle children past
--- idle_timeout (down to min_size).
-function Pool:_sweep()
-  local now = loop.now()
-  local ack_ms, idle_ms = self.ack_timeout * 1000, self.idle_timeout and self.idle_timeout * 1000
-  local current = {} -- replacing a child adds workers: never while iterating them
-  for w in pairs(self.workers) do current[#current + 1] = w end
-  for _, w in ipairs(current) do
-    if w.state == "busy" and not w.acked and now - w.dispatched_at >= ack_ms then
-      if w:taken() then w.acked = true else self:_unacknowledged(w) end
-    elseif idle_ms and w.state == "idle" and now - w.idle_since >= idle_ms
-        and self.nworkers - self.nretiring > self.min_size then
-      self:_retire(w)
-    end
-  end
+  self:_job_timed_out(w, job)
 end
 
 ------------------------------------------------------- a job's results ---
@@ -571,27 +349,6 @@ end
 
 --------------------------------------------------------------------- close ---
 
--- Ends every child now: busy ones get SIGTERM (their jobs fail with ECLOSED),
--- and whatever is still there TERM_GRACE_MS later gets SIGKILL.
-function Pool:_terminate()
-  if self.terminating then return end
-  self.terminating = true
-  for w in pairs(self.workers) do
-    local job = w.job
-    if job then
-      w:end_job()
-      job.error = errors.new("ECLOSED", "the pool was closed while the job ran", { killed = true })
-      self:_finish(job, "failed")
-    end
-    self:_retire(w)
-    w:kill("SIGTERM")
-  end
-  self.killer = core.timer(function()
-    for w in pairs(self.workers) do w:kill() end
-  end)
-  self.killer:start(TERM_GRACE_MS)
-end
-
 function Pool:_close_timers()
   for _, name in ipairs({ "sweeper", "respawn_timer", "killer", "close_timer", "delay_timer" }) do
     if self[name] then self[name]:close(); self[name] = nil end
@@ -650,5 +407,8 @@ end
 mix_in(require "moonjob.pool.events")
 mix_in(require "moonjob.pool.stats")
 mix_in(require "moonjob.pool.lifecycle")
+mix_in(require "moonjob.pool.supervise")
+mix_in(require "moonjob.pool.breaker")
+mix_in(require "moonjob.pool.deadlines")
 
 return Pool
