@@ -104,7 +104,7 @@ function Pool.new(processor, opts)
   return self
 end
 
----------------------------------------------------------------- workers ---
+-------------------------------------------------------------- dispatch ---
 
 function Pool:_dispatch(w, job)
   local attempt = job.attempts + 1
@@ -149,75 +149,6 @@ function Pool:_pump()
   self:_arm_delay()
   self:_ensure_workers()
   self:_check_breaker()
-end
-
--- A child became ready: the processor loads, so starts are healthy again.
-function Pool:_worker_loaded(w)
-  self.start_error, self.start_failures, self.next_spawn_at = nil, 0, nil
-  self:_worker_free(w)
-end
-
-function Pool:_worker_gone(w, job, err, taken, status, signal)
-  self:_remove_worker(w)
-  if job and taken then
-    self:_fail(job, err)
-  elseif job then
-    self:_give_back(job)
-  elseif not w.ready and not w.start_reported and not self.closing then
-    self:_start_failed(err)
-  end
-  if self.listeners.exit then self:_emit("exit", w.pid, status, signal) end
-  self:_pump()
-end
-
---------------------------------------------------------------- deadlines ---
-
--- The worker's timer fired: the start deadline, a job's soft deadline, or the
--- hard one after it.
-function Pool:_deadline(w)
-  if w.state == "starting" then return self:_start_timed_out(w) end
-  local job = w.job
-  if not job then return end
-  if job.interrupt then return self:_kill_job(w, job) end
-  self:_job_timed_out(w, job)
-end
-
-------------------------------------------------------- a job's results ---
-
-function Pool:_job_completed(w, job, result_bytes)
-  job.result_bytes, job.error = result_bytes, nil
-  if self.listeners.completed then -- decoded once for them; bytes that do not decode fail the job
-    local ok, why = Job.decode(self, job)
-    if not ok then
-      job.result_bytes = nil
-      return self:_job_failed(w, job, errors.new("EPROTO", "the child's result cannot be decoded: " .. why))
-    end
-  end
-  self:_finish(job, "completed")
-  self:_worker_free(w)
-end
-
-function Pool:_job_failed(w, job, err)
-  self:_fail(job, err)
-  if err.code == "ENOMEM" then -- the heap hit memory_limit: start afresh
-    self:_retire(w)
-    return self:_pump()
-  end
-  self:_worker_free(w)
-end
-
-function Pool:_job_progress(job, bytes)
-  job.progress_bytes = bytes
-  if self.listeners.progress then self:_emit("progress", job, job.progress) end
-end
-
-function Pool:_output_line(w, job, stream, line)
-  if job then job.logs[#job.logs + 1] = line end
-  if self.echo then
-    local who = job and ("job " .. tostring(job.id)) or ("child " .. tostring(w.pid))
-    io.stderr:write("[" .. who .. "] " .. line .. "\n") -- one write: lines never interleave mid-line
-  end
-  if job and self.listeners.log then self:_emit("log", job, line, stream) end
 end
 
 -------------------------------------------------------------- public API ---
@@ -410,5 +341,6 @@ mix_in(require "moonjob.pool.lifecycle")
 mix_in(require "moonjob.pool.supervise")
 mix_in(require "moonjob.pool.breaker")
 mix_in(require "moonjob.pool.deadlines")
+mix_in(require "moonjob.pool.sink")
 
 return Pool

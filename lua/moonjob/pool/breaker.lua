@@ -39,6 +39,12 @@ function Pool:_start_failed(err)
     + math.min(BACKOFF_FIRST_MS * 2 ^ (self.start_failures - 1), BACKOFF_MAX_MS)
 end
 
+-- A child became ready: the processor loads, so starts are healthy again (the
+-- breaker closes and the back-off starts over).
+function Pool:_start_succeeded()
+  self.start_error, self.start_failures, self.next_spawn_at = nil, 0, nil
+end
+
 -- True while starts fail and no child is ready or starting: then no waiting
 -- job can run.
 function Pool:_breaker_open()
