@@ -7,25 +7,20 @@
 -- and emits events. Jobs added before any child is ready simply wait (a
 -- pre-initialisation queue); nothing fails for that reason.
 --
--- Deadlines are the parent's, never the child's: at a job's soft deadline (or
--- on cancel) the child is interrupted and its processor's cleanup runs; at
--- the hard deadline, kill_after seconds later, the child's process group is
--- SIGKILLed, the job fails with killed = true, and a new child replaces it.
--- A child that has not taken its job within ack_timeout is replaced and the
--- job goes back to the head of the queue without counting an attempt; so does
--- a job whose child died before taking it (the child marks the jobs it takes
--- in a page shared with the parent, see core/frame.h).
+-- This file is the entry point: Pool.new, add, run, map, drain, cancel_all,
+-- close, and dispatch (_pump pairs waiting jobs with idle children). Every
+-- other concern lives in moonjob/pool/, and its methods are mixed into Pool
+-- at the end of this file, so callers and specs see one class:
 --
--- Start failures (a processor that cannot load, a child not ready within
--- start_timeout, a child that cannot be spawned) open a circuit breaker:
--- while no child is ready or starting, jobs that would be dispatched fail at
--- once with the start error (each counts an attempt, so jobs with attempts
--- left retry after their backoff, and not before the next probe: a failed
--- probe costs a job one attempt at most). Children are then started one at a time,
--- with a back-off of 0.1 s doubling up to 30 s, so a broken file never turns
--- into a fork storm; a child that becomes ready closes the breaker. Healthy
--- children keep running jobs meanwhile: only when no child can run at all do
--- jobs fail.
+--   options.lua    option checking and defaults (plain functions, not mixed in)
+--   source.lua     the job source: the only way to the waiting jobs (pool.source)
+--   sink.lua       the worker sink: how a worker reports to its pool (on_worker_*)
+--   supervise.lua  the children: how many, spawning, freeing, recycling, sweeps
+--   breaker.lua    start failures: the circuit breaker, its probes and back-off
+--   deadlines.lua  start_timeout, a job's soft and hard deadlines, ack_timeout
+--   lifecycle.lua  a job's endings: fail and retry, finish, cancel, give back
+--   stats.lua      pool:stats(): counters and recent wait and run times
+--   events.lua     pool:on, pool:off and emitting events to listeners
 --
 -- Caveat: events are emitted from inside the loop; a listener must not block
 -- on a job (the loop cannot run inside itself) and gets a clear error if it tries.
@@ -76,7 +71,7 @@ function Pool.new(processor, opts)
     child_program = child_program,
     child_args = Options.child_args(opts),
     child_env = { "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath },
-    workers = {}, nworkers = 0, nretiring = 0, idle = {},
+    workers = {}, nworkers = 0, nretiring = 0, idle = {}, -- the children (moonjob.pool.supervise)
     source = Source.new_local(loop.now), -- the waiting jobs (moonjob.pool.source)
     attempts = opts.attempts or 1,
     backoff = opts.backoff,
@@ -86,9 +81,9 @@ function Pool.new(processor, opts)
     max_queue = opts.max_queue,
     inflight = {},                 -- key -> the waiting or running job with that key
     wait_ms = { n = 0 }, run_ms = { n = 0 }, -- rings of recent times (moonjob.pool.stats)
-    nactive = 0, ndeferred = 0,
-    start_failures = 0,
-    listeners = {},
+    nactive = 0, ndeferred = 0,    -- jobs running; deferred endings and breaker passes (drain waits)
+    start_failures = 0,            -- the breaker's (moonjob.pool.breaker)
+    listeners = {},                -- event -> list of functions (moonjob.pool.events)
     counts = { completed = 0, failed = 0, spawned = 0, crashed = 0, timeouts = 0, killed = 0,
       retries = 0, cache_hits = 0 },
     meta = buffer.new(),
@@ -106,6 +101,8 @@ end
 
 -------------------------------------------------------------- dispatch ---
 
+-- Sends a job to an idle child. A child found gone is retired and the job
+-- goes back to the source at once (it never left the parent).
 function Pool:_dispatch(w, job)
   local attempt = job.attempts + 1
   local meta = self.meta:reset():encode({ id = job.id, name = job.name, attempt = attempt })
@@ -133,6 +130,10 @@ function Pool:_arm_delay()
   self.delay_timer:start(math.max(0, due - loop.now()) + 1)
 end
 
+-- The pool's heartbeat, run after anything that may free a child or make a
+-- job ready: idle children take ready jobs (the most recently freed child
+-- first), then the delay timer, the number of children and the breaker are
+-- brought up to date.
 function Pool:_pump()
   local idle, source = self.idle, self.source
   while #idle > 0 do
