@@ -63,6 +63,8 @@ function Pool:_release_key(job, state)
   end
 end
 
+-- Ends a job for good ("completed" or "failed"): its key, its run time,
+-- the counters, its listeners, then `drained` if nothing is left to do.
 function Pool:_finish(job, state)
   local was_active = job.state == "active"
   job.state, job.worker = state, nil

@@ -39,8 +39,9 @@
 --       delivered. job: the job it held, or nil; taken: whether the child had
 --       read that job (the shared page). A taken job's attempt fails with err
 --       (ECRASH, or w.failure); a job it never took is given back without
---       counting an attempt. A child that ended before READY, unasked, is a
---       start failure (err). status and signal go to the `exit` event.
+--       counting an attempt. A child that ended before READY is a start
+--       failure (err), unless a LOADERR or start_timeout already counted as
+--       one or the pool is closing. status and signal go to the `exit` event.
 --
 -- Besides, a worker reads (never writes) these pool fields: child_program,
 -- child_args, child_env, init_bytes, max_payload, max_log_bytes,
@@ -87,7 +88,7 @@ function Pool:on_worker_exit(w, job, err, taken, status, signal)
   elseif job then
     self:_give_back(job)
   elseif not w.ready and not w.start_reported and not self.closing then
-    self:_start_failed(err) -- died before READY (a LOADERR or start_timeout was reported already)
+    self:_start_failed(err) -- died before READY, and nothing said so yet
   end
   if self.listeners.exit then self:_emit("exit", w.pid, status, signal) end
   self:_pump()
