@@ -27,8 +27,7 @@ CHILD      = $(BUILD)/moonjob/moonjob-child
 CORE_SRC   = core/loop.c core/process.c core/spawn.c core/reap.c core/stdio.c core/lmoonjob.c
 CORE_OBJ   = $(CORE_SRC:core/%.c=$(BUILD)/obj/%.o)
 HEADERS    = core/moonjob.h core/frame.h
-LUA_FILES  = $(wildcard lua/moonjob/*.lua)
-POOL_FILES = $(wildcard lua/moonjob/pool/*.lua)
+LUA_FILES  = $(wildcard lua/moonjob/*.lua lua/moonjob/*/*.lua)
 
 DEB_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev libuv1-dev lua-cjson \
                lua-busted luarocks procps
@@ -124,9 +123,8 @@ bench: deps all $(BUILD)/bench-floor
 	$(LUA) bench/run.lua
 
 install: all
-	install -d $(DESTDIR)$(LUADIR)/moonjob/pool $(DESTDIR)$(LIBDIR)/moonjob $(DESTDIR)$(BINDIR)
-	install -m 644 $(LUA_FILES) $(DESTDIR)$(LUADIR)/moonjob/
-	install -m 644 $(POOL_FILES) $(DESTDIR)$(LUADIR)/moonjob/pool/
+	install -d $(DESTDIR)$(LUADIR)/moonjob $(DESTDIR)$(LIBDIR)/moonjob $(DESTDIR)$(BINDIR)
+	for f in $(LUA_FILES); do install -D -m 644 $$f $(DESTDIR)$(LUADIR)/$${f#lua/} || exit 1; done
 	install -m 755 $(CORE_SO) $(CHILD) $(DESTDIR)$(LIBDIR)/moonjob/
 	install -m 755 scripts/moonjob $(DESTDIR)$(BINDIR)/moonjob
 
