@@ -27,7 +27,7 @@ CHILD      = $(BUILD)/moonjob/moonjob-child
 CORE_SRC   = core/loop.c core/process.c core/spawn.c core/reap.c core/stdio.c core/redis.c core/lmoonjob.c
 CORE_OBJ   = $(CORE_SRC:core/%.c=$(BUILD)/obj/%.o)
 HEADERS    = core/moonjob.h core/frame.h
-LUA_FILES  = $(wildcard lua/moonjob/*.lua)
+LUA_FILES  = $(wildcard lua/moonjob/*.lua lua/moonjob/*/*.lua)
 
 DEB_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev libuv1-dev lua-cjson \
                lua-busted luarocks procps libhiredis-dev redis-server redis-tools python3-redis \
@@ -125,7 +125,7 @@ bench: deps all $(BUILD)/bench-floor
 
 install: all
 	install -d $(DESTDIR)$(LUADIR)/moonjob $(DESTDIR)$(LIBDIR)/moonjob $(DESTDIR)$(BINDIR)
-	install -m 644 $(LUA_FILES) $(DESTDIR)$(LUADIR)/moonjob/
+	for f in $(LUA_FILES); do install -D -m 644 $$f $(DESTDIR)$(LUADIR)/$${f#lua/} || exit 1; done
 	install -m 755 $(CORE_SO) $(CHILD) $(DESTDIR)$(LIBDIR)/moonjob/
 	install -m 755 scripts/moonjob $(DESTDIR)$(BINDIR)/moonjob
 

@@ -5,8 +5,9 @@
 --   print(pool:run({ x = 7 }))   --> 49
 --
 -- This module is the public entry point; the pieces live in moonjob.pool
--- (policy), moonjob.worker (one child), moonjob.job, moonjob.errors and
--- moonjob.core (the C mechanism: loop, processes, frames).
+-- (policy; its concerns in moonjob.pool.*), moonjob.worker (one child),
+-- moonjob.job, moonjob.errors and moonjob.core (the C mechanism: loop,
+-- processes, frames).
 local Pool = require "moonjob.pool"
 local Router = require "moonjob.router"
 local errors = require "moonjob.errors"

@@ -7,25 +7,20 @@
 -- and emits events. Jobs added before any child is ready simply wait (a
 -- pre-initialisation queue); nothing fails for that reason.
 --
--- Deadlines are the parent's, never the child's: at a job's soft deadline (or
--- on cancel) the child is interrupted and its processor's cleanup runs; at
--- the hard deadline, kill_after seconds later, the child's process group is
--- SIGKILLed, the job fails with killed = true, and a new child replaces it.
--- A child that has not taken its job within ack_timeout is replaced and the
--- job goes back to the head of the queue without counting an attempt; so does
--- a job whose child died before taking it (the child marks the jobs it takes
--- in a page shared with the parent, see core/frame.h).
+-- This file is the entry point: Pool.new, add, run, map, drain, cancel_all,
+-- close, and dispatch (_pump pairs waiting jobs with idle children). Every
+-- other concern lives in moonjob/pool/, and its methods are mixed into Pool
+-- at the end of this file, so callers and specs see one class:
 --
--- Start failures (a processor that cannot load, a child not ready within
--- start_timeout, a child that cannot be spawned) open a circuit breaker:
--- while no child is ready or starting, jobs that would be dispatched fail at
--- once with the start error (each counts an attempt, so jobs with attempts
--- left retry after their backoff, and not before the next probe: a failed
--- probe costs a job one attempt at most). Children are then started one at a time,
--- with a back-off of 0.1 s doubling up to 30 s, so a broken file never turns
--- into a fork storm; a child that becomes ready closes the breaker. Healthy
--- children keep running jobs meanwhile: only when no child can run at all do
--- jobs fail.
+--   options.lua    option checking and defaults (plain functions, not mixed in)
+--   source.lua     the job source: the only way to the waiting jobs (pool.source)
+--   sink.lua       the worker sink: how a worker reports to its pool (on_worker_*)
+--   supervise.lua  the children: how many, spawning, freeing, recycling, sweeps
+--   breaker.lua    start failures: the circuit breaker, its probes and back-off
+--   deadlines.lua  start_timeout, a job's soft and hard deadlines, ack_timeout
+--   lifecycle.lua  a job's endings: fail and retry, finish, cancel, give back
+--   stats.lua      pool:stats(): counters and recent wait and run times
+--   events.lua     pool:on, pool:off and emitting events to listeners
 --
 -- Caveat: events are emitted from inside the loop; a listener must not block
 -- on a job (the loop cannot run inside itself) and gets a clear error if it tries.
@@ -34,152 +29,29 @@ local core = require "moonjob.core"
 local errors = require "moonjob.errors"
 local Job = require "moonjob.job"
 local loop = require "moonjob.loop"
-local Backoff = require "moonjob.backoff"
 local Cache = require "moonjob.cache"
-local Queue = require "moonjob.queue"
-local Worker = require "moonjob.worker"
+local Options = require "moonjob.pool.options"
+local Source = require "moonjob.pool.source"
 
 local Pool = {}
 Pool.__index = Pool
 
-local DEFAULTS = {
-  max_payload = 64 * 1024 * 1024,
-  kill_after = 5,
-  ack_timeout = 2,
-  start_timeout = 60,
-  max_log_bytes = 1024 * 1024,
-}
-local SAMPLES = 1024             -- recent wait and run times kept for percentiles
-local SWEEP_MS = 100            -- how often acknowledgements and idle children are checked
-local TERM_GRACE_MS = 1000      -- SIGTERM to SIGKILL when a close ends busy children
-local BACKOFF_FIRST_MS, BACKOFF_MAX_MS = 100, 30000
-
-local OPTIONS = {
-  size = "number", max_payload = "number", codec = "string", echo = "boolean",
-  jit = "boolean", child = "string", timeout = "number", kill_after = "number",
-  ack_timeout = "number", start_timeout = "number", max_jobs_per_child = "number", memory_limit = "number",
-  idle_timeout = "number", min_size = "number", max_procs = "number",
-  max_log_bytes = "number", user = "string", attempts = "number", backoff = "backoff",
-  dedupe = "dedupe", cache = "number", cache_max = "number", max_queue = "number",
-  pools = "table",
-}
-local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout = true,
-  start_timeout = true, attempts = true,
-  cache = true, cache_max = true, max_queue = true,
-  max_jobs_per_child = true, memory_limit = true, idle_timeout = true, max_procs = true,
-  max_log_bytes = true }
-local WHOLE = { size = true, max_jobs_per_child = true, min_size = true, max_procs = true,
-  attempts = true, cache_max = true, max_queue = true }
--- Upper bounds, so that no option reaches C as a number it cannot hold.
-local SECONDS_MAX = 1e9
-local MAXIMUM = { size = 1024, max_payload = 2 ^ 30, memory_limit = 2 ^ 46, max_procs = 2 ^ 31 - 1,
-  max_log_bytes = 2 ^ 40, attempts = 2 ^ 31, cache_max = 2 ^ 31, max_queue = 2 ^ 53,
-  min_size = 1024, max_jobs_per_child = 2 ^ 53, timeout = SECONDS_MAX, kill_after = SECONDS_MAX,
-  ack_timeout = SECONDS_MAX, start_timeout = SECONDS_MAX, idle_timeout = SECONDS_MAX,
-  cache = SECONDS_MAX }
-local CODECS = { lua = true, json = true }
-local EVENTS = {
-  completed = true, failed = true, progress = true, log = true, active = true,
-  drained = true, error = true, exit = true, retrying = true,
-}
--- Failures that another attempt cannot fix.
-local FINAL = { ECANCELED = true, ECLOSED = true, EPAYLOAD = true, EINPUT = true }
+local DEFAULTS = Options.DEFAULTS
 
 local next_seq = 0 -- job numbers are unique across the pools of a program
 
------------------------------------------------------------- validation ---
-
-local function option_names()
-  local names = {}
-  for k in pairs(OPTIONS) do names[#names + 1] = k end
-  table.sort(names)
-  return table.concat(names, ", ")
-end
-
-local function check_options(opts)
-  if opts == nil then return {} end
-  if type(opts) ~= "table" then error("moonjob.pool: options must be a table", 4) end
-  for k, v in pairs(opts) do
-    local want = OPTIONS[k]
-    if not want then
-      error(("moonjob.pool: unknown option '%s' (known: %s)"):format(tostring(k), option_names()), 4)
-    end
-    if want == "backoff" then
-      local ok, why = Backoff.check(v)
-      if not ok then error("moonjob.pool: option 'backoff' " .. why, 4) end
-    elseif want == "dedupe" then
-      if v ~= true and type(v) ~= "function" then
-        error("moonjob.pool: option 'dedupe' must be true or a function(data) -> key", 4)
-      end
-    elseif type(v) ~= want then
-      error(("moonjob.pool: option '%s' must be a %s, not a %s"):format(k, want, type(v)), 4)
-    end
-  end
-  for k, v in pairs(opts) do
-    if WHOLE[k] and v ~= math.floor(v) then
-      error(("moonjob.pool: option '%s' must be a whole number"):format(k), 4)
-    end
-    if POSITIVE[k] and not (v > 0) then
-      error(("moonjob.pool: option '%s' must be positive"):format(k), 4)
-    end
-    if type(v) == "number" and not (v >= 0) then
-      error(("moonjob.pool: option '%s' must not be negative"):format(k), 4)
-    end
-    if MAXIMUM[k] and not (v <= MAXIMUM[k]) then
-      error(("moonjob.pool: option '%s' must be at most %.0f"):format(k, MAXIMUM[k]), 4)
-    end
-  end
-  if opts.codec and not CODECS[opts.codec] then
-    error("moonjob.pool: option 'codec' must be \"lua\" or \"json\"", 4)
-  end
-  return opts
-end
-
-local function check_processor(file)
-  local chunk, message = loadfile(file)
-  if chunk then return true end
-  if not io.open(file, "r") then
-    message = ("cannot open processor file '%s': no such readable file"):format(file)
-  end
-  return nil, errors.new("ELOAD", message)
-end
-
-local function check_child_program(path)
-  local f = io.open(path, "rb")
-  if f then f:close() return true end
-  return nil, errors.new("ESETUP", ("the child program is missing at %s; reinstall moonjob "
-    .. "(make install or luarocks make) or pass { child = path }"):format(path))
-end
-
 -------------------------------------------------------------- creation ---
-
-local function child_args(opts)
-  local args = {}
-  if opts.memory_limit then
-    args[#args + 1] = "--memory-limit"
-    args[#args + 1] = ("%.0f"):format(opts.memory_limit)
-  end
-  if opts.max_procs then
-    args[#args + 1] = "--max-procs"
-    args[#args + 1] = ("%.0f"):format(opts.max_procs)
-  end
-  if opts.user then
-    args[#args + 1] = "--user"
-    args[#args + 1] = opts.user
-  end
-  return args
-end
 
 -- Pool.new(processor, opts) -> pool | nil, err. See README for the options.
 function Pool.new(processor, opts)
   if type(processor) ~= "string" then
     error("moonjob.pool: the processor must be a file path (string)", 3)
   end
-  opts = check_options(opts)
-  local ok, err = check_processor(processor)
+  opts = Options.check(opts)
+  local ok, err = Options.check_processor(processor)
   if not ok then return nil, err end
   local child_program = opts.child or core.child_path()
-  ok, err = check_child_program(child_program)
+  ok, err = Options.check_child_program(child_program)
   if not ok then return nil, err end
 
   local self = setmetatable({
@@ -197,10 +69,10 @@ function Pool.new(processor, opts)
     codec = opts.codec or "lua",
     echo = opts.echo ~= false,
     child_program = child_program,
-    child_args = child_args(opts),
+    child_args = Options.child_args(opts),
     child_env = { "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath },
-    workers = {}, nworkers = 0, nretiring = 0, idle = {},
-    queue = Queue.new(loop.now),
+    workers = {}, nworkers = 0, nretiring = 0, idle = {}, -- the children (moonjob.pool.supervise)
+    source = Source.new_local(loop.now), -- the waiting jobs (moonjob.pool.source)
     attempts = opts.attempts or 1,
     backoff = opts.backoff,
     dedupe = opts.dedupe,
@@ -208,10 +80,10 @@ function Pool.new(processor, opts)
     cache = opts.cache and Cache.new(opts.cache_max or 1000),
     max_queue = opts.max_queue,
     inflight = {},                 -- key -> the waiting or running job with that key
-    wait_ms = { n = 0 }, run_ms = { n = 0 }, -- rings of the last SAMPLES times
-    nactive = 0, ndeferred = 0,
-    start_failures = 0,
-    listeners = {},
+    wait_ms = { n = 0 }, run_ms = { n = 0 }, -- rings of recent times (moonjob.pool.stats)
+    nactive = 0, ndeferred = 0,    -- jobs running; deferred endings and breaker passes (drain waits)
+    start_failures = 0,            -- the breaker's (moonjob.pool.breaker)
+    listeners = {},                -- event -> list of functions (moonjob.pool.events)
     counts = { completed = 0, failed = 0, spawned = 0, crashed = 0, timeouts = 0, killed = 0,
       retries = 0, cache_hits = 0 },
     meta = buffer.new(),
@@ -222,160 +94,25 @@ function Pool.new(processor, opts)
     processor = processor, codec = self.codec, max_payload = self.max_payload,
     jit = opts.jit ~= false, memory_limit = opts.memory_limit,
   })
-  self.sweeper = core.timer(function() self:_sweep() end)
-  self.sweeper:start(SWEEP_MS, SWEEP_MS)
-  self.sweeper:unref()
+  self:_start_sweeper()
   self:_ensure_workers()
   return self
 end
 
------------------------------------------------------------------- events ---
+-------------------------------------------------------------- dispatch ---
 
-local function traceback(err)
-  return debug.traceback(tostring(err), 2)
-end
-
-function Pool:_report(event, message)
-  if event ~= "error" and self.listeners.error then
-    return self:_emit("error", message, event)
-  end
-  io.stderr:write(("moonjob: error in a '%s' listener: %s\n"):format(event, message))
-end
-
-function Pool:_emit(event, ...)
-  local list = self.listeners[event]
-  if not list then return end
-  for i = 1, #list do
-    local ok, err = xpcall(list[i], traceback, ...)
-    if not ok then self:_report(event, err) end
-  end
-end
-
--- pool:on(event, fn) -> pool. Events: completed(job, result), failed(job, err),
--- progress(job, value), log(job, line, stream), active(job), drained(),
--- retrying(job, err, delay), exit(pid, exit_status, signal) when a child is
--- gone, and error(message, event) for errors raised by other listeners.
-function Pool:on(event, fn)
-  if not EVENTS[event] then
-    error(("pool:on(): unknown event '%s' (completed, failed, progress, log, active, "
-      .. "retrying, drained, exit, error)"):format(tostring(event)), 2)
-  end
-  if type(fn) ~= "function" then error("pool:on(): the listener must be a function", 2) end
-  local list = self.listeners[event] or {}
-  list[#list + 1] = fn
-  self.listeners[event] = list
-  return self
-end
-
--- pool:off(event, fn) -> true if fn was listening
-function Pool:off(event, fn)
-  local list = self.listeners[event]
-  for i = 1, list and #list or 0 do
-    if list[i] == fn then
-      table.remove(list, i)
-      if #list == 0 then self.listeners[event] = nil end
-      return true
-    end
-  end
-  return false
-end
-
----------------------------------------------------------------- workers ---
-
-function Pool:_spawn()
-  local w, err = Worker.spawn(self)
-  if not w then
-    self:_start_failed(errors.new("ESPAWN", "cannot start a child process: " .. tostring(err)))
-    return false
-  end
-  self.workers[w] = true
-  self.nworkers = self.nworkers + 1
-  self.counts.spawned = self.counts.spawned + 1
-  return true
-end
-
--- How many workers are ready (idle or busy) and starting.
-function Pool:_live_workers()
-  local ready, starting = 0, 0
-  for w in pairs(self.workers) do
-    if w.state == "idle" or w.state == "busy" then ready = ready + 1
-    elseif w.state == "starting" then starting = starting + 1 end
-  end
-  return ready, starting
-end
-
--- How many children the pool wants now: `size`; with idle_timeout, what the
--- work needs (at least min_size); while starts fail and no child is ready,
--- one probe while jobs wait.
-function Pool:_target()
-  local waiting = self.queue:ready_n()
-  if self.start_error and self:_live_workers() == 0 then return waiting > 0 and 1 or 0 end
-  if self.idle_timeout then
-    return math.max(self.min_size, math.min(self.size, self.nactive + waiting))
-  end
-  return self.size
-end
-
-function Pool:_respawn_later(ms)
-  if not self.respawn_timer then
-    self.respawn_timer = core.timer(function() self:_ensure_workers() end)
-  end
-  self.respawn_timer:start(ms)
-end
-
--- Starts the children the pool wants; after start failures, one at a time
--- and not before the back-off has passed.
-function Pool:_ensure_workers()
-  if self.closing then return end
-  local target = self:_target()
-  if self.start_error then return self:_probe(target) end
-  while self.nworkers - self.nretiring < target do
-    if not self:_spawn() then return end
-  end
-end
-
--- While starts fail: one probe at a time, once the back-off has passed. A
--- child that failed to start holds no place even before its exit reaches the
--- pool (a processor's setsid'd process may hold its channel open for long).
-function Pool:_probe(target)
-  local ready, starting = self:_live_workers()
-  if starting > 0 or ready >= target then return end
-  local wait_ms = self.next_spawn_at - loop.now()
-  if wait_ms > 0 then return self:_respawn_later(wait_ms) end
-  return self:_spawn()
-end
-
--- Ends a child: an idle one reads end of file and exits; kill = true
--- SIGKILLs its process group. It no longer counts toward the pool's size.
--- Returns what the kill returned (nil, err once the child was reaped).
-function Pool:_retire(w, kill)
-  if not w.retiring then
-    w.retiring = true
-    self.nretiring = self.nretiring + 1
-  end
-  if kill then
-    w.state = "killed"
-    return w:kill()
-  end
-  w:finish()
-  return true
-end
-
-local function sample(ring, value)
-  ring.n = ring.n + 1
-  ring[(ring.n - 1) % SAMPLES + 1] = value
-end
-
+-- Sends a job to an idle child. A child found gone is retired and the job
+-- goes back to the source at once (it never left the parent).
 function Pool:_dispatch(w, job)
   local attempt = job.attempts + 1
   local meta = self.meta:reset():encode({ id = job.id, name = job.name, attempt = attempt })
   if not w:run(job, meta:tostring()) then -- the child is gone: it holds no place either
     self:_retire(w, true)
-    return self.queue:push(job)
+    return self.source:push(job)
   end
   job.state, job.pid, job.attempts, job.worker = "active", w.pid, attempt, w
   job.started = loop.now()
-  sample(self.wait_ms, job.started - (job.run_at or job.added))
+  self:_sample_wait(job.started - (job.run_at or job.added))
   w.dispatched_at, w.acked = job.started, false
   self.nactive = self.nactive + 1
   local timeout = job.timeout or self.timeout
@@ -385,7 +122,7 @@ end
 
 -- Wakes the pool when the earliest delayed job becomes due.
 function Pool:_arm_delay()
-  local due = self.queue:next_due()
+  local due = self.source:next_due()
   if not due then return end
   if not self.delay_timer then
     self.delay_timer = core.timer(function() self:_pump() end)
@@ -393,12 +130,16 @@ function Pool:_arm_delay()
   self.delay_timer:start(math.max(0, due - loop.now()) + 1)
 end
 
+-- The pool's heartbeat, run after anything that may free a child or make a
+-- job ready: idle children take ready jobs (the most recently freed child
+-- first), then the delay timer, the number of children and the breaker are
+-- brought up to date.
 function Pool:_pump()
-  local idle, queue = self.idle, self.queue
+  local idle, source = self.idle, self.source
   while #idle > 0 do
     local w = idle[#idle]
     if w.state == "idle" then
-      local job = queue:pop()
+      local job = source:pop_ready()
       if not job then break end
       idle[#idle] = nil
       self:_dispatch(w, job)
@@ -409,323 +150,6 @@ function Pool:_pump()
   self:_arm_delay()
   self:_ensure_workers()
   self:_check_breaker()
-end
-
--- A child became ready: the processor loads, so starts are healthy again.
-function Pool:_worker_loaded(w)
-  self.start_error, self.start_failures, self.next_spawn_at = nil, 0, nil
-  self:_worker_free(w)
-end
-
--- A child is free again: it takes the next job, or is recycled.
-function Pool:_worker_free(w)
-  if self.closing or (self.max_jobs_per_child and w.jobs_done >= self.max_jobs_per_child) then
-    self:_retire(w)
-  else
-    w.idle_since = loop.now()
-    self.idle[#self.idle + 1] = w
-  end
-  self:_pump()
-end
-
--- A child could not load the processor, become ready in time, or start at
--- all: the breaker opens (see the top of this file) and the next start waits
--- longer each time.
-function Pool:_start_failed(err)
-  self.start_error = err
-  self.start_failures = self.start_failures + 1
-  self.next_spawn_at = loop.now()
-    + math.min(BACKOFF_FIRST_MS * 2 ^ (self.start_failures - 1), BACKOFF_MAX_MS)
-end
-
--- True while starts fail and no child is ready or starting: then no waiting
--- job can run.
-function Pool:_breaker_open()
-  if not self.start_error or self.closing then return false end
-  local ready, starting = self:_live_workers()
-  return ready + starting == 0
-end
-
--- While the breaker is open, the jobs that could run fail with the start
--- error, on a later loop turn (never inside add).
-function Pool:_check_breaker()
-  if self.breaker_due or self.queue:ready_n() == 0 or not self:_breaker_open() then return end
-  self.breaker_due = true
-  self.ndeferred = self.ndeferred + 1
-  loop.defer(function()
-    self.breaker_due = false
-    self.ndeferred = self.ndeferred - 1
-    if self:_breaker_open() then self:_fail_ready_jobs(self.start_error) end
-    self:_pump()
-  end)
-end
-
--- Every job that may run now fails with err, the failed probe's error (an
--- attempt each). A job with attempts left comes back after its backoff, and
--- not before the next probe is due: each failed probe costs a job at most one
--- attempt, whatever its backoff (none included). So a job this probe already
--- failed is ready again only once the next probe is due (the clock may have
--- crossed that time since the pool last looked): that probe starts now, and
--- the jobs still waiting wait for it.
-function Pool:_fail_ready_jobs(err)
-  for _ = 1, self.queue:ready_n() do
-    local job = self.queue:pop()
-    if not job then break end
-    if job.failed_by == err then
-      self.queue:push(job)
-      return self:_ensure_workers()
-    end
-    job.failed_by, job.attempts = err, job.attempts + 1
-    self:_fail(job, errors.new(err.code, err.message, err), self.next_spawn_at)
-  end
-end
-
--- A job its child never took goes back to the head of the queue and the
--- attempt does not count, unless it was interrupted meanwhile (canceled, or
--- past its timeout): then it ends with that error, never having run.
-function Pool:_give_back(job)
-  local f = job.interrupt
-  if f then
-    return self:_fail(job, errors.new(f.code, f.message .. "; its child never took it",
-      { reason = f.reason }))
-  end
-  job.attempts = job.attempts - 1 -- it never ran
-  if self.closing then -- and no child will take it now
-    return self:_fail(job, errors.new("ECLOSED", "the pool was closed before the job ran"))
-  end
-  job.state, job.worker, job.started = "waiting", nil, nil
-  self.nactive = self.nactive - 1
-  self.queue:push(job)
-end
-
-function Pool:_worker_gone(w, job, err, taken, status, signal)
-  self.workers[w] = nil
-  self.nworkers = self.nworkers - 1
-  if w.retiring then self.nretiring = self.nretiring - 1 end
-  if not w.retiring and not w.start_reported then
-    self.counts.crashed = self.counts.crashed + 1
-  end
-  if job and taken then
-    self:_fail(job, err)
-  elseif job then
-    self:_give_back(job)
-  elseif not w.ready and not w.start_reported and not self.closing then
-    self:_start_failed(err)
-  end
-  if self.listeners.exit then self:_emit("exit", w.pid, status, signal) end
-  self:_pump()
-end
-
---------------------------------------------------------------- deadlines ---
-
--- Asks the child to stop its job (soft deadline, cancel); the hard deadline
--- follows kill_after seconds later.
-function Pool:_interrupt(w, job, fields)
-  job.interrupt = fields
-  w:interrupt(fields)
-  w:arm(job.kill_after or self.kill_after)
-end
-
--- The hard deadline: the child's process group is killed now and the job
--- fails now; the child's exit later only frees its slot.
-function Pool:_kill_job(w, job)
-  local f = job.interrupt
-  local killed = self:_retire(w, true)
-  w:end_job()
-  local how = "its child had already exited"
-  if killed then
-    self.counts.killed = self.counts.killed + 1
-    how = ("the child was killed after kill_after (%s s)"):format(tostring(job.kill_after or self.kill_after))
-  end
-  self:_fail(job, errors.new(f.code, f.message .. "; " .. how, { killed = killed and true or nil,
-    reason = f.reason }))
-  self:_pump()
-end
-
--- A child not ready within start_timeout is killed: a start failure.
-function Pool:_start_timed_out(w)
-  self:_worker_broken(w, errors.new("ELOAD",
-    ("the processor did not become ready within %s s (start_timeout)"):format(tostring(self.start_timeout))))
-end
-
--- A child could not start (LOADERR, start_timeout): its process group is
--- killed, it holds no place in the pool from now on, and the breaker opens
--- now, not at its exit, which a process it started in a session of its own
--- (out of the group's reach) can hold back for as long as it holds the channel.
-function Pool:_worker_broken(w, err)
-  w.start_reported = true
-  self:_retire(w, true)
-  self:_start_failed(err)
-  self:_pump()
-end
-
--- The worker's timer fired: the start deadline, a job's soft deadline, or the
--- hard one after it.
-function Pool:_deadline(w)
-  if w.state == "starting" then return self:_start_timed_out(w) end
-  local job = w.job
-  if not job then return end
-  if job.interrupt then return self:_kill_job(w, job) end
-  self.counts.timeouts = self.counts.timeouts + 1
-  self:_interrupt(w, job, { code = "ETIMEDOUT", reason = "timeout",
-    message = ("the job ran past its timeout (%s s)"):format(tostring(job.timeout or self.timeout)) })
-end
-
--- A child that has not taken its job in time is replaced; the job is given
--- back (see _give_back).
-function Pool:_unacknowledged(w)
-  local job = w:end_job()
-  self:_retire(w, true)
-  self:_give_back(job)
-  self:_pump()
-end
-
--- Every SWEEP_MS: acknowledgements of dispatched jobs, and idle children past
--- idle_timeout (down to min_size).
-function Pool:_sweep()
-  local now = loop.now()
-  local ack_ms, idle_ms = self.ack_timeout * 1000, self.idle_timeout and self.idle_timeout * 1000
-  local current = {} -- replacing a child adds workers: never while iterating them
-  for w in pairs(self.workers) do current[#current + 1] = w end
-  for _, w in ipairs(current) do
-    if w.state == "busy" and not w.acked and now - w.dispatched_at >= ack_ms then
-      if w:taken() then w.acked = true else self:_unacknowledged(w) end
-    elseif idle_ms and w.state == "idle" and now - w.idle_since >= idle_ms
-        and self.nworkers - self.nretiring > self.min_size then
-      self:_retire(w)
-    end
-  end
-end
-
------------------------------------------------------------ job endings ---
-
--- Seconds before the job's next attempt, or nil when it fails for good.
-function Pool:_retry_delay(job, err)
-  local max = job.max_attempts or self.attempts
-  if job.attempts >= max or err.retry == false or FINAL[err.code] then return nil end
-  local delay = Backoff.delay(job.backoff or self.backoff, job.attempts, err)
-  return delay ~= false and delay or nil
-end
-
--- A job's attempt failed: it comes back after its backoff, or fails for good
--- (always once the pool is closing: nothing would run it again).
--- not_before (loop.now() milliseconds) holds a retry back further.
-function Pool:_fail(job, err, not_before)
-  job.error = err
-  job.errors = job.errors or {}
-  job.errors[#job.errors + 1] = err
-  local delay = not self.closing and self:_retry_delay(job, err)
-  if not delay then return self:_finish(job, "failed") end
-  if job.state == "active" then self.nactive = self.nactive - 1 end
-  job.state, job.worker, job.interrupt = "waiting", nil, nil
-  local now = loop.now()
-  job.run_at = now + delay * 1000
-  if not_before and not_before > job.run_at then -- held back longer: the delay reported says so
-    job.run_at, delay = not_before, (not_before - now) / 1000
-  end
-  self.counts.retries = self.counts.retries + 1
-  self.queue:push(job)
-  if self.listeners.retrying then self:_emit("retrying", job, err, delay) end
-end
-
--- A job with a key (id or dedupe) leaves the in-flight map when it ends; a
--- completed one leaves its result in the cache (failures are never cached).
-function Pool:_release_key(job, state)
-  local key = job.key
-  if not key then return end
-  if self.inflight[key] == job then self.inflight[key] = nil end
-  if state == "completed" and self.cache and not job.from_cache then
-    self.cache:set(key, job.result_bytes, loop.now() + self.cache_ttl * 1000)
-  end
-end
-
-function Pool:_finish(job, state)
-  local was_active = job.state == "active"
-  job.state, job.worker = state, nil
-  self:_release_key(job, state)
-  if job.started then job.ms = loop.now() - job.started end
-  if was_active then
-    self.nactive = self.nactive - 1
-    sample(self.run_ms, job.ms)
-  end
-  self.counts[state] = self.counts[state] + 1
-  if state == "completed" then
-    if self.listeners.completed then self:_emit("completed", job, job.result) end
-  else
-    if self.listeners.failed then self:_emit("failed", job, job.error) end
-  end
-  if self.listeners.drained and self:_idle() then
-    self:_emit("drained")
-  end
-end
-
-function Pool:_job_completed(w, job, result_bytes)
-  job.result_bytes, job.error = result_bytes, nil
-  if self.listeners.completed then -- decoded once for them; bytes that do not decode fail the job
-    local ok, why = Job.decode(self, job)
-    if not ok then
-      job.result_bytes = nil
-      return self:_job_failed(w, job, errors.new("EPROTO", "the child's result cannot be decoded: " .. why))
-    end
-  end
-  self:_finish(job, "completed")
-  self:_worker_free(w)
-end
-
-function Pool:_job_failed(w, job, err)
-  self:_fail(job, err)
-  if err.code == "ENOMEM" then -- the heap hit memory_limit: start afresh
-    self:_retire(w)
-    return self:_pump()
-  end
-  self:_worker_free(w)
-end
-
-function Pool:_job_progress(job, bytes)
-  job.progress_bytes = bytes
-  if self.listeners.progress then self:_emit("progress", job, job.progress) end
-end
-
-function Pool:_output_line(w, job, stream, line)
-  if job then job.logs[#job.logs + 1] = line end
-  if self.echo then
-    local who = job and ("job " .. tostring(job.id)) or ("child " .. tostring(w.pid))
-    io.stderr:write("[" .. who .. "] " .. line .. "\n") -- one write: lines never interleave mid-line
-  end
-  if job and self.listeners.log then self:_emit("log", job, line, stream) end
-end
-
--- Ends a job that never ran on a later loop turn, never inside add: callers
--- expecting an answer later must not get it now. `ndeferred` keeps drain()
--- waiting for it.
-function Pool:_finish_later(job, state)
-  self.ndeferred = self.ndeferred + 1
-  loop.defer(function()
-    self.ndeferred = self.ndeferred - 1
-    if not job:is_finished() then self:_finish(job, state) end
-  end)
-  return job
-end
-
--- Fails a job that never ran (unserialisable, too big, pool closed).
-function Pool:_refuse(job, err)
-  job.error = err
-  return self:_finish_later(job, "failed")
-end
-
--- Ends a job by cancel: a waiting one at once, a running one is interrupted
--- like a timeout (soft, then kill). false when the job had already ended.
-function Pool:_cancel(job, reason)
-  if job:is_finished() then return false end
-  local message = "the job was canceled" .. (reason ~= nil and (": " .. tostring(reason)) or "")
-  if job.state == "waiting" then
-    self.queue:remove(job)
-    job.error = errors.new("ECANCELED", message, { reason = reason })
-    self:_finish(job, "failed")
-  elseif not job.interrupt then
-    self:_interrupt(job.worker, job, { code = "ECANCELED", message = message, reason = reason })
-  end
-  return true
 end
 
 -------------------------------------------------------------- public API ---
@@ -742,36 +166,6 @@ local function encode_data(self, data)
   return bytes
 end
 
-local ADD_OPTIONS = { name = true, timeout = "number", kill_after = "number", delay = "number",
-  priority = "priority", attempts = "attempts", backoff = "backoff", id = "id", dedupe = "dedupe" }
-
-local function check_add_options(opts)
-  if opts == nil then return end
-  if type(opts) ~= "table" then error("pool:add(): options must be a table", 3) end
-  for k, v in pairs(opts) do
-    local want = ADD_OPTIONS[k]
-    if not want then
-      error(("pool:add(): unknown option '%s' (known: attempts, backoff, dedupe, delay, id, "
-        .. "kill_after, name, priority, timeout)"):format(tostring(k)), 3)
-    end
-    if want == "number" and not (type(v) == "number" and v >= 0 and v <= SECONDS_MAX) then
-      error(("pool:add(): option '%s' must be a number of seconds (0 to %.0f)"):format(k, SECONDS_MAX), 3)
-    elseif want == "priority" and not (type(v) == "number" and v > -math.huge and v < math.huge) then
-      error("pool:add(): option 'priority' must be a finite number (lower runs first)", 3)
-    elseif want == "attempts" and not (type(v) == "number" and v >= 1 and v <= 2 ^ 31
-        and v == math.floor(v)) then
-      error("pool:add(): option 'attempts' must be a whole number, 1 or more", 3)
-    elseif want == "backoff" then
-      local ok, why = Backoff.check(v)
-      if not ok then error("pool:add(): option 'backoff' " .. why, 3) end
-    elseif want == "id" and type(v) ~= "string" and type(v) ~= "number" then
-      error("pool:add(): option 'id' must be a string or a number", 3)
-    elseif want == "dedupe" and v ~= true and v ~= false and type(v) ~= "function" then
-      error("pool:add(): option 'dedupe' must be true, false or a function(data) -> key", 3)
-    end
-  end
-end
-
 -- The job's key: "id:<id>" for an explicit id, "data:<key>" for dedupe by
 -- content (dedupe = true: the serialised data itself), or nil.
 local function job_key(self, data, bytes, opts)
@@ -786,20 +180,13 @@ local function job_key(self, data, bytes, opts)
   return nil
 end
 
--- A cache hit still completes through the loop, never inside add.
-function Pool:_complete_from_cache(job, result_bytes)
-  self.counts.cache_hits = self.counts.cache_hits + 1
-  job.result_bytes, job.from_cache = result_bytes, true
-  return self:_finish_later(job, "completed")
-end
-
 -- pool:add(data [, opts]) -> job, at once | nil, err (EQUEUEFULL past max_queue).
 -- opts: name (job.name), priority (lower first), delay (seconds before it may
 -- run), id (a job with that id already waiting or running is returned instead
 -- of a new one), dedupe, and timeout, kill_after, attempts, backoff
 -- (overriding the pool's).
 function Pool:add(data, opts)
-  check_add_options(opts)
+  Options.check_add(opts)
   next_seq = next_seq + 1
   local job = Job.new(self.job_mt, next_seq, loop.now())
   if opts then
@@ -825,13 +212,13 @@ function Pool:add(data, opts)
     job.key = key
     if cached then return self:_complete_from_cache(job, cached) end
   end
-  if self.max_queue and self.queue.n >= self.max_queue then
+  if self.max_queue and self.source:count() >= self.max_queue then
     return nil, errors.new("EQUEUEFULL", ("%d jobs are waiting, the pool's max_queue; wait for "
-      .. "some to finish (pool:drain(), the drained event) and add again"):format(self.queue.n))
+      .. "some to finish (pool:drain(), the drained event) and add again"):format(self.source:count()))
   end
   if key then self.inflight[key] = job end
   job.data_bytes = bytes
-  self.queue:push(job)
+  self.source:push(job)
   self:_pump()
   return job
 end
@@ -852,7 +239,7 @@ function Pool:map(items, opts)
   for i = 1, #items do
     local job, err = self:add(items[i], opts)
     while not job and err.code == "EQUEUEFULL" do -- backpressure: wait for room
-      loop.wait_until(function() return self.queue.n < self.max_queue end)
+      loop.wait_until(function() return self.source:count() < self.max_queue end)
       job, err = self:add(items[i], opts)
     end
     jobs[i] = job
@@ -872,7 +259,7 @@ function Pool:map(items, opts)
 end
 
 function Pool:_idle()
-  return self.nactive == 0 and self.queue.n == 0 and self.ndeferred == 0
+  return self.nactive == 0 and self.source:count() == 0 and self.ndeferred == 0
 end
 
 -- pool:drain(): runs the loop until no job waits or runs.
@@ -883,8 +270,8 @@ end
 -- pool:cancel_all([reason]) -> number of jobs canceled (waiting and running)
 function Pool:cancel_all(reason)
   local n = 0
-  while self.queue.n > 0 do
-    if self:_cancel(self.queue:pop_any(), reason) then n = n + 1 end
+  while self.source:count() > 0 do
+    if self:_cancel(self.source:pop_any(), reason) then n = n + 1 end
   end
   for w in pairs(self.workers) do
     if w.job and self:_cancel(w.job, reason) then n = n + 1 end
@@ -892,71 +279,7 @@ function Pool:cancel_all(reason)
   return n
 end
 
-local STATS_FORMAT = "waiting %d, active %d, completed %d, failed %d, children %d/%d, "
-  .. "spawned %d, crashed %d, timeouts %d, killed %d, retries %d, cache hits %d, "
-  .. "wait p50 %.1f ms p99 %.1f ms, run p50 %.1f ms p99 %.1f ms"
-
--- p50 and p99 of the recent samples in a ring, 0 without samples.
-local function percentiles(ring)
-  local sorted = {}
-  for i = 1, math.min(ring.n, SAMPLES) do sorted[i] = ring[i] end
-  table.sort(sorted)
-  local n = #sorted
-  if n == 0 then return 0, 0 end
-  return sorted[math.ceil(n * 0.5)], sorted[math.ceil(n * 0.99)]
-end
-
-local function format_stats(s)
-  return STATS_FORMAT:format(s.waiting, s.active, s.completed, s.failed, s.children, s.size,
-    s.spawned, s.crashed, s.timeouts, s.killed, s.retries, s.cache_hits, s.wait_p50, s.wait_p99,
-    s.run_p50, s.run_p99)
-end
-
--- pool:stats() -> { waiting, active, completed, failed, children, size, spawned,
--- restarts, crashed, timeouts, killed, retries, cache_hits, wait_p50, wait_p99,
--- run_p50, run_p99 (ms, over the last 1024 jobs), workers = { { pid, jobs,
--- state } ... } }
-function Pool:stats()
-  local c = self.counts
-  local wait_p50, wait_p99 = percentiles(self.wait_ms)
-  local run_p50, run_p99 = percentiles(self.run_ms)
-  local workers = {}
-  for w in pairs(self.workers) do
-    workers[#workers + 1] = { pid = w.pid, jobs = w.jobs_done, state = w.state }
-  end
-  return setmetatable({
-    waiting = self.queue.n, active = self.nactive, completed = c.completed,
-    failed = c.failed, children = self.nworkers, size = self.size,
-    spawned = c.spawned, restarts = math.max(0, c.spawned - self.size),
-    crashed = c.crashed, timeouts = c.timeouts, killed = c.killed,
-    retries = c.retries, cache_hits = c.cache_hits,
-    wait_p50 = wait_p50, wait_p99 = wait_p99, run_p50 = run_p50, run_p99 = run_p99,
-    workers = workers,
-  }, { __tostring = format_stats })
-end
-
 --------------------------------------------------------------------- close ---
-
--- Ends every child now: busy ones get SIGTERM (their jobs fail with ECLOSED),
--- and whatever is still there TERM_GRACE_MS later gets SIGKILL.
-function Pool:_terminate()
-  if self.terminating then return end
-  self.terminating = true
-  for w in pairs(self.workers) do
-    local job = w.job
-    if job then
-      w:end_job()
-      job.error = errors.new("ECLOSED", "the pool was closed while the job ran", { killed = true })
-      self:_finish(job, "failed")
-    end
-    self:_retire(w)
-    w:kill("SIGTERM")
-  end
-  self.killer = core.timer(function()
-    for w in pairs(self.workers) do w:kill() end
-  end)
-  self.killer:start(TERM_GRACE_MS)
-end
 
 function Pool:_close_timers()
   for _, name in ipairs({ "sweeper", "respawn_timer", "killer", "close_timer", "delay_timer" }) do
@@ -974,8 +297,8 @@ function Pool:close(opts)
   opts = opts or {}
   if not self.closing then
     self.closing = true
-    while self.queue.n > 0 do
-      local job = self.queue:pop_any()
+    while self.source:count() > 0 do
+      local job = self.source:pop_any()
       job.error = errors.new("ECLOSED", "the pool was closed before the job ran")
       self:_finish(job, "failed")
     end
@@ -998,7 +321,27 @@ end
 
 function Pool:__tostring()
   return ("<moonjob.pool %s: %d children, %d waiting, %d active%s>"):format(
-    self.processor, self.nworkers, self.queue.n, self.nactive, self.closing and ", closed" or "")
+    self.processor, self.nworkers, self.source:count(), self.nactive, self.closing and ", closed" or "")
 end
+
+---------------------------------------------------------------- mix-in ---
+
+-- Each concern's methods live in moonjob/pool/*.lua and are copied into Pool
+-- here, so pool:on() and self:_emit() work as if defined in this file (and
+-- calls between them go through self, so one can be replaced on Pool).
+local function mix_in(methods)
+  for name, fn in pairs(methods) do
+    assert(Pool[name] == nil, "moonjob.pool: two definitions of " .. name)
+    Pool[name] = fn
+  end
+end
+
+mix_in(require "moonjob.pool.events")
+mix_in(require "moonjob.pool.stats")
+mix_in(require "moonjob.pool.lifecycle")
+mix_in(require "moonjob.pool.supervise")
+mix_in(require "moonjob.pool.breaker")
+mix_in(require "moonjob.pool.deadlines")
+mix_in(require "moonjob.pool.sink")
 
 return Pool

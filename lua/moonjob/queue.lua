@@ -9,6 +9,9 @@
 --
 -- A job that never reached its child goes back with push: its old id puts
 -- it ahead of everything queued after it at its priority.
+--
+-- The pool does not call this module directly: it reaches it as its local job
+-- source, under the interface of moonjob.pool.source.
 local Queue = {}
 Queue.__index = Queue
 

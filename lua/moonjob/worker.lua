@@ -1,9 +1,11 @@
 -- moonjob.worker -- the parent's side of one child process.
 --
 -- A worker owns one moonjob.core process: it sends INIT, JOB and INTERRUPT
--- frames, turns the child's frames, output and exit into calls on its pool,
--- and cuts the child's stdout/stderr into lines (at most max_log_bytes per
--- job; the rest is counted and dropped). It also owns one timer, armed for
+-- frames, turns the child's frames, output, timer and exit into calls on its
+-- pool's worker sink (the pool:on_worker_* methods, all documented in
+-- moonjob/pool/sink.lua; a worker calls no other method of the pool), and
+-- cuts the child's stdout/stderr into lines (at most max_log_bytes per job;
+-- the rest is counted and dropped). It also owns one timer, armed for
 -- start_timeout until the child is ready, then by the pool for the running
 -- job's deadlines. States: "starting" (until READY), "idle", "busy" (one job
 -- at a time), "exiting" (asked to end), "killed" (SIGKILLed by the pool: a
@@ -49,13 +51,13 @@ function Worker.spawn(pool)
   })
   if not process then return nil, err end
   w.process = process -- w.pid comes with the "spawned" event
-  w.timer = core.timer(function() pool:_deadline(w) end)
+  w.timer = core.timer(function() pool:on_worker_timer(w) end)
   w:arm(pool.start_timeout)
   process:send(frame.INIT, 0, pool.init_bytes)
   return w
 end
 
--- worker:arm(seconds): the pool's _deadline(w) runs after that long.
+-- worker:arm(seconds): the pool's on_worker_timer(w) runs after that long.
 function Worker:arm(seconds)
   self.timer:start(seconds * 1000)
 end
@@ -112,7 +114,7 @@ end
 
 function Worker:emit_line(stream, line)
   if stream == "stderr" then push_tail(self.tail, line) end
-  self.pool:_output_line(self, self.job, stream, line)
+  self.pool:on_worker_output(self, self.job, stream, line)
 end
 
 -- Output past max_log_bytes for one job is dropped (and counted): a flood costs
@@ -193,36 +195,36 @@ local on_frame = {}
 on_frame[frame.READY] = function(w)
   w.timer:stop()
   w.state, w.ready = "idle", true
-  w.pool:_worker_loaded(w)
+  w.pool:on_worker_ready(w)
 end
 
 on_frame[frame.LOADERR] = function(w, _, payload)
   w.timer:stop()
-  w.pool:_worker_broken(w, decode_error(payload))
+  w.pool:on_worker_load_error(w, decode_error(payload))
 end
 
 on_frame[frame.DONE] = function(w, seq, payload, cpu_ms, max_rss_kb)
   if not w:current(seq) then return end
   local job = w:end_job()
   record_usage(job, cpu_ms, max_rss_kb)
-  w.pool:_job_completed(w, job, payload)
+  w.pool:on_worker_done(w, job, payload)
 end
 
 on_frame[frame.FAIL] = function(w, seq, payload, cpu_ms, max_rss_kb)
   if not w:current(seq) then return end
   local job = w:end_job()
   record_usage(job, cpu_ms, max_rss_kb)
-  w.pool:_job_failed(w, job, decode_error(payload))
+  w.pool:on_worker_failed(w, job, decode_error(payload))
 end
 
 on_frame[frame.PROGRESS] = function(w, seq, payload)
   local job = w:current(seq)
-  if job then w.pool:_job_progress(job, payload) end
+  if job then w.pool:on_worker_progress(w, job, payload) end
 end
 
 on_frame[frame.LOG] = function(w, seq, payload)
   local job = w:current(seq)
-  if job then w.pool:_output_line(w, job, "log", Job.bytes(payload)) end
+  if job then w.pool:on_worker_output(w, job, "log", Job.bytes(payload)) end
 end
 
 ---------------------------------------------------------------- events ---
@@ -264,12 +266,12 @@ local on_event = {
   oversize = function(w, len)
     w.failure = errors.new("EPAYLOAD", ("the child sent a %d-byte frame, more than max_payload (%d)")
       :format(len, w.pool.max_payload))
-    w.pool:_retire(w, true)
+    w.pool:on_worker_channel_error(w)
   end,
   protocol = function(w, why)
     w.failure = errors.new("EPROTO", ("the child broke the channel protocol (%s); a processor "
       .. "must not write to the channel, fd 3"):format(why))
-    w.pool:_retire(w, true)
+    w.pool:on_worker_channel_error(w)
   end,
   exit = function(w, status, signal, taken, spawn_failure)
     local job = w.job
@@ -278,7 +280,7 @@ local on_event = {
     w.timer:close()
     local err = w.failure
       or crash_error(w, status, signal, job ~= nil, spawn_failure, not w.ready)
-    w.pool:_worker_gone(w, job, err, taken, status, signal)
+    w.pool:on_worker_exit(w, job, err, taken, status, signal)
   end,
   closed = function() end,
 }

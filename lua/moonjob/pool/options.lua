@@ -1,0 +1,170 @@
+-- moonjob.pool.options -- checking a pool's options and add()'s, and their defaults.
+--
+-- Pool.new and pool:add call these before anything else: an option that is
+-- unknown, of the wrong type or out of range is a programming error and
+-- raises (with the caller's position), while a processor that cannot load or
+-- a missing child program is a run-time condition and is returned as
+-- nil, err. Every number is bounded (MAXIMUM) so that no option reaches C as
+-- a number it cannot hold.
+--
+-- Caveat: the error levels (4 in check, 3 in check_add) count the calls
+-- between the checker and the user's line, exactly as they did when these
+-- lived in pool.lua: call check only from Pool.new and check_add only from
+-- pool:add, directly, or the error blames the wrong line.
+local errors = require "moonjob.errors"
+local Backoff = require "moonjob.backoff"
+
+local Options = {}
+
+Options.DEFAULTS = {
+  max_payload = 64 * 1024 * 1024,
+  kill_after = 5,
+  ack_timeout = 2,
+  start_timeout = 60,
+  max_log_bytes = 1024 * 1024,
+}
+
+local OPTIONS = {
+  size = "number", max_payload = "number", codec = "string", echo = "boolean",
+  jit = "boolean", child = "string", timeout = "number", kill_after = "number",
+  ack_timeout = "number", start_timeout = "number", max_jobs_per_child = "number", memory_limit = "number",
+  idle_timeout = "number", min_size = "number", max_procs = "number",
+  max_log_bytes = "number", user = "string", attempts = "number", backoff = "backoff",
+  dedupe = "dedupe", cache = "number", cache_max = "number", max_queue = "number",
+  pools = "table",
+}
+local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout = true,
+  start_timeout = true, attempts = true,
+  cache = true, cache_max = true, max_queue = true,
+  max_jobs_per_child = true, memory_limit = true, idle_timeout = true, max_procs = true,
+  max_log_bytes = true }
+local WHOLE = { size = true, max_jobs_per_child = true, min_size = true, max_procs = true,
+  attempts = true, cache_max = true, max_queue = true }
+-- Upper bounds, so that no option reaches C as a number it cannot hold.
+local SECONDS_MAX = 1e9
+local MAXIMUM = { size = 1024, max_payload = 2 ^ 30, memory_limit = 2 ^ 46, max_procs = 2 ^ 31 - 1,
+  max_log_bytes = 2 ^ 40, attempts = 2 ^ 31, cache_max = 2 ^ 31, max_queue = 2 ^ 53,
+  min_size = 1024, max_jobs_per_child = 2 ^ 53, timeout = SECONDS_MAX, kill_after = SECONDS_MAX,
+  ack_timeout = SECONDS_MAX, start_timeout = SECONDS_MAX, idle_timeout = SECONDS_MAX,
+  cache = SECONDS_MAX }
+local CODECS = { lua = true, json = true }
+
+------------------------------------------------------- pool options ---
+
+local function option_names()
+  local names = {}
+  for k in pairs(OPTIONS) do names[#names + 1] = k end
+  table.sort(names)
+  return table.concat(names, ", ")
+end
+
+-- Options.check(opts) -> opts (a table, {} for nil); raises on a bad option.
+function Options.check(opts)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then error("moonjob.pool: options must be a table", 4) end
+  for k, v in pairs(opts) do
+    local want = OPTIONS[k]
+    if not want then
+      error(("moonjob.pool: unknown option '%s' (known: %s)"):format(tostring(k), option_names()), 4)
+    end
+    if want == "backoff" then
+      local ok, why = Backoff.check(v)
+      if not ok then error("moonjob.pool: option 'backoff' " .. why, 4) end
+    elseif want == "dedupe" then
+      if v ~= true and type(v) ~= "function" then
+        error("moonjob.pool: option 'dedupe' must be true or a function(data) -> key", 4)
+      end
+    elseif type(v) ~= want then
+      error(("moonjob.pool: option '%s' must be a %s, not a %s"):format(k, want, type(v)), 4)
+    end
+  end
+  for k, v in pairs(opts) do
+    if WHOLE[k] and v ~= math.floor(v) then
+      error(("moonjob.pool: option '%s' must be a whole number"):format(k), 4)
+    end
+    if POSITIVE[k] and not (v > 0) then
+      error(("moonjob.pool: option '%s' must be positive"):format(k), 4)
+    end
+    if type(v) == "number" and not (v >= 0) then
+      error(("moonjob.pool: option '%s' must not be negative"):format(k), 4)
+    end
+    if MAXIMUM[k] and not (v <= MAXIMUM[k]) then
+      error(("moonjob.pool: option '%s' must be at most %.0f"):format(k, MAXIMUM[k]), 4)
+    end
+  end
+  if opts.codec and not CODECS[opts.codec] then
+    error("moonjob.pool: option 'codec' must be \"lua\" or \"json\"", 4)
+  end
+  return opts
+end
+
+-- Options.check_processor(file) -> true | nil, ELOAD
+function Options.check_processor(file)
+  local chunk, message = loadfile(file)
+  if chunk then return true end
+  if not io.open(file, "r") then
+    message = ("cannot open processor file '%s': no such readable file"):format(file)
+  end
+  return nil, errors.new("ELOAD", message)
+end
+
+-- Options.check_child_program(path) -> true | nil, ESETUP
+function Options.check_child_program(path)
+  local f = io.open(path, "rb")
+  if f then f:close() return true end
+  return nil, errors.new("ESETUP", ("the child program is missing at %s; reinstall moonjob "
+    .. "(make install or luarocks make) or pass { child = path }"):format(path))
+end
+
+-- Options.child_args(opts) -> the child program's command-line arguments
+function Options.child_args(opts)
+  local args = {}
+  if opts.memory_limit then
+    args[#args + 1] = "--memory-limit"
+    args[#args + 1] = ("%.0f"):format(opts.memory_limit)
+  end
+  if opts.max_procs then
+    args[#args + 1] = "--max-procs"
+    args[#args + 1] = ("%.0f"):format(opts.max_procs)
+  end
+  if opts.user then
+    args[#args + 1] = "--user"
+    args[#args + 1] = opts.user
+  end
+  return args
+end
+
+------------------------------------------------------- add()'s options ---
+
+local ADD_OPTIONS = { name = true, timeout = "number", kill_after = "number", delay = "number",
+  priority = "priority", attempts = "attempts", backoff = "backoff", id = "id", dedupe = "dedupe" }
+
+-- Options.check_add(opts): raises on a bad option of pool:add (nil is fine).
+function Options.check_add(opts)
+  if opts == nil then return end
+  if type(opts) ~= "table" then error("pool:add(): options must be a table", 3) end
+  for k, v in pairs(opts) do
+    local want = ADD_OPTIONS[k]
+    if not want then
+      error(("pool:add(): unknown option '%s' (known: attempts, backoff, dedupe, delay, id, "
+        .. "kill_after, name, priority, timeout)"):format(tostring(k)), 3)
+    end
+    if want == "number" and not (type(v) == "number" and v >= 0 and v <= SECONDS_MAX) then
+      error(("pool:add(): option '%s' must be a number of seconds (0 to %.0f)"):format(k, SECONDS_MAX), 3)
+    elseif want == "priority" and not (type(v) == "number" and v > -math.huge and v < math.huge) then
+      error("pool:add(): option 'priority' must be a finite number (lower runs first)", 3)
+    elseif want == "attempts" and not (type(v) == "number" and v >= 1 and v <= 2 ^ 31
+        and v == math.floor(v)) then
+      error("pool:add(): option 'attempts' must be a whole number, 1 or more", 3)
+    elseif want == "backoff" then
+      local ok, why = Backoff.check(v)
+      if not ok then error("pool:add(): option 'backoff' " .. why, 3) end
+    elseif want == "id" and type(v) ~= "string" and type(v) ~= "number" then
+      error("pool:add(): option 'id' must be a string or a number", 3)
+    elseif want == "dedupe" and v ~= true and v ~= false and type(v) ~= "function" then
+      error("pool:add(): option 'dedupe' must be true, false or a function(data) -> key", 3)
+    end
+  end
+end
+
+return Options

@@ -1,0 +1,135 @@
+-- moonjob.pool.sink -- how a worker reports to its pool: the worker sink.
+--
+-- Methods mixed into the Pool class (see pool.lua). A worker (moonjob.worker,
+-- the parent's side of one child) tells its pool what happened through these
+-- methods and no other: every frame, line of output, timer and exit of a
+-- child arrives here, and each method turns it into pool actions (a job's
+-- ending, the child's freeing or retiring, the breaker, events). This is the
+-- one place they are documented:
+--
+--   pool:on_worker_ready(w)
+--       READY: the child loaded the processor; w.state is "idle", w.ready true.
+--       Starts are healthy again (the breaker closes) and w takes a job.
+--   pool:on_worker_load_error(w, err)
+--       LOADERR: the processor did not load (err: ELOAD...). The child is
+--       killed now and the breaker opens now, not at its exit.
+--   pool:on_worker_timer(w)
+--       w's one timer fired (worker:arm): start_timeout while w.state is
+--       "starting", else the soft deadline of w.job (timeout), or, once that
+--       job was interrupted, the hard one (kill_after).
+--   pool:on_worker_done(w, job, result_bytes)
+--       DONE: job completed; result_bytes are the encoded result (a string or
+--       a list of pieces). The worker has ended the job first (w.job is nil,
+--       job.cpu_ms and job.max_rss_kb are set).
+--   pool:on_worker_failed(w, job, err)
+--       FAIL: the job's attempt failed with err (a moonjob.errors table);
+--       ended first as for DONE. It may be retried; ENOMEM recycles the child.
+--   pool:on_worker_progress(w, job, bytes)
+--       PROGRESS: the running job reported progress (encoded value).
+--   pool:on_worker_output(w, job, stream, line)
+--       A line the child printed (stream "stdout" or "stderr"; job is nil
+--       between jobs), or a LOG frame's text (stream "log"). Lines are already
+--       cut and bounded by max_log_bytes.
+--   pool:on_worker_channel_error(w)
+--       The child sent a frame over max_payload or broke the channel protocol:
+--       it is killed now. The worker keeps the error (w.failure), and its job
+--       fails with it at the exit.
+--   pool:on_worker_exit(w, job, err, taken, status, signal)
+--       The child is gone (w.state "gone"), after everything it sent was
+--       delivered. job: the job it held, or nil; taken: whether the child had
+--       read that job (the shared page). A taken job's attempt fails with err
+--       (ECRASH, or w.failure); a job it never took is given back without
+--       counting an attempt. A child that ended before READY is a start
+--       failure (err), unless a LOADERR or start_timeout already counted as
+--       one or the pool is closing. status and signal go to the `exit` event.
+--
+-- Besides, a worker reads (never writes) these pool fields: child_program,
+-- child_args, child_env, init_bytes, max_payload, max_log_bytes,
+-- start_timeout.
+--
+-- Caveats: these are for moonjob.worker, not for users. They run inside the
+-- loop's callbacks (listeners they reach run protected, so no error of theirs
+-- comes back to the worker). Each report that frees, kills or loses a child
+-- or ends a job runs _pump before it returns, except on_worker_channel_error:
+-- the killed child's replacement waits for its exit (or the pool's next pump).
+local errors = require "moonjob.errors"
+local Job = require "moonjob.job"
+
+local Pool = {}
+
+----------------------------------------------------------- the child ---
+
+function Pool:on_worker_ready(w)
+  self:_start_succeeded()
+  self:_worker_free(w)
+end
+
+function Pool:on_worker_load_error(w, err)
+  self:_worker_broken(w, err)
+end
+
+-- The start deadline, a job's soft deadline, or the hard one after it.
+function Pool:on_worker_timer(w)
+  if w.state == "starting" then return self:_start_timed_out(w) end
+  local job = w.job
+  if not job then return end
+  if job.interrupt then return self:_kill_job(w, job) end
+  self:_job_timed_out(w, job)
+end
+
+function Pool:on_worker_channel_error(w)
+  self:_retire(w, true)
+end
+
+function Pool:on_worker_exit(w, job, err, taken, status, signal)
+  self:_remove_worker(w)
+  if job and taken then
+    self:_fail(job, err)
+  elseif job then
+    self:_give_back(job)
+  elseif not w.ready and not w.start_reported and not self.closing then
+    self:_start_failed(err) -- died before READY, and nothing said so yet
+  end
+  if self.listeners.exit then self:_emit("exit", w.pid, status, signal) end
+  self:_pump()
+end
+
+------------------------------------------------------------- its job ---
+
+function Pool:on_worker_done(w, job, result_bytes)
+  job.result_bytes, job.error = result_bytes, nil
+  if self.listeners.completed then -- decoded once for them; bytes that do not decode fail the job
+    local ok, why = Job.decode(self, job)
+    if not ok then
+      job.result_bytes = nil
+      return self:on_worker_failed(w, job, errors.new("EPROTO", "the child's result cannot be decoded: " .. why))
+    end
+  end
+  self:_finish(job, "completed")
+  self:_worker_free(w)
+end
+
+function Pool:on_worker_failed(w, job, err)
+  self:_fail(job, err)
+  if err.code == "ENOMEM" then -- the heap hit memory_limit: start afresh
+    self:_retire(w)
+    return self:_pump()
+  end
+  self:_worker_free(w)
+end
+
+function Pool:on_worker_progress(w, job, bytes)
+  job.progress_bytes = bytes
+  if self.listeners.progress then self:_emit("progress", job, job.progress) end
+end
+
+function Pool:on_worker_output(w, job, stream, line)
+  if job then job.logs[#job.logs + 1] = line end
+  if self.echo then
+    local who = job and ("job " .. tostring(job.id)) or ("child " .. tostring(w.pid))
+    io.stderr:write("[" .. who .. "] " .. line .. "\n") -- one write: lines never interleave mid-line
+  end
+  if job and self.listeners.log then self:_emit("log", job, line, stream) end
+end
+
+return Pool

@@ -1,0 +1,64 @@
+-- moonjob.pool.source -- the job source: where the pool keeps its waiting jobs.
+--
+-- The pool reaches its waiting jobs only through pool.source, an object with
+-- the seven methods below; nothing else in the pool knows how or where jobs
+-- wait. Today's one source is the local one, a moonjob.queue (two heaps in
+-- this process). A second source (a Redis-backed queue) is meant to implement
+-- the same methods and be put in pool.source in its place.
+--
+--   source:push(job)      a job joins the waiting jobs: a new one (pool:add), a
+--                         retry (job.run_at, loop.now() ms, lies ahead), a job
+--                         given back because no child took it (it keeps its id,
+--                         so it goes ahead of the jobs added after it at its
+--                         priority), or one the breaker put back
+--   source:pop_ready()    -> the next job that may run now, or nil: lowest
+--                         job.priority first (default 0), then lowest id; delayed
+--                         jobs whose run_at has passed count as ready
+--   source:pop_any()      -> any waiting job, due or not, or nil (close and
+--                         cancel_all empty the source with it)
+--   source:remove(job)    -> true if the job was waiting here and is now out,
+--                         false otherwise (a waiting job canceled)
+--   source:count()        -> how many jobs wait, due or not (max_queue, drain,
+--                         stats, the pool's idleness)
+--   source:ready_count()  -> how many may run now (how many children to keep,
+--                         the breaker)
+--   source:next_due()     -> the run_at (loop.now() ms) of the earliest job not
+--                         yet due, or nil (the pool arms a timer for it)
+--
+-- What a source must hold to: every method answers at once, on the loop (none
+-- may wait, nor run the loop), and cheaply: pop_ready runs once per dispatch
+-- and count inside drain()'s predicate on every loop turn. A popped job is the
+-- pool's until it is pushed again or ends: the pool dispatches it, ends it or
+-- pushes it back before any listener can run (a listener's cancel looks for a
+-- waiting job only in the source). Jobs are the pool's moonjob.job objects;
+-- the local source keeps each one's place in job.qindex, which no other code
+-- may touch.
+local Queue = require "moonjob.queue"
+
+local Source = {}
+
+-- The local source's methods are the queue's own functions under the
+-- interface's names, not calls forwarding to them (_pump takes every job
+-- through pop_ready); promote is the queue's helper that pop and ready_n call.
+local Local = {
+  push = Queue.push,
+  pop_ready = Queue.pop,
+  pop_any = Queue.pop_any,
+  remove = Queue.remove,
+  ready_count = Queue.ready_n,
+  next_due = Queue.next_due,
+  promote = Queue.promote,
+}
+Local.__index = Local
+
+function Local:count()
+  return self.n
+end
+
+-- Source.new_local(now) -> the local source; now() -> milliseconds (loop.now),
+-- the clock that decides which delayed jobs are due.
+function Source.new_local(now)
+  return setmetatable(Queue.new(now), Local)
+end
+
+return Source
