@@ -32,6 +32,7 @@ local loop = require "moonjob.loop"
 local Cache = require "moonjob.cache"
 local Options = require "moonjob.pool.options"
 local Source = require "moonjob.pool.source"
+local Remote = require "moonjob.redis.remote"
 
 local Pool = {}
 Pool.__index = Pool
@@ -59,14 +60,14 @@ function Pool.new(processor, opts)
     size = opts.size or core.cpu_count(),
     min_size = opts.min_size or 0,
     idle_timeout = opts.idle_timeout,
-    max_payload = opts.max_payload or DEFAULTS.max_payload,
+    max_payload = opts.max_payload or (opts.redis and DEFAULTS.remote_max_payload) or DEFAULTS.max_payload,
     timeout = opts.timeout,
     kill_after = opts.kill_after or DEFAULTS.kill_after,
     ack_timeout = opts.ack_timeout or DEFAULTS.ack_timeout,
     start_timeout = opts.start_timeout or DEFAULTS.start_timeout,
     max_jobs_per_child = opts.max_jobs_per_child,
     max_log_bytes = opts.max_log_bytes or DEFAULTS.max_log_bytes,
-    codec = opts.codec or "lua",
+    codec = opts.codec or (opts.redis and "json") or "lua",
     echo = opts.echo ~= false,
     child_program = child_program,
     child_args = Options.child_args(opts),
@@ -96,7 +97,14 @@ function Pool.new(processor, opts)
   })
   self:_start_sweeper()
   self:_ensure_workers()
+  if opts.redis then self.remote = Remote.new(self, opts) end
   return self
+end
+
+-- A new job of this pool, waiting, without data yet.
+function Pool:_new_job()
+  next_seq = next_seq + 1
+  return Job.new(self.job_mt, next_seq, loop.now())
 end
 
 -------------------------------------------------------------- dispatch ---
@@ -105,7 +113,7 @@ end
 -- goes back to the source at once (it never left the parent).
 function Pool:_dispatch(w, job)
   local attempt = job.attempts + 1
-  local meta = self.meta:reset():encode({ id = job.id, name = job.name, attempt = attempt })
+  local meta = self.meta:reset():encode({ id = job.remote_id or job.id, name = job.name, attempt = attempt })
   if not w:run(job, meta:tostring()) then -- the child is gone: it holds no place either
     self:_retire(w, true)
     return self.source:push(job)
@@ -150,6 +158,7 @@ function Pool:_pump()
   self:_arm_delay()
   self:_ensure_workers()
   self:_check_breaker()
+  if self.remote then self.remote:want() end
 end
 
 -------------------------------------------------------------- public API ---
@@ -187,8 +196,7 @@ end
 -- (overriding the pool's).
 function Pool:add(data, opts)
   Options.check_add(opts)
-  next_seq = next_seq + 1
-  local job = Job.new(self.job_mt, next_seq, loop.now())
+  local job = self:_new_job()
   if opts then
     job.name = opts.name
     job.timeout, job.kill_after, job.priority = opts.timeout, opts.kill_after, opts.priority
@@ -297,6 +305,7 @@ function Pool:close(opts)
   opts = opts or {}
   if not self.closing then
     self.closing = true
+    if self.remote then self.remote:stop() end
     while self.source:count() > 0 do
       local job = self.source:pop_any()
       job.error = errors.new("ECLOSED", "the pool was closed before the job ran")
@@ -315,7 +324,9 @@ function Pool:close(opts)
   if core.running() then return true end
   local ok, err = pcall(loop.wait_until, function() return self.nworkers == 0 end)
   if not ok then error(err, 0) end
+  if self.remote then ok, err = pcall(self.remote.close, self.remote) end
   self:_close_timers()
+  if not ok then error(err, 0) end
   return true
 end
 

@@ -12,7 +12,7 @@
 local Pool = {}
 
 local EVENTS = {
-  completed = true, failed = true, progress = true, log = true, active = true,
+  completed = true, redis = true, failed = true, progress = true, log = true, active = true,
   drained = true, error = true, exit = true, retrying = true,
 }
 

@@ -21,7 +21,7 @@ local Backoff = require "moonjob.backoff"
 local Pool = {}
 
 -- Failures that another attempt cannot fix.
-local FINAL = { ECANCELED = true, ECLOSED = true, EPAYLOAD = true, EINPUT = true }
+local FINAL = { ECANCELED = true, ECLOSED = true, EPAYLOAD = true, EINPUT = true, ELOST = true }
 
 -- Seconds before the job's next attempt, or nil when it fails for good.
 function Pool:_retry_delay(job, err)
@@ -38,6 +38,7 @@ function Pool:_fail(job, err, not_before)
   job.error = err
   job.errors = job.errors or {}
   job.errors[#job.errors + 1] = err
+  if job.remote_id then return self:_fail_remote(job, err) end
   local delay = not self.closing and self:_retry_delay(job, err)
   if not delay then return self:_finish(job, "failed") end
   if job.state == "active" then self.nactive = self.nactive - 1 end
@@ -50,6 +51,31 @@ function Pool:_fail(job, err, not_before)
   self.counts.retries = self.counts.retries + 1
   self.source:push(job)
   if self.listeners.retrying then self:_emit("retrying", job, err, delay) end
+end
+
+-- A job from Redis: the queue decides on its retry, with the delay our
+-- backoff computed (it knows the attempts across hosts); here the job only
+-- leaves the pool. A job this worker stopped because its lease is no longer
+-- provably its own (abandoned) is not reported at all.
+function Pool:_fail_remote(job, err)
+  local delay = not self.closing and not job.retry_never and self:_retry_delay(job, err)
+  if not delay or job.abandoned then return self:_finish(job, "failed") end
+  job.reported = true
+  self.remote:failed(job, err, delay * 1000)
+  self.counts.retries = self.counts.retries + 1
+  if self.listeners.retrying then self:_emit("retrying", job, err, delay) end
+  return self:_leave(job)
+end
+
+-- A remote job leaves the pool without ending here (it retries, or goes back
+-- to the queue): the bookkeeping of _finish without counts or events.
+function Pool:_leave(job)
+  if job.state == "active" then
+    self.nactive = self.nactive - 1
+    if job.started then self:_sample_run(loop.now() - job.started) end
+  end
+  job.state, job.worker = "left", nil
+  if self.listeners.drained and self:_idle() then self:_emit("drained") end
 end
 
 -- A job with a key (id or dedupe) leaves the in-flight map when it ends; a
@@ -66,6 +92,15 @@ end
 -- Ends a job for good ("completed" or "failed"): its key, its run time,
 -- the counters, its listeners, then `drained` if nothing is left to do.
 function Pool:_finish(job, state)
+  if job.remote_id and not job.reported then
+    job.reported = true
+    if job.abandoned or (state == "failed" and job.error.code == "ECLOSED") then
+      self.remote:failed(job, job.error) -- given back to the queue (or, abandoned, left alone)
+      return self:_leave(job)
+    end
+    if state == "completed" then self.remote:completed(job, job.result_bytes)
+    else self.remote:failed(job, job.error) end
+  end
   local was_active = job.state == "active"
   job.state, job.worker = state, nil
   self:_release_key(job, state)
@@ -112,15 +147,18 @@ end
 
 -- Ends a job by cancel: a waiting one at once, a running one is interrupted
 -- like a timeout (soft, then kill). false when the job had already ended.
-function Pool:_cancel(job, reason)
-  if job:is_finished() then return false end
+-- code: ECANCELED unless given (a remote job stopped by its worker: ELEASE, ELOST).
+function Pool:_cancel(job, reason, code)
+  if job:is_finished() or job.state == "left" then return false end
   local message = "the job was canceled" .. (reason ~= nil and (": " .. tostring(reason)) or "")
+  if code and code ~= "ECANCELED" then message = reason end
+  code = code or "ECANCELED"
   if job.state == "waiting" then
     self.source:remove(job)
-    job.error = errors.new("ECANCELED", message, { reason = reason })
+    job.error = errors.new(code, message, { reason = reason })
     self:_finish(job, "failed")
   elseif not job.interrupt then
-    self:_interrupt(job.worker, job, { code = "ECANCELED", message = message, reason = reason })
+    self:_interrupt(job.worker, job, { code = code, message = message, reason = reason })
   end
   return true
 end

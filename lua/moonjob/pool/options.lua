@@ -18,6 +18,7 @@ local Options = {}
 
 Options.DEFAULTS = {
   max_payload = 64 * 1024 * 1024,
+  remote_max_payload = 1024 * 1024, -- a pool on Redis: what it reads is untrusted
   kill_after = 5,
   ack_timeout = 2,
   start_timeout = 60,
@@ -32,21 +33,24 @@ local OPTIONS = {
   max_log_bytes = "number", user = "string", attempts = "number", backoff = "backoff",
   dedupe = "dedupe", cache = "number", cache_max = "number", max_queue = "number",
   pools = "table",
+  redis = "string", queue = "string", lease = "number", prefetch = "number", poll = "number",
+  keep = "number", keep_age = "number", worker_name = "string",
 }
 local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout = true,
   start_timeout = true, attempts = true,
   cache = true, cache_max = true, max_queue = true,
   max_jobs_per_child = true, memory_limit = true, idle_timeout = true, max_procs = true,
-  max_log_bytes = true }
+  max_log_bytes = true, lease = true, poll = true, keep_age = true }
 local WHOLE = { size = true, max_jobs_per_child = true, min_size = true, max_procs = true,
-  attempts = true, cache_max = true, max_queue = true }
+  attempts = true, cache_max = true, max_queue = true, prefetch = true, keep = true }
 -- Upper bounds, so that no option reaches C as a number it cannot hold.
 local SECONDS_MAX = 1e9
 local MAXIMUM = { size = 1024, max_payload = 2 ^ 30, memory_limit = 2 ^ 46, max_procs = 2 ^ 31 - 1,
   max_log_bytes = 2 ^ 40, attempts = 2 ^ 31, cache_max = 2 ^ 31, max_queue = 2 ^ 53,
   min_size = 1024, max_jobs_per_child = 2 ^ 53, timeout = SECONDS_MAX, kill_after = SECONDS_MAX,
   ack_timeout = SECONDS_MAX, start_timeout = SECONDS_MAX, idle_timeout = SECONDS_MAX,
-  cache = SECONDS_MAX }
+  cache = SECONDS_MAX, lease = SECONDS_MAX, poll = 3600, keep_age = SECONDS_MAX, prefetch = 1e6,
+  keep = 2 ^ 31 }
 local CODECS = { lua = true, json = true }
 
 ------------------------------------------------------- pool options ---
@@ -95,7 +99,33 @@ function Options.check(opts)
   if opts.codec and not CODECS[opts.codec] then
     error("moonjob.pool: option 'codec' must be \"lua\" or \"json\"", 4)
   end
+  Options.check_remote(opts)
   return opts
+end
+
+-- A pool on a Redis queue: redis and queue go together, jobs cross as JSON
+-- text, and lease must leave room for renewals (every lease/3) and the
+-- self-fence (at 2/3 of a lease).
+function Options.check_remote(opts)
+  local remote_only = { "lease", "prefetch", "poll", "keep", "keep_age", "worker_name" }
+  if not opts.redis then
+    if opts.queue then error("moonjob.pool: option 'queue' needs option 'redis' (a redis:// URL)", 5) end
+    for _, k in ipairs(remote_only) do
+      if opts[k] ~= nil then error(("moonjob.pool: option '%s' is for a pool on Redis (option 'redis')"):format(k), 5) end
+    end
+    return
+  end
+  if not opts.queue then error("moonjob.pool: option 'redis' needs option 'queue' (the queue's name)", 5) end
+  local ok, why = require("moonjob.redis.queue").check_name(opts.queue)
+  if not ok then error("moonjob.pool: option 'queue': " .. why, 5) end
+  local parsed, perr = require("moonjob.redis.client").parse(opts.redis)
+  if not parsed then error("moonjob.pool: option 'redis': " .. perr, 5) end
+  if opts.codec and opts.codec ~= "json" then
+    error("moonjob.pool: a pool on Redis takes JSON text (codec \"json\"); jobs cross hosts as JSON", 5)
+  end
+  if opts.lease and opts.lease < 0.3 then
+    error("moonjob.pool: option 'lease' must be at least 0.3 seconds (renewed every lease/3)", 5)
+  end
 end
 
 -- Options.check_processor(file) -> true | nil, ELOAD
