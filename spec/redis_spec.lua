@@ -1,0 +1,342 @@
+-- Durable queues on Redis: a real redis-server (AOF on) on a free loopback
+-- port, producers in this process, workers in this process or as separate
+-- `moonjob worker` processes ended by their pid.
+local moonjob = require "moonjob"
+local helpers = require "spec.helpers"
+local redis_server = require "spec.redis_server"
+local loop = require "moonjob.loop"
+local json = require "moonjob.json"
+
+local PROCESSOR = helpers.abs(helpers.fixture("remote.lua"))
+
+local server
+local queues = 0
+
+-- A fresh queue name per test.
+local function new_queue()
+  queues = queues + 1
+  return "q" .. queues
+end
+
+local function read_lines(path)
+  local lines = {}
+  local f = io.open(path)
+  if not f then return lines end
+  for line in f:lines() do lines[#lines + 1] = line end
+  f:close()
+  return lines
+end
+
+-- A `moonjob worker` process; returns its pid and the path of its stderr.
+local function start_worker(queue, args)
+  local log = os.tmpname()
+  local cmd = ("%s scripts/moonjob worker %s --redis %s --queue %s %s 2>%s >/dev/null & echo $!")
+    :format(helpers.LUAJIT, PROCESSOR, server.url, queue, args or "", log)
+  return assert(tonumber(helpers.first_line(cmd))), log
+end
+
+local function stop_worker(pid, signal)
+  os.execute(("kill -%s %d 2>/dev/null"):format(signal or "KILL", pid))
+  helpers.wait_for(function() return not helpers.process_exists(pid) end, 40)
+end
+
+local function pool(queue, opts)
+  opts = opts or {}
+  opts.redis, opts.queue, opts.echo = server.url, queue, false
+  local p = assert(moonjob.pool(PROCESSOR, opts))
+  return p
+end
+
+describe("a durable queue on Redis", function()
+  setup(function() server = redis_server.start() end)
+  teardown(function() if server then server:stop() end end)
+
+  describe("producers", function()
+    it("add jobs, read their state and counts, and cancel waiting ones", function()
+      local q = assert(moonjob.queue(server.url, new_queue()))
+      local a = assert(q:add({ n = 1 }))
+      local b = assert(q:add({ n = 2 }, { delay = 60 }))
+      assert.equal("waiting", a.state)
+      assert.equal("delayed", b.state)
+      assert.same({ waiting = 1, delayed = 1, active = 0, completed = 0, failed = 0 }, q:counts())
+      assert.equal("waiting", q:cancel(a.id, "not needed"))
+      local info = q:get(a.id)
+      assert.equal("failed", info.state)
+      assert.equal("ECANCELED", info.error.code)
+      local _, err = q:cancel("no-such-id")
+      assert.equal("ENOTFOUND", err.code)
+      q:close()
+    end)
+
+    it("say clearly what is wrong with a URL, a server that is down, or a password, never printing it", function()
+      local _, err = moonjob.queue("http://127.0.0.1", "x")
+      assert.matches("not a Redis URL", tostring(err))
+      _, err = moonjob.queue("redis://127.0.0.1:1/0", "x", { timeout = 1 })
+      assert.matches("EREDIS: redis://127.0.0.1:1/0: Connection refused", tostring(err), 1, true)
+      local locked = redis_server.start({ password = "s3cret-pw" })
+      _, err = moonjob.queue(("redis://:wrong-pw@127.0.0.1:%d/0"):format(locked.port), "x", { timeout = 1 })
+      assert.matches("check the user and password", tostring(err))
+      assert.not_matches("wrong%-pw", tostring(err))
+      local q = assert(moonjob.queue(("redis://:s3cret-pw@127.0.0.1:%d/0"):format(locked.port), "x"))
+      assert.not_matches("s3cret", tostring(q))
+      assert.truthy(q:add({ n = 1 }))
+      q:close()
+      locked:stop()
+      _, err = moonjob.queue(server.url, "bad{name}")
+      assert.matches("queue name", tostring(err))
+    end)
+
+    it("refuse data that is not JSON or is larger than max_payload, and a backoff function", function()
+      local q = assert(moonjob.queue(server.url, new_queue(), { max_payload = 100 }))
+      local _, err = q:add({ f = function() end })
+      assert.equal("EPAYLOAD", err.code)
+      _, err = q:add({ s = ("x"):rep(200) })
+      assert.equal("EPAYLOAD", err.code)
+      assert.has_error(function() q:add({}, { backoff = function() return 1 end }) end)
+      q:close()
+    end)
+  end)
+
+  describe("a pool on the queue", function()
+    it("runs jobs added by a producer and their results come back exactly", function()
+      local name = new_queue()
+      local p = pool(name, { size = 2 })
+      local q = assert(moonjob.queue(server.url, name))
+      local jobs = {}
+      for i = 1, 50 do jobs[i] = assert(q:add({ echo = { i = i, big = 9007199254740993LL, x = 0.1 } })) end
+      for i = 1, 50 do
+        local result, err = jobs[i]:wait(20)
+        assert.is_nil(err)
+        assert.equal(i, result.echo.i)
+        assert.equal(9007199254740993LL, result.echo.big)
+        assert.equal(0.1, result.echo.x)
+        assert.equal(jobs[i].id, result.id) -- processors see the queue's id
+      end
+      assert.same({ waiting = 0, delayed = 0, active = 0, completed = 50, failed = 0 }, q:counts())
+      p:close()
+      q:close()
+    end)
+
+    it("retries with the attempts and backoff given by the producer, and keeps the processor's error fields", function()
+      local name = new_queue()
+      local p = pool(name, { size = 1 })
+      local q = assert(moonjob.queue(server.url, name))
+      local ok = assert(q:add({ fail_until = 3 }, { attempts = 3, backoff = { type = "fixed", delay = 0.05 } }))
+      local bad = assert(q:add({ fail = true }, { attempts = 2 }))
+      local result = assert(ok:wait(20))
+      assert.equal(3, result.attempt)
+      local _, err = bad:wait(20)
+      assert.equal("EBAD", err.code)
+      assert.equal("A-1", err.sku)
+      assert.equal(2, q:get(bad.id).attempts)
+      p:close()
+      q:close()
+    end)
+
+    it("runs higher priorities first and delayed jobs when due", function()
+      local name = new_queue()
+      local q = assert(moonjob.queue(server.url, name))
+      local log = os.tmpname()
+      local late = assert(q:add({ log = log, echo = "late" }, { delay = 0.5 }))
+      for i = 1, 3 do assert(q:add({ log = log, echo = "low" .. i }, { priority = 5, id = "low" .. i })) end
+      assert(q:add({ log = log, echo = "high" }, { priority = -1, id = "high" }))
+      local t0 = loop.now()
+      local p = pool(name, { size = 1, prefetch = 0 })
+      assert(late:wait(20))
+      assert.is_true(loop.now() - t0 >= 400)
+      local order = {}
+      for _, line in ipairs(read_lines(log)) do order[#order + 1] = line:match("^(%S+)") end
+      assert.same({ "high", "low1", "low2", "low3", late.id }, order)
+      p:close()
+      q:close()
+    end)
+
+    it("joins a live job by id from any producer, and returns a cached result for `cache` seconds", function()
+      local name = new_queue()
+      local q1 = assert(moonjob.queue(server.url, name))
+      local q2 = assert(moonjob.queue(server.url, name))
+      local log = os.tmpname()
+      local a = assert(q1:add({ log = log, sleep = 0.3 }, { id = "same", cache = 30 }))
+      local b = assert(q2:add({ log = log, sleep = 0.3 }, { id = "same", cache = 30 }))
+      assert.equal(a.id, b.id)
+      assert.is_true(b.joined)
+      local p = pool(name, { size = 2 })
+      assert(a:wait(20))
+      local c = assert(q2:add({ log = log }, { id = "same", cache = 30 }))
+      assert.equal("completed", c.state)
+      assert(c:wait(5))
+      assert.equal(1, #read_lines(log))
+      p:close()
+      q1:close()
+      q2:close()
+    end)
+
+    it("renews the lease of a job that runs longer than the lease, which then runs once", function()
+      local name = new_queue()
+      local log = os.tmpname()
+      local p = pool(name, { size = 1, lease = 0.6 })
+      local q = assert(moonjob.queue(server.url, name))
+      local job = assert(q:add({ log = log, sleep = 2.5 }))
+      local result = assert(job:wait(20))
+      assert.equal(1, result.attempt)
+      assert.equal(1, #read_lines(log))
+      assert.equal(1, q:get(job.id).attempts)
+      p:close()
+      q:close()
+    end)
+
+    it("fails a job whose data in Redis is too big or missing, clearly, and goes on", function()
+      local name = new_queue()
+      local q = assert(moonjob.queue(server.url, name))
+      local prefix = "mj:{" .. name .. "}:"
+      server:cli("FCALL", "moonjob_add", 1, prefix, "big", '"' .. ("x"):rep(3000) .. '"', 0, 0, 1, "", 0, 0, "", 0, 0, 1)
+      server:cli("FCALL", "moonjob_add", 1, prefix, "gone", '{}', 0, 0, 1, "", 0, 0, "", 0, 0, 1)
+      server:cli("HDEL", prefix .. "j:gone", "data")
+      local fine = assert(q:add({ echo = 1 }))
+      local p = pool(name, { size = 1, max_payload = 1000 })
+      assert(fine:wait(20))
+      helpers.wait_for(function() return q:counts().failed == 2 end, 20)
+      assert.equal("EPAYLOAD", q:get("big").error.code)
+      assert.equal("EINPUT", q:get("gone").error.code)
+      p:close()
+      q:close()
+    end)
+
+    it("keeps finished jobs by count, so Redis does not grow with them", function()
+      local name = new_queue()
+      local p = pool(name, { size = 2, keep = 10 })
+      local q = assert(moonjob.queue(server.url, name))
+      local last
+      for i = 1, 200 do last = assert(q:add({ echo = i })) end
+      assert(last:wait(30))
+      helpers.wait_for(function() return q:counts().active == 0 end)
+      local c = q:counts()
+      assert.is_true(c.completed <= 12, "completed kept: " .. c.completed)
+      local keys = tonumber(server:cli("EVAL", "return #redis.call('KEYS', ARGV[1])", 0, "mj:{" .. name .. "}:j:*"))
+      assert.is_true(keys <= 12, "job hashes kept: " .. keys)
+      p:close()
+      q:close()
+    end)
+
+    it("refuses a result carrying a token that is no longer the job's", function()
+      local name = new_queue()
+      local prefix = "mj:{" .. name .. "}:"
+      local q = assert(moonjob.queue(server.url, name))
+      local job = assert(q:add({ n = 1 }, { attempts = 2 }))
+      local fetched = server:cli("FCALL", "moonjob_fetch", 1, prefix, "w-old", 1, 100)
+      local token = fetched:match("(w%-old/%d+)")
+      assert.truthy(token)
+      helpers.sleep(0.2)
+      server:cli("FCALL", "moonjob_fetch", 1, prefix, "w-new", 1, 10000) -- recovers it (ESTALLED), runs it anew
+      assert.equal("ESTALE", server:cli("FCALL", "moonjob_complete", 1, prefix, job.id, token, "{}", 10, 1000))
+      assert.equal("active", q:get(job.id).state)
+      q:close()
+    end)
+
+    it("gives back the jobs it holds but has not started when it closes", function()
+      local name = new_queue()
+      local q = assert(moonjob.queue(server.url, name))
+      for i = 1, 6 do assert(q:add({ sleep = 0.3, echo = i })) end
+      local p = pool(name, { size = 1, prefetch = 5 })
+      helpers.wait_for(function() return q:counts().active == 6 end)
+      p:close()
+      local c = q:counts()
+      assert.equal(0, c.active)
+      assert.equal(6, c.completed + c.waiting)
+      assert.is_true(c.waiting >= 4)
+      q:close()
+    end)
+  end)
+
+  describe("worker processes", function()
+    it("a job on a worker SIGKILLed mid-run runs again on another within lease + 1 s, counting an attempt", function()
+      local name = new_queue()
+      local log = os.tmpname()
+      local q = assert(moonjob.queue(server.url, name))
+      local pid1 = start_worker(name, "-j 1 --lease 1")
+      local job = assert(q:add({ log = log, sleep = 1 }, { attempts = 3 }))
+      helpers.wait_for(function() return #read_lines(log) == 1 end, 20)
+      stop_worker(pid1, "KILL")
+      local killed_at = loop.now()
+      local pid2 = start_worker(name, "-j 1 --lease 1")
+      local result = assert(job:wait(20))
+      assert.equal(2, result.attempt)
+      local lines = read_lines(log)
+      assert.equal(2, #lines)
+      -- it started again within the lease (1 s) + 1 s, plus the new worker's start
+      assert.is_true(loop.now() - killed_at < 4000)
+      stop_worker(pid2, "TERM")
+      q:close()
+    end)
+
+    it("cancel interrupts a job running on another worker process", function()
+      local name = new_queue()
+      local log = os.tmpname()
+      local q = assert(moonjob.queue(server.url, name))
+      local pid = start_worker(name, "-j 1")
+      local job = assert(q:add({ log = log, sleep = 30 }))
+      helpers.wait_for(function() return #read_lines(log) == 1 end, 20)
+      local t0 = loop.now()
+      assert.equal("active", q:cancel(job.id, "changed my mind"))
+      local _, err = job:wait(20)
+      assert.equal("ECANCELED", err.code)
+      assert.is_true(loop.now() - t0 < 3000)
+      stop_worker(pid, "TERM")
+      q:close()
+    end)
+
+    it("stop on SIGTERM: running jobs finish, held ones go back, exit 0", function()
+      local name = new_queue()
+      local log = os.tmpname()
+      local q = assert(moonjob.queue(server.url, name))
+      local pid, errlog = start_worker(name, "-j 1 --grace 10")
+      local jobs = {}
+      for i = 1, 4 do jobs[i] = assert(q:add({ log = log, sleep = 0.5, echo = i })) end
+      helpers.wait_for(function() return #read_lines(log) == 1 end, 20)
+      os.execute("kill -TERM " .. pid)
+      helpers.wait_for(function() return not helpers.process_exists(pid) end, 20)
+      assert(jobs[1]:wait(5))
+      local c = q:counts()
+      assert.equal(0, c.active)
+      assert.equal(4, c.completed + c.waiting)
+      local text = table.concat(read_lines(errlog), "\n")
+      assert.matches("stopping %(SIGTERM%)", text)
+      q:close()
+    end)
+  end)
+
+  describe("other languages", function()
+    it("a Python program adds a job with redis-py and reads its result", function()
+      local name = new_queue()
+      local p = pool(name, { size = 1 })
+      local up = false
+      p:on("redis", function(kind) if kind == "up" then up = true end end)
+      helpers.wait_for(function() return up end) -- the worker has loaded the function library
+      local script = helpers.write_file(os.tmpname() .. ".py", ([[
+import json, sys, time, redis
+r = redis.Redis(host="127.0.0.1", port=%d, db=0)
+prefix = "mj:{%s}:"
+# moonjob_add: id, data, priority, delay_ms, attempts, backoff, timeout, kill_after, name, cache, max_queue, notify
+job_id, state, joined = r.fcall("moonjob_add", 1, prefix, "", json.dumps({"echo": [1, 2.5, "x"]}),
+                               0, 0, 1, "", 0, 0, "", 0, 0, 0)
+for _ in range(500):
+    f = r.fcall("moonjob_get", 1, prefix, job_id)
+    if f[0] in (b"completed", b"failed"):
+        print(f[0].decode(), f[1].decode())
+        sys.exit(0)
+    time.sleep(0.02)
+sys.exit(1)
+]]):format(server.port, name))
+      -- in the background: this process's loop runs the worker meanwhile
+      local out_path = os.tmpname()
+      local pid = tonumber(helpers.first_line(("/usr/bin/python3 %s >%s 2>&1 & echo $!"):format(script, out_path)))
+      helpers.wait_for(function() return not helpers.process_exists(pid) end, 20)
+      local out = table.concat(read_lines(out_path), "\n") .. "\n"
+      local state, result = out:match("^(%S+) (.*)\n$")
+      assert.truthy(state, out)
+      assert.equal("completed", state)
+      assert.same({ 1, 2.5, "x" }, json.decode(result).echo)
+      p:close()
+    end)
+  end)
+end)
