@@ -55,6 +55,7 @@ function Remote.new(pool, opts)
     keep_count = opts.keep or 1000, keep_age_ms = math.floor((opts.keep_age or 86400) * 1000),
     worker_id = (opts.worker_name or "") .. random_id(),
     held = {},        -- remote id -> job (fetched, not reported yet)
+    unreported = {},  -- reports that met a connection error: { what, args }, sent again once up
     nheld = 0,
     fetching = false, stopping = false, up = false,
     counts = { fetched = 0, completed = 0, failed = 0, released = 0, fenced = 0, lost = 0, refused = 0 },
@@ -80,7 +81,12 @@ end
 function Remote:_state(up, why)
   self.up = up
   self.pool:_emit("redis", up and "up" or "down", why)
-  if up then self:want() end
+  if not up then return end
+  local unreported = self.unreported
+  self.unreported = {}
+  for _, r in ipairs(unreported) do self:_report(r[1], r[2]) end
+  self:_renew()
+  self:want()
 end
 
 function Remote:_message(kind, message)
@@ -174,7 +180,13 @@ end
 -- with code. For ECANCELED the end is reported (the token is still ours);
 -- for a fence or a lost lease it is not (abandoned).
 function Remote:_cancel_here(job, code, reason)
-  if code ~= "ECANCELED" then job.abandoned = true end
+  if code ~= "ECANCELED" then
+    job.abandoned = true
+    -- the soft stop cannot reach JIT-compiled loops or C calls: the hard kill
+    -- must land before the lease ends (fence at 2/3, kill by 5/6 of a lease)
+    local kill_after = job.kill_after or self.pool.kill_after
+    job.kill_after = math.min(kill_after, self.lease_ms / 6000)
+  end
   self.pool:_cancel(job, reason, code)
 end
 
@@ -242,8 +254,15 @@ function Remote:_forget(job)
   end
 end
 
+-- A report that could not reach Redis is sent again once it is back: the
+-- job's lease may still be ours (else Redis answers ESTALE), and a lost
+-- report would make the job run again.
 local function report(self, what, args)
-  self.client:call(args, function(reply, err)
+  self.client:call(args, function(reply, err, kind)
+    if kind == "connection" and not self.closed then
+      self.unreported[#self.unreported + 1] = { what, args }
+      return
+    end
     if reply == "ESTALE" then
       self.counts.refused = self.counts.refused + 1
       self.pool:_emit("redis", "stale", what .. " refused: the lease had passed to another run")
@@ -253,6 +272,8 @@ local function report(self, what, args)
     self:want()
   end)
 end
+
+function Remote:_report(what, args) return report(self, what, args) end
 
 -- The pool's hooks: a remote job ended here.
 function Remote:completed(job, result_bytes)
@@ -289,8 +310,20 @@ function Remote:busy()
   return self.client.conn ~= nil and self.client.conn:pending() > 0
 end
 
+-- Waits (at most 5 s) for the last reports to reach Redis, then closes. A
+-- report that cannot be sent by then is lost: its job's lease expires and
+-- the job runs again elsewhere (ESTALLED).
 function Remote:close()
   self.stopping = true
+  local deadline = loop.now() + 5000
+  local ticker = core.timer(function() end)
+  ticker:start(100, 100)
+  pcall(loop.wait_until, function()
+    local flushed = not self:busy() and #self.client.waiting == 0 and #self.unreported == 0
+    return flushed or loop.now() > deadline
+  end)
+  ticker:close()
+  self.closed = true
   for _, t in ipairs({ self.renew_timer, self.fence_timer, self.poll_timer, self.due_timer }) do
     t:close()
   end
