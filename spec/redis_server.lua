@@ -22,9 +22,9 @@ local function free_port()
 end
 
 function Server:_launch()
-  local cmd = ("redis-server --port %d --bind 127.0.0.1 --dir %s --appendonly yes --appendfsync everysec"
+  local cmd = ("redis-server --port %d --bind %s --dir %s --appendonly yes --appendfsync everysec"
     .. " --save '' --maxmemory-policy noeviction --daemonize no --logfile %s/redis.log %s & echo $!")
-    :format(self.port, self.dir, self.dir, self.extra or "")
+    :format(self.port, self.bind, self.dir, self.dir, self.extra or "")
   self.pid = assert(tonumber(helpers.first_line(cmd)), "cannot start redis-server")
   local deadline = os.time() + 10
   repeat
@@ -35,17 +35,18 @@ function Server:_launch()
   error("redis-server did not answer within 10 s; its log: " .. (helpers.first_line("tail -3 " .. self.dir .. "/redis.log") or ""))
 end
 
--- start([opts]): opts.password sets requirepass; opts.extra adds arguments.
+-- start([opts]): opts.password sets requirepass; opts.bind the addresses to
+-- listen on (default 127.0.0.1); opts.extra adds arguments.
 function M.start(opts)
   opts = opts or {}
-  local self = setmetatable({ dir = helpers.tmpdir(), port = free_port() }, Server)
+  local self = setmetatable({ dir = helpers.tmpdir(), port = free_port(), bind = opts.bind or "127.0.0.1" }, Server)
   if opts.password then
     self.extra = "--requirepass " .. opts.password
     self.auth_args = "--no-auth-warning -a " .. opts.password
   end
   self.extra = (self.extra or "") .. " " .. (opts.extra or "")
   self:_launch()
-  self.url = ("redis://127.0.0.1:%d/0"):format(self.port)
+  self.url = ("redis://%s127.0.0.1:%d/0"):format(opts.password and (":" .. opts.password .. "@") or "", self.port)
   return self
 end
 

@@ -162,7 +162,7 @@ function Client:_connect()
 end
 
 function Client:_up()
-  self.ready, self.why, self.backoff = true, nil, 0
+  self.ready, self.why, self.backoff, self.said_why = true, nil, 0, nil
   local waiting = self.waiting
   self.waiting = {}
   for _, w in ipairs(waiting) do self:call(w[1], w[2]) end
@@ -178,7 +178,12 @@ function Client:_down(why)
   self.backoff = math.min(math.max(self.backoff * 2, 100), 5000)
   self.reconnect_at = loop.now() + self.backoff * (0.5 + math.random())
   self.timer:start(50, 50)
-  if was_ready and self.on_state then self.on_state(false, why) end
+  -- said once per reason: a server that refuses us (protected mode, a wrong
+  -- password) must not look like a silent hang, nor fill a log
+  if self.on_state and (was_ready or why ~= self.said_why) then
+    self.said_why = why
+    self.on_state(false, why)
+  end
 end
 
 function Client:_tick()
