@@ -33,7 +33,7 @@ DEB_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev libuv1-dev lu
                lua-busted luarocks procps libhiredis-dev redis-server redis-tools python3-redis \
                iproute2
 
-.PHONY: all deps spec-host test sanitize demo repl bench install uninstall clean
+.PHONY: all deps spec-host test sanitize chaos demo repl bench install uninstall clean
 
 IN_TREE = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="$(BUILD)/?.so;;"
 
@@ -76,6 +76,11 @@ $(BUILD)/spec-failing.so: spec/host/failing.c
 
 test: deps all spec-host
 	$(BUSTED)
+
+# Three workers in network namespaces on one Redis, killed, cut off, stopped,
+# and Redis killed and restarted: every job completes exactly once (needs root).
+chaos: deps all
+	$(BUSTED) chaos/chaos_spec.lua
 
 # The whole suite on a build with AddressSanitizer and UndefinedBehaviorSanitizer,
 # in its own directory. The child program is fully instrumented; the parent's

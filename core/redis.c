@@ -171,8 +171,9 @@ static void drop(mj_redis_t *r, const char *why) {
 static void poll_cb(uv_poll_t *handle, int status, int events) {
   mj_redis_t *r = handle->data;
   if (r->ac == NULL) return;
-  if (status < 0 && r->state == MJ_REDIS_CONNECTING) {
-    redisAsyncHandleWrite(r->ac); /* hiredis reads the socket's error (refused, unreachable) */
+  if (status < 0) { /* let hiredis find out what happened: refused, reset, closed */
+    if (r->state == MJ_REDIS_CONNECTING) redisAsyncHandleWrite(r->ac);
+    else redisAsyncHandleRead(r->ac);
     if (r->ac == NULL || r->state == MJ_REDIS_DOWN) return;
   }
   if (status < 0) {

@@ -75,6 +75,9 @@ durable queues on Redis (README "Durable queues on Redis"):
                         may take it, renewed every S/3 (default 30)
   --grace S             seconds running jobs get to finish when the worker
                         stops (default 30)
+  --prefetch N          jobs held beyond the running ones (default: -j)
+  --keep N, --keep-age S  finished jobs kept in Redis, by count per state
+                        (default 1000) and age (default 86400 s)
   --priority P, --delay S   for add: lower runs first; seconds before it may run
 
   -h, --help            show this help
@@ -142,6 +145,9 @@ local VALUED = {
   ["--queue"] = { "queue", path, "a queue name" },
   ["--lease"] = { "lease", positive_seconds, "a number of seconds from 0.001 to 1e9" },
   ["--grace"] = { "grace", seconds, "a number of seconds from 0 to 1e9" },
+  ["--keep"] = { "keep", positive_integer, "a whole number from 1 to 2^31" },
+  ["--keep-age"] = { "keep_age", positive_seconds, "a number of seconds from 0.001 to 1e9" },
+  ["--prefetch"] = { "prefetch", function(t) local n = tonumber(t) if n and n >= 0 and n <= 1e6 and n % 1 == 0 then return n end end, "a whole number from 0 to 1e6" },
   ["--delay"] = { "delay", seconds, "a number of seconds from 0 to 1e9" },
   ["--priority"] = { "priority", tonumber, "a number (lower runs first)" },
 }

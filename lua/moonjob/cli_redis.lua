@@ -44,6 +44,7 @@ end
 function M.worker(processor, o, pool_options)
   local opts = pool_options(o)
   opts.redis, opts.queue, opts.lease, opts.echo = o.redis, o.queue, o.lease, true
+  opts.keep, opts.keep_age, opts.prefetch = o.keep, o.keep_age, o.prefetch
   local ok, pool, err = pcall(moonjob.pool, processor, opts)
   if not ok or not pool then
     say(tostring(ok and err or pool):gsub("^[^:]*:%d+: ", ""))

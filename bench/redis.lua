@@ -1,0 +1,143 @@
+-- bench/redis.lua -- `make bench`, part 2: the durable queue on Redis.
+--
+-- A redis-server of its own (loopback, temporary directory, AOF on with
+-- appendfsync everysec, as in production), then:
+-- 1. Floor: a bare FCALL loop against that server (redis-benchmark, one
+--    connection per worker process, no pipelining), moonjob_counts.
+-- 2. No-op jobs per second through the queue: N jobs added first (moonjob
+--    add), then 1 or 2 `moonjob worker` processes (-j 2 each) drain them;
+--    timed from the workers' start to the last completion. Redis commands
+--    per job from INFO commandstats.
+-- 3. Recovery: a worker (lease 1 s) holding 4 running jobs is SIGKILLed; the
+--    time until all 4 have started again on another worker.
+-- Each process is ended by its pid.
+package.path = "lua/?.lua;lua/?/init.lua;spec/?.lua;" .. package.path
+package.cpath = "build/?.so;" .. package.cpath
+
+local moonjob = require "moonjob"
+local core = require "moonjob.core"
+local loop = require "moonjob.loop"
+local redis_server = require "spec.redis_server"
+
+local JOBS = tonumber(os.getenv("BENCH_REDIS_JOBS")) or 60000
+local LUAJIT = 'env LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" luajit'
+
+local function sh_first_line(cmd)
+  local p = io.popen(cmd)
+  local line = p:read("*l")
+  p:close()
+  return line
+end
+
+local function sleep(seconds)
+  local done = false
+  local t = core.timer(function() done = true end)
+  t:start(seconds * 1000)
+  loop.wait_until(function() return done end)
+  t:close()
+end
+
+local function wait_for(pred, seconds)
+  local deadline = loop.now() + seconds * 1000
+  local poll = core.timer(function() end)
+  poll:start(10, 10)
+  loop.wait_until(function() return pred() or loop.now() > deadline end)
+  poll:close()
+  return pred()
+end
+
+local function total_calls(server)
+  local n = 0
+  for calls in server:cli("INFO", "commandstats"):gmatch("calls=(%d+)") do n = n + tonumber(calls) end
+  return n
+end
+
+local server = redis_server.start()
+local q = assert(moonjob.queue(server.url, "bench"))
+
+-- 1. the floor
+local function floor_rate(clients)
+  local out = sh_first_line(("redis-benchmark -p %d -c %d -n 100000 -q FCALL moonjob_counts 1 'mj:{bench}:' 2>/dev/null | tr '\\r' '\\n' | grep 'requests per second' | tail -1")
+    :format(server.port, clients))
+  return tonumber(out and out:match("([%d.]+) requests per second")) or 0
+end
+
+local function start_worker(args)
+  local cmd = ("%s scripts/moonjob worker bench/noop.lua --redis %s --queue bench %s 2>/dev/null >/dev/null & echo $!")
+    :format(LUAJIT, server.url, args)
+  return assert(tonumber(sh_first_line(cmd)))
+end
+
+local function stop(pid)
+  os.execute(("kill -KILL %d 2>/dev/null"):format(pid))
+end
+
+local function add_jobs(n)
+  local path = os.tmpname()
+  local f = assert(io.open(path, "w"))
+  for i = 1, n do f:write('{"n":', i, '}\n') end
+  f:close()
+  assert(os.execute(("%s scripts/moonjob add --redis %s --queue bench %s >/dev/null"):format(LUAJIT, server.url, path)) == 0)
+  os.remove(path)
+end
+
+-- 2. throughput with `workers` processes of 2 children each
+local function queue_rate(workers)
+  q.client:call_wait({ "DEL", "mj:{bench}:completed", "mj:{bench}:failed" })
+  add_jobs(JOBS)
+  local calls0 = total_calls(server)
+  local t0 = loop.now()
+  local pids = {}
+  for i = 1, workers do pids[i] = start_worker("-j 2 --keep 1000000 --prefetch 32") end
+  local ok = wait_for(function()
+    local c = q:counts()
+    return c and c.completed >= JOBS
+  end, 300)
+  local seconds = (loop.now() - t0) / 1000
+  local calls = total_calls(server) - calls0
+  for _, pid in ipairs(pids) do stop(pid) end
+  assert(ok, "the jobs did not finish")
+  return JOBS / seconds, calls / JOBS
+end
+
+print(("\nRedis queue: redis-server %s, AOF everysec, %d no-op jobs per run")
+  :format(sh_first_line("redis-server --version | grep -o 'v=[0-9.]*'") or "?", JOBS))
+print(("%-22s %14s %14s %8s %14s"):format("worker processes", "queue jobs/s", "FCALL floor/s", "ratio", "commands/job"))
+for _, workers in ipairs({ 1, 2 }) do
+  local floor = floor_rate(workers)
+  local rate, per_job = queue_rate(workers)
+  print(("%-22s %14.0f %14.0f %8.2f %14.2f"):format(workers .. " (2 children each)", rate, floor, rate / floor, per_job))
+end
+
+-- 3. recovery of a killed worker's jobs
+do
+  q.client:call_wait({ "FLUSHDB" })
+  q.client:call_wait({ "FUNCTION", "LOAD", "REPLACE", io.open("lua/moonjob/redis/functions.lua"):read("*a") })
+  local log = os.tmpname()
+  local doomed = ("%s scripts/moonjob worker bench/spin_log.lua --redis %s --queue bench -j 4 --prefetch 0 --lease 1 2>/dev/null >/dev/null & echo $!")
+    :format(LUAJIT, server.url)
+  local pid = assert(tonumber(sh_first_line(doomed)))
+  for _ = 1, 4 do assert(q:add({ log = log, seconds = 3 }, { attempts = 2 })) end
+  local function starts()
+    local n = 0
+    local f = io.open(log)
+    if f then for _ in f:lines() do n = n + 1 end f:close() end
+    return n
+  end
+  assert(wait_for(function() return starts() == 4 end, 30), "the jobs did not start")
+  local other = ("%s scripts/moonjob worker bench/spin_log.lua --redis %s --queue bench -j 4 --prefetch 0 --lease 1 2>/dev/null >/dev/null & echo $!")
+    :format(LUAJIT, server.url)
+  local pid2 = assert(tonumber(sh_first_line(other)))
+  sleep(0.5) -- the second worker is up and polling
+  local t0 = loop.now()
+  stop(pid)
+  local ok = wait_for(function() return starts() == 8 end, 30)
+  local ms = loop.now() - t0
+  stop(pid2)
+  os.remove(log)
+  print(("\nkilled worker (lease 1 s, 4 running jobs): all 4 running again on another worker %.2f s later%s")
+    :format(ms / 1000, ok and "" or " (NOT ALL)"))
+end
+
+q:close()
+server:stop()
