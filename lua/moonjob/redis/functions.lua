@@ -67,6 +67,7 @@ local function trim(p, set, keep_count, keep_age_ms, now)
   end
 end
 
+-- keep_count and keep_age_ms come in args[args_at], args[args_at + 1].
 local function retain(p, args_at, args, now)
   local keep_count = tonumber(args[args_at]) or 1000
   local keep_age = tonumber(args[args_at + 1]) or 86400000
@@ -88,14 +89,17 @@ local function make_delayed(p, id, key, run_at)
 end
 
 local function finish(p, id, key, state, field, value, now)
+  local f = redis.call("HMGET", key, "cache", "notify")
+  local cache = state == "completed" and tonumber(f[1]) or 0
   redis.call("ZREM", p .. "active", id)
-  redis.call("HSET", key, "state", state, field, value, "finished", now, "token", "")
-  if state == "completed" then
-    local cache = tonumber(redis.call("HGET", key, "cache")) or 0
-    if cache > 0 then redis.call("HSET", key, "cache_until", now + math.floor(cache * 1000)) end
+  if cache > 0 then
+    redis.call("HSET", key, "state", state, field, value, "finished", now, "token", "",
+      "cache_until", now + math.floor(cache * 1000))
+  else
+    redis.call("HSET", key, "state", state, field, value, "finished", now, "token", "")
   end
   redis.call("ZADD", p .. state, now, id)
-  if redis.call("HGET", key, "notify") == "1" then publish(p, "done " .. id) end
+  if f[2] == "1" then publish(p, "done " .. id) end
 end
 
 -- A job whose lease expired ran on a worker that stopped renewing (killed,
@@ -170,9 +174,10 @@ local function add(keys, args)
   return { id, "waiting", 0 }
 end
 
--- fetch(p; worker, n, lease_ms) -> { next_due_ms, job, job, ... }; each job is
+-- fetch(p; worker, n, lease_ms, keep_count, keep_age_ms) -> { next_due_ms, job, job, ... }; each job is
 -- { id, token, data, made, attempts, backoff, timeout, kill_after, name }.
--- Recovers stalled jobs and makes due delayed jobs ready first. next_due_ms:
+-- Recovers stalled jobs, makes due delayed jobs ready and trims finished
+-- jobs (keep_count, keep_age_ms; once per fetch, not per job) first. next_due_ms:
 -- when the earliest delayed job falls due (server ms from now), or -1.
 local function fetch(keys, args)
   local p, worker = keys[1], args[1]
@@ -180,19 +185,20 @@ local function fetch(keys, args)
   local now = now_ms()
   recover_stalled(p, now)
   promote_delayed(p, now)
+  retain(p, 4, args, now)
   local out = { -1 }
   local popped = n > 0 and redis.call("ZPOPMIN", p .. "wait", n) or {}
   for i = 1, #popped, 2 do
     local member = popped[i]
     local id = string.sub(member, 18)
     local key = job_key(p, id)
-    if redis.call("EXISTS", key) == 1 then
+    local f = redis.call("HMGET", key, "state", "data", "attempts", "backoff", "timeout", "kill_after", "name")
+    if f[1] then
       local made = redis.call("HINCRBY", key, "made", 1)
       local token = worker .. "/" .. made
       redis.call("HSET", key, "state", "active", "token", token, "worker", worker, "started", now)
       redis.call("ZADD", p .. "active", now + lease, id)
-      local f = redis.call("HMGET", key, "data", "attempts", "backoff", "timeout", "kill_after", "name")
-      out[#out + 1] = { id, token, f[1], made, f[2], f[3], f[4], f[5], f[6] }
+      out[#out + 1] = { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7] }
     end
   end
   local first = redis.call("ZRANGE", p .. "delayed", 0, 0, "WITHSCORES")
@@ -201,8 +207,9 @@ local function fetch(keys, args)
 end
 
 local function holds(key, token)
-  return token ~= "" and redis.call("HGET", key, "token") == token
-    and redis.call("HGET", key, "state") == "active"
+  if token == "" then return false end
+  local f = redis.call("HMGET", key, "token", "state")
+  return f[1] == token and f[2] == "active"
 end
 
 -- renew(p; lease_ms, id, token, id, token, ...) -> { id, code, reason, ... }
@@ -229,18 +236,26 @@ local function renew(keys, args)
   return out
 end
 
--- complete(p; id, token, result, keep_count, keep_age_ms) -> "OK" | "ESTALE"
+-- complete(p; id, token, result [, id, token, result ...]) -> { "OK" | "ESTALE", ... }
+-- one answer per job, in order.
 local function complete(keys, args)
-  local p, id, token = keys[1], args[1], args[2]
-  local key = job_key(p, id)
-  if not holds(key, token) then return "ESTALE" end
+  local p = keys[1]
   local now = now_ms()
-  finish(p, id, key, "completed", "result", args[3], now)
-  retain(p, 4, args, now)
-  return "OK"
+  local out = {}
+  for i = 1, #args - 2, 3 do
+    local id, token = args[i], args[i + 1]
+    local key = job_key(p, id)
+    if holds(key, token) then
+      finish(p, id, key, "completed", "result", args[i + 2], now)
+      out[#out + 1] = "OK"
+    else
+      out[#out + 1] = "ESTALE"
+    end
+  end
+  return out
 end
 
--- fail(p; id, token, error, retry_ms, keep_count, keep_age_ms) -> state | "ESTALE"
+-- fail(p; id, token, error, retry_ms) -> state | "ESTALE"
 -- retry_ms >= 0: the job runs again after that many ms if it has attempts
 -- left (the worker computed the backoff); -1: it fails for good.
 local function fail(keys, args)
@@ -258,7 +273,6 @@ local function fail(keys, args)
     return redis.call("HGET", key, "state")
   end
   finish(p, id, key, "failed", "error", args[3], now)
-  retain(p, 5, args, now)
   return "failed"
 end
 
@@ -322,7 +336,7 @@ local function counts(keys)
     redis.call("ZCARD", p .. "failed") }
 end
 
-local function version() return "1" end
+local function version() return "2" end
 
 redis.register_function("moonjob_add", add)
 redis.register_function("moonjob_fetch", fetch)

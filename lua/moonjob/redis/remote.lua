@@ -108,7 +108,8 @@ function Remote:want()
   if n <= 0 then return end
   self.fetching = true
   local sent_at = loop.now()
-  self.client:call({ "FCALL", "moonjob_fetch", 1, self.prefix, self.worker_id, n, self.lease_ms },
+  self.client:call({ "FCALL", "moonjob_fetch", 1, self.prefix, self.worker_id, n, self.lease_ms,
+      self.keep_count, self.keep_age_ms },
     function(reply, err)
       self.fetching = false
       if not reply then
@@ -263,9 +264,14 @@ local function report(self, what, args)
       self.unreported[#self.unreported + 1] = { what, args }
       return
     end
-    if reply == "ESTALE" then
-      self.counts.refused = self.counts.refused + 1
-      self.pool:_emit("redis", "stale", what .. " refused: the lease had passed to another run")
+    local stale = reply == "ESTALE" and 1 or 0
+    if type(reply) == "table" then -- a batch of completions: one answer per job
+      for _, answer in ipairs(reply) do if answer == "ESTALE" then stale = stale + 1 end end
+    end
+    if stale > 0 then
+      self.counts.refused = self.counts.refused + stale
+      self.pool:_emit("redis", "stale", ("%s refused for %d job(s): the lease had passed to another run")
+        :format(what, stale))
     elseif not reply then
       self.pool:_emit("redis", "error", what .. ": " .. tostring(err))
     end
@@ -276,12 +282,23 @@ end
 function Remote:_report(what, args) return report(self, what, args) end
 
 -- The pool's hooks: a remote job ended here.
+-- Completions wait for the end of this loop turn and go in one FCALL.
 function Remote:completed(job, result_bytes)
   self:_forget(job)
   if job.abandoned then return self:want() end
   self.counts.completed = self.counts.completed + 1
-  report(self, "complete", { "FCALL", "moonjob_complete", 1, self.prefix, job.remote_id, job.token,
-    Job.bytes(result_bytes), self.keep_count, self.keep_age_ms })
+  local batch = self.completions
+  if not batch then
+    batch = { "FCALL", "moonjob_complete", 1, self.prefix }
+    self.completions = batch
+    loop.defer(function()
+      self.completions = nil
+      report(self, "complete", batch)
+    end)
+  end
+  batch[#batch + 1] = job.remote_id
+  batch[#batch + 1] = job.token
+  batch[#batch + 1] = Job.bytes(result_bytes)
 end
 
 -- retry_ms: the backoff before the next attempt, or nil for a final failure.
@@ -291,7 +308,7 @@ function Remote:failed(job, err, retry_ms)
   if err.code == "ECLOSED" then return self:release(job) end
   self.counts.failed = self.counts.failed + 1
   report(self, "fail", { "FCALL", "moonjob_fail", 1, self.prefix, job.remote_id, job.token,
-    encode_error(err), retry_ms and math.floor(retry_ms) or -1, self.keep_count, self.keep_age_ms })
+    encode_error(err), retry_ms and math.floor(retry_ms) or -1 })
 end
 
 function Remote:release(job)
@@ -320,6 +337,7 @@ function Remote:close()
   ticker:start(100, 100)
   pcall(loop.wait_until, function()
     local flushed = not self:busy() and #self.client.waiting == 0 and #self.unreported == 0
+      and not self.completions
     return flushed or loop.now() > deadline
   end)
   ticker:close()
