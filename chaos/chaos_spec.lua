@@ -202,9 +202,9 @@ describe("chaos: three workers in network namespaces on one Redis", function()
         assert.truthy(cause, ("%s ran again (attempt %d after %d on worker %d) with no event to explain it")
           :format(id, list[k].attempt, before.attempt, before.pid))
         by_cause[cause] = (by_cause[cause] or 0) + 1
-        if cause ~= "Redis SIGKILLed" then -- recovered after its lease: the attempt counted (ESTALLED)
-          assert.is_true(list[k].attempt > before.attempt, id .. " ran again without counting an attempt")
-        end
+        -- recovered after its lease: the attempt counts when its worker had said it started
+        -- (at a renewal); a Redis restart may repeat one
+        assert.is_true(list[k].attempt >= before.attempt, id .. " ran again with an older attempt")
       end
     end
     print(("chaos: %d runs for %d jobs, %d re-runs:"):format(runs, JOBS, reruns))

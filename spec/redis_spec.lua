@@ -40,20 +40,35 @@ local function stop_worker(pid, signal)
   helpers.wait_for(function() return not helpers.process_exists(pid) end, 40)
 end
 
+local open = {} -- pools and queues of the running test, closed after it even when it fails
+
 local function pool(queue, opts)
   opts = opts or {}
   opts.redis, opts.queue, opts.echo = server.url, queue, false
   local p = assert(moonjob.pool(PROCESSOR, opts))
+  open[#open + 1] = p
   return p
+end
+
+local function new_producer(name, opts)
+  local q = assert(moonjob.queue(server.url, name, opts))
+  open[#open + 1] = q
+  return q
+end
+
+local function close_all()
+  for i = #open, 1, -1 do pcall(open[i].close, open[i]) end
+  open = {}
 end
 
 describe("a durable queue on Redis", function()
   setup(function() server = redis_server.start() end)
   teardown(function() if server then server:stop() end end)
+  after_each(close_all)
 
   describe("producers", function()
     it("add jobs, read their state and counts, and cancel waiting ones", function()
-      local q = assert(moonjob.queue(server.url, new_queue()))
+      local q = new_producer(new_queue())
       local a = assert(q:add({ n = 1 }))
       local b = assert(q:add({ n = 2 }, { delay = 60 }))
       assert.equal("waiting", a.state)
@@ -87,7 +102,7 @@ describe("a durable queue on Redis", function()
     end)
 
     it("refuse data that is not JSON or is larger than max_payload, and a backoff function", function()
-      local q = assert(moonjob.queue(server.url, new_queue(), { max_payload = 100 }))
+      local q = new_producer(new_queue(), { max_payload = 100 })
       local _, err = q:add({ f = function() end })
       assert.equal("EPAYLOAD", err.code)
       _, err = q:add({ s = ("x"):rep(200) })
@@ -101,7 +116,7 @@ describe("a durable queue on Redis", function()
     it("runs jobs added by a producer and their results come back exactly", function()
       local name = new_queue()
       local p = pool(name, { size = 2 })
-      local q = assert(moonjob.queue(server.url, name))
+      local q = new_producer(name)
       local jobs = {}
       for i = 1, 50 do jobs[i] = assert(q:add({ echo = { i = i, big = 9007199254740993LL, x = 0.1 } })) end
       for i = 1, 50 do
@@ -120,7 +135,7 @@ describe("a durable queue on Redis", function()
     it("retries with the attempts and backoff given by the producer, and keeps the processor's error fields", function()
       local name = new_queue()
       local p = pool(name, { size = 1 })
-      local q = assert(moonjob.queue(server.url, name))
+      local q = new_producer(name)
       local ok = assert(q:add({ fail_until = 3 }, { attempts = 3, backoff = { type = "fixed", delay = 0.05 } }))
       local bad = assert(q:add({ fail = true }, { attempts = 2 }))
       local result = assert(ok:wait(20))
@@ -135,7 +150,7 @@ describe("a durable queue on Redis", function()
 
     it("runs higher priorities first and delayed jobs when due", function()
       local name = new_queue()
-      local q = assert(moonjob.queue(server.url, name))
+      local q = new_producer(name)
       local log = os.tmpname()
       local late = assert(q:add({ log = log, echo = "late" }, { delay = 0.5 }))
       for i = 1, 3 do assert(q:add({ log = log, echo = "low" .. i }, { priority = 5, id = "low" .. i })) end
@@ -153,8 +168,8 @@ describe("a durable queue on Redis", function()
 
     it("joins a live job by id from any producer, and returns a cached result for `cache` seconds", function()
       local name = new_queue()
-      local q1 = assert(moonjob.queue(server.url, name))
-      local q2 = assert(moonjob.queue(server.url, name))
+      local q1 = new_producer(name)
+      local q2 = new_producer(name)
       local log = os.tmpname()
       local a = assert(q1:add({ log = log, sleep = 0.3 }, { id = "same", cache = 30 }))
       local b = assert(q2:add({ log = log, sleep = 0.3 }, { id = "same", cache = 30 }))
@@ -175,7 +190,7 @@ describe("a durable queue on Redis", function()
       local name = new_queue()
       local log = os.tmpname()
       local p = pool(name, { size = 1, lease = 0.6 })
-      local q = assert(moonjob.queue(server.url, name))
+      local q = new_producer(name)
       local job = assert(q:add({ log = log, sleep = 2.5 }))
       local result = assert(job:wait(20))
       assert.equal(1, result.attempt)
@@ -187,7 +202,7 @@ describe("a durable queue on Redis", function()
 
     it("fails a job whose data in Redis is too big or missing, clearly, and goes on", function()
       local name = new_queue()
-      local q = assert(moonjob.queue(server.url, name))
+      local q = new_producer(name)
       local prefix = "mj:{" .. name .. "}:"
       server:cli("FCALL", "moonjob_add", 1, prefix, "big", '"' .. ("x"):rep(3000) .. '"', 0, 0, 1, "", 0, 0, "", 0, 0, 1)
       server:cli("FCALL", "moonjob_add", 1, prefix, "gone", '{}', 0, 0, 1, "", 0, 0, "", 0, 0, 1)
@@ -205,13 +220,16 @@ describe("a durable queue on Redis", function()
     it("keeps finished jobs by count, so Redis does not grow with them", function()
       local name = new_queue()
       local p = pool(name, { size = 2, keep = 10 })
-      local q = assert(moonjob.queue(server.url, name))
+      local q = new_producer(name)
       local last
       for i = 1, 200 do last = assert(q:add({ echo = i })) end
       assert(last:wait(30))
       helpers.wait_for(function() return q:counts().active == 0 end)
-      local c = q:counts()
-      assert.is_true(c.completed <= 12, "completed kept: " .. c.completed)
+      assert.equal(200, q:counts().completed) -- counted, though not all kept
+      local last_fetch = q:counts() -- the next fetch (every poll, 1 s) trims
+      helpers.sleep(1.2)
+      local kept = tonumber(server:cli("ZCARD", "mj:{" .. name .. "}:completed"))
+      assert.is_true(kept <= 12, "completed kept: " .. kept)
       local keys = tonumber(server:cli("EVAL", "return #redis.call('KEYS', ARGV[1])", 0, "mj:{" .. name .. "}:j:*"))
       assert.is_true(keys <= 12, "job hashes kept: " .. keys)
       p:close()
@@ -221,7 +239,7 @@ describe("a durable queue on Redis", function()
     it("refuses a result carrying a token that is no longer the job's", function()
       local name = new_queue()
       local prefix = "mj:{" .. name .. "}:"
-      local q = assert(moonjob.queue(server.url, name))
+      local q = new_producer(name)
       local job = assert(q:add({ n = 1 }, { attempts = 2 }))
       local fetched = server:cli("FCALL", "moonjob_fetch", 1, prefix, "w-old", 1, 100)
       local token = fetched:match("(w%-old/%d+)")
@@ -235,7 +253,7 @@ describe("a durable queue on Redis", function()
 
     it("gives back the jobs it holds but has not started when it closes", function()
       local name = new_queue()
-      local q = assert(moonjob.queue(server.url, name))
+      local q = new_producer(name)
       for i = 1, 6 do assert(q:add({ sleep = 0.3, echo = i })) end
       local p = pool(name, { size = 1, prefetch = 5 })
       helpers.wait_for(function() return q:counts().active == 6 end)
@@ -252,7 +270,7 @@ describe("a durable queue on Redis", function()
     it("running jobs go on, their results reach Redis once it is back, and fetching resumes", function()
       local name = new_queue()
       local log = os.tmpname()
-      local q = assert(moonjob.queue(server.url, name))
+      local q = new_producer(name)
       local p = pool(name, { size = 1, lease = 10 })
       local events = {}
       p:on("redis", function(kind) events[#events + 1] = kind end)
@@ -275,7 +293,7 @@ describe("a durable queue on Redis", function()
     it("a worker that cannot renew stops its job before the lease ends, and the job runs again once", function()
       local name = new_queue()
       local log = os.tmpname()
-      local q = assert(moonjob.queue(server.url, name))
+      local q = new_producer(name)
       local p = pool(name, { size = 1, lease = 1.2 })
       local job = assert(q:add({ log = log, sleep = 3 }, { attempts = 3 }))
       helpers.wait_for(function() return #read_lines(log) == 1 end, 20)
@@ -298,10 +316,11 @@ describe("a durable queue on Redis", function()
     it("a job on a worker SIGKILLed mid-run runs again on another within lease + 1 s, counting an attempt", function()
       local name = new_queue()
       local log = os.tmpname()
-      local q = assert(moonjob.queue(server.url, name))
+      local q = new_producer(name)
       local pid1 = start_worker(name, "-j 1 --lease 1")
-      local job = assert(q:add({ log = log, sleep = 1 }, { attempts = 3 }))
+      local job = assert(q:add({ log = log, sleep = 1.5 }, { attempts = 3 }))
       helpers.wait_for(function() return #read_lines(log) == 1 end, 20)
+      helpers.sleep(0.5) -- a renewal (every lease/3) has told Redis the job started
       stop_worker(pid1, "KILL")
       local killed_at = loop.now()
       local pid2 = start_worker(name, "-j 1 --lease 1")
@@ -315,10 +334,29 @@ describe("a durable queue on Redis", function()
       q:close()
     end)
 
+    it("a job a killed worker held but had not started runs again without counting an attempt", function()
+      local name = new_queue()
+      local log = os.tmpname()
+      local q = new_producer(name)
+      local pid1 = start_worker(name, "-j 1 --prefetch 1 --lease 1")
+      local first = assert(q:add({ log = log, sleep = 30 }))
+      local held = assert(q:add({ log = log, echo = "held" })) -- attempts = 1
+      helpers.wait_for(function() return q:counts().active == 2 end, 20)
+      helpers.sleep(0.5)
+      stop_worker(pid1, "KILL")
+      local pid2 = start_worker(name, "-j 2 --lease 1")
+      local result = assert(held:wait(20))
+      assert.equal(1, result.attempt)
+      -- the one that was running had its only attempt counted: it fails with ESTALLED
+      local _, err = first:wait(20)
+      assert.equal("ESTALLED", err.code)
+      stop_worker(pid2, "TERM")
+    end)
+
     it("cancel interrupts a job running on another worker process", function()
       local name = new_queue()
       local log = os.tmpname()
-      local q = assert(moonjob.queue(server.url, name))
+      local q = new_producer(name)
       local pid = start_worker(name, "-j 1")
       local job = assert(q:add({ log = log, sleep = 30 }))
       helpers.wait_for(function() return #read_lines(log) == 1 end, 20)
@@ -348,7 +386,7 @@ describe("a durable queue on Redis", function()
     it("stop on SIGTERM: running jobs finish, held ones go back, exit 0", function()
       local name = new_queue()
       local log = os.tmpname()
-      local q = assert(moonjob.queue(server.url, name))
+      local q = new_producer(name)
       local pid, errlog = start_worker(name, "-j 1 --grace 10")
       local jobs = {}
       for i = 1, 4 do jobs[i] = assert(q:add({ log = log, sleep = 0.5, echo = i })) end

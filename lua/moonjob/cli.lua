@@ -69,7 +69,8 @@ durable queues on Redis (README "Durable queues on Redis"):
                         give back what was not started and exit 0
   add                   add one job per NDJSON line of INPUT; prints the ids
   status                print the queue's counts (--watch: every second)
-  --redis URL           redis://[user:password@]host[:port][/db]
+  --redis URL           redis://[user:password@]host[:port][/db]; default:
+                        $MOONJOB_REDIS (keeps a password out of `ps`)
   --queue NAME          the queue's name
   --lease S             seconds a fetched job is held before another worker
                         may take it, renewed every S/3 (default 30)
@@ -506,6 +507,7 @@ end
 -- moonjob worker | add | status (moonjob.cli_redis).
 local function remote_command(command, o)
   local remote = require "moonjob.cli_redis"
+  o.redis = o.redis or os.getenv("MOONJOB_REDIS") -- keeps a password out of `ps`
   local bad = remote.check_target(o, usage_error)
   if bad then return bad end
   if command == "worker" then

@@ -26,7 +26,7 @@ end
 
 -- --redis and --queue, checked before anything connects.
 function M.check_target(o, usage_error)
-  if not o.redis then return usage_error("--redis URL is needed (redis://host:6379/0)") end
+  if not o.redis then return usage_error("--redis URL (or MOONJOB_REDIS) is needed: redis://host:6379/0") end
   local t, err = client.parse(o.redis)
   if not t then return usage_error(err) end
   if not o.queue then return usage_error("--queue NAME is needed") end

@@ -99,6 +99,7 @@ local function finish(p, id, key, state, field, value, now)
     redis.call("HSET", key, "state", state, field, value, "finished", now, "token", "")
   end
   redis.call("ZADD", p .. state, now, id)
+  redis.call("HINCRBY", p .. "totals", state, 1)
   if f[2] == "1" then publish(p, "done " .. id) end
 end
 
@@ -109,12 +110,15 @@ local function recover_stalled(p, now)
   local stalled = redis.call("ZRANGEBYSCORE", p .. "active", "-inf", now, "LIMIT", 0, 100)
   for _, id in ipairs(stalled) do
     local key = job_key(p, id)
-    local made = tonumber(redis.call("HGET", key, "made")) or 0
-    local attempts = tonumber(redis.call("HGET", key, "attempts")) or 1
-    local e = err_json("ESTALLED", "the job's lease expired on worker "
-      .. tostring(redis.call("HGET", key, "worker")) .. " (killed, cut off or paused)")
-    if redis.call("HGET", key, "cancel") then
-      finish(p, id, key, "failed", "error", err_json("ECANCELED", redis.call("HGET", key, "cancel")), now)
+    local f = redis.call("HMGET", key, "made", "attempts", "worker", "cancel", "ran")
+    local made, attempts = tonumber(f[1]) or 0, tonumber(f[2]) or 1
+    local e = err_json("ESTALLED", "the job's lease expired on worker " .. tostring(f[3])
+      .. " (killed, cut off or paused)")
+    if f[5] ~= "1" then -- its worker never said it started: the attempt is not counted
+      made = redis.call("HINCRBY", key, "made", -1)
+    end
+    if f[4] then
+      finish(p, id, key, "failed", "error", err_json("ECANCELED", f[4]), now)
     elseif made >= attempts then
       finish(p, id, key, "failed", "error", e, now)
     else
@@ -196,7 +200,7 @@ local function fetch(keys, args)
     if f[1] then
       local made = redis.call("HINCRBY", key, "made", 1)
       local token = worker .. "/" .. made
-      redis.call("HSET", key, "state", "active", "token", token, "worker", worker, "started", now)
+      redis.call("HSET", key, "state", "active", "token", token, "worker", worker, "started", now, "ran", "0")
       redis.call("ZADD", p .. "active", now + lease, id)
       out[#out + 1] = { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7] }
     end
@@ -212,20 +216,22 @@ local function holds(key, token)
   return f[1] == token and f[2] == "active"
 end
 
--- renew(p; lease_ms, id, token, id, token, ...) -> { id, code, reason, ... }
+-- renew(p; lease_ms, id, token, ran, id, token, ran, ...) -> { id, code, reason, ... }
 -- for each job whose lease this worker no longer holds (ELOST) or whose
 -- cancel was asked (ECANCELED, with the reason). The others' leases now end
--- lease_ms from now.
+-- lease_ms from now. ran = "1": the job has started on its worker (a job
+-- recovered after its lease counts an attempt only if it had).
 local function renew(keys, args)
   local p, lease = keys[1], tonumber(args[1]) or 30000
   local now = now_ms()
   local out = {}
-  for i = 2, #args, 2 do
+  for i = 2, #args, 3 do
     local id, token = args[i], args[i + 1]
     local key = job_key(p, id)
     if not holds(key, token) then
       out[#out + 1] = id; out[#out + 1] = "ELOST"; out[#out + 1] = ""
     else
+      if args[i + 2] == "1" then redis.call("HSET", key, "ran", "1") end
       redis.call("ZADD", p .. "active", "XX", now + lease, id)
       local reason = redis.call("HGET", key, "cancel")
       if reason then
@@ -328,12 +334,13 @@ local function get(keys, args)
   return f
 end
 
--- counts(p) -> { waiting, delayed, active, completed, failed }
+-- counts(p) -> { waiting, delayed, active, completed, failed }: completed and
+-- failed count every job that ended so (not only the ones kept).
 local function counts(keys)
   local p = keys[1]
+  local totals = redis.call("HMGET", p .. "totals", "completed", "failed")
   return { redis.call("ZCARD", p .. "wait"), redis.call("ZCARD", p .. "delayed"),
-    redis.call("ZCARD", p .. "active"), redis.call("ZCARD", p .. "completed"),
-    redis.call("ZCARD", p .. "failed") }
+    redis.call("ZCARD", p .. "active"), tonumber(totals[1]) or 0, tonumber(totals[2]) or 0 }
 end
 
 local function version() return "2" end

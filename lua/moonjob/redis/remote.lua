@@ -200,6 +200,7 @@ function Remote:_renew()
     if not job.abandoned then
       args[#args + 1] = id
       args[#args + 1] = job.token
+      args[#args + 1] = job.started and "1" or "0"
       sent[#sent + 1] = job
     end
   end
