@@ -2,9 +2,12 @@
 --
 -- The pool reaches its waiting jobs only through pool.source, an object with
 -- the seven methods below; nothing else in the pool knows how or where jobs
--- wait. Today's one source is the local one, a moonjob.queue (two heaps in
--- this process). A second source (a Redis-backed queue) is meant to implement
--- the same methods and be put in pool.source in its place.
+-- wait. The source is the local one, a moonjob.queue (two heaps in this
+-- process). A pool on Redis keeps it: its moonjob.redis.remote fetches jobs
+-- from the durable queue in batches and pushes them here (a bounded buffer:
+-- `size` + `prefetch` jobs), so dispatch, priorities among fetched jobs,
+-- give-backs and cancel work the same for both; Redis is asked only when
+-- there is room, never inside pop_ready (which must answer at once).
 --
 --   source:push(job)      a job joins the waiting jobs: a new one (pool:add), a
 --                         retry (job.run_at, loop.now() ms, lies ahead), a job
