@@ -21,6 +21,7 @@ dependencies = {
 external_dependencies = {
   LIBUV = { header = "uv.h", library = "uv" },
   LUAJIT = { header = "luajit-2.1/luajit.h", library = "luajit-5.1" },
+  HIREDIS = { header = "hiredis/async.h", library = "hiredis" },
 }
 build = {
   type = "make",

@@ -118,8 +118,14 @@ function Remote:want()
       end
       local got = 0
       for i = 2, #reply do
-        got = got + 1
-        self:_take(reply[i], sent_at)
+        if self.stopping then -- the pool closed while the fetch was in flight: give them back
+          local f = reply[i]
+          self.counts.released = self.counts.released + 1
+          self:_report("release", { "FCALL", "moonjob_release", 1, self.prefix, f[1], f[2] })
+        else
+          got = got + 1
+          self:_take(reply[i], sent_at)
+        end
       end
       if got > 0 then
         self.pool:_pump()
@@ -338,7 +344,7 @@ function Remote:close()
   ticker:start(100, 100)
   pcall(loop.wait_until, function()
     local flushed = not self:busy() and #self.client.waiting == 0 and #self.unreported == 0
-      and not self.completions
+      and not self.completions and not self.fetching
     return flushed or loop.now() > deadline
   end)
   ticker:close()
