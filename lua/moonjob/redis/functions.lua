@@ -88,8 +88,9 @@ local function make_delayed(p, id, key, run_at)
   redis.call("ZADD", p .. "delayed", run_at, id)
 end
 
-local function finish(p, id, key, state, field, value, now)
-  local f = redis.call("HMGET", key, "cache", "notify")
+-- f: the job's cache and notify fields when the caller read them already.
+local function finish(p, id, key, state, field, value, now, f)
+  f = f or redis.call("HMGET", key, "cache", "notify")
   local cache = state == "completed" and tonumber(f[1]) or 0
   redis.call("ZREM", p .. "active", id)
   if cache > 0 then
@@ -99,7 +100,7 @@ local function finish(p, id, key, state, field, value, now)
     redis.call("HSET", key, "state", state, field, value, "finished", now, "token", "")
   end
   redis.call("ZADD", p .. state, now, id)
-  redis.call("HINCRBY", p .. "totals", state, 1)
+  if not f.batched then redis.call("HINCRBY", p .. "totals", state, 1) end
   if f[2] == "1" then publish(p, "done " .. id) end
 end
 
@@ -247,17 +248,21 @@ end
 local function complete(keys, args)
   local p = keys[1]
   local now = now_ms()
-  local out = {}
+  local out, done = {}, 0
   for i = 1, #args - 2, 3 do
     local id, token = args[i], args[i + 1]
     local key = job_key(p, id)
-    if holds(key, token) then
-      finish(p, id, key, "completed", "result", args[i + 2], now)
+    local f = redis.call("HMGET", key, "cache", "notify", "token", "state")
+    if token ~= "" and f[3] == token and f[4] == "active" then
+      f.batched = true -- totals counted once for the batch
+      finish(p, id, key, "completed", "result", args[i + 2], now, f)
       out[#out + 1] = "OK"
+      done = done + 1
     else
       out[#out + 1] = "ESTALE"
     end
   end
+  if done > 0 then redis.call("HINCRBY", p .. "totals", "completed", done) end
   return out
 end
 
