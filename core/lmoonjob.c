@@ -692,7 +692,7 @@ typedef struct {
 
 static lmj_redis_t *lmj_check_redis(lua_State *L, int idx) {
   lmj_redis_t **slot = luaL_checkudata(L, idx, LMJ_REDIS);
-  if (*slot == NULL || (*slot)->r.closed) luaL_argerror(L, idx, "the connection is closed");
+  if (*slot == NULL || (*slot)->r.closed || (*slot)->r.close_pending) luaL_argerror(L, idx, "the connection is closed");
   return *slot;
 }
 
@@ -839,9 +839,12 @@ static int lmj_redis_send(lua_State *L, int persistent) {
     lua_rawgeti(L, 2, i + 1);
     int t = lua_type(L, -1);
     if (t == LUA_TSTRING || t == LUA_TNUMBER) {
-      lua_rawseti(L, 2, i + 1); /* numbers become strings in place, kept alive by the table */
-      lua_rawgeti(L, 2, i + 1);
-      argv[i] = lua_tolstring(L, -1, &lens[i]);
+      if (t == LUA_TNUMBER) { /* the string made from it must outlive this loop: */
+        lua_tolstring(L, -1, NULL);
+        lua_pushvalue(L, -1);
+        lua_rawseti(L, 2, i + 1); /* the table keeps it (the caller's table is changed) */
+      }
+      argv[i] = lua_tolstring(L, -1, &lens[i]); /* a string the table holds */
     } else {
       bad = i + 1;
     }
@@ -876,7 +879,7 @@ static int lmj_redis_subscribe(lua_State *L) {
 /* conn:close(): commands in flight get (nil, "closed", "connection") now. */
 static int lmj_redis_close(lua_State *L) {
   lmj_redis_t **slot = luaL_checkudata(L, 1, LMJ_REDIS);
-  if (*slot == NULL || (*slot)->r.closed) return 0;
+  if (*slot == NULL || (*slot)->r.closed || (*slot)->r.close_pending) return 0;
   mj_redis_close(&(*slot)->r);
   return 0;
 }

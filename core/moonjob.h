@@ -275,6 +275,7 @@ struct mj_redis_s {
   void *data;                          /* owner's */
   mj_redis_t *next, *prev;             /* the context's list of connections */
   unsigned resolving : 1, poll_open : 1, closed : 1, reply_too_big : 1;
+  unsigned in_connect : 1, drop_pending : 1, close_pending : 1; /* on_connect: freeing waits */
 };
 
 int mj_redis_open(mj_ctx_t *ctx, mj_redis_t *r, const char *host, int port,

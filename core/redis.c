@@ -118,6 +118,8 @@ static redisReplyObjectFunctions reply_functions = {
 
 /* ------------------------------------------------------------- states --- */
 
+static void watchdog_cb(uv_timer_t *handle);
+
 static void link_open(mj_redis_t *r) {
   r->next = r->ctx->redis;
   r->prev = NULL;
@@ -153,6 +155,11 @@ static void went_down(mj_redis_t *r, const char *why) {
  * (the owner sees r->why), then its cleanup hook closes our poll handle. */
 static void drop(mj_redis_t *r, const char *why) {
   if (r->why[0] == '\0' && why) snprintf(r->why, sizeof r->why, "%s", why);
+  if (r->in_connect) { /* hiredis 0.14 still uses the context after onConnect: later */
+    r->drop_pending = 1;
+    uv_timer_start(&r->watchdog, watchdog_cb, 0, 0);
+    return;
+  }
   redisAsyncContext *ac = r->ac;
   if (ac == NULL) {
     went_down(r, why);
@@ -223,6 +230,12 @@ static int attach(mj_redis_t *r, redisAsyncContext *ac) {
 
 static void watchdog_cb(uv_timer_t *handle) {
   mj_redis_t *r = handle->data;
+  if (r->drop_pending) { /* asked for inside on_connect */
+    r->drop_pending = 0;
+    if (r->close_pending) mj_redis_close(r);
+    else drop(r, NULL);
+    return;
+  }
   uint64_t now = uv_now(&r->ctx->loop);
   int waiting = r->state == MJ_REDIS_RESOLVING || r->state == MJ_REDIS_CONNECTING || r->pending > 0;
   if (!waiting) {
@@ -240,6 +253,7 @@ static void watchdog_cb(uv_timer_t *handle) {
 
 static void arm_watchdog(mj_redis_t *r) {
   uint64_t every = r->timeout_ms / 4 ? r->timeout_ms / 4 : 1;
+  uv_update_time(&r->ctx->loop); /* the loop's cached time may be old: the caller ran long */
   r->last_progress = uv_now(&r->ctx->loop);
   if (!uv_is_active((uv_handle_t *) &r->watchdog))
     uv_timer_start(&r->watchdog, watchdog_cb, every, every);
@@ -257,7 +271,9 @@ static void on_connect(const redisAsyncContext *ac, int status) {
   r->state = MJ_REDIS_UP;
   r->last_progress = uv_now(&r->ctx->loop);
   if (r->pending == 0) uv_timer_stop(&r->watchdog);
+  r->in_connect = 1;
   if (r->on_state && !r->closed) r->on_state(r, 1, NULL);
+  r->in_connect = 0;
 }
 
 static void on_disconnect(const redisAsyncContext *ac, int status) {
@@ -371,7 +387,7 @@ static void reply_cb(redisAsyncContext *ac, void *reply, void *privdata) {
  * UV_ENOTCONN when the connection is not up. */
 int mj_redis_command(mj_redis_t *r, int argc, const char **argv, const size_t *lens, intptr_t tag,
                      int persistent) {
-  if (r->state != MJ_REDIS_UP || r->ac == NULL || r->closed) return UV_ENOTCONN;
+  if (r->state != MJ_REDIS_UP || r->ac == NULL || r->closed || r->close_pending) return UV_ENOTCONN;
   void *privdata = (void *) ((tag << 1) | (persistent ? 1 : 0));
   if (redisAsyncCommandArgv(r->ac, reply_cb, privdata, argc, argv, lens) != REDIS_OK)
     return UV_ENOTCONN;
@@ -383,6 +399,12 @@ int mj_redis_command(mj_redis_t *r, int argc, const char **argv, const size_t *l
  * now), no state event follows, and on_freed comes once the handles closed. */
 void mj_redis_close(mj_redis_t *r) {
   if (r->closed) return;
+  if (r->in_connect) { /* the context cannot be freed yet: on the next turn */
+    r->close_pending = 1;
+    r->drop_pending = 1;
+    uv_timer_start(&r->watchdog, watchdog_cb, 0, 0);
+    return;
+  }
   r->closed = 1;
   if (r->ac != NULL) drop(r, "closed");
   r->state = MJ_REDIS_DOWN;

@@ -274,6 +274,25 @@ describe("a durable queue on Redis", function()
       p:close()
     end)
 
+    it("a worker whose processor cannot load leaves the queue's jobs to others", function()
+      local name = new_queue()
+      local q = new_producer(name)
+      local jobs = {}
+      for i = 1, 20 do jobs[i] = assert(q:add({ echo = i }, { attempts = 3 })) end
+      local broken = assert(moonjob.pool(helpers.fixture("load_error.lua"),
+        { redis = server.url, queue = name, size = 2, echo = false }))
+      open[#open + 1] = broken
+      helpers.sleep(1.5)
+      local c = q:counts()
+      assert.equal(0, c.failed)
+      assert.equal(20, c.waiting + c.active)
+      local p = pool(name, { size = 2 })
+      for i = 1, 20 do assert(jobs[i]:wait(20)) end
+      assert.equal(0, q:counts().failed)
+      broken:close()
+      p:close()
+    end)
+
     it("refuses a result carrying a token that is no longer the job's", function()
       local name = new_queue()
       local prefix = "mj:{" .. name .. "}:"
@@ -347,6 +366,25 @@ describe("a durable queue on Redis", function()
       assert.equal(2, #read_lines(log))
       p:close()
       q:close()
+    end)
+  end)
+
+  describe("when Redis goes away (2)", function()
+    it("the fence kills in time a job already interrupted by its own timeout, in a JIT loop", function()
+      local name = new_queue()
+      local log = os.tmpname()
+      local q = new_producer(name)
+      local p = pool(name, { size = 1, lease = 1.2 })
+      local job = assert(q:add({ log = log, spin = 30 }, { timeout = 0.2, kill_after = 30, attempts = 2 }))
+      helpers.wait_for(function() return #read_lines(log) == 1 end, 20)
+      helpers.sleep(0.3) -- past its timeout: interrupted, which a JIT loop ignores; its kill is 30 s away
+      server:signal("STOP")
+      local stopped_at = loop.now()
+      helpers.wait_for(function() return p.nactive == 0 end, 10)
+      assert.is_true(loop.now() - stopped_at < 1200, "killed after " .. (loop.now() - stopped_at) .. " ms")
+      server:signal("CONT")
+      local _, err = job:wait(20)
+      assert.truthy(err) -- it ran past its timeout both times
     end)
   end)
 

@@ -60,8 +60,12 @@ function M.worker(processor, o, pool_options)
   local signum = until_signal()
   say(("stopping (%s): no more fetching; running jobs have %g s to finish"):format(
     signum == 15 and "SIGTERM" or signum == 1 and "SIGHUP" or "SIGINT", o.grace or 30))
-  local stopped, serr = pcall(pool.close, pool, { timeout = o.grace or 30 })
-  if not stopped then say(tostring(serr)) end
+  local stopped = pcall(pool.close, pool, { timeout = o.grace or 30 })
+  for _ = 1, 3 do -- another signal: no more grace; running jobs are stopped and given back
+    if stopped then break end
+    say("stopping now: running jobs are stopped and given back to the queue")
+    stopped = pcall(pool.close, pool, { force = true })
+  end
   local s = pool:stats()
   say(("stopped: %d completed, %d failed here"):format(s.completed, s.failed))
   return EXIT_OK

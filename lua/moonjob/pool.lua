@@ -71,7 +71,8 @@ function Pool.new(processor, opts)
     echo = opts.echo ~= false,
     child_program = child_program,
     child_args = Options.child_args(opts),
-    child_env = { "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath },
+    child_env = { "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath,
+      "MOONJOB_REDIS=" }, -- a Redis URL (its password) is the parent's, not the processors',
     workers = {}, nworkers = 0, nretiring = 0, idle = {}, -- the children (moonjob.pool.supervise)
     source = Source.new_local(loop.now), -- the waiting jobs (moonjob.pool.source)
     attempts = opts.attempts or 1,

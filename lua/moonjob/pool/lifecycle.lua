@@ -58,7 +58,12 @@ end
 -- leaves the pool. A job this worker stopped because its lease is no longer
 -- provably its own (abandoned) is not reported at all.
 function Pool:_fail_remote(job, err)
-  local delay = not self.closing and not job.retry_never and self:_retry_delay(job, err)
+  if err.code == "ELOAD" and not job.abandoned then -- it cannot load here; it may elsewhere
+    job.error = errors.new("ECLOSED", "given back: the processor cannot load on this worker")
+    return self:_finish(job, "failed") -- given back, not counted
+  end
+  -- closing or not: another host may retry it
+  local delay = not job.retry_never and self:_retry_delay(job, err)
   if not delay or job.abandoned then return self:_finish(job, "failed") end
   job.reported = true
   self.remote:failed(job, err, delay * 1000)

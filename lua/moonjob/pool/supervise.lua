@@ -150,6 +150,11 @@ function Pool:_terminate()
   self.terminating = true
   for w in pairs(self.workers) do
     local job = w.job
+    if job and job.remote_id then
+      -- given back to the queue below: another host may start it at once, so
+      -- this child stops now, not after SIGTERM's grace
+      w:kill("SIGKILL")
+    end
     if job then
       w:end_job()
       job.error = errors.new("ECLOSED", "the pool was closed while the job ran", { killed = true })

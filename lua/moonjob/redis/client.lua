@@ -32,7 +32,7 @@ function M.parse(url)
       url:gsub("//[^@/]*@", "//***@"))
   end
   local t = { port = 6379, db = 0 }
-  local auth, hostpart = rest:match("^([^@]*)@(.*)$")
+  local auth, hostpart = rest:match("^(.*)@([^@]*)$") -- the last @: a password may hold one
   if auth then
     local user, password = auth:match("^([^:]*):(.*)$")
     if user then
@@ -153,6 +153,7 @@ function Client:_connect()
           self:_up()
         end)
       else
+        conn:close() -- down for good: free it
         self:_down(why)
       end
     end)
@@ -273,6 +274,7 @@ function Client:_resubscribe()
           self:_resubscribe()
         end)
       else
+        sub:close()
         self.sub, self.sub_up = nil, false
         self.sub_pending = true
         self.timer:start(self.backoff > 0 and self.backoff or 200, 200)

@@ -15,7 +15,10 @@
 --   <p>active      sorted set: id by the time its lease expires (ms)
 --   <p>completed   sorted set: id by the time it finished (ms)
 --   <p>failed      sorted set: id by the time it failed for good (ms)
---   <p>events      pub/sub channel: "added", "cancel <id>", "done <id>"
+--   <p>events      pub/sub channel for workers: "added", "cancel <id>"
+--   <p>done        pub/sub channel for producers: "<id>" of a job added with
+--                  notify that ended
+--   <p>tokens      counter: the tokens of runs
 -- Job fields: data (JSON text), priority, attempts (allowed), made (attempts
 -- started), backoff (JSON text or ""), timeout, kill_after, name, cache (s),
 -- state (waiting, delayed, active, completed, failed), token (of the run
@@ -101,7 +104,7 @@ local function finish(p, id, key, state, field, value, now, f)
   end
   redis.call("ZADD", p .. state, now, id)
   if not f.batched then redis.call("HINCRBY", p .. "totals", state, 1) end
-  if f[2] == "1" then publish(p, "done " .. id) end
+  if f[2] == "1" then redis.call("PUBLISH", p .. "done", id) end
 end
 
 -- A job whose lease expired ran on a worker that stopped renewing (killed,
@@ -149,7 +152,8 @@ local function add(keys, args)
   local id, data = args[1], args[2]
   local prio, delay = tonumber(args[3]) or 0, tonumber(args[4]) or 0
   local now = now_ms()
-  if id == "" then id = tostring(redis.call("INCR", p .. "ids"))
+  if id == "" then -- a number no job holds (an explicit id may have taken it)
+    repeat id = tostring(redis.call("INCR", p .. "ids")) until redis.call("EXISTS", job_key(p, id)) == 0
   elseif id == "\0dedupe" then id = "d:" .. redis.sha1hex(data) end
   local key = job_key(p, id)
   local state = redis.call("HGET", key, "state")
@@ -179,14 +183,17 @@ local function add(keys, args)
   return { id, "waiting", 0 }
 end
 
--- fetch(p; worker, n, lease_ms, keep_count, keep_age_ms) -> { next_due_ms, job, job, ... }; each job is
+-- fetch(p; worker, n, lease_ms, keep_count, keep_age_ms, max_payload) -> { next_due_ms, job, ... }; each job is
 -- { id, token, data, made, attempts, backoff, timeout, kill_after, name }.
 -- Recovers stalled jobs, makes due delayed jobs ready and trims finished
--- jobs (keep_count, keep_age_ms; once per fetch, not per job) first. next_due_ms:
+-- jobs (keep_count, keep_age_ms; once per fetch, not per job) first. A job
+-- whose data is over max_payload (0: no bound) fails with EPAYLOAD here, its
+-- data never sent. next_due_ms:
 -- when the earliest delayed job falls due (server ms from now), or -1.
 local function fetch(keys, args)
   local p, worker = keys[1], args[1]
   local n, lease = tonumber(args[2]) or 1, tonumber(args[3]) or 30000
+  local max_payload = tonumber(args[6]) or 0
   local now = now_ms()
   recover_stalled(p, now)
   promote_delayed(p, now)
@@ -198,9 +205,14 @@ local function fetch(keys, args)
     local id = string.sub(member, 18)
     local key = job_key(p, id)
     local f = redis.call("HMGET", key, "state", "data", "attempts", "backoff", "timeout", "kill_after", "name")
-    if f[1] then
+    if f[1] and max_payload > 0 and f[2] and #f[2] > max_payload then -- never sent: it fails here
+      redis.call("HINCRBY", key, "made", 1)
+      redis.call("ZADD", p .. "active", now, id)
+      finish(p, id, key, "failed", "error", err_json("EPAYLOAD", ("the job data is %d bytes, more than "
+        .. "the worker's max_payload (%d)"):format(#f[2], max_payload)), now)
+    elseif f[1] then
       local made = redis.call("HINCRBY", key, "made", 1)
-      local token = worker .. "/" .. made
+      local token = worker .. "/" .. redis.call("INCR", p .. "tokens")
       redis.call("HSET", key, "state", "active", "token", token, "worker", worker, "started", now, "ran", "0")
       redis.call("ZADD", p .. "active", now + lease, id)
       out[#out + 1] = { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7] }

@@ -7,7 +7,7 @@
 -- Every call is one FCALL of moonjob's function library (functions.lua);
 -- add, get, cancel and counts block the caller for one round trip (the loop
 -- keeps running: pools in the same program go on). job:wait() listens on the
--- queue's channel for "done <id>" and looks at the job once a second besides,
+-- queue's "done" channel for the job's id and looks at it once a second besides,
 -- so a message lost while the connection was down costs a second at most.
 --
 -- Data and results cross as exact JSON (moonjob.json): numbers keep every
@@ -191,12 +191,11 @@ end
 function Queue:_listen()
   if self.listening then return end
   self.listening = true
-  self.client:subscribe(self.prefix .. "events", function(kind, message)
+  self.client:subscribe(self.prefix .. "done", function(kind, id)
     if kind == "resubscribed" then
       for _, w in pairs(self.waiters) do w.check = true end
       return
     end
-    local id = message and message:match("^done (.*)$")
     local w = id and self.waiters[id]
     if w then w.check = true end
   end)

@@ -95,10 +95,15 @@ function Remote:_message(kind, message)
   if id and self.held[id] then self:_cancel_here(self.held[id], "ECANCELED", "canceled on another host") end
 end
 
--- How many more jobs the pool has room for.
+-- How many more jobs the pool has room for: none while no child can start
+-- (the breaker is open: healthy workers elsewhere should get the jobs).
 function Remote:room()
-  local size = self.pool.size or 1
-  return size + self.prefetch - self.nheld
+  local pool = self.pool
+  if pool.start_error then
+    local ready = pool:_live_workers()
+    if ready == 0 then return 0 end
+  end
+  return (pool.size or 1) + self.prefetch - self.nheld
 end
 
 -- want(): fetch if there is room and no fetch is in flight.
@@ -109,7 +114,7 @@ function Remote:want()
   self.fetching = true
   local sent_at = loop.now()
   self.client:call({ "FCALL", "moonjob_fetch", 1, self.prefix, self.worker_id, n, self.lease_ms,
-      self.keep_count, self.keep_age_ms },
+      self.keep_count, self.keep_age_ms, self.pool.max_payload },
     function(reply, err)
       self.fetching = false
       if not reply then
@@ -191,8 +196,12 @@ function Remote:_cancel_here(job, code, reason)
     job.abandoned = true
     -- the soft stop cannot reach JIT-compiled loops or C calls: the hard kill
     -- must land before the lease ends (fence at 2/3, kill by 5/6 of a lease)
-    local kill_after = job.kill_after or self.pool.kill_after
-    job.kill_after = math.min(kill_after, self.lease_ms / 6000)
+    local kill_after = math.min(job.kill_after or self.pool.kill_after, self.lease_ms / 6000)
+    job.kill_after = kill_after
+    if job.interrupt and job.worker and job.state == "active" then
+      job.worker:arm(kill_after) -- already interrupted (its timeout): its kill comes sooner
+      return
+    end
   end
   self.pool:_cancel(job, reason, code)
 end
