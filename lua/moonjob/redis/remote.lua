@@ -15,7 +15,7 @@
 --     (the pool is closing and the job never ran, or stopped: not counted);
 --   * fences itself: a job whose lease was last confirmed more than
 --     2/3 of a lease ago (renewals failing: Redis down, link cut) is stopped
---     (interrupted, then killed after kill_after) and dropped without any
+--     (interrupted, then killed lease/12 later at most) and dropped without any
 --     report, so it is stopped before the lease can expire and another
 --     worker runs it. The same happens to a job Redis says is no longer
 --     ours (ELOST). A cancel asked on any host ("cancel <id>" on the queue's
@@ -195,8 +195,9 @@ function Remote:_cancel_here(job, code, reason)
   if code ~= "ECANCELED" then
     job.abandoned = true
     -- the soft stop cannot reach JIT-compiled loops or C calls: the hard kill
-    -- must land before the lease ends (fence at 2/3, kill by 5/6 of a lease)
-    local kill_after = math.min(job.kill_after or self.pool.kill_after, self.lease_ms / 6000)
+    -- must land before the lease ends (fence checked every lease/12 past 2/3,
+    -- kill lease/12 later: by 5/6 of a lease)
+    local kill_after = math.min(job.kill_after or self.pool.kill_after, self.lease_ms / 12000)
     job.kill_after = kill_after
     if job.interrupt and job.worker and job.state == "active" then
       job.worker:arm(kill_after) -- already interrupted (its timeout): its kill comes sooner
