@@ -114,7 +114,7 @@ function M.add(input_path, o)
         failed, ids[n] = failed + 1, false
       else
         inflight = inflight + 1
-        q.client:call(Queue.add_args(q.prefix, line, opts), function(reply, cerr)
+        q.client:call(Queue.add_args(q.prefix, line, opts, false), function(reply, cerr)
           inflight = inflight - 1
           if reply then ids[n] = reply[1]
           else

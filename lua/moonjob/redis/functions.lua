@@ -200,20 +200,26 @@ local function fetch(keys, args)
   retain(p, 4, args, now)
   local out = { -1 }
   local popped = n > 0 and redis.call("ZPOPMIN", p .. "wait", n) or {}
+  -- tokens: one counter step per batch, one number per job (never reused)
+  local last_token = #popped > 0 and redis.call("INCRBY", p .. "tokens", #popped / 2) or 0
+  local next_token = last_token - #popped / 2
   for i = 1, #popped, 2 do
     local member = popped[i]
     local id = string.sub(member, 18)
     local key = job_key(p, id)
-    local f = redis.call("HMGET", key, "state", "data", "attempts", "backoff", "timeout", "kill_after", "name")
+    local f = redis.call("HMGET", key, "state", "data", "attempts", "backoff", "timeout", "kill_after",
+      "name", "made")
+    local made = (tonumber(f[8]) or 0) + 1
     if f[1] and max_payload > 0 and f[2] and #f[2] > max_payload then -- never sent: it fails here
-      redis.call("HINCRBY", key, "made", 1)
+      redis.call("HSET", key, "made", made)
       redis.call("ZADD", p .. "active", now, id)
       finish(p, id, key, "failed", "error", err_json("EPAYLOAD", ("the job data is %d bytes, more than "
         .. "the worker's max_payload (%d)"):format(#f[2], max_payload)), now)
     elseif f[1] then
-      local made = redis.call("HINCRBY", key, "made", 1)
-      local token = worker .. "/" .. redis.call("INCR", p .. "tokens")
-      redis.call("HSET", key, "state", "active", "token", token, "worker", worker, "started", now, "ran", "0")
+      next_token = next_token + 1
+      local token = worker .. "/" .. next_token
+      redis.call("HSET", key, "state", "active", "token", token, "worker", worker, "started", now,
+        "ran", "0", "made", made)
       redis.call("ZADD", p .. "active", now + lease, id)
       out[#out + 1] = { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7] }
     end

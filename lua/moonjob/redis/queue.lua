@@ -72,7 +72,10 @@ local function seconds(opts, k)
 end
 
 -- The FCALL arguments of an add; raises on a bad option (a bug of the caller).
-function M.add_args(prefix, text, opts)
+-- notify (default true): Redis says on the queue's "done" channel when the
+-- job ends (job:wait() listens there); moonjob add, whose jobs nobody here
+-- waits for, passes false.
+function M.add_args(prefix, text, opts, notify)
   opts = opts or {}
   if type(opts) ~= "table" then error("queue:add(): options must be a table", 3) end
   for k in pairs(opts) do
@@ -116,7 +119,7 @@ function M.add_args(prefix, text, opts)
   return { "FCALL", "moonjob_add", 1, prefix, id ~= nil and tostring(id) or "", text, prio,
     math.floor((seconds(opts, "delay") or 0) * 1000), attempts, backoff,
     seconds(opts, "timeout") or 0, seconds(opts, "kill_after") or 0, name or "",
-    seconds(opts, "cache") or 0, max_queue, "1" }
+    seconds(opts, "cache") or 0, max_queue, notify == false and "0" or "1" }
 end
 
 -- Encodes data for the queue: exact JSON, at most max_payload bytes.
