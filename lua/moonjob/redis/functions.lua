@@ -24,7 +24,7 @@
 -- state (waiting, delayed, active, completed, failed), token (of the run
 -- holding the lease), worker, result (JSON text), error (JSON text), cancel
 -- (the reason, once asked while active), created, started, finished, run_at
--- (ms), member (its wait member), notify ("1": publish "done <id>"),
+-- (ms), member (its wait member), notify ("1": publish its id on <p>done),
 -- cache_until (ms).
 --
 -- Time is always the server's (TIME), never a worker's clock. Results and

@@ -190,7 +190,7 @@ function Queue:counts()
   return { waiting = c[1], delayed = c[2], active = c[3], completed = c[4], failed = c[5] }
 end
 
--- Listening for "done <id>": one subscription per queue object.
+-- Listening on the queue's "done" channel: one subscription per queue object.
 function Queue:_listen()
   if self.listening then return end
   self.listening = true
