@@ -28,19 +28,21 @@ local function read_lines(path)
 end
 
 -- A `moonjob worker` process; returns its pid and the path of its stderr.
+local open = {} -- pools, queues and worker processes of the running test, ended after it even when it fails
+
 local function start_worker(queue, args)
   local log = os.tmpname()
   local cmd = ("%s scripts/moonjob worker %s --redis %s --queue %s %s 2>%s >/dev/null & echo $!")
     :format(helpers.LUAJIT, PROCESSOR, server.url, queue, args or "", log)
-  return assert(tonumber(helpers.first_line(cmd))), log
+  local pid = assert(tonumber(helpers.first_line(cmd)))
+  open[#open + 1] = { close = function() os.execute(("kill -KILL %d 2>/dev/null"):format(pid)) end }
+  return pid, log
 end
 
 local function stop_worker(pid, signal)
   os.execute(("kill -%s %d 2>/dev/null"):format(signal or "KILL", pid))
   helpers.wait_for(function() return not helpers.process_exists(pid) end, 40)
 end
-
-local open = {} -- pools and queues of the running test, closed after it even when it fails
 
 local function pool(queue, opts)
   opts = opts or {}
