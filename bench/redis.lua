@@ -20,6 +20,7 @@ local moonjob = require "moonjob"
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
 local redis_server = require "spec.redis_server"
+local helpers = require "spec.helpers" -- loaded by redis_server already: its sleep
 
 local JOBS = tonumber(os.getenv("BENCH_REDIS_JOBS")) or 60000
 local LUAJIT = 'env LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" luajit'
@@ -29,14 +30,6 @@ local function sh_first_line(cmd)
   local line = p:read("*l")
   p:close()
   return line
-end
-
-local function sleep(seconds)
-  local done = false
-  local t = core.timer(function() done = true end)
-  t:start(seconds * 1000)
-  loop.wait_until(function() return done end)
-  t:close()
 end
 
 local function wait_for(pred, seconds)
@@ -139,7 +132,7 @@ do
   local other = ("%s scripts/moonjob worker bench/spin_log.lua --redis %s --queue bench -j 4 --prefetch 0 --lease 1 2>/dev/null >/dev/null & echo $!")
     :format(LUAJIT, server.url)
   local pid2 = assert(tonumber(sh_first_line(other)))
-  sleep(0.5) -- the second worker is up and polling
+  helpers.sleep(0.5) -- the second worker is up and polling
   local t0 = loop.now()
   stop(pid)
   local ok = wait_for(function() return starts() == 8 end, 30)

@@ -690,10 +690,17 @@ typedef struct {
   int self_ref;
 } lmj_redis_t;
 
-static lmj_redis_t *lmj_check_redis(lua_State *L, int idx) {
+/* The connection behind the userdata, or NULL once closed (or closing). */
+static lmj_redis_t *lmj_open_redis(lua_State *L, int idx) {
   lmj_redis_t **slot = luaL_checkudata(L, idx, LMJ_REDIS);
-  if (*slot == NULL || (*slot)->r.closed || (*slot)->r.close_pending) luaL_argerror(L, idx, "the connection is closed");
+  if (*slot == NULL || (*slot)->r.closed || (*slot)->r.close_pending) return NULL;
   return *slot;
+}
+
+static lmj_redis_t *lmj_check_redis(lua_State *L, int idx) {
+  lmj_redis_t *lr = lmj_open_redis(L, idx);
+  if (lr == NULL) luaL_argerror(L, idx, "the connection is closed");
+  return lr;
 }
 
 /* A reply as Lua values: strings and statuses as strings, integers as
@@ -834,7 +841,6 @@ static int lmj_redis_send(lua_State *L, int persistent) {
     }
   }
   int bad = 0;
-  lua_checkstack(L, 2);
   for (int i = 0; i < argc && !bad; i++) {
     lua_rawgeti(L, 2, i + 1);
     int t = lua_type(L, -1);
@@ -878,9 +884,8 @@ static int lmj_redis_subscribe(lua_State *L) {
 
 /* conn:close(): commands in flight get (nil, "closed", "connection") now. */
 static int lmj_redis_close(lua_State *L) {
-  lmj_redis_t **slot = luaL_checkudata(L, 1, LMJ_REDIS);
-  if (*slot == NULL || (*slot)->r.closed || (*slot)->r.close_pending) return 0;
-  mj_redis_close(&(*slot)->r);
+  lmj_redis_t *lr = lmj_open_redis(L, 1);
+  if (lr != NULL) mj_redis_close(&lr->r);
   return 0;
 }
 

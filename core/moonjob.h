@@ -274,7 +274,7 @@ struct mj_redis_s {
   mj_redis_freed_cb on_freed;
   void *data;                          /* owner's */
   mj_redis_t *next, *prev;             /* the context's list of connections */
-  unsigned resolving : 1, poll_open : 1, closed : 1, reply_too_big : 1;
+  unsigned resolving : 1, poll_open : 1, closed : 1;
   unsigned in_connect : 1, drop_pending : 1, close_pending : 1; /* on_connect: freeing waits */
 };
 

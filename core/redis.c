@@ -5,7 +5,7 @@
  * hiredis's asynchronous API, watch the socket with a uv_poll_t of our own
  * (the adapter below), send commands as argument vectors (binary-safe), and
  * hand each reply to the owner. What the commands mean, reconnecting, AUTH and
- * SELECT are the owner's business (lua/moonjob/redis.lua).
+ * SELECT are the owner's business (lua/moonjob/redis/client.lua).
  *
  * One mj_redis_t is one connection: once it goes down (refused, reset, timed
  * out, closed) it stays down, every command in flight gets an error, and the
@@ -23,8 +23,10 @@
  * or millions of tiny array elements).
  *
  * Caveats: hiredis frees its context itself after an error; r->ac is cleared
- * in its callbacks and never used after. Freeing from inside a hiredis
- * callback is deferred by hiredis until the callback returns.
+ * in its callbacks and never used after. Freeing from inside a reply
+ * callback is deferred by hiredis until the callback returns; from inside
+ * onConnect it is not (0.14 goes on using the context), so a drop or close
+ * asked for there waits for the next loop turn (later()).
  */
 #include <stdio.h>
 #include <string.h>
@@ -42,7 +44,6 @@ static void *charge(const redisReadTask *task, size_t bytes) {
   mj_redis_t *r = task->privdata;
   if (r->reply_bytes + bytes > r->max_reply) {
     snprintf(r->why, sizeof r->why, "a reply from the server is larger than %zu bytes", r->max_reply);
-    r->reply_too_big = 1;
     return NULL;
   }
   r->reply_bytes += bytes;
@@ -120,6 +121,13 @@ static redisReplyObjectFunctions reply_functions = {
 
 static void watchdog_cb(uv_timer_t *handle);
 
+/* A drop or close asked for inside onConnect happens on the next loop turn,
+ * through the watchdog timer (which then sees drop_pending). */
+static void later(mj_redis_t *r) {
+  r->drop_pending = 1;
+  uv_timer_start(&r->watchdog, watchdog_cb, 0, 0);
+}
+
 static void link_open(mj_redis_t *r) {
   r->next = r->ctx->redis;
   r->prev = NULL;
@@ -155,9 +163,8 @@ static void went_down(mj_redis_t *r, const char *why) {
  * (the owner sees r->why), then its cleanup hook closes our poll handle. */
 static void drop(mj_redis_t *r, const char *why) {
   if (r->why[0] == '\0' && why) snprintf(r->why, sizeof r->why, "%s", why);
-  if (r->in_connect) { /* hiredis 0.14 still uses the context after onConnect: later */
-    r->drop_pending = 1;
-    uv_timer_start(&r->watchdog, watchdog_cb, 0, 0);
+  if (r->in_connect) { /* hiredis 0.14 still uses the context */
+    later(r);
     return;
   }
   redisAsyncContext *ac = r->ac;
@@ -182,8 +189,6 @@ static void poll_cb(uv_poll_t *handle, int status, int events) {
     if (r->state == MJ_REDIS_CONNECTING) redisAsyncHandleWrite(r->ac);
     else redisAsyncHandleRead(r->ac);
     if (r->ac == NULL || r->state == MJ_REDIS_DOWN) return;
-  }
-  if (status < 0) {
     char why[96];
     snprintf(why, sizeof why, "socket error: %s", uv_strerror(status));
     drop(r, why);
@@ -401,8 +406,7 @@ void mj_redis_close(mj_redis_t *r) {
   if (r->closed) return;
   if (r->in_connect) { /* the context cannot be freed yet: on the next turn */
     r->close_pending = 1;
-    r->drop_pending = 1;
-    uv_timer_start(&r->watchdog, watchdog_cb, 0, 0);
+    later(r);
     return;
   }
   r->closed = 1;

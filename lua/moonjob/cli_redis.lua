@@ -104,9 +104,8 @@ function M.add(input_path, o)
     if line:match("^%s*$") then
       ids[n] = false
     else
-      local ok, value, perr = pcall(json.decode, line)
-      if not ok or (value == nil and perr) then
-        perr = ok and perr or value
+      local _, perr = json.decode(line) -- nil, message for a line that is not JSON
+      if perr then
         say(("line %d is not JSON (%s); skipped"):format(n, tostring(perr)))
         failed, ids[n] = failed + 1, false
       elseif #line > q.max_payload then

@@ -111,13 +111,14 @@ local function connection_error(self, why)
   return ("EREDIS: %s: %s"):format(self.name, why or "not connected")
 end
 
-function Client:_setup_commands()
+-- AUTH and SELECT as the URL says, then (load_library) moonjob's functions.
+function Client:_setup_commands(load_library)
   local t, cmds = self.target, {}
   if t.password then
     cmds[#cmds + 1] = t.user and { "AUTH", t.user, t.password } or { "AUTH", t.password }
   end
   if t.db ~= 0 then cmds[#cmds + 1] = { "SELECT", t.db } end
-  cmds[#cmds + 1] = { "FUNCTION", "LOAD", "REPLACE", library() }
+  if load_library then cmds[#cmds + 1] = { "FUNCTION", "LOAD", "REPLACE", library() } end
   return cmds
 end
 
@@ -141,7 +142,7 @@ function Client:_connect()
     function(kind, why)
       if self.conn ~= conn then return end
       if kind == "up" then
-        set_up(conn, self:_setup_commands(), function(err)
+        set_up(conn, self:_setup_commands(true), function(err)
           if self.conn ~= conn then return end
           if err then
             if err:find("WRONGPASS") or err:find("NOAUTH") or err:find("invalid password") then
@@ -265,9 +266,7 @@ function Client:_resubscribe()
     function(kind)
       if self.sub ~= sub then return end
       if kind == "up" then
-        local cmds = self:_setup_commands()
-        cmds[#cmds] = nil -- no need to load the library here
-        set_up(sub, cmds, function(err)
+        set_up(sub, self:_setup_commands(false), function(err)
           if self.sub ~= sub then return end
           if err then sub:close(); self.sub = nil; self.sub_pending = true; return end
           self.sub_up, self.sub_channels = true, {}

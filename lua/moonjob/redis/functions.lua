@@ -293,9 +293,9 @@ local function fail(keys, args)
   if not holds(key, token) then return "ESTALE" end
   local now = now_ms()
   local retry = tonumber(args[4]) or -1
-  local made = tonumber(redis.call("HGET", key, "made")) or 0
-  local attempts = tonumber(redis.call("HGET", key, "attempts")) or 1
-  if retry >= 0 and made < attempts and not redis.call("HGET", key, "cancel") then
+  local f = redis.call("HMGET", key, "made", "attempts", "cancel")
+  local made, attempts = tonumber(f[1]) or 0, tonumber(f[2]) or 1
+  if retry >= 0 and made < attempts and not f[3] then
     redis.call("ZREM", p .. "active", id)
     redis.call("HSET", key, "error", args[3], "token", "")
     if retry > 0 then make_delayed(p, id, key, now + retry) else make_waiting(p, id, key, now) end
@@ -315,8 +315,9 @@ local function release(keys, args)
   redis.call("ZREM", p .. "active", id)
   redis.call("HINCRBY", key, "made", -1)
   redis.call("HSET", key, "token", "")
-  if redis.call("HGET", key, "cancel") then
-    finish(p, id, key, "failed", "error", err_json("ECANCELED", redis.call("HGET", key, "cancel")), now)
+  local reason = redis.call("HGET", key, "cancel")
+  if reason then
+    finish(p, id, key, "failed", "error", err_json("ECANCELED", reason), now)
   else
     make_waiting(p, id, key, now)
   end

@@ -44,8 +44,8 @@ local function random_id()
 end
 
 -- Remote.new(pool, opts) -> remote. opts (the pool's): redis, queue, lease
--- (seconds), prefetch, poll (seconds between looks at an empty queue),
--- keep_completed, keep_failed_age... see README "Durable queues on Redis".
+-- (seconds), prefetch, poll (seconds between looks at an empty queue), keep
+-- and keep_age (retention), worker_name; README "Durable queues on Redis".
 function Remote.new(pool, opts)
   local self = setmetatable({
     pool = pool, name = opts.queue, prefix = Queue.prefix(opts.queue),
@@ -174,7 +174,7 @@ function Remote:_take(f, sent_at)
   end
   if type(data) ~= "string" then
     return self:_refuse(job, "EINPUT", "the job's data in Redis is missing or not a string")
-  elseif #data > pool.max_payload then
+  elseif #data > pool.max_payload then -- fetch refuses these in Redis; a server not ours may not
     return self:_refuse(job, "EPAYLOAD", ("the job data is %d bytes, more than max_payload (%d)")
       :format(#data, pool.max_payload))
   end
@@ -275,7 +275,7 @@ end
 -- A report that could not reach Redis is sent again once it is back: the
 -- job's lease may still be ours (else Redis answers ESTALE), and a lost
 -- report would make the job run again.
-local function report(self, what, args)
+function Remote:_report(what, args)
   self.client:call(args, function(reply, err, kind)
     if kind == "connection" and not self.closed then
       self.unreported[#self.unreported + 1] = { what, args }
@@ -296,7 +296,7 @@ local function report(self, what, args)
   end)
 end
 
-function Remote:_report(what, args) return report(self, what, args) end
+
 
 -- The pool's hooks: a remote job ended here.
 -- Completions wait for the end of this loop turn and go in one FCALL.
@@ -310,7 +310,7 @@ function Remote:completed(job, result_bytes)
     self.completions = batch
     loop.defer(function()
       self.completions = nil
-      report(self, "complete", batch)
+      self:_report("complete", batch)
     end)
   end
   batch[#batch + 1] = job.remote_id
@@ -324,14 +324,14 @@ function Remote:failed(job, err, retry_ms)
   if job.abandoned then return self:want() end
   if err.code == "ECLOSED" then return self:release(job) end
   self.counts.failed = self.counts.failed + 1
-  report(self, "fail", { "FCALL", "moonjob_fail", 1, self.prefix, job.remote_id, job.token,
+  self:_report("fail", { "FCALL", "moonjob_fail", 1, self.prefix, job.remote_id, job.token,
     encode_error(err), retry_ms and math.floor(retry_ms) or -1 })
 end
 
 function Remote:release(job)
   self:_forget(job)
   self.counts.released = self.counts.released + 1
-  report(self, "release", { "FCALL", "moonjob_release", 1, self.prefix, job.remote_id, job.token })
+  self:_report("release", { "FCALL", "moonjob_release", 1, self.prefix, job.remote_id, job.token })
 end
 
 -- No more fetching (the pool is closing).
