@@ -19,8 +19,9 @@
  *
  * Everything read from the server is untrusted: replies are built by our own
  * reader functions, which refuse a reply (and drop the connection) once it
- * would take more than max_reply bytes, whatever its shape (one huge string,
- * or millions of tiny array elements).
+ * would take more than max_reply bytes (millions of tiny array elements, say),
+ * and poll_cb drops the connection once the unparsed rest of a reply passes
+ * that bound (hiredis buffers a bulk string whole before those functions see it).
  *
  * Caveats: hiredis frees its context itself after an error; r->ac is cleared
  * in its callbacks and never used after. Freeing from inside a reply
@@ -194,7 +195,17 @@ static void poll_cb(uv_poll_t *handle, int status, int events) {
     drop(r, why);
     return;
   }
-  if (events & UV_READABLE) redisAsyncHandleRead(r->ac);
+  if (events & UV_READABLE) {
+    redisAsyncHandleRead(r->ac);
+    /* what is left unparsed is one reply still arriving: hiredis buffers a
+     * bulk string whole before our reader functions see it, so bound it here */
+    redisReader *reader = r->ac != NULL ? r->ac->c.reader : NULL;
+    if (reader != NULL && reader->len - reader->pos > r->max_reply) {
+      snprintf(r->why, sizeof r->why, "a reply from the server is larger than %zu bytes", r->max_reply);
+      drop(r, NULL);
+      return;
+    }
+  }
   if (r->ac != NULL && (events & UV_WRITABLE)) redisAsyncHandleWrite(r->ac);
 }
 

@@ -126,6 +126,37 @@ describe("a durable queue on Redis", function()
     end)
   end)
 
+  describe("a connection", function()
+    it("drops a reply larger than its bound before holding it (a 40 MB string, a 1 MiB bound)", function()
+      local data = helpers.write_file(os.tmpname(), ("x"):rep(40 * 1024 * 1024))
+      assert.equal("OK", helpers.first_line(("redis-cli -p %d -x SET huge < %s"):format(server.port, data)))
+      os.remove(data)
+      local script = helpers.write_file(os.tmpname(), ([[
+        local core = require "moonjob.core"
+        local loop = require "moonjob.loop"
+        local function peak_kb()
+          local f = io.open("/proc/self/status")
+          local kb = tonumber(f:read("*a"):match("VmHWM:%%s*(%%d+)"))
+          f:close()
+          return kb
+        end
+        local up, done, err = false, false, nil
+        local c = core.redis("127.0.0.1", %d, 5000, 1024 * 1024, function(k) up = up or k == "up" end)
+        loop.wait_until(function() return up end)
+        local before = peak_kb()
+        c:command({ "GET", "huge" }, function(v, e) done, err = true, e end)
+        loop.wait_until(function() return done end)
+        print(err, peak_kb() - before)
+      ]]):format(server.port))
+      local out = helpers.first_line(helpers.LUAJIT .. " " .. script)
+      os.remove(script)
+      server:cli("DEL", "huge")
+      local err, grew_kb = out:match("^(.-)\t(%d+)$")
+      assert.matches("larger than 1048576 bytes", err)
+      assert.is_true(tonumber(grew_kb) < 10 * 1024, "peak RSS grew by " .. tostring(grew_kb) .. " kB")
+    end)
+  end)
+
   describe("a pool on the queue", function()
     it("runs jobs added by a producer and their results come back exactly", function()
       local name = new_queue()

@@ -268,7 +268,12 @@ function Client:_resubscribe()
       if kind == "up" then
         set_up(sub, self:_setup_commands(false), function(err)
           if self.sub ~= sub then return end
-          if err then sub:close(); self.sub = nil; self.sub_pending = true; return end
+          if err then -- refused (a password): try again later, as after a drop
+            sub:close()
+            self.sub, self.sub_pending = nil, true
+            self.timer:start(200, 200)
+            return
+          end
           self.sub_up, self.sub_channels = true, {}
           self:_resubscribe()
         end)
