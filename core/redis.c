@@ -285,6 +285,7 @@ static void on_connect(const redisAsyncContext *ac, int status) {
     return;
   }
   r->state = MJ_REDIS_UP;
+  redisEnableKeepAlive((redisContext *) &ac->c); /* a silent subscription link ends too */
   r->last_progress = uv_now(&r->ctx->loop);
   if (r->pending == 0) uv_timer_stop(&r->watchdog);
   r->in_connect = 1;

@@ -29,7 +29,7 @@ function M.parse(url)
   local rest = url:match("^redis://(.*)$")
   if not rest then
     return nil, ("'%s' is not a Redis URL: write redis://[user:password@]host[:port][/db]"):format(
-      url:gsub("//[^@/]*@", "//***@"))
+      (url:gsub("^(%w*:?//).*@", "%1***@")))
   end
   local t = { port = 6379, db = 0 }
   local auth, hostpart = rest:match("^(.*)@([^@]*)$") -- the last @: a password may hold one

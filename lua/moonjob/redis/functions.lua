@@ -8,6 +8,8 @@
 -- the queue starts with it, so all of them share one hash tag (one cluster
 -- slot). Keys:
 --   <p>seq         counter: order of arrival (first in, first out per priority)
+--   <p>ids         counter: the ids moonjob draws
+--   <p>totals      hash: completed, failed (every job that ever ended so)
 --   <p>j:<id>      hash: one job (fields below)
 --   <p>wait        sorted set: jobs ready to run; score = priority (lower
 --                  first), member = 16-digit arrival number .. ":" .. id
@@ -31,6 +33,9 @@
 -- failures carrying a token that is not the job's current one are refused:
 -- a worker that lost its lease cannot overwrite the run that replaced it.
 
+-- A job's id, name and backoff are small: a fetch reply's bound counts on it.
+local FIELD_MAX = 1024
+
 local function now_ms()
   local t = redis.call("TIME")
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -49,13 +54,13 @@ end
 -- Finished jobs are kept by count and by age, a bounded amount of work per
 -- call (so a backlog is removed over the next calls). A completed job whose
 -- result is cached stays readable until its cache ends.
-local function trim(p, set, keep_count, keep_age_ms, now)
+local function trim(p, set, keep_count, keep_age_ms, now, most)
   local removed = {}
-  local old = redis.call("ZRANGEBYSCORE", p .. set, "-inf", now - keep_age_ms, "LIMIT", 0, 100)
+  local old = redis.call("ZRANGEBYSCORE", p .. set, "-inf", now - keep_age_ms, "LIMIT", 0, most)
   for _, id in ipairs(old) do removed[#removed + 1] = id end
   local extra = redis.call("ZCARD", p .. set) - #removed - keep_count
   if extra > 0 then
-    local oldest = redis.call("ZRANGE", p .. set, #removed, #removed + math.min(extra, 100) - 1)
+    local oldest = redis.call("ZRANGE", p .. set, #removed, #removed + math.min(extra, most) - 1)
     for _, id in ipairs(oldest) do removed[#removed + 1] = id end
   end
   for _, id in ipairs(removed) do
@@ -71,11 +76,14 @@ local function trim(p, set, keep_count, keep_age_ms, now)
 end
 
 -- keep_count and keep_age_ms come in args[args_at], args[args_at + 1].
-local function retain(p, args_at, args, now)
+-- At most max(100, 2 x the fetch's batch) per state and call: more than the
+-- batch can finish, so retention keeps up under any load.
+local function retain(p, args_at, args, now, batch)
   local keep_count = tonumber(args[args_at]) or 1000
   local keep_age = tonumber(args[args_at + 1]) or 86400000
-  trim(p, "completed", keep_count, keep_age, now)
-  trim(p, "failed", keep_count, keep_age, now)
+  local most = math.max(100, 2 * batch)
+  trim(p, "completed", keep_count, keep_age, now, most)
+  trim(p, "failed", keep_count, keep_age, now, most)
 end
 
 local function make_waiting(p, id, key, now)
@@ -163,6 +171,10 @@ local function add(keys, args)
   elseif state == "completed" and (tonumber(redis.call("HGET", key, "cache_until")) or 0) > now then
     return { id, state, 1 }
   end
+  if #id > FIELD_MAX or #args[9] > FIELD_MAX or #args[6] > FIELD_MAX then
+    return redis.error_reply("EINPUT a job's id, name and backoff must each take at most "
+      .. FIELD_MAX .. " bytes")
+  end
   local max_queue = tonumber(args[11]) or 0
   if max_queue > 0 and redis.call("ZCARD", p .. "wait") + redis.call("ZCARD", p .. "delayed") >= max_queue then
     return redis.error_reply("EQUEUEFULL the queue holds max_queue (" .. max_queue .. ") waiting jobs")
@@ -197,7 +209,7 @@ local function fetch(keys, args)
   local now = now_ms()
   recover_stalled(p, now)
   promote_delayed(p, now)
-  retain(p, 4, args, now)
+  retain(p, 4, args, now, n)
   local out = { -1 }
   local popped = n > 0 and redis.call("ZPOPMIN", p .. "wait", n) or {}
   -- tokens: one counter step per batch, one number per job (never reused)
@@ -210,7 +222,13 @@ local function fetch(keys, args)
     local f = redis.call("HMGET", key, "state", "data", "attempts", "backoff", "timeout", "kill_after",
       "name", "made")
     local made = (tonumber(f[8]) or 0) + 1
-    if f[1] and max_payload > 0 and f[2] and #f[2] > max_payload then -- never sent: it fails here
+    local too_long = f[1] and (#id > FIELD_MAX or #(f[4] or "") > FIELD_MAX or #(f[7] or "") > FIELD_MAX)
+    if too_long then -- written around moonjob_add: never sent, it fails here
+      redis.call("HSET", key, "made", made)
+      redis.call("ZADD", p .. "active", now, id)
+      finish(p, id, key, "failed", "error", err_json("EINPUT", "the job's id, name or backoff takes more than "
+        .. FIELD_MAX .. " bytes"), now)
+    elseif f[1] and max_payload > 0 and f[2] and #f[2] > max_payload then -- never sent: it fails here
       redis.call("HSET", key, "made", made)
       redis.call("ZADD", p .. "active", now, id)
       finish(p, id, key, "failed", "error", err_json("EPAYLOAD", ("the job data is %d bytes, more than "

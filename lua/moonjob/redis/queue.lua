@@ -115,6 +115,9 @@ function M.add_args(prefix, text, opts, notify)
   end
   local name = opts.name
   if name ~= nil and type(name) ~= "string" then error("queue:add(): option 'name' must be a string", 3) end
+  if (name and #name > 1024) or (id ~= nil and #tostring(id) > 1024) then
+    error("queue:add(): options 'id' and 'name' take at most 1024 bytes", 3)
+  end
   local max_queue = opts.max_queue or 0
   return { "FCALL", "moonjob_add", 1, prefix, id ~= nil and tostring(id) or "", text, prio,
     math.floor((seconds(opts, "delay") or 0) * 1000), attempts, backoff,

@@ -25,6 +25,7 @@
 -- cut off for longer than the lease cannot stop its job in time; the job then
 -- runs again elsewhere (ESTALLED) while the first run may have done side
 -- effects. Its late report is refused by token. Processors must be idempotent.
+local Backoff = require "moonjob.backoff"
 local Job = require "moonjob.job"
 local client = require "moonjob.redis.client"
 local errors = require "moonjob.errors"
@@ -91,8 +92,10 @@ end
 
 function Remote:_message(kind, message)
   if kind == "resubscribed" or message == "added" then return self:want() end
+  -- a cancel: channels are shared by every database of the server, so the
+  -- message only says "look now"; the renewal asks Redis which of ours it is
   local id = message and message:match("^cancel (.*)$")
-  if id and self.held[id] then self:_cancel_here(self.held[id], "ECANCELED", "canceled on another host") end
+  if id and self.held[id] then self:_renew() end
 end
 
 -- How many more jobs the pool has room for: none while no child can start
@@ -168,9 +171,12 @@ function Remote:_take(f, sent_at)
   self.held[id] = job
   self.nheld = self.nheld + 1
   self.counts.fetched = self.counts.fetched + 1
-  if f[6] and f[6] ~= "" then
+  if f[6] and f[6] ~= "" then -- written by any producer: checked as pool:add checks it
     local spec = json.decode(f[6])
-    if type(spec) == "table" then job.backoff = spec end
+    if type(spec) ~= "table" or not Backoff.check(spec) then
+      return self:_refuse(job, "EINPUT", "the job's backoff in Redis is not a valid backoff: " .. f[6])
+    end
+    job.backoff = spec
   end
   if type(data) ~= "string" then
     return self:_refuse(job, "EINPUT", "the job's data in Redis is missing or not a string")
