@@ -47,12 +47,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <linux/sockios.h>
 #include <sys/ioctl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -76,7 +77,9 @@ static pid_t parent_pid;
 static mj_shared_t *shared;                    /* the page shared with the parent, or NULL */
 static uint64_t job_token;                     /* token of the job in hand (frame.h) */
 static double job_number;                      /* what Lua sees for it: 1, 2, 3... */
-static struct rusage job_start_usage;          /* taken when a JOB frame arrives */
+static struct rusage job_start_usage;          /* taken when the job starts */
+static struct rusage last_usage;               /* taken when the last job ended */
+static int last_usage_valid;
 static lua_State *volatile running_L;          /* set while channel.run runs a job */
 static int ready_sent;                         /* READY went out: set-up is over */
 static volatile sig_atomic_t interrupt_pending; /* the parent asked to stop the job */
@@ -112,26 +115,6 @@ static void channel_ended(void) {
   if (shared != NULL && !__atomic_load_n(&shared->input_ended, __ATOMIC_ACQUIRE)) parent_gone();
 }
 
-/* Reads exactly n bytes. Returns 1 when done, 0 on end-of-file before the
- * first byte, -1 on error or end-of-file in the middle (errno set). */
-static int read_exact(int fd, void *buf, size_t n) {
-  char *p = buf;
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = read(fd, p + got, n - got);
-    if (r > 0) {
-      got += (size_t) r;
-    } else if (r == 0) {
-      if (got == 0) return 0;
-      errno = EPIPE;
-      return -1;
-    } else if (errno != EINTR) {
-      return -1;
-    }
-  }
-  return 1;
-}
-
 /* Writes every byte of iov[0..n). Returns 0, or -1 with errno set. */
 static int write_all(int fd, struct iovec *iov, int n) {
   while (n > 0) {
@@ -153,43 +136,243 @@ static int write_all(int fd, struct iovec *iov, int n) {
   return 0;
 }
 
-/* True when bytes written to stdout or stderr are not yet read by the parent.
- * Both are socketpairs made by libuv; SIOCOUTQ counts what the peer has not
- * consumed. Anything else (a terminal, a file) counts as pending: safe. */
-static int output_pending(void) {
-  for (int fd = 1; fd <= 2; fd++) {
-    int unread = 0;
-    if (ioctl(fd, SIOCOUTQ, &unread) != 0 || unread > 0) return 1;
+/* How many bytes the child has written to stdout and stderr so far: what the
+ * parent has read (it publishes the count in the shared page) plus what the
+ * pipe still holds (FIONREAD, which a pipe answers on its writing end too).
+ * The parent's count and the pipe change together while it reads, so both
+ * are taken between two equal, even readings of output_seq (a seqlock).
+ * Without the shared page, or when a stream is not a pipe (a terminal, a
+ * file), the counts are MJ_OUTPUT_UNKNOWN: the parent then reads all there
+ * is. */
+static void output_written(uint64_t written[2]) {
+  static int pipes = -1; /* are fds 1 and 2 pipes? (asked once) */
+  written[0] = written[1] = MJ_OUTPUT_UNKNOWN;
+  if (pipes < 0) {
+    struct stat st[2];
+    pipes = fstat(1, &st[0]) == 0 && fstat(2, &st[1]) == 0 && S_ISFIFO(st[0].st_mode) &&
+            S_ISFIFO(st[1].st_mode);
   }
+  if (shared == NULL || !pipes) return;
+  for (int tries = 0; tries < 100000; tries++) {
+    uint32_t before = __atomic_load_n(&shared->output_seq, __ATOMIC_ACQUIRE);
+    if (before & 1) { /* the parent is reading */
+      sched_yield();
+      continue;
+    }
+    uint64_t read[2] = {__atomic_load_n(&shared->output_read[0], __ATOMIC_ACQUIRE),
+                        __atomic_load_n(&shared->output_read[1], __ATOMIC_ACQUIRE)};
+    int unread[2] = {0, 0};
+    for (int i = 0; i < 2; i++)
+      if (ioctl(1 + i, FIONREAD, &unread[i]) != 0) return;
+    if (__atomic_load_n(&shared->output_seq, __ATOMIC_ACQUIRE) != before) continue;
+    for (int i = 0; i < 2; i++) written[i] = read[i] + (uint64_t) unread[i];
+    return;
+  }
+}
+
+/* ------------------------------------------------------ reading ahead --- */
+
+/* The child reads its channel ahead, in as large pieces as the kernel gives,
+ * into `in`, and cuts it into frames there. INIT and JOB frames wait in
+ * `queued` (their payload stays in the buffer) until channel.recv hands them
+ * to Lua one at a time; INTERRUPT frames are kept aside in `interrupts`
+ * while their job is queued or running, so that a job interrupted while it
+ * waited is found before it starts, and a running one when the signal comes.
+ * A frame whose payload cannot be held (malloc refused) is skipped and
+ * handed over without its payload. */
+typedef struct {
+  uint32_t type, seq;
+  uint64_t token;
+  size_t off;   /* payload offset in in.buf */
+  uint32_t len;
+  int dropped;  /* the payload could not be held */
+} queued_t;
+
+#define MAX_QUEUED (MJ_MAX_INFLIGHT + 2)
+#define MAX_INTERRUPTS (MJ_MAX_INFLIGHT + 2)
+#define READ_CHUNK (64 * 1024)
+#define KEEP_BUFFER (1024 * 1024) /* free a larger buffer once it is empty */
+
+static struct {
+  char *buf;
+  size_t len, cap, parsed; /* bytes held; cut into frames up to `parsed` */
+  size_t discard;          /* bytes still to drop of a frame that could not be held */
+} in;
+
+static queued_t queued[MAX_QUEUED];
+static unsigned nqueued, first_queued;
+static uint32_t jobs_received;   /* JOB frames read: the sequence number (frame.h) */
+static uint32_t interrupts_seen; /* shared->interrupts when the channel was last read */
+
+static struct {
+  uint64_t token;
+  char *payload;
+  size_t len;
+} interrupts[MAX_INTERRUPTS];
+static unsigned ninterrupts;
+
+static queued_t *queued_at(unsigned i) {
+  return &queued[(first_queued + i) % MAX_QUEUED];
+}
+
+static int is_queued_job(uint64_t token) {
+  for (unsigned i = 0; i < nqueued; i++)
+    if (queued_at(i)->type == MJ_FRAME_JOB && queued_at(i)->token == token) return 1;
   return 0;
+}
+
+static int find_interrupt(uint64_t token) {
+  for (unsigned i = 0; i < ninterrupts; i++)
+    if (interrupts[i].token == token) return (int) i;
+  return -1;
+}
+
+static void forget_interrupt(uint64_t token) {
+  int i = find_interrupt(token);
+  if (i < 0) return;
+  free(interrupts[i].payload);
+  interrupts[i] = interrupts[--ninterrupts];
+}
+
+/* An INTERRUPT frame: kept while its job is queued or running (the parent
+ * sends at most one per job); one about a job already over is dropped. */
+static void keep_interrupt(uint64_t token, const char *payload, size_t len) {
+  if (token == 0 || find_interrupt(token) >= 0 || ninterrupts == MAX_INTERRUPTS) return;
+  if (token != job_token && !is_queued_job(token)) return;
+  char *copy = malloc(len ? len : 1);
+  if (copy == NULL) len = 0; /* the job still stops, with the default reason */
+  else memcpy(copy, payload, len);
+  interrupts[ninterrupts].token = token;
+  interrupts[ninterrupts].payload = copy;
+  interrupts[ninterrupts++].len = len;
+}
+
+/* Cuts the bytes held into frames, as far as whole frames go. */
+static void cut_frames(void) {
+  while (nqueued < MAX_QUEUED && in.discard == 0 && in.len - in.parsed >= sizeof(mj_frame_header_t)) {
+    mj_frame_header_t h;
+    memcpy(&h, in.buf + in.parsed, sizeof h);
+    size_t off = in.parsed + sizeof h;
+    if (in.len - off < h.len) return;
+    if (h.type == MJ_FRAME_INTERRUPT) {
+      keep_interrupt(h.job, in.buf + off, h.len);
+    } else {
+      queued_t *q = queued_at(nqueued++);
+      q->type = h.type;
+      q->token = h.job;
+      q->off = off;
+      q->len = h.len;
+      q->dropped = 0;
+      q->seq = h.type == MJ_FRAME_JOB ? (jobs_received = mj_seq_next(jobs_received)) : 0;
+    }
+    in.parsed = off + h.len;
+  }
+}
+
+/* Moves what is still needed (the queued frames and the bytes not cut yet)
+ * to the start of the buffer; frees a large buffer once nothing is held. */
+static void compact(void) {
+  size_t from = nqueued && !queued_at(0)->dropped ? queued_at(0)->off - sizeof(mj_frame_header_t)
+                                                  : in.parsed;
+  for (unsigned i = 0; i < nqueued; i++)
+    if (!queued_at(i)->dropped && queued_at(i)->off - sizeof(mj_frame_header_t) < from)
+      from = queued_at(i)->off - sizeof(mj_frame_header_t);
+  if (from == 0) return;
+  memmove(in.buf, in.buf + from, in.len - from);
+  in.len -= from;
+  in.parsed -= from;
+  for (unsigned i = 0; i < nqueued; i++)
+    if (!queued_at(i)->dropped) queued_at(i)->off -= from;
+  if (in.len == 0 && in.cap > KEEP_BUFFER) {
+    free(in.buf);
+    in.buf = NULL;
+    in.cap = 0;
+  }
+}
+
+/* Room to read into: a chunk, or the rest of the frame being cut. When a
+ * frame cannot be held, it is queued without its payload and its bytes are
+ * dropped as they come. Returns 0, or -1 when even a chunk cannot be had. */
+static int make_room(void) {
+  size_t need = in.len + READ_CHUNK;
+  if (in.discard == 0 && in.len - in.parsed >= sizeof(mj_frame_header_t)) {
+    mj_frame_header_t h;
+    memcpy(&h, in.buf + in.parsed, sizeof h);
+    size_t whole = in.parsed + sizeof h + h.len;
+    if (whole > need) need = whole;
+  }
+  if (need <= in.cap) return 0;
+  size_t cap = in.cap ? in.cap : READ_CHUNK;
+  while (cap < need) cap *= 2;
+  char *grown = realloc(in.buf, cap);
+  if (grown != NULL) {
+    in.buf = grown;
+    in.cap = cap;
+    return 0;
+  }
+  if (in.len - in.parsed < sizeof(mj_frame_header_t) || nqueued == MAX_QUEUED) return -1;
+  mj_frame_header_t h; /* a frame too large to hold: queued without payload */
+  memcpy(&h, in.buf + in.parsed, sizeof h);
+  queued_t *q = queued_at(nqueued++);
+  q->type = h.type;
+  q->token = h.job;
+  q->off = 0;
+  q->len = 0;
+  q->dropped = 1;
+  q->seq = h.type == MJ_FRAME_JOB ? (jobs_received = mj_seq_next(jobs_received)) : 0;
+  size_t held = in.len - in.parsed - sizeof h;
+  in.discard = h.len - held;
+  in.len = in.parsed; /* its header and payload bytes so far are dropped */
+  return in.len + READ_CHUNK <= in.cap ? 0 : -1;
+}
+
+/* Reads what the channel holds (waiting for at least a byte when `wait`),
+ * and cuts it into frames. Returns 1 when bytes came, 0 at end of file, -1
+ * when nothing came (EAGAIN) or on error (errno set). */
+static int pull(int wait) {
+  compact();
+  if (make_room() != 0) {
+    errno = ENOMEM;
+    return -1;
+  }
+  ssize_t r;
+  do {
+    r = recv(CHANNEL_FD, in.buf + in.len, in.cap - in.len, wait ? 0 : MSG_DONTWAIT);
+  } while (r < 0 && errno == EINTR);
+  if (r <= 0) return r == 0 ? 0 : -1;
+  size_t got = (size_t) r;
+  if (in.discard > 0) { /* the rest of a frame that could not be held */
+    size_t drop = got < in.discard ? got : in.discard;
+    memmove(in.buf + in.len, in.buf + in.len + drop, got - drop);
+    in.discard -= drop;
+    got -= drop;
+  }
+  in.len += got;
+  cut_frames();
+  return 1;
+}
+
+/* Reads, without waiting, what the channel holds when the parent wrote an
+ * INTERRUPT since the last look (the shared page counts them): it is then
+ * in the channel, since it is counted once written whole. */
+static void look_for_interrupts(void) {
+  uint32_t written = shared ? __atomic_load_n(&shared->interrupts, __ATOMIC_ACQUIRE) : 0;
+  if (shared != NULL && written == interrupts_seen) return;
+  interrupts_seen = written;
+  while (nqueued < MAX_QUEUED && pull(0) > 0) {}
 }
 
 /* ----------------------------------------------- moonjob.channel module --- */
 
-/* The job number Lua sees for a frame's token: the current job's number for
- * its token, 0 for any other (an INTERRUPT about a job already over). A JOB
- * frame makes its token the current one and tells the parent, through the
- * shared page, that the job was taken: as soon as its header is read, so a
- * large payload still arriving never reads as a job left untaken. The token
- * itself never reaches Lua. */
-static double number_for(const mj_frame_header_t *h) {
-  if (h->type == MJ_FRAME_JOB) {
-    job_token = h->job;
-    job_number += 1;
-    if (shared) __atomic_store_n(&shared->taken, job_token, __ATOMIC_RELEASE);
-    return job_number;
-  }
-  return (h->job != 0 && h->job == job_token) ? job_number : 0;
-}
-
-/* Reads and drops n bytes of the channel. Returns 1, or -1 (errno set). */
-static int skip_bytes(int fd, size_t n) {
-  char sink[65536];
-  while (n > 0) {
-    size_t step = n < sizeof sink ? n : sizeof sink;
-    if (read_exact(fd, sink, step) != 1) return -1;
-    n -= step;
-  }
+/* Marks job `seq` started in the shared gate, unless the parent recalled it
+ * (frame.h). Returns 1 when it may run, 0 when it was recalled. */
+static int start_job(uint32_t seq) {
+  if (shared == NULL) return 1;
+  uint64_t g = __atomic_load_n(&shared->gate, __ATOMIC_ACQUIRE);
+  do {
+    if (mj_gate_recalled(g, seq)) return 0;
+  } while (!__atomic_compare_exchange_n(&shared->gate, &g, mj_gate_start(g, seq), 0,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
   return 1;
 }
 
@@ -221,35 +404,63 @@ static int push_payload(lua_State *L, const char *bytes, size_t len) {
   return 1;
 }
 
-/* channel.recv() -> type, job, payload | type, job, false (the payload did
- * not fit in memory: read and dropped) | nil at end-of-file.
- * Raises on a read error or a frame cut short. */
-static int channel_recv(lua_State *L) {
+/* The job the child runs next starts as soon as its header is in, while a
+ * large payload still arrives: a job whose data takes longer to receive than
+ * the parent's ack_timeout must not read as left untaken. Starting the same
+ * job again once it is whole changes nothing (start_job is idempotent). */
+static void start_arriving_job(void) {
   mj_frame_header_t h;
-  int r = read_exact(CHANNEL_FD, &h, sizeof h);
-  if (r <= 0) channel_ended();
-  if (r == 0) return 0;
-  if (r < 0) return luaL_error(L, "channel read failed: %s", strerror(errno));
-  if (h.type == MJ_FRAME_JOB) getrusage(RUSAGE_SELF, &job_start_usage);
-  lua_pushinteger(L, (lua_Integer) h.type);
-  lua_pushnumber(L, (lua_Number) number_for(&h));
-  char *payload = malloc(h.len ? h.len : 1);
-  if (payload == NULL) {
-    if (skip_bytes(CHANNEL_FD, h.len) < 0) {
-      channel_ended();
-      return luaL_error(L, "channel read failed: %s", strerror(errno));
+  if (in.discard > 0 || in.len - in.parsed < sizeof h) return;
+  memcpy(&h, in.buf + in.parsed, sizeof h);
+  if (h.type == MJ_FRAME_JOB) start_job(mj_seq_next(jobs_received));
+}
+
+/* The next INIT or JOB frame, reading (and waiting) as needed; NULL at end
+ * of file. Raises on a read error. Sets *waited when it had to wait. */
+static queued_t *next_frame(lua_State *L, int *waited) {
+  while (nqueued == 0) {
+    *waited = 1;
+    start_arriving_job();
+    int r = pull(1);
+    if (r == 0 || (r < 0 && errno != ENOMEM)) channel_ended();
+    if (r == 0) return NULL;
+    if (r < 0) luaL_error(L, "channel read failed: %s", strerror(errno));
+  }
+  return queued_at(0);
+}
+
+static void drop_first_frame(void) {
+  first_queued = (first_queued + 1) % MAX_QUEUED;
+  nqueued--;
+}
+
+/* channel.recv() -> type, job, payload | type, job, false (the payload did
+ * not fit in memory) | nil at end-of-file. A JOB frame is the job the child
+ * starts now: the shared gate says so (a job the parent recalled is dropped
+ * unread, and the next one read), its token becomes the current one, and
+ * Lua sees a local number instead of it. Raises on a read error. */
+static int channel_recv(lua_State *L) {
+  queued_t *q;
+  for (;;) {
+    int waited = 0;
+    q = next_frame(L, &waited);
+    if (q == NULL) return 0;
+    if (q->type != MJ_FRAME_JOB) break;
+    if (start_job(q->seq)) {
+      job_token = q->token;
+      job_number += 1;
+      /* CPU time counts from here: measured anew after a wait, else from the end of the last job */
+      if (waited || !last_usage_valid) getrusage(RUSAGE_SELF, &job_start_usage);
+      else job_start_usage = last_usage;
+      break;
     }
-    lua_pushboolean(L, 0);
-    return 3;
+    forget_interrupt(q->token);
+    drop_first_frame();
   }
-  r = h.len ? read_exact(CHANNEL_FD, payload, h.len) : 1;
-  if (r <= 0) {
-    channel_ended();
-    free(payload);
-    return luaL_error(L, "channel read failed: %s", r == 0 ? "end of file" : strerror(errno));
-  }
-  if (!push_payload(L, payload, h.len)) lua_pushboolean(L, 0);
-  free(payload);
+  lua_pushinteger(L, (lua_Integer) q->type);
+  lua_pushnumber(L, q->type == MJ_FRAME_JOB ? job_number : 0);
+  if (q->dropped || !push_payload(L, in.buf + q->off, q->len)) lua_pushboolean(L, 0);
+  drop_first_frame();
   return 3;
 }
 
@@ -257,23 +468,26 @@ static double ms_of(struct timeval tv) {
   return tv.tv_sec * 1e3 + tv.tv_usec / 1e3;
 }
 
-/* CPU time since the job arrived, and the peak RSS so far. */
+/* CPU time since the job started, and the peak RSS so far. The reading is
+ * kept as the next job's start when that one starts without waiting. */
 static mj_job_usage_t job_usage(void) {
-  struct rusage now;
-  mj_job_usage_t u = {0, 0};
-  if (getrusage(RUSAGE_SELF, &now) != 0) return u;
-  u.cpu_ms = ms_of(now.ru_utime) + ms_of(now.ru_stime) -
+  mj_job_usage_t u = {0, 0, {0, 0}};
+  last_usage_valid = 0;
+  if (getrusage(RUSAGE_SELF, &last_usage) != 0) return u;
+  last_usage_valid = 1;
+  u.cpu_ms = ms_of(last_usage.ru_utime) + ms_of(last_usage.ru_stime) -
              ms_of(job_start_usage.ru_utime) - ms_of(job_start_usage.ru_stime);
-  u.max_rss_kb = (double) now.ru_maxrss;
+  u.max_rss_kb = (double) last_usage.ru_maxrss;
   return u;
 }
 
 /* channel.send(type, job, part...) sends one frame whose payload is the
  * concatenation of the string parts, without concatenating them in memory.
  * Frames about a job carry the current job's token (`job` is ignored: only
- * the job in hand can be answered). A frame that ends a job carries
- * MJ_FRAME_FLAG_OUTPUT when output is still unread (the caller flushed stdio
- * first). Raises when the channel is closed. */
+ * the job in hand can be answered). A frame that ends a job carries its usage
+ * and how far its output goes (the caller flushed stdio first), and the job
+ * is then over: no INTERRUPT can concern it any more.
+ * Raises when the channel is closed. */
 static int channel_send(lua_State *L) {
   enum { MAX_PARTS = 4 };
   mj_frame_header_t h;
@@ -290,7 +504,7 @@ static int channel_send(lua_State *L) {
     iov[n].iov_base = &usage;
     iov[n++].iov_len = sizeof usage;
     total += sizeof usage;
-    if (output_pending()) h.type |= MJ_FRAME_FLAG_OUTPUT;
+    output_written(usage.output);
   }
   for (int i = 0; i < nparts; i++, n++) {
     size_t len;
@@ -312,14 +526,21 @@ static int channel_send(lua_State *L) {
     ready_sent = 1;
     heap.strict = 0;
   }
+  if (MJ_FRAME_ENDS_JOB(h.type) && h.job != 0) {
+    forget_interrupt(job_token);
+    job_token = 0;
+  }
   return 0;
 }
 
-/* Raises at every Lua instruction once the parent interrupted the job. The
- * first time, the traceback of where the job stood is kept in the registry. */
-static void interrupt_hook(lua_State *L, lua_Debug *ar) {
-  (void) ar;
-  if (!interrupt_pending) return;
+/* True when an INTERRUPT for the job in hand was written by the parent:
+ * looks in the channel first if the parent wrote one since the last look. */
+static int interrupt_for_job(void) {
+  look_for_interrupts();
+  return job_token != 0 && find_interrupt(job_token) >= 0;
+}
+
+static void raise_interrupt(lua_State *L) {
   lua_getfield(L, LUA_REGISTRYINDEX, TRACEBACK_KEY);
   int taken = !lua_isnil(L, -1);
   lua_pop(L, 1);
@@ -331,14 +552,25 @@ static void interrupt_hook(lua_State *L, lua_Debug *ar) {
   lua_error(L);
 }
 
-/* True when an INTERRUPT for the job in hand waits in the channel. The
- * parent signals only once that frame is written, so a signal that came
- * before channel.run set running_L left its frame here to be found. */
-static int interrupt_queued(void) {
-  mj_frame_header_t h;
-  ssize_t r = recv(CHANNEL_FD, &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
-  return r == (ssize_t) sizeof h && h.type == MJ_FRAME_INTERRUPT && job_token != 0 &&
-         h.job == job_token;
+/* Set by the signal handler: looks for an INTERRUPT about the job in hand
+ * (the parent signals once that frame is written whole); without one the
+ * signal was for a job already over, and the hook goes. With one it raises at
+ * every Lua instruction until the job's protected call returns. The first
+ * time, the traceback of where the job stood is kept in the registry. */
+static void interrupt_hook(lua_State *L, lua_Debug *ar) {
+  (void) ar;
+  if (!interrupt_pending) {
+    if (!interrupt_for_job()) {
+      lua_sethook(L, NULL, 0, 0);
+      return;
+    }
+    interrupt_pending = 1;
+  }
+  raise_interrupt(L);
+}
+
+static void set_interrupt_hook(lua_State *L) {
+  lua_sethook(L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
 }
 
 /* Only the parent may interrupt, and only while a job runs. */
@@ -347,21 +579,20 @@ static void on_interrupt_signal(int signum, siginfo_t *info, void *context) {
   (void) context;
   int saved_errno = errno;
   lua_State *L = running_L;
-  if (L != NULL && info->si_pid == parent_pid) {
-    interrupt_pending = 1;
-    lua_sethook(L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
-  }
+  if (L != NULL && info->si_pid == parent_pid) set_interrupt_hook(L);
   errno = saved_errno;
 }
 
 /* channel.run(handler, fn, arg) -> ok, value, interrupted, out_of_memory
  * Calls fn(arg) in protected mode with handler as the message handler; while
  * it runs, the parent's interrupt signal makes it fail, and memory_limit holds
- * strictly. `interrupted` tells whether the interrupt happened (the job may
- * have failed for that reason); `out_of_memory` that the job failed because
- * the heap was full (the handler does not run then, or failed itself). After
- * a failure the heap is collected, and the runner has HEAP_RESERVE bytes past
- * the limit to report it. */
+ * strictly. A job the parent interrupted before it started fails before any
+ * of its code runs. `interrupted` tells whether the interrupt happened (the
+ * job may have failed for that reason; channel.interrupt() says why);
+ * `out_of_memory` that the job failed because the heap was full (the handler
+ * does not run then, or failed itself). After a failure the heap is
+ * collected, and the runner has HEAP_RESERVE bytes past the limit to report
+ * it. */
 static int channel_run(lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
   luaL_checktype(L, 2, LUA_TFUNCTION);
@@ -374,9 +605,9 @@ static int channel_run(lua_State *L) {
   heap.strict = 1;
   heap.refused = 0;
   running_L = L;
-  if (interrupt_queued()) { /* interrupted before it started */
+  if (interrupt_for_job()) { /* interrupted before it started */
     interrupt_pending = 1;
-    lua_sethook(L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+    set_interrupt_hook(L);
   }
   int rc = lua_pcall(L, 1, 1, 1);
   running_L = NULL;
@@ -392,6 +623,15 @@ static int channel_run(lua_State *L) {
   lua_pushboolean(L, interrupted);
   lua_pushboolean(L, out_of_memory);
   return 4;
+}
+
+/* channel.interrupt() -> the payload of the INTERRUPT frame about the job in
+ * hand (the parent's {code, message, reason}), or nil. */
+static int channel_interrupt(lua_State *L) {
+  int i = job_token != 0 ? find_interrupt(job_token) : -1;
+  if (i < 0) return 0;
+  lua_pushlstring(L, interrupts[i].payload ? interrupts[i].payload : "", interrupts[i].len);
+  return 1;
 }
 
 /* channel.strict(on): while on, the Lua heap may not pass memory_limit at all
@@ -411,6 +651,7 @@ static int open_channel(lua_State *L) {
   static const luaL_Reg funcs[] = {
     {"recv", channel_recv}, {"send", channel_send}, {"run", channel_run},
     {"interrupt_traceback", channel_interrupt_traceback}, {"strict", channel_strict},
+    {"interrupt", channel_interrupt},
     {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, funcs);

@@ -14,14 +14,32 @@
  * about that job carries it back, and INTERRUPT carries it too. The child
  * learns a token only by reading its JOB frame, so a processor that writes to
  * the channel cannot forge frames for jobs it has not been given. The parent
- * checks every header against the child's state (frames_ok in process.c):
- * READY/LOADERR only while starting, job frames only with the current token.
+ * checks every header against the child's state (frame_violation in process.c):
+ * READY/LOADERR only while starting, job frames only with the head job's token.
+ *
+ * Pipelining: the parent may send a child up to MJ_MAX_INFLIGHT JOB frames
+ * before the first is answered. The child reads ahead and runs them one at a
+ * time, in the order sent; frames about a job always concern the oldest one
+ * not yet ended (the head), so the parent checks them against the head's
+ * token. JOB frames are numbered 1, 2, 3... per child in the order sent,
+ * modulo 2^21 (the sequence number: both ends count the same frames; at most
+ * MJ_MAX_INFLIGHT are in flight, so numbers compare within a window).
  *
  * Shared page: the parent also maps one page with the child (a memfd on the
- * child's fd 4, MJ_SHARED_FD). When the child has read a JOB frame it stores
- * the token in `taken` there; the parent reads it to know, without any frame,
- * whether the child took its job (acknowledgement) and, when the child dies,
- * whether it ever started the job.
+ * child's fd 4, MJ_SHARED_FD). Its `gate` says which jobs the child started
+ * and which the parent took back (recalled), in one 64-bit word that both
+ * change only by compare-and-swap, so a job is either started by the child or
+ * recalled by the parent, never both. It holds three sequence numbers:
+ * `started`, the last job the child started, and a range [from, to] of jobs
+ * recalled, which counts only while it lies ahead of `started` (from after
+ * started). The child drops a recalled job unread; to start job s it swaps in
+ * started = s, keeping the range if it still lies ahead of s. To recall the
+ * jobs from x on (x not started), the parent swaps in the range [x, last
+ * sent], joined with a range still pending (the jobs between are recalled
+ * too). The parent reads `started` to know, without any frame, whether the
+ * child took the head job (acknowledgement) and, when the child dies, which
+ * job it was running. `interrupts` counts the INTERRUPT frames wholly written: a child
+ * that sees it change looks in its channel before it starts a job.
  */
 #ifndef MJ_FRAME_H
 #define MJ_FRAME_H
@@ -50,10 +68,6 @@ typedef enum {
   MJ_FRAME_LOG = 21       /* job:log(text) */
 } mj_frame_type;
 
-/* Set by the child on a frame that ends a job when bytes it wrote to stdout or
- * stderr were still unread at that moment: the parent then reads those pipes
- * before handling the frame. Without the flag the parent skips that read. */
-#define MJ_FRAME_FLAG_OUTPUT 0x100u
 #define MJ_FRAME_TYPE_MASK 0xffu
 
 /* X-macro over every frame type, for tables of names (the Lua constants of
@@ -61,24 +75,81 @@ typedef enum {
 #define MJ_FRAME_TYPES(X) \
   X(INIT) X(JOB) X(INTERRUPT) X(READY) X(LOADERR) X(DONE) X(FAIL) X(PROGRESS) X(LOG)
 
-/* True for the frames that end a job: with MJ_FRAME_FLAG_OUTPUT the parent
- * reads whatever the child printed before it, so output lands on the right job.
- * Their payload starts with an mj_job_usage_t block (counted in `len`). */
+/* True for the frames that end a job. Their payload starts with an
+ * mj_job_usage_t block (counted in `len`), whose `output` counts let the
+ * parent attribute what the child printed to the right job. */
 #define MJ_FRAME_ENDS_JOB(t) ((t) == MJ_FRAME_DONE || (t) == MJ_FRAME_FAIL || \
                               (t) == MJ_FRAME_LOADERR)
 
-/* What the job cost the child, measured by the child itself. */
+/* What the job cost the child, measured by the child itself, and where its
+ * output ends. */
 typedef struct {
-  double cpu_ms;     /* user + system CPU time since the job was received */
-  double max_rss_kb; /* the child's peak resident set size so far */
+  double cpu_ms;      /* user + system CPU time since the job started */
+  double max_rss_kb;  /* the child's peak resident set size so far */
+  uint64_t output[2]; /* bytes the child had written to stdout and stderr when the
+                         job ended (MJ_OUTPUT_UNKNOWN: not known): the parent
+                         gives the bytes before that point to this job, the
+                         rest to the jobs after it */
 } mj_job_usage_t;
+
+#define MJ_OUTPUT_UNKNOWN UINT64_MAX
 
 /* The page shared by the parent and one child. */
 typedef struct {
-  uint64_t taken;       /* token of the last JOB frame the child read (atomic) */
+  uint64_t gate;        /* started and recalled sequence numbers (see above; atomic) */
   uint32_t input_ended; /* 1 once the parent ends the channel on purpose (atomic): an
                            end of file without it means the parent died */
+  uint32_t interrupts;  /* INTERRUPT frames the parent wrote whole so far (atomic) */
+  uint32_t output_seq;  /* odd while the parent reads stdout or stderr (atomic) */
+  uint64_t output_read[2]; /* bytes the parent read from stdout, stderr (atomic): with
+                              what the socket still holds (SIOCOUTQ), the child knows
+                              how many it wrote, read with output_seq as a seqlock */
 } mj_shared_t;
+
+/* JOB frames a child may hold at once: the one it runs and those queued behind. */
+#define MJ_MAX_INFLIGHT 16
+
+#define MJ_SEQ_BITS 21
+#define MJ_SEQ_MASK ((1u << MJ_SEQ_BITS) - 1)
+
+/* The sequence number after s. */
+static inline uint32_t mj_seq_next(uint32_t s) {
+  return (s + 1) & MJ_SEQ_MASK;
+}
+
+/* True when sequence number a comes after b (within half the range). */
+static inline int mj_seq_after(uint32_t a, uint32_t b) {
+  uint32_t d = (a - b) & MJ_SEQ_MASK;
+  return d != 0 && d < (1u << (MJ_SEQ_BITS - 1));
+}
+
+#define MJ_GATE(started, from, to) \
+  ((uint64_t) (started) | ((uint64_t) (from) << MJ_SEQ_BITS) | ((uint64_t) (to) << (2 * MJ_SEQ_BITS)))
+#define MJ_GATE_STARTED(g) ((uint32_t) (g) & MJ_SEQ_MASK)
+#define MJ_GATE_FROM(g) ((uint32_t) ((g) >> MJ_SEQ_BITS) & MJ_SEQ_MASK)
+#define MJ_GATE_TO(g) ((uint32_t) ((g) >> (2 * MJ_SEQ_BITS)) & MJ_SEQ_MASK)
+
+/* True while gate g holds a recalled range the child has not passed yet. */
+static inline int mj_gate_pending(uint64_t g) {
+  return mj_seq_after(MJ_GATE_FROM(g), MJ_GATE_STARTED(g));
+}
+
+/* True when job `seq` is recalled in gate g: from <= seq <= to, pending. */
+static inline int mj_gate_recalled(uint64_t g, uint32_t seq) {
+  return mj_gate_pending(g) && !mj_seq_after(MJ_GATE_FROM(g), seq) && !mj_seq_after(seq, MJ_GATE_TO(g));
+}
+
+/* True when job `seq` was started in gate g (it, or a later job, was). */
+static inline int mj_gate_started(uint64_t g, uint32_t seq) {
+  return !mj_seq_after(seq, MJ_GATE_STARTED(g));
+}
+
+/* The gate once the child starts job seq: a pending range ahead of it stays. */
+static inline uint64_t mj_gate_start(uint64_t g, uint32_t seq) {
+  if (mj_gate_pending(g) && mj_seq_after(MJ_GATE_FROM(g), seq))
+    return MJ_GATE(seq, MJ_GATE_FROM(g), MJ_GATE_TO(g));
+  return MJ_GATE(seq, seq, seq);
+}
 
 #define MJ_SHARED_FD 4
 #define MJ_SHARED_SIZE 4096

@@ -434,11 +434,31 @@ static int lmj_process_end_input(lua_State *L) {
   return 1;
 }
 
-/* process:taken() -> true when the child has read the JOB frame of its
- * current job (it may be running it, or have died running it). */
-static int lmj_process_taken(lua_State *L) {
+/* process:started(job) -> true when the child started job `job` (it may be
+ * running it, or have died running it), false when not yet, nil when that job
+ * is not in flight to this child. */
+static int lmj_process_started(lua_State *L) {
   lmj_process_t *lp = lmj_check_process(L, 1);
-  lua_pushboolean(L, mj_process_taken(&lp->p));
+  uint64_t job = (uint64_t) lmj_check_range(L, 2, 0, 9007199254740992.0);
+  int started = mj_process_started(&lp->p, job);
+  if (started < 0) lua_pushnil(L);
+  else lua_pushboolean(L, started);
+  return 1;
+}
+
+/* process:recall([from]) -> { job, ... }: the jobs in flight the child has
+ * not started (from job `from` on; all without it), taken back (it will
+ * never start them), oldest first. */
+static int lmj_process_recall(lua_State *L) {
+  lmj_process_t *lp = lmj_check_process(L, 1);
+  uint64_t jobs[MJ_MAX_INFLIGHT];
+  uint64_t from = lua_isnoneornil(L, 2) ? 0 : (uint64_t) lmj_check_range(L, 2, 1, 9007199254740992.0);
+  unsigned n = mj_process_recall(&lp->p, from, jobs, MJ_MAX_INFLIGHT);
+  lua_createtable(L, (int) n, 0);
+  for (unsigned i = 0; i < n; i++) {
+    lua_pushnumber(L, (lua_Number) jobs[i]);
+    lua_rawseti(L, -2, (int) i + 1);
+  }
   return 1;
 }
 
@@ -939,6 +959,8 @@ static void lmj_push_frame_types(lua_State *L) {
   lua_setfield(L, -2, #name);
   MJ_FRAME_TYPES(LMJ_SET_TYPE)
 #undef LMJ_SET_TYPE
+  lua_pushinteger(L, MJ_MAX_INFLIGHT); /* JOB frames one child may hold at once */
+  lua_setfield(L, -2, "MAX_INFLIGHT");
 }
 
 static void lmj_ignore_sigpipe(void) {
@@ -1003,7 +1025,7 @@ int luaopen_moonjob_core(lua_State *L) {
   static const luaL_Reg process_methods[] = {
     {"send", lmj_process_send}, {"kill", lmj_process_kill},
     {"end_input", lmj_process_end_input}, 
-    {"taken", lmj_process_taken}, {NULL, NULL}};
+    {"started", lmj_process_started}, {"recall", lmj_process_recall}, {NULL, NULL}};
   static const luaL_Reg timer_methods[] = {
     {"start", lmj_timer_start}, {"stop", lmj_timer_stop}, {"unref", lmj_timer_unref},
     {"close", lmj_timer_close}, {NULL, NULL}};

@@ -104,16 +104,24 @@ typedef struct {
   uint64_t job;                        /* FRAME: the job number the parent sent */
   int streamed;                        /* FRAME: PART events came first; `len` is
                                           the last piece's length */
-  int taken;                           /* EXIT: the child had read its current JOB frame */
+  int taken;                           /* EXIT: the child had started its head job */
 } mj_process_event_t;
 
-/* What the child may send next (frames_ok in process.c). */
+/* What the child may send next (frame_violation in process.c). */
 typedef enum {
   MJ_CHILD_STARTING, /* READY or LOADERR */
-  MJ_CHILD_IDLE,     /* nothing */
-  MJ_CHILD_BUSY,     /* PROGRESS, LOG, DONE, FAIL with the current token */
+  MJ_CHILD_READY,    /* PROGRESS, LOG, DONE, FAIL with the head job's token, if any */
   MJ_CHILD_ENDED     /* nothing (after LOADERR or a protocol error) */
 } mj_child_state_t;
+
+/* A JOB frame sent and not yet ended by the child. */
+typedef struct {
+  uint64_t job;                        /* the parent's number for it */
+  uint64_t token;                      /* its random token */
+  uint32_t seq;                        /* its sequence number (frame.h) */
+  unsigned interrupted : 1;            /* an INTERRUPT for it was written */
+  unsigned signal_due : 1;             /* signal it once it is the head */
+} mj_inflight_t;
 
 typedef void (*mj_process_event_cb)(mj_process_t *p, const mj_process_event_t *ev);
 
@@ -136,8 +144,13 @@ struct mj_process_s {
   mj_frame_header_t big;               /* the frame being streamed in pieces */
   mj_job_usage_t big_usage;
   size_t big_left;                     /* its payload bytes still to come */
-  uint64_t job;                        /* the parent's number for the current job */
-  uint64_t token;                      /* its random token (0: no job) */
+  mj_inflight_t inflight[MJ_MAX_INFLIGHT]; /* JOB frames sent, not ended: a ring, oldest
+                                          (the head, the one the child runs) first */
+  unsigned nin, first;                 /* how many; the head's slot */
+  uint32_t seq;                        /* sequence number of the last JOB frame sent */
+  uint64_t out_read[2];                /* bytes read from stdout, stderr (process.c) */
+  const char *held[2];                 /* a chunk read, not delivered yet, and its length */
+  size_t held_len[2];
   mj_shared_t *shared;                 /* the page shared with the child, or NULL */
   int shared_fd;                       /* its memfd until the spawn is done, else -1 */
   mj_process_t *next_live, *prev_live; /* reap.c's list */
@@ -165,7 +178,8 @@ int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t
 int mj_process_kill(mj_process_t *p, int signum, int whole_group);
 int mj_process_end_input(mj_process_t *p);
 
-int mj_process_taken(const mj_process_t *p);
+int mj_process_started(const mj_process_t *p, uint64_t job);
+unsigned mj_process_recall(mj_process_t *p, uint64_t from, uint64_t *jobs, unsigned max);
 
 /* Internal: process.c <- spawn.c and reap.c */
 void mj__process_spawned(mj_process_t *p, int pid, int error);

@@ -9,13 +9,17 @@
  * Channel bytes are cut into frames here (frame.h); the payload is never
  * looked at. Every header is checked as soon as it is complete against what
  * the child may send in its state, and against the random token of the job in
- * hand (frame_violation): anything else is reported as MJ_PROCESS_PROTOCOL
+ * hand, the head of the jobs in flight (frame_violation): anything else is
+ * reported as MJ_PROCESS_PROTOCOL
  * and the channel is no longer read. A frame up to MJ_PIECE bytes is
  * delivered whole; a larger one in pieces, so that no callback copies more
  * than a piece. Sending tries a direct write first; what the kernel did not
  * take is queued without a copy (the caller keeps the bytes until
- * MJ_PROCESS_SENT). The page shared with the child (a memfd on its fd 4) tells
- * whether it took its current job (mj_process_taken).
+ * MJ_PROCESS_SENT). Up to MJ_MAX_INFLIGHT JOB frames may be in flight to a
+ * child (pipelining, frame.h): they are kept here in the order sent, and the
+ * child answers them in that order. The page shared with the child (a memfd
+ * on its fd 4) tells which job it started (mj_process_started), and lets the
+ * parent take back the jobs it has not started (mj_process_recall).
  *
  * Ordering guarantees, which libuv alone does not give:
  *  - before a frame that ends a job is delivered, whatever the child wrote to
@@ -51,40 +55,104 @@ static void emit(mj_process_t *p, mj_process_event_t *ev) {
 
 /* -------------------------------------------------------- output pipes --- */
 
-/* The context's scratch buffer: the read callback consumes it at once. */
-static void mj_output_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  mj_process_t *p = h->data;
-  (void) suggested;
-  *buf = uv_buf_init(p->ctx->scratch, sizeof p->ctx->scratch);
-}
+/* Output attribution. The child may run the next job the instant it sent
+ * the last one's ending frame, so bytes read from stdout or stderr may belong
+ * to a job that ended after they were written, or to one after it. Each
+ * job-ending frame says how many bytes the child had written to each stream
+ * when the job ended (mj_job_usage_t.output); the parent counts what it
+ * reads (out_read, published in the shared page, between two increments of
+ * output_seq, so the child can count what it wrote: see child.c). A chunk
+ * read is held while the channel is drained (any frame that ends a job
+ * before some of those bytes is in the channel by then: the child writes it
+ * first); each ending frame first gets the bytes before its count (read now
+ * if not read yet), and the rest goes to the job that runs next. */
 
 static void emit_output(mj_process_t *p, int stream, const char *data, size_t len) {
   mj_process_event_t ev = {.kind = MJ_PROCESS_OUTPUT, .data = data, .len = len, .stream = stream};
   emit(p, &ev);
 }
 
-static void mj_output_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
-  mj_process_t *p = s->data;
-  int stream = (s == (uv_stream_t *) &p->output[0]) ? 1 : 2;
-  if (nread > 0) emit_output(p, stream, buf->base, (size_t) nread);
-  else if (nread < 0) uv_read_stop(s);
+static void begin_output_read(mj_process_t *p) {
+  if (p->shared) __atomic_add_fetch(&p->shared->output_seq, 1, __ATOMIC_ACQ_REL);
+}
+
+static void end_output_read(mj_process_t *p, int i, ssize_t n) {
+  if (n > 0) p->out_read[i] += (uint64_t) n;
+  if (p->shared == NULL) return;
+  __atomic_store_n(&p->shared->output_read[i], p->out_read[i], __ATOMIC_RELEASE);
+  if (__atomic_load_n(&p->shared->output_seq, __ATOMIC_ACQUIRE) & 1)
+    __atomic_add_fetch(&p->shared->output_seq, 1, __ATOMIC_ACQ_REL);
+}
+
+/* Reads up to `want` bytes of stream i into buf, without blocking, counted. */
+static ssize_t read_output(mj_process_t *p, int i, char *buf, size_t want) {
+  uv_os_fd_t fd;
+  if (p->closing || uv_fileno((uv_handle_t *) &p->output[i], &fd) != 0) return -1;
+  ssize_t n;
+  begin_output_read(p);
+  do {
+    n = read(fd, buf, want);
+  } while (n < 0 && errno == EINTR);
+  end_output_read(p, i, n);
+  return n;
+}
+
+/* Delivers the held bytes of stream i up to stream offset `upto`. */
+static void emit_held(mj_process_t *p, int i, uint64_t upto) {
+  uint64_t held_from = p->out_read[i] - p->held_len[i];
+  if (p->held_len[i] == 0 || upto <= held_from) return;
+  size_t n = upto - held_from < p->held_len[i] ? (size_t) (upto - held_from) : p->held_len[i];
+  const char *data = p->held[i];
+  p->held[i] += n;
+  p->held_len[i] -= n;
+  emit_output(p, i + 1, data, n);
+}
+
+/* Everything the child wrote to its streams up to upto[i] (MJ_OUTPUT_UNKNOWN:
+ * all there is) is delivered: held bytes first, then read now. */
+static void deliver_output_upto(mj_process_t *p, const uint64_t upto[2]) {
+  char chunk[16 * 1024];
+  for (int i = 0; i < 2 && !p->closing; i++) {
+    emit_held(p, i, upto[i]);
+    if (p->held_len[i] > 0) continue; /* the held bytes go past upto: all read */
+    while (!p->closing && p->out_read[i] < upto[i]) {
+      uint64_t left = upto[i] - p->out_read[i];
+      ssize_t n = read_output(p, i, chunk, left < sizeof chunk ? (size_t) left : sizeof chunk);
+      if (n <= 0) break;
+      emit_output(p, i + 1, chunk, (size_t) n);
+    }
+  }
 }
 
 /* Reads whatever is waiting on the child's stdout and stderr, without
- * blocking, and delivers it. */
+ * blocking, and delivers it (the child is gone). */
 static void drain_output(mj_process_t *p) {
-  char chunk[16 * 1024];
-  for (int i = 0; i < 2; i++) {
-    uv_os_fd_t fd;
-    if (p->closing || uv_fileno((uv_handle_t *) &p->output[i], &fd) != 0) continue;
-    for (;;) {
-      ssize_t n = read(fd, chunk, sizeof chunk);
-      if (n > 0) emit_output(p, i + 1, chunk, (size_t) n);
-      else if (n < 0 && errno == EINTR) continue;
-      else break;
-      if (p->closing) return;
-    }
-  }
+  const uint64_t all[2] = {MJ_OUTPUT_UNKNOWN, MJ_OUTPUT_UNKNOWN};
+  deliver_output_upto(p, all);
+}
+
+/* The context's scratch buffer: the read callback consumes it before it
+ * returns (held chunks are delivered before it returns too). */
+static void mj_output_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  mj_process_t *p = h->data;
+  (void) suggested;
+  begin_output_read(p); /* libuv reads next, then always calls the read callback */
+  *buf = uv_buf_init(p->ctx->scratch, sizeof p->ctx->scratch);
+}
+
+static void drain_channel(mj_process_t *p);
+
+static void mj_output_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  mj_process_t *p = s->data;
+  int i = (s == (uv_stream_t *) &p->output[0]) ? 0 : 1;
+  end_output_read(p, i, nread);
+  if (nread < 0) uv_read_stop(s);
+  if (nread <= 0) return;
+  p->held[i] = buf->base;
+  p->held_len[i] = (size_t) nread;
+  drain_channel(p); /* frames that end jobs before some of these bytes take theirs */
+  if (!p->closing && p->held_len[i] > 0) emit_output(p, i + 1, p->held[i], p->held_len[i]);
+  p->held_len[i] = 0;
 }
 
 /* ------------------------------------------------------------- channel --- */
@@ -121,29 +189,52 @@ static void stop_channel(mj_process_t *p) {
 
 /* ------------------------------------------------------------ protocol --- */
 
+static mj_inflight_t *head(mj_process_t *p) {
+  return p->nin ? &p->inflight[p->first] : NULL;
+}
+
+static const mj_inflight_t *head_of(const mj_process_t *p) {
+  return p->nin ? &p->inflight[p->first] : NULL;
+}
+
+/* The i-th job in flight, 0 being the head. */
+static mj_inflight_t *inflight_at(mj_process_t *p, unsigned i) {
+  return &p->inflight[(p->first + i) % MJ_MAX_INFLIGHT];
+}
+
+static mj_inflight_t *find_inflight(mj_process_t *p, uint64_t job) {
+  for (unsigned i = 0; i < p->nin; i++)
+    if (inflight_at(p, i)->job == job) return inflight_at(p, i);
+  return NULL;
+}
+
 /* Why a header the child sent breaks the protocol, or NULL when the child may
  * send it now: READY and LOADERR only while starting (job 0), job frames only
- * with the current job's token, job-ending frames with room for their usage
+ * with the head job's token, job-ending frames with room for their usage
  * block, the output flag only on those. */
 static const char *frame_violation(const mj_process_t *p, const mj_frame_header_t *h) {
   uint32_t type = h->type & MJ_FRAME_TYPE_MASK;
-  if (h->type & ~(MJ_FRAME_TYPE_MASK | MJ_FRAME_FLAG_OUTPUT)) return "a frame header with unknown flags";
-  if ((h->type & MJ_FRAME_FLAG_OUTPUT) && !MJ_FRAME_ENDS_JOB(type)) return "a frame header with unknown flags";
-  if (MJ_FRAME_ENDS_JOB(type) && h->len < sizeof(mj_job_usage_t)) return "a job-ending frame too short";
+  const char *why = NULL;
+  if (h->type & ~MJ_FRAME_TYPE_MASK) return "a frame header with unknown flags";
   switch (type) {
     case MJ_FRAME_READY:
     case MJ_FRAME_LOADERR:
-      if (p->state != MJ_CHILD_STARTING) return "a start-up frame after start-up";
-      return h->job == 0 ? NULL : "a start-up frame with a job token";
+      if (p->state != MJ_CHILD_STARTING) why = "a start-up frame after start-up";
+      else if (h->job != 0) why = "a start-up frame with a job token";
+      break;
     case MJ_FRAME_DONE:
     case MJ_FRAME_FAIL:
     case MJ_FRAME_PROGRESS:
     case MJ_FRAME_LOG:
-      if (p->state != MJ_CHILD_BUSY) return "a job frame while no job was running";
-      return h->job == p->token ? NULL : "a job frame with a wrong job token";
+      if (p->state != MJ_CHILD_READY || p->nin == 0) why = "a job frame while no job was running";
+      else if (h->job != head_of(p)->token) why = "a job frame with a wrong job token";
+      break;
     default:
       return "a frame of unknown type";
   }
+  if (why == NULL && MJ_FRAME_ENDS_JOB(type) && h->len < sizeof(mj_job_usage_t))
+    why = "a job-ending frame too short";
+  return why;
 }
 
 /* The child broke the protocol: nothing more it sends is read. */
@@ -154,16 +245,28 @@ static void protocol_error(mj_process_t *p, const char *why) {
   stop_channel(p); /* last: the exit event may follow at once */
 }
 
-/* The child state after a whole frame of `type`. */
+/* The child state after a whole frame of `type`: a job-ending frame ends the
+ * head, and the next job in flight becomes the head (the child starts it next);
+ * an INTERRUPT written for it while it was queued gets its signal now. */
 static void frame_delivered(mj_process_t *p, uint32_t type) {
   if (type == MJ_FRAME_READY) {
-    p->state = MJ_CHILD_IDLE;
+    p->state = MJ_CHILD_READY;
   } else if (type == MJ_FRAME_LOADERR) {
     p->state = MJ_CHILD_ENDED;
-  } else if (type == MJ_FRAME_DONE || type == MJ_FRAME_FAIL) {
-    p->state = MJ_CHILD_IDLE;
-    p->token = 0;
+  } else if ((type == MJ_FRAME_DONE || type == MJ_FRAME_FAIL) && p->nin > 0) {
+    p->first = (p->first + 1) % MJ_MAX_INFLIGHT;
+    p->nin--;
+    mj_inflight_t *next = head(p);
+    if (next != NULL && next->signal_due) {
+      next->signal_due = 0;
+      mj_process_kill(p, MJ_INTERRUPT_SIGNAL, 0);
+    }
   }
+}
+
+/* The parent's number for the head job, 0 when none. */
+static uint64_t head_job(const mj_process_t *p) {
+  return p->nin ? head_of(p)->job : 0;
 }
 
 /* A random job token, never 0. Tokens are drawn from the kernel 64 at a time. */
@@ -199,10 +302,10 @@ static void deliver_piece(mj_process_t *p, const char *data, size_t n) {
     return emit(p, &ev);
   }
   p->streaming = 0;
-  if (p->big.type & MJ_FRAME_FLAG_OUTPUT) drain_output(p);
-  p->big.type &= MJ_FRAME_TYPE_MASK;
+  if (MJ_FRAME_ENDS_JOB(p->big.type)) deliver_output_upto(p, p->big_usage.output);
+  if (p->closing) return;
   mj_process_event_t ev = {.kind = MJ_PROCESS_FRAME, .header = &p->big, .data = data, .len = n,
-                           .streamed = 1, .job = p->job};
+                           .streamed = 1, .job = head_job(p)};
   if (MJ_FRAME_ENDS_JOB(p->big.type)) ev.usage = &p->big_usage;
   frame_delivered(p, p->big.type);
   emit(p, &ev);
@@ -210,13 +313,13 @@ static void deliver_piece(mj_process_t *p, const char *data, size_t n) {
 
 /* A whole frame (header at `at`) of at most MJ_PIECE bytes. */
 static void deliver_whole(mj_process_t *p, mj_frame_header_t hdr, const char *at) {
-  if (hdr.type & MJ_FRAME_FLAG_OUTPUT) drain_output(p);
-  hdr.type &= MJ_FRAME_TYPE_MASK;
   mj_process_event_t ev = {.kind = MJ_PROCESS_FRAME, .header = &hdr,
-                           .data = at + MJ_FRAME_HEADER_SIZE, .job = hdr.job ? p->job : 0};
+                           .data = at + MJ_FRAME_HEADER_SIZE, .job = hdr.job ? head_job(p) : 0};
   mj_job_usage_t usage;
   if (MJ_FRAME_ENDS_JOB(hdr.type)) {
     memcpy(&usage, ev.data, sizeof usage); /* the child's usage block comes first */
+    deliver_output_upto(p, usage.output); /* what the job printed, before it ends */
+    if (p->closing) return;
     ev.usage = &usage;
     ev.data += sizeof usage;
     hdr.len -= (uint32_t) sizeof usage;
@@ -373,7 +476,8 @@ static void mj_process_gone(mj_process_t *p) {
   if (p->closing) return;
   drain_output(p);
   mj_process_event_t ev = {.kind = MJ_PROCESS_EXIT, .exit_status = p->exit_status,
-                           .term_signal = p->term_signal, .taken = mj_process_taken(p)};
+                           .term_signal = p->term_signal,
+                           .taken = p->nin > 0 && mj_process_started(p, head_job(p)) == 1};
   if (!p->closing) emit(p, &ev);
   mj_process_close(p);
 }
@@ -543,17 +647,27 @@ typedef struct {
   mj_frame_header_t hdr;
 } mj_send_req_t;
 
-/* An INTERRUPT frame is followed by the signal once it is written (see
- * child.c), and only while its job is still the child's. */
-static void signal_interrupt(mj_process_t *p, uint64_t token) {
-  if (p->state == MJ_CHILD_BUSY && p->token == token) mj_process_kill(p, MJ_INTERRUPT_SIGNAL, 0);
+/* An INTERRUPT frame is wholly written: the shared page counts it (a child
+ * about to start a job then looks in its channel), and the signal follows
+ * (see child.c) while its job is the head; a job still queued behind the head
+ * gets it when it becomes the head (frame_delivered). A job over by now gets
+ * nothing. */
+static void interrupt_written(mj_process_t *p, uint64_t token) {
+  if (p->shared) __atomic_add_fetch(&p->shared->interrupts, 1, __ATOMIC_RELEASE);
+  for (unsigned i = 0; i < p->nin; i++) {
+    mj_inflight_t *f = inflight_at(p, i);
+    if (f->token != token) continue;
+    if (i == 0) mj_process_kill(p, MJ_INTERRUPT_SIGNAL, 0);
+    else f->signal_due = 1;
+    return;
+  }
 }
 
 static void mj_write_cb(uv_write_t *req, int status) {
   mj_send_req_t *send = req->data;
   mj_process_event_t ev = {.kind = MJ_PROCESS_SENT};
   /* a failed write shows up as the child's exit or EOF */
-  if (status == 0 && send->hdr.type == MJ_FRAME_INTERRUPT) signal_interrupt(send->p, send->hdr.job);
+  if (status == 0 && send->hdr.type == MJ_FRAME_INTERRUPT) interrupt_written(send->p, send->hdr.job);
   emit(send->p, &ev);
   free(send);
 }
@@ -584,13 +698,15 @@ static int queue_rest(mj_process_t *p, const uv_buf_t *bufs, unsigned n, size_t 
 }
 
 /* Sends one frame whose payload is the concatenation of parts. A JOB frame
- * gets a fresh random token (the child must be idle); an INTERRUPT frame the
- * current job's token (nothing is sent once that job is over), and
- * MJ_INTERRUPT_SIGNAL follows it as soon as the kernel holds all of it. Returns 0 when
+ * gets a fresh random token and the next sequence number, and joins the jobs
+ * in flight (the child must be ready, with fewer than MJ_MAX_INFLIGHT); an
+ * INTERRUPT frame takes the token of job `job` in flight (nothing is sent
+ * once that job is over, nor twice), and MJ_INTERRUPT_SIGNAL follows it as
+ * soon as the kernel holds all of it (see interrupt_written). Returns 0 when
  * the kernel took every byte; MJ_SEND_QUEUED when the rest is queued without
  * a copy: the parts' memory must then stay valid until the MJ_PROCESS_SENT
  * event; or UV_E... (UV_EPIPE once the process is closing, UV_EBUSY for a
- * JOB while the child is not idle). */
+ * JOB while the child is not ready or holds MJ_MAX_INFLIGHT jobs). */
 int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t *parts,
                     unsigned nparts) {
   enum { MAX_PARTS = 4 };
@@ -600,13 +716,15 @@ int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t
   if (p->closing || p->exited) return UV_EPIPE;
   if (nparts > MAX_PARTS) return UV_EINVAL;
   uint64_t token = 0;
+  mj_inflight_t *target = NULL;
   if (type == MJ_FRAME_JOB) {
-    if (p->state != MJ_CHILD_IDLE) return UV_EBUSY;
+    if (p->state != MJ_CHILD_READY || p->nin >= MJ_MAX_INFLIGHT) return UV_EBUSY;
     token = draw_token(p->ctx);
     if (token == 0) return UV_EIO;
   } else if (type == MJ_FRAME_INTERRUPT) {
-    if (p->state != MJ_CHILD_BUSY || p->job != job) return 0; /* that job is over */
-    job = p->token;
+    target = find_inflight(p, job);
+    if (target == NULL || target->interrupted) return 0; /* that job is over, or asked already */
+    job = target->token;
   }
   for (unsigned i = 0; i < nparts; i++) {
     bufs[1 + i] = parts[i];
@@ -625,11 +743,14 @@ int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t
     if (written < 0) return written;
   }
   if ((size_t) written < total) rc = queue_rest(p, bufs, nparts + 1, (size_t) written);
-  else if (type == MJ_FRAME_INTERRUPT) signal_interrupt(p, hdr.job);
-  if (rc >= 0 && token != 0) { /* the child now owes frames about this job only */
-    p->state = MJ_CHILD_BUSY;
-    p->job = job;
-    p->token = token;
+  if (rc >= 0 && target != NULL) target->interrupted = 1;
+  if (rc == 0 && type == MJ_FRAME_INTERRUPT) interrupt_written(p, hdr.job);
+  if (rc >= 0 && token != 0) { /* the child owes frames about it once it is the head */
+    mj_inflight_t *f = inflight_at(p, p->nin++);
+    memset(f, 0, sizeof *f);
+    f->job = job;
+    f->token = token;
+    f->seq = p->seq = mj_seq_next(p->seq);
   }
   return rc;
 }
@@ -648,11 +769,55 @@ int mj_process_kill(mj_process_t *p, int signum, int whole_group) {
   return 0;
 }
 
-/* True when the child has read the JOB frame of its current job: it stored
- * the job's token in the page it shares with the parent (frame.h). */
-int mj_process_taken(const mj_process_t *p) {
-  return p->shared != NULL && p->token != 0 &&
-         __atomic_load_n(&p->shared->taken, __ATOMIC_ACQUIRE) == p->token;
+/* 1 when the child started job `job` (it swapped the job's sequence number
+ * into the shared page's gate, frame.h), 0 when not yet, -1 when the job is
+ * not in flight (ended, recalled, or never sent here). */
+int mj_process_started(const mj_process_t *p, uint64_t job) {
+  for (unsigned i = 0; i < p->nin; i++) {
+    const mj_inflight_t *f = &p->inflight[(p->first + i) % MJ_MAX_INFLIGHT];
+    if (f->job != job) continue;
+    if (p->shared == NULL) return 0;
+    return mj_gate_started(__atomic_load_n(&p->shared->gate, __ATOMIC_ACQUIRE), f->seq);
+  }
+  return -1;
+}
+
+/* Takes back the jobs in flight that the child has not started, from job
+ * `from` on (0: from the first it has not started; nothing when `from` was
+ * started): one compare-and-swap on the shared gate marks them recalled, so
+ * the child drops them unread and never starts them (frame.h), even if it is
+ * about to. A range recalled before and not yet passed by the child is
+ * joined, and the jobs sent between the two are taken back too. They leave
+ * the jobs in flight; their numbers go to jobs[0..n), n returned (the caller
+ * passes room for MJ_MAX_INFLIGHT). A dead child's gate still answers: what
+ * it never started is recalled. */
+unsigned mj_process_recall(mj_process_t *p, uint64_t from, uint64_t *jobs, unsigned max) {
+  unsigned first = 0;
+  while (from != 0 && first < p->nin && inflight_at(p, first)->job != from) first++;
+  if (p->shared == NULL || first >= p->nin) return 0;
+  uint64_t g = __atomic_load_n(&p->shared->gate, __ATOMIC_ACQUIRE);
+  uint32_t lo;
+  for (;;) {
+    unsigned i = first;
+    if (from == 0)
+      while (i < p->nin && mj_gate_started(g, inflight_at(p, i)->seq)) i++;
+    if (i == p->nin || mj_gate_started(g, inflight_at(p, i)->seq)) return 0;
+    uint32_t hi = p->seq;
+    lo = inflight_at(p, i)->seq;
+    if (mj_gate_pending(g)) {
+      if (mj_seq_after(lo, MJ_GATE_FROM(g))) lo = MJ_GATE_FROM(g);
+      if (mj_seq_after(MJ_GATE_TO(g), hi)) hi = MJ_GATE_TO(g);
+    }
+    uint64_t recalled = MJ_GATE(MJ_GATE_STARTED(g), lo, hi);
+    if (__atomic_compare_exchange_n(&p->shared->gate, &g, recalled, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE))
+      break; /* else g now holds what the child swapped in: look again */
+  }
+  unsigned keep = 0, n = 0;
+  while (keep < p->nin && mj_seq_after(lo, inflight_at(p, keep)->seq)) keep++;
+  for (unsigned i = keep; i < p->nin && n < max; i++) jobs[n++] = inflight_at(p, i)->job;
+  p->nin = keep;
+  return n;
 }
 
 static void mj_shutdown_cb(uv_shutdown_t *req, int status) {

@@ -6,7 +6,9 @@
  * (vfork-based in glibc, so no page tables are copied), and the loop only
  * sees the result.
  *
- * The channel and output pipes are socketpairs created close-on-exec; the
+ * The channel is a socketpair and the output streams are pipes, all created
+ * close-on-exec (pipes, so that the child can count what the parent has not
+ * read yet of its output with FIONREAD on its own end: see child.c); the
  * child's ends are placed on fds 1, 2 and 3 by posix_spawn's file actions, and
  * stdin comes from /dev/null; the page it shares with the parent (a memfd,
  * frame.h) is placed on fd 4. The child gets its own session
@@ -97,10 +99,12 @@ static char **copy_args(char **args) {
   return copy;
 }
 
-/* A close-on-exec socketpair whose fds are above 3, so that placing the
- * child's end on 1, 2 or 3 never lands on itself. */
-static int make_pair(int fds[2]) {
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) return -errno;
+/* A close-on-exec socketpair (or pipe: fds[0] reads, fds[1] writes) whose fds
+ * are above 3, so that placing the child's end on 1, 2 or 3 never lands on
+ * itself. */
+static int make_pair(int fds[2], int as_pipe) {
+  int rc = as_pipe ? pipe2(fds, O_CLOEXEC) : socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds);
+  if (rc != 0) return -errno;
   for (int i = 0; i < 2; i++) {
     if (fds[i] > 3) continue;
     int moved = fcntl(fds[i], F_DUPFD_CLOEXEC, 4);
@@ -173,12 +177,12 @@ static void mj_spawn_after_cb(uv_work_t *work, int status) {
   free(req);
 }
 
-/* Makes the three socketpairs (stdout, stderr, channel). Returns 0 or a
- * UV_E... code, with nothing left open on failure. */
+/* Makes the two pipes (stdout, stderr) and the channel's socketpair. Returns
+ * 0 or a UV_E... code, with nothing left open on failure. */
 int mj__spawn_pairs(int parent_fds[3], int child_fds[3]) {
   int pairs[3][2];
   for (int made = 0; made < 3; made++) {
-    int rc = make_pair(pairs[made]);
+    int rc = make_pair(pairs[made], made < 2);
     if (rc == 0) continue;
     for (int i = 0; i < made; i++) {
       close(pairs[i][0]);

@@ -35,7 +35,8 @@ describe("a child", function()
     -- and a pidfd of its parent (close-on-exec), which its watcher thread polls
     assert.equal(5, #open, table.concat(open, ", "))
     assert.equal("0 /dev/null", open[1])
-    for fd = 1, 3 do assert.matches("^" .. fd .. " socket:", open[fd + 1]) end
+    for fd = 1, 2 do assert.matches("^" .. fd .. " pipe:", open[fd + 1]) end -- stdout, stderr
+    assert.matches("^3 socket:", open[4]) -- the channel
     assert.equal("4 anon_inode:[pidfd]", open[5])
   end)
 

@@ -18,6 +18,7 @@
 --   supervise.lua  the children: how many, spawning, freeing, recycling, sweeps
 --   breaker.lua    start failures: the circuit breaker, its probes and back-off
 --   deadlines.lua  start_timeout, a job's soft and hard deadlines, ack_timeout
+--   pipeline.lua   several jobs in flight per child: depth, prefetch, take back
 --   lifecycle.lua  a job's endings: fail and retry, finish, cancel, give back
 --   stats.lua      pool:stats(): counters and recent wait and run times
 --   events.lua     pool:on, pool:off and emitting events to listeners
@@ -84,6 +85,7 @@ function Pool.new(processor, opts)
     inflight = {},                 -- key -> the waiting or running job with that key
     wait_ms = { n = 0 }, run_ms = { n = 0 }, -- rings of recent times (moonjob.pool.stats)
     nactive = 0, ndeferred = 0,    -- jobs running; deferred endings and breaker passes (drain waits)
+    pipeline = opts.pipeline or DEFAULTS.pipeline, nqueued = 0, -- moonjob.pool.pipeline
     start_failures = 0,            -- the breaker's (moonjob.pool.breaker)
     listeners = {},                -- event -> list of functions (moonjob.pool.events)
     counts = { completed = 0, failed = 0, spawned = 0, crashed = 0, timeouts = 0, killed = 0,
@@ -110,8 +112,10 @@ end
 
 -------------------------------------------------------------- dispatch ---
 
--- Sends a job to an idle child. A child found gone is retired and the job
--- goes back to the source at once (it never left the parent).
+-- Sends a job to a child: an idle one runs it now; a busy one queues it
+-- behind the jobs it holds (moonjob.pool.pipeline). A child found gone is
+-- retired and the job goes back to the source at once (it never left the
+-- parent).
 function Pool:_dispatch(w, job)
   local attempt = job.attempts + 1
   local meta = self.meta:reset():encode({ id = job.remote_id or job.id, name = job.name, attempt = attempt })
@@ -119,14 +123,10 @@ function Pool:_dispatch(w, job)
     self:_retire(w, true)
     return self.source:push(job)
   end
-  job.state, job.pid, job.attempts, job.worker = "active", w.pid, attempt, w
-  job.started = loop.now()
-  self:_sample_wait(job.started - (job.run_at or job.added))
-  w.dispatched_at, w.acked = job.started, false
-  self.nactive = self.nactive + 1
-  local timeout = job.timeout or self.timeout
-  if timeout then w:arm(timeout) end
-  if self.listeners.active then self:_emit("active", job) end
+  job.attempts, job.worker = attempt, w
+  if w.job == job then return self:_job_started(w, job) end
+  job.queued = true
+  self.nqueued = self.nqueued + 1
 end
 
 -- Wakes the pool when the earliest delayed job becomes due.
@@ -149,13 +149,16 @@ function Pool:_pump()
     local w = idle[#idle]
     if w.state == "idle" then
       local job = source:pop_ready()
-      if not job then break end
-      idle[#idle] = nil
-      self:_dispatch(w, job)
+      if not job and not (self.nqueued > 0 and self:_steal()) then break end
+      if job then
+        idle[#idle] = nil
+        self:_dispatch(w, job)
+      end
     else
       idle[#idle] = nil
     end
   end
+  if not self.saturated and self.pipeline > 1 and #idle == 0 then self:_prefetch() end
   self:_arm_delay()
   self:_ensure_workers()
   self:_check_breaker()
@@ -283,7 +286,9 @@ function Pool:cancel_all(reason)
     if self:_cancel(self.source:pop_any(), reason) then n = n + 1 end
   end
   for w in pairs(self.workers) do
-    if w.job and self:_cancel(w.job, reason) then n = n + 1 end
+    for _, job in ipairs({ unpack(w.queue) }) do -- canceling changes the queue
+      if self:_cancel(job, reason) then n = n + 1 end
+    end
   end
   return n
 end
@@ -291,7 +296,7 @@ end
 --------------------------------------------------------------------- close ---
 
 function Pool:_close_timers()
-  for _, name in ipairs({ "sweeper", "respawn_timer", "killer", "close_timer", "delay_timer" }) do
+  for _, name in ipairs({ "sweeper", "respawn_timer", "killer", "close_timer", "delay_timer", "steal_timer" }) do
     if self[name] then self[name]:close(); self[name] = nil end
   end
 end
@@ -313,6 +318,7 @@ function Pool:close(opts)
       self:_finish(job, "failed")
     end
     for w in pairs(self.workers) do -- a starting child may never get ready: killed
+      self:_take_back_queued(w) -- jobs queued behind its head: ECLOSED, as waiting ones
       if w.state ~= "busy" then self:_retire(w, w.state == "starting") end
     end
   end
@@ -354,6 +360,7 @@ mix_in(require "moonjob.pool.lifecycle")
 mix_in(require "moonjob.pool.supervise")
 mix_in(require "moonjob.pool.breaker")
 mix_in(require "moonjob.pool.deadlines")
+mix_in(require "moonjob.pool.pipeline")
 mix_in(require "moonjob.pool.sink")
 
 return Pool

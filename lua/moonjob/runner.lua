@@ -231,25 +231,20 @@ local function complete(number, result)
   channel.send(channel.DONE, number, bytes)
 end
 
--- The parent sent an INTERRUPT frame before its signal; frames about other
--- (earlier) jobs are stale and skipped. Returns { code, message, reason }.
-local function read_interrupt(number)
-  while true do
-    local kind, n, payload = channel.recv()
-    if kind == nil then os.exit(0) end -- the parent is gone
-    if kind == channel.INTERRUPT and n == number then
-      local ok, info = false, nil
-      if payload then ok, info = pcall(buffer.decode, payload) end
-      if ok and type(info) == "table" then return info end
-      return { code = "ECANCELED", message = "the job was interrupted" } -- a heap too full to read why
-    end
-  end
+-- Why the parent interrupted the job: its INTERRUPT frame, which the child
+-- kept aside when it read it. Returns { code, message, reason }.
+local function read_interrupt()
+  local payload = channel.interrupt()
+  local ok, info = false, nil
+  if payload then ok, info = pcall(buffer.decode, payload) end
+  if ok and type(info) == "table" then return info end
+  return { code = "ECANCELED", message = "the job was interrupted" } -- a heap too full to read why
 end
 
 -- After an interruption: cleanup(job, reason) runs (not interruptible; the
 -- parent's hard kill bounds it), then the job fails with the parent's code.
 local function fail_interrupted(number, job)
-  local info = read_interrupt(number)
+  local info = read_interrupt()
   local err = { code = info.code, message = info.message, reason = info.reason,
     traceback = channel.interrupt_traceback() }
   if cleanup then

@@ -7,17 +7,24 @@
 -- cuts the child's stdout/stderr into lines (at most max_log_bytes per job;
 -- the rest is counted and dropped). It also owns one timer, armed for
 -- start_timeout until the child is ready, then by the pool for the running
--- job's deadlines. States: "starting" (until READY), "idle", "busy" (one job
--- at a time), "exiting" (asked to end), "killed" (SIGKILLed by the pool: a
+-- job's deadlines. States: "starting" (until READY), "idle", "busy" (jobs in
+-- flight), "exiting" (asked to end), "killed" (SIGKILLed by the pool: a
 -- deadline, a failed start, a channel found closed), "lost" (died before
 -- taking a job, until the pool kills it), "gone".
+--
+-- Pipelining: a worker may hold several jobs at once (w.queue, in the order
+-- sent; at most core.frame.MAX_INFLIGHT). The child runs them one at a time
+-- in that order: the first, w.job, is the one it runs (the head); the others
+-- wait in the child. When the head ends the next becomes the head. Jobs the
+-- child has not started can be taken back (worker:recall): the child will
+-- never start them.
 --
 -- The C core checks every frame against the child's state and the job's
 -- random token before it reaches this file (core/process.c): a frame that
 -- breaks the protocol arrives as a "protocol" event instead, and the worker
--- then fails its job with EPROTO. At the child's exit, `taken` tells whether
--- the child had read its current job (a job it never took goes back to the
--- queue without counting an attempt).
+-- then fails its job with EPROTO. At the child's exit, worker:started(job)
+-- tells which of the jobs it held the child had started (a job it never
+-- started goes back to the queue without counting an attempt).
 --
 -- The C core delivers whatever the child printed before a frame that ends a
 -- job, and everything the child sent before its exit event, so a line is
@@ -41,7 +48,7 @@ end
 -- Worker.spawn(pool) -> worker | nil, err
 function Worker.spawn(pool)
   local w = setmetatable({ pool = pool, state = "starting", partial = {}, tail = {},
-    jobs_done = 0, log_bytes = 0 }, Worker)
+    jobs_done = 0, log_bytes = 0, queue = {} }, Worker)
   local process, err = core.spawn({
     file = pool.child_program,
     args = pool.child_args,
@@ -66,25 +73,50 @@ function Worker:disarm()
   self.timer:stop()
 end
 
--- worker:interrupt(err_fields): asks the child to stop the running job (the
--- core signals the child once the frame is written); it fails with
--- err_fields.code once cleanup ran (or the pool's hard kill lands).
-function Worker:interrupt(fields)
-  local job = self.job
-  if not job then return end
+-- worker:interrupt(job, err_fields): asks the child to stop job, one it
+-- holds (the core signals the child once the frame is written and the job is
+-- the head; a job not started yet fails before any of its code runs); it
+-- fails with err_fields.code once cleanup ran (or the pool's hard kill lands).
+function Worker:interrupt(job, fields)
   self.process:send(frame.INTERRUPT, job.id, buffer.encode(fields))
 end
 
 -- worker:run(job, meta_bytes) -> true, or false when the child is already
 -- gone (the job never reached it; the worker is "lost" until its exit event).
+-- The job joins the jobs the worker holds; the first one is its head (w.job).
 function Worker:run(job, meta_bytes)
   if not self.process:send(frame.JOB, job.id, meta_bytes, job.data_bytes) then
     self.state = "lost" -- a frame may be cut short in the channel: the child must go
     self:kill()
     return false
   end
-  self.state, self.job = "busy", job
+  local queue = self.queue
+  queue[#queue + 1] = job
+  if not self.job then self.state, self.job = "busy", job end
   return true
+end
+
+-- worker:recall([from]) -> the jobs this worker held that the child had not
+-- started, from job `from` on (all of them without it), taken back (the
+-- child will never start them), oldest first.
+function Worker:recall(from)
+  local numbers = self.process:recall(from and from.id)
+  if #numbers == 0 then return numbers end
+  local back, queue, keep = {}, self.queue, {}
+  local set = {}
+  for _, n in ipairs(numbers) do set[n] = true end
+  for _, job in ipairs(queue) do
+    if set[job.id] then back[#back + 1] = job else keep[#keep + 1] = job end
+  end
+  self.queue, self.job = keep, keep[1]
+  if not self.job and self.state == "busy" then self.state = "idle" end
+  return back
+end
+
+-- worker:started(job) -> true when the child started job (one it holds or
+-- held: it may have died running it).
+function Worker:started(job)
+  return self.process:started(job.id) == true
 end
 
 -- worker:finish(): ask an idle child to end (it reads end-of-file and exits).
@@ -100,9 +132,9 @@ function Worker:kill(signal)
   return self.process:kill(signal or "SIGKILL", true)
 end
 
--- True once the child has read the JOB frame of its current job.
+-- True once the child has started its head job.
 function Worker:taken()
-  return self.process:taken()
+  return self.job ~= nil and self:started(self.job)
 end
 
 ---------------------------------------------------------------- output ---
@@ -149,10 +181,12 @@ end
 
 -- Lines still without a newline belong to the job that is ending.
 function Worker:flush_partial_lines()
+  local partial = self.partial
+  if partial.stdout == nil and partial.stderr == nil then return end
   for _, stream in ipairs({ "stdout", "stderr" }) do
-    local rest = self.partial[stream]
+    local rest = partial[stream]
     if rest then
-      self.partial[stream] = nil
+      partial[stream] = nil
       self:emit_line(stream, rest)
     end
   end
@@ -175,13 +209,18 @@ function Worker:current(number)
   return nil
 end
 
+-- Ends the head job on the worker's side and returns it; the next job held
+-- becomes the head (w.job), or the worker is idle.
 function Worker:end_job()
   local job = self.job
   self:flush_partial_lines()
   if job and self.truncated then job.dropped_log_bytes = self.log_bytes - self.pool.max_log_bytes end
-  self.job, self.log_bytes, self.truncated = nil, 0, false
+  self.log_bytes, self.truncated = 0, false
+  local queue = self.queue
+  if job then table.remove(queue, 1) end
+  self.job = queue[1]
   self.timer:stop()
-  if self.state == "busy" then self.state = "idle" end
+  if self.state == "busy" and not self.job then self.state = "idle" end
   self.jobs_done = self.jobs_done + 1
   return job
 end
@@ -264,23 +303,30 @@ local on_event = {
   stdout = function(w, chunk) w:on_output("stdout", chunk) end,
   stderr = function(w, chunk) w:on_output("stderr", chunk) end,
   oversize = function(w, len)
+    w.killed_for = w.job
     w.failure = errors.new("EPAYLOAD", ("the child sent a %d-byte frame, more than max_payload (%d)")
       :format(len, w.pool.max_payload))
     w.pool:on_worker_channel_error(w)
   end,
   protocol = function(w, why)
+    w.killed_for = w.job
     w.failure = errors.new("EPROTO", ("the child broke the channel protocol (%s); a processor "
       .. "must not write to the channel, fd 3"):format(why))
     w.pool:on_worker_channel_error(w)
   end,
-  exit = function(w, status, signal, taken, spawn_failure)
-    local job = w.job
+  exit = function(w, status, signal, _, spawn_failure)
+    local jobs = w.queue
     w:flush_partial_lines()
-    w.job, w.state = nil, "gone"
+    w.job, w.queue, w.state = nil, {}, "gone"
     w.timer:close()
+    local started, running = {}, false
+    for i, job in ipairs(jobs) do
+      started[i] = w.process:started(job.id) == true
+      running = running or started[i]
+    end
     local err = w.failure
-      or crash_error(w, status, signal, job ~= nil, spawn_failure, not w.ready)
-    w.pool:on_worker_exit(w, job, err, taken, status, signal)
+      or crash_error(w, status, signal, running, spawn_failure, not w.ready)
+    w.pool:on_worker_exit(w, jobs, started, err, status, signal)
   end,
   closed = function() end,
 }

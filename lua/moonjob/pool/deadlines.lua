@@ -23,12 +23,13 @@ local errors = require "moonjob.errors"
 
 local Pool = {}
 
--- Asks the child to stop its job (soft deadline, cancel); the hard deadline
--- follows kill_after seconds later.
+-- Asks the child to stop a job it holds (soft deadline, cancel); the hard
+-- deadline follows kill_after seconds later (for a job queued behind the
+-- head, from when it becomes the head: moonjob.pool.pipeline).
 function Pool:_interrupt(w, job, fields)
   job.interrupt = fields
-  w:interrupt(fields)
-  w:arm(job.kill_after or self.kill_after)
+  w:interrupt(job, fields)
+  if w.job == job then w:arm(job.kill_after or self.kill_after) end
 end
 
 -- The soft deadline: the job ran past its timeout; it is interrupted.
@@ -42,8 +43,10 @@ end
 -- fails now; the child's exit later only frees its slot.
 function Pool:_kill_job(w, job)
   local f = job.interrupt
+  w.killed_for = job
   local killed = self:_retire(w, true)
   w:end_job()
+  self:_take_back(w) -- the jobs it held behind this one run elsewhere
   local how = "its child had already exited"
   if killed then
     self.counts.killed = self.counts.killed + 1
@@ -63,8 +66,10 @@ end
 -- A child that has not taken its job in time is replaced; the job is given
 -- back (see _give_back).
 function Pool:_unacknowledged(w)
-  local job = w:end_job()
+  w.killed_for = w.job
   self:_retire(w, true)
+  local job = w:end_job()
+  self:_take_back(w)
   self:_give_back(job)
   self:_pump()
 end

@@ -35,6 +35,7 @@ end
 -- (always once the pool is closing: nothing would run it again).
 -- not_before (loop.now() milliseconds) holds a retry back further.
 function Pool:_fail(job, err, not_before)
+  if job.queued then job.queued, self.nqueued = nil, self.nqueued - 1 end
   job.error = err
   job.errors = job.errors or {}
   job.errors[#job.errors + 1] = err
@@ -79,6 +80,7 @@ function Pool:_leave(job)
     self.nactive = self.nactive - 1
     if job.started then self:_sample_run(loop.now() - job.started) end
   end
+  if job.queued then job.queued, self.nqueued = nil, self.nqueued - 1 end
   job.state, job.worker = "left", nil
   if self.listeners.drained and self:_idle() then self:_emit("drained") end
 end
@@ -107,12 +109,14 @@ function Pool:_finish(job, state)
     else self.remote:failed(job, job.error) end
   end
   local was_active = job.state == "active"
+  if job.queued then job.queued, self.nqueued = nil, self.nqueued - 1 end
   job.state, job.worker = state, nil
   self:_release_key(job, state)
   if job.started then job.ms = loop.now() - job.started end
   if was_active then
     self.nactive = self.nactive - 1
     self:_sample_run(job.ms)
+    self:_note_run(job.ms)
   end
   self.counts[state] = self.counts[state] + 1
   if state == "completed" then
@@ -151,14 +155,21 @@ function Pool:_complete_from_cache(job, result_bytes)
 end
 
 -- Ends a job by cancel: a waiting one at once, a running one is interrupted
--- like a timeout (soft, then kill). false when the job had already ended.
+-- like a timeout (soft, then kill). A job queued in a child that has not
+-- started it is taken back first (with the jobs behind it, which wait
+-- again): it then ends at once, never having run; one the child started
+-- meanwhile is interrupted. false when the job had already ended.
 -- code: ECANCELED unless given (a remote job stopped by its worker: ELEASE, ELOST).
 function Pool:_cancel(job, reason, code)
   if job:is_finished() or job.state == "left" then return false end
   local message = "the job was canceled" .. (reason ~= nil and (": " .. tostring(reason)) or "")
   if code and code ~= "ECANCELED" then message = reason end
   code = code or "ECANCELED"
-  if job.state == "waiting" then
+  if job.queued then -- back in the source with the jobs behind it, unless the child started it
+    self:_take_back(job.worker, job)
+    if job:is_finished() then return true end -- the pool is closing: given back, it ended
+  end
+  if job.state == "waiting" and not job.queued then
     self.source:remove(job)
     job.error = errors.new(code, message, { reason = reason })
     self:_finish(job, "failed")
@@ -172,6 +183,7 @@ end
 -- attempt does not count, unless it was interrupted meanwhile (canceled, or
 -- past its timeout): then it ends with that error, never having run.
 function Pool:_give_back(job)
+  if job.queued then job.queued, self.nqueued = nil, self.nqueued - 1 end
   local f = job.interrupt
   if f then
     return self:_fail(job, errors.new(f.code, f.message .. "; its child never took it",
@@ -181,8 +193,8 @@ function Pool:_give_back(job)
   if self.closing then -- and no child will take it now
     return self:_fail(job, errors.new("ECLOSED", "the pool was closed before the job ran"))
   end
+  if job.state == "active" then self.nactive = self.nactive - 1 end
   job.state, job.worker, job.started = "waiting", nil, nil
-  self.nactive = self.nactive - 1
   self.source:push(job)
 end
 

@@ -23,6 +23,7 @@ Options.DEFAULTS = {
   ack_timeout = 2,
   start_timeout = 60,
   max_log_bytes = 1024 * 1024,
+  pipeline = 8, -- jobs one child may hold at once (moonjob.pool.pipeline)
 }
 
 local OPTIONS = {
@@ -34,15 +35,16 @@ local OPTIONS = {
   dedupe = "dedupe", cache = "number", cache_max = "number", max_queue = "number",
   pools = "table",
   redis = "string", queue = "string", lease = "number", prefetch = "number", poll = "number",
-  keep = "number", keep_age = "number", worker_name = "string",
+  keep = "number", keep_age = "number", worker_name = "string", pipeline = "number",
 }
 local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout = true,
-  start_timeout = true, attempts = true,
+  start_timeout = true, attempts = true, pipeline = true,
   cache = true, cache_max = true, max_queue = true,
   max_jobs_per_child = true, memory_limit = true, idle_timeout = true, max_procs = true,
   max_log_bytes = true, lease = true, poll = true, keep_age = true }
 local WHOLE = { size = true, max_jobs_per_child = true, min_size = true, max_procs = true,
-  attempts = true, cache_max = true, max_queue = true, prefetch = true, keep = true }
+  attempts = true, cache_max = true, max_queue = true, prefetch = true, keep = true,
+  pipeline = true }
 -- Upper bounds, so that no option reaches C as a number it cannot hold.
 local SECONDS_MAX = 1e9
 local MAXIMUM = { size = 1024, max_payload = 2 ^ 30, memory_limit = 2 ^ 46, max_procs = 2 ^ 31 - 1,
@@ -50,7 +52,7 @@ local MAXIMUM = { size = 1024, max_payload = 2 ^ 30, memory_limit = 2 ^ 46, max_
   min_size = 1024, max_jobs_per_child = 2 ^ 53, timeout = SECONDS_MAX, kill_after = SECONDS_MAX,
   ack_timeout = SECONDS_MAX, start_timeout = SECONDS_MAX, idle_timeout = SECONDS_MAX,
   cache = SECONDS_MAX, lease = SECONDS_MAX, poll = 3600, keep_age = SECONDS_MAX, prefetch = 1e6,
-  keep = 2 ^ 31 }
+  keep = 2 ^ 31, pipeline = require("moonjob.core").frame.MAX_INFLIGHT }
 local CODECS = { lua = true, json = true }
 
 ------------------------------------------------------- pool options ---

@@ -19,8 +19,8 @@
 --       job was interrupted, the hard one (kill_after).
 --   pool:on_worker_done(w, job, result_bytes)
 --       DONE: job completed; result_bytes are the encoded result (a string or
---       a list of pieces). The worker has ended the job first (w.job is nil,
---       job.cpu_ms and job.max_rss_kb are set).
+--       a list of pieces). The worker has ended the job first (w.job is the
+--       next job it holds, or nil; job.cpu_ms and job.max_rss_kb are set).
 --   pool:on_worker_failed(w, job, err)
 --       FAIL: the job's attempt failed with err (a moonjob.errors table);
 --       ended first as for DONE. It may be retried; ENOMEM recycles the child.
@@ -34,14 +34,18 @@
 --       The child sent a frame over max_payload or broke the channel protocol:
 --       it is killed now. The worker keeps the error (w.failure), and its job
 --       fails with it at the exit.
---   pool:on_worker_exit(w, job, err, taken, status, signal)
+--   pool:on_worker_exit(w, jobs, started, err, status, signal)
 --       The child is gone (w.state "gone"), after everything it sent was
---       delivered. job: the job it held, or nil; taken: whether the child had
---       read that job (the shared page). A taken job's attempt fails with err
---       (ECRASH, or w.failure); a job it never took is given back without
---       counting an attempt. A child that ended before READY is a start
---       failure (err), unless a LOADERR or start_timeout already counted as
---       one or the pool is closing. status and signal go to the `exit` event.
+--       delivered. jobs: the jobs it held (oldest first, maybe none);
+--       started[i]: whether the child had started jobs[i] (the shared page).
+--       A started job's attempt fails with err (ECRASH, or w.failure); a job
+--       it never started is given back without counting an attempt, and so
+--       is one it started after the job the pool killed it for
+--       (w.killed_for: a deadline, a protocol error), which it was running
+--       only because that job had just ended in the child. A child
+--       that ended before READY is a start failure (err), unless a LOADERR or
+--       start_timeout already counted as one or the pool is closing. status
+--       and signal go to the `exit` event.
 --
 -- Besides, a worker reads (never writes) these pool fields: child_program,
 -- child_args, child_env, init_bytes, max_payload, max_log_bytes,
@@ -81,13 +85,14 @@ function Pool:on_worker_channel_error(w)
   self:_retire(w, true)
 end
 
-function Pool:on_worker_exit(w, job, err, taken, status, signal)
+function Pool:on_worker_exit(w, jobs, started, err, status, signal)
   self:_remove_worker(w)
-  if job and taken then
-    self:_fail(job, err)
-  elseif job then
-    self:_give_back(job)
-  elseif not w.ready and not w.start_reported and not self.closing then
+  local blamed = w.killed_for
+  for i, job in ipairs(jobs) do
+    if started[i] and (not blamed or blamed == job) then self:_fail(job, err)
+    else self:_give_back(job) end
+  end
+  if #jobs == 0 and not w.ready and not w.start_reported and not self.closing then
     self:_start_failed(err) -- died before READY, and nothing said so yet
   end
   if self.listeners.exit then self:_emit("exit", w.pid, status, signal) end
@@ -106,16 +111,18 @@ function Pool:on_worker_done(w, job, result_bytes)
     end
   end
   self:_finish(job, "completed")
-  self:_worker_free(w)
+  self:_worker_next(w)
 end
 
 function Pool:on_worker_failed(w, job, err)
   self:_fail(job, err)
   if err.code == "ENOMEM" then -- the heap hit memory_limit: start afresh
     self:_retire(w)
+    self:_take_back(w)
+    self.saturated = false
     return self:_pump()
   end
-  self:_worker_free(w)
+  self:_worker_next(w)
 end
 
 function Pool:on_worker_progress(w, job, bytes)

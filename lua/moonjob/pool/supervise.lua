@@ -149,14 +149,16 @@ function Pool:_terminate()
   if self.terminating then return end
   self.terminating = true
   for w in pairs(self.workers) do
-    local job = w.job
-    if job and job.remote_id then
-      -- given back to the queue below: another host may start it at once, so
-      -- this child stops now, not after SIGTERM's grace
-      w:kill("SIGKILL")
+    self:_take_back(w) -- what it has not started ends as waiting jobs do (ECLOSED)
+    for _, job in ipairs(w.queue) do
+      if job.remote_id then
+        -- given back to the queue below: another host may start it at once, so
+        -- this child stops now, not after SIGTERM's grace
+        w:kill("SIGKILL")
+      end
     end
-    if job then
-      w:end_job()
+    while w.job do
+      local job = w:end_job()
       job.error = errors.new("ECLOSED", "the pool was closed while the job ran", { killed = true })
       self:_finish(job, "failed")
     end

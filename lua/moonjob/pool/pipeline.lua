@@ -1,0 +1,158 @@
+-- moonjob.pool.pipeline -- several jobs in flight per child, for tiny jobs.
+--
+-- Methods mixed into the Pool class (see pool.lua). A child can hold up to
+-- `pipeline` jobs (default 8, at most core.frame.MAX_INFLIGHT): the one it
+-- runs (its head, w.job) and the ones queued behind it, which it reads ahead
+-- and starts the moment the head ends, without waiting for the parent. Users
+-- cannot tell, except by speed:
+--
+--   * A job is "active" (state, `active` event, job.started, its timeout, the
+--     ack_timeout) only once it is its child's head; before, it is "waiting".
+--   * A job queued in a child that has not started it can be taken back: the
+--     shared page's gate (core/frame.h) decides, by compare-and-swap, whether
+--     the child started it or the parent recalled it, never both. Cancel,
+--     close, a hard kill, a crash and an idle child looking for work use it;
+--     a recalled job goes back to the source without counting an attempt.
+--   * Prefetching (more than one job per child) happens only while jobs are
+--     ready beyond what idle children take, and only as deep as recent jobs
+--     were short: depth = 1 + PIPELINE_BUDGET_MS / (average run time), capped
+--     by `pipeline`; never behind a head that has run longer than the budget.
+--     With no run time known yet, or jobs longer than the budget, each child
+--     holds one job, as without pipelining.
+--   * Long jobs hold no one hostage: when a child is idle and nothing is ready,
+--     jobs queued behind a head that has run for STEAL_AFTER_MS are taken
+--     back and run elsewhere (a timer looks again when a head reaches it).
+--   * Priorities: a job added later with a better priority goes ahead of every
+--     job still waiting in the pool, but not of the jobs already sent to a
+--     child: at most (pipeline - 1) per child, plus the one it runs.
+--
+-- State: pool.nqueued (jobs sent and not yet their child's head: job.queued),
+-- pool.run_avg (moving average of recent run times, ms), pool.saturated (every
+-- busy child holds as many jobs as the depth allows: _pump skips prefetching
+-- until a job ends or is taken back).
+--
+-- Caveat: a job data over PIPELINE_MAX_BYTES is only given to an idle child
+-- (a child's read-ahead holds whole frames in memory).
+local core = require "moonjob.core"
+local loop = require "moonjob.loop"
+
+local Pool = {}
+
+local PIPELINE_BUDGET_MS = 2     -- how long the jobs queued in one child may take, about
+local PIPELINE_MAX_BYTES = 64 * 1024 -- larger job data is never queued behind another job
+local STEAL_AFTER_MS = 10        -- a head that ran this long gives up the jobs behind it
+local RUN_AVG_WEIGHT = 0.05      -- weight of the newest run time in the average
+
+-- A job's run ended after `ms`: the average the depth follows.
+function Pool:_note_run(ms)
+  local avg = self.run_avg
+  if avg then self.run_avg = avg + (ms - avg) * RUN_AVG_WEIGHT else self.run_avg = ms end
+end
+
+-- How many jobs one child may hold now.
+function Pool:_depth()
+  local avg, max = self.run_avg, self.pipeline
+  if max <= 1 or not avg then return 1 end
+  return math.min(max, 1 + math.floor(PIPELINE_BUDGET_MS / math.max(avg, 0.001)))
+end
+
+-- A job became its child's head: it runs now. Its wait ends, its timeout (or,
+-- interrupted while it was queued, its hard deadline) starts, `active` fires.
+function Pool:_job_started(w, job)
+  if job.queued then
+    job.queued = nil
+    self.nqueued = self.nqueued - 1
+  end
+  local now = loop.now()
+  job.state, job.pid, job.started = "active", w.pid, now
+  self:_sample_wait(now - (job.run_at or job.added))
+  w.dispatched_at, w.acked = now, false
+  self.nactive = self.nactive + 1
+  if job.interrupt then
+    w:arm(job.kill_after or self.kill_after)
+  else
+    local timeout = job.timeout or self.timeout
+    if timeout then w:arm(timeout) end
+  end
+  if self.listeners.active then self:_emit("active", job) end
+end
+
+-- A job of w's ended: the next one it holds starts, or w is free.
+function Pool:_worker_next(w)
+  self.saturated = false
+  local head = w.job
+  if head and head.state ~= "active" then
+    self:_job_started(w, head)
+    return self:_pump()
+  end
+  if head then return self:_pump() end
+  self:_worker_free(w)
+end
+
+-- Takes back from w every job its child has not started, from job `from` on
+-- (all of them without it); they wait in the source again, their attempt not
+-- counted. A worker left holding nothing is free. Returns how many.
+function Pool:_take_back(w, from)
+  local back = w:recall(from)
+  if #back == 0 then return 0 end
+  for _, job in ipairs(back) do self:_give_back(job) end
+  self.saturated = false
+  if w.state == "idle" then self:_worker_free(w) end
+  return #back
+end
+
+-- Takes back the jobs queued behind w's head (those it has not started).
+function Pool:_take_back_queued(w)
+  local second = w.queue[2]
+  return second and self:_take_back(w, second) or 0
+end
+
+-- While jobs are ready beyond what idle children took, busy children take
+-- more, up to the depth (and their max_jobs_per_child).
+function Pool:_prefetch()
+  local depth = self:_depth()
+  if depth <= 1 then return end
+  local source, max_jobs = self.source, self.max_jobs_per_child
+  local recent = loop.now() - PIPELINE_BUDGET_MS -- a head started before is not short
+  for w in pairs(self.workers) do
+    if w.state == "busy" and not w.retiring and w.job.started and w.job.started >= recent then
+      local room = depth - #w.queue
+      if max_jobs then room = math.min(room, max_jobs - w.jobs_done - #w.queue) end
+      for _ = 1, room do
+        local job = source:pop_ready()
+        if not job then return end
+        if job.data_bytes and #job.data_bytes > PIPELINE_MAX_BYTES then
+          source:push(job) -- it waits for an idle child
+          return
+        end
+        self:_dispatch(w, job)
+      end
+    end
+  end
+  self.saturated = true
+end
+
+-- A child is idle and nothing is ready: jobs queued behind a head that has
+-- run for STEAL_AFTER_MS come back to run on it. Returns true when some did;
+-- otherwise a timer looks again when the first head reaches that age.
+function Pool:_steal()
+  local now, soonest, took = loop.now(), nil, false
+  for w in pairs(self.workers) do
+    local head = w.job
+    if #w.queue > 1 and head and head.started then
+      local due = head.started + STEAL_AFTER_MS
+      if due <= now then
+        took = self:_take_back_queued(w) > 0 or took
+      elseif not soonest or due < soonest then
+        soonest = due
+      end
+    end
+  end
+  if soonest and not took then
+    if not self.steal_timer then self.steal_timer = core.timer(function() self:_pump() end) end
+    self.steal_timer:start(math.max(1, soonest - now))
+  end
+  return took
+end
+
+return Pool
