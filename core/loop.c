@@ -42,6 +42,16 @@ static void mj_wakeup_cb(uv_async_t *handle) {
 }
 
 /* Initialises the loop and its wake-up handle. Returns 0 or a UV_E... code. */
+/* Frames staged during the loop's callbacks (process.c) are written before
+ * the loop waits for events, and as soon as it has handled them. */
+static void mj_flush_before_cb(uv_prepare_t *h) {
+  mj__process_flush_all(h->data);
+}
+
+static void mj_flush_after_cb(uv_check_t *h) {
+  mj__process_flush_all(h->data);
+}
+
 int mj_ctx_init(mj_ctx_t *ctx) {
   memset(ctx, 0, sizeof *ctx);
   int rc = uv_loop_init(&ctx->loop);
@@ -53,6 +63,13 @@ int mj_ctx_init(mj_ctx_t *ctx) {
   }
   ctx->wakeup.data = ctx;
   uv_unref((uv_handle_t *) &ctx->wakeup); /* never keeps the loop alive by itself */
+  uv_prepare_init(&ctx->loop, &ctx->flush_before);
+  uv_check_init(&ctx->loop, &ctx->flush_after);
+  ctx->flush_before.data = ctx->flush_after.data = ctx;
+  uv_prepare_start(&ctx->flush_before, mj_flush_before_cb);
+  uv_check_start(&ctx->flush_after, mj_flush_after_cb);
+  uv_unref((uv_handle_t *) &ctx->flush_before);
+  uv_unref((uv_handle_t *) &ctx->flush_after);
   return 0;
 }
 

@@ -46,6 +46,9 @@ typedef struct mj_ctx_s {
   int sigchld_started;
   mj_process_t *live;                  /* reap.c: children not reaped yet */
   mj_process_t *open;                  /* process.c: processes whose handles are open */
+  mj_process_t *staged;                /* process.c: processes with frames staged */
+  uv_prepare_t flush_before;           /* process.c's stages written before the loop waits */
+  uv_check_t flush_after;              /* and once it handled its events */
   struct mj_input_s *inputs;           /* stdio.c: inputs not freed yet */
   struct mj_output_s *outputs;         /* stdio.c: outputs not freed yet */
   struct mj_redis_s *redis;            /* redis.c: connections not freed yet */
@@ -151,11 +154,15 @@ struct mj_process_s {
   uint64_t out_read[2];                /* bytes read from stdout, stderr (process.c) */
   const char *held[2];                 /* a chunk read, not delivered yet, and its length */
   size_t held_len[2];
+  char *wbuf;                          /* the stage: small JOB frames not written yet */
+  size_t wlen, wcap;
+  mj_process_t *next_staged, *prev_staged; /* the context's processes with a stage */
   mj_shared_t *shared;                 /* the page shared with the child, or NULL */
   int shared_fd;                       /* its memfd until the spawn is done, else -1 */
   mj_process_t *next_live, *prev_live; /* reap.c's list */
   mj_process_t *next_open, *prev_open; /* the context's list of open processes */
-  unsigned spawned : 1, exited : 1, closing : 1, channel_eof : 1, watched : 1, streaming : 1;
+  unsigned spawned : 1, exited : 1, closing : 1, channel_eof : 1, watched : 1, streaming : 1,
+      staged : 1;
 };
 
 typedef struct {
@@ -172,6 +179,8 @@ int mj_process_spawn(mj_ctx_t *ctx, mj_process_t *p, const mj_spawn_options_t *o
  * the loop). */
 #define MJ_PIECE (256 * 1024)
 #define MJ_SEND_QUEUED 1               /* mj_process_send: the parts are still in use */
+#define MJ_STAGE_FRAME (64 * 1024)     /* JOB frames up to this size may be staged */
+#define MJ_STAGE_SIZE (256 * 1024)     /* a stage past this is written at once */
 
 int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t *parts,
                     unsigned nparts);
@@ -184,6 +193,7 @@ unsigned mj_process_recall(mj_process_t *p, uint64_t from, uint64_t *jobs, unsig
 /* Internal: process.c <- spawn.c and reap.c */
 void mj__process_spawned(mj_process_t *p, int pid, int error);
 void mj__process_close_all(mj_ctx_t *ctx);
+void mj__process_flush_all(mj_ctx_t *ctx);
 void mj__process_exited(mj_process_t *p, int64_t exit_status, int term_signal);
 
 /* ----------------------------------------------------- spawn.c, reap.c --- */

@@ -444,12 +444,19 @@ static void unlink_open(mj_process_t *p) {
   p->next_open = p->prev_open = NULL;
 }
 
+static void unlink_staged(mj_process_t *p);
+static int flush_stage(mj_process_t *p);
+
 static void mj_close_cb(uv_handle_t *h) {
   mj_process_t *p = h->data;
   if (--p->open_handles > 0) return;
   unlink_open(p);
+  unlink_staged(p);
   free(p->rbuf);
   p->rbuf = NULL;
+  free(p->wbuf);
+  p->wbuf = NULL;
+  p->wlen = p->wcap = 0;
   release_shared(p);
   mj_process_event_t ev = {.kind = MJ_PROCESS_CLOSED};
   emit(p, &ev);
@@ -697,6 +704,90 @@ static int queue_rest(mj_process_t *p, const uv_buf_t *bufs, unsigned n, size_t 
   return rc == 0 ? MJ_SEND_QUEUED : rc;
 }
 
+/* ---------------------------------------------------------------- stage --- */
+
+/* Small JOB frames sent from inside the loop (a callback dispatching jobs as
+ * others end) are copied into the process's stage and written together, in
+ * one write per process per loop turn, when the loop is about to wait or has
+ * handled its events (mj__process_flush_all, from loop.c's flusher): one
+ * system call, and one wake-up of the child, for many frames. Every other
+ * write flushes the stage first, so frames keep their order. */
+
+static void unlink_staged(mj_process_t *p) {
+  if (!p->staged) return;
+  p->staged = 0;
+  if (p->prev_staged) p->prev_staged->next_staged = p->next_staged;
+  else p->ctx->staged = p->next_staged;
+  if (p->next_staged) p->next_staged->prev_staged = p->prev_staged;
+  p->next_staged = p->prev_staged = NULL;
+}
+
+/* Copies the frame in bufs[0..n) (total bytes) to the stage. Returns 0, or
+ * UV_ENOBUFS when it does not fit (the caller writes it now instead). */
+static int stage(mj_process_t *p, const uv_buf_t *bufs, unsigned n, size_t total) {
+  if (p->wlen + total > MJ_STAGE_SIZE) {
+    int rc = flush_stage(p);
+    if (rc < 0) return rc;
+  }
+  if (mj__grow(&p->wbuf, &p->wcap, p->wlen + total, 4096) != 0) return UV_ENOBUFS;
+  for (unsigned i = 0; i < n; i++) {
+    memcpy(p->wbuf + p->wlen, bufs[i].base, bufs[i].len);
+    p->wlen += bufs[i].len;
+  }
+  if (!p->staged) {
+    p->staged = 1;
+    p->prev_staged = NULL;
+    p->next_staged = p->ctx->staged;
+    if (p->ctx->staged) p->ctx->staged->prev_staged = p;
+    p->ctx->staged = p;
+  }
+  return 0;
+}
+
+static void mj_stage_write_cb(uv_write_t *req, int status) {
+  (void) status; /* a failed write shows up as the child's exit or EOF */
+  free(req);
+}
+
+/* Writes the stage: directly what the kernel takes, the rest queued (a copy
+ * that lives with its request). Returns 0 or UV_E... (the stage is dropped:
+ * the child is gone or going). */
+static int flush_stage(mj_process_t *p) {
+  if (p->wlen == 0) return 0;
+  unlink_staged(p);
+  size_t len = p->wlen;
+  p->wlen = 0;
+  int written = 0;
+  uv_buf_t buf = uv_buf_init(p->wbuf, (unsigned) len);
+  if (p->channel.write_queue_size == 0) {
+    written = uv_try_write((uv_stream_t *) &p->channel, &buf, 1);
+    if (written == UV_EAGAIN) written = 0;
+    if (written < 0) return written;
+  }
+  if ((size_t) written == len) return 0;
+  uv_write_t *req = malloc(sizeof *req + (len - (size_t) written));
+  if (req == NULL) return UV_ENOMEM;
+  char *rest = (char *) (req + 1);
+  memcpy(rest, p->wbuf + written, len - (size_t) written);
+  buf = uv_buf_init(rest, (unsigned) (len - (size_t) written));
+  int rc = uv_write(req, (uv_stream_t *) &p->channel, &buf, 1, mj_stage_write_cb);
+  if (rc != 0) free(req);
+  return rc;
+}
+
+/* The loop is about to wait, or has handled its events: every stage goes out. */
+void mj__process_flush_all(mj_ctx_t *ctx) {
+  while (ctx->staged != NULL) {
+    mj_process_t *p = ctx->staged;
+    if (p->closing || p->exited) {
+      unlink_staged(p);
+      p->wlen = 0;
+    } else {
+      flush_stage(p);
+    }
+  }
+}
+
 /* Sends one frame whose payload is the concatenation of parts. A JOB frame
  * gets a fresh random token and the next sequence number, and joins the jobs
  * in flight (the child must be ready, with fewer than MJ_MAX_INFLIGHT); an
@@ -737,6 +828,12 @@ int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t
   bufs[0] = uv_buf_init((char *) &hdr, sizeof hdr);
   total += sizeof hdr;
   int rc = 0, written = 0;
+  if (type == MJ_FRAME_JOB && p->ctx->running && total <= MJ_STAGE_FRAME) {
+    rc = stage(p, bufs, nparts + 1, total); /* written with the others at the end of the turn */
+    if (rc == 0) goto sent;
+  }
+  rc = flush_stage(p); /* what was staged goes first */
+  if (rc < 0) return rc;
   if (p->channel.write_queue_size == 0) { /* else frames would overtake queued ones */
     written = uv_try_write((uv_stream_t *) &p->channel, bufs, nparts + 1);
     if (written == UV_EAGAIN) written = 0;
@@ -745,6 +842,7 @@ int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t
   if ((size_t) written < total) rc = queue_rest(p, bufs, nparts + 1, (size_t) written);
   if (rc >= 0 && target != NULL) target->interrupted = 1;
   if (rc == 0 && type == MJ_FRAME_INTERRUPT) interrupt_written(p, hdr.job);
+sent:
   if (rc >= 0 && token != 0) { /* the child owes frames about it once it is the head */
     mj_inflight_t *f = inflight_at(p, p->nin++);
     memset(f, 0, sizeof *f);
@@ -830,6 +928,8 @@ static void mj_shutdown_cb(uv_shutdown_t *req, int status) {
  * purpose (an end of file without that tells the child its parent died). */
 int mj_process_end_input(mj_process_t *p) {
   if (p->closing || p->exited) return UV_EPIPE;
+  int flushed = flush_stage(p);
+  if (flushed < 0) return flushed;
   if (p->shared) __atomic_store_n(&p->shared->input_ended, 1, __ATOMIC_RELEASE);
   uv_shutdown_t *req = malloc(sizeof *req);
   if (req == NULL) return UV_ENOMEM;
