@@ -129,13 +129,18 @@ function Pool:_dispatch(w, job)
   self.nqueued = self.nqueued + 1
 end
 
+-- A function that runs pool:_pump(). Closures are made here, never in the
+-- methods _pump runs for every job: LuaJIT cannot compile a function that
+-- makes one (it aborts its traces), and those methods must stay compiled.
+function Pool:_pump_later()
+  return function() self:_pump() end
+end
+
 -- Wakes the pool when the earliest delayed job becomes due.
 function Pool:_arm_delay()
   local due = self.source:next_due()
   if not due then return end
-  if not self.delay_timer then
-    self.delay_timer = core.timer(function() self:_pump() end)
-  end
+  if not self.delay_timer then self.delay_timer = core.timer(self:_pump_later()) end
   self.delay_timer:start(math.max(0, due - loop.now()) + 1)
 end
 

@@ -12,18 +12,26 @@
 --
 -- The pool does not call this module directly: it reaches it as its local job
 -- source, under the interface of moonjob.pool.source.
+--
+-- Jobs are moonjob.job objects: their id, qindex and priority are read and
+-- written in the job's own slots (Job.SLOT), not through its metatable, which
+-- the heaps would otherwise call a few times per level at every push and pop.
+local Job = require "moonjob.job"
+
 local Queue = {}
 Queue.__index = Queue
 
+local ID, QINDEX, PRIORITY = Job.SLOT.id, Job.SLOT.qindex, Job.SLOT.priority
+
 local function ready_before(a, b)
-  local pa, pb = a.priority or 0, b.priority or 0
+  local pa, pb = a[PRIORITY] or 0, b[PRIORITY] or 0
   if pa ~= pb then return pa < pb end
-  return a.id < b.id
+  return a[ID] < b[ID]
 end
 
 local function due_before(a, b)
   if a.run_at ~= b.run_at then return a.run_at < b.run_at end
-  return a.id < b.id
+  return a[ID] < b[ID]
 end
 
 local function new_heap(before, sign)
@@ -32,7 +40,7 @@ end
 
 local function place(heap, job, i)
   heap[i] = job
-  job.qindex = heap.sign * i
+  job[QINDEX] = heap.sign * i
 end
 
 local function sift_up(heap, i)
@@ -69,11 +77,11 @@ local function heap_remove(heap, i)
   local job, last = heap[i], heap[heap.n]
   heap[heap.n] = nil
   heap.n = heap.n - 1
-  job.qindex = false
+  job[QINDEX] = false
   if i <= heap.n then
     place(heap, last, i)
     sift_down(heap, i)
-    sift_up(heap, last.qindex * heap.sign)
+    sift_up(heap, last[QINDEX] * heap.sign)
   end
   return job
 end
@@ -96,7 +104,9 @@ end
 
 -- Moves the delayed jobs that are due to the ready heap.
 function Queue:promote()
-  local delayed, now = self.delayed, self.now()
+  local delayed = self.delayed
+  if delayed.n == 0 then return end
+  local now = self.now()
   while delayed.n > 0 and delayed[1].run_at <= now do
     heap_push(self.ready, heap_remove(delayed, 1))
   end
@@ -112,7 +122,7 @@ end
 
 -- queue:remove(job) -> true if the job was waiting here
 function Queue:remove(job)
-  local q = job.qindex
+  local q = job[QINDEX]
   if not q then return false end
   local heap = q > 0 and self.ready or self.delayed
   if heap[q * heap.sign] ~= job then return false end

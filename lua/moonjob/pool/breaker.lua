@@ -53,18 +53,24 @@ function Pool:_breaker_open()
   return ready + starting == 0
 end
 
--- While the breaker is open, the jobs that could run fail with the start
--- error, on a later loop turn (never inside add).
-function Pool:_check_breaker()
-  if self.breaker_due or self.source:ready_count() == 0 or not self:_breaker_open() then return end
-  self.breaker_due = true
-  self.ndeferred = self.ndeferred + 1
-  loop.defer(function()
+-- The breaker's pass, on a later loop turn (see _check_breaker).
+function Pool:_breaker_pass()
+  return function()
     self.breaker_due = false
     self.ndeferred = self.ndeferred - 1
     if self:_breaker_open() then self:_fail_ready_jobs(self.start_error) end
     self:_pump()
-  end)
+  end
+end
+
+-- While the breaker is open, the jobs that could run fail with the start
+-- error, on a later loop turn (never inside add). No closure is made here:
+-- _pump calls this for every job and must stay compiled (see _pump_later).
+function Pool:_check_breaker()
+  if self.breaker_due or self.source:ready_count() == 0 or not self:_breaker_open() then return end
+  self.breaker_due = true
+  self.ndeferred = self.ndeferred + 1
+  loop.defer(self:_breaker_pass())
 end
 
 -- Every job that may run now fails with err, the failed probe's error (an

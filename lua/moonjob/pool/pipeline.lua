@@ -149,7 +149,7 @@ function Pool:_steal()
     end
   end
   if soonest and not took then
-    if not self.steal_timer then self.steal_timer = core.timer(function() self:_pump() end) end
+    if not self.steal_timer then self.steal_timer = core.timer(self:_pump_later()) end
     self.steal_timer:start(math.max(1, soonest - now))
   end
   return took
