@@ -97,7 +97,7 @@ describe("pipelining", function()
   it("runs every queued job once when the child is killed an instant before it reaches them", function()
     local pool = h.pool("runs.lua", { size = 1, jit = false })
     warm(pool, runs)
-    local head = pool:add({ file = runs, how = "spin", seconds = 0.2 })
+    local head = pool:add({ file = runs, how = "spin", seconds = 5 })
     local queued = {}
     for i = 1, 6 do queued[i] = pool:add({ file = runs, how = "none" }) end
     assert.is_true(queued[1].queued)

@@ -75,6 +75,7 @@ function Pool.new(processor, opts)
     child_env = { "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath,
       "MOONJOB_REDIS=" }, -- a Redis URL (its password) is the parent's, not the processors',
     workers = {}, nworkers = 0, nretiring = 0, idle = {}, -- the children (moonjob.pool.supervise)
+    worker_list = {},              -- the same workers in an array (pipeline.lua walks it per job)
     source = Source.new_local(loop.now), -- the waiting jobs (moonjob.pool.source)
     attempts = opts.attempts or 1,
     backoff = opts.backoff,
@@ -118,7 +119,7 @@ end
 -- parent).
 function Pool:_dispatch(w, job)
   local attempt = job.attempts + 1
-  local meta = self.meta:reset():encode({ id = job.remote_id or job.id, name = job.name, attempt = attempt })
+  local meta = self.meta:reset():encode(job.remote_id or job.id):encode(attempt):encode(job.name)
   if not w:run(job, meta:tostring()) then -- the child is gone: it holds no place either
     self:_retire(w, true)
     return self.source:push(job)

@@ -270,11 +270,19 @@ local function failure_of(result, heap_full)
   return to_error(result.value, result.traceback, "EPROCESSOR")
 end
 
+-- The job's meta: its id, attempt and name, encoded one after the other
+-- (no table to build in the parent for each job).
+local function decode_meta()
+  local id = decoder:decode()
+  local attempt = decoder:decode()
+  return { id = id, attempt = attempt, name = decoder:decode() }
+end
+
 -- Decodes the job's data; false and an error when it cannot.
 local function decode_job(payload)
   if payload == false then return false, out_of_memory("the job's data") end
   decoder:set(payload)
-  local ok, meta = pcall(decoder.decode, decoder)
+  local ok, meta = pcall(decode_meta)
   local data
   if ok then ok, data = pcall(codecs[options.codec].decode) end
   if ok then return meta, data end

@@ -66,10 +66,13 @@ end
 
 -- worker:arm(seconds): the pool's on_worker_timer(w) runs after that long.
 function Worker:arm(seconds)
+  self.armed = true
   self.timer:start(seconds * 1000)
 end
 
 function Worker:disarm()
+  if not self.armed then return end -- most jobs have no timeout: no call into C for them
+  self.armed = false
   self.timer:stop()
 end
 
@@ -219,7 +222,7 @@ function Worker:end_job()
   local queue = self.queue
   if job then table.remove(queue, 1) end
   self.job = queue[1]
-  self.timer:stop()
+  self:disarm()
   if self.state == "busy" and not self.job then self.state = "idle" end
   self.jobs_done = self.jobs_done + 1
   return job
@@ -232,13 +235,13 @@ end
 local on_frame = {}
 
 on_frame[frame.READY] = function(w)
-  w.timer:stop()
+  w:disarm()
   w.state, w.ready = "idle", true
   w.pool:on_worker_ready(w)
 end
 
 on_frame[frame.LOADERR] = function(w, _, payload)
-  w.timer:stop()
+  w:disarm()
   w.pool:on_worker_load_error(w, decode_error(payload))
 end
 

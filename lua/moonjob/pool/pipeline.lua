@@ -114,7 +114,9 @@ function Pool:_prefetch()
   if depth <= 1 then return end
   local source, max_jobs = self.source, self.max_jobs_per_child
   local recent = loop.now() - PIPELINE_BUDGET_MS -- a head started before is not short
-  for w in pairs(self.workers) do
+  local workers = self.worker_list
+  for i = 1, #workers do
+    local w = workers[i]
     if w.state == "busy" and not w.retiring and w.job.started and w.job.started >= recent then
       local room = depth - #w.queue
       if max_jobs then room = math.min(room, max_jobs - w.jobs_done - #w.queue) end

@@ -42,6 +42,7 @@ function Pool:_spawn()
     return false
   end
   self.workers[w] = true
+  self.worker_list[#self.worker_list + 1] = w
   self.nworkers = self.nworkers + 1
   self.counts.spawned = self.counts.spawned + 1
   return true
@@ -119,6 +120,14 @@ end
 -- retired) and was not reported as a failed start counts as crashed.
 function Pool:_remove_worker(w)
   self.workers[w] = nil
+  local list = self.worker_list
+  for i = 1, #list do
+    if list[i] == w then
+      list[i] = list[#list]
+      list[#list] = nil
+      break
+    end
+  end
   self.nworkers = self.nworkers - 1
   if w.retiring then self.nretiring = self.nretiring - 1 end
   if not w.retiring and not w.start_reported then
