@@ -127,6 +127,7 @@ $(BUILD)/bench-floor: bench/floor.c
 
 bench: deps all $(BUILD)/bench-floor
 	$(LUA) bench/run.lua
+	$(LUA) bench/cli.lua
 	$(LUA) bench/redis.lua
 
 install: all

@@ -1,10 +1,14 @@
 -- bench/run.lua -- `make bench`: moonjob's figures, side by side with floors.
 --
 -- 1. Throughput: for 1 and 2 children, no-op jobs per second through a pool
---    (add N jobs, drain), then the floor program (bench/floor.c: the same
---    one-frame-out, one-frame-back exchange over socketpairs, in plain C with
---    epoll), and their ratio. Each figure is the best of a few rounds, so a
---    passing hiccup on a shared machine does not decide it.
+--    (add N jobs, drain), the parent's CPU per job (user + system of this
+--    process over the round, divided by the jobs), then the floor program
+--    (bench/floor.c: the same frame-out, frame-back exchange over
+--    socketpairs, in plain C with epoll) with 1 frame in flight per child and
+--    with 8 (what pipelining allows), and the pool's ratio to the latter.
+--    Each figure is the best of a few rounds, so a passing hiccup on a shared
+--    machine does not decide it. Then the loop lag of a 1 ms timer while the
+--    pool drains tiny jobs at that speed.
 -- 2. Hard kills: 100 jobs spinning in JIT-compiled code; the time from each
 --    job's hard deadline to its child being reaped (median, max).
 -- 3. Loop lag: a 1 ms timer's lateness (p99, max) while jobs time out and
@@ -24,26 +28,42 @@ local core = require "moonjob.core"
 local JOBS = tonumber(os.getenv("BENCH_JOBS")) or 100000
 local ROUNDS = tonumber(os.getenv("BENCH_ROUNDS")) or 3
 
+local ffi = require "ffi"
+ffi.cdef [[
+struct bench_run_timeval { long tv_sec; long tv_usec; };
+struct bench_run_rusage { struct bench_run_timeval utime, stime; long rest[14]; };
+int getrusage(int who, struct bench_run_rusage *usage);
+]]
+
+-- This process's CPU time (user + system), in microseconds.
+local function cpu_us()
+  local u = ffi.new("struct bench_run_rusage")
+  ffi.C.getrusage(0, u)
+  return (tonumber(u.utime.tv_sec) + tonumber(u.stime.tv_sec)) * 1e6
+    + tonumber(u.utime.tv_usec) + tonumber(u.stime.tv_usec)
+end
+
+-- Best jobs/s over the rounds, and the parent's CPU per job in that round.
 local function pool_rate(size)
   local pool = assert(moonjob.pool("bench/noop.lua", { size = size, echo = false }))
   pool:map({ 1, 2, 3, 4 }) -- children started and warm
-  local best = 0
+  local best, cpu = 0, nil
   for _ = 1, ROUNDS do
-    local t0 = core.hrtime()
+    local t0, c0 = core.hrtime(), cpu_us()
     for i = 1, JOBS do pool:add(i) end
     pool:drain()
     local rate = JOBS / ((core.hrtime() - t0) / 1e9)
-    if rate > best then best = rate end
+    if rate > best then best, cpu = rate, (cpu_us() - c0) / JOBS end
   end
   assert(pool:stats().failed == 0, "no-op jobs failed")
   pool:close()
-  return best
+  return best, cpu
 end
 
-local function floor_rate(size)
+local function floor_rate(size, inflight)
   local best = 0
   for _ = 1, ROUNDS do
-    local p = assert(io.popen(("build/bench-floor %d %d"):format(size, JOBS)))
+    local p = assert(io.popen(("build/bench-floor %d %d %d"):format(size, JOBS, inflight)))
     local out = p:read("*a")
     p:close()
     local rate = tonumber(out:match("jobs_per_second (%d+)"))
@@ -121,10 +141,12 @@ end
 
 print(("moonjob bench: %d no-op jobs per round, best of %d rounds, %d logical CPUs")
   :format(JOBS, ROUNDS, core.cpu_count()))
-print(("%-10s %14s %14s %8s"):format("children", "pool jobs/s", "floor jobs/s", "ratio"))
+print(("%-9s %12s %12s %12s %12s %9s"):format("children", "pool jobs/s", "parent us/job",
+  "floor 1/child", "floor 8/child", "pool/fl8"))
 for _, size in ipairs({ 1, 2 }) do
-  local pool, floor = pool_rate(size), floor_rate(size)
-  print(("%-10d %14.0f %14.0f %8.2f"):format(size, pool, floor, pool / floor))
+  local pool, cpu = pool_rate(size)
+  local floor1, floor8 = floor_rate(size, 1), floor_rate(size, 8)
+  print(("%-9d %12.0f %12.2f %12.0f %12.0f %9.2f"):format(size, pool, cpu, floor1, floor8, pool / floor8))
 end
 
 -- Adds `n` no-op jobs, measures the memory they hold while waiting, drains them.
@@ -156,8 +178,22 @@ local median, max, n = kill_latency(100)
 print(("\nhard deadline -> child reaped, %d JIT-loop jobs: median %.2f ms, max %.2f ms")
   :format(n, median, max))
 
+-- A pool of 2 children draining `n` no-op jobs added before the timer starts.
+local function tiny_jobs(n)
+  return function()
+    local pool = assert(moonjob.pool("bench/noop.lua", { size = 2, echo = false }))
+    pool:map({ 1, 2, 3, 4 })
+    for i = 1, n do pool:add(i) end
+    return pool, function() pool:drain() end
+  end
+end
+
 local idle_p99, idle_max = loop_lag(2)
 print(("loop lag of a 1 ms timer, idle loop:          p99 %.3f ms, max %.3f ms"):format(idle_p99, idle_max))
+local tiny_t0 = core.hrtime()
+local tiny_p99, tiny_max = loop_lag(nil, tiny_jobs(JOBS * 2))
+print(("loop lag, 2 children draining %d no-op jobs at full speed: p99 %.3f ms, max %.3f ms (%.0f jobs/s)")
+  :format(JOBS * 2, tiny_p99, tiny_max, JOBS * 2 / ((core.hrtime() - tiny_t0) / 1e9)))
 for _, size in ipairs({ 1, 2 }) do
   local p99, lag_max, churn = loop_lag(3, function() return timeout_storm(size) end)
   print(("loop lag, %d spinning child(ren) killed/replaced: p99 %.3f ms, max %.3f ms (%d kills in 3 s)")

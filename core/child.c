@@ -5,14 +5,19 @@
  * process set-up, and a tiny `moonjob.channel` module (recv/send of frames on
  * fd 3, blocking). Policy lives in Lua: main() requires `moonjob.runner`, which
  * reads the INIT frame, loads the processor file and runs jobs one at a time
- * until the channel reaches end-of-file.
+ * until the channel reaches end-of-file. The parent may send several JOB
+ * frames ahead (pipelining, frame.h): the child reads the channel ahead and
+ * queues them, and starts each through the shared gate, which also tells it
+ * which ones the parent took back.
  *
  * Interruption (soft timeout, cancel): the parent sends an INTERRUPT frame,
- * then, once the frame is written, MJ_INTERRUPT_SIGNAL. A signal that comes
- * before the job's channel.run is ignored, but its frame is then already in
- * the channel, and channel.run looks there before it starts the job. While a
- * job runs under channel.run, the signal
- * handler sets a count hook that raises an error at every Lua instruction
+ * then, once the frame is written and its job is the one the child runs,
+ * MJ_INTERRUPT_SIGNAL. A signal that comes before the job's channel.run is
+ * ignored, but its frame is then already in the channel (the shared page
+ * counts it), and channel.run looks there before it starts the job. While a
+ * job runs under channel.run, the signal handler sets a count hook that looks
+ * for an INTERRUPT about the job (a signal meant for a job already over finds
+ * none: the hook goes) and then raises an error at every Lua instruction
  * until the job's protected call returns, so a user's pcall cannot swallow it.
  * The traceback at the first interruption is kept for the error. Hooks do not
  * run in JIT-compiled loops nor inside C functions: there the parent's hard

@@ -1,7 +1,7 @@
 /* process.c -- a child process, its channel and its output pipes.
  *
  * A child gets four descriptors: stdin from /dev/null, stdout and stderr on
- * socketpairs of their own, and the channel (a socketpair) on fd 3. It is
+ * pipes of their own, and the channel (a socketpair) on fd 3. It is
  * started off the loop thread by spawn.c, in a session of its own (a kill of
  * its process group reaches its grandchildren; a Ctrl-C at the terminal does
  * not reach it), and reaped by reap.c.
@@ -23,9 +23,10 @@
  *
  * Ordering guarantees, which libuv alone does not give:
  *  - before a frame that ends a job is delivered, whatever the child wrote to
- *    stdout/stderr is read and delivered first (the child flushes both, and
- *    flags the frame when some of it is still unread: MJ_FRAME_FLAG_OUTPUT),
- *    so output is attributed to the right job, at no cost when there is none;
+ *    stdout/stderr up to the end of that job is delivered first, and nothing
+ *    after it (the frame counts the bytes: see "Output attribution" below),
+ *    so output is attributed to the right job even when the next one already
+ *    runs;
  *  - MJ_PROCESS_EXIT comes after every frame and output byte the child sent:
  *    on the exit callback the channel and pipes are drained first, and it
  *    waits for the channel's end of file too (libuv reports the two in either
@@ -511,7 +512,7 @@ void mj__process_close_all(mj_ctx_t *ctx) {
   }
 }
 
-/* Wraps the parent's ends of the socketpairs in libuv pipes (stdout, stderr,
+/* Wraps the parent's ends of the pipes and the socketpair in libuv pipes (stdout, stderr,
  * channel). Each fd is closed here if it could not be wrapped. */
 static int open_pipes(mj_process_t *p, const int fds[3]) {
   uv_pipe_t *pipes[3] = {&p->output[0], &p->output[1], &p->channel};
