@@ -193,7 +193,10 @@ typedef struct {
   int dropped;  /* the payload could not be held */
 } queued_t;
 
-#define MAX_QUEUED (MJ_MAX_INFLIGHT + 2)
+/* Frames the child may hold queued: the parent has at most MJ_MAX_INFLIGHT JOB
+ * frames in flight, but jobs it took back (recalled) still arrive and wait
+ * here until dropped, while as many new ones may follow. */
+#define MAX_QUEUED (2 * MJ_MAX_INFLIGHT + 2)
 #define MAX_INTERRUPTS (MJ_MAX_INFLIGHT + 2)
 #define READ_CHUNK (64 * 1024)
 #define KEEP_BUFFER (1024 * 1024) /* free a larger buffer once it is empty */

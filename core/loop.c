@@ -135,6 +135,7 @@ int mj_ctx_run(mj_ctx_t *ctx, uv_run_mode mode) {
     ctx->running = 1;
     uv_run(&ctx->loop, mode);
     ctx->running = 0;
+    mj__process_flush_all(ctx); /* a timer run last (UV_RUN_ONCE) may have staged frames */
   }
   if (ctx->interrupted) {
     ctx->stop_signal = ctx->interrupted;
