@@ -193,10 +193,6 @@ typedef struct {
   int dropped;  /* the payload could not be held */
 } queued_t;
 
-/* Frames the child may hold queued: the parent has at most MJ_MAX_INFLIGHT JOB
- * frames in flight, but jobs it took back (recalled) still arrive and wait
- * here until dropped, while as many new ones may follow. */
-#define MAX_QUEUED (2 * MJ_MAX_INFLIGHT + 2)
 #define MAX_INTERRUPTS (MJ_MAX_INFLIGHT + 2)
 #define READ_CHUNK (64 * 1024)
 #define KEEP_BUFFER (1024 * 1024) /* free a larger buffer once it is empty */
@@ -207,8 +203,12 @@ static struct {
   size_t discard;          /* bytes still to drop of a frame that could not be held */
 } in;
 
-static queued_t queued[MAX_QUEUED];
-static unsigned nqueued, first_queued;
+/* The queued frames: an array that grows (jobs the parent took back still
+ * arrive after as many new ones, so no fixed bound holds), used from
+ * first_queued on. Every whole frame held is cut at once, so an INTERRUPT
+ * behind any number of JOB frames is always seen. */
+static queued_t *queued;
+static unsigned nqueued, first_queued, queued_cap;
 static uint32_t jobs_received;   /* JOB frames read: the sequence number (frame.h) */
 static uint32_t interrupts_seen; /* shared->interrupts when the channel was last read */
 
@@ -220,7 +220,24 @@ static struct {
 static unsigned ninterrupts;
 
 static queued_t *queued_at(unsigned i) {
-  return &queued[(first_queued + i) % MAX_QUEUED];
+  return &queued[first_queued + i];
+}
+
+/* A new slot at the end of the queue, or NULL when memory is refused. */
+static queued_t *queue_slot(void) {
+  if (first_queued + nqueued == queued_cap) {
+    if (first_queued > 0) {
+      memmove(queued, queued + first_queued, nqueued * sizeof *queued);
+      first_queued = 0;
+    } else {
+      unsigned cap = queued_cap ? queued_cap * 2 : 64;
+      queued_t *grown = realloc(queued, cap * sizeof *queued);
+      if (grown == NULL) return NULL;
+      queued = grown;
+      queued_cap = cap;
+    }
+  }
+  return &queued[first_queued + nqueued++];
 }
 
 static int is_queued_job(uint64_t token) {
@@ -255,23 +272,35 @@ static void keep_interrupt(uint64_t token, const char *payload, size_t len) {
   interrupts[ninterrupts++].len = len;
 }
 
-/* Cuts the bytes held into frames, as far as whole frames go. */
+/* True when the parent took job `seq` back (the shared gate, frame.h). */
+static int recalled(uint32_t seq) {
+  return shared != NULL && mj_gate_recalled(__atomic_load_n(&shared->gate, __ATOMIC_ACQUIRE), seq);
+}
+
+/* Cuts the bytes held into frames, as far as whole frames go. A JOB frame
+ * the parent took back already is dropped here; one it takes back later is
+ * dropped when its turn comes (channel.recv). */
 static void cut_frames(void) {
-  while (nqueued < MAX_QUEUED && in.discard == 0 && in.len - in.parsed >= sizeof(mj_frame_header_t)) {
+  while (in.discard == 0 && in.len - in.parsed >= sizeof(mj_frame_header_t)) {
     mj_frame_header_t h;
     memcpy(&h, in.buf + in.parsed, sizeof h);
     size_t off = in.parsed + sizeof h;
     if (in.len - off < h.len) return;
+    uint32_t seq = h.type == MJ_FRAME_JOB ? mj_seq_next(jobs_received) : 0;
     if (h.type == MJ_FRAME_INTERRUPT) {
       keep_interrupt(h.job, in.buf + off, h.len);
+    } else if (h.type == MJ_FRAME_JOB && recalled(seq)) {
+      jobs_received = seq;
     } else {
-      queued_t *q = queued_at(nqueued++);
+      queued_t *q = queue_slot();
+      if (q == NULL) return; /* cut later, once frames went */
       q->type = h.type;
       q->token = h.job;
       q->off = off;
       q->len = h.len;
       q->dropped = 0;
-      q->seq = h.type == MJ_FRAME_JOB ? (jobs_received = mj_seq_next(jobs_received)) : 0;
+      q->seq = seq;
+      if (h.type == MJ_FRAME_JOB) jobs_received = seq;
     }
     in.parsed = off + h.len;
   }
@@ -318,16 +347,18 @@ static int make_room(void) {
     in.cap = cap;
     return 0;
   }
-  if (in.len - in.parsed < sizeof(mj_frame_header_t) || nqueued == MAX_QUEUED) return -1;
+  if (in.len - in.parsed < sizeof(mj_frame_header_t)) return -1;
   mj_frame_header_t h; /* a frame too large to hold: queued without payload */
   memcpy(&h, in.buf + in.parsed, sizeof h);
-  queued_t *q = queued_at(nqueued++);
+  queued_t *q = queue_slot();
+  if (q == NULL) return -1;
   q->type = h.type;
   q->token = h.job;
   q->off = 0;
   q->len = 0;
   q->dropped = 1;
   q->seq = h.type == MJ_FRAME_JOB ? (jobs_received = mj_seq_next(jobs_received)) : 0;
+  /* (a recalled one is dropped when its turn comes: its payload is not here) */
   size_t held = in.len - in.parsed - sizeof h;
   in.discard = h.len - held;
   in.len = in.parsed; /* its header and payload bytes so far are dropped */
@@ -367,7 +398,7 @@ static void look_for_interrupts(void) {
   uint32_t written = shared ? __atomic_load_n(&shared->interrupts, __ATOMIC_ACQUIRE) : 0;
   if (shared != NULL && written == interrupts_seen) return;
   interrupts_seen = written;
-  while (nqueued < MAX_QUEUED && pull(0) > 0) {}
+  while (pull(0) > 0) {}
 }
 
 /* ----------------------------------------------- moonjob.channel module --- */
@@ -382,6 +413,19 @@ static int start_job(uint32_t seq) {
   } while (!__atomic_compare_exchange_n(&shared->gate, &g, mj_gate_start(g, seq), 0,
                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
   return 1;
+}
+
+/* Job `seq`, recalled, is dropped now that its turn came: the gate says the
+ * child got this far, so the recalled range stops being pending once passed
+ * (a later recall then need not be joined to it, frame.h). */
+static void pass_recalled(uint32_t seq) {
+  if (shared == NULL) return;
+  uint64_t g = __atomic_load_n(&shared->gate, __ATOMIC_ACQUIRE), next;
+  do {
+    if (!mj_gate_recalled(g, seq)) return;
+    next = seq == MJ_GATE_TO(g) ? MJ_GATE(seq, seq, seq) : MJ_GATE(seq, mj_seq_next(seq), MJ_GATE_TO(g));
+  } while (!__atomic_compare_exchange_n(&shared->gate, &g, next, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE));
 }
 
 typedef struct {
@@ -438,8 +482,8 @@ static queued_t *next_frame(lua_State *L, int *waited) {
 }
 
 static void drop_first_frame(void) {
-  first_queued = (first_queued + 1) % MAX_QUEUED;
-  nqueued--;
+  first_queued++;
+  if (--nqueued == 0) first_queued = 0;
 }
 
 /* channel.recv() -> type, job, payload | type, job, false (the payload did
@@ -462,6 +506,7 @@ static int channel_recv(lua_State *L) {
       else job_start_usage = last_usage;
       break;
     }
+    pass_recalled(q->seq);
     forget_interrupt(q->token);
     drop_first_frame();
   }

@@ -751,28 +751,39 @@ static void mj_stage_write_cb(uv_write_t *req, int status) {
 }
 
 /* Writes the stage: directly what the kernel takes, the rest queued (a copy
- * that lives with its request). Returns 0 or UV_E... (the stage is dropped:
- * the child is gone or going). */
+ * that lives with its request). Returns 0 or UV_E...: the staged frames are
+ * then lost, so the child and the parent no longer count the same JOB frames
+ * (frame.h's sequence numbers): the child is killed (its jobs, which it never
+ * started, go back to the queue at its exit). */
 static int flush_stage(mj_process_t *p) {
   if (p->wlen == 0) return 0;
   unlink_staged(p);
   size_t len = p->wlen;
   p->wlen = 0;
-  int written = 0;
+  int written = 0, rc = 0;
   uv_buf_t buf = uv_buf_init(p->wbuf, (unsigned) len);
   if (p->channel.write_queue_size == 0) {
     written = uv_try_write((uv_stream_t *) &p->channel, &buf, 1);
     if (written == UV_EAGAIN) written = 0;
-    if (written < 0) return written;
+    if (written < 0) {
+      rc = written;
+      goto failed;
+    }
   }
   if ((size_t) written == len) return 0;
   uv_write_t *req = malloc(sizeof *req + (len - (size_t) written));
-  if (req == NULL) return UV_ENOMEM;
+  if (req == NULL) {
+    rc = UV_ENOMEM;
+    goto failed;
+  }
   char *rest = (char *) (req + 1);
   memcpy(rest, p->wbuf + written, len - (size_t) written);
   buf = uv_buf_init(rest, (unsigned) (len - (size_t) written));
-  int rc = uv_write(req, (uv_stream_t *) &p->channel, &buf, 1, mj_stage_write_cb);
-  if (rc != 0) free(req);
+  rc = uv_write(req, (uv_stream_t *) &p->channel, &buf, 1, mj_stage_write_cb);
+  if (rc == 0) return 0;
+  free(req);
+failed:
+  mj_process_kill(p, SIGKILL, 1);
   return rc;
 }
 
@@ -832,6 +843,7 @@ int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t
   if (type == MJ_FRAME_JOB && p->ctx->running && total <= MJ_STAGE_FRAME) {
     rc = stage(p, bufs, nparts + 1, total); /* written with the others at the end of the turn */
     if (rc == 0) goto sent;
+    if (rc != UV_ENOBUFS) return rc; /* the stage could not be written: the child is killed */
   }
   rc = flush_stage(p); /* what was staged goes first */
   if (rc < 0) return rc;

@@ -206,6 +206,68 @@ describe("pipelining", function()
     end
   end)
 
+  -- Jobs taken back stay in the child's channel until it reaches them, while
+  -- new ones follow: the child must keep reading past any number of them.
+  local function pile_up(pool, long, rounds)
+    local w, added = long.worker, {}
+    for _ = 1, rounds do
+      long.started = require("moonjob.loop").now() -- keeps prefetching behind it (white box)
+      for _ = 1, 7 do added[#added + 1] = pool:add({ file = runs, how = "none" }) end
+      assert.is_not_nil(w.queue[2], "jobs were queued behind the long one")
+      assert.is_true(w.queue[2]:cancel("taken back"))
+    end
+    return added
+  end
+
+  it("runs every job when many taken-back jobs still wait in the child's channel", function()
+    local pool = h.pool("runs.lua", { size = 1, jit = false })
+    warm(pool, runs)
+    local long = pool:add({ file = runs, how = "spin", seconds = 0.3 })
+    local added = pile_up(pool, long, 8)
+    assert.equal("ran", long:wait())
+    h.wait_for(function()
+      for _, job in ipairs(added) do if not job:is_finished() then return false end end
+      return true
+    end)
+    local ids = runs_of(runs)
+    for _, job in ipairs(added) do
+      if job.state == "failed" then
+        assert.equal("ECANCELED", job.error.code)
+        assert.equal(0, count(ids, job.id))
+      else
+        assert.equal(1, count(ids, job.id))
+      end
+    end
+    assert.equal(1, pool:stats().spawned)
+  end)
+
+  it("interrupts the running job behind many taken-back jobs in the child's channel", function()
+    local pool = h.pool("runs.lua", { size = 1, jit = false, kill_after = 30 })
+    warm(pool, runs)
+    local long = pool:add({ file = runs, how = "spin", seconds = 30 })
+    pile_up(pool, long, 8)
+    assert.is_true(long:cancel("stop"))
+    local _, err = long:wait()
+    assert.equal("ECANCELED", err.code)
+    assert.is_nil(err.killed, "stopped by its interrupt, not by the hard kill")
+  end)
+
+  it("runs the jobs queued behind one that hit memory_limit, and counts them until they end", function()
+    local pool = h.pool("memory_bomb.lua", { size = 1, jit = false, memory_limit = 32 * 1024 * 1024 })
+    for _ = 1, 50 do pool:add("none") end
+    pool:drain()
+    local bomb = pool:add("tables")
+    local next_jobs = {}
+    for i = 1, 3 do next_jobs[i] = pool:add("none") end
+    assert.is_true(next_jobs[1].queued)
+    local _, err = bomb:wait()
+    assert.equal("ENOMEM", err.code)
+    pool:drain()
+    for i = 1, 3 do assert.equal("completed", next_jobs[i].state) end
+    assert.equal(0, pool.nactive)
+    assert.equal(0, pool.nqueued)
+  end)
+
   it("holds one job per child when jobs are long, and with pipeline = 1", function()
     local pool = h.pool("runs.lua", { size = 1, pipeline = 1 })
     for _ = 1, 50 do pool:add({ file = runs, how = "none" }) end

@@ -277,7 +277,7 @@ function Pool:map(items, opts)
 end
 
 function Pool:_idle()
-  return self.nactive == 0 and self.source:count() == 0 and self.ndeferred == 0
+  return self.nactive == 0 and self.nqueued == 0 and self.source:count() == 0 and self.ndeferred == 0
 end
 
 -- pool:drain(): runs the loop until no job waits or runs.

@@ -111,6 +111,7 @@ function Worker:recall(from)
   for _, job in ipairs(queue) do
     if set[job.id] then back[#back + 1] = job else keep[#keep + 1] = job end
   end
+  if keep[1] ~= self.job then self:disarm() end -- the head went back: its deadline with it
   self.queue, self.job = keep, keep[1]
   if not self.job and self.state == "busy" then self.state = "idle" end
   return back

@@ -117,7 +117,8 @@ function Pool:_prefetch()
   local workers = self.worker_list
   for i = 1, #workers do
     local w = workers[i]
-    if w.state == "busy" and not w.retiring and w.job.started and w.job.started >= recent then
+    if w.state == "busy" and not w.retiring and not w.recycle and w.job.started
+        and w.job.started >= recent then
       local room = depth - #w.queue
       if max_jobs then room = math.min(room, max_jobs - w.jobs_done - #w.queue) end
       for _ = 1, room do

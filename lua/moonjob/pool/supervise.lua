@@ -107,7 +107,7 @@ end
 
 -- A child is free again: it takes the next job, or is recycled.
 function Pool:_worker_free(w)
-  if self.closing or (self.max_jobs_per_child and w.jobs_done >= self.max_jobs_per_child) then
+  if self.closing or w.recycle or (self.max_jobs_per_child and w.jobs_done >= self.max_jobs_per_child) then
     self:_retire(w)
   else
     w.idle_since = loop.now()

@@ -222,7 +222,9 @@ function Remote:_renew()
     if not job.abandoned then
       args[#args + 1] = id
       args[#args + 1] = job.token
-      args[#args + 1] = job.started and "1" or "0"
+      -- started: its child's head, or queued and already started by the child
+      local started = job.started or (job.queued and job.worker and job.worker:started(job))
+      args[#args + 1] = started and "1" or "0"
       sent[#sent + 1] = job
     end
   end
