@@ -170,18 +170,19 @@ describe("pipelining", function()
     warm(pool, runs)
     local long = pool:add({ file = runs, how = "spin", seconds = 2 })
     local shorts = {}
-    for i = 1, 6 do shorts[i] = pool:add({ file = runs, how = "none" }) end
+    -- as many as both children can hold (2 x 8): some wait behind the long one
+    for i = 1, 15 do shorts[i] = pool:add({ file = runs, how = "none" }) end
     local queued_behind_long = 0
-    for i = 1, 6 do
+    for i = 1, 15 do
       if shorts[i].worker == long.worker then queued_behind_long = queued_behind_long + 1 end
     end
     assert.is_true(queued_behind_long > 0, "some short job was queued behind the long one")
     local t0 = core.hrtime()
-    for i = 1, 6 do assert.equal("ran", shorts[i]:wait()) end
+    for i = 1, 15 do assert.equal("ran", shorts[i]:wait()) end
     assert.is_true((core.hrtime() - t0) / 1e9 < 1, "the short jobs did not wait for the long one")
     assert.equal("ran", long:wait())
     local ids = runs_of(runs)
-    for i = 1, 6 do
+    for i = 1, 15 do
       assert.equal(1, count(ids, shorts[i].id))
       assert.equal(1, shorts[i].attempts)
     end
