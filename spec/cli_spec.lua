@@ -138,6 +138,38 @@ describe("moonjob run", function()
     assert.same({ 1, 2, 3, 4, 5, 7 }, lines)
   end)
 
+  it("keeps input order, exact results and a whole joblog over 20,000 tiny jobs (pipelined)", function()
+    local lines = {}
+    local function big(i) return ("90071992547%06d"):format(i) end -- beyond 2^53: exact or nothing
+    for i = 1, 20000 do lines[i] = ('{"n":%d,"big":%s}'):format(i, big(i)) end
+    lines[777] = "not json"
+    local input = h.write_file(os.tmpname(), table.concat(lines, "\n") .. "\n")
+    local log = os.tmpname()
+    os.remove(log)
+    local out, _, status = h.sh(MOONJOB .. "run -j 2 --keep-order --joblog " .. log
+      .. " spec/fixtures/identity.lua " .. input)
+    assert.equal(1, status)
+    local n = 0
+    for text in out:gmatch("[^\n]+") do
+      n = n + 1
+      local v = assert(json.decode(text))
+      assert.equal(n, v.line)
+      if n == 777 then
+        assert.equal("EINPUT", v.error.code)
+      else
+        assert.equal(n, tonumber(v.result.n))
+        assert.equal(big(n), (tostring(v.result.big):gsub("LL$", "")))
+      end
+    end
+    assert.equal(20000, n)
+    local f = assert(io.open(log))
+    local logged = f:read("*a")
+    f:close()
+    assert.equal(20000, select(2, logged:gsub("\n", "")))
+    os.remove(log)
+    os.remove(input)
+  end)
+
   it("retries with --attempts and --backoff", function()
     local out, _, status = h.sh(MOONJOB .. "run --attempts 3 --backoff fixed:0.01 spec/fixtures/flaky.lua",
       '{"succeed_at":3}\n')
