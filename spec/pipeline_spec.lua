@@ -62,6 +62,8 @@ describe("pipelining", function()
     local long = pool:add({ file = runs, how = "spin", seconds = 0.5 })
     local short = pool:add({ file = runs, how = "none" }, { timeout = 0.3 })
     assert.is_true(short.queued, "the short job waits in the child")
+    assert.equal("waiting", short.state)
+    assert.equal(1, pool:stats().waiting, "a job queued in a child counts as waiting")
     local active_at = {}
     pool:on("active", function(job) active_at[job] = core.hrtime() / 1e6 end)
     assert.equal("ran", short:wait())

@@ -345,7 +345,8 @@ end
 
 function Pool:__tostring()
   return ("<moonjob.pool %s: %d children, %d waiting, %d active%s>"):format(
-    self.processor, self.nworkers, self.source:count(), self.nactive, self.closing and ", closed" or "")
+    self.processor, self.nworkers, self.source:count() + self.nqueued, self.nactive,
+    self.closing and ", closed" or "")
 end
 
 ---------------------------------------------------------------- mix-in ---

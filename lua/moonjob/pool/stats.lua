@@ -62,7 +62,8 @@ function Pool:stats()
     workers[#workers + 1] = { pid = w.pid, jobs = w.jobs_done, state = w.state }
   end
   return setmetatable({
-    waiting = self.source:count(), active = self.nactive, completed = c.completed,
+    waiting = self.source:count() + self.nqueued, -- queued in a child, not started: waiting too
+    active = self.nactive, completed = c.completed,
     failed = c.failed, children = self.nworkers, size = self.size,
     spawned = c.spawned, restarts = math.max(0, c.spawned - self.size),
     crashed = c.crashed, timeouts = c.timeouts, killed = c.killed,
