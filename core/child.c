@@ -272,6 +272,8 @@ static void keep_interrupt(uint64_t token, const char *payload, size_t len) {
   interrupts[ninterrupts++].len = len;
 }
 
+static void pass_recalled(uint32_t seq);
+
 /* True when the parent took job `seq` back (the shared gate, frame.h). */
 static int recalled(uint32_t seq) {
   return shared != NULL && mj_gate_recalled(__atomic_load_n(&shared->gate, __ATOMIC_ACQUIRE), seq);
@@ -291,6 +293,9 @@ static void cut_frames(void) {
       keep_interrupt(h.job, in.buf + off, h.len);
     } else if (h.type == MJ_FRAME_JOB && recalled(seq)) {
       jobs_received = seq;
+      /* between jobs with nothing queued, every job before it is passed: the gate
+         moves on, so a run of recalls never drifts out of the sequence window */
+      if (nqueued == 0 && job_token == 0) pass_recalled(seq);
     } else {
       queued_t *q = queue_slot();
       if (q == NULL) return; /* cut later, once frames went */
@@ -350,6 +355,7 @@ static int make_room(void) {
   if (in.len - in.parsed < sizeof(mj_frame_header_t)) return -1;
   mj_frame_header_t h; /* a frame too large to hold: queued without payload */
   memcpy(&h, in.buf + in.parsed, sizeof h);
+  if (sizeof h + (size_t) h.len <= in.len - in.parsed) return -1; /* whole, only not cut yet */
   queued_t *q = queue_slot();
   if (q == NULL) return -1;
   q->type = h.type;

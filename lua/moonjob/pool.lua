@@ -291,7 +291,7 @@ function Pool:cancel_all(reason)
   while self.source:count() > 0 do
     if self:_cancel(self.source:pop_any(), reason) then n = n + 1 end
   end
-  for w in pairs(self.workers) do
+  for _, w in ipairs({ unpack(self.worker_list) }) do -- canceling may start a child: a copy
     for _, job in ipairs({ unpack(w.queue) }) do -- canceling changes the queue
       if self:_cancel(job, reason) then n = n + 1 end
     end

@@ -66,11 +66,15 @@ end
 -- A child that has not taken its job in time is replaced; the job is given
 -- back (see _give_back).
 function Pool:_unacknowledged(w)
-  w.killed_for = w.job
+  local head = w.job
+  w.killed_for = head
   self:_retire(w, true)
-  local job = w:end_job()
-  self:_take_back(w)
-  self:_give_back(job)
+  self:_take_back(w) -- the head with the rest, unless its child started it after all
+  if w.job == head then -- it did, an instant before the kill: that run counts
+    w:end_job()
+    self:_fail(head, errors.new("ECRASH", ("the child started the job only after ack_timeout "
+      .. "(%s s) and was killed"):format(tostring(self.ack_timeout)), { killed = true }))
+  end
   self:_pump()
 end
 

@@ -165,16 +165,22 @@ function Pool:_cancel(job, reason, code)
   local message = "the job was canceled" .. (reason ~= nil and (": " .. tostring(reason)) or "")
   if code and code ~= "ECANCELED" then message = reason end
   code = code or "ECANCELED"
-  if job.queued then -- back in the source with the jobs behind it, unless the child started it
+  local fields = { code = code, message = message, reason = reason }
+  if job.queued then
+    -- taken back with the jobs behind it, it fails as given back with its
+    -- interrupt set (at once, never sent again); one the child started is
+    -- interrupted below
+    job.interrupt = fields
     self:_take_back(job.worker, job)
-    if job:is_finished() then return true end -- the pool is closing: given back, it ended
+    if job:is_finished() then return true end
+    job.interrupt = nil
   end
   if job.state == "waiting" and not job.queued then
     self.source:remove(job)
     job.error = errors.new(code, message, { reason = reason })
     self:_finish(job, "failed")
   elseif not job.interrupt then
-    self:_interrupt(job.worker, job, { code = code, message = message, reason = reason })
+    self:_interrupt(job.worker, job, fields)
   end
   return true
 end
@@ -184,12 +190,12 @@ end
 -- past its timeout): then it ends with that error, never having run.
 function Pool:_give_back(job)
   if job.queued then job.queued, self.nqueued = nil, self.nqueued - 1 end
+  job.attempts = job.attempts - 1 -- it never ran
   local f = job.interrupt
   if f then
     return self:_fail(job, errors.new(f.code, f.message .. "; its child never took it",
       { reason = f.reason }))
   end
-  job.attempts = job.attempts - 1 -- it never ran
   if self.closing then -- and no child will take it now
     return self:_fail(job, errors.new("ECLOSED", "the pool was closed before the job ran"))
   end

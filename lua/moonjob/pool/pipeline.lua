@@ -101,10 +101,14 @@ function Pool:_take_back(w, from)
   return #back
 end
 
--- Takes back the jobs queued behind w's head (those it has not started).
+-- Takes back the jobs queued behind w's head that its child has not started
+-- (it may have moved on to the next ones before their frames reached us).
 function Pool:_take_back_queued(w)
-  local second = w.queue[2]
-  return second and self:_take_back(w, second) or 0
+  local queue = w.queue
+  for i = 2, #queue do
+    if not w:started(queue[i]) then return self:_take_back(w, queue[i]) end
+  end
+  return 0
 end
 
 -- While jobs are ready beyond what idle children took, busy children take
@@ -140,7 +144,8 @@ end
 -- otherwise a timer looks again when the first head reaches that age.
 function Pool:_steal()
   local now, soonest, took = loop.now(), nil, false
-  for w in pairs(self.workers) do
+  local workers = { unpack(self.worker_list) } -- taking back may start a child: a copy
+  for _, w in ipairs(workers) do
     local head = w.job
     if #w.queue > 1 and head and head.started then
       local due = head.started + STEAL_AFTER_MS
