@@ -33,6 +33,19 @@ local open_pools = {}
 -- catcher and its clock live once per process, in the registry: a catcher per
 -- load would keep the clock of a spec file long finished.
 local HANG_SECONDS = 60
+-- Before such an exit, every process this one started is SIGKILLed with its
+-- process group, by pid: a child stopped (SIGSTOP) by a spec cannot act on
+-- its parent's death, and would outlive the run.
+local function kill_own_children()
+  local ffi = require "ffi"
+  pcall(ffi.cdef, "int getpid(void);")
+  local ps = io.popen("ps -o pid= --ppid " .. ffi.C.getpid())
+  for pid in ps:read("*a"):gmatch("%d+") do
+    os.execute(("kill -9 -%s 2>/dev/null; kill -9 %s 2>/dev/null"):format(pid, pid)) -- group, then pid
+  end
+  ps:close()
+end
+
 local progress = debug.getregistry()["moonjob.spec.progress"]
 if not progress then
   progress = { last = core.hrtime() }
@@ -41,6 +54,7 @@ if not progress then
     if (core.hrtime() - progress.last) / 1e9 > HANG_SECONDS then
       io.stderr:write("\nspec/helpers.lua: a spec hung for ", HANG_SECONDS, " s; stopping the run\n",
         debug.traceback(), "\n")
+      kill_own_children()
       os.exit(3)
     end
   end)
