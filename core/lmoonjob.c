@@ -303,10 +303,9 @@ static void lmj_process_event_cb(mj_process_t *p, const mj_process_event_t *ev) 
       lua_pushliteral(L, "exit");
       lua_pushnumber(L, (lua_Number) ev->exit_status);
       lua_pushinteger(L, ev->term_signal);
-      lua_pushboolean(L, ev->taken);
       if (ev->data) lua_pushlstring(L, ev->data, ev->len); /* the spawn failed: why */
       else lua_pushnil(L);
-      nargs = 5;
+      nargs = 4;
       break;
     case MJ_PROCESS_CLOSED:
       lua_pushliteral(L, "closed");

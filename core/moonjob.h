@@ -46,7 +46,6 @@ typedef struct mj_ctx_s {
   int sigchld_started;
   mj_process_t *live;                  /* reap.c: children not reaped yet */
   mj_process_t *open;                  /* process.c: processes whose handles are open */
-  mj_process_t *staged;                /* process.c: processes with frames staged */
   uv_prepare_t flush_before;           /* process.c's stages written before the loop waits */
   uv_check_t flush_after;              /* and once it handled its events */
   struct mj_input_s *inputs;           /* stdio.c: inputs not freed yet */
@@ -107,7 +106,6 @@ typedef struct {
   uint64_t job;                        /* FRAME: the job number the parent sent */
   int streamed;                        /* FRAME: PART events came first; `len` is
                                           the last piece's length */
-  int taken;                           /* EXIT: the child had started its head job */
 } mj_process_event_t;
 
 /* What the child may send next (frame_violation in process.c). */
@@ -156,13 +154,11 @@ struct mj_process_s {
   size_t held_len[2];
   char *wbuf;                          /* the stage: small JOB frames not written yet */
   size_t wlen, wcap;
-  mj_process_t *next_staged, *prev_staged; /* the context's processes with a stage */
   mj_shared_t *shared;                 /* the page shared with the child, or NULL */
   int shared_fd;                       /* its memfd until the spawn is done, else -1 */
   mj_process_t *next_live, *prev_live; /* reap.c's list */
   mj_process_t *next_open, *prev_open; /* the context's list of open processes */
-  unsigned spawned : 1, exited : 1, closing : 1, channel_eof : 1, watched : 1, streaming : 1,
-      staged : 1;
+  unsigned spawned : 1, exited : 1, closing : 1, channel_eof : 1, watched : 1, streaming : 1;
 };
 
 typedef struct {
@@ -187,7 +183,7 @@ int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t
 int mj_process_kill(mj_process_t *p, int signum, int whole_group);
 int mj_process_end_input(mj_process_t *p);
 
-int mj_process_started(const mj_process_t *p, uint64_t job);
+int mj_process_started(mj_process_t *p, uint64_t job);
 unsigned mj_process_recall(mj_process_t *p, uint64_t from, uint64_t *jobs, unsigned max);
 
 /* Internal: process.c <- spawn.c and reap.c */

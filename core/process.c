@@ -190,17 +190,13 @@ static void stop_channel(mj_process_t *p) {
 
 /* ------------------------------------------------------------ protocol --- */
 
-static mj_inflight_t *head(mj_process_t *p) {
-  return p->nin ? &p->inflight[p->first] : NULL;
-}
-
-static const mj_inflight_t *head_of(const mj_process_t *p) {
-  return p->nin ? &p->inflight[p->first] : NULL;
-}
-
 /* The i-th job in flight, 0 being the head. */
 static mj_inflight_t *inflight_at(mj_process_t *p, unsigned i) {
   return &p->inflight[(p->first + i) % MJ_MAX_INFLIGHT];
+}
+
+static mj_inflight_t *head(mj_process_t *p) {
+  return p->nin ? inflight_at(p, 0) : NULL;
 }
 
 static mj_inflight_t *find_inflight(mj_process_t *p, uint64_t job) {
@@ -213,7 +209,7 @@ static mj_inflight_t *find_inflight(mj_process_t *p, uint64_t job) {
  * send it now: READY and LOADERR only while starting (job 0), job frames only
  * with the head job's token, job-ending frames with room for their usage
  * block, the output flag only on those. */
-static const char *frame_violation(const mj_process_t *p, const mj_frame_header_t *h) {
+static const char *frame_violation(mj_process_t *p, const mj_frame_header_t *h) {
   uint32_t type = h->type & MJ_FRAME_TYPE_MASK;
   const char *why = NULL;
   if (h->type & ~MJ_FRAME_TYPE_MASK) return "a frame header with unknown flags";
@@ -228,7 +224,7 @@ static const char *frame_violation(const mj_process_t *p, const mj_frame_header_
     case MJ_FRAME_PROGRESS:
     case MJ_FRAME_LOG:
       if (p->state != MJ_CHILD_READY || p->nin == 0) why = "a job frame while no job was running";
-      else if (h->job != head_of(p)->token) why = "a job frame with a wrong job token";
+      else if (h->job != head(p)->token) why = "a job frame with a wrong job token";
       break;
     default:
       return "a frame of unknown type";
@@ -266,8 +262,8 @@ static void frame_delivered(mj_process_t *p, uint32_t type) {
 }
 
 /* The parent's number for the head job, 0 when none. */
-static uint64_t head_job(const mj_process_t *p) {
-  return p->nin ? head_of(p)->job : 0;
+static uint64_t head_job(mj_process_t *p) {
+  return p->nin ? head(p)->job : 0;
 }
 
 /* A random job token, never 0. Tokens are drawn from the kernel 64 at a time. */
@@ -445,14 +441,12 @@ static void unlink_open(mj_process_t *p) {
   p->next_open = p->prev_open = NULL;
 }
 
-static void unlink_staged(mj_process_t *p);
 static int flush_stage(mj_process_t *p);
 
 static void mj_close_cb(uv_handle_t *h) {
   mj_process_t *p = h->data;
   if (--p->open_handles > 0) return;
   unlink_open(p);
-  unlink_staged(p);
   free(p->rbuf);
   p->rbuf = NULL;
   free(p->wbuf);
@@ -484,8 +478,7 @@ static void mj_process_gone(mj_process_t *p) {
   if (p->closing) return;
   drain_output(p);
   mj_process_event_t ev = {.kind = MJ_PROCESS_EXIT, .exit_status = p->exit_status,
-                           .term_signal = p->term_signal,
-                           .taken = p->nin > 0 && mj_process_started(p, head_job(p)) == 1};
+                           .term_signal = p->term_signal};
   if (!p->closing) emit(p, &ev);
   mj_process_close(p);
 }
@@ -714,15 +707,6 @@ static int queue_rest(mj_process_t *p, const uv_buf_t *bufs, unsigned n, size_t 
  * system call, and one wake-up of the child, for many frames. Every other
  * write flushes the stage first, so frames keep their order. */
 
-static void unlink_staged(mj_process_t *p) {
-  if (!p->staged) return;
-  p->staged = 0;
-  if (p->prev_staged) p->prev_staged->next_staged = p->next_staged;
-  else p->ctx->staged = p->next_staged;
-  if (p->next_staged) p->next_staged->prev_staged = p->prev_staged;
-  p->next_staged = p->prev_staged = NULL;
-}
-
 /* Copies the frame in bufs[0..n) (total bytes) to the stage. Returns 0, or
  * UV_ENOBUFS when it does not fit (the caller writes it now instead). */
 static int stage(mj_process_t *p, const uv_buf_t *bufs, unsigned n, size_t total) {
@@ -734,13 +718,6 @@ static int stage(mj_process_t *p, const uv_buf_t *bufs, unsigned n, size_t total
   for (unsigned i = 0; i < n; i++) {
     memcpy(p->wbuf + p->wlen, bufs[i].base, bufs[i].len);
     p->wlen += bufs[i].len;
-  }
-  if (!p->staged) {
-    p->staged = 1;
-    p->prev_staged = NULL;
-    p->next_staged = p->ctx->staged;
-    if (p->ctx->staged) p->ctx->staged->prev_staged = p;
-    p->ctx->staged = p;
   }
   return 0;
 }
@@ -757,7 +734,6 @@ static void mj_stage_write_cb(uv_write_t *req, int status) {
  * started, go back to the queue at its exit). */
 static int flush_stage(mj_process_t *p) {
   if (p->wlen == 0) return 0;
-  unlink_staged(p);
   size_t len = p->wlen;
   p->wlen = 0;
   int written = 0, rc = 0;
@@ -787,16 +763,12 @@ failed:
   return rc;
 }
 
-/* The loop is about to wait, or has handled its events: every stage goes out. */
+/* The loop is about to wait, or has handled its events: every stage goes out
+ * (a walk over the context's children, a few per pool). */
 void mj__process_flush_all(mj_ctx_t *ctx) {
-  while (ctx->staged != NULL) {
-    mj_process_t *p = ctx->staged;
-    if (p->closing || p->exited) {
-      unlink_staged(p);
-      p->wlen = 0;
-    } else {
-      flush_stage(p);
-    }
+  for (mj_process_t *p = ctx->open; p != NULL; p = p->next_open) {
+    if (p->closing || p->exited) p->wlen = 0; /* the child is gone: nobody reads it */
+    else flush_stage(p);
   }
 }
 
@@ -883,14 +855,11 @@ int mj_process_kill(mj_process_t *p, int signum, int whole_group) {
 /* 1 when the child started job `job` (it swapped the job's sequence number
  * into the shared page's gate, frame.h), 0 when not yet, -1 when the job is
  * not in flight (ended, recalled, or never sent here). */
-int mj_process_started(const mj_process_t *p, uint64_t job) {
-  for (unsigned i = 0; i < p->nin; i++) {
-    const mj_inflight_t *f = &p->inflight[(p->first + i) % MJ_MAX_INFLIGHT];
-    if (f->job != job) continue;
-    if (p->shared == NULL) return 0;
-    return mj_gate_started(__atomic_load_n(&p->shared->gate, __ATOMIC_ACQUIRE), f->seq);
-  }
-  return -1;
+int mj_process_started(mj_process_t *p, uint64_t job) {
+  const mj_inflight_t *f = find_inflight(p, job);
+  if (f == NULL) return -1;
+  if (p->shared == NULL) return 0;
+  return mj_gate_started(__atomic_load_n(&p->shared->gate, __ATOMIC_ACQUIRE), f->seq);
 }
 
 /* Takes back the jobs in flight that the child has not started, from job

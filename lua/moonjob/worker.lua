@@ -318,7 +318,7 @@ local on_event = {
       .. "must not write to the channel, fd 3"):format(why))
     w.pool:on_worker_channel_error(w)
   end,
-  exit = function(w, status, signal, _, spawn_failure)
+  exit = function(w, status, signal, spawn_failure)
     local jobs = w.queue
     w:flush_partial_lines()
     w.job, w.queue, w.state = nil, {}, "gone"

@@ -170,8 +170,10 @@ function Pool:_cancel(job, reason, code)
     -- taken back with the jobs behind it, it fails as given back with its
     -- interrupt set (at once, never sent again); one the child started is
     -- interrupted below
+    local w = job.worker
     job.interrupt = fields
-    self:_take_back(job.worker, job)
+    self:_take_back(w, job)
+    if w.state == "idle" then self:_worker_free(w) end -- it held nothing more
     if job:is_finished() then return true end
     job.interrupt = nil
   end

@@ -29,9 +29,10 @@
 -- State: pool.nqueued (jobs sent and not yet their child's head: job.queued),
 -- pool.run_avg (moving average of recent run times, ms), pool.pipeline_budget_ms
 -- (PIPELINE_BUDGET_MS; the specs raise it so that timing on a loaded machine
--- does not decide whether they pipeline), pool.saturated (every
--- busy child holds as many jobs as the depth allows: _pump skips prefetching
--- until a job ends or is taken back).
+-- does not decide whether they pipeline), pool.saturated (the last walk found
+-- every busy child full: _pump skips the walk until a child is free or jobs
+-- are taken back; meanwhile each child tops itself up when one of its jobs
+-- ends).
 --
 -- Caveat: a job data over PIPELINE_MAX_BYTES is only given to an idle child
 -- (a child's read-ahead holds whole frames in memory).
@@ -80,27 +81,25 @@ function Pool:_job_started(w, job)
   if self.listeners.active then self:_emit("active", job) end
 end
 
--- A job of w's ended: the next one it holds starts, or w is free.
+-- A job of w's ended (or was taken back): the next one it holds starts and w
+-- takes more (_top_up: the one child with a place free, so O(1) per job), or
+-- w is free.
 function Pool:_worker_next(w)
-  self.saturated = false
   local head = w.job
-  if head and head.state ~= "active" then
-    self:_job_started(w, head)
-    return self:_pump()
-  end
-  if head then return self:_pump() end
-  self:_worker_free(w)
+  if not head then return self:_worker_free(w) end
+  if head.state ~= "active" then self:_job_started(w, head) end
+  self:_top_up(w, self:_depth(), loop.now() - self:_budget_ms())
+  self:_pump()
 end
 
 -- Takes back from w every job its child has not started, from job `from` on
 -- (all of them without it); they wait in the source again, their attempt not
--- counted. A worker left holding nothing is free. Returns how many.
+-- counted. Returns how many. The caller frees w if it holds nothing now.
 function Pool:_take_back(w, from)
   local back = w:recall(from)
   if #back == 0 then return 0 end
   for _, job in ipairs(back) do self:_give_back(job) end
   self.saturated = false
-  if w.state == "idle" then self:_worker_free(w) end
   return #back
 end
 
@@ -114,30 +113,40 @@ function Pool:_take_back_queued(w)
   return 0
 end
 
--- While jobs are ready beyond what idle children took, busy children take
--- more, up to the depth (and their max_jobs_per_child).
+function Pool:_budget_ms()
+  return self.pipeline_budget_ms or PIPELINE_BUDGET_MS
+end
+
+-- A busy child takes ready jobs up to the depth (and its max_jobs_per_child),
+-- unless its head started before `recent` (it is not short). Returns false
+-- when the source ran out of jobs it may queue.
+function Pool:_top_up(w, depth, recent)
+  if depth <= 1 or w.state ~= "busy" or w.retiring or w.recycle or w.job.started < recent then
+    return true
+  end
+  local source, room = self.source, depth - #w.queue
+  if self.max_jobs_per_child then room = math.min(room, self.max_jobs_per_child - w.jobs_done - #w.queue) end
+  for _ = 1, room do
+    local job = source:pop_ready()
+    if not job then return false end
+    if job.data_bytes and #job.data_bytes > PIPELINE_MAX_BYTES then
+      source:push(job) -- it waits for an idle child
+      return false
+    end
+    self:_dispatch(w, job)
+  end
+  return true
+end
+
+-- While jobs are ready beyond what idle children took, every busy child takes
+-- more (a walk over the children: only after new jobs or jobs taken back; a
+-- child whose job ended tops itself up in _worker_next).
 function Pool:_prefetch()
   local depth = self:_depth()
   if depth <= 1 then return end
-  local source, max_jobs = self.source, self.max_jobs_per_child
-  local recent = loop.now() - (self.pipeline_budget_ms or PIPELINE_BUDGET_MS) -- older: not short
-  local workers = self.worker_list
+  local recent, workers = loop.now() - self:_budget_ms(), self.worker_list
   for i = 1, #workers do
-    local w = workers[i]
-    if w.state == "busy" and not w.retiring and not w.recycle and w.job.started
-        and w.job.started >= recent then
-      local room = depth - #w.queue
-      if max_jobs then room = math.min(room, max_jobs - w.jobs_done - #w.queue) end
-      for _ = 1, room do
-        local job = source:pop_ready()
-        if not job then return end
-        if job.data_bytes and #job.data_bytes > PIPELINE_MAX_BYTES then
-          source:push(job) -- it waits for an idle child
-          return
-        end
-        self:_dispatch(w, job)
-      end
-    end
+    if not self:_top_up(workers[i], depth, recent) then return end
   end
   self.saturated = true
 end

@@ -117,13 +117,8 @@ end
 function Pool:on_worker_failed(w, job, err)
   self:_fail(job, err)
   if err.code == "ENOMEM" then -- the heap hit memory_limit: start afresh
-    w.recycle = true -- it takes no more jobs, and ends once free
-    self:_take_back(w)
-    local started = w.job -- started by the child before it could be taken back: it runs here
-    if started and started.state ~= "active" then self:_job_started(w, started) end
-    if not started then self:_retire(w) end
-    self.saturated = false
-    return self:_pump()
+    w.recycle = true -- it takes no more jobs, and ends once free (_worker_free)
+    self:_take_back(w) -- a job its child started already runs there
   end
   self:_worker_next(w)
 end

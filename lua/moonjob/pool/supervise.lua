@@ -112,6 +112,7 @@ function Pool:_worker_free(w)
   else
     w.idle_since = loop.now()
     self.idle[#self.idle + 1] = w
+    self.saturated = false -- there is room again: prefetching may fill it past one job
   end
   self:_pump()
 end
