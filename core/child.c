@@ -61,6 +61,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 #include <linux/capability.h>
 
@@ -81,6 +82,8 @@
 static pid_t parent_pid;
 static mj_shared_t *shared;                    /* the page shared with the parent, or NULL */
 static uint64_t job_token;                     /* token of the job in hand (frame.h) */
+static uint32_t job_seq;                       /* and its sequence number */
+static const char kept_marker;                 /* channel.KEPT: the batch area's results */
 static double job_number;                      /* what Lua sees for it: 1, 2, 3... */
 static struct rusage job_start_usage;          /* taken when the job starts */
 static struct rusage last_usage;               /* taken when the last job ended */
@@ -414,8 +417,12 @@ static void look_for_interrupts(void) {
 static int start_job(uint32_t seq) {
   if (shared == NULL) return 1;
   uint64_t g = __atomic_load_n(&shared->gate, __ATOMIC_ACQUIRE);
+  if (mj_gate_started(g, seq)) return 1; /* again (start_arriving_job): its batch word stays */
   do {
     if (mj_gate_recalled(g, seq)) return 0;
+    /* its lines, should it be a batch, before the parent can see it started */
+    __atomic_store_n(&shared->batch_kept, MJ_KEPT(0, 0), __ATOMIC_RELAXED);
+    __atomic_store_n(&shared->batch, MJ_BATCH(seq, 0, MJ_BATCH_LINES_MAX), __ATOMIC_RELEASE);
   } while (!__atomic_compare_exchange_n(&shared->gate, &g, mj_gate_start(g, seq), 0,
                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
   return 1;
@@ -506,6 +513,7 @@ static int channel_recv(lua_State *L) {
     if (q->type != MJ_FRAME_JOB) break;
     if (start_job(q->seq)) {
       job_token = q->token;
+      job_seq = q->seq;
       job_number += 1;
       /* CPU time counts from here: measured anew after a wait, else from the end of the last job */
       if (waited || !last_usage_valid) getrusage(RUSAGE_SELF, &job_start_usage);
@@ -567,7 +575,13 @@ static int channel_send(lua_State *L) {
   }
   for (int i = 0; i < nparts; i++, n++) {
     size_t len;
-    const char *s = luaL_checklstring(L, 3 + i, &len);
+    const char *s;
+    if (lua_touserdata(L, 3 + i) == &kept_marker) { /* channel.KEPT */
+      s = shared ? (const char *) shared + MJ_SHARED_SIZE : "";
+      len = shared ? MJ_KEPT_BYTES(__atomic_load_n(&shared->batch_kept, __ATOMIC_RELAXED)) : 0;
+    } else {
+      s = luaL_checklstring(L, 3 + i, &len);
+    }
     iov[n].iov_base = (void *) s;
     iov[n].iov_len = len;
     total += len;
@@ -590,6 +604,62 @@ static int channel_send(lua_State *L) {
     job_token = 0;
   }
   return 0;
+}
+
+/* channel.batch_next() -> true when the child may start the next line of the
+ * batch in hand (frame.h): it counts as started from here; false once the
+ * parent took back the lines not started (or without a shared page: a
+ * batch then runs whole). */
+static int channel_batch_next(lua_State *L) {
+  if (shared == NULL) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  uint64_t b = __atomic_load_n(&shared->batch, __ATOMIC_ACQUIRE), next;
+  do {
+    uint32_t started = MJ_BATCH_STARTED(b);
+    if (MJ_BATCH_SEQ(b) != job_seq || started >= MJ_BATCH_LIMIT(b)) {
+      lua_pushboolean(L, 0);
+      return 1;
+    }
+    next = MJ_BATCH(job_seq, started + 1, MJ_BATCH_LIMIT(b));
+  } while (!__atomic_compare_exchange_n(&shared->batch, &b, next, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE));
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* channel.batch_keep(text) -> true when the result text of the line just
+ * finished went into the batch area (the parent reads it there should the
+ * child die before the job's DONE frame, which carries channel.KEPT); false
+ * when it does not fit (nothing kept: the runner ends the batch and sends the
+ * text itself). */
+static int channel_batch_keep(lua_State *L) {
+  size_t len;
+  const char *text = luaL_checklstring(L, 1, &len);
+  if (shared == NULL) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  uint64_t k = __atomic_load_n(&shared->batch_kept, __ATOMIC_RELAXED);
+  size_t used = MJ_KEPT_BYTES(k);
+  if (len > MJ_BATCH_AREA - used) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  memcpy((char *) shared + MJ_SHARED_SIZE + used, text, len);
+  __atomic_store_n(&shared->batch_kept, MJ_KEPT(MJ_KEPT_LINES(k) + 1, used + len), __ATOMIC_RELEASE);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* channel.now() -> milliseconds on the monotonic clock (a batch times its
+ * lines with it). */
+static int channel_now(lua_State *L) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  lua_pushnumber(L, (double) ts.tv_sec * 1e3 + (double) ts.tv_nsec / 1e6);
+  return 1;
 }
 
 /* True when an INTERRUPT for the job in hand was written by the parent:
@@ -710,7 +780,8 @@ static int open_channel(lua_State *L) {
   static const luaL_Reg funcs[] = {
     {"recv", channel_recv}, {"send", channel_send}, {"run", channel_run},
     {"interrupt_traceback", channel_interrupt_traceback}, {"strict", channel_strict},
-    {"interrupt", channel_interrupt},
+    {"interrupt", channel_interrupt}, {"batch_next", channel_batch_next},
+    {"batch_keep", channel_batch_keep}, {"now", channel_now},
     {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, funcs);
@@ -719,6 +790,8 @@ static int open_channel(lua_State *L) {
   lua_setfield(L, -2, #name);
   MJ_FRAME_TYPES(MJ_SET_TYPE)
 #undef MJ_SET_TYPE
+  lua_pushlightuserdata(L, (void *) &kept_marker);
+  lua_setfield(L, -2, "KEPT");
   return 1;
 }
 
@@ -801,7 +874,7 @@ static void become_user(const char *user) {
  * set-up: without it the child could not tell its parent's death from a close. */
 static void map_shared_page(void) {
   if (fcntl(MJ_SHARED_FD, F_GETFD) < 0) return;
-  void *page = mmap(NULL, MJ_SHARED_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, MJ_SHARED_FD, 0);
+  void *page = mmap(NULL, MJ_SHARED_MAP_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, MJ_SHARED_FD, 0);
   if (page == MAP_FAILED) setup_call_failed("map the page shared with the parent");
   shared = page;
   close(MJ_SHARED_FD);

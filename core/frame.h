@@ -104,7 +104,35 @@ typedef struct {
   uint64_t output_read[2]; /* bytes the parent read from stdout, stderr (atomic): with
                               what the socket still holds (SIOCOUTQ), the child knows
                               how many it wrote, read with output_seq as a seqlock */
+  uint64_t batch;       /* the batch of lines in hand: MJ_BATCH(seq, started, limit) (atomic) */
+  uint64_t batch_kept;  /* its results kept in the batch area: MJ_KEPT(lines, bytes) (atomic) */
 } mj_shared_t;
+
+/* Batches of lines (the command line's jobs, see runner.lua): one JOB frame
+ * carries many lines, and the child runs the processor once per line. The
+ * word `batch` says, for the job with sequence number `seq`, how many of its
+ * lines the child started and how many it may start (`limit`): the child
+ * starts a line only by swapping in started + 1 while started < limit, and
+ * the parent takes back the lines not started by swapping in limit =
+ * started, so a line is either started or taken back, never both. The child
+ * writes each finished line's result into the batch area (the MJ_BATCH_AREA
+ * bytes after the page) and then publishes how many lines and bytes it holds
+ * in `batch_kept`: the area is shared memory, so when the child dies in the
+ * middle of a batch, the parent still reads what the lines before finished
+ * with. The job's DONE frame carries the area's bytes, so the area only
+ * matters until then. */
+#define MJ_BATCH_AREA (1024 * 1024)
+#define MJ_BATCH_LINE_BITS 21
+#define MJ_BATCH_LINES_MAX ((1u << MJ_BATCH_LINE_BITS) - 1)
+#define MJ_BATCH(seq, started, limit) \
+  ((uint64_t) (seq) | ((uint64_t) (started) << MJ_SEQ_BITS) | \
+   ((uint64_t) (limit) << (MJ_SEQ_BITS + MJ_BATCH_LINE_BITS)))
+#define MJ_BATCH_SEQ(b) ((uint32_t) (b) & MJ_SEQ_MASK)
+#define MJ_BATCH_STARTED(b) ((uint32_t) ((b) >> MJ_SEQ_BITS) & MJ_BATCH_LINES_MAX)
+#define MJ_BATCH_LIMIT(b) ((uint32_t) ((b) >> (MJ_SEQ_BITS + MJ_BATCH_LINE_BITS)) & MJ_BATCH_LINES_MAX)
+#define MJ_KEPT(lines, bytes) (((uint64_t) (lines) << 32) | (uint32_t) (bytes))
+#define MJ_KEPT_LINES(k) ((uint32_t) ((k) >> 32))
+#define MJ_KEPT_BYTES(k) ((uint32_t) (k))
 
 /* JOB frames a child may hold at once: the one it runs and those queued behind. */
 #define MJ_MAX_INFLIGHT 16
@@ -153,6 +181,7 @@ static inline uint64_t mj_gate_start(uint64_t g, uint32_t seq) {
 
 #define MJ_SHARED_FD 4
 #define MJ_SHARED_SIZE 4096
+#define MJ_SHARED_MAP_SIZE (MJ_SHARED_SIZE + MJ_BATCH_AREA) /* the page, then the batch area */
 
 /* The signal that interrupts a running job once its INTERRUPT frame is sent. */
 #define MJ_INTERRUPT_SIGNAL SIGUSR1

@@ -461,6 +461,31 @@ static int lmj_process_recall(lua_State *L) {
   return 1;
 }
 
+/* process:batch(job) -> started, kept_lines, kept_text: where batch job `job`
+ * stands in the child (readable after its death too); nil when `job` is not
+ * a batch of lines the child started. */
+static int lmj_process_batch(lua_State *L) {
+  lmj_process_t *lp = lmj_check_process(L, 1);
+  uint64_t job = (uint64_t) lmj_check_range(L, 2, 0, 9007199254740992.0);
+  mj_batch_state_t state;
+  if (mj_process_batch(&lp->p, job, &state) != 0) return 0;
+  lua_pushnumber(L, state.started);
+  lua_pushnumber(L, state.kept_lines);
+  lua_pushlstring(L, state.kept, state.kept_bytes);
+  return 3;
+}
+
+/* process:batch_cut(job) -> lines started: the child starts no more lines of
+ * batch job `job`; nil when `job` is not a batch the child started. */
+static int lmj_process_batch_cut(lua_State *L) {
+  lmj_process_t *lp = lmj_check_process(L, 1);
+  uint64_t job = (uint64_t) lmj_check_range(L, 2, 0, 9007199254740992.0);
+  int started = mj_process_batch_cut(&lp->p, job);
+  if (started < 0) return 0;
+  lua_pushnumber(L, started);
+  return 1;
+}
+
 static int lmj_process_tostring(lua_State *L) {
   lmj_process_t *lp = luaL_checkudata(L, 1, LMJ_PROCESS);
   lua_pushfstring(L, "<moonjob.process pid %d%s>", lp->p.pid,
@@ -556,7 +581,8 @@ static lmj_input_t *lmj_check_input(lua_State *L, int idx) {
   return li;
 }
 
-static void lmj_line_cb(mj_input_t *in, const char *line, size_t len, int too_long) {
+static void lmj_line_cb(mj_input_t *in, const char *line, size_t len, int too_long,
+                        unsigned count) {
   lmj_input_t *li = (lmj_input_t *) in;
   lua_State *L = li->lctx->L;
   if (li->lctx->finalizing) return;
@@ -564,7 +590,8 @@ static void lmj_line_cb(mj_input_t *in, const char *line, size_t len, int too_lo
   if (too_long) lua_pushnil(L);
   else lua_pushlstring(L, line, len);
   lua_pushnumber(L, (lua_Number) len);
-  lmj_call(L, 2);
+  lua_pushnumber(L, (lua_Number) count);
+  lmj_call(L, 3);
 }
 
 static void lmj_input_end_cb(mj_input_t *in, int error) {
@@ -584,7 +611,7 @@ static void lmj_input_freed_cb(mj_input_t *in) {
   lmj_unref(li->lctx->L, &li->self_ref);
 }
 
-/* core.input(fd, max_line, on_line(line|nil, len), on_end(err|nil)) -> input,
+/* core.input(fd, max_line, on_line(line|nil, len, count), on_end(err|nil)) -> input,
  * paused: call input:resume() to start. A nil line was longer than max_line.
  * The input owns fd when it is above 2 (closed by input:close()). */
 static int lmj_input_new(lua_State *L) {
@@ -611,6 +638,13 @@ static int lmj_input_resume(lua_State *L) {
   if (rc != 0) return lmj_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
+}
+
+/* input:batch(n): deliver up to n whole lines at once, as one block (the
+ * callback's third argument counts them); 1 delivers each line alone. */
+static int lmj_input_batch(lua_State *L) {
+  lmj_check_input(L, 1)->in.batch_lines = (unsigned) lmj_check_range(L, 2, 1, 1048575);
+  return 0;
 }
 
 static int lmj_input_pause(lua_State *L) {
@@ -1024,12 +1058,13 @@ int luaopen_moonjob_core(lua_State *L) {
   static const luaL_Reg process_methods[] = {
     {"send", lmj_process_send}, {"kill", lmj_process_kill},
     {"end_input", lmj_process_end_input}, 
-    {"started", lmj_process_started}, {"recall", lmj_process_recall}, {NULL, NULL}};
+    {"started", lmj_process_started}, {"recall", lmj_process_recall},
+    {"batch", lmj_process_batch}, {"batch_cut", lmj_process_batch_cut}, {NULL, NULL}};
   static const luaL_Reg timer_methods[] = {
     {"start", lmj_timer_start}, {"stop", lmj_timer_stop}, {"unref", lmj_timer_unref},
     {"close", lmj_timer_close}, {NULL, NULL}};
   static const luaL_Reg input_methods[] = {
-    {"resume", lmj_input_resume}, {"pause", lmj_input_pause}, {"close", lmj_input_close},
+    {"resume", lmj_input_resume}, {"pause", lmj_input_pause}, {"batch", lmj_input_batch}, {"close", lmj_input_close},
     {NULL, NULL}};
   static const luaL_Reg redis_methods[] = {
     {"command", lmj_redis_command}, {"subscribe", lmj_redis_subscribe},

@@ -186,6 +186,17 @@ int mj_process_end_input(mj_process_t *p);
 int mj_process_started(mj_process_t *p, uint64_t job);
 unsigned mj_process_recall(mj_process_t *p, uint64_t from, uint64_t *jobs, unsigned max);
 
+/* A batch of lines in the child (mj_process_batch, frame.h). */
+typedef struct {
+  uint32_t started;    /* lines the child started */
+  uint32_t kept_lines; /* lines whose results are in `kept` */
+  uint32_t kept_bytes;
+  const char *kept;    /* the results, in the shared batch area */
+} mj_batch_state_t;
+
+int mj_process_batch(mj_process_t *p, uint64_t job, mj_batch_state_t *state);
+int mj_process_batch_cut(mj_process_t *p, uint64_t job);
+
 /* Internal: process.c <- spawn.c and reap.c */
 void mj__process_spawned(mj_process_t *p, int pid, int error);
 void mj__process_close_all(mj_ctx_t *ctx);
@@ -204,7 +215,10 @@ void mj__reap_kill_all(mj_ctx_t *ctx, uint64_t timeout_ms);
 /* ----------------------------------------------------------- stdio.c --- */
 
 typedef struct mj_input_s mj_input_t;
-typedef void (*mj_line_cb)(mj_input_t *in, const char *line, size_t len, int too_long);
+/* A line (count 1), or with batch_lines > 1 a block of `count` whole lines
+ * joined by their newlines (without the last one). */
+typedef void (*mj_line_cb)(mj_input_t *in, const char *line, size_t len, int too_long,
+                           unsigned count);
 typedef void (*mj_input_end_cb)(mj_input_t *in, int error);
 typedef void (*mj_input_freed_cb)(mj_input_t *in);
 
@@ -226,6 +240,7 @@ struct mj_input_s {
   void *data;
   char *buf;                           /* unread bytes: [0, len) */
   size_t len, cap, max_line;
+  unsigned batch_lines;                /* whole lines delivered at once, at most (0, 1: one) */
   int skipping;                        /* inside a line longer than max_line */
   mj_input_t *next, *prev;             /* the context's list of inputs */
   unsigned reading : 1, paused : 1, ended : 1, closing : 1, delivering : 1, stream_open : 1,

@@ -423,7 +423,7 @@ static void drain_channel(mj_process_t *p) {
 static void release_shared(mj_process_t *p) {
   if (p->shared_fd >= 0) close(p->shared_fd);
   p->shared_fd = -1;
-  if (p->shared != NULL) munmap(p->shared, MJ_SHARED_SIZE);
+  if (p->shared != NULL) munmap(p->shared, MJ_SHARED_MAP_SIZE);
   p->shared = NULL;
 }
 
@@ -586,8 +586,8 @@ static int map_shared(mj_process_t *p) {
     fd = moved;
   }
   void *page = MAP_FAILED;
-  if (ftruncate(fd, MJ_SHARED_SIZE) == 0)
-    page = mmap(NULL, MJ_SHARED_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (ftruncate(fd, MJ_SHARED_MAP_SIZE) == 0)
+    page = mmap(NULL, MJ_SHARED_MAP_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (page == MAP_FAILED) {
     int rc = -errno;
     close(fd);
@@ -898,6 +898,48 @@ unsigned mj_process_recall(mj_process_t *p, uint64_t from, uint64_t *jobs, unsig
   for (unsigned i = keep; i < p->nin && n < max; i++) jobs[n++] = inflight_at(p, i)->job;
   p->nin = keep;
   return n;
+}
+
+/* The shared `batch` word of job `job`, when it is in flight and the child
+ * started it as a batch of lines (frame.h); 0 otherwise. */
+static uint64_t batch_word(mj_process_t *p, uint64_t job) {
+  const mj_inflight_t *f = find_inflight(p, job);
+  if (f == NULL || p->shared == NULL) return 0;
+  if (!mj_gate_started(__atomic_load_n(&p->shared->gate, __ATOMIC_ACQUIRE), f->seq)) return 0;
+  uint64_t b = __atomic_load_n(&p->shared->batch, __ATOMIC_ACQUIRE);
+  return MJ_BATCH_SEQ(b) == f->seq ? b : 0;
+}
+
+/* Where batch job `job` stands in the child (frame.h): the lines it started,
+ * and the lines and bytes of results it kept in the batch area (*kept points
+ * at them; they stay readable after the child's death, until the process is
+ * freed). Returns 0, or -1 when `job` is not a batch the child started. */
+int mj_process_batch(mj_process_t *p, uint64_t job, mj_batch_state_t *state) {
+  uint64_t b = batch_word(p, job);
+  if (b == 0) return -1;
+  uint64_t k = __atomic_load_n(&p->shared->batch_kept, __ATOMIC_ACQUIRE);
+  state->started = MJ_BATCH_STARTED(b);
+  state->kept_lines = MJ_KEPT_LINES(k);
+  state->kept_bytes = MJ_KEPT_BYTES(k) <= MJ_BATCH_AREA ? MJ_KEPT_BYTES(k) : 0;
+  state->kept = (const char *) p->shared + MJ_SHARED_SIZE;
+  return 0;
+}
+
+/* Takes back the lines of batch job `job` that the child has not started:
+ * one compare-and-swap lowers its limit to the lines started, so the child
+ * starts no more of them and ends the job with what ran. Returns the number
+ * of lines started (the rest are the caller's again), or -1 when `job` is
+ * not a batch the child started. */
+int mj_process_batch_cut(mj_process_t *p, uint64_t job) {
+  uint64_t b = batch_word(p, job);
+  if (b == 0) return -1;
+  for (;;) {
+    uint64_t cut = MJ_BATCH(MJ_BATCH_SEQ(b), MJ_BATCH_STARTED(b), MJ_BATCH_STARTED(b));
+    if (__atomic_compare_exchange_n(&p->shared->batch, &b, cut, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE))
+      return (int) MJ_BATCH_STARTED(b);
+    if (MJ_BATCH_SEQ(b) != MJ_BATCH_SEQ(cut)) return -1; /* the child moved on to another job */
+  }
 }
 
 static void mj_shutdown_cb(uv_shutdown_t *req, int status) {

@@ -68,6 +68,23 @@ static void release_if_done(mj_input_t *in) {
   if (in->closing && !in->reading && !in->delivering && !in->stream_open) release(in);
 }
 
+/* Extends the block of lines at `start` (its first line `n` bytes long, *off
+ * just past its newline) with the whole lines after it, up to batch_lines
+ * lines and max_line bytes in all; a line that would pass either stays for
+ * the next delivery. Returns the block's length without its last newline. */
+static size_t gather_lines(mj_input_t *in, const char *start, size_t n, size_t *off,
+                           unsigned *count) {
+  while (*count < in->batch_lines && *off < in->len) {
+    const char *next = in->buf + *off;
+    char *nl = memchr(next, '\n', in->len - *off);
+    if (nl == NULL || (size_t) (nl - start) > in->max_line) break;
+    n = (size_t) (nl - start);
+    *off += (size_t) (nl - next) + 1;
+    (*count)++;
+  }
+  return n;
+}
+
 /* Delivers complete lines while not paused; keeps the partial rest. Stops at
  * once when a callback freed the input. */
 static void deliver_lines(mj_input_t *in) {
@@ -87,14 +104,16 @@ static void deliver_lines(mj_input_t *in) {
       in->skipping = 0; /* the end of a line already reported as too long */
       continue;
     }
-    in->on_line(in, start, n, n > in->max_line);
+    unsigned count = 1;
+    if (n <= in->max_line && in->batch_lines > 1) n = gather_lines(in, start, n, &off, &count);
+    in->on_line(in, start, n, n > in->max_line, count);
   }
   if (!in->closing) {
     if (off > 0) memmove(in->buf, in->buf + off, in->len - off);
     in->len -= off;
     if (partial && !in->skipping && in->len > in->max_line) {
       in->skipping = 1;
-      in->on_line(in, in->buf, in->len, 1);
+      in->on_line(in, in->buf, in->len, 1, 1);
     }
     if (in->skipping) in->len = 0;
   }
@@ -109,7 +128,7 @@ static void finish(mj_input_t *in, int error) {
     size_t n = in->len;
     in->len = 0;
     in->delivering = 1;
-    in->on_line(in, in->buf, n, n > in->max_line); /* last line without a newline */
+    in->on_line(in, in->buf, n, n > in->max_line, 1); /* last line without a newline */
     in->delivering = 0;
   }
   if (!in->closing) in->on_end(in, error);

@@ -22,9 +22,10 @@
 --
 -- Exit status: 0 when every job completed, 1 when any failed, 2 for usage,
 -- set-up or I/O errors that stop the run, 128 + N on signal N.
+local batches = require "moonjob.cli_batches"
 local core = require "moonjob.core"
 local ffi = require "ffi"
-local json = require "moonjob.json"
+local lines = require "moonjob.lines"
 local loop = require "moonjob.loop"
 local moonjob = require "moonjob"
 local moonjob_job = require "moonjob.job"
@@ -92,6 +93,8 @@ stopped by signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)
 local EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 local SIGNAL_NAMES = { [1] = "SIGHUP", [2] = "SIGINT", [15] = "SIGTERM" }
 local SECONDS_MAX = 1e9 -- the pool's own bound on its times
+local BATCH_BUDGET_MS = 4 -- a batch of lines runs about this long in its child
+local BATCH_LINES_MAX = 4096 -- and holds at most this many lines
 
 local function usage_error(message)
   io.stderr:write("moonjob: ", message, "\n", "Try 'moonjob --help'.\n")
@@ -191,17 +194,39 @@ end
 
 ---------------------------------------------------------------- output ---
 
+-- The result line of a job that ran one line.
 local function result_line(job)
-  local head = ('{"line":%d,"status":"%s",'):format(job.line, job.state)
-  local tail = (',"attempts":%d,"ms":%s}\n'):format(job.attempts, json.number_text(
-    math.floor((job.ms or 0) * 1000 + 0.5) / 1000))
   if job.state == "completed" then
-    return head .. '"result":', moonjob_job.bytes(job.result_bytes), tail
+    return lines.completed(job.line, moonjob_job.bytes(job.result_bytes), job.attempts, job.ms or 0)
   end
-  local err = job.error
-  local text = '{"code":' .. assert(json.encode(tostring(err.code))) .. ',"message":'
-    .. assert(json.encode(tostring(err.message))) .. "}"
-  return head .. '"error":', text, tail
+  return lines.failed(job.line, job.error, job.attempts, job.ms or 0)
+end
+
+-- What a batch job (pool:add's `lines`, moonjob.cli_batches) ran: its result
+-- lines, the positions they cover (1 to covered), and how many completed and
+-- failed. A batch whose child died keeps what its finished lines wrote to the
+-- shared area (job.batch_state); the line it was running fails with the
+-- child's error; the lines after are not covered (they go out again). A batch
+-- that failed before it started (the processor no longer loads, the run
+-- stops) fails each of its lines with that error.
+local function batch_outcome(job)
+  if job.state == "completed" then
+    local run, ok_n, failed_n, body = batches.parse_done(moonjob_job.bytes(job.result_bytes))
+    if run then return body, run, ok_n, failed_n end
+    job.error = moonjob.errors.new("EPROTO", "the child's batch result is not one")
+  end
+  local state, body, covered = job.batch_state, "", 0
+  if state then body, covered = state.text, state.kept end
+  local failed_n = batches.count_failed(body)
+  local ok_n = batches.count_lines(body) - failed_n
+  local last = state and state.started > state.kept and covered + 1 or not state and job.count or covered
+  for pos = covered + 1, last do -- the line it died in, or every line of a batch that never ran
+    if not batches.is_blank(job.text, pos) then
+      body = body .. lines.failed(job.line + pos - 1, job.error, math.max(job.attempts, 1), 0)
+      failed_n = failed_n + 1
+    end
+  end
+  return body, last, ok_n, failed_n
 end
 
 ------------------------------------------------------------------- run ---
@@ -323,15 +348,18 @@ end
 -- Writes result lines in input order: a finished job waits here until every
 -- earlier line was written. Without keep_order, lines go out as jobs finish.
 -- Lines that make no output (blank, resumed) are emitted as "".
+-- emit(line, text, count): text holds the results of `count` lines (default
+-- 1) from `line` on.
 local function ordered_writer(write, keep_order)
   if not keep_order then return function(_, text) write(text) end end
-  local pending, next_line = {}, 1
-  return function(line, text)
-    pending[line] = text
+  local pending, covers, next_line = {}, {}, 1
+  return function(line, text, count)
+    pending[line], covers[line] = text, count or 1
     while pending[next_line] do
-      write(pending[next_line])
-      pending[next_line] = nil
-      next_line = next_line + 1
+      local at = next_line
+      write(pending[at])
+      next_line = at + covers[at]
+      pending[at], covers[at] = nil, nil
     end
   end
 end
@@ -389,12 +417,39 @@ local function run(processor, input_path, o)
   if not pool then return usage_error(err) end
 
   local out = core.output(1)
-  local high, low = pool.size * 64, pool.size * 16 -- unwritten jobs before input pauses / resumes
   local inflight, completed, failed, ended, paused, input = 0, 0, 0, false, false, nil
   local line_no, write_error, read_error = 0, nil, nil
   local stop -- why the run stops early: { status = n, message = text }, or nil
   local bar = o.progress and progress_bar(input_size(input_path),
     function() return completed + failed, failed end)
+  local resumed_last = 0 -- the last line --resume skips
+  for line in pairs(resumed) do resumed_last = math.max(resumed_last, line) end
+  local function is_resumed(line) return resumed[line] end
+
+  -- Lines in flight before input pauses (high) and resumes (low): room for
+  -- a few batches per child.
+  local batching = o.timeout == nil and (o.attempts or 1) == 1
+  local batch_lines, line_ms = 1, nil
+  local high, low
+  local function set_bounds()
+    high = math.max(pool.size * 64, pool.size * batch_lines * 3)
+    low = math.floor(high / 4)
+  end
+  set_bounds()
+
+  -- Batches are as long as BATCH_BUDGET_MS of recent lines (1 line each until
+  -- lines are known to be short): the run time of `n` lines was `ms`.
+  local function lines_took(ms, n)
+    if not batching or n < 1 then return end
+    local per_line = math.max(ms / n, 1e-4)
+    line_ms = line_ms and line_ms * 0.8 + per_line * 0.2 or per_line
+    local want = math.max(1, math.min(BATCH_LINES_MAX, math.floor(BATCH_BUDGET_MS / line_ms)))
+    if want ~= batch_lines then
+      batch_lines = want
+      input:batch(want)
+      set_bounds()
+    end
+  end
 
   local function write(text)
     if write_error or text == "" then return end
@@ -406,12 +461,19 @@ local function run(processor, input_path, o)
   end
   local emit = ordered_writer(write, o.keep_order)
 
-  local function written(line, text)
-    inflight = inflight - 1
-    emit(line, text)
+  local function written(line, text, count)
+    inflight = inflight - (count or 1)
+    emit(line, text, count)
     if paused and inflight <= low and not ended and not write_error then
       paused = false
       input:resume()
+    end
+  end
+
+  local function pause_if_full()
+    if inflight >= high and not paused then
+      paused = true
+      input:pause()
     end
   end
 
@@ -421,15 +483,38 @@ local function run(processor, input_path, o)
     return completed == 0 and job.state == "failed" and job.error.code == "ELOAD"
   end
 
+  local add_line, add_batch
+
+  -- The lines of batch `job` from position `from` on that it did not run go
+  -- out again, as a batch of their own (or a line).
+  local function hand_back(job, from)
+    local to = job.handed_back - 1
+    if from > to then return end
+    job.handed_back = from
+    inflight = inflight - (to - from + 1)
+    local text = batches.slice(job.text, from, to)
+    if from == to then return add_line(job.line + from - 1, text, #text) end
+    add_batch(job.line + from - 1, to - from + 1, text)
+  end
+  pool.on_lines_cut = function(job, started) -- an idle child takes what a slow line held up
+    if not stop then hand_back(job, started + 1) end
+  end
+
   local function finished(job)
     if stop then return end -- the run is stopping: nothing more is recorded
     if cannot_load(job) then
       stop = { status = EXIT_USAGE, message = tostring(job.error) } -- "ELOAD: ...", as a syntax error reads
       return
     end
-    local a, b, c = result_line(job)
-    local text = a .. b .. c
-    if joblog then
+    local text, covered, ok_n, failed_n
+    if job.count then
+      text, covered, ok_n, failed_n = batch_outcome(job)
+    else
+      text, covered = result_line(job), 1
+      ok_n = job.state == "completed" and 1 or 0
+      failed_n = 1 - ok_n
+    end
+    if joblog and text ~= "" then
       local ok, e = joblog:write(text)
       if not ok then
         stop = { status = EXIT_USAGE, message = ("writing the joblog '%s' failed: %s; the run stopped "
@@ -438,29 +523,40 @@ local function run(processor, input_path, o)
         return
       end
     end
-    if job.state == "failed" then failed = failed + 1 else completed = completed + 1 end
-    written(job.line, text)
+    completed, failed = completed + ok_n, failed + failed_n
+    if job.ms and covered > 0 then lines_took(job.ms, covered) end
+    written(job.line, text, covered)
+    if job.count then hand_back(job, covered + 1) end
   end
   pool:on("completed", finished)
   pool:on("failed", finished)
 
-  local function on_line(text, len)
-    line_no = line_no + 1
-    if bar then bar.bytes = bar.bytes + len + 1 end
-    if (text and not text:find("%S")) or resumed[line_no] then return emit(line_no, "") end
+  add_line = function(line, text, len)
+    if (text and not text:find("%S")) or resumed[line] then return emit(line, "") end
     inflight = inflight + 1
     if not text then -- longer than max_payload: fails without running
       local e = moonjob.errors.new("EINPUT", ("line %d is %d bytes or more, more than max_payload (%d)")
-        :format(line_no, len, pool.max_payload))
-      finished({ line = line_no, state = "failed", error = e, attempts = 0 })
+        :format(line, len, pool.max_payload))
+      finished({ line = line, state = "failed", error = e, attempts = 0 })
     else
-      local job = pool:add(text, { name = "line " .. line_no })
-      job.line = line_no
+      local job = pool:add(text, { name = "line " .. line })
+      job.line = line
     end
-    if inflight >= high and not paused then
-      paused = true
-      input:pause()
-    end
+  end
+
+  add_batch = function(first, count, text)
+    if first <= resumed_last then text = batches.blank(text, first, count, is_resumed) end
+    inflight = inflight + count
+    local job = pool:add(text, { name = ("lines %d-%d"):format(first, first + count - 1), lines = first })
+    job.line, job.count, job.text, job.handed_back = first, count, text, count + 1
+  end
+
+  local function on_line(text, len, count)
+    local first = line_no + 1
+    line_no = line_no + count
+    if bar then bar.bytes = bar.bytes + len + 1 end
+    if count > 1 then add_batch(first, count, text) else add_line(first, text, len) end
+    pause_if_full()
   end
   input = core.input(fd, pool.max_payload, on_line, function(e)
     ended, read_error = true, e

@@ -120,6 +120,7 @@ end
 function Pool:_dispatch(w, job)
   local attempt = job.attempts + 1
   local meta = self.meta:reset():encode(job.remote_id or job.id):encode(attempt):encode(job.name)
+    :encode(job.first_line or false)
   if not w:run(job, meta:tostring()) then -- the child is gone: it holds no place either
     self:_retire(w, true)
     return self.source:push(job)
@@ -155,7 +156,7 @@ function Pool:_pump()
     local w = idle[#idle]
     if w.state == "idle" then
       local job = source:pop_ready()
-      if not job and not (self.nqueued > 0 and self:_steal()) then break end
+      if not job and not ((self.nqueued > 0 or self.batches) and self:_steal()) then break end
       if job then
         idle[#idle] = nil
         self:_dispatch(w, job)
@@ -211,6 +212,8 @@ function Pool:add(data, opts)
     job.name = opts.name
     job.timeout, job.kill_after, job.priority = opts.timeout, opts.kill_after, opts.priority
     job.max_attempts, job.backoff = opts.attempts, opts.backoff
+    job.first_line = opts.lines -- a batch of NDJSON lines (moonjob.cli, runner.lua)
+    if opts.lines then self.batches = true end -- idle children may then cut batches (_steal)
     if opts.delay and opts.delay > 0 then job.run_at = loop.now() + opts.delay * 1000 end
   end
   if self.closing then

@@ -270,21 +270,25 @@ local function failure_of(result, heap_full)
   return to_error(result.value, result.traceback, "EPROCESSOR")
 end
 
--- The job's meta: its id, attempt and name, encoded one after the other
--- (no table to build in the parent for each job).
+-- The job's meta: its id, attempt, name, and the number of its first line
+-- when it is a batch of lines (else false), encoded one after the other (no
+-- table to build in the parent for each job).
 local function decode_meta()
   local id = decoder:decode()
   local attempt = decoder:decode()
-  return { id = id, attempt = attempt, name = decoder:decode() }
+  local name = decoder:decode()
+  return { id = id, attempt = attempt, name = name, first_line = decoder:decode() }
 end
 
--- Decodes the job's data; false and an error when it cannot.
+-- Decodes the job's data (a batch's lines stay text); false and an error
+-- when it cannot.
 local function decode_job(payload)
   if payload == false then return false, out_of_memory("the job's data") end
   decoder:set(payload)
   local ok, meta = pcall(decode_meta)
   local data
-  if ok then ok, data = pcall(codecs[options.codec].decode) end
+  if ok and meta.first_line then ok, data = pcall(decoder.tostring, decoder)
+  elseif ok then ok, data = pcall(codecs[options.codec].decode) end
   if ok then return meta, data end
   local e = data or meta -- the error: the data's, or the meta's when that failed first
   decoder:reset()
@@ -293,9 +297,118 @@ local function decode_job(payload)
   return false, to_error(e, nil, "EPAYLOAD")
 end
 
+------------------------------------------------------------- batches ---
+
+-- A batch of lines (moonjob run, "json" codec; frame.h): the job's data is
+-- NDJSON text, and the processor runs once per line, each line a job of its
+-- own to it (job.data, job.id = the batch's id, job.line, job.name "line N").
+-- The child writes each line's result line itself (moonjob.lines) into the
+-- batch area it shares with the parent, so a child that dies mid-batch loses
+-- no finished line's result; the DONE frame carries the area's bytes after a
+-- header "<lines run> <completed> <failed>\n". A line starts only when the
+-- shared batch word allows it (the parent may take back the lines not
+-- started). A blank line is run as nothing (no result line) but still counts.
+-- Lines after one that filled the heap (ENOMEM) or was interrupted are not
+-- run: the parent sends them again.
+local lines_format = nil -- moonjob.lines, loaded with the first batch
+
+local function input_error(err)
+  local what = err:find("^number ") and "input cannot cross exactly: " or "input is not valid JSON: "
+  return errors.new("EINPUT", what .. err, { retry = false })
+end
+
+-- The result line of one line that ran: its text, and whether it completed.
+local function line_outcome(line, job, ok, result, t0)
+  local ms = channel.now() - t0
+  if ok then
+    local encoded, bytes = pcall(codecs.json.encode, result)
+    if not encoded then
+      return lines_format.failed(line, { code = "EPAYLOAD", message = "the result cannot be encoded: "
+        .. tostring(bytes):gsub("^.-:%d+: ", "") }, job.attempt, ms), false
+    end
+    if #bytes > options.max_payload then
+      return lines_format.failed(line, { code = "EPAYLOAD", message = ("the result is %d bytes, "
+        .. "more than max_payload (%d); return less or raise max_payload"):format(#bytes,
+        options.max_payload) }, job.attempt, ms), false
+    end
+    return lines_format.completed(line, bytes, job.attempt, ms), true
+  end
+  return lines_format.failed(line, failure_of(result, false), job.attempt, ms), false
+end
+
+-- Runs the lines of batch `b` (under channel.run: an interrupt or a full
+-- heap ends it where it stands, b.line says which line was running).
+local function run_lines(b)
+  local text, pos, line = b.text, 1, b.first - 1
+  local json = require "moonjob.json"
+  while pos <= #text do
+    local stop = text:find("\n", pos, true) or #text + 1
+    line = line + 1
+    if not channel.batch_next() then return end
+    local source = text:sub(pos, stop - 1)
+    pos = stop + 1
+    local record = ""
+    if source:find("%S") then
+      b.line, b.t0 = line, channel.now()
+      local job = setmetatable({ id = b.id, attempt = b.attempt, name = "line " .. line,
+        number = b.number }, Job)
+      local data, err = json.decode(source)
+      local ok, result
+      if err then ok, result = false, { value = input_error(err) }
+      else
+        job.data = data
+        ok, result = xpcall(processor, handler, job)
+      end
+      if not ok and (type(result) ~= "table" or result.value == "not enough memory") then
+        b.raised = result -- the message handler did not run: a full heap, or an interrupt in it
+        return
+      end
+      local completed
+      record, completed = line_outcome(line, job, ok, result, b.t0)
+      b.line = nil
+      if completed then b.completed = b.completed + 1 else b.failed = b.failed + 1 end
+    end
+    b.run = b.run + 1
+    if not channel.batch_keep(record) then
+      b.extra = record -- the area is full: the batch ends with this line
+      return
+    end
+  end
+end
+
+-- Runs a batch and sends its DONE frame. Returns true when the child must
+-- end after it (a line filled the heap: the pool's rule for ENOMEM).
+local function run_batch(number, meta, text)
+  lines_format = lines_format or require "moonjob.lines"
+  local b = { text = text, first = meta.first_line, id = meta.id, attempt = meta.attempt,
+    number = number, run = 0, completed = 0, failed = 0, extra = "" }
+  local ok, value, interrupted, heap_full = channel.run(handler, run_lines, b)
+  if not ok and b.raised == nil and type(value) == "table" then b.raised = message_of(value.value) end
+  b.text = nil
+  if b.line then -- it stopped inside a line: that line fails, the rest go back
+    local err
+    if interrupted then
+      local info = read_interrupt()
+      err = { code = info.code, message = info.message }
+    elseif heap_full or b.raised == "not enough memory" or b.raised == nil then
+      heap_full = true
+      err = out_of_memory("the job")
+    else
+      err = { code = "EPROCESSOR", message = tostring(b.raised) }
+    end
+    b.extra = lines_format.failed(b.line, err, b.attempt, channel.now() - b.t0)
+    b.run, b.failed = b.run + 1, b.failed + 1
+  end
+  flush_output()
+  channel.send(channel.DONE, number, ("%d %d %d\n"):format(b.run, b.completed, b.failed),
+    channel.KEPT, b.extra)
+  return heap_full
+end
+
 local function run_job(number, payload)
   local meta, data = decode_job(payload)
   if not meta then return fail(number, data) end
+  if meta.first_line then return run_batch(number, meta, data) end
   local job = setmetatable(meta, Job)
   job.number = number
   job.data = data
@@ -336,7 +449,7 @@ function M.main()
   while true do
     local kind, number, payload = channel.recv()
     if kind == nil then return 0 end
-    if kind == channel.JOB then run_job(number, payload) end
+    if kind == channel.JOB and run_job(number, payload) then return 0 end -- ENOMEM in a batch: this child ends
   end
 end
 

@@ -327,6 +327,10 @@ local on_event = {
     for i, job in ipairs(jobs) do
       started[i] = w.process:started(job.id) == true
       running = running or started[i]
+      if started[i] and job.first_line then -- a batch of lines: what ran, from the shared area
+        local lines_started, kept, text = w.process:batch(job.id)
+        job.batch_state = lines_started and { started = lines_started, kept = kept, text = text }
+      end
     end
     local err = w.failure
       or crash_error(w, status, signal, running, spawn_failure, not w.ready)

@@ -169,7 +169,8 @@ end
 ------------------------------------------------------- add()'s options ---
 
 local ADD_OPTIONS = { name = true, timeout = "number", kill_after = "number", delay = "number",
-  priority = "priority", attempts = "attempts", backoff = "backoff", id = "id", dedupe = "dedupe" }
+  priority = "priority", attempts = "attempts", backoff = "backoff", id = "id", dedupe = "dedupe",
+  lines = "lines" } -- lines: moonjob.cli's batches (runner.lua), not for users
 
 -- Options.check_add(opts): raises on a bad option of pool:add (nil is fine).
 function Options.check_add(opts)
@@ -183,6 +184,8 @@ function Options.check_add(opts)
     end
     if want == "number" and not (type(v) == "number" and v >= 0 and v <= SECONDS_MAX) then
       error(("pool:add(): option '%s' must be a number of seconds (0 to %.0f)"):format(k, SECONDS_MAX), 3)
+    elseif want == "lines" and not (type(v) == "number" and v >= 1 and v % 1 == 0) then
+      error("pool:add(): option 'lines' must be the number of the batch's first line", 3)
     elseif want == "priority" and not (type(v) == "number" and v > -math.huge and v < math.huge) then
       error("pool:add(): option 'priority' must be a finite number (lower runs first)", 3)
     elseif want == "attempts" and not (type(v) == "number" and v >= 1 and v <= 2 ^ 31

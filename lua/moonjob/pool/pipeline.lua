@@ -22,6 +22,10 @@
 --   * Long jobs hold no one hostage: when a child is idle and nothing is ready,
 --     jobs queued behind a head that has run for STEAL_AFTER_MS are taken
 --     back and run elsewhere (a timer looks again when a head reaches it).
+--     A batch of lines (moonjob.cli: pool:add's `lines`) that has run that
+--     long has its lines not started cut off (core/frame.h: the child starts
+--     no more of them), and pool.on_lines_cut(job, lines_started) hands them
+--     back to the command line, which adds them again.
 --   * Priorities: a job added later with a better priority goes ahead of every
 --     job still waiting in the pool, but not of the jobs already sent to a
 --     child: at most (pipeline - 1) per child, plus the one it runs.
@@ -121,7 +125,8 @@ end
 -- unless its head started before `recent` (it is not short). Returns false
 -- when the source ran out of jobs it may queue.
 function Pool:_top_up(w, depth, recent)
-  if depth <= 1 or w.state ~= "busy" or w.retiring or w.recycle or w.job.started < recent then
+  local head = w.job -- not started yet while a listener of its predecessor's end runs (_worker_next)
+  if depth <= 1 or w.state ~= "busy" or w.retiring or w.recycle or not head.started or head.started < recent then
     return true
   end
   local source, room = self.source, depth - #w.queue
@@ -155,18 +160,27 @@ end
 -- run for STEAL_AFTER_MS come back to run on it. Returns true when some did;
 -- otherwise a timer looks again when the first head reaches that age.
 function Pool:_steal()
-  local now, soonest, took = loop.now(), nil, false
+  local now, soonest, took, cut = loop.now(), nil, false, nil
   local workers = { unpack(self.worker_list) } -- taking back may start a child: a copy
   for _, w in ipairs(workers) do
     local head = w.job
-    if #w.queue > 1 and head and head.started then
+    local batch = head and head.first_line and not head.lines_cut
+    if (#w.queue > 1 or batch) and head and head.started then
       local due = head.started + STEAL_AFTER_MS
       if due <= now then
-        took = self:_take_back_queued(w) > 0 or took
+        took = #w.queue > 1 and self:_take_back_queued(w) > 0 or took
+        if batch then
+          head.lines_cut = w.process:batch_cut(head.id) or false
+          if head.lines_cut then cut = cut or {}; cut[#cut + 1] = head end
+        end
       elseif not soonest or due < soonest then
         soonest = due
       end
     end
+  end
+  -- the lines cut off go back to their owner (moonjob.cli), who adds them again
+  for i = 1, cut and #cut or 0 do
+    if self.on_lines_cut then self.on_lines_cut(cut[i], cut[i].lines_cut) end
   end
   if soonest and not took then
     if not self.steal_timer then self.steal_timer = core.timer(self:_pump_later()) end
