@@ -49,7 +49,7 @@ $(CORE_SO): $(CORE_OBJ)
 
 $(CHILD): core/child.c core/frame.h
 	@mkdir -p $(dir $@)
-	$(CC) $(MJ_CFLAGS) $(LDFLAGS) -o $@ core/child.c $(LUAJIT_LIB) -lm -ldl
+	$(CC) $(MJ_CFLAGS) $(LDFLAGS) -rdynamic -o $@ core/child.c $(LUAJIT_LIB) -lm -ldl
 
 # Installs the Debian packages moonjob needs, when some are missing.
 deps:

@@ -606,26 +606,29 @@ static int channel_send(lua_State *L) {
   return 0;
 }
 
+/* The batch functions and the clock below are also exported for the
+ * runner's FFI (moonjob_*: the program is linked with -rdynamic), so that the
+ * per-line loop of a batch stays compiled; the channel.* versions are the
+ * same for a build without the export. */
+
 /* channel.batch_next() -> true when the child may start the next line of the
  * batch in hand (frame.h): it counts as started from here; false once the
  * parent took back the lines not started (or without a shared page: a
  * batch then runs whole). */
-static int channel_batch_next(lua_State *L) {
-  if (shared == NULL) {
-    lua_pushboolean(L, 1);
-    return 1;
-  }
+int moonjob_batch_next(void) {
+  if (shared == NULL) return 1;
   uint64_t b = __atomic_load_n(&shared->batch, __ATOMIC_ACQUIRE), next;
   do {
     uint32_t started = MJ_BATCH_STARTED(b);
-    if (MJ_BATCH_SEQ(b) != job_seq || started >= MJ_BATCH_LIMIT(b)) {
-      lua_pushboolean(L, 0);
-      return 1;
-    }
+    if (MJ_BATCH_SEQ(b) != job_seq || started >= MJ_BATCH_LIMIT(b)) return 0;
     next = MJ_BATCH(job_seq, started + 1, MJ_BATCH_LIMIT(b));
   } while (!__atomic_compare_exchange_n(&shared->batch, &b, next, 0, __ATOMIC_ACQ_REL,
                                         __ATOMIC_ACQUIRE));
-  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int channel_batch_next(lua_State *L) {
+  lua_pushboolean(L, moonjob_batch_next());
   return 1;
 }
 
@@ -634,31 +637,40 @@ static int channel_batch_next(lua_State *L) {
  * child die before the job's DONE frame, which carries channel.KEPT); false
  * when it does not fit (nothing kept: the runner ends the batch and sends the
  * text itself). */
+int moonjob_batch_keep(const void *text, size_t len) {
+  if (shared == NULL) return 0;
+  uint64_t k = __atomic_load_n(&shared->batch_kept, __ATOMIC_RELAXED);
+  size_t used = MJ_KEPT_BYTES(k);
+  if (len > MJ_BATCH_AREA - used) return 0;
+  memcpy((char *) shared + MJ_SHARED_SIZE + used, text, len);
+  __atomic_store_n(&shared->batch_kept, MJ_KEPT(MJ_KEPT_LINES(k) + 1, used + len), __ATOMIC_RELEASE);
+  return 1;
+}
+
 static int channel_batch_keep(lua_State *L) {
   size_t len;
   const char *text = luaL_checklstring(L, 1, &len);
-  if (shared == NULL) {
-    lua_pushboolean(L, 0);
-    return 1;
-  }
-  uint64_t k = __atomic_load_n(&shared->batch_kept, __ATOMIC_RELAXED);
-  size_t used = MJ_KEPT_BYTES(k);
-  if (len > MJ_BATCH_AREA - used) {
-    lua_pushboolean(L, 0);
-    return 1;
-  }
-  memcpy((char *) shared + MJ_SHARED_SIZE + used, text, len);
-  __atomic_store_n(&shared->batch_kept, MJ_KEPT(MJ_KEPT_LINES(k) + 1, used + len), __ATOMIC_RELEASE);
-  lua_pushboolean(L, 1);
+  lua_pushboolean(L, moonjob_batch_keep(text, len));
   return 1;
 }
 
 /* channel.now() -> milliseconds on the monotonic clock (a batch times its
  * lines with it). */
-static int channel_now(lua_State *L) {
+/* Where the line that starts at text[from] (0-based) ends: the offset of its
+ * newline, or len. */
+size_t moonjob_line_end(const char *text, size_t from, size_t len) {
+  const char *nl = from < len ? memchr(text + from, '\n', len - from) : NULL;
+  return nl ? (size_t) (nl - text) : len;
+}
+
+double moonjob_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  lua_pushnumber(L, (double) ts.tv_sec * 1e3 + (double) ts.tv_nsec / 1e6);
+  return (double) ts.tv_sec * 1e3 + (double) ts.tv_nsec / 1e6;
+}
+
+static int channel_now(lua_State *L) {
+  lua_pushnumber(L, moonjob_now_ms());
   return 1;
 }
 

@@ -122,10 +122,15 @@ write_value = function(out, v, depth)
 end
 
 -- json.encode(value) -> text | nil, message
+local encoded = buffer.new() -- reused: encode never runs inside itself
+
 function M.encode(value)
-  local out = buffer.new()
+  local out = encoded:reset()
   local ok, err = pcall(write_value, out, value, 0)
-  if not ok then return nil, err end
+  if not ok then
+    out:reset()
+    return nil, err
+  end
   return out:tostring()
 end
 

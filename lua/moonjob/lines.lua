@@ -6,21 +6,53 @@
 -- Written in two places from this one module: the parent (moonjob.cli) for a
 -- job run on its own, and the child (moonjob.runner) for the lines of a batch,
 -- which it formats itself so that the parent only copies them out.
+local buffer = require "string.buffer"
 local json = require "moonjob.json"
 
 local M = {}
 
-local floor = math.floor
+local floor, format = math.floor, string.format
 
--- Milliseconds, to the microsecond.
+-- Milliseconds, to the microsecond, the way json.number_text writes them
+-- (no trailing zeros), without its general search for the shortest form.
 local function ms_text(ms)
-  return json.number_text(floor(ms * 1000 + 0.5) / 1000)
+  local us = floor(ms * 1000 + 0.5)
+  if us < 0 or us >= 1e15 then return json.number_text(us / 1000) end
+  local whole, frac = floor(us / 1000), us % 1000
+  if frac == 0 then return format("%d", whole) end
+  if frac % 100 == 0 then return format("%d.%d", whole, frac / 100) end
+  if frac % 10 == 0 then return format("%d.%02d", whole, frac / 10) end
+  return format("%d.%03d", whole, frac)
 end
+M.ms_text = ms_text
+
+-- Appends milliseconds to string.buffer `out` as ms_text writes them,
+-- without making a string.
+local function put_ms(out, ms)
+  local us = floor(ms * 1000 + 0.5)
+  if us < 0 or us >= 1e15 then return out:put(ms_text(ms)) end
+  local whole, frac = floor(us / 1000), us % 1000
+  out:put(whole)
+  if frac == 0 then return out end
+  if frac % 100 == 0 then return out:put(".", frac / 100) end
+  if frac % 10 == 0 then return out:put(frac < 100 and ".0" or ".", frac / 10) end
+  return out:put(frac < 10 and ".00" or frac < 100 and ".0" or ".", frac)
+end
+
+-- Appends to string.buffer `out` the line of a job that completed with
+-- `result_json` (exact JSON text): the child's per-line path, which makes no
+-- string of it.
+function M.put_completed(out, line, result_json, attempts, ms)
+  out:put('{"line":', line, ',"status":"completed","result":', result_json, ',"attempts":', attempts,
+    ',"ms":')
+  return put_ms(out, ms):put("}\n")
+end
+
+local scratch = buffer.new()
 
 -- The line of a job that completed with `result_json` (exact JSON text).
 function M.completed(line, result_json, attempts, ms)
-  return '{"line":' .. line .. ',"status":"completed","result":' .. result_json
-    .. ',"attempts":' .. attempts .. ',"ms":' .. ms_text(ms) .. "}\n"
+  return M.put_completed(scratch:reset(), line, result_json, attempts, ms):tostring()
 end
 
 -- The line of a job that failed with err (a table with code and message).

@@ -311,68 +311,136 @@ end
 -- Lines after one that filled the heap (ENOMEM) or was interrupted are not
 -- run: the parent sends them again.
 local lines_format = nil -- moonjob.lines, loaded with the first batch
+local json = nil        -- moonjob.json, likewise
 
 local function input_error(err)
   local what = err:find("^number ") and "input cannot cross exactly: " or "input is not valid JSON: "
   return errors.new("EINPUT", what .. err, { retry = false })
 end
 
--- The result line of one line that ran: its text, and whether it completed.
-local function line_outcome(line, job, ok, result, t0)
-  local ms = channel.now() - t0
-  if ok then
-    local encoded, bytes = pcall(codecs.json.encode, result)
-    if not encoded then
-      return lines_format.failed(line, { code = "EPAYLOAD", message = "the result cannot be encoded: "
-        .. tostring(bytes):gsub("^.-:%d+: ", "") }, job.attempt, ms), false
-    end
-    if #bytes > options.max_payload then
-      return lines_format.failed(line, { code = "EPAYLOAD", message = ("the result is %d bytes, "
-        .. "more than max_payload (%d); return less or raise max_payload"):format(#bytes,
-        options.max_payload) }, job.attempt, ms), false
-    end
-    return lines_format.completed(line, bytes, job.attempt, ms), true
+-- A line's job: its name ("line N") is made only if the processor reads it.
+local LINE = {} -- the key of its line number
+local LineJob = {
+  __index = function(job, key)
+    if key == "name" then return "line " .. job[LINE] end
+    return Job[key]
+  end,
+  __tostring = Job.__tostring,
+}
+
+-- The child program's own functions through the FFI (core/child.c exports
+-- them), so that the per-line loop stays compiled; channel's otherwise.
+local batch_next, batch_keep, now = channel.batch_next, channel.batch_keep, channel.now
+local batch_keep_buffer = function(buf) return channel.batch_keep(buf:tostring()) end
+-- line_end(text, pos, len): where the line at pos ends (its newline, or len + 1)
+local line_end = function(text, pos, len) return string.find(text, "\n", pos, true) or len + 1 end
+local record_buffer = buffer.new() -- a completed line's result line, kept without a string
+do
+  local ffi = require "ffi"
+  local found = pcall(function()
+    ffi.cdef [[
+int moonjob_batch_next(void);
+int moonjob_batch_keep(const void *text, size_t len);
+double moonjob_now_ms(void);
+size_t moonjob_line_end(const char *text, size_t from, size_t len);
+]]
+    local C = ffi.C
+    local _ = C.moonjob_batch_next, C.moonjob_batch_keep, C.moonjob_now_ms, C.moonjob_line_end
+  end)
+  if found then
+    local C = ffi.C
+    batch_next = function() return C.moonjob_batch_next() ~= 0 end
+    batch_keep = function(text) return C.moonjob_batch_keep(text, #text) ~= 0 end
+    batch_keep_buffer = function(buf) return C.moonjob_batch_keep(buf:ref()) ~= 0 end
+    now = C.moonjob_now_ms
+    line_end = function(text, pos, len) return tonumber(C.moonjob_line_end(text, pos - 1, len)) + 1 end
   end
-  return lines_format.failed(line, failure_of(result, false), job.attempt, ms), false
 end
 
--- Runs the lines of batch `b` (under channel.run: an interrupt or a full
--- heap ends it where it stands, b.line says which line was running).
+-- The result line of a line whose processor returned `result`, and whether
+-- it completed (a result that cannot be written fails it). A completed
+-- line's is left in record_buffer (returned instead of a string).
+local function completed_line(line, attempt, result, ms)
+  local bytes, why = json.encode(result)
+  if not bytes then
+    return lines_format.failed(line, { code = "EPAYLOAD", message = "the result cannot be encoded: "
+      .. tostring(why):gsub("^.-:%d+: ", "") }, attempt, ms), false
+  end
+  if #bytes > options.max_payload then
+    return lines_format.failed(line, { code = "EPAYLOAD", message = ("the result is %d bytes, "
+      .. "more than max_payload (%d); return less or raise max_payload"):format(#bytes,
+      options.max_payload) }, attempt, ms), false
+  end
+  return lines_format.put_completed(record_buffer:reset(), line, bytes, attempt, ms), true
+end
+
+-- Counts a line run and keeps its result line; false when the batch must
+-- end here (the area is full: the DONE frame carries this line itself).
+local function keep(b, record, completed)
+  b.run = b.run + 1
+  if completed == true then b.completed = b.completed + 1
+  elseif completed == false then b.failed = b.failed + 1 end
+  if record == record_buffer then
+    if batch_keep_buffer(record) then return true end
+    record = record:tostring()
+  elseif batch_keep(record) then
+    return true
+  end
+  b.extra = record
+  return false
+end
+
+-- Runs lines of batch `b` from b.pos on, with no protected call of its own
+-- per line (the processor's trace stays whole): a line that raises ends this
+-- call, with b.line and b.t0 saying which line and since when. Returns true
+-- when the batch is over (its end, a cut, a full area).
 local function run_lines(b)
-  local text, pos, line = b.text, 1, b.first - 1
-  local json = require "moonjob.json"
-  while pos <= #text do
-    local stop = text:find("\n", pos, true) or #text + 1
+  local text, len, line = b.text, #b.text, b.next_line - 1
+  local find, sub, byte = string.find, string.sub, string.byte
+  local pos = b.pos
+  while pos <= len do
+    local stop = line_end(text, pos, len)
     line = line + 1
-    if not channel.batch_next() then return end
-    local source = text:sub(pos, stop - 1)
+    if not batch_next() then return true end
+    local c = byte(text, pos)
+    local source = sub(text, pos, stop - 1)
     pos = stop + 1
-    local record = ""
-    if source:find("%S") then
-      b.line, b.t0 = line, channel.now()
-      local job = setmetatable({ id = b.id, attempt = b.attempt, name = "line " .. line,
-        number = b.number }, Job)
+    b.pos, b.next_line = pos, line + 1
+    local record, completed = "", nil
+    if #source > 0 and (c > 32 or find(source, "%S")) then -- not blank
+      local t0 = now()
+      b.line, b.t0 = line, t0
       local data, err = json.decode(source)
-      local ok, result
-      if err then ok, result = false, { value = input_error(err) }
+      if err then
+        record, completed = lines_format.failed(line, input_error(err), b.attempt, now() - t0), false
       else
-        job.data = data
-        ok, result = xpcall(processor, handler, job)
+        local job = setmetatable({ id = b.id, attempt = b.attempt, number = b.number, data = data,
+          [LINE] = line }, LineJob)
+        record, completed = completed_line(line, b.attempt, processor(job), now() - t0)
       end
-      if not ok and (type(result) ~= "table" or result.value == "not enough memory") then
-        b.raised = result -- the message handler did not run: a full heap, or an interrupt in it
-        return
-      end
-      local completed
-      record, completed = line_outcome(line, job, ok, result, b.t0)
       b.line = nil
-      if completed then b.completed = b.completed + 1 else b.failed = b.failed + 1 end
     end
-    b.run = b.run + 1
-    if not channel.batch_keep(record) then
-      b.extra = record -- the area is full: the batch ends with this line
+    if not keep(b, record, completed) then return true end
+  end
+  return true
+end
+
+-- Runs the lines of batch `b` (under channel.run). A line that raises fails
+-- with its error, and the lines after it go on; an interrupt or a full heap
+-- (the message handler did not run) ends the batch there, b.line says where.
+local function run_batch_lines(b)
+  while true do
+    local ok, result = xpcall(run_lines, handler, b)
+    if ok then return end
+    if b.line == nil then error(result, 0) end -- not inside a line: the runner's own failure
+    if type(result) ~= "table" or result.value == "not enough memory" then
+      b.raised = result
       return
     end
+    local line = b.line
+    b.line = nil
+    local record = lines_format.failed(line, failure_of(result, false), b.attempt, now() - b.t0)
+    if not keep(b, record, false) then return end
   end
 end
 
@@ -380,9 +448,10 @@ end
 -- end after it (a line filled the heap: the pool's rule for ENOMEM).
 local function run_batch(number, meta, text)
   lines_format = lines_format or require "moonjob.lines"
-  local b = { text = text, first = meta.first_line, id = meta.id, attempt = meta.attempt,
+  json = json or require "moonjob.json"
+  local b = { text = text, pos = 1, next_line = meta.first_line, id = meta.id, attempt = meta.attempt,
     number = number, run = 0, completed = 0, failed = 0, extra = "" }
-  local ok, value, interrupted, heap_full = channel.run(handler, run_lines, b)
+  local ok, value, interrupted, heap_full = channel.run(handler, run_batch_lines, b)
   if not ok and b.raised == nil and type(value) == "table" then b.raised = message_of(value.value) end
   b.text = nil
   if b.line then -- it stopped inside a line: that line fails, the rest go back
@@ -396,7 +465,7 @@ local function run_batch(number, meta, text)
     else
       err = { code = "EPROCESSOR", message = tostring(b.raised) }
     end
-    b.extra = lines_format.failed(b.line, err, b.attempt, channel.now() - b.t0)
+    b.extra = lines_format.failed(b.line, err, b.attempt, now() - b.t0)
     b.run, b.failed = b.run + 1, b.failed + 1
   end
   flush_output()

@@ -61,7 +61,11 @@ function Pool:_depth()
   local avg, max = self.run_avg, self.pipeline
   if max <= 1 or not avg then return 1 end
   local budget = self.pipeline_budget_ms or PIPELINE_BUDGET_MS
-  return math.min(max, 1 + math.floor(budget / math.max(avg, 0.001)))
+  local depth = math.min(max, 1 + math.floor(budget / math.max(avg, 0.001)))
+  -- batches of lines are sized to a few ms each: one more waits behind the
+  -- head, so the child never waits for the parent between two
+  if self.batches and depth < 2 then return 2 end
+  return depth
 end
 
 -- A job became its child's head: it runs now. Its wait ends, its timeout (or,
