@@ -47,6 +47,29 @@ describe("pipelining", function()
     h.cleanup()
   end)
 
+  it("takes jobs a 'completed' listener adds while the next job waits queued in the child", function()
+    local pool = h.pool("identity.lua", { size = 2 })
+    pipelining(pool)
+    local added, ends, listener_errors = 0, 0, 0
+    local most_queued = 0
+    pool:on("error", function() listener_errors = listener_errors + 1 end)
+    pool:on("completed", function()
+      ends = ends + 1
+      most_queued = math.max(most_queued, pool.nqueued)
+      if added < 500 then
+        added = added + 1
+        assert(pool:add({ added = added }))
+      end
+    end)
+    for i = 1, 6 do pool:add({ i = i }) end -- few: the children have room, so each add tops them up
+    pool:drain()
+    assert.is_true(most_queued > 0, "no job was ever queued in a child")
+    assert.equal(500, added)
+    assert.equal(506, ends)
+    assert.equal(0, listener_errors)
+    pool:close()
+  end)
+
   it("queues jobs in children while tiny jobs flow, and every job ends once with its own result", function()
     local pool = h.pool("identity.lua", { size = 2 })
     pipelining(pool)

@@ -440,7 +440,7 @@ local function run(processor, input_path, o)
   -- Batches are as long as BATCH_BUDGET_MS of recent lines (1 line each until
   -- lines are known to be short): the run time of `n` lines was `ms`.
   local function lines_took(ms, n)
-    if not batching or n < 1 then return end
+    if not batching or n < 1 or ended then return end -- ended: the input is read (or closed)
     local per_line = math.max(ms / n, 1e-4)
     line_ms = line_ms and line_ms * 0.8 + per_line * 0.2 or per_line
     local want = math.max(1, math.min(BATCH_LINES_MAX, math.floor(BATCH_BUDGET_MS / line_ms)))

@@ -1,0 +1,182 @@
+-- moonjob run hands tiny lines to its children in batches (moonjob.cli,
+-- runner.lua, core/frame.h). Users must not be able to tell, except by speed:
+-- these specs run inputs long enough for batches to form, and check through
+-- the processor's own record of its runs (spec/fixtures/batch_lines.lua:
+-- "line N <job id>" per run) that every line ran once, that batches really
+-- formed (many lines share a job id), and what each line's output says.
+local h = require "helpers"
+local json = require "moonjob.json"
+
+local MOONJOB = h.LUAJIT .. " scripts/moonjob "
+local FIXTURE = "spec/fixtures/batch_lines.lua"
+
+-- Writes an input of n lines; extra(i) may add fields to line i's data or
+-- return a whole line of text instead.
+local function write_input(n, log, extra)
+  local lines = {}
+  for i = 1, n do
+    local fields = extra and extra(i)
+    if type(fields) == "string" then
+      lines[i] = fields
+    else
+      local data = { log = log, n = i }
+      for k, v in pairs(fields or {}) do data[k] = v end
+      lines[i] = assert(json.encode(data))
+    end
+  end
+  return h.write_file(os.tmpname(), table.concat(lines, "\n") .. "\n")
+end
+
+-- The output lines decoded, keyed by line, in the order printed.
+local function read_output(out)
+  local by_line, order = {}, {}
+  for text in out:gmatch("[^\n]+") do
+    local v = assert(json.decode(text))
+    assert.is_nil(by_line[v.line], "line " .. tostring(v.line) .. " printed twice")
+    by_line[v.line] = v
+    order[#order + 1] = v.line
+  end
+  return by_line, order
+end
+
+-- The processor's record: runs per line, the job id of each line's last run,
+-- and how many job ids there were.
+local function read_runs(log)
+  local runs, ids, distinct, count = {}, {}, {}, 0
+  for text in io.lines(log) do
+    local line, id = text:match("^line (%d+) (%S+)$")
+    line = assert(tonumber(line), text)
+    runs[line] = (runs[line] or 0) + 1
+    ids[line] = id
+    if not distinct[id] then distinct[id], count = true, count + 1 end
+  end
+  return runs, ids, count
+end
+
+local function run(args, input)
+  return h.sh(MOONJOB .. "run " .. args .. " " .. FIXTURE .. " " .. input)
+end
+
+describe("moonjob run: batches of lines", function()
+  local log, input
+
+  before_each(function() log = os.tmpname() end)
+  after_each(function()
+    os.remove(log)
+    if input then os.remove(input) end
+  end)
+
+  it("runs 20,000 tiny lines in batches, each line once, with its exact result", function()
+    input = write_input(20000, log)
+    local out, err, status = run("-j 2", input)
+    assert.equal(0, status, err)
+    local by_line = read_output(out)
+    for i = 1, 20000 do
+      assert.equal("completed", by_line[i] and by_line[i].status, "line " .. i)
+      assert.equal(i, by_line[i].result)
+    end
+    local runs, _, jobs = read_runs(log)
+    for i = 1, 20000 do assert.equal(1, runs[i], "runs of line " .. i) end
+    assert.is_true(jobs < 2000, ("20,000 lines ran in %d jobs: no batches formed"):format(jobs))
+  end)
+
+  it("keeps the results of a dying child's batch, fails only its line, runs the rest once", function()
+    local dies = { [2500] = true, [4000] = true, [5500] = true }
+    input = write_input(7000, log, function(i) return dies[i] and { exit = true } or nil end)
+    local out, err, status = run("-j 2", input)
+    assert.equal(1, status, err)
+    local by_line = read_output(out)
+    for i = 1, 7000 do
+      local v = assert(by_line[i], "line " .. i .. " printed")
+      if dies[i] then
+        assert.equal("failed", v.status)
+        assert.equal("ECRASH", v.error.code)
+      else
+        assert.equal("completed", v.status, "line " .. i)
+        assert.equal(i, v.result)
+      end
+    end
+    local runs, ids = read_runs(log)
+    for i = 1, 7000 do assert.equal(1, runs[i], "runs of line " .. i) end
+    local inside = 0 -- lines that died inside a batch, after lines of the same job
+    for i in pairs(dies) do
+      if ids[i - 1] == ids[i] then inside = inside + 1 end
+    end
+    assert.is_true(inside > 0, "no child died inside a batch")
+  end)
+
+  it("hands the lines behind a slow line to an idle child", function()
+    local slow = 3001
+    input = write_input(3100, log, function(i) return i == slow and { sleep = 1.5 } or nil end)
+    local out, err, status = run("-j 2", input)
+    assert.equal(0, status, err)
+    local by_line, order = read_output(out)
+    for i = 1, 3100 do assert.equal(i, by_line[i].result) end
+    local slow_at
+    for at, line in ipairs(order) do if line == slow then slow_at = at end end
+    for at, line in ipairs(order) do
+      if line > slow then
+        assert.is_true(at < slow_at, ("line %d waited for the slow line %d"):format(line, slow))
+      end
+    end
+    local runs, ids = read_runs(log)
+    for i = 1, 3100 do assert.equal(1, runs[i], "runs of line " .. i) end
+    assert.equal(ids[slow - 1], ids[slow], "the slow line ran alone: it was not inside a batch")
+  end)
+
+  it("skips blank lines, fails bad JSON and raised errors line by line inside a batch", function()
+    input = write_input(6000, log, function(i)
+      if i % 7 == 0 then return "   " end
+      if i == 1000 then return "not json" end
+      if i == 2000 then return { raise = true } end
+    end)
+    local out, err, status = run("-j 2", input)
+    assert.equal(1, status, err)
+    local by_line = read_output(out)
+    for i = 1, 6000 do
+      local v = by_line[i]
+      if i % 7 == 0 then
+        assert.is_nil(v, "blank line " .. i .. " printed")
+      elseif i == 1000 then
+        assert.equal("EINPUT", v.error.code)
+        assert.matches("^input is not valid JSON", v.error.message)
+      elseif i == 2000 then
+        assert.same({ code = "EBADLINE", message = "line refused" }, v.error)
+      else
+        assert.equal(i, v.result, "line " .. i)
+      end
+    end
+    local runs, ids, jobs = read_runs(log)
+    assert.is_nil(runs[7])
+    assert.equal(1, runs[2000])
+    assert.equal(ids[1999], ids[2001], "the lines around the raised error ran in one batch")
+    assert.is_true(jobs < 600, ("6,000 lines ran in %d jobs: no batches formed"):format(jobs))
+  end)
+
+  it("resumes from a joblog: the recorded lines never run, the others once each", function()
+    input = write_input(5000, log)
+    local joblog = os.tmpname()
+    local f = assert(io.open(joblog, "w"))
+    for i = 1, 5000, 2 do
+      f:write(('{"line":%d,"status":"completed","result":%d,"attempts":1,"ms":0}\n'):format(i, i))
+    end
+    f:close()
+    local out, err, status = run("-j 2 --keep-order --resume --joblog " .. joblog, input)
+    assert.equal(0, status, err)
+    local by_line, order = read_output(out)
+    for i = 1, 5000 do
+      if i % 2 == 1 then assert.is_nil(by_line[i], "resumed line " .. i .. " printed")
+      else assert.equal(i, by_line[i].result) end
+    end
+    for k = 2, #order do assert.is_true(order[k - 1] < order[k], "out of order") end
+    local runs, _, jobs = read_runs(log)
+    for i = 1, 5000 do assert.equal(i % 2 == 0 and 1 or nil, runs[i], "runs of line " .. i) end
+    assert.is_true(jobs < 500, ("2,500 lines ran in %d jobs: no batches formed"):format(jobs))
+    local completed = 0
+    for text in io.lines(joblog) do
+      if text:find('"status":"completed"', 1, true) then completed = completed + 1 end
+    end
+    assert.equal(5000, completed)
+    os.remove(joblog)
+  end)
+end)
