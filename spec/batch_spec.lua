@@ -180,3 +180,24 @@ describe("moonjob run: batches of lines", function()
     os.remove(joblog)
   end)
 end)
+
+describe("a batch of lines in a pool (pool:add's internal `lines` option)", function()
+  after_each(function() h.cleanup() end)
+
+  it("fails the line that fills the heap with ENOMEM, starts none after it, and ends the child", function()
+    local pool = h.pool("memory_bomb.lua", { size = 1, codec = "json", memory_limit = 32 * 1024 * 1024 })
+    local exits = 0
+    pool:on("exit", function() exits = exits + 1 end)
+    local job = pool:add('"first"\n"tables"\n"third"', { lines = 10 })
+    local text = assert(job:wait())
+    local run, completed, failed, body = text:match("^(%d+) (%d+) (%d+)\n(.*)$")
+    assert.same({ "2", "1", "1" }, { run, completed, failed })
+    local first, second = body:match("^([^\n]*)\n([^\n]*)\n$")
+    assert.matches('^{"line":10,"status":"completed","result":"ok",', first)
+    assert.matches('^{"line":11,"status":"failed","error":{"code":"ENOMEM","message":"the job needed more '
+      .. 'than memory_limit %(33554432 bytes%)"}', second)
+    h.wait_for(function() return exits == 1 end, 10) -- the child ends
+    assert.equal('"ok"', pool:run('"again"')) -- a fresh child takes the next job
+    pool:close()
+  end)
+end)
