@@ -33,6 +33,7 @@
 #include "moonjob.h"
 
 #define MJ_INPUT_CHUNK (64 * 1024)
+#define MJ_INPUT_BLOCK (1024 * 1024) /* a block of lines holds at most this many bytes */
 
 /* ---------------------------------------------------------------- input --- */
 
@@ -70,14 +71,17 @@ static void release_if_done(mj_input_t *in) {
 
 /* Extends the block of lines at `start` (its first line `n` bytes long, *off
  * just past its newline) with the whole lines after it, up to batch_lines
- * lines and max_line bytes in all; a line that would pass either stays for
- * the next delivery. Returns the block's length without its last newline. */
+ * lines and MJ_INPUT_BLOCK (or max_line) bytes in all, so that blocks in
+ * flight stay small whatever the lines' size; a line that would pass either
+ * stays for the next delivery. Returns the block's length without its last
+ * newline. */
 static size_t gather_lines(mj_input_t *in, const char *start, size_t n, size_t *off,
                            unsigned *count) {
+  size_t most = in->max_line < MJ_INPUT_BLOCK ? in->max_line : MJ_INPUT_BLOCK;
   while (*count < in->batch_lines && *off < in->len) {
     const char *next = in->buf + *off;
     char *nl = memchr(next, '\n', in->len - *off);
-    if (nl == NULL || (size_t) (nl - start) > in->max_line) break;
+    if (nl == NULL || (size_t) (nl - start) > most) break;
     n = (size_t) (nl - start);
     *off += (size_t) (nl - next) + 1;
     (*count)++;

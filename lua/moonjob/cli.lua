@@ -436,6 +436,9 @@ local function run(processor, input_path, o)
     low = math.floor(high / 4)
   end
   set_bounds()
+  -- and bytes of batches in flight (blocks are at most 1 MiB: core/stdio.c)
+  local inflight_bytes, bytes_high = 0, pool.size * 4 * 1024 * 1024
+  local bytes_low = bytes_high / 4
 
   -- Batches are as long as BATCH_BUDGET_MS of recent lines (1 line each until
   -- lines are known to be short): the run time of `n` lines was `ms`.
@@ -464,14 +467,14 @@ local function run(processor, input_path, o)
   local function written(line, text, count)
     inflight = inflight - (count or 1)
     emit(line, text, count)
-    if paused and inflight <= low and not ended and not write_error then
+    if paused and inflight <= low and inflight_bytes <= bytes_low and not ended and not write_error then
       paused = false
       input:resume()
     end
   end
 
   local function pause_if_full()
-    if inflight >= high and not paused then
+    if (inflight >= high or inflight_bytes >= bytes_high) and not paused then
       paused = true
       input:pause()
     end
@@ -524,6 +527,7 @@ local function run(processor, input_path, o)
       end
     end
     completed, failed = completed + ok_n, failed + failed_n
+    if job.count then inflight_bytes = inflight_bytes - #job.text end
     if job.ms and covered > 0 then lines_took(job.ms, covered) end
     written(job.line, text, covered)
     if job.count then hand_back(job, covered + 1) end
@@ -546,7 +550,7 @@ local function run(processor, input_path, o)
 
   add_batch = function(first, count, text)
     if first <= resumed_last then text = batches.blank(text, first, count, is_resumed) end
-    inflight = inflight + count
+    inflight, inflight_bytes = inflight + count, inflight_bytes + #text
     local job = pool:add(text, { name = ("lines %d-%d"):format(first, first + count - 1), lines = first })
     job.line, job.count, job.text, job.handed_back = first, count, text, count + 1
   end
