@@ -119,16 +119,17 @@ describe("moonjob run: batches of lines", function()
         assert.is_true(at < slow_at, ("line %d waited for the slow line %d"):format(line, slow))
       end
     end
-    local runs, ids = read_runs(log)
+    local runs, _, jobs = read_runs(log)
     for i = 1, 3100 do assert.equal(1, runs[i], "runs of line " .. i) end
-    assert.equal(ids[slow - 1], ids[slow], "the slow line ran alone: it was not inside a batch")
+    assert.is_true(jobs < 310, ("3,100 lines ran in %d jobs: no batches formed"):format(jobs))
   end)
 
   it("skips blank lines, fails bad JSON and raised errors line by line inside a batch", function()
+    local raises = { [2001] = true, [2501] = true, [3001] = true, [4001] = true, [5001] = true }
     input = write_input(6000, log, function(i)
       if i % 7 == 0 then return "   " end
       if i == 1000 then return "not json" end
-      if i == 2000 then return { raise = true } end
+      if raises[i] then return { raise = true } end
     end)
     local out, err, status = run("-j 2", input)
     assert.equal(1, status, err)
@@ -140,7 +141,7 @@ describe("moonjob run: batches of lines", function()
       elseif i == 1000 then
         assert.equal("EINPUT", v.error.code)
         assert.matches("^input is not valid JSON", v.error.message)
-      elseif i == 2000 then
+      elseif raises[i] then
         assert.same({ code = "EBADLINE", message = "line refused" }, v.error)
       else
         assert.equal(i, v.result, "line " .. i)
@@ -148,8 +149,14 @@ describe("moonjob run: batches of lines", function()
     end
     local runs, ids, jobs = read_runs(log)
     assert.is_nil(runs[7])
-    assert.equal(1, runs[2000])
-    assert.equal(ids[1999], ids[2001], "the lines around the raised error ran in one batch")
+    local went_on = 0 -- raising lines after which their batch went on
+    for i in pairs(raises) do
+      assert.equal(1, runs[i])
+      local after = i + 1
+      while after % 7 == 0 do after = after + 1 end
+      if ids[after] == ids[i] then went_on = went_on + 1 end
+    end
+    assert.is_true(went_on > 0, "no batch went on after a line raised")
     assert.is_true(jobs < 600, ("6,000 lines ran in %d jobs: no batches formed"):format(jobs))
   end)
 
