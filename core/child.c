@@ -611,24 +611,35 @@ static int channel_send(lua_State *L) {
  * per-line loop of a batch stays compiled; the channel.* versions are the
  * same for a build without the export. */
 
-/* channel.batch_next() -> true when the child may start the next line of the
- * batch in hand (frame.h): it counts as started from here; false once the
- * parent took back the lines not started (or without a shared page: a
- * batch then runs whole). */
-int moonjob_batch_next(void) {
-  if (shared == NULL) return 1;
+/* channel.batch_next() -> the time the next line of the batch in hand
+ * started (ms; frame.h: it counts as started from here), or -1 once the
+ * parent took back the lines not started (without a shared page, a batch
+ * runs whole). */
+static uint64_t monotonic_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
+}
+
+/* Starts the next line of the batch in hand. Returns when it started (ms on
+ * the monotonic clock, also left in the shared page for the parent, should
+ * the child die in it), or -1 when the parent took it back. */
+double moonjob_batch_next(void) {
+  uint64_t now = monotonic_ns();
+  if (shared == NULL) return (double) now / 1e6;
   uint64_t b = __atomic_load_n(&shared->batch, __ATOMIC_ACQUIRE), next;
   do {
     uint32_t started = MJ_BATCH_STARTED(b);
-    if (MJ_BATCH_SEQ(b) != job_seq || started >= MJ_BATCH_LIMIT(b)) return 0;
+    if (MJ_BATCH_SEQ(b) != job_seq || started >= MJ_BATCH_LIMIT(b)) return -1;
     next = MJ_BATCH(job_seq, started + 1, MJ_BATCH_LIMIT(b));
   } while (!__atomic_compare_exchange_n(&shared->batch, &b, next, 0, __ATOMIC_ACQ_REL,
                                         __ATOMIC_ACQUIRE));
-  return 1;
+  __atomic_store_n(&shared->batch_line_started, now, __ATOMIC_RELAXED);
+  return (double) now / 1e6;
 }
 
 static int channel_batch_next(lua_State *L) {
-  lua_pushboolean(L, moonjob_batch_next());
+  lua_pushnumber(L, moonjob_batch_next());
   return 1;
 }
 
@@ -664,9 +675,7 @@ size_t moonjob_line_end(const char *text, size_t from, size_t len) {
 }
 
 double moonjob_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double) ts.tv_sec * 1e3 + (double) ts.tv_nsec / 1e6;
+  return (double) monotonic_ns() / 1e6;
 }
 
 static int channel_now(lua_State *L) {

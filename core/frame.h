@@ -106,6 +106,7 @@ typedef struct {
                               how many it wrote, read with output_seq as a seqlock */
   uint64_t batch;       /* the batch of lines in hand: MJ_BATCH(seq, started, limit) (atomic) */
   uint64_t batch_kept;  /* its results kept in the batch area: MJ_KEPT(lines, bytes) (atomic) */
+  uint64_t batch_line_started; /* when its last line started, CLOCK_MONOTONIC ns (atomic) */
 } mj_shared_t;
 
 /* Batches of lines (the command line's jobs, see runner.lua): one JOB frame

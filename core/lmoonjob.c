@@ -424,6 +424,14 @@ static int lmj_process_kill(lua_State *L) {
   return 1;
 }
 
+/* process:set_max_frame(n): frames the child sends may have up to n payload
+ * bytes from now on (core.spawn's max_frame). */
+static int lmj_process_set_max_frame(lua_State *L) {
+  lmj_process_t *lp = lmj_check_process(L, 1);
+  lp->p.max_frame = (uint32_t) lmj_check_range(L, 2, 0, UINT32_MAX - MJ_FRAME_HEADER_SIZE);
+  return 0;
+}
+
 /* process:end_input() -> true | nil, err, code: the child reads end-of-file. */
 static int lmj_process_end_input(lua_State *L) {
   lmj_process_t *lp = lmj_check_process(L, 1);
@@ -461,9 +469,10 @@ static int lmj_process_recall(lua_State *L) {
   return 1;
 }
 
-/* process:batch(job) -> started, kept_lines, kept_text: where batch job `job`
- * stands in the child (readable after its death too); nil when `job` is not
- * a batch of lines the child started. */
+/* process:batch(job) -> started, kept_lines, kept_text, line_ms: where batch
+ * job `job` stands in the child (readable after its death too), and how long
+ * ago (ms) its last line started; nil when `job` is not a batch of lines the
+ * child started. */
 static int lmj_process_batch(lua_State *L) {
   lmj_process_t *lp = lmj_check_process(L, 1);
   uint64_t job = (uint64_t) lmj_check_range(L, 2, 0, 9007199254740992.0);
@@ -472,11 +481,14 @@ static int lmj_process_batch(lua_State *L) {
   lua_pushnumber(L, state.started);
   lua_pushnumber(L, state.kept_lines);
   lua_pushlstring(L, state.kept, state.kept_bytes);
-  return 3;
+  uint64_t now = uv_hrtime();
+  lua_pushnumber(L, now > state.line_started_ns ? (double) (now - state.line_started_ns) / 1e6 : 0);
+  return 4;
 }
 
-/* process:batch_cut(job) -> lines started: the child starts no more lines of
- * batch job `job`; nil when `job` is not a batch the child started. */
+/* process:batch_cut(job) -> lines kept: the child starts no lines of batch
+ * job `job` past that many (its lines started, at least 1); nil when `job`
+ * is not a batch the child started. */
 static int lmj_process_batch_cut(lua_State *L) {
   lmj_process_t *lp = lmj_check_process(L, 1);
   uint64_t job = (uint64_t) lmj_check_range(L, 2, 0, 9007199254740992.0);
@@ -994,6 +1006,8 @@ static void lmj_push_frame_types(lua_State *L) {
 #undef LMJ_SET_TYPE
   lua_pushinteger(L, MJ_MAX_INFLIGHT); /* JOB frames one child may hold at once */
   lua_setfield(L, -2, "MAX_INFLIGHT");
+  lua_pushinteger(L, MJ_BATCH_AREA); /* a batch's kept results, at most */
+  lua_setfield(L, -2, "BATCH_AREA");
 }
 
 static void lmj_ignore_sigpipe(void) {
@@ -1057,7 +1071,7 @@ int luaopen_moonjob_core(lua_State *L) {
     {NULL, NULL}};
   static const luaL_Reg process_methods[] = {
     {"send", lmj_process_send}, {"kill", lmj_process_kill},
-    {"end_input", lmj_process_end_input}, 
+    {"end_input", lmj_process_end_input}, {"set_max_frame", lmj_process_set_max_frame},
     {"started", lmj_process_started}, {"recall", lmj_process_recall},
     {"batch", lmj_process_batch}, {"batch_cut", lmj_process_batch_cut}, {NULL, NULL}};
   static const luaL_Reg timer_methods[] = {

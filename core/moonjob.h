@@ -192,6 +192,7 @@ typedef struct {
   uint32_t kept_lines; /* lines whose results are in `kept` */
   uint32_t kept_bytes;
   const char *kept;    /* the results, in the shared batch area */
+  uint64_t line_started_ns; /* when the child started its last line (CLOCK_MONOTONIC) */
 } mj_batch_state_t;
 
 int mj_process_batch(mj_process_t *p, uint64_t job, mj_batch_state_t *state);

@@ -922,22 +922,28 @@ int mj_process_batch(mj_process_t *p, uint64_t job, mj_batch_state_t *state) {
   state->kept_lines = MJ_KEPT_LINES(k);
   state->kept_bytes = MJ_KEPT_BYTES(k) <= MJ_BATCH_AREA ? MJ_KEPT_BYTES(k) : 0;
   state->kept = (const char *) p->shared + MJ_SHARED_SIZE;
+  state->line_started_ns = __atomic_load_n(&p->shared->batch_line_started, __ATOMIC_RELAXED);
   return 0;
 }
 
-/* Takes back the lines of batch job `job` that the child has not started:
- * one compare-and-swap lowers its limit to the lines started, so the child
- * starts no more of them and ends the job with what ran. Returns the number
- * of lines started (the rest are the caller's again), or -1 when `job` is
- * not a batch the child started. */
+/* Takes back the lines of batch job `job` that the child has not started,
+ * except its first line: one compare-and-swap lowers its limit to the lines
+ * started (at least 1), so the child starts no more of them and ends the job
+ * with what ran. The first line stays with the child even when it has not
+ * reached it yet, so that every batch makes progress (a child slow to reach
+ * its batches would otherwise have them all taken back). Returns the new
+ * limit (the lines after it are the caller's again), or -1 when `job` is not
+ * a batch the child started. */
 int mj_process_batch_cut(mj_process_t *p, uint64_t job) {
   uint64_t b = batch_word(p, job);
   if (b == 0) return -1;
   for (;;) {
-    uint64_t cut = MJ_BATCH(MJ_BATCH_SEQ(b), MJ_BATCH_STARTED(b), MJ_BATCH_STARTED(b));
+    uint32_t keep = MJ_BATCH_STARTED(b) > 0 ? MJ_BATCH_STARTED(b) : 1;
+    if (keep > MJ_BATCH_LIMIT(b)) keep = MJ_BATCH_LIMIT(b);
+    uint64_t cut = MJ_BATCH(MJ_BATCH_SEQ(b), MJ_BATCH_STARTED(b), keep);
     if (__atomic_compare_exchange_n(&p->shared->batch, &b, cut, 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_ACQUIRE))
-      return (int) MJ_BATCH_STARTED(b);
+      return (int) keep;
     if (MJ_BATCH_SEQ(b) != MJ_BATCH_SEQ(cut)) return -1; /* the child moved on to another job */
   }
 }

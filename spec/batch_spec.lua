@@ -208,3 +208,26 @@ describe("a batch of lines in a pool (pool:add's internal `lines` option)", func
     pool:close()
   end)
 end)
+
+describe("a batch's DONE frame", function()
+  after_each(function() h.cleanup() end)
+
+  it("may carry more than max_payload in all: each line's result is held to it, not the batch's", function()
+    local pool = h.pool("big_parts.lua", { size = 1, codec = "json", max_payload = 2000 })
+    local lines = {}
+    for i = 1, 20 do lines[i] = ('{"unit":"x","n":%d}'):format(1500 + i) end -- 1.5 KB results
+    local text = assert(pool:add(table.concat(lines, "\n"), { lines = 1 }):wait())
+    local run, completed, failed, body = text:match("^(%d+) (%d+) (%d+)\n(.*)$")
+    assert.same({ "20", "20", "0" }, { run, completed, failed })
+    local n = 0
+    for line in body:gmatch("[^\n]+") do
+      n = n + 1
+      assert.equal(1500 + n, #line:match('"text":"(x*)"'))
+    end
+    assert.equal(20, n)
+    text = assert(pool:add('{"unit":"y","n":3000}\n{"unit":"z","n":1}', { lines = 21 }):wait())
+    assert.matches('^2 1 1\n{"line":21,"status":"failed","error":{"code":"EPAYLOAD","message":"the result is '
+      .. '%d+ bytes, more than max_payload %(2000%)', text) -- a line's own result is still held to it
+    pool:close()
+  end)
+end)

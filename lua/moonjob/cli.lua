@@ -350,10 +350,19 @@ end
 -- Lines that make no output (blank, resumed) are emitted as "".
 -- emit(line, text, count): text holds the results of `count` lines (default
 -- 1) from `line` on.
+-- Also returns left(): how many results still wait for an earlier line
+-- (0 once the run is whole).
 local function ordered_writer(write, keep_order)
-  if not keep_order then return function(_, text) write(text) end end
+  if not keep_order then return function(_, text) write(text) end, function() return 0 end end
   local pending, covers, next_line = {}, {}, 1
+  local function left()
+    local n = 0
+    for _ in pairs(pending) do n = n + 1 end
+    return n
+  end
   return function(line, text, count)
+    if count == 0 then return end -- covers no line (a batch that ran none)
+    assert(pending[line] == nil, "line written twice")
     pending[line], covers[line] = text, count or 1
     while pending[next_line] do
       local at = next_line
@@ -361,7 +370,7 @@ local function ordered_writer(write, keep_order)
       next_line = at + covers[at]
       pending[at], covers[at] = nil, nil
     end
-  end
+  end, left
 end
 
 -- The pool, or nil and a usage message. Options were checked by parse(); a
@@ -462,7 +471,7 @@ local function run(processor, input_path, o)
       input:pause()
     end
   end
-  local emit = ordered_writer(write, o.keep_order)
+  local emit, unwritten = ordered_writer(write, o.keep_order)
 
   local function written(line, text, count)
     inflight = inflight - (count or 1)
@@ -499,8 +508,8 @@ local function run(processor, input_path, o)
     if from == to then return add_line(job.line + from - 1, text, #text) end
     add_batch(job.line + from - 1, to - from + 1, text)
   end
-  pool.on_lines_cut = function(job, started) -- an idle child takes what a slow line held up
-    if not stop then hand_back(job, started + 1) end
+  pool.on_lines_cut = function(job, kept) -- an idle child takes what a slow line held up
+    if not stop then hand_back(job, kept + 1) end
   end
 
   local function finished(job)
@@ -590,6 +599,11 @@ local function run(processor, input_path, o)
     return stop.status
   end
   if joblog then joblog:close() end
+  if unwritten() > 0 then -- a gap in --keep-order's output: never silent
+    io.stderr:write(("moonjob: internal error: %d results were never written (a line before them "
+      .. "is missing); the joblog has them all\n"):format(unwritten()))
+    return EXIT_FAILED
+  end
   if read_error then
     io.stderr:write("moonjob: reading the input failed: ", read_error, "\n")
     return EXIT_USAGE

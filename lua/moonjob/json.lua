@@ -127,11 +127,10 @@ local encoded = buffer.new() -- reused: encode never runs inside itself
 function M.encode(value)
   local out = encoded:reset()
   local ok, err = pcall(write_value, out, value, 0)
-  if not ok then
-    out:reset()
-    return nil, err
-  end
-  return out:tostring()
+  local text = ok and out:tostring()
+  if #out > 1024 * 1024 then out:free() else out:reset() end -- no big buffer kept for ever
+  if not ok then return nil, err end
+  return text
 end
 
 -------------------------------------------------------------- decoding ---

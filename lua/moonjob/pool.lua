@@ -213,7 +213,7 @@ function Pool:add(data, opts)
     job.timeout, job.kill_after, job.priority = opts.timeout, opts.kill_after, opts.priority
     job.max_attempts, job.backoff = opts.attempts, opts.backoff
     job.first_line = opts.lines -- a batch of NDJSON lines (moonjob.cli, runner.lua)
-    if opts.lines then self.batches = true end -- idle children may then cut batches (_steal)
+    if opts.lines and not self.batches then self:_expect_batches() end
     if opts.delay and opts.delay > 0 then job.run_at = loop.now() + opts.delay * 1000 end
   end
   if self.closing then

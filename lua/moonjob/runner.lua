@@ -301,7 +301,7 @@ end
 
 -- A batch of lines (moonjob run, "json" codec; frame.h): the job's data is
 -- NDJSON text, and the processor runs once per line, each line a job of its
--- own to it (job.data, job.id = the batch's id, job.line, job.name "line N").
+-- own to it (job.data, job.name "line N"; job.id is the batch's).
 -- The child writes each line's result line itself (moonjob.lines) into the
 -- batch area it shares with the parent, so a child that dies mid-batch loses
 -- no finished line's result; the DONE frame carries the area's bytes after a
@@ -339,7 +339,7 @@ do
   local ffi = require "ffi"
   local found = pcall(function()
     ffi.cdef [[
-int moonjob_batch_next(void);
+double moonjob_batch_next(void);
 int moonjob_batch_keep(const void *text, size_t len);
 double moonjob_now_ms(void);
 size_t moonjob_line_end(const char *text, size_t from, size_t len);
@@ -349,7 +349,7 @@ size_t moonjob_line_end(const char *text, size_t from, size_t len);
   end)
   if found then
     local C = ffi.C
-    batch_next = function() return C.moonjob_batch_next() ~= 0 end
+    batch_next = C.moonjob_batch_next
     batch_keep = function(text) return C.moonjob_batch_keep(text, #text) ~= 0 end
     batch_keep_buffer = function(buf) return C.moonjob_batch_keep(buf:ref()) ~= 0 end
     now = C.moonjob_now_ms
@@ -398,17 +398,17 @@ local function run_lines(b)
   local text, len, line = b.text, #b.text, b.next_line - 1
   local find, sub, byte = string.find, string.sub, string.byte
   local pos = b.pos
-  while pos <= len do
+  while pos <= len + 1 do -- a block ending in a newline ends in a blank line
     local stop = line_end(text, pos, len)
     line = line + 1
-    if not batch_next() then return true end
+    local t0 = batch_next()
+    if t0 < 0 then return true end -- the parent took back the lines from here on
     local c = byte(text, pos)
     local source = sub(text, pos, stop - 1)
     pos = stop + 1
     b.pos, b.next_line = pos, line + 1
     local record, completed = "", nil
     if #source > 0 and (c > 32 or find(source, "%S")) then -- not blank
-      local t0 = now()
       b.line, b.t0 = line, t0
       local data, err = json.decode(source)
       if err then

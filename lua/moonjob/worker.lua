@@ -53,7 +53,7 @@ function Worker.spawn(pool)
     file = pool.child_program,
     args = pool.child_args,
     env = pool.child_env,
-    max_frame = pool.max_payload + 4096,
+    max_frame = Worker.max_frame(pool),
     on_event = function(kind, a, b, c, d, e) return w:on_event(kind, a, b, c, d, e) end,
   })
   if not process then return nil, err end
@@ -82,6 +82,14 @@ end
 -- fails with err_fields.code once cleanup ran (or the pool's hard kill lands).
 function Worker:interrupt(job, fields)
   self.process:send(frame.INTERRUPT, job.id, buffer.encode(fields))
+end
+
+-- Worker.max_frame(pool): the payload bytes a frame from a child may have.
+-- A batch of lines' DONE (runner.lua) holds its kept results besides its
+-- last line's, which alone is at most max_payload: a pool with batches
+-- (pool.batches) allows for them.
+function Worker.max_frame(pool)
+  return pool.max_payload + 4096 + (pool.batches and frame.BATCH_AREA or 0)
 end
 
 -- worker:run(job, meta_bytes) -> true, or false when the child is already
@@ -328,8 +336,9 @@ local on_event = {
       started[i] = w.process:started(job.id) == true
       running = running or started[i]
       if started[i] and job.first_line then -- a batch of lines: what ran, from the shared area
-        local lines_started, kept, text = w.process:batch(job.id)
-        job.batch_state = lines_started and { started = lines_started, kept = kept, text = text }
+        local lines_started, kept, text, line_ms = w.process:batch(job.id)
+        job.batch_state = lines_started and { started = lines_started, kept = kept, text = text,
+          line_ms = line_ms }
       end
     end
     local err = w.failure

@@ -23,9 +23,10 @@
 --     jobs queued behind a head that has run for STEAL_AFTER_MS are taken
 --     back and run elsewhere (a timer looks again when a head reaches it).
 --     A batch of lines (moonjob.cli: pool:add's `lines`) that has run that
---     long has its lines not started cut off (core/frame.h: the child starts
---     no more of them), and pool.on_lines_cut(job, lines_started) hands them
---     back to the command line, which adds them again.
+--     long has its lines not started cut off, its first line excepted
+--     (core/frame.h: the child starts no more of them), and
+--     pool.on_lines_cut(job, lines_kept) hands them back to the command
+--     line, which adds them again.
 --   * Priorities: a job added later with a better priority goes ahead of every
 --     job still waiting in the pool, but not of the jobs already sent to a
 --     child: at most (pipeline - 1) per child, plus the one it runs.
@@ -174,8 +175,9 @@ function Pool:_steal()
       if due <= now then
         took = #w.queue > 1 and self:_take_back_queued(w) > 0 or took
         if batch then
-          head.lines_cut = w.process:batch_cut(head.id) or false
-          if head.lines_cut then cut = cut or {}; cut[#cut + 1] = head end
+          head.lines_cut = w.process:batch_cut(head.id)
+          if head.lines_cut then cut = cut or {}; cut[#cut + 1] = head
+          elseif not soonest or now + 1 < soonest then soonest = now + 1 end -- the child has not taken it yet
         end
       elseif not soonest or due < soonest then
         soonest = due

@@ -181,4 +181,13 @@ function Pool:_terminate()
   self.killer:start(TERM_GRACE_MS)
 end
 
+-- The first batch of lines (pool:add's `lines`): idle children may cut
+-- batches from now on (_steal), and children may send their bigger DONE.
+function Pool:_expect_batches()
+  self.batches = true
+  for _, w in ipairs(self.worker_list) do
+    if w.state ~= "gone" then w.process:set_max_frame(Worker.max_frame(self)) end
+  end
+end
+
 return Pool
