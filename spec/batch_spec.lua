@@ -160,6 +160,28 @@ describe("moonjob run: batches of lines", function()
     assert.is_true(jobs < 600, ("6,000 lines ran in %d jobs: no batches formed"):format(jobs))
   end)
 
+  it("holds each line of a batch to max_log_bytes of output, not the batch", function()
+    local lines = {}
+    for i = 1, 3000 do lines[i] = tostring(i) end
+    input = h.write_file(os.tmpname(), table.concat(lines, "\n") .. "\n")
+    local out, err, status = h.sh(MOONJOB .. "run -j 2 spec/fixtures/prints_lines.lua " .. input)
+    assert.equal(0, status, err:sub(1, 300))
+    local by_line = read_output(out)
+    local printed, jobs = {}, {}
+    for job, line in err:gmatch("%[job (%d+)%] x+ line (%d+)\n") do
+      printed[tonumber(line)] = true
+      jobs[job] = true
+    end
+    for i = 1, 3000 do
+      assert.equal(i, by_line[i].result)
+      assert.is_true(printed[i], "the output of line " .. i .. " was dropped")
+    end
+    local n = 0
+    for _ in pairs(jobs) do n = n + 1 end
+    assert.is_true(n < 1000, ("3,000 lines ran in %d jobs: no batches formed"):format(n))
+    assert.is_nil(err:find("past max_log_bytes", 1, true))
+  end)
+
   it("resumes from a joblog: the recorded lines never run, the others once each", function()
     input = write_input(5000, log)
     local joblog = os.tmpname()
@@ -195,7 +217,7 @@ describe("a batch of lines in a pool (pool:add's internal `lines` option)", func
     local pool = h.pool("memory_bomb.lua", { size = 1, codec = "json", memory_limit = 32 * 1024 * 1024 })
     local exits = 0
     pool:on("exit", function() exits = exits + 1 end)
-    local job = pool:add('"first"\n"tables"\n"third"', { lines = 10 })
+    local job = pool:add('"first"\n"tables"\n"third"', { lines = { 10, 3 } })
     local text = assert(job:wait())
     local run, completed, failed, body = text:match("^(%d+) (%d+) (%d+)\n(.*)$")
     assert.same({ "2", "1", "1" }, { run, completed, failed })
@@ -216,7 +238,7 @@ describe("a batch's DONE frame", function()
     local pool = h.pool("big_parts.lua", { size = 1, codec = "json", max_payload = 2000 })
     local lines = {}
     for i = 1, 20 do lines[i] = ('{"unit":"x","n":%d}'):format(1500 + i) end -- 1.5 KB results
-    local text = assert(pool:add(table.concat(lines, "\n"), { lines = 1 }):wait())
+    local text = assert(pool:add(table.concat(lines, "\n"), { lines = { 1, 20 } }):wait())
     local run, completed, failed, body = text:match("^(%d+) (%d+) (%d+)\n(.*)$")
     assert.same({ "20", "20", "0" }, { run, completed, failed })
     local n = 0
@@ -225,7 +247,7 @@ describe("a batch's DONE frame", function()
       assert.equal(1500 + n, #line:match('"text":"(x*)"'))
     end
     assert.equal(20, n)
-    text = assert(pool:add('{"unit":"y","n":3000}\n{"unit":"z","n":1}', { lines = 21 }):wait())
+    text = assert(pool:add('{"unit":"y","n":3000}\n{"unit":"z","n":1}', { lines = { 21, 2 } }):wait())
     assert.matches('^2 1 1\n{"line":21,"status":"failed","error":{"code":"EPAYLOAD","message":"the result is '
       .. '%d+ bytes, more than max_payload %(2000%)', text) -- a line's own result is still held to it
     pool:close()

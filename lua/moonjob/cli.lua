@@ -220,9 +220,10 @@ local function batch_outcome(job)
   local failed_n = batches.count_failed(body)
   local ok_n = batches.count_lines(body) - failed_n
   local last = state and state.started > state.kept and covered + 1 or not state and job.count or covered
+  local ms = state and state.line_ms or 0 -- how long the line it died in had run
   for pos = covered + 1, last do -- the line it died in, or every line of a batch that never ran
     if not batches.is_blank(job.text, pos) then
-      body = body .. lines.failed(job.line + pos - 1, job.error, math.max(job.attempts, 1), 0)
+      body = body .. lines.failed(job.line + pos - 1, job.error, math.max(job.attempts, 1), ms)
       failed_n = failed_n + 1
     end
   end
@@ -560,7 +561,8 @@ local function run(processor, input_path, o)
   add_batch = function(first, count, text)
     if first <= resumed_last then text = batches.blank(text, first, count, is_resumed) end
     inflight, inflight_bytes = inflight + count, inflight_bytes + #text
-    local job = pool:add(text, { name = ("lines %d-%d"):format(first, first + count - 1), lines = first })
+    local job = pool:add(text, { name = ("lines %d-%d"):format(first, first + count - 1),
+      lines = { first, count } })
     job.line, job.count, job.text, job.handed_back = first, count, text, count + 1
   end
 

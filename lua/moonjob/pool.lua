@@ -212,7 +212,9 @@ function Pool:add(data, opts)
     job.name = opts.name
     job.timeout, job.kill_after, job.priority = opts.timeout, opts.kill_after, opts.priority
     job.max_attempts, job.backoff = opts.attempts, opts.backoff
-    job.first_line = opts.lines -- a batch of NDJSON lines (moonjob.cli, runner.lua)
+    if opts.lines then -- a batch of NDJSON lines (moonjob.cli, runner.lua)
+      job.first_line, job.line_count = opts.lines[1], opts.lines[2]
+    end
     if opts.lines and not self.batches then self:_expect_batches() end
     if opts.delay and opts.delay > 0 then job.run_at = loop.now() + opts.delay * 1000 end
   end

@@ -161,10 +161,15 @@ function Worker:emit_line(stream, line)
   self.pool:on_worker_output(self, self.job, stream, line)
 end
 
+-- What one job may print: max_log_bytes, per line for a batch of lines.
+local function log_limit(w, job)
+  return w.pool.max_log_bytes * (job and job.line_count or 1)
+end
+
 -- Output past max_log_bytes for one job is dropped (and counted): a flood costs
 -- the parent a length check per chunk, never memory.
 local function over_budget(w, chunk)
-  local limit = w.pool.max_log_bytes
+  local limit = log_limit(w, w.job)
   w.log_bytes = w.log_bytes + #chunk
   if w.log_bytes <= limit then return false end
   if not w.truncated then
@@ -226,7 +231,7 @@ end
 function Worker:end_job()
   local job = self.job
   self:flush_partial_lines()
-  if job and self.truncated then job.dropped_log_bytes = self.log_bytes - self.pool.max_log_bytes end
+  if job and self.truncated then job.dropped_log_bytes = self.log_bytes - log_limit(self, job) end
   self.log_bytes, self.truncated = 0, false
   local queue = self.queue
   if job then table.remove(queue, 1) end

@@ -184,8 +184,9 @@ function Options.check_add(opts)
     end
     if want == "number" and not (type(v) == "number" and v >= 0 and v <= SECONDS_MAX) then
       error(("pool:add(): option '%s' must be a number of seconds (0 to %.0f)"):format(k, SECONDS_MAX), 3)
-    elseif want == "lines" and not (type(v) == "number" and v >= 1 and v % 1 == 0) then
-      error("pool:add(): option 'lines' must be the number of the batch's first line", 3)
+    elseif want == "lines" and not (type(v) == "table" and type(v[1]) == "number" and v[1] >= 1
+        and v[1] % 1 == 0 and type(v[2]) == "number" and v[2] >= 1 and v[2] % 1 == 0) then
+      error("pool:add(): option 'lines' must be { first line's number, number of lines }", 3)
     elseif want == "priority" and not (type(v) == "number" and v > -math.huge and v < math.huge) then
       error("pool:add(): option 'priority' must be a finite number (lower runs first)", 3)
     elseif want == "attempts" and not (type(v) == "number" and v >= 1 and v <= 2 ^ 31
