@@ -420,9 +420,12 @@ static int start_job(uint32_t seq) {
   if (mj_gate_started(g, seq)) return 1; /* again (start_arriving_job): its batch word stays */
   do {
     if (mj_gate_recalled(g, seq)) return 0;
-    /* its lines, should it be a batch, before the parent can see it started */
-    __atomic_store_n(&shared->batch_kept, MJ_KEPT(0, 0), __ATOMIC_RELAXED);
+    /* its lines, should it be a batch, before the parent can see it started;
+     * the batch word changes before this job writes the area (the gate's
+     * compare-and-swap below orders them), so that a parent copying the last
+     * batch's kept results can tell (mj_process_batch_same) */
     __atomic_store_n(&shared->batch, MJ_BATCH(seq, 0, MJ_BATCH_LINES_MAX), __ATOMIC_RELEASE);
+    __atomic_store_n(&shared->batch_kept, MJ_KEPT(0, 0), __ATOMIC_RELEASE);
   } while (!__atomic_compare_exchange_n(&shared->gate, &g, mj_gate_start(g, seq), 0,
                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
   return 1;

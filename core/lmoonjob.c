@@ -481,6 +481,7 @@ static int lmj_process_batch(lua_State *L) {
   lua_pushnumber(L, state.started);
   lua_pushnumber(L, state.kept_lines);
   lua_pushlstring(L, state.kept, state.kept_bytes);
+  if (!mj_process_batch_same(&lp->p, &state)) return 0; /* the child moved on meanwhile */
   uint64_t now = uv_hrtime();
   lua_pushnumber(L, now > state.line_started_ns ? (double) (now - state.line_started_ns) / 1e6 : 0);
   return 4;

@@ -193,9 +193,11 @@ typedef struct {
   uint32_t kept_bytes;
   const char *kept;    /* the results, in the shared batch area */
   uint64_t line_started_ns; /* when the child started its last line (CLOCK_MONOTONIC) */
+  uint64_t word;       /* the batch word read (for mj_process_batch_same) */
 } mj_batch_state_t;
 
 int mj_process_batch(mj_process_t *p, uint64_t job, mj_batch_state_t *state);
+int mj_process_batch_same(mj_process_t *p, const mj_batch_state_t *state);
 int mj_process_batch_cut(mj_process_t *p, uint64_t job);
 
 /* Internal: process.c <- spawn.c and reap.c */

@@ -913,10 +913,13 @@ static uint64_t batch_word(mj_process_t *p, uint64_t job) {
 /* Where batch job `job` stands in the child (frame.h): the lines it started,
  * and the lines and bytes of results it kept in the batch area (*kept points
  * at them; they stay readable after the child's death, until the process is
- * freed). Returns 0, or -1 when `job` is not a batch the child started. */
+ * freed). Returns 0, or -1 when `job` is not a batch the child started.
+ * While the child lives it may move on to its next job, which reuses the
+ * area: copy the kept bytes, then ask mj_process_batch_same. */
 int mj_process_batch(mj_process_t *p, uint64_t job, mj_batch_state_t *state) {
   uint64_t b = batch_word(p, job);
   if (b == 0) return -1;
+  state->word = b;
   uint64_t k = __atomic_load_n(&p->shared->batch_kept, __ATOMIC_ACQUIRE);
   state->started = MJ_BATCH_STARTED(b);
   state->kept_lines = MJ_KEPT_LINES(k);
@@ -924,6 +927,16 @@ int mj_process_batch(mj_process_t *p, uint64_t job, mj_batch_state_t *state) {
   state->kept = (const char *) p->shared + MJ_SHARED_SIZE;
   state->line_started_ns = __atomic_load_n(&p->shared->batch_line_started, __ATOMIC_RELAXED);
   return 0;
+}
+
+/* After a copy of what mj_process_batch pointed at: 1 when the child was
+ * still on that batch all along (the copy is whole), 0 when it may have moved
+ * on to another job and reused the area (seqlock reader, frame.h; the child
+ * changes the batch word before its next job writes the area). */
+int mj_process_batch_same(mj_process_t *p, const mj_batch_state_t *state) {
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  uint64_t b = __atomic_load_n(&p->shared->batch, __ATOMIC_RELAXED);
+  return MJ_BATCH_SEQ(b) == MJ_BATCH_SEQ(state->word);
 }
 
 /* Takes back the lines of batch job `job` that the child has not started,

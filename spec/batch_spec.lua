@@ -124,6 +124,56 @@ describe("moonjob run: batches of lines", function()
     assert.is_true(jobs < 310, ("3,100 lines ran in %d jobs: no batches formed"):format(jobs))
   end)
 
+  it("prints what a batch finished while a slow line of it still runs", function()
+    local out = os.tmpname()
+    local waits = { [1501] = true, [2201] = true, [3001] = true } -- each waits for its previous line's output
+    input = write_input(3100, log, function(i)
+      if waits[i] then return { wait_for = out, text = ('"line":%d,'):format(i - 1) } end
+    end)
+    local _, err, status = h.sh(MOONJOB .. "run -j 1 " .. FIXTURE .. " " .. input .. " >" .. out)
+    local f = assert(io.open(out))
+    local by_line = read_output(f:read("*a"))
+    f:close()
+    os.remove(out)
+    assert.equal(0, status, err)
+    local runs, ids = read_runs(log)
+    local inside = 0 -- waiting lines whose previous line ran in the same batch
+    for i in pairs(waits) do
+      assert.equal(i, by_line[i].result)
+      assert.equal(1, runs[i])
+      if ids[i - 1] == ids[i] then inside = inside + 1 end
+    end
+    assert.is_true(inside > 0, "no waiting line ran after a line of its own batch")
+  end)
+
+  it("records on SIGINT what running batches finished; --resume runs every other line once", function()
+    local mark, joblog, dir = os.tmpname(), os.tmpname(), h.tmpdir()
+    os.remove(mark)
+    finally(function()
+      os.remove(mark); os.remove(joblog); os.execute("rm -rf " .. dir)
+    end)
+    input = write_input(3100, log, function(i) if i == 3001 then return { mark = mark, sleep = 30 } end end)
+    local args = ("run -j 1 --joblog %s %s %s"):format(joblog, FIXTURE, input) -- one child: no line after the slow one runs
+    local pid = tonumber(h.first_line(("(env --default-signal=INT %s %s >%s/out 2>%s/err & echo $!; "
+      .. "wait $!; echo $? >%s/status.tmp; mv %s/status.tmp %s/status) 2>/dev/null &")
+      :format(MOONJOB, args, dir, dir, dir, dir, dir)))
+    h.wait_for(function() return io.open(mark) ~= nil end, 20) -- the slow line runs
+    os.execute("kill -INT " .. pid)
+    h.wait_for(function() return io.open(dir .. "/status") ~= nil end, 20)
+    local f = assert(io.open(dir .. "/status"))
+    assert.equal(130, tonumber(f:read("*a")))
+    f:close()
+    local recorded = 0
+    for text in io.lines(joblog) do
+      if text:find('"status":"completed"', 1, true) then recorded = recorded + 1 end
+    end
+    assert.equal(3000, recorded) -- every line before the slow one, those of its own batch included
+    local _, err, status = run("-j 2 --resume --joblog " .. joblog, input)
+    assert.equal(0, status, err)
+    local runs = read_runs(log)
+    for i = 1, 3100 do assert.equal(i == 3001 and 2 or 1, runs[i], "runs of line " .. i) end
+  end)
+
   it("skips blank lines, fails bad JSON and raised errors line by line inside a batch", function()
     local raises = { [2001] = true, [2501] = true, [3001] = true, [4001] = true, [5001] = true }
     input = write_input(6000, log, function(i)

@@ -513,34 +513,63 @@ local function run(processor, input_path, o)
     if not stop then hand_back(job, kept + 1) end
   end
 
+  -- Records the result lines `text` of `count` lines from `line` on: the
+  -- joblog first, then stdout. False when the joblog cannot be written (the
+  -- run stops).
+  local joblog_failed = false
+  local function record(line, text, count, ok_n, failed_n)
+    if joblog_failed then return false end
+    if joblog and text ~= "" then
+      local ok, e = joblog:write(text)
+      if not ok then
+        joblog_failed = true
+        stop = { status = EXIT_USAGE, message = ("writing the joblog '%s' failed: %s; the run stopped "
+          .. "(the joblog records every line printed so far; --resume goes on from there)")
+          :format(o.joblog, tostring(e)) }
+        return false
+      end
+    end
+    completed, failed = completed + ok_n, failed + failed_n
+    written(line, text, count)
+    return true
+  end
+
+  -- A batch still running has finished its first `kept` lines (their result
+  -- lines are `text`): the ones not recorded yet are recorded now, so that a
+  -- slow line holds up no output of the lines before it, and a run stopped by
+  -- a signal keeps them (pool:_publish_kept).
+  pool.on_lines_kept = function(job, kept, text)
+    local done = job.printed or 0
+    if kept <= done then return end
+    local new = text:sub((job.printed_bytes or 0) + 1)
+    local failed_n = batches.count_failed(new)
+    local ok_n = batches.count_lines(new) - failed_n
+    job.printed, job.printed_bytes = kept, #text
+    job.printed_ok, job.printed_failed = (job.printed_ok or 0) + ok_n, (job.printed_failed or 0) + failed_n
+    record(job.line + done, new, kept - done, ok_n, failed_n)
+  end
+
   local function finished(job)
     if stop then return end -- the run is stopping: nothing more is recorded
     if cannot_load(job) then
       stop = { status = EXIT_USAGE, message = tostring(job.error) } -- "ELOAD: ...", as a syntax error reads
       return
     end
-    local text, covered, ok_n, failed_n
-    if job.count then
-      text, covered, ok_n, failed_n = batch_outcome(job)
-    else
-      text, covered = result_line(job), 1
-      ok_n = job.state == "completed" and 1 or 0
-      failed_n = 1 - ok_n
+    if not job.count then
+      local ok_n = job.state == "completed" and 1 or 0
+      if record(job.line, result_line(job), 1, ok_n, 1 - ok_n) and job.ms then lines_took(job.ms, 1) end
+      return
     end
-    if joblog and text ~= "" then
-      local ok, e = joblog:write(text)
-      if not ok then
-        stop = { status = EXIT_USAGE, message = ("writing the joblog '%s' failed: %s; the run stopped "
-          .. "(the joblog records every line printed so far; --resume goes on from there)")
-          :format(o.joblog, tostring(e)) }
-        return
-      end
+    local text, covered, ok_n, failed_n = batch_outcome(job)
+    local done = job.printed or 0 -- lines recorded while it ran
+    if done > 0 then
+      text = text:sub(job.printed_bytes + 1)
+      ok_n, failed_n = ok_n - job.printed_ok, failed_n - job.printed_failed
     end
-    completed, failed = completed + ok_n, failed + failed_n
-    if job.count then inflight_bytes = inflight_bytes - #job.text end
+    inflight_bytes = inflight_bytes - #job.text
+    if not record(job.line + done, text, covered - done, ok_n, failed_n) then return end
     if job.ms and covered > 0 then lines_took(job.ms, covered) end
-    written(job.line, text, covered)
-    if job.count then hand_back(job, covered + 1) end
+    hand_back(job, covered + 1)
   end
   pool:on("completed", finished)
   pool:on("failed", finished)
@@ -590,6 +619,7 @@ local function run(processor, input_path, o)
     if not ok then stop = stopped_by(why) end
   end
   if stop then
+    pcall(pool._publish_kept, pool, 0) -- what running batches finished is recorded, not run again
     -- end every child and what it started now (more signals meanwhile do not
     -- cut this short); print what was already written
     for _ = 1, 100 do -- a wait cut short by a signal is resumed; the close itself is bounded

@@ -195,4 +195,27 @@ function Pool:_steal()
   return took
 end
 
+-- Hands what long batches of lines have finished so far to their owner
+-- (pool.on_lines_kept(job, lines_kept, kept_text): moonjob.cli prints them),
+-- for each batch running for min_ms (default STEAL_AFTER_MS) or more: a slow
+-- line holds up no output of the lines before it, and a run stopped by a
+-- signal records them. The sweep calls it; so does the command line before
+-- it kills the children.
+function Pool:_publish_kept(min_ms)
+  local listener = self.on_lines_kept
+  if not (listener and self.batches) then return end
+  min_ms = min_ms or STEAL_AFTER_MS
+  local now, heads = loop.now(), {}
+  for _, w in ipairs(self.worker_list) do
+    local head = w.job
+    if head and head.first_line and head.started and now - head.started >= min_ms then
+      heads[#heads + 1] = { head, w.process:batch(head.id) }
+    end
+  end
+  for _, h in ipairs(heads) do -- the listener may add jobs: not while walking the workers
+    local _, kept, text = h[2], h[3], h[4]
+    if kept and kept > 0 then listener(h[1], kept, text) end
+  end
+end
+
 return Pool

@@ -151,6 +151,7 @@ function Pool:_sweep()
       self:_retire(w)
     end
   end
+  if self.batches then self:_publish_kept() end
 end
 
 -- Ends every child now: busy ones get SIGTERM (their jobs fail with ECLOSED),
