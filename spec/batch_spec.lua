@@ -174,6 +174,38 @@ describe("moonjob run: batches of lines", function()
     for i = 1, 3100 do assert.equal(i == 3001 and 2 or 1, runs[i], "runs of line " .. i) end
   end)
 
+  it("with --keep-order, a stop signal leaves the joblog holding exactly what was printed", function()
+    local mark, joblog, dir = os.tmpname(), os.tmpname(), h.tmpdir()
+    os.remove(mark)
+    finally(function()
+      os.remove(mark); os.remove(joblog); os.execute("rm -rf " .. dir)
+    end)
+    input = write_input(3100, log, function(i) if i == 3001 then return { mark = mark, sleep = 30 } end end)
+    local args = ("run -j 2 -k --joblog %s %s %s"):format(joblog, FIXTURE, input)
+    local pid = tonumber(h.first_line(("(env --default-signal=INT %s %s >%s/out 2>%s/err & echo $!; "
+      .. "wait $!; echo $? >%s/status.tmp; mv %s/status.tmp %s/status) 2>/dev/null &")
+      :format(MOONJOB, args, dir, dir, dir, dir, dir)))
+    h.wait_for(function() return io.open(mark) ~= nil end, 20)
+    h.sleep(0.5) -- the other child runs the lines after the slow one: they wait for it to be printed
+    os.execute("kill -INT " .. pid)
+    h.wait_for(function() return io.open(dir .. "/status") ~= nil end, 20)
+    local f = assert(io.open(dir .. "/out"))
+    local first = read_output(f:read("*a"))
+    f:close()
+    local logged = {}
+    for text in io.lines(joblog) do logged[tonumber(text:match('^{"line":(%d+)'))] = true end
+    for i = 1, 3100 do
+      assert.equal(first[i] ~= nil, logged[i] == true, "line " .. i .. ": printed and recorded differ")
+    end
+    assert.is_nil(first[3001])
+    local out, err, status = run("-j 2 -k --resume --joblog " .. joblog, input)
+    assert.equal(0, status, err)
+    local second = read_output(out)
+    for i = 1, 3100 do
+      assert.is_true((first[i] ~= nil) ~= (second[i] ~= nil), "line " .. i .. " printed once in all")
+    end
+  end)
+
   it("skips blank lines, fails bad JSON and raised errors line by line inside a batch", function()
     local raises = { [2001] = true, [2501] = true, [3001] = true, [4001] = true, [5001] = true }
     input = write_input(6000, log, function(i)

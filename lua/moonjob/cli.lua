@@ -3,6 +3,10 @@
 --   moonjob run PROCESSOR [INPUT] [-j N] [--timeout S] [--kill-after S]
 --     [--attempts N] [--backoff SPEC] [--keep-order] [--joblog FILE [--resume]]
 --
+-- Tiny lines go to the children in batches (many lines per job, see
+-- moonjob.cli_batches and README "Batches of lines"), once lines are known to
+-- be short; with --timeout or --attempts above 1, one line per job.
+--
 -- Input lines go to the children as JSON text and results come back as exact
 -- JSON text (the pool's "json" codec), so the parent never parses a payload:
 -- it only cuts lines and writes result lines around the children's bytes.
@@ -10,8 +14,9 @@
 -- of millions of lines runs in bounded memory. Output lines are written as
 -- jobs finish, through a writer that never blocks the loop.
 --
--- --joblog appends each finished job's line (as on stdout) to a file, flushed
--- at once and before the stdout line; a failed write (a full disk) stops the
+-- --joblog appends each finished job's line (as on stdout, in the same order)
+-- to a file, flushed at once and before the stdout line; a failed write (a
+-- full disk) stops the
 -- run, and a record cut short by it is dropped when the joblog is next
 -- opened. --resume skips the lines it records as completed. A progress line
 -- goes to stderr when it is a terminal.
@@ -406,7 +411,7 @@ local function stopped_by(why)
   why = tostring(why)
   local signum = why:find("^interrupted") and loop.signal
   if not signum then return { status = EXIT_FAILED, message = why } end
-  return { status = 128 + signum,
+  return { status = 128 + signum, by_signal = true,
     message = ("interrupted by %s; running jobs were killed"):format(SIGNAL_NAMES[signum] or signum) }
 end
 
@@ -464,8 +469,23 @@ local function run(processor, input_path, o)
     end
   end
 
+  -- Every result line goes to the joblog first (one unbuffered write), then
+  -- to stdout: the joblog holds what was printed, in the same order, also
+  -- with --keep-order (a result waiting for an earlier line is in neither).
+  local joblog_failed = false
   local function write(text)
-    if write_error or text == "" then return end
+    if text == "" or joblog_failed then return end
+    if joblog then
+      local ok, e = joblog:write(text)
+      if not ok then
+        joblog_failed = true
+        stop = { status = EXIT_USAGE, message = ("writing the joblog '%s' failed: %s; the run stopped "
+          .. "(the joblog records every line printed so far; --resume goes on from there)")
+          :format(o.joblog, tostring(e)) }
+        return
+      end
+    end
+    if write_error then return end
     local written, e = out:write(text)
     if not written then -- nobody reads the output any more: stop
       write_error = e
@@ -513,25 +533,14 @@ local function run(processor, input_path, o)
     if not stop then hand_back(job, kept + 1) end
   end
 
-  -- Records the result lines `text` of `count` lines from `line` on: the
-  -- joblog first, then stdout. False when the joblog cannot be written (the
-  -- run stops).
-  local joblog_failed = false
+  -- Records the result lines `text` of `count` lines from `line` on (the
+  -- joblog, then stdout: write). False when the joblog cannot be written
+  -- (the run stops).
   local function record(line, text, count, ok_n, failed_n)
     if joblog_failed then return false end
-    if joblog and text ~= "" then
-      local ok, e = joblog:write(text)
-      if not ok then
-        joblog_failed = true
-        stop = { status = EXIT_USAGE, message = ("writing the joblog '%s' failed: %s; the run stopped "
-          .. "(the joblog records every line printed so far; --resume goes on from there)")
-          :format(o.joblog, tostring(e)) }
-        return false
-      end
-    end
     completed, failed = completed + ok_n, failed + failed_n
     written(line, text, count)
-    return true
+    return not joblog_failed
   end
 
   -- A batch still running has finished its first `kept` lines (their result
@@ -550,7 +559,17 @@ local function run(processor, input_path, o)
   end
 
   local function finished(job)
-    if stop then return end -- the run is stopping: nothing more is recorded
+    if stop then
+      -- A stop signal: jobs that completed meanwhile are still recorded (they
+      -- ran), what a killed batch had finished too; failures are not (the
+      -- kill caused them). Any other stop records nothing more.
+      if not stop.by_signal then return end
+      if job.state ~= "completed" then
+        local state = job.count and job.batch_state
+        if state then pool.on_lines_kept(job, state.kept, state.text) end
+        return
+      end
+    end
     if cannot_load(job) then
       stop = { status = EXIT_USAGE, message = tostring(job.error) } -- "ELOAD: ...", as a syntax error reads
       return
@@ -567,7 +586,7 @@ local function run(processor, input_path, o)
       ok_n, failed_n = ok_n - job.printed_ok, failed_n - job.printed_failed
     end
     inflight_bytes = inflight_bytes - #job.text
-    if not record(job.line + done, text, covered - done, ok_n, failed_n) then return end
+    if not record(job.line + done, text, covered - done, ok_n, failed_n) or stop then return end
     if job.ms and covered > 0 then lines_took(job.ms, covered) end
     hand_back(job, covered + 1)
   end
