@@ -57,6 +57,24 @@ local function run(args, input)
   return h.sh(MOONJOB .. "run " .. args .. " " .. FIXTURE .. " " .. input)
 end
 
+-- Starts `moonjob ARGS` in the background (stdout and stderr in dir/out and
+-- dir/err), waits until the file `mark` exists (a slow line started) and
+-- `settle` seconds more, sends it SIGINT (with SIGINT at its default, as from
+-- a terminal) and returns its exit status.
+local function interrupted_run(args, mark, dir, settle)
+  local pid = tonumber(h.first_line(("(env --default-signal=INT %s %s >%s/out 2>%s/err & echo $!; "
+    .. "wait $!; echo $? >%s/status.tmp; mv %s/status.tmp %s/status) 2>/dev/null &")
+    :format(MOONJOB, args, dir, dir, dir, dir, dir)))
+  h.wait_for(function() return io.open(mark) ~= nil end, 20)
+  if settle > 0 then h.sleep(settle) end
+  os.execute("kill -INT " .. pid)
+  h.wait_for(function() return io.open(dir .. "/status") ~= nil end, 20)
+  local f = assert(io.open(dir .. "/status"))
+  local status = tonumber(f:read("*a"))
+  f:close()
+  return status
+end
+
 describe("moonjob run: batches of lines", function()
   local log, input
 
@@ -153,16 +171,9 @@ describe("moonjob run: batches of lines", function()
       os.remove(mark); os.remove(joblog); os.execute("rm -rf " .. dir)
     end)
     input = write_input(3100, log, function(i) if i == 3001 then return { mark = mark, sleep = 30 } end end)
-    local args = ("run -j 1 --joblog %s %s %s"):format(joblog, FIXTURE, input) -- one child: no line after the slow one runs
-    local pid = tonumber(h.first_line(("(env --default-signal=INT %s %s >%s/out 2>%s/err & echo $!; "
-      .. "wait $!; echo $? >%s/status.tmp; mv %s/status.tmp %s/status) 2>/dev/null &")
-      :format(MOONJOB, args, dir, dir, dir, dir, dir)))
-    h.wait_for(function() return io.open(mark) ~= nil end, 20) -- the slow line runs
-    os.execute("kill -INT " .. pid)
-    h.wait_for(function() return io.open(dir .. "/status") ~= nil end, 20)
-    local f = assert(io.open(dir .. "/status"))
-    assert.equal(130, tonumber(f:read("*a")))
-    f:close()
+    -- one child: no line after the slow one runs
+    local status = interrupted_run(("run -j 1 --joblog %s %s %s"):format(joblog, FIXTURE, input), mark, dir, 0)
+    assert.equal(130, status)
     local recorded = 0
     for text in io.lines(joblog) do
       if text:find('"status":"completed"', 1, true) then recorded = recorded + 1 end
@@ -181,14 +192,9 @@ describe("moonjob run: batches of lines", function()
       os.remove(mark); os.remove(joblog); os.execute("rm -rf " .. dir)
     end)
     input = write_input(3100, log, function(i) if i == 3001 then return { mark = mark, sleep = 30 } end end)
-    local args = ("run -j 2 -k --joblog %s %s %s"):format(joblog, FIXTURE, input)
-    local pid = tonumber(h.first_line(("(env --default-signal=INT %s %s >%s/out 2>%s/err & echo $!; "
-      .. "wait $!; echo $? >%s/status.tmp; mv %s/status.tmp %s/status) 2>/dev/null &")
-      :format(MOONJOB, args, dir, dir, dir, dir, dir)))
-    h.wait_for(function() return io.open(mark) ~= nil end, 20)
-    h.sleep(0.5) -- the other child runs the lines after the slow one: they wait for it to be printed
-    os.execute("kill -INT " .. pid)
-    h.wait_for(function() return io.open(dir .. "/status") ~= nil end, 20)
+    -- meanwhile the other child runs the lines after the slow one: they wait for it to be printed
+    assert.equal(130, interrupted_run(("run -j 2 -k --joblog %s %s %s"):format(joblog, FIXTURE, input),
+      mark, dir, 0.5))
     local f = assert(io.open(dir .. "/out"))
     local first = read_output(f:read("*a"))
     f:close()
