@@ -57,6 +57,20 @@ local function run(args, input)
   return h.sh(MOONJOB .. "run " .. args .. " " .. FIXTURE .. " " .. input)
 end
 
+-- The files of a run whose line 3001 (of 3100) sleeps 30 s once it created
+-- `mark` (not again once mark exists): mark, joblog, a directory, the input.
+-- They go when the spec ends.
+local function slow_line_run(log)
+  local mark, joblog, dir = os.tmpname(), os.tmpname(), h.tmpdir()
+  os.remove(mark)
+  finally(function()
+    os.remove(mark); os.remove(joblog); os.execute("rm -rf " .. dir)
+  end)
+  return mark, joblog, dir, write_input(3100, log, function(i)
+    if i == 3001 then return { mark = mark, sleep = 30 } end
+  end)
+end
+
 -- Starts `moonjob ARGS` in the background (stdout and stderr in dir/out and
 -- dir/err), waits until the file `mark` exists (a slow line started) and
 -- `settle` seconds more, sends it SIGINT (with SIGINT at its default, as from
@@ -165,12 +179,8 @@ describe("moonjob run: batches of lines", function()
   end)
 
   it("records on SIGINT what running batches finished; --resume runs every other line once", function()
-    local mark, joblog, dir = os.tmpname(), os.tmpname(), h.tmpdir()
-    os.remove(mark)
-    finally(function()
-      os.remove(mark); os.remove(joblog); os.execute("rm -rf " .. dir)
-    end)
-    input = write_input(3100, log, function(i) if i == 3001 then return { mark = mark, sleep = 30 } end end)
+    local mark, joblog, dir
+    mark, joblog, dir, input = slow_line_run(log)
     -- one child: no line after the slow one runs
     local status = interrupted_run(("run -j 1 --joblog %s %s %s"):format(joblog, FIXTURE, input), mark, dir, 0)
     assert.equal(130, status)
@@ -186,12 +196,8 @@ describe("moonjob run: batches of lines", function()
   end)
 
   it("with --keep-order, a stop signal leaves the joblog holding exactly what was printed", function()
-    local mark, joblog, dir = os.tmpname(), os.tmpname(), h.tmpdir()
-    os.remove(mark)
-    finally(function()
-      os.remove(mark); os.remove(joblog); os.execute("rm -rf " .. dir)
-    end)
-    input = write_input(3100, log, function(i) if i == 3001 then return { mark = mark, sleep = 30 } end end)
+    local mark, joblog, dir
+    mark, joblog, dir, input = slow_line_run(log)
     -- meanwhile the other child runs the lines after the slow one: they wait for it to be printed
     assert.equal(130, interrupted_run(("run -j 2 -k --joblog %s %s %s"):format(joblog, FIXTURE, input),
       mark, dir, 0.5))

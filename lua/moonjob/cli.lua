@@ -222,17 +222,14 @@ local function batch_outcome(job)
   end
   local state, body, covered = job.batch_state, "", 0
   if state then body, covered = state.text, state.kept end
-  local failed_n = batches.count_failed(body)
-  local ok_n = batches.count_lines(body) - failed_n
+  local ok_n, failed_n = batches.count(body)
   local last = state and state.started > state.kept and covered + 1 or not state and job.count or covered
   local ms = state and state.line_ms or 0 -- how long the line it died in had run
-  for pos = covered + 1, last do -- the line it died in, or every line of a batch that never ran
-    if not batches.is_blank(job.text, pos) then
-      body = body .. lines.failed(job.line + pos - 1, job.error, math.max(job.attempts, 1), ms)
-      failed_n = failed_n + 1
-    end
+  local failing = {} -- the line it died in, or every line of a batch that never ran
+  for _, pos in ipairs(batches.non_blank(job.text, covered + 1, last)) do
+    failing[#failing + 1] = lines.failed(job.line + pos - 1, job.error, math.max(job.attempts, 1), ms)
   end
-  return body, last, ok_n, failed_n
+  return body .. table.concat(failing), last, ok_n, failed_n + #failing
 end
 
 ------------------------------------------------------------------- run ---
@@ -551,8 +548,7 @@ local function run(processor, input_path, o)
     local done = job.printed or 0
     if kept <= done then return end
     local new = text:sub((job.printed_bytes or 0) + 1)
-    local failed_n = batches.count_failed(new)
-    local ok_n = batches.count_lines(new) - failed_n
+    local ok_n, failed_n = batches.count(new)
     job.printed, job.printed_bytes = kept, #text
     job.printed_ok, job.printed_failed = (job.printed_ok or 0) + ok_n, (job.printed_failed or 0) + failed_n
     record(job.line + done, new, kept - done, ok_n, failed_n)

@@ -47,28 +47,26 @@ function M.parse_done(bytes)
   return tonumber(run), tonumber(completed), tonumber(failed), bytes:sub(at)
 end
 
--- How many of the result lines in `text` say "failed" (after a crash, when no
--- DONE header counted them). Results are one-line JSON, so a record starts
--- each line.
-function M.count_failed(text)
-  local n = 0
-  for _ in ("\n" .. text):gmatch('\n{"line":%d+,"status":"failed"') do n = n + 1 end
-  return n
+-- How many of the result lines in `text` completed and failed (after a
+-- crash or while a batch runs, when no DONE header counted them). Results are
+-- one-line JSON, so a record starts each line.
+function M.count(text)
+  local lines, failed = 0, 0
+  for _ in text:gmatch("\n") do lines = lines + 1 end
+  for _ in ("\n" .. text):gmatch('\n{"line":%d+,"status":"failed"') do failed = failed + 1 end
+  return lines - failed, failed
 end
 
--- How many result lines `text` holds.
-function M.count_lines(text)
-  local n = 0
-  for _ in text:gmatch("\n") do n = n + 1 end
-  return n
-end
-
--- Whether position `pos` of block `text` is a blank line (it runs as nothing).
-function M.is_blank(text, pos)
-  local a = start_of(text, pos)
-  if not a then return true end
-  local nl = text:find("\n", a, true) or #text + 1
-  return not text:sub(a, nl - 1):find("%S")
+-- The positions from `from` to `to` of block `text` that are not blank
+-- lines (they ran, or would have), in one pass.
+function M.non_blank(text, from, to)
+  local found, at, pos = {}, 1, 1
+  while pos <= to do
+    local nl = text:find("\n", at, true) or #text + 1
+    if pos >= from and text:sub(at, nl - 1):find("%S") then found[#found + 1] = pos end
+    at, pos = nl + 1, pos + 1
+  end
+  return found
 end
 
 return M

@@ -11,26 +11,14 @@ local json = require "moonjob.json"
 
 local M = {}
 
-local floor, format = math.floor, string.format
+local floor = math.floor
 
--- Milliseconds, to the microsecond, the way json.number_text writes them
--- (no trailing zeros), without its general search for the shortest form.
-local function ms_text(ms)
-  local us = floor(ms * 1000 + 0.5)
-  if us < 0 or us >= 1e15 then return json.number_text(us / 1000) end
-  local whole, frac = floor(us / 1000), us % 1000
-  if frac == 0 then return format("%d", whole) end
-  if frac % 100 == 0 then return format("%d.%d", whole, frac / 100) end
-  if frac % 10 == 0 then return format("%d.%02d", whole, frac / 10) end
-  return format("%d.%03d", whole, frac)
-end
-M.ms_text = ms_text
-
--- Appends milliseconds to string.buffer `out` as ms_text writes them,
--- without making a string.
+-- Appends milliseconds, to the microsecond, to string.buffer `out`, the way
+-- json.number_text writes them (no trailing zeros), without making a string
+-- or searching for the shortest form.
 local function put_ms(out, ms)
   local us = floor(ms * 1000 + 0.5)
-  if us < 0 or us >= 1e15 then return out:put(ms_text(ms)) end
+  if us < 0 or us >= 1e15 then return out:put(json.number_text(us / 1000)) end
   local whole, frac = floor(us / 1000), us % 1000
   out:put(whole)
   if frac == 0 then return out end
@@ -57,10 +45,10 @@ end
 
 -- The line of a job that failed with err (a table with code and message).
 function M.failed(line, err, attempts, ms)
-  return '{"line":' .. line .. ',"status":"failed","error":{"code":'
-    .. assert(json.encode(tostring(err.code))) .. ',"message":'
-    .. assert(json.encode(tostring(err.message))) .. '},"attempts":' .. attempts
-    .. ',"ms":' .. ms_text(ms) .. "}\n"
+  local out = scratch:reset():put('{"line":', line, ',"status":"failed","error":{"code":',
+    assert(json.encode(tostring(err.code))), ',"message":', assert(json.encode(tostring(err.message))),
+    '},"attempts":', attempts, ',"ms":')
+  return put_ms(out, ms):put("}\n"):tostring()
 end
 
 return M

@@ -176,6 +176,25 @@ function Job:__tostring()
   return "<moonjob.job " .. tostring(self.id) .. " running>"
 end
 
+-- The EINPUT error of JSON text that did not decode (json.decode's message).
+local function input_error(err)
+  local what = err:find("^number ") and "input cannot cross exactly: " or "input is not valid JSON: "
+  return errors.new("EINPUT", what .. err, { retry = false })
+end
+
+-- The EPAYLOAD error of a result that could not be encoded (why) or is over
+-- max_payload; nil when `bytes` may go.
+local function result_problem(bytes, why)
+  if not bytes then
+    return { code = "EPAYLOAD", message = "the result cannot be encoded: "
+      .. tostring(why):gsub("^.-:%d+: ", "") }
+  end
+  if #bytes > options.max_payload then
+    return { code = "EPAYLOAD", message = ("the result is %d bytes, more than max_payload (%d); "
+      .. "return less or raise max_payload"):format(#bytes, options.max_payload) }
+  end
+end
+
 local codecs = {
   lua = {
     decode = function() return decoder:decode() end,
@@ -183,13 +202,8 @@ local codecs = {
   },
   json = {
     decode = function()
-      local json = require "moonjob.json"
-      local value, err = json.decode(decoder:tostring())
-      if err then
-        local what = err:find("^number ") and "input cannot cross exactly: "
-          or "input is not valid JSON: "
-        error(errors.new("EINPUT", what .. err, { retry = false }))
-      end
+      local value, err = require("moonjob.json").decode(decoder:tostring())
+      if err then error(input_error(err)) end
       return value
     end,
     encode = function(value) return assert(require("moonjob.json").encode(value)) end,
@@ -219,14 +233,8 @@ local function complete(number, result)
     collectgarbage()
     return fail(number, out_of_memory("encoding the result"))
   end
-  if not ok then
-    return fail(number, { code = "EPAYLOAD", message = "the result cannot be encoded: "
-      .. tostring(bytes):gsub("^.-:%d+: ", "") })
-  end
-  if #bytes > options.max_payload then
-    return fail(number, { code = "EPAYLOAD", message = ("the result is %d bytes, more than "
-      .. "max_payload (%d); return less or raise max_payload"):format(#bytes, options.max_payload) })
-  end
+  local problem = result_problem(ok and bytes, not ok and bytes)
+  if problem then return fail(number, problem) end
   flush_output()
   channel.send(channel.DONE, number, bytes)
 end
@@ -313,11 +321,6 @@ end
 local lines_format = nil -- moonjob.lines, loaded with the first batch
 local json = nil        -- moonjob.json, likewise
 
-local function input_error(err)
-  local what = err:find("^number ") and "input cannot cross exactly: " or "input is not valid JSON: "
-  return errors.new("EINPUT", what .. err, { retry = false })
-end
-
 -- A line's job: its name ("line N") is made only if the processor reads it.
 local LINE = {} -- the key of its line number
 local LineJob = {
@@ -362,15 +365,8 @@ end
 -- line's is left in record_buffer (returned instead of a string).
 local function completed_line(line, attempt, result, ms)
   local bytes, why = json.encode(result)
-  if not bytes then
-    return lines_format.failed(line, { code = "EPAYLOAD", message = "the result cannot be encoded: "
-      .. tostring(why):gsub("^.-:%d+: ", "") }, attempt, ms), false
-  end
-  if #bytes > options.max_payload then
-    return lines_format.failed(line, { code = "EPAYLOAD", message = ("the result is %d bytes, "
-      .. "more than max_payload (%d); return less or raise max_payload"):format(#bytes,
-      options.max_payload) }, attempt, ms), false
-  end
+  local problem = result_problem(bytes, why)
+  if problem then return lines_format.failed(line, problem, attempt, ms), false end
   return lines_format.put_completed(record_buffer:reset(), line, bytes, attempt, ms), true
 end
 
