@@ -138,7 +138,7 @@ describe("moonjob run", function()
     assert.same({ 1, 2, 3, 4, 5, 7 }, lines)
   end)
 
-  it("keeps input order, exact results and a whole joblog over 20,000 tiny jobs (pipelined)", function()
+  it("keeps input order, exact results and a whole joblog over 20,000 tiny lines", function()
     local lines = {}
     local function big(i) return ("90071992547%06d"):format(i) end -- beyond 2^53: exact or nothing
     for i = 1, 20000 do lines[i] = ('{"n":%d,"big":%s}'):format(i, big(i)) end

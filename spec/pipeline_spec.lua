@@ -139,12 +139,11 @@ describe("pipelining", function()
     os.execute("kill -KILL " .. head.pid)
     local _, err = head:wait()
     assert.equal("ECRASH", err.code)
-    local ids = runs_of(runs)
     for i = 1, 6 do
       assert.equal("ran", queued[i]:wait())
       assert.equal(1, queued[i].attempts)
     end
-    ids = runs_of(runs)
+    local ids = runs_of(runs)
     for i = 1, 6 do assert.equal(1, count(ids, queued[i].id), "job " .. i .. " ran once") end
   end)
 

@@ -648,7 +648,7 @@ local function run(processor, input_path, o)
   if joblog then joblog:close() end
   if unwritten() > 0 then -- a gap in --keep-order's output: never silent
     io.stderr:write(("moonjob: internal error: %d results were never written (a line before them "
-      .. "is missing); the joblog has them all\n"):format(unwritten()))
+      .. "is missing); they are neither printed nor in the joblog\n"):format(unwritten()))
     return EXIT_FAILED
   end
   if read_error then
