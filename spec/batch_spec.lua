@@ -306,7 +306,7 @@ end)
 describe("a batch's output", function()
   after_each(function() h.cleanup() end)
 
-  it("holds each line to max_log_bytes, not the batch as a whole", function()
+  it("holds a batch to max_log_bytes times its lines, not to max_log_bytes alone", function()
     local pool = h.pool("prints_lines.lua", { size = 1, codec = "json", max_log_bytes = 1000 })
     local lines = {}
     for i = 1, 20 do lines[i] = '{"pad":500}' end -- 10 KB for the batch, 500 bytes a line
@@ -315,6 +315,10 @@ describe("a batch's output", function()
     assert.is_nil(job.dropped_log_bytes)
     assert.equal(20, #job.logs)
     for i = 1, 20 do assert.matches(" line " .. i .. "$", job.logs[i]) end
+    -- past lines x max_log_bytes (2 lines of 1,500 bytes: 3,000 > 2,000) output is dropped
+    job = pool:add('{"pad":1500}\n{"pad":1500}', { lines = { 21, 2 } })
+    assert(job:wait())
+    assert.is_true(job.dropped_log_bytes > 0)
     pool:close()
   end)
 end)
