@@ -13,26 +13,33 @@ local M = {}
 
 local floor = math.floor
 
+-- The text of the integers 0..999 and of a thousandth's digits after the
+-- point (".4", ".41", ".412"; "" for none): a batch writes a number per line
+-- for its attempt and its milliseconds, and a number written by string.buffer
+-- costs as much as the rest of the line.
+local SMALL, THOUSANDTHS = {}, {}
+for n = 0, 999 do
+  SMALL[n] = tostring(n)
+  local digits = ("%03d"):format(n):gsub("0+$", "")
+  THOUSANDTHS[n] = digits == "" and "" or "." .. digits
+end
+
 -- Appends milliseconds, to the microsecond, to string.buffer `out`, the way
 -- json.number_text writes them (no trailing zeros), without making a string
 -- or searching for the shortest form.
 local function put_ms(out, ms)
   local us = floor(ms * 1000 + 0.5)
   if us < 0 or us >= 1e15 then return out:put(json.number_text(us / 1000)) end
-  local whole, frac = floor(us / 1000), us % 1000
-  out:put(whole)
-  if frac == 0 then return out end
-  if frac % 100 == 0 then return out:put(".", frac / 100) end
-  if frac % 10 == 0 then return out:put(frac < 100 and ".0" or ".", frac / 10) end
-  return out:put(frac < 10 and ".00" or frac < 100 and ".0" or ".", frac)
+  local whole = floor(us / 1000)
+  return out:put(SMALL[whole] or whole, THOUSANDTHS[us - whole * 1000])
 end
 
 -- Appends to string.buffer `out` the line of a job that completed with
 -- `result_json` (exact JSON text): the child's per-line path, which makes no
 -- string of it.
 function M.put_completed(out, line, result_json, attempts, ms)
-  out:put('{"line":', line, ',"status":"completed","result":', result_json, ',"attempts":', attempts,
-    ',"ms":')
+  out:put('{"line":', line, ',"status":"completed","result":', result_json, ',"attempts":',
+    SMALL[attempts] or attempts, ',"ms":')
   return put_ms(out, ms):put("}\n")
 end
 
