@@ -353,27 +353,28 @@ end
 -- Lines that make no output (blank, resumed) are emitted as "".
 -- emit(line, text, count): text holds the results of `count` lines (default
 -- 1) from `line` on.
--- Also returns left(): how many results still wait for an earlier line
--- (0 once the run is whole).
+-- Also returns held(): how many results (lines and bytes) wait for an earlier
+-- line (0, 0 once the run is whole). The run counts them as in flight, so that
+-- a slow early line pauses the input instead of holding every later result.
 local function ordered_writer(write, keep_order)
-  if not keep_order then return function(_, text) write(text) end, function() return 0 end end
+  if not keep_order then return function(_, text) write(text) end, function() return 0, 0 end end
   local pending, covers, next_line = {}, {}, 1
-  local function left()
-    local n = 0
-    for _ in pairs(pending) do n = n + 1 end
-    return n
-  end
+  local held_lines, held_bytes = 0, 0
   return function(line, text, count)
+    count = count or 1
     if count == 0 then return end -- covers no line (a batch that ran none)
     assert(pending[line] == nil, "line written twice")
-    pending[line], covers[line] = text, count or 1
+    pending[line], covers[line] = text, count
+    held_lines, held_bytes = held_lines + count, held_bytes + #text
     while pending[next_line] do
       local at = next_line
-      write(pending[at])
+      local out = pending[at]
+      held_lines, held_bytes = held_lines - covers[at], held_bytes - #out
       next_line = at + covers[at]
       pending[at], covers[at] = nil, nil
+      write(out)
     end
-  end, left
+  end, function() return held_lines, held_bytes end
 end
 
 -- The pool, or nil and a usage message. Options were checked by parse(); a
@@ -489,21 +490,35 @@ local function run(processor, input_path, o)
       input:pause()
     end
   end
-  local emit, unwritten = ordered_writer(write, o.keep_order)
+  local emit, held = ordered_writer(write, o.keep_order)
 
-  local function written(line, text, count)
-    inflight = inflight - (count or 1)
-    emit(line, text, count)
-    if paused and inflight <= low and inflight_bytes <= bytes_low and not ended and not write_error then
-      paused = false
-      input:resume()
-    end
+  -- Lines and bytes the run holds: batches in flight, and with --keep-order
+  -- the results that wait for an earlier line.
+  local function holding()
+    local lines, bytes = held()
+    return inflight + lines, inflight_bytes + bytes
   end
 
   local function pause_if_full()
-    if (inflight >= high or inflight_bytes >= bytes_high) and not paused then
+    if paused or ended then return end
+    local lines, bytes = holding()
+    if lines >= high or bytes >= bytes_high then
       paused = true
       input:pause()
+    end
+  end
+
+  -- Results held for --keep-order may pass the bound on bytes (a result can
+  -- be bigger than its line): the input pauses then too.
+  local function written(line, text, count)
+    inflight = inflight - (count or 1)
+    emit(line, text, count)
+    if not paused then return pause_if_full() end
+    if ended or write_error then return end
+    local lines, bytes = holding()
+    if lines <= low and bytes <= bytes_low then
+      paused = false
+      input:resume()
     end
   end
 
@@ -646,9 +661,10 @@ local function run(processor, input_path, o)
     return stop.status
   end
   if joblog then joblog:close() end
-  if unwritten() > 0 then -- a gap in --keep-order's output: never silent
+  local unwritten = held()
+  if unwritten > 0 then -- a gap in --keep-order's output: never silent
     io.stderr:write(("moonjob: internal error: %d results were never written (a line before them "
-      .. "is missing); they are neither printed nor in the joblog\n"):format(unwritten()))
+      .. "is missing); they are neither printed nor in the joblog\n"):format(unwritten))
     return EXIT_FAILED
   end
   if read_error then
