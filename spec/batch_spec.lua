@@ -195,6 +195,28 @@ describe("moonjob run: batches of lines", function()
     for i = 1, 3100 do assert.equal(i == 3001 and 2 or 1, runs[i], "runs of line " .. i) end
   end)
 
+  it("killed by SIGKILL mid-batch, takes its children's process groups down with it", function()
+    local mark, _, dir
+    mark, _, dir, input = slow_line_run(log)
+    local pid = tonumber(h.first_line(("(%s run -j 2 %s %s >%s/out 2>%s/err & echo $!) 2>/dev/null")
+      :format(MOONJOB, FIXTURE, input, dir, dir)))
+    local children = {}
+    finally(function()
+      os.execute("kill -KILL " .. pid .. " 2>/dev/null")
+      for _, child in ipairs(children) do os.execute("kill -KILL -" .. child .. " 2>/dev/null") end
+    end)
+    h.wait_for(function() return io.open(mark) ~= nil end, 20) -- the slow line sleeps in its child
+    for child in io.popen("ps -o pid= --ppid " .. pid):lines() do children[#children + 1] = tonumber(child) end
+    assert.equal(2, #children)
+    local sleeping = 0
+    for _, child in ipairs(children) do sleeping = sleeping + #h.group_members(child) - 1 end
+    assert.is_true(sleeping > 0, "the slow line's sleep runs in its child's group")
+    os.execute("kill -KILL " .. pid)
+    for _, child in ipairs(children) do
+      assert.same({}, h.wait_group_gone(child), "a process of child " .. child .. " outlived the CLI")
+    end
+  end)
+
   it("with --keep-order, a stop signal leaves the joblog holding exactly what was printed", function()
     local mark, joblog, dir
     mark, joblog, dir, input = slow_line_run(log)

@@ -304,6 +304,25 @@ describe("pipelining", function()
     assert.equal(0, pool.nqueued)
   end)
 
+  it("on close, ends the jobs queued in a child with ECLOSED, unrun, and lets the running one finish", function()
+    local pool = h.pool("runs.lua", { size = 1, jit = false })
+    warm(pool, runs)
+    local before = lines_in(runs)
+    local running = pool:add({ file = runs, how = "spin", seconds = 0.3 })
+    local queued = { pool:add({ file = runs, how = "none" }), pool:add({ file = runs, how = "none" }) }
+    assert.is_true(queued[1].queued and queued[2].queued, "the jobs wait in the child")
+    h.wait_for(function() return running.state == "active" end)
+    pool:close()
+    assert.equal("ran", running:wait())
+    for _, job in ipairs(queued) do
+      local _, err = job:wait()
+      assert.equal("ECLOSED", err.code)
+      assert.equal(0, job.attempts)
+    end
+    assert.equal(before + 1, lines_in(runs), "only the running job ran")
+    assert.equal(0, pool.nqueued)
+  end)
+
   it("holds one job per child when jobs are long, and with pipeline = 1", function()
     local pool = h.pool("runs.lua", { size = 1, pipeline = 1 })
     for _ = 1, 50 do pool:add({ file = runs, how = "none" }) end
