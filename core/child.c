@@ -668,8 +668,6 @@ static int channel_batch_keep(lua_State *L) {
   return 1;
 }
 
-/* channel.now() -> milliseconds on the monotonic clock (a batch times its
- * lines with it). */
 /* Where the line that starts at text[from] (0-based) ends: the offset of its
  * newline, or len. */
 size_t moonjob_line_end(const char *text, size_t from, size_t len) {
@@ -677,6 +675,8 @@ size_t moonjob_line_end(const char *text, size_t from, size_t len) {
   return nl ? (size_t) (nl - text) : len;
 }
 
+/* channel.now() -> milliseconds on the monotonic clock (a batch times its
+ * lines with it). */
 double moonjob_now_ms(void) {
   return (double) monotonic_ns() / 1e6;
 }

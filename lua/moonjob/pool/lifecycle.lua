@@ -35,7 +35,7 @@ end
 -- (always once the pool is closing: nothing would run it again).
 -- not_before (loop.now() milliseconds) holds a retry back further.
 function Pool:_fail(job, err, not_before)
-  if job.queued then job.queued, self.nqueued = nil, self.nqueued - 1 end
+  self:_unqueue(job)
   job.error = err
   job.errors = job.errors or {}
   job.errors[#job.errors + 1] = err
@@ -80,7 +80,7 @@ function Pool:_leave(job)
     self.nactive = self.nactive - 1
     if job.started then self:_sample_run(loop.now() - job.started) end
   end
-  if job.queued then job.queued, self.nqueued = nil, self.nqueued - 1 end
+  self:_unqueue(job)
   job.state, job.worker = "left", nil
   if self.listeners.drained and self:_idle() then self:_emit("drained") end
 end
@@ -109,7 +109,7 @@ function Pool:_finish(job, state)
     else self.remote:failed(job, job.error) end
   end
   local was_active = job.state == "active"
-  if job.queued then job.queued, self.nqueued = nil, self.nqueued - 1 end
+  self:_unqueue(job)
   job.state, job.worker = state, nil
   self:_release_key(job, state)
   if job.started then job.ms = loop.now() - job.started end
@@ -191,7 +191,7 @@ end
 -- attempt does not count, unless it was interrupted meanwhile (canceled, or
 -- past its timeout): then it ends with that error, never having run.
 function Pool:_give_back(job)
-  if job.queued then job.queued, self.nqueued = nil, self.nqueued - 1 end
+  self:_unqueue(job)
   job.attempts = job.attempts - 1 -- it never ran
   local f = job.interrupt
   if f then

@@ -69,13 +69,15 @@ function Pool:_depth()
   return depth
 end
 
+-- A job queued in a child is not any more (it started, ended or came back).
+function Pool:_unqueue(job)
+  if job.queued then job.queued, self.nqueued = nil, self.nqueued - 1 end
+end
+
 -- A job became its child's head: it runs now. Its wait ends, its timeout (or,
 -- interrupted while it was queued, its hard deadline) starts, `active` fires.
 function Pool:_job_started(w, job)
-  if job.queued then
-    job.queued = nil
-    self.nqueued = self.nqueued - 1
-  end
+  self:_unqueue(job)
   local now = loop.now()
   job.state, job.pid, job.started = "active", w.pid, now
   self:_sample_wait(now - (job.run_at or job.added))
