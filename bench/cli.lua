@@ -11,7 +11,7 @@
 --
 -- Prints, for -j 1 and -j 2: wall seconds, the ratio plain / moonjob (above 1:
 -- moonjob is faster), and the parent's CPU per line. Each figure is the best
--- of ROUNDS runs.
+-- of ROUNDS runs; the three take turns in every round.
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 package.cpath = "build/?.so;" .. package.cpath
 
@@ -27,7 +27,7 @@ int close(int fd);
 ]]
 
 local LINES = tonumber(os.getenv("BENCH_LINES")) or 200000
-local ROUNDS = tonumber(os.getenv("BENCH_ROUNDS")) or 3
+local ROUNDS = tonumber(os.getenv("BENCH_ROUNDS")) or 5
 local PROCESSOR = "bench/small_table.lua"
 
 local function cpu_ms(who)
@@ -84,29 +84,35 @@ local function moonjob_run(path, j)
   return require("moonjob.cli").main({ "run", PROCESSOR, path, "-j", tostring(j) })
 end
 
--- Best wall time of ROUNDS runs, and the parent CPU (ms) of that run.
-local function best(fn)
-  local wall, cpu = math.huge, nil
-  for _ = 1, ROUNDS do
-    local c0, t0 = cpu_ms(0), now_s()
-    quietly(fn)
-    local t, c = now_s() - t0, cpu_ms(0) - c0
-    if t < wall then wall, cpu = t, c end
-  end
-  return wall, cpu
+-- One run of fn: its wall seconds and the parent CPU (ms) it took.
+local function timed(fn)
+  local c0, t0 = cpu_ms(0), now_s()
+  quietly(fn)
+  return now_s() - t0, cpu_ms(0) - c0
 end
 
 local path = make_input()
 print(("moonjob run over %d NDJSON lines (bench/small_table.lua), best of %d runs"):format(LINES, ROUNDS))
-local plain_s, plain_cpu = best(function() return plain(path) end)
+-- The contenders run in turn, round after round, so that a machine whose
+-- speed drifts (a shared VM) slows them alike; each keeps its best run.
+local contenders = {
+  { name = "plain", run = function() return plain(path) end },
+  { name = "j1", run = function() assert(moonjob_run(path, 1) == 0, "moonjob run -j 1 failed") end },
+  { name = "j2", run = function() assert(moonjob_run(path, 2) == 0, "moonjob run -j 2 failed") end },
+}
+local best = {}
+for _ = 1, ROUNDS do
+  for _, c in ipairs(contenders) do
+    local wall, cpu = timed(c.run)
+    if not best[c.name] or wall < best[c.name].wall then best[c.name] = { wall = wall, cpu = cpu } end
+  end
+end
+local plain_s = best.plain.wall
 print(("%-26s %8.3f s  (%.2f us CPU per line)"):format("plain LuaJIT, one process", plain_s,
-  plain_cpu * 1e3 / LINES))
-for _, j in ipairs({ 1, 2 }) do
-  local s, cpu = best(function()
-    local status = moonjob_run(path, j)
-    assert(status == 0, "moonjob run exited with " .. tostring(status))
-  end)
+  best.plain.cpu * 1e3 / LINES))
+for j = 1, 2 do
+  local b = best["j" .. j]
   print(("%-26s %8.3f s  plain/moonjob %.2f  parent CPU %.2f us per line"):format(
-    "moonjob run -j " .. j, s, plain_s / s, cpu * 1e3 / LINES))
+    "moonjob run -j " .. j, b.wall, plain_s / b.wall, b.cpu * 1e3 / LINES))
 end
 os.remove(path)
