@@ -6,8 +6,8 @@
 --    (bench/floor.c: the same frame-out, frame-back exchange over
 --    socketpairs, in plain C with epoll) with 1 frame in flight per child and
 --    with 8 (what pipelining allows), and the pool's ratio to the latter.
---    Each figure is the best of a few rounds, so a passing hiccup on a shared
---    machine does not decide it. Then the loop lag of a 1 ms timer while the
+--    Each figure is the best of a few rounds, the pool and the floor taking
+--    turns, so a passing hiccup on a shared machine does not decide it. Then the loop lag of a 1 ms timer while the
 --    pool drains tiny jobs at that speed.
 -- 2. Hard kills: 100 jobs spinning in JIT-compiled code; the time from each
 --    job's hard deadline to its child being reaped (median, max).
@@ -43,34 +43,42 @@ local function cpu_us()
     + tonumber(u.utime.tv_usec) + tonumber(u.stime.tv_usec)
 end
 
--- Best jobs/s over the rounds, and the parent's CPU per job in that round.
-local function pool_rate(size)
+-- One round of JOBS no-op jobs through `pool`: jobs/s and the parent's CPU
+-- per job.
+local function pool_round(pool)
+  local t0, c0 = core.hrtime(), cpu_us()
+  for i = 1, JOBS do pool:add(i) end
+  pool:drain()
+  return JOBS / ((core.hrtime() - t0) / 1e9), (cpu_us() - c0) / JOBS
+end
+
+-- One run of the floor program: jobs/s.
+local function floor_round(size, inflight)
+  local p = assert(io.popen(("build/bench-floor %d %d %d"):format(size, JOBS, inflight)))
+  local out = p:read("*a")
+  p:close()
+  local rate = tonumber(out:match("jobs_per_second (%d+)"))
+  assert(rate, "the floor program printed: " .. out)
+  return rate
+end
+
+-- For `size` children: the pool's best jobs/s over the rounds and its CPU
+-- per job in that round, and the floor's best with 1 and 8 frames in flight
+-- per child. The three take turns in every round, so that a machine whose
+-- speed drifts (a shared VM) slows them alike.
+local function throughput(size)
   local pool = assert(moonjob.pool("bench/noop.lua", { size = size, echo = false }))
   pool:map({ 1, 2, 3, 4 }) -- children started and warm
-  local best, cpu = 0, nil
+  local best, cpu, floor1, floor8 = 0, nil, 0, 0
   for _ = 1, ROUNDS do
-    local t0, c0 = core.hrtime(), cpu_us()
-    for i = 1, JOBS do pool:add(i) end
-    pool:drain()
-    local rate = JOBS / ((core.hrtime() - t0) / 1e9)
-    if rate > best then best, cpu = rate, (cpu_us() - c0) / JOBS end
+    local rate, per_job = pool_round(pool)
+    if rate > best then best, cpu = rate, per_job end
+    floor1 = math.max(floor1, floor_round(size, 1))
+    floor8 = math.max(floor8, floor_round(size, 8))
   end
   assert(pool:stats().failed == 0, "no-op jobs failed")
   pool:close()
-  return best, cpu
-end
-
-local function floor_rate(size, inflight)
-  local best = 0
-  for _ = 1, ROUNDS do
-    local p = assert(io.popen(("build/bench-floor %d %d %d"):format(size, JOBS, inflight)))
-    local out = p:read("*a")
-    p:close()
-    local rate = tonumber(out:match("jobs_per_second (%d+)"))
-    assert(rate, "the floor program printed: " .. out)
-    if rate > best then best = rate end
-  end
-  return best
+  return best, cpu, floor1, floor8
 end
 
 local function percentile(sorted, p)
@@ -144,8 +152,7 @@ print(("moonjob bench: %d no-op jobs per round, best of %d rounds, %d logical CP
 print(("%-9s %12s %12s %12s %12s %9s"):format("children", "pool jobs/s", "parent us/job",
   "floor 1/child", "floor 8/child", "pool/fl8"))
 for _, size in ipairs({ 1, 2 }) do
-  local pool, cpu = pool_rate(size)
-  local floor1, floor8 = floor_rate(size, 1), floor_rate(size, 8)
+  local pool, cpu, floor1, floor8 = throughput(size)
   print(("%-9d %12.0f %12.2f %12.0f %12.0f %9.2f"):format(size, pool, cpu, floor1, floor8, pool / floor8))
 end
 
