@@ -240,6 +240,34 @@ describe("moonjob run: batches of lines", function()
     end
   end)
 
+  it("gives a line of a batch a job with the fields of a job of its own", function()
+    input = h.write_file(os.tmpname(), table.concat((function()
+      local t = {}
+      for i = 1, 3000 do t[i] = tostring(i) end
+      return t
+    end)(), "\n") .. "\n")
+    for _, args in ipairs({ "", "--timeout 100" }) do -- batches, then one job per line
+      local out, err, status = h.sh(MOONJOB .. "run spec/fixtures/returns_job.lua " .. input .. " " .. args)
+      assert.equal(0, status, err)
+      local by_line = read_output(out)
+      local ids = {}
+      for i = 1, 3000 do
+        local job = by_line[i].result
+        local keys = {}
+        for k in pairs(job) do keys[#keys + 1] = k end
+        table.sort(keys)
+        assert.same({ "attempt", "data", "id", "name", "number" }, keys, args .. " line " .. i)
+        assert.equal("line " .. i, job.name)
+        assert.equal(i, job.data)
+        assert.equal(1, job.attempt)
+        ids[job.id] = true
+      end
+      local distinct = 0
+      for _ in pairs(ids) do distinct = distinct + 1 end
+      if args == "" then assert.is_true(distinct < 3000, "no line ran in a batch") end
+    end
+  end)
+
   it("skips blank lines, fails bad JSON and raised errors line by line inside a batch", function()
     local raises = { [2001] = true, [2501] = true, [3001] = true, [4001] = true, [5001] = true }
     input = write_input(6000, log, function(i)

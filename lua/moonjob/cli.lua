@@ -100,6 +100,7 @@ local SIGNAL_NAMES = { [1] = "SIGHUP", [2] = "SIGINT", [15] = "SIGTERM" }
 local SECONDS_MAX = 1e9 -- the pool's own bound on its times
 local BATCH_BUDGET_MS = 4 -- a batch of lines runs about this long in its child
 local BATCH_LINES_MAX = 4096 -- and holds at most this many lines
+local HOLD_BYTES_PER_CHILD = 8 * 1024 * 1024 -- --keep-order: results held, per child
 
 local function usage_error(message)
   io.stderr:write("moonjob: ", message, "\n", "Try 'moonjob --help'.\n")
@@ -353,28 +354,28 @@ end
 -- Lines that make no output (blank, resumed) are emitted as "".
 -- emit(line, text, count): text holds the results of `count` lines (default
 -- 1) from `line` on.
--- Also returns held(): how many results (lines and bytes) wait for an earlier
--- line (0, 0 once the run is whole). The run counts them as in flight, so that
--- a slow early line pauses the input instead of holding every later result.
+-- Also returns held(): the memory (bytes, about) of the results that wait for
+-- an earlier line, and how many lines they cover (0, 0 once the run is whole).
+local HELD_ENTRY_BYTES = 100 -- what holding one result costs beside its text
 local function ordered_writer(write, keep_order)
   if not keep_order then return function(_, text) write(text) end, function() return 0, 0 end end
   local pending, covers, next_line = {}, {}, 1
-  local held_lines, held_bytes = 0, 0
+  local held_bytes, held_lines = 0, 0
   return function(line, text, count)
     count = count or 1
     if count == 0 then return end -- covers no line (a batch that ran none)
     assert(pending[line] == nil, "line written twice")
     pending[line], covers[line] = text, count
-    held_lines, held_bytes = held_lines + count, held_bytes + #text
+    held_bytes, held_lines = held_bytes + #text + HELD_ENTRY_BYTES, held_lines + count
     while pending[next_line] do
       local at = next_line
       local out = pending[at]
-      held_lines, held_bytes = held_lines - covers[at], held_bytes - #out
+      held_bytes, held_lines = held_bytes - #out - HELD_ENTRY_BYTES, held_lines - covers[at]
       next_line = at + covers[at]
       pending[at], covers[at] = nil, nil
       write(out)
     end
-  end, function() return held_lines, held_bytes end
+  end, function() return held_bytes, held_lines end
 end
 
 -- The pool, or nil and a usage message. Options were checked by parse(); a
@@ -452,6 +453,11 @@ local function run(processor, input_path, o)
   -- and bytes of batches in flight (blocks are at most 1 MiB: core/stdio.c)
   local inflight_bytes, bytes_high = 0, pool.size * 4 * 1024 * 1024
   local bytes_low = bytes_high / 4
+  -- and, with --keep-order, memory of the results that wait for an earlier
+  -- line still running: a slow early line pauses the input at this bound
+  -- rather than hold every later result (and the lines go on meanwhile).
+  local held_high = pool.size * HOLD_BYTES_PER_CHILD
+  local held_low = held_high / 4
 
   -- Batches are as long as BATCH_BUDGET_MS of recent lines (1 line each until
   -- lines are known to be short): the run time of `n` lines was `ms`.
@@ -492,34 +498,31 @@ local function run(processor, input_path, o)
   end
   local emit, held = ordered_writer(write, o.keep_order)
 
-  -- Lines and bytes the run holds: batches in flight, and with --keep-order
-  -- the results that wait for an earlier line.
-  local function holding()
-    local lines, bytes = held()
-    return inflight + lines, inflight_bytes + bytes
-  end
-
   local function pause_if_full()
     if paused or ended then return end
-    local lines, bytes = holding()
-    if lines >= high or bytes >= bytes_high then
+    if inflight >= high or inflight_bytes >= bytes_high or held() >= held_high then
       paused = true
       input:pause()
     end
   end
 
-  -- Results held for --keep-order may pass the bound on bytes (a result can
-  -- be bigger than its line): the input pauses then too.
-  local function written(line, text, count)
-    inflight = inflight - (count or 1)
-    emit(line, text, count)
-    if not paused then return pause_if_full() end
-    if ended or write_error then return end
-    local lines, bytes = holding()
-    if lines <= low and bytes <= bytes_low then
+  -- Called wherever lines in flight or results held may have gone down: every
+  -- path that frees room must come here, or a paused input stays paused.
+  local function resume_if_room()
+    if not paused or ended or write_error then return end
+    if inflight <= low and inflight_bytes <= bytes_low and held() <= held_low then
       paused = false
       input:resume()
     end
+  end
+
+  -- Results held for --keep-order may grow past their bound (a result can be
+  -- bigger than its line): the input pauses then too.
+  local function written(line, text, count)
+    inflight = inflight - (count or 1)
+    emit(line, text, count)
+    pause_if_full()
+    resume_if_room()
   end
 
   -- A job that fails with ELOAD before any completed: the processor cannot
@@ -605,7 +608,10 @@ local function run(processor, input_path, o)
   pool:on("failed", finished)
 
   add_line = function(line, text, len)
-    if (text and not text:find("%S")) or resumed[line] then return emit(line, "") end
+    if (text and not text:find("%S")) or resumed[line] then -- no job: written at once
+      emit(line, "")
+      return resume_if_room() -- (a line handed back may be the one the others waited for)
+    end
     inflight = inflight + 1
     if not text then -- longer than max_payload: fails without running
       local e = moonjob.errors.new("EINPUT", ("line %d is %d bytes or more, more than max_payload (%d)")
@@ -638,6 +644,7 @@ local function run(processor, input_path, o)
   input:resume()
 
   local ok, why = pcall(loop.wait_until, function()
+    resume_if_room() -- never needed if every path that frees room resumes; a paused input would hang
     return stop or write_error or (ended and inflight == 0 and (out:pending() or 0) == 0)
   end)
   ended = true -- no more resuming: the input is closed
@@ -661,7 +668,7 @@ local function run(processor, input_path, o)
     return stop.status
   end
   if joblog then joblog:close() end
-  local unwritten = held()
+  local _, unwritten = held()
   if unwritten > 0 then -- a gap in --keep-order's output: never silent
     io.stderr:write(("moonjob: internal error: %d results were never written (a line before them "
       .. "is missing); they are neither printed nor in the joblog\n"):format(unwritten))

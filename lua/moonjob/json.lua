@@ -63,7 +63,12 @@ local function number_text(n)
 end
 M.number_text = number_text
 
+-- The length of t when its keys are exactly 1..n, else nil. A table whose
+-- first key is not a number is an object at once, with no loop: a loop here
+-- for every object would keep encode's own trace from compiling.
 local function array_length(t)
+  local first = next(t)
+  if first ~= nil and type(first) ~= "number" then return nil end
   local n = 0
   for k in pairs(t) do
     if type(k) ~= "number" or k < 1 or k ~= math.floor(k) then return nil end

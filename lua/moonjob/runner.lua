@@ -309,7 +309,8 @@ end
 
 -- A batch of lines (moonjob run, "json" codec; frame.h): the job's data is
 -- NDJSON text, and the processor runs once per line, each line a job of its
--- own to it (job.data, job.name "line N"; job.id is the batch's).
+-- own to it, with a job's fields (job.data, job.name "line N", job.attempt;
+-- job.id and job.number are the batch's).
 -- The child writes each line's result line itself (moonjob.lines) into the
 -- batch area it shares with the parent, so a child that dies mid-batch loses
 -- no finished line's result; the DONE frame carries the area's bytes after a
@@ -320,25 +321,6 @@ end
 -- run: the parent sends them again.
 local lines_format = nil -- moonjob.lines, loaded with the first batch
 local json = nil        -- moonjob.json, likewise
-
--- A line's job holds only its data and its line number, as small a table as
--- a plain loop would make (a bigger one per line costs a tenth of a line's
--- time in allocation and collection); what the lines of a batch share (id,
--- attempt, number) comes from a metatable made once per batch, and the name
--- ("line N") is made only if the processor reads it.
-local LINE = {} -- the key of its line number
-local function line_job_type(b)
-  local shared = { id = b.id, attempt = b.attempt, number = b.number }
-  return {
-    __index = function(job, key)
-      if key == "name" then return "line " .. job[LINE] end
-      local value = shared[key]
-      if value ~= nil then return value end
-      return Job[key]
-    end,
-    __tostring = Job.__tostring,
-  }
-end
 
 -- The child program's own functions through the FFI (core/child.c exports
 -- them), so that the per-line loop stays compiled; channel's otherwise.
@@ -419,8 +401,12 @@ local function run_lines(b)
       if err then
         record, completed = lines_format.failed(line, input_error(err), b.attempt, now() - t0), false
       else
-        local job = setmetatable({ data = data, [LINE] = line }, b.job_type)
-        record, completed = completed_line(line, b.attempt, processor(job), now() - t0)
+        -- the same fields as a job of its own (run_job); the line number's
+        -- text is made once, for its name and its result line
+        local line_text = tostring(line)
+        local job = setmetatable({ id = b.id, attempt = b.attempt, name = "line " .. line_text,
+          number = b.number, data = data }, Job)
+        record, completed = completed_line(line_text, b.attempt, processor(job), now() - t0)
       end
       b.line = nil
     end
@@ -455,7 +441,6 @@ local function run_batch(number, meta, text)
   json = json or require "moonjob.json"
   local b = { text = text, pos = 1, next_line = meta.first_line, id = meta.id, attempt = meta.attempt,
     number = number, run = 0, completed = 0, failed = 0, extra = "" }
-  b.job_type = line_job_type(b)
   local ok, value, interrupted, heap_full = channel.run(handler, run_batch_lines, b)
   if not ok and b.raised == nil and type(value) == "table" then b.raised = message_of(value.value) end
   b.text = nil
@@ -483,6 +468,7 @@ local function run_job(number, payload)
   local meta, data = decode_job(payload)
   if not meta then return fail(number, data) end
   if meta.first_line then return run_batch(number, meta, data) end
+  meta.first_line = nil -- not a field of the job's
   local job = setmetatable(meta, Job)
   job.number = number
   job.data = data
