@@ -86,21 +86,35 @@ describe("moonjob run", function()
     assert.is_nil(lines[2])
   end)
 
+  -- Writes lines 1..n of text(i) to a new file; returns its path.
+  local function input_of(n, text)
+    local input = os.tmpname()
+    local f = assert(io.open(input, "wb"))
+    for i = 1, n do f:write(text(i), "\n") end
+    f:close()
+    return input
+  end
+
+  -- Runs `moonjob run ARGS INPUT` (args: Lua string literals, comma-separated)
+  -- in one luajit process whose output goes to the shell command `sink`;
+  -- returns the sink's output and the process's peak RSS in KiB. The input
+  -- file goes; the run must exit 0.
+  local function run_measured(args, input, sink)
+    local out, err, status = h.sh(h.LUAJIT .. [[ -e '
+      local status = require("moonjob.cli").main({ "run", ]] .. args .. [[, "]] .. input .. [[" })
+      local hwm = io.open("/proc/self/status"):read("*a"):match("VmHWM:%s*(%d+)")
+      io.stderr:write("peak=", hwm, "\n")
+      os.exit(status)' | ]] .. sink)
+    os.remove(input)
+    assert.equal(0, status, err)
+    return out, tonumber(err:match("peak=(%d+)"))
+  end
+
   it("reads its input as a stream, in bounded memory", function()
     local function peak_kb(n)
-      local input = os.tmpname()
-      local f = assert(io.open(input, "wb"))
-      for i = 1, n do f:write('{"i":', i, ',"pad":"', string.rep("p", 40), '"}\n') end
-      f:close()
-      local out, err, status = h.sh(h.LUAJIT .. [[ -e '
-        local status = require("moonjob.cli").main({ "run", "-j", "2", "spec/fixtures/identity.lua", "]]
-        .. input .. [[" })
-        local hwm = io.open("/proc/self/status"):read("*a"):match("VmHWM:%s*(%d+)")
-        io.stderr:write("peak=", hwm, "\n")
-        os.exit(status)' >/dev/null]])
-      os.remove(input)
-      assert.equal(0, status, err)
-      return tonumber(err:match("peak=(%d+)"))
+      local input = input_of(n, function(i) return '{"i":' .. i .. ',"pad":"' .. string.rep("p", 40) .. '"}' end)
+      local _, peak = run_measured('"-j", "2", "spec/fixtures/identity.lua"', input, "cat >/dev/null")
+      return peak
     end
     local small, large = peak_kb(2000), peak_kb(100000)
     assert.is_true(large < small * 1.5 + 4096,
@@ -112,26 +126,17 @@ describe("moonjob run", function()
     -- a bound, about 50 MB of later results would wait in memory for it; the
     -- bound is 8 MiB per child.
     local N = 200000
-    local function run_with_first(first)
-      local input = os.tmpname()
-      local f = assert(io.open(input, "wb"))
-      f:write(first, "\n")
-      for i = 2, N do f:write('{"i":', i, ',"pad":"', string.rep("p", 220), '"}\n') end
-      f:close()
-      local out, err, status = h.sh(h.LUAJIT .. [[ -e '
-        local status = require("moonjob.cli").main({ "run", "-k", "-j", "2", "spec/fixtures/slow_line.lua", "]]
-        .. input .. [[" })
-        local hwm = io.open("/proc/self/status"):read("*a"):match("VmHWM:%s*(%d+)")
-        io.stderr:write("peak=", hwm, "\n")
-        os.exit(status)' | awk '{ if (index($0, "{\"line\":" NR ",\"status\":\"completed\"") != 1) bad++ }
+    local function peak_kb(first)
+      local input = input_of(N, function(i)
+        return i == 1 and first or '{"i":' .. i .. ',"pad":"' .. string.rep("p", 220) .. '"}'
+      end)
+      local out, peak = run_measured('"-k", "-j", "2", "spec/fixtures/slow_line.lua"', input,
+        [[awk '{ if (index($0, "{\"line\":" NR ",\"status\":\"completed\"") != 1) bad++ }
           END { print NR, bad + 0 }']])
-      os.remove(input)
-      assert.equal(0, status, err)
       assert.equal(N .. " 0\n", out, "lines printed, and lines out of order or not completed")
-      return tonumber(err:match("peak=(%d+)"))
+      return peak
     end
-    local fast = run_with_first('{"i":1}')
-    local slow = run_with_first('{"sleep":3}')
+    local fast, slow = peak_kb('{"i":1}'), peak_kb('{"sleep":3}')
     assert.is_true(slow < fast + 32768,
       ("peak RSS %d KiB behind a slow first line against %d KiB without"):format(slow, fast))
   end)
