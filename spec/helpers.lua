@@ -105,6 +105,13 @@ function M.wait_for(pred, seconds)
   assert(not deadline or pred(), "timed out waiting")
 end
 
+-- Waits until the child running `job` has started it (white box: the gate
+-- in the shared page). "active" alone is the parent's view: a child killed
+-- before it took the job gives it back to run again, which is not a crash.
+function M.wait_started(job)
+  M.wait_for(function() return job.state == "active" and job.worker ~= nil and job.worker:started(job) end)
+end
+
 -- Sleeps while running the loop (the loop keeps serving the pools).
 function M.sleep(seconds)
   progress.last = core.hrtime()

@@ -111,7 +111,8 @@ describe("pipelining", function()
     local pool = h.pool("runs.lua", { size = 1 })
     warm(pool, runs)
     local base = lines_in(runs)
-    local crash = pool:add({ file = runs, how = "exit" })
+    -- it lives 0.2 s: a child dying at once may be gone before the next add
+    local crash = pool:add({ file = runs, how = "exit", seconds = 0.2 })
     local after = {}
     for i = 1, 5 do after[i] = pool:add({ file = runs, how = "none" }) end
     assert.is_true(after[1].queued, "jobs wait in the child behind the crashing one")
@@ -135,7 +136,7 @@ describe("pipelining", function()
     local queued = {}
     for i = 1, 6 do queued[i] = pool:add({ file = runs, how = "none" }) end
     assert.is_true(queued[1].queued)
-    h.wait_for(function() return head.state == "active" end)
+    h.wait_started(head) -- killed before it took the head, the child would give it back
     os.execute("kill -KILL " .. head.pid)
     local _, err = head:wait()
     assert.equal("ECRASH", err.code)
