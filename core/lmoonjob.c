@@ -545,11 +545,15 @@ static int lmj_timer_new(lua_State *L) {
   return 1;
 }
 
-/* timer:start(ms [, repeat_ms]) */
+/* timer:start(ms [, repeat_ms]): ms from now. libuv counts from the loop's
+ * cached time, which is as old as the loop's last turn: a program that did
+ * not run the loop for a while (a REPL at its prompt, a blocking call) would
+ * see the timer fire at once. So the cached time is brought up to date. */
 static int lmj_timer_start(lua_State *L) {
   lmj_timer_t *t = lmj_check_timer(L, 1);
   double ms = lmj_check_range(L, 2, 0, 1e15);
   double rep = lua_isnoneornil(L, 3) ? 0 : lmj_check_range(L, 3, 0, 1e15);
+  uv_update_time(t->timer.loop);
   uv_timer_start(&t->timer, lmj_timer_cb, (uint64_t) ms, (uint64_t) rep);
   return 0;
 }

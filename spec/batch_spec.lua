@@ -79,6 +79,7 @@ local function interrupted_run(args, mark, dir, settle)
   local pid = tonumber(h.first_line(("(env --default-signal=INT %s %s >%s/out 2>%s/err & echo $!; "
     .. "wait $!; echo $? >%s/status.tmp; mv %s/status.tmp %s/status) 2>/dev/null &")
     :format(MOONJOB, args, dir, dir, dir, dir, dir)))
+  finally(function() os.execute("kill -KILL " .. pid .. " 2>/dev/null") end) -- should a wait fail
   h.wait_for(function() return io.open(mark) ~= nil end, 20)
   if settle > 0 then h.sleep(settle) end
   os.execute("kill -INT " .. pid)

@@ -23,6 +23,16 @@ describe("timeouts", function()
     assert.equal("returned", pool:run({ how = "none" }))
   end)
 
+  it("count from the job's start even after the program left the loop idle longer than them", function()
+    -- a REPL at its prompt, or a blocking call: the loop's cached time is old
+    local pool = h.pool("slow.lua", { size = 1, timeout = 1 })
+    assert.is_not_nil(pool:run({ ms = 10 }))
+    os.execute("sleep 1.5")
+    local result, err = pool:run({ ms = 300 })
+    assert.is_nil(err)
+    assert.same({ ms = 300 }, result)
+  end)
+
   it("cannot be swallowed by the processor's own pcall", function()
     local pool = h.pool("spin.lua", { size = 1, jit = false, timeout = 0.2, kill_after = 5 })
     local _, err = pool:run({ how = "pcall_loop" })

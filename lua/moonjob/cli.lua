@@ -454,10 +454,13 @@ local function run(processor, input_path, o)
   local inflight_bytes, bytes_high = 0, pool.size * 4 * 1024 * 1024
   local bytes_low = bytes_high / 4
   -- and, with --keep-order, memory of the results that wait for an earlier
-  -- line still running: a slow early line pauses the input at this bound
-  -- rather than hold every later result (and the lines go on meanwhile).
+  -- line still running, counting those the lines in flight will bring (at
+  -- the recent bytes per result line): a slow early line pauses the input at
+  -- this bound rather than hold every later result. Each child keeps a line
+  -- in flight whatever the size of results.
   local held_high = pool.size * HOLD_BYTES_PER_CHILD
   local held_low = held_high / 4
+  local result_line_bytes = 0 -- a moving average
 
   -- Batches are as long as BATCH_BUDGET_MS of recent lines (1 line each until
   -- lines are known to be short): the run time of `n` lines was `ms`.
@@ -498,9 +501,20 @@ local function run(processor, input_path, o)
   end
   local emit, held = ordered_writer(write, o.keep_order)
 
+  -- Whether the results held for --keep-order, with those the lines in
+  -- flight will bring (about), are at least `bound` bytes. Each child may
+  -- have a line in flight whatever the size of results, unless the results
+  -- already held are past the bound; until a result's size is known, a few.
+  local function results_past(bound)
+    if not o.keep_order then return false end
+    if result_line_bytes == 0 then return inflight >= pool.size * 4 end
+    local bytes = held()
+    return bytes >= bound or (inflight >= pool.size and bytes + inflight * result_line_bytes >= bound)
+  end
+
   local function pause_if_full()
     if paused or ended then return end
-    if inflight >= high or inflight_bytes >= bytes_high or held() >= held_high then
+    if inflight >= high or inflight_bytes >= bytes_high or results_past(held_high) then
       paused = true
       input:pause()
     end
@@ -510,16 +524,21 @@ local function run(processor, input_path, o)
   -- path that frees room must come here, or a paused input stays paused.
   local function resume_if_room()
     if not paused or ended or write_error then return end
-    if inflight <= low and inflight_bytes <= bytes_low and held() <= held_low then
+    if inflight <= low and inflight_bytes <= bytes_low and not results_past(held_low + 1) then
       paused = false
       input:resume()
     end
   end
 
-  -- Results held for --keep-order may grow past their bound (a result can be
-  -- bigger than its line): the input pauses then too.
+  -- Results held for --keep-order may grow past their bound (results can be
+  -- bigger than recent ones): the input pauses then too.
   local function written(line, text, count)
-    inflight = inflight - (count or 1)
+    count = count or 1
+    inflight = inflight - count
+    if count > 0 and text ~= "" then
+      local per_line = #text / count
+      result_line_bytes = result_line_bytes == 0 and per_line or result_line_bytes * 0.8 + per_line * 0.2
+    end
     emit(line, text, count)
     pause_if_full()
     resume_if_room()
@@ -534,7 +553,9 @@ local function run(processor, input_path, o)
   local add_line, add_batch
 
   -- The lines of batch `job` from position `from` on that it did not run go
-  -- out again, as a batch of their own (or a line).
+  -- out again, as a batch of their own (or a line), ahead of every later line
+  -- (a job's priority is its first line number), so that results held for
+  -- --keep-order do not wait for them behind the whole queue.
   local function hand_back(job, from)
     local to = job.handed_back - 1
     if from > to then return end
@@ -618,7 +639,7 @@ local function run(processor, input_path, o)
         :format(line, len, pool.max_payload))
       finished({ line = line, state = "failed", error = e, attempts = 0 })
     else
-      local job = pool:add(text, { name = "line " .. line })
+      local job = pool:add(text, { name = "line " .. line, priority = line })
       job.line = line
     end
   end
@@ -627,7 +648,7 @@ local function run(processor, input_path, o)
     if first <= resumed_last then text = batches.blank(text, first, count, is_resumed) end
     inflight, inflight_bytes = inflight + count, inflight_bytes + #text
     local job = pool:add(text, { name = ("lines %d-%d"):format(first, first + count - 1),
-      lines = { first, count } })
+      lines = { first, count }, priority = first })
     job.line, job.count, job.text, job.handed_back = first, count, text, count + 1
   end
 
