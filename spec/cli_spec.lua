@@ -121,22 +121,25 @@ describe("moonjob run", function()
       ("peak RSS %d KiB for 100,000 lines against %d KiB for 2,000"):format(large, small))
   end)
 
+  -- The peak RSS (KiB) of `moonjob run -k -j 2` over n lines, line 1 `first`
+  -- and the others text(i), through spec/fixtures/slow_line.lua; every line
+  -- must come out completed and in order.
+  local function keep_order_peak(n, first, text)
+    local input = input_of(n, function(i) return i == 1 and first or text(i) end)
+    local out, peak = run_measured('"-k", "-j", "2", "spec/fixtures/slow_line.lua"', input,
+      [[awk '{ if (index($0, "{\"line\":" NR ",\"status\":\"completed\"") != 1) bad++ }
+        END { print NR, bad + 0 }']])
+    assert.equal(n .. " 0\n", out, "lines printed, and lines out of order or not completed")
+    return peak
+  end
+
   it("holds bounded results behind a slow early line with --keep-order, and prints them all in order", function()
     -- 200,000 lines of 250 bytes take well under the slow line's 3 s: without
     -- a bound, about 50 MB of later results would wait in memory for it; the
     -- bound is 8 MiB per child.
-    local N = 200000
-    local function peak_kb(first)
-      local input = input_of(N, function(i)
-        return i == 1 and first or '{"i":' .. i .. ',"pad":"' .. string.rep("p", 220) .. '"}'
-      end)
-      local out, peak = run_measured('"-k", "-j", "2", "spec/fixtures/slow_line.lua"', input,
-        [[awk '{ if (index($0, "{\"line\":" NR ",\"status\":\"completed\"") != 1) bad++ }
-          END { print NR, bad + 0 }']])
-      assert.equal(N .. " 0\n", out, "lines printed, and lines out of order or not completed")
-      return peak
-    end
-    local fast, slow = peak_kb('{"i":1}'), peak_kb('{"sleep":3}')
+    local function line(i) return '{"i":' .. i .. ',"pad":"' .. string.rep("p", 220) .. '"}' end
+    local fast = keep_order_peak(200000, '{"i":1}', line)
+    local slow = keep_order_peak(200000, '{"sleep":3}', line)
     assert.is_true(slow < fast + 32768,
       ("peak RSS %d KiB behind a slow first line against %d KiB without"):format(slow, fast))
   end)
@@ -144,15 +147,8 @@ describe("moonjob run", function()
   it("with --keep-order, holds big results behind a slow first line to its bound too", function()
     -- 300 results of 1 MB each: without a bound on them all would wait for
     -- line 1; with it, about 8 MiB per child (and the lines in flight).
-    local function peak_kb(first)
-      local input = input_of(301, function(i) return i == 1 and first or '{"big":1000000}' end)
-      local out, peak = run_measured('"-k", "-j", "2", "spec/fixtures/slow_line.lua"', input,
-        [[awk '{ if (index($0, "{\"line\":" NR ",\"status\":\"completed\"") != 1) bad++ }
-          END { print NR, bad + 0 }']])
-      assert.equal("301 0\n", out)
-      return peak
-    end
-    local fast, slow = peak_kb('{"big":1000000}'), peak_kb('{"sleep":2}')
+    local function big() return '{"big":1000000}' end
+    local fast, slow = keep_order_peak(301, big(), big), keep_order_peak(301, '{"sleep":2}', big)
     assert.is_true(slow < fast + 65536,
       ("peak RSS %d KiB behind a slow first line against %d KiB without"):format(slow, fast))
   end)
