@@ -665,7 +665,7 @@ local function run(processor, input_path, o)
   input:resume()
 
   local ok, why = pcall(loop.wait_until, function()
-    resume_if_room() -- never needed if every path that frees room resumes; a paused input would hang
+    resume_if_room() -- a safety net: a path that frees room and misses resuming would hang the run
     return stop or write_error or (ended and inflight == 0 and (out:pending() or 0) == 0)
   end)
   ended = true -- no more resuming: the input is closed
