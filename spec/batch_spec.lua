@@ -6,6 +6,7 @@
 -- formed (many lines share a job id), and what each line's output says.
 local h = require "helpers"
 local json = require "moonjob.json"
+local batches = require "moonjob.cli_batches"
 
 local MOONJOB = h.LUAJIT .. " scripts/moonjob "
 local FIXTURE = "spec/fixtures/batch_lines.lua"
@@ -51,6 +52,14 @@ local function read_runs(log)
     if not distinct[id] then distinct[id], count = true, count + 1 end
   end
   return runs, ids, count
+end
+
+-- Asserts that the processor ran every line 1..n once; returns how many
+-- jobs ran them.
+local function assert_ran_once(log, n)
+  local runs, _, jobs = read_runs(log)
+  for i = 1, n do assert.equal(1, runs[i], "runs of line " .. i) end
+  return jobs
 end
 
 local function run(args, input)
@@ -108,8 +117,7 @@ describe("moonjob run: batches of lines", function()
       assert.equal("completed", by_line[i] and by_line[i].status, "line " .. i)
       assert.equal(i, by_line[i].result)
     end
-    local runs, _, jobs = read_runs(log)
-    for i = 1, 20000 do assert.equal(1, runs[i], "runs of line " .. i) end
+    local jobs = assert_ran_once(log, 20000)
     assert.is_true(jobs < 2000, ("20,000 lines ran in %d jobs: no batches formed"):format(jobs))
   end)
 
@@ -152,8 +160,7 @@ describe("moonjob run: batches of lines", function()
         assert.is_true(at < slow_at, ("line %d waited for the slow line %d"):format(line, slow))
       end
     end
-    local runs, _, jobs = read_runs(log)
-    for i = 1, 3100 do assert.equal(1, runs[i], "runs of line " .. i) end
+    local jobs = assert_ran_once(log, 3100)
     assert.is_true(jobs < 310, ("3,100 lines ran in %d jobs: no batches formed"):format(jobs))
   end)
 
@@ -336,14 +343,26 @@ end)
 describe("a batch of lines in a pool (pool:add's internal `lines` option)", function()
   after_each(function() h.cleanup() end)
 
+  -- Adds the NDJSON lines `lines` (a list) to `pool` as one batch whose first
+  -- line is numbered `first`; returns the job.
+  local function add_batch(pool, first, lines)
+    return pool:add(table.concat(lines, "\n"), { lines = { first, #lines } })
+  end
+
+  -- `n` copies of line `text`.
+  local function copies(n, text)
+    local lines = {}
+    for i = 1, n do lines[i] = text end
+    return lines
+  end
+
   it("fails the line that fills the heap with ENOMEM, starts none after it, and ends the child", function()
     local pool = h.pool("memory_bomb.lua", { size = 1, codec = "json", memory_limit = 32 * 1024 * 1024 })
     local exits = 0
     pool:on("exit", function() exits = exits + 1 end)
-    local job = pool:add('"first"\n"tables"\n"third"', { lines = { 10, 3 } })
-    local text = assert(job:wait())
-    local run, completed, failed, body = text:match("^(%d+) (%d+) (%d+)\n(.*)$")
-    assert.same({ "2", "1", "1" }, { run, completed, failed })
+    local job = add_batch(pool, 10, { '"first"', '"tables"', '"third"' })
+    local run, completed, failed, body = batches.parse_done(assert(job:wait()))
+    assert.same({ 2, 1, 1 }, { run, completed, failed })
     local first, second = body:match("^([^\n]*)\n([^\n]*)\n$")
     assert.matches('^{"line":10,"status":"completed","result":"ok",', first)
     assert.matches('^{"line":11,"status":"failed","error":{"code":"ENOMEM","message":"the job needed more '
@@ -352,45 +371,34 @@ describe("a batch of lines in a pool (pool:add's internal `lines` option)", func
     assert.equal('"ok"', pool:run('"again"')) -- a fresh child takes the next job
     pool:close()
   end)
-end)
 
-describe("a batch's output", function()
-  after_each(function() h.cleanup() end)
-
-  it("holds a batch to max_log_bytes times its lines, not to max_log_bytes alone", function()
+  it("holds its output to max_log_bytes times its lines, not to max_log_bytes alone", function()
     local pool = h.pool("prints_lines.lua", { size = 1, codec = "json", max_log_bytes = 1000 })
-    local lines = {}
-    for i = 1, 20 do lines[i] = '{"pad":500}' end -- 10 KB for the batch, 500 bytes a line
-    local job = pool:add(table.concat(lines, "\n"), { lines = { 1, 20 } })
+    local job = add_batch(pool, 1, copies(20, '{"pad":500}')) -- 10 KB for the batch, 500 bytes a line
     assert(job:wait())
     assert.is_nil(job.dropped_log_bytes)
     assert.equal(20, #job.logs)
     for i = 1, 20 do assert.matches(" line " .. i .. "$", job.logs[i]) end
     -- past lines x max_log_bytes (2 lines of 1,500 bytes: 3,000 > 2,000) output is dropped
-    job = pool:add('{"pad":1500}\n{"pad":1500}', { lines = { 21, 2 } })
+    job = add_batch(pool, 21, copies(2, '{"pad":1500}'))
     assert(job:wait())
     assert.is_true(job.dropped_log_bytes > 0)
     pool:close()
   end)
-end)
 
-describe("a batch's DONE frame", function()
-  after_each(function() h.cleanup() end)
-
-  it("may carry more than max_payload in all: each line's result is held to it, not the batch's", function()
+  it("may carry more than max_payload in its DONE: each line's result is held to it, not the batch's", function()
     local pool = h.pool("big_parts.lua", { size = 1, codec = "json", max_payload = 2000 })
     local lines = {}
     for i = 1, 20 do lines[i] = ('{"unit":"x","n":%d}'):format(1500 + i) end -- 1.5 KB results
-    local text = assert(pool:add(table.concat(lines, "\n"), { lines = { 1, 20 } }):wait())
-    local run, completed, failed, body = text:match("^(%d+) (%d+) (%d+)\n(.*)$")
-    assert.same({ "20", "20", "0" }, { run, completed, failed })
+    local run, completed, failed, body = batches.parse_done(assert(add_batch(pool, 1, lines):wait()))
+    assert.same({ 20, 20, 0 }, { run, completed, failed })
     local n = 0
     for line in body:gmatch("[^\n]+") do
       n = n + 1
       assert.equal(1500 + n, #line:match('"text":"(x*)"'))
     end
     assert.equal(20, n)
-    text = assert(pool:add('{"unit":"y","n":3000}\n{"unit":"z","n":1}', { lines = { 21, 2 } }):wait())
+    local text = assert(add_batch(pool, 21, { '{"unit":"y","n":3000}', '{"unit":"z","n":1}' }):wait())
     assert.matches('^2 1 1\n{"line":21,"status":"failed","error":{"code":"EPAYLOAD","message":"the result is '
       .. '%d+ bytes, more than max_payload %(2000%)', text) -- a line's own result is still held to it
     pool:close()

@@ -215,8 +215,8 @@ function Pool:_publish_kept(min_ms)
     end
   end
   for _, h in ipairs(heads) do -- the listener may add jobs: not while walking the workers
-    local _, kept, text = h[2], h[3], h[4]
-    if kept and kept > 0 then listener(h[1], kept, text) end
+    local head, kept, text = h[1], h[3], h[4] -- h[2]: the lines started
+    if kept and kept > 0 then listener(head, kept, text) end
   end
 end
 
