@@ -614,10 +614,6 @@ static int channel_send(lua_State *L) {
  * per-line loop of a batch stays compiled; the channel.* versions are the
  * same for a build without the export. */
 
-/* channel.batch_next() -> the time the next line of the batch in hand
- * started (ms; frame.h: it counts as started from here), or -1 once the
- * parent took back the lines not started (without a shared page, a batch
- * runs whole). */
 static uint64_t monotonic_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

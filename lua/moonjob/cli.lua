@@ -224,7 +224,9 @@ local function batch_outcome(job)
   local state, body, covered = job.batch_state, "", 0
   if state then body, covered = state.text, state.kept end
   local ok_n, failed_n = batches.count(body)
-  local last = state and state.started > state.kept and covered + 1 or not state and job.count or covered
+  local last = covered -- the last line that fails with it
+  if not state then last = job.count
+  elseif state.started > state.kept then last = covered + 1 end
   local ms = state and state.line_ms or 0 -- how long the line it died in had run
   local failing = {} -- the line it died in, or every line of a batch that never ran
   for _, pos in ipairs(batches.non_blank(job.text, covered + 1, last)) do

@@ -131,6 +131,24 @@ function Worker:started(job)
   return self.process:started(job.id) == true
 end
 
+-- What batch of lines `job` has done in the child (core/frame.h, readable
+-- after its death): lines started, lines kept, their result text, how long
+-- the running line has run (ms); nil when it is not the child's batch.
+function Worker:batch(job)
+  return self.process:batch(job.id)
+end
+
+-- Takes back the lines of batch `job` the child has not started (its first
+-- excepted): how many it keeps, or nil when it has not taken the batch yet.
+function Worker:batch_cut(job)
+  return self.process:batch_cut(job.id)
+end
+
+-- The pool now takes batches: the child may send the bigger DONE they need.
+function Worker:expect_batches()
+  if self.state ~= "gone" then self.process:set_max_frame(Worker.max_frame(self.pool)) end
+end
+
 -- worker:finish(): ask an idle child to end (it reads end-of-file and exits).
 function Worker:finish()
   if self.state == "gone" or self.state == "exiting" then return end
@@ -341,7 +359,7 @@ local on_event = {
       started[i] = w.process:started(job.id) == true
       running = running or started[i]
       if started[i] and job.first_line then -- a batch of lines: what ran, from the shared area
-        local lines_started, kept, text, line_ms = w.process:batch(job.id)
+        local lines_started, kept, text, line_ms = w:batch(job)
         job.batch_state = lines_started and { started = lines_started, kept = kept, text = text,
           line_ms = line_ms }
       end

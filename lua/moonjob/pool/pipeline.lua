@@ -177,7 +177,7 @@ function Pool:_steal()
       if due <= now then
         took = #w.queue > 1 and self:_take_back_queued(w) > 0 or took
         if batch then
-          head.lines_cut = w.process:batch_cut(head.id)
+          head.lines_cut = w:batch_cut(head)
           if head.lines_cut then cut = cut or {}; cut[#cut + 1] = head
           elseif not soonest or now + 1 < soonest then soonest = now + 1 end -- the child has not taken it yet
         end
@@ -211,7 +211,7 @@ function Pool:_publish_kept(min_ms)
   for _, w in ipairs(self.worker_list) do
     local head = w.job
     if head and head.first_line and head.started and now - head.started >= min_ms then
-      heads[#heads + 1] = { head, w.process:batch(head.id) }
+      heads[#heads + 1] = { head, w:batch(head) }
     end
   end
   for _, h in ipairs(heads) do -- the listener may add jobs: not while walking the workers

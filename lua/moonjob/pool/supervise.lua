@@ -186,9 +186,7 @@ end
 -- batches from now on (_steal), and children may send their bigger DONE.
 function Pool:_expect_batches()
   self.batches = true
-  for _, w in ipairs(self.worker_list) do
-    if w.state ~= "gone" then w.process:set_max_frame(Worker.max_frame(self)) end
-  end
+  for _, w in ipairs(self.worker_list) do w:expect_batches() end
 end
 
 return Pool
