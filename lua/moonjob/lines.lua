@@ -50,12 +50,17 @@ function M.completed(line, result_json, attempts, ms)
   return M.put_completed(scratch:reset(), line, result_json, attempts, ms):tostring()
 end
 
--- The line of a job that failed with err (a table with code and message).
+-- Appends to string.buffer `out` the line of a job that failed with err (a
+-- table with code and message).
+function M.put_failed(out, line, err, attempts, ms)
+  out:put('{"line":', line, ',"status":"failed","error":{"code":', assert(json.encode(tostring(err.code))),
+    ',"message":', assert(json.encode(tostring(err.message))), '},"attempts":', attempts, ',"ms":')
+  return put_ms(out, ms):put("}\n")
+end
+
+-- The line of a job that failed with err.
 function M.failed(line, err, attempts, ms)
-  local out = scratch:reset():put('{"line":', line, ',"status":"failed","error":{"code":',
-    assert(json.encode(tostring(err.code))), ',"message":', assert(json.encode(tostring(err.message))),
-    '},"attempts":', attempts, ',"ms":')
-  return put_ms(out, ms):put("}\n"):tostring()
+  return M.put_failed(scratch:reset(), line, err, attempts, ms):tostring()
 end
 
 return M

@@ -324,11 +324,12 @@ local json = nil        -- moonjob.json, likewise
 
 -- The child program's own functions through the FFI (core/child.c exports
 -- them), so that the per-line loop stays compiled; channel's otherwise.
-local batch_next, batch_keep, now = channel.batch_next, channel.batch_keep, channel.now
-local batch_keep_buffer = function(buf) return channel.batch_keep(buf:tostring()) end
+local batch_next, now = channel.batch_next, channel.now
+-- batch_keep(buf): keeps string.buffer buf's bytes in the batch area; false when they do not fit
+local batch_keep = function(buf) return channel.batch_keep(buf:tostring()) end
 -- line_end(text, pos, len): where the line at pos ends (its newline, or len + 1)
 local line_end = function(text, pos, len) return string.find(text, "\n", pos, true) or len + 1 end
-local record_buffer = buffer.new() -- a completed line's result line, kept without a string
+local record_buffer = buffer.new() -- the result line of the line just run, kept without a string
 do
   local ffi = require "ffi"
   local found = pcall(function()
@@ -344,36 +345,35 @@ size_t moonjob_line_end(const char *text, size_t from, size_t len);
   if found then
     local C = ffi.C
     batch_next = C.moonjob_batch_next
-    batch_keep = function(text) return C.moonjob_batch_keep(text, #text) ~= 0 end
-    batch_keep_buffer = function(buf) return C.moonjob_batch_keep(buf:ref()) ~= 0 end
+    batch_keep = function(buf) return C.moonjob_batch_keep(buf:ref()) ~= 0 end
     now = C.moonjob_now_ms
     line_end = function(text, pos, len) return tonumber(C.moonjob_line_end(text, pos - 1, len)) + 1 end
   end
 end
 
--- The result line of a line whose processor returned `result`, and whether
--- it completed (a result that cannot be written fails it). A completed
--- line's is left in record_buffer (returned instead of a string).
+-- Writes into record_buffer the result line of a line whose processor
+-- returned `result`; returns whether it completed (a result that cannot be
+-- written fails it).
 local function completed_line(line, attempt, result, ms)
   local bytes, why = json.encode(result)
   local problem = result_problem(bytes, why)
-  if problem then return lines_format.failed(line, problem, attempt, ms), false end
-  return lines_format.put_completed(record_buffer:reset(), line, bytes, attempt, ms), true
+  if problem then
+    lines_format.put_failed(record_buffer:reset(), line, problem, attempt, ms)
+    return false
+  end
+  lines_format.put_completed(record_buffer:reset(), line, bytes, attempt, ms)
+  return true
 end
 
--- Counts a line run and keeps its result line; false when the batch must
--- end here (the area is full: the DONE frame carries this line itself).
-local function keep(b, record, completed)
+-- Counts a line run (completed: true, false, or nil for a blank line) and
+-- keeps its result line, in record_buffer; false when the batch must end
+-- here (the area is full: the DONE frame carries this line itself).
+local function keep(b, completed)
   b.run = b.run + 1
   if completed == true then b.completed = b.completed + 1
   elseif completed == false then b.failed = b.failed + 1 end
-  if record == record_buffer then
-    if batch_keep_buffer(record) then return true end
-    record = record:tostring()
-  elseif batch_keep(record) then
-    return true
-  end
-  b.extra = record
+  if batch_keep(record_buffer) then return true end
+  b.extra = record_buffer:tostring()
   return false
 end
 
@@ -394,23 +394,25 @@ local function run_lines(b)
     local source = sub(text, pos, stop - 1)
     pos = stop + 1
     b.pos, b.next_line = pos, line + 1
-    local record, completed = "", nil
+    local completed = nil -- a blank line: no result line
+    record_buffer:reset()
     if #source > 0 and (c > 32 or find(source, "%S")) then -- not blank
       b.line, b.t0 = line, t0
       local data, err = json.decode(source)
       if err then
-        record, completed = lines_format.failed(line, input_error(err), b.attempt, now() - t0), false
+        lines_format.put_failed(record_buffer, line, input_error(err), b.attempt, now() - t0)
+        completed = false
       else
         -- the same fields as a job of its own (run_job); the line number's
         -- text is made once, for its name and its result line
         local line_text = tostring(line)
         local job = setmetatable({ id = b.id, attempt = b.attempt, name = "line " .. line_text,
           number = b.number, data = data }, Job)
-        record, completed = completed_line(line_text, b.attempt, processor(job), now() - t0)
+        completed = completed_line(line_text, b.attempt, processor(job), now() - t0)
       end
       b.line = nil
     end
-    if not keep(b, record, completed) then return true end
+    if not keep(b, completed) then return true end
   end
   return true
 end
@@ -429,8 +431,8 @@ local function run_batch_lines(b)
     end
     local line = b.line
     b.line = nil
-    local record = lines_format.failed(line, failure_of(result, false), b.attempt, now() - b.t0)
-    if not keep(b, record, false) then return end
+    lines_format.put_failed(record_buffer:reset(), line, failure_of(result, false), b.attempt, now() - b.t0)
+    if not keep(b, false) then return end
   end
 end
 
