@@ -50,6 +50,7 @@
 #include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -671,6 +672,49 @@ size_t moonjob_line_end(const char *text, size_t from, size_t len) {
   return nl ? (size_t) (nl - text) : len;
 }
 
+/* ------------------------------------------------------ counted output --- */
+
+/* stdout and stderr are replaced, before Lua opens its io library, by stdio
+ * streams that write to fds 1 and 2 and count their writes, so that a batch
+ * of lines can end after a line that wrote output and the parent can tag
+ * that output with the line (moonjob_output_mark, runner.lua). Caveat: what
+ * bypasses stdio (a command run by os.execute, a write(2) through the FFI)
+ * is not counted. */
+static uint32_t output_writes;
+
+static ssize_t counted_write(void *cookie, const char *buf, size_t size) {
+  int fd = (int) (intptr_t) cookie;
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = write(fd, buf + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += (size_t) n;
+  }
+  output_writes++;
+  return done > 0 || size == 0 ? (ssize_t) done : -1;
+}
+
+static FILE *counted_stream(int fd, int mode) {
+  cookie_io_functions_t io = {.write = counted_write};
+  FILE *f = fopencookie((void *) (intptr_t) fd, "w", io);
+  if (f == NULL || setvbuf(f, NULL, mode, BUFSIZ) != 0) return NULL;
+  return f;
+}
+
+/* A mark that changes whenever stdout or stderr was written: what stdout
+ * holds unwritten (a partial line) is written first, so it counts as written
+ * by the line that printed it. */
+uint32_t moonjob_output_mark(void) {
+  if (__fpending(stdout) > 0) fflush(stdout);
+  return output_writes;
+}
+
+static int channel_output_mark(lua_State *L) {
+  lua_pushnumber(L, moonjob_output_mark());
+  return 1;
+}
+
 /* channel.now() -> milliseconds on the monotonic clock (a batch times its
  * lines with it). */
 double moonjob_now_ms(void) {
@@ -801,7 +845,7 @@ static int open_channel(lua_State *L) {
     {"recv", channel_recv}, {"send", channel_send}, {"run", channel_run},
     {"interrupt_traceback", channel_interrupt_traceback}, {"strict", channel_strict},
     {"interrupt", channel_interrupt}, {"batch_next", channel_batch_next},
-    {"batch_keep", channel_batch_keep}, {"now", channel_now},
+    {"batch_keep", channel_batch_keep}, {"now", channel_now}, {"output_mark", channel_output_mark},
     {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, funcs);
@@ -1029,7 +1073,11 @@ static void set_up_process(const child_options_t *o) {
   if (fcntl(CHANNEL_FD, F_SETFL, flags & ~O_NONBLOCK) != 0) setup_call_failed("make the channel blocking");
   /* a processor's os.execute must not hold the channel */
   if (fcntl(CHANNEL_FD, F_SETFD, FD_CLOEXEC) != 0) setup_call_failed("set close-on-exec on the channel");
-  if (setvbuf(stdout, NULL, _IOLBF, 0) != 0) setup_call_failed("line-buffer stdout"); /* print() reaches the parent line by line */
+  fflush(NULL);
+  FILE *out = counted_stream(1, _IOLBF), *err = counted_stream(2, _IONBF);
+  if (out == NULL || err == NULL) setup_call_failed("count the output on stdout and stderr");
+  stdout = out; /* line-buffered: print() reaches the parent line by line */
+  stderr = err;
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) setup_call_failed("set PR_SET_NO_NEW_PRIVS");
   if (o->user) {
     become_user(o->user); /* before NPROC: root is exempt from it */

@@ -9,7 +9,7 @@ describe("moonjob.pool", function()
       local pool, err = moonjob.pool("spec/fixtures/nope.lua")
       assert.is_nil(pool)
       assert.equal("ELOAD", err.code)
-      assert.equal("ELOAD: cannot open processor file 'spec/fixtures/nope.lua': no such readable file",
+      assert.equal("ELOAD: cannot open processor file 'spec/fixtures/nope.lua': no such file or directory",
         tostring(err))
     end)
 

@@ -27,6 +27,7 @@
 --
 -- Exit status: 0 when every job completed, 1 when any failed, 2 for usage,
 -- set-up or I/O errors that stop the run, 128 + N on signal N.
+local args = require "moonjob.cli_args"
 local batches = require "moonjob.cli_batches"
 local core = require "moonjob.core"
 local ffi = require "ffi"
@@ -34,6 +35,7 @@ local lines = require "moonjob.lines"
 local loop = require "moonjob.loop"
 local moonjob = require "moonjob"
 local moonjob_job = require "moonjob.job"
+local progress = require "moonjob.cli_progress"
 
 local M = {}
 
@@ -42,62 +44,8 @@ int truncate(const char *path, int64_t length);
 char *strerror(int errnum);
 ]]
 
-local USAGE = [[
-usage: moonjob run PROCESSOR [INPUT] [options]
-       moonjob worker PROCESSOR --redis URL --queue NAME [-j N] [--lease S] [--grace S]
-       moonjob add --redis URL --queue NAME [INPUT] [--attempts N] [--priority P] [--delay S]
-       moonjob status --redis URL --queue NAME [--watch]
-
-Runs the processor file PROCESSOR once per line of INPUT, an NDJSON file
-(one job's data per line, any JSON value; default: standard input), in a pool
-of child processes. Prints one JSON line per finished job, as it finishes:
-  {"line":1,"status":"completed","result":...,"attempts":1,"ms":0.4}
-  {"line":2,"status":"failed","error":{"code":"...","message":"..."},"attempts":1,"ms":0.2}
-What the processor prints goes to standard error, prefixed with the job id.
-
-options:
-  -j, --concurrency N   children to run (default: the number of CPUs)
-  -k, --keep-order      print results in input order (default: as they finish)
-  --attempts N          runs per job before it fails for good (default 1)
-  --backoff SPEC        wait between attempts: fixed:SECONDS or
-                        exponential:SECONDS[:JITTER] (JITTER 0..1)
-  --joblog FILE         append one line per finished job to FILE
-  --resume              skip the lines FILE (--joblog) records as completed
-  --timeout S           seconds a job may run; then it is interrupted, its
-                        cleanup runs, and it fails with ETIMEDOUT
-  --kill-after S        seconds after the timeout before the child is killed
-                        (default 5)
-  --start-timeout S     seconds a child may take to load the processor
-                        (default 60); then the run stops with ELOAD
-
-durable queues on Redis (README "Durable queues on Redis"):
-  worker                run jobs from the queue until SIGTERM or Ctrl-C, then
-                        give back what was not started and exit 0
-  add                   add one job per NDJSON line of INPUT; prints the ids
-  status                print the queue's counts (--watch: every second)
-  --redis URL           redis://[user:password@]host[:port][/db]; default:
-                        $MOONJOB_REDIS (keeps a password out of `ps`)
-  --queue NAME          the queue's name
-  --lease S             seconds a fetched job is held before another worker
-                        may take it, renewed every S/3 (default 30)
-  --grace S             seconds running jobs get to finish when the worker
-                        stops (default 30)
-  --prefetch N          jobs held beyond the running ones (default: -j)
-  --keep N, --keep-age S  finished jobs kept in Redis, by count per state
-                        (default 1000) and age (default 86400 s)
-  --priority P, --delay S   for add: lower runs first; seconds before it may run
-
-  -h, --help            show this help
-  --version             show the version
-
-exit status: 0 every job completed, 1 some job failed, 2 usage, set-up or I/O
-error (the processor cannot load, the joblog cannot be written), 128+N when
-stopped by signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)
-]]
-
-local EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+local EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HALTED_NOW, EXIT_HALTED_SOON = 0, 1, 2, 3, 4
 local SIGNAL_NAMES = { [1] = "SIGHUP", [2] = "SIGINT", [15] = "SIGTERM" }
-local SECONDS_MAX = 1e9 -- the pool's own bound on its times
 local BATCH_BUDGET_MS = 4 -- a batch of lines runs about this long in its child
 local BATCH_LINES_MAX = 4096 -- and holds at most this many lines
 local HOLD_BYTES_PER_CHILD = 8 * 1024 * 1024 -- --keep-order: results held, per child
@@ -105,97 +53,6 @@ local HOLD_BYTES_PER_CHILD = 8 * 1024 * 1024 -- --keep-order: results held, per 
 local function usage_error(message)
   io.stderr:write("moonjob: ", message, "\n", "Try 'moonjob --help'.\n")
   return EXIT_USAGE
-end
-
------------------------------------------------------------ arguments ---
-
-local function positive_integer(text)
-  local n = tonumber(text)
-  if n and n >= 1 and n <= 2 ^ 31 and n == math.floor(n) then return n end
-end
-
-local function children(text)
-  local n = positive_integer(text)
-  if n and n <= 1024 then return n end
-end
-
-local function seconds(text)
-  local n = tonumber(text)
-  if n and n >= 0 and n <= SECONDS_MAX then return n end
-end
-
-local function positive_seconds(text) -- timers count milliseconds
-  local n = seconds(text)
-  if n and n >= 0.001 then return n end
-end
-
--- option name -> field, parser, what the parser wants
-local function backoff_spec(text)
-  local kind, delay, jitter = text:match("^(%a+):([%d.]+):?([%d.]*)$")
-  delay, jitter = tonumber(delay), tonumber(jitter)
-  if not (kind == "fixed" or kind == "exponential") or not delay then return nil end
-  if jitter and jitter > 1 then return nil end
-  return { type = kind, delay = delay, jitter = jitter }
-end
-
-local function path(text)
-  if text ~= "" then return text end
-end
-
-local VALUED = {
-  ["-j"] = { "concurrency", children, "a whole number from 1 to 1024" },
-  ["--attempts"] = { "attempts", positive_integer, "a whole number from 1 to 2^31" },
-  ["--backoff"] = { "backoff", backoff_spec, "fixed:SECONDS or exponential:SECONDS[:JITTER]" },
-  ["--joblog"] = { "joblog", path, "a file path" },
-  ["--concurrency"] = { "concurrency", children, "a whole number from 1 to 1024" },
-  ["--timeout"] = { "timeout", positive_seconds, "a number of seconds from 0.001 to 1e9" },
-  ["--start-timeout"] = { "start_timeout", positive_seconds, "a number of seconds from 0.001 to 1e9" },
-  ["--kill-after"] = { "kill_after", seconds, "a number of seconds from 0 to 1e9" },
-  ["--redis"] = { "redis", path, "a URL: redis://[user:password@]host[:port][/db]" },
-  ["--queue"] = { "queue", path, "a queue name" },
-  ["--lease"] = { "lease", positive_seconds, "a number of seconds from 0.001 to 1e9" },
-  ["--grace"] = { "grace", seconds, "a number of seconds from 0 to 1e9" },
-  ["--keep"] = { "keep", positive_integer, "a whole number from 1 to 2^31" },
-  ["--keep-age"] = { "keep_age", positive_seconds, "a number of seconds from 0.001 to 1e9" },
-  ["--prefetch"] = { "prefetch", function(t) local n = tonumber(t) if n and n >= 0 and n <= 1e6 and n % 1 == 0 then return n end end, "a whole number from 0 to 1e6" },
-  ["--delay"] = { "delay", seconds, "a number of seconds from 0 to 1e9" },
-  ["--priority"] = { "priority", tonumber, "a number (lower runs first)" },
-}
-
--- Returns a table of options, or nil and a message.
-local function parse(args)
-  local o = { positional = {} }
-  local i = 1
-  while i <= #args do
-    local a = args[i]
-    local name, inline = a:match("^(%-%-[%w-]+)=(.*)$")
-    local valued = VALUED[name or a]
-    if a == "-h" or a == "--help" then
-      o.help = true
-    elseif a == "--version" then
-      o.version = true
-    elseif a == "--keep-order" or a == "-k" then
-      o.keep_order = true
-    elseif a == "--resume" then
-      o.resume = true
-    elseif a == "--watch" then
-      o.watch = true
-    elseif valued then
-      local value = inline
-      if not value then i = i + 1; value = args[i] end
-      local field, parse_value, wants = valued[1], valued[2], valued[3]
-      o[field] = parse_value(value or "")
-      if not o[field] then
-        return nil, ("%s needs %s, got '%s'"):format(name or a, wants, tostring(value))
-      end
-    elseif a:sub(1, 1) == "-" and a ~= "-" then
-      return nil, ("unknown option '%s'"):format(a)
-    else
-      o.positional[#o.positional + 1] = a
-    end
-    i = i + 1
-  end
-  return o
 end
 
 ---------------------------------------------------------------- output ---
@@ -313,37 +170,6 @@ local function open_joblog(path)
   return f
 end
 
--------------------------------------------------------------- progress ---
-
-local function isatty(fd)
-  return core.isatty(fd)
-end
-
--- A one-line progress display on stderr, refreshed at most 10 times a second.
--- counts() -> jobs finished, jobs failed.
-local function progress_bar(total_bytes, counts)
-  local started = loop.now()
-  local bar = { bytes = 0 }
-  local timer = core.timer(function()
-    local done, failed = counts()
-    local elapsed = (loop.now() - started) / 1000
-    local rate = elapsed > 0 and done / elapsed or 0
-    local eta = ""
-    if total_bytes and bar.bytes > 0 and elapsed > 0 then
-      local left = elapsed * (total_bytes - bar.bytes) / bar.bytes
-      eta = (", ETA %ds"):format(math.max(0, math.floor(left + 0.5)))
-    end
-    io.stderr:write(("\r\27[Kdone %d, failed %d, %.0f jobs/s%s"):format(done, failed, rate, eta))
-  end)
-  timer:start(100, 100)
-  timer:unref()
-  function bar.close()
-    timer:close()
-    io.stderr:write("\r\27[K")
-  end
-  return bar
-end
-
 ------------------------------------------------------------------- run ---
 
 local function pool_options(o)
@@ -382,8 +208,11 @@ end
 
 -- The pool, or nil and a usage message. Options were checked by parse(); a
 -- pool that still refuses them gets the same treatment, not a stack trace.
-local function new_pool(processor, o)
-  local ok, pool, err = pcall(moonjob.pool, processor, pool_options(o))
+-- echo(line, job, pid) gets what the children print.
+local function new_pool(processor, o, echo)
+  local opts = pool_options(o)
+  opts.echo = echo
+  local ok, pool, err = pcall(moonjob.pool, processor, opts)
   if not ok then return nil, (tostring(pool):gsub("^[^:]*:%d+: ", ""):gsub("^moonjob%.pool: ", "")) end
   if not pool then return nil, tostring(err) end
   return pool
@@ -412,8 +241,93 @@ local function stopped_by(why)
   why = tostring(why)
   local signum = why:find("^interrupted") and loop.signal
   if not signum then return { status = EXIT_FAILED, message = why } end
-  return { status = 128 + signum, by_signal = true,
+  return { status = 128 + signum, record = "completed",
     message = ("interrupted by %s; running jobs were killed"):format(SIGNAL_NAMES[signum] or signum) }
+end
+
+-- Whether --halt's condition `h` holds after `failed` of `finished` lines
+-- failed: a count, or a percentage judged from the third finished line on.
+local function halt_reached(h, finished_n, failed_n)
+  if not h or failed_n == 0 then return false end
+  if h.count then return failed_n >= h.count end
+  return finished_n >= 3 and failed_n * 100 >= h.percent * finished_n
+end
+
+-- The stop that --halt `h` makes once `failed_n` lines failed.
+local function halted(h, failed_n)
+  local rule = ("--halt %s,fail=%s"):format(h.when, h.count and h.count or h.percent .. "%")
+  local lines_failed = ("%d %s failed"):format(failed_n, failed_n == 1 and "line" or "lines")
+  if h.when == "now" then
+    return { status = EXIT_HALTED_NOW, record = "completed",
+      message = ("halted (%s): %s; running jobs were killed, the rest did not run"):format(rule, lines_failed) }
+  end
+  return { status = EXIT_HALTED_SOON, record = "ran", soon = true,
+    message = ("halted (%s): %s; running jobs finished, the rest did not run"):format(rule, lines_failed) }
+end
+
+-- Which input line printed what job `job` printed: a job of one line is that
+-- line. A line of a batch that prints ends its batch (runner.lua), so what a
+-- batch printed is from its last line started: read in the child's batch
+-- area while the batch is the child's, else nil (known when the batch ends:
+-- last_line_run).
+local function line_of_output(job)
+  if not job.count then return job.line end
+  local w = job.worker
+  local started = w and w.job == job and w:batch(job)
+  if started and started > 0 then return job.line + started - 1 end
+end
+
+-- The last line batch `job` ran (it ended: completed, or failed).
+local function last_line_run(job)
+  local run = job.state == "completed" and batches.parse_done(moonjob_job.bytes(job.result_bytes))
+  if not run and job.batch_state then run = job.batch_state.started end
+  return job.line + math.max(run or 1, 1) - 1
+end
+
+-- Ends a run that stops early. --halt soon lets the running jobs finish
+-- (they are recorded) and fails the rest with ECLOSED; then what running
+-- batches finished is recorded, every child is ended with what it started
+-- (more signals meanwhile do not cut this short), and what was written goes
+-- out.
+local function end_children(pool, stop, out)
+  if stop.soon then
+    local closed, why = pcall(pool.close, pool)
+    if not closed then -- a signal: it stops the run now
+      local signal_stop = stopped_by(why)
+      for k in pairs(stop) do stop[k] = nil end
+      for k, v in pairs(signal_stop) do stop[k] = v end
+    end
+  end
+  pcall(pool._publish_kept, pool, 0)
+  for _ = 1, 100 do -- a wait cut short by a signal is resumed; the close itself is bounded
+    if pcall(pool.close, pool, { force = true }) then break end
+  end
+  run_for(function() return (out:pending() or 0) == 0 end, 1000)
+end
+
+-- The exit status of a run that ended, saying why on stderr when it is not
+-- the jobs' own outcome. A closed output (| head) ends quietly, with the
+-- status of the jobs that finished.
+local function outcome(stop, failed, held, read_error, write_error)
+  local jobs_status = failed == 0 and EXIT_OK or EXIT_FAILED
+  if stop and stop.message then io.stderr:write("moonjob: ", stop.message, "\n") end
+  if stop and stop.status then return stop.status end
+  if write_error and not write_error:find("^EPIPE") then
+    io.stderr:write("moonjob: writing the output failed: ", write_error, "\n")
+    return EXIT_USAGE
+  end
+  if stop then return jobs_status end -- the output closed
+  local _, unwritten = held()
+  if unwritten > 0 then -- a gap in --keep-order's output: never silent
+    io.stderr:write(("moonjob: internal error: %d results were never written (a line before them "
+      .. "is missing); they are neither printed nor in the joblog\n"):format(unwritten))
+    return EXIT_FAILED
+  end
+  if read_error then
+    io.stderr:write("moonjob: reading the input failed: ", read_error, "\n")
+    return EXIT_USAGE
+  end
+  return jobs_status
 end
 
 local function run(processor, input_path, o)
@@ -428,16 +342,45 @@ local function run(processor, input_path, o)
   -- From here on SIGINT, SIGTERM, SIGHUP only stop the loop (until now they
   -- ended the program at once: no child existed yet).
   core.hold_stop_signals()
+  local display -- the progress line on a terminal (moonjob.cli_progress), or nil
+  local function to_stderr(text)
+    if display then return display.write_stderr(text) end
+    io.stderr:write(text)
+  end
+  -- What the processor prints: "[line N] text" on stderr; a batch's, once its
+  -- line is known (last_line_run).
+  local function echo(text, job, pid)
+    if not job then return to_stderr(("[child %d] %s\n"):format(pid, text)) end
+    job.wrote_output = true
+    local line = not job.output_held and line_of_output(job)
+    if line then return to_stderr(("[line %d] %s\n"):format(line, text)) end
+    job.output_held = job.output_held or {}
+    table.insert(job.output_held, text)
+  end
+  local function echo_held(job)
+    local held_output = job.output_held
+    if not held_output then return end
+    job.output_held = nil
+    local line = last_line_run(job)
+    for _, text in ipairs(held_output) do to_stderr(("[line %d] %s\n"):format(line, text)) end
+  end
+
   local pool
-  pool, err = new_pool(processor, o)
+  pool, err = new_pool(processor, o, echo)
   if not pool then return usage_error(err) end
 
   local out = core.output(1)
   local inflight, completed, failed, ended, paused, input = 0, 0, 0, false, false, nil
   local line_no, write_error, read_error = 0, nil, nil
-  local stop -- why the run stops early: { status = n, message = text }, or nil
-  local bar = o.progress and progress_bar(input_size(input_path),
-    function() return completed + failed, failed end)
+  local lines_over, bytes_read, input_done = 0, 0, false -- lines written or skipped; read
+  local stop -- why the run stops early: { status = n, message = text, record = ... }, or nil
+  if o.progress then
+    local size = input_size(input_path)
+    display = progress.new(function()
+      return { completed = completed, failed = failed, skipped = lines_over - completed - failed,
+        read = line_no, bytes = bytes_read, input_ended = input_done, size = size }
+    end, core.isatty(1), function() return (out:pending() or 0) == 0 end)
+  end
   local resumed_last = 0 -- the last line --resume skips
   for line in pairs(resumed) do resumed_last = math.max(resumed_last, line) end
   local function is_resumed(line) return resumed[line] end
@@ -446,6 +389,10 @@ local function run(processor, input_path, o)
   -- a few batches per child.
   local batching = o.timeout == nil and (o.attempts or 1) == 1
   local batch_lines, line_ms = 1, nil
+  -- A line that prints ends its batch (the rest go out again): while lines
+  -- print, batches are no longer than the lines run before one printed; the
+  -- cap doubles with each job that printed nothing.
+  local print_cap = BATCH_LINES_MAX
   local high, low
   local function set_bounds()
     high = math.max(pool.size * 64, pool.size * batch_lines * 3)
@@ -466,11 +413,12 @@ local function run(processor, input_path, o)
 
   -- Batches are as long as BATCH_BUDGET_MS of recent lines (1 line each until
   -- lines are known to be short): the run time of `n` lines was `ms`.
-  local function lines_took(ms, n)
+  local function lines_took(ms, n, printed)
     if not batching or n < 1 or ended then return end -- ended: the input is read (or closed)
     local per_line = math.max(ms / n, 1e-4)
     line_ms = line_ms and line_ms * 0.8 + per_line * 0.2 or per_line
-    local want = math.max(1, math.min(BATCH_LINES_MAX, math.floor(BATCH_BUDGET_MS / line_ms)))
+    print_cap = printed and n or math.min(BATCH_LINES_MAX, print_cap * 2)
+    local want = math.max(1, math.min(print_cap, math.floor(BATCH_BUDGET_MS / line_ms)))
     if want ~= batch_lines then
       batch_lines = want
       input:batch(want)
@@ -495,6 +443,7 @@ local function run(processor, input_path, o)
       end
     end
     if write_error then return end
+    if display then display.before_stdout() end
     local written, e = out:write(text)
     if not written then -- nobody reads the output any more: stop
       write_error = e
@@ -576,8 +525,12 @@ local function run(processor, input_path, o)
   -- (the run stops).
   local function record(line, text, count, ok_n, failed_n)
     if joblog_failed then return false end
-    completed, failed = completed + ok_n, failed + failed_n
+    completed, failed, lines_over = completed + ok_n, failed + failed_n, lines_over + count
     written(line, text, count)
+    if not stop and halt_reached(o.halt, completed + failed, failed) then
+      stop = halted(o.halt, failed)
+      input:pause() -- nothing more is read, nor added
+    end
     return not joblog_failed
   end
 
@@ -595,25 +548,33 @@ local function run(processor, input_path, o)
     record(job.line + done, new, kept - done, ok_n, failed_n)
   end
 
+  -- Whether a stop lets finished `job` be recorded. A stop signal or --halt
+  -- now (record "completed"): jobs that completed meanwhile are (they ran),
+  -- and what a killed batch had finished; failures are not (the kill caused
+  -- them). --halt soon (record "ran"): the running jobs that finish are,
+  -- those that never started (ECLOSED) are not. Any other stop records
+  -- nothing more.
+  local function recorded_in_stop(job)
+    if not stop.record then return false end
+    local never_ran = job.state ~= "completed" and (stop.record == "completed" or job.error.code == "ECLOSED")
+    if not never_ran then return true end
+    local state = job.count and job.batch_state
+    if state then pool.on_lines_kept(job, state.kept, state.text) end
+    return false
+  end
+
   local function finished(job)
-    if stop then
-      -- A stop signal: jobs that completed meanwhile are still recorded (they
-      -- ran), what a killed batch had finished too; failures are not (the
-      -- kill caused them). Any other stop records nothing more.
-      if not stop.by_signal then return end
-      if job.state ~= "completed" then
-        local state = job.count and job.batch_state
-        if state then pool.on_lines_kept(job, state.kept, state.text) end
-        return
-      end
-    end
+    echo_held(job)
+    if stop and not recorded_in_stop(job) then return end
     if cannot_load(job) then
       stop = { status = EXIT_USAGE, message = tostring(job.error) } -- "ELOAD: ...", as a syntax error reads
       return
     end
     if not job.count then
       local ok_n = job.state == "completed" and 1 or 0
-      if record(job.line, result_line(job), 1, ok_n, 1 - ok_n) and job.ms then lines_took(job.ms, 1) end
+      if record(job.line, result_line(job), 1, ok_n, 1 - ok_n) and job.ms then
+        lines_took(job.ms, 1, job.wrote_output)
+      end
       return
     end
     local text, covered, ok_n, failed_n = batch_outcome(job)
@@ -624,7 +585,7 @@ local function run(processor, input_path, o)
     end
     inflight_bytes = inflight_bytes - #job.text
     if not record(job.line + done, text, covered - done, ok_n, failed_n) or stop then return end
-    if job.ms and covered > 0 then lines_took(job.ms, covered) end
+    if job.ms and covered > 0 then lines_took(job.ms, covered, job.wrote_output) end
     hand_back(job, covered + 1)
   end
   pool:on("completed", finished)
@@ -632,6 +593,7 @@ local function run(processor, input_path, o)
 
   add_line = function(line, text, len)
     if (text and not text:find("%S")) or resumed[line] then -- no job: written at once
+      lines_over = lines_over + 1
       emit(line, "")
       return resume_if_room() -- (a line handed back may be the one the others waited for)
     end
@@ -655,14 +617,15 @@ local function run(processor, input_path, o)
   end
 
   local function on_line(text, len, count)
+    if stop then return end -- (--halt paused the input: lines read meanwhile do not run)
     local first = line_no + 1
     line_no = line_no + count
-    if bar then bar.bytes = bar.bytes + len + 1 end
+    bytes_read = bytes_read + len + 1
     if count > 1 then add_batch(first, count, text) else add_line(first, text, len) end
     pause_if_full()
   end
   input = core.input(fd, pool.max_payload, on_line, function(e)
-    ended, read_error = true, e
+    ended, read_error, input_done = true, e, true
   end)
   input:resume()
 
@@ -672,43 +635,18 @@ local function run(processor, input_path, o)
   end)
   ended = true -- no more resuming: the input is closed
   input:close()
-  if bar then bar.close() end
   if not ok then stop = stopped_by(why) end
+  if write_error and not stop then -- nobody reads the output any more: stop
+    stop = { closed_output = true }
+  end
   if not stop then -- every job is over: the idle children end (a signal meanwhile still counts)
     ok, why = pcall(pool.close, pool)
     if not ok then stop = stopped_by(why) end
   end
-  if stop then
-    pcall(pool._publish_kept, pool, 0) -- what running batches finished is recorded, not run again
-    -- end every child and what it started now (more signals meanwhile do not
-    -- cut this short); print what was already written
-    for _ = 1, 100 do -- a wait cut short by a signal is resumed; the close itself is bounded
-      if pcall(pool.close, pool, { force = true }) then break end
-    end
-    run_for(function() return (out:pending() or 0) == 0 end, 1000)
-    if joblog then joblog:close() end
-    io.stderr:write("moonjob: ", stop.message, "\n")
-    return stop.status
-  end
+  if stop then end_children(pool, stop, out) end
   if joblog then joblog:close() end
-  local _, unwritten = held()
-  if unwritten > 0 then -- a gap in --keep-order's output: never silent
-    io.stderr:write(("moonjob: internal error: %d results were never written (a line before them "
-      .. "is missing); they are neither printed nor in the joblog\n"):format(unwritten))
-    return EXIT_FAILED
-  end
-  if read_error then
-    io.stderr:write("moonjob: reading the input failed: ", read_error, "\n")
-    return EXIT_USAGE
-  end
-  write_error = write_error or select(2, out:pending())
-  if write_error then
-    if not write_error:find("^EPIPE") then -- a closed pipe (| head) ends quietly
-      io.stderr:write("moonjob: writing the output failed: ", write_error, "\n")
-    end
-    return EXIT_FAILED
-  end
-  return failed == 0 and EXIT_OK or EXIT_FAILED
+  if display then display.close(true) end -- the summary
+  return outcome(stop, failed, held, read_error, write_error or select(2, out:pending()))
 end
 
 -- moonjob worker | add | status (moonjob.cli_redis).
@@ -731,10 +669,10 @@ local function remote_command(command, o)
 end
 
 -- cli.main(args) -> exit status
-function M.main(args)
-  local o, err = parse(args)
+function M.main(arguments)
+  local o, err = args.parse(arguments)
   if not o then return usage_error(err) end
-  if o.help then io.stdout:write(USAGE) return EXIT_OK end
+  if o.help then io.stdout:write(args.USAGE) return EXIT_OK end
   if o.version then io.stdout:write(moonjob._VERSION, "\n") return EXIT_OK end
   local command = o.positional[1]
   if command == nil then return usage_error("missing command: moonjob run PROCESSOR [INPUT]") end
@@ -746,7 +684,7 @@ function M.main(args)
   if not processor then return usage_error("missing PROCESSOR: moonjob run PROCESSOR [INPUT]") end
   if o.positional[4] then return usage_error(("unexpected argument '%s'"):format(o.positional[4])) end
   if o.resume and not o.joblog then return usage_error("--resume needs --joblog FILE") end
-  o.progress = isatty(2)
+  if o.progress == nil then o.progress = core.isatty(2) end
   return run(processor, input_path, o)
 end
 

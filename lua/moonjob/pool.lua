@@ -69,7 +69,7 @@ function Pool.new(processor, opts)
     max_jobs_per_child = opts.max_jobs_per_child,
     max_log_bytes = opts.max_log_bytes or DEFAULTS.max_log_bytes,
     codec = opts.codec or (opts.redis and "json") or "lua",
-    echo = opts.echo ~= false,
+    echo = opts.echo ~= false and (opts.echo or true), -- true, or a function(line, job, pid)
     child_program = child_program,
     child_args = Options.child_args(opts),
     child_env = { "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath,

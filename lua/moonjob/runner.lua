@@ -324,7 +324,7 @@ local json = nil        -- moonjob.json, likewise
 
 -- The child program's own functions through the FFI (core/child.c exports
 -- them), so that the per-line loop stays compiled; channel's otherwise.
-local batch_next, now = channel.batch_next, channel.now
+local batch_next, now, output_mark = channel.batch_next, channel.now, channel.output_mark
 -- batch_keep(buf): keeps string.buffer buf's bytes in the batch area; false when they do not fit
 local batch_keep = function(buf) return channel.batch_keep(buf:tostring()) end
 -- line_end(text, pos, len): where the line at pos ends (its newline, or len + 1)
@@ -338,15 +338,18 @@ double moonjob_batch_next(void);
 int moonjob_batch_keep(const void *text, size_t len);
 double moonjob_now_ms(void);
 size_t moonjob_line_end(const char *text, size_t from, size_t len);
+uint32_t moonjob_output_mark(void);
 ]]
     local C = ffi.C
-    local _ = C.moonjob_batch_next, C.moonjob_batch_keep, C.moonjob_now_ms, C.moonjob_line_end
+    local _ = C.moonjob_batch_next, C.moonjob_batch_keep, C.moonjob_now_ms, C.moonjob_line_end,
+      C.moonjob_output_mark
   end)
   if found then
     local C = ffi.C
     batch_next = C.moonjob_batch_next
     batch_keep = function(buf) return C.moonjob_batch_keep(buf:ref()) ~= 0 end
     now = C.moonjob_now_ms
+    output_mark = C.moonjob_output_mark
     line_end = function(text, pos, len) return tonumber(C.moonjob_line_end(text, pos - 1, len)) + 1 end
   end
 end
@@ -367,12 +370,14 @@ end
 
 -- Counts a line run (completed: true, false, or nil for a blank line) and
 -- keeps its result line, in record_buffer; false when the batch must end
--- here (the area is full: the DONE frame carries this line itself).
+-- here: the area is full (the DONE frame carries this line itself), or the
+-- line wrote output (to stdout or stderr), which the parent then tags with
+-- this line, the batch's last (the lines after it go out again).
 local function keep(b, completed)
   b.run = b.run + 1
   if completed == true then b.completed = b.completed + 1
   elseif completed == false then b.failed = b.failed + 1 end
-  if batch_keep(record_buffer) then return true end
+  if batch_keep(record_buffer) then return output_mark() == b.output_mark end
   b.extra = record_buffer:tostring()
   return false
 end
@@ -442,7 +447,7 @@ local function run_batch(number, meta, text)
   lines_format = lines_format or require "moonjob.lines"
   json = json or require "moonjob.json"
   local b = { text = text, pos = 1, next_line = meta.first_line, id = meta.id, attempt = meta.attempt,
-    number = number, run = 0, completed = 0, failed = 0, extra = "" }
+    number = number, run = 0, completed = 0, failed = 0, extra = "", output_mark = output_mark() }
   local ok, value, interrupted, heap_full = channel.run(handler, run_batch_lines, b)
   if not ok and b.raised == nil and type(value) == "table" then b.raised = message_of(value.value) end
   b.text = nil

@@ -27,7 +27,7 @@ Options.DEFAULTS = {
 }
 
 local OPTIONS = {
-  size = "number", max_payload = "number", codec = "string", echo = "boolean",
+  size = "number", max_payload = "number", codec = "string", echo = "echo",
   jit = "boolean", child = "string", timeout = "number", kill_after = "number",
   ack_timeout = "number", start_timeout = "number", max_jobs_per_child = "number", memory_limit = "number",
   idle_timeout = "number", min_size = "number", max_procs = "number",
@@ -76,6 +76,10 @@ function Options.check(opts)
     if want == "backoff" then
       local ok, why = Backoff.check(v)
       if not ok then error("moonjob.pool: option 'backoff' " .. why, 4) end
+    elseif want == "echo" then
+      if type(v) ~= "boolean" and type(v) ~= "function" then
+        error("moonjob.pool: option 'echo' must be a boolean or a function(line, job, pid)", 4)
+      end
     elseif want == "dedupe" then
       if v ~= true and type(v) ~= "function" then
         error("moonjob.pool: option 'dedupe' must be true or a function(data) -> key", 4)
@@ -134,8 +138,11 @@ end
 function Options.check_processor(file)
   local chunk, message = loadfile(file)
   if chunk then return true end
-  if not io.open(file, "r") then
-    message = ("cannot open processor file '%s': no such readable file"):format(file)
+  local f, why = io.open(file, "r")
+  if f then
+    f:close()
+  else -- io.open's reason names it: "No such file or directory", "Permission denied", ...
+    message = ("cannot open processor file '%s': %s"):format(file, why:gsub("^.-: ", ""):lower())
   end
   return nil, errors.new("ELOAD", message)
 end

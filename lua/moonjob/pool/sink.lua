@@ -130,9 +130,11 @@ end
 
 function Pool:on_worker_output(w, job, stream, line)
   if job then job.logs[#job.logs + 1] = line end
-  if self.echo then
+  if self.echo == true then
     local who = job and ("job " .. tostring(job.id)) or ("child " .. tostring(w.pid))
     io.stderr:write("[" .. who .. "] " .. line .. "\n") -- one write: lines never interleave mid-line
+  elseif self.echo then
+    self.echo(line, job, w.pid)
   end
   if job and self.listeners.log then self:_emit("log", job, line, stream) end
 end
