@@ -1,7 +1,8 @@
 # moonjob -- build, test, bench and install.
 #
 # LuaRocks drives this file (build.type = "make"): it passes CFLAGS, LIBFLAG,
-# LUA_INCDIR at build time and PREFIX, BINDIR, LIBDIR, LUADIR at install time.
+# LUA_INCDIR and BUILD=build-luarocks (its own build directory) both times,
+# and PREFIX, BINDIR, LIBDIR, LUADIR at install time (see the rockspec).
 # Everything is overridable; DESTDIR is honoured by install.
 LUA        ?= luajit
 LUA_INCDIR ?= /usr/include/luajit-2.1
@@ -28,10 +29,11 @@ CORE_SRC   = core/loop.c core/process.c core/spawn.c core/reap.c core/stdio.c co
 CORE_OBJ   = $(CORE_SRC:core/%.c=$(BUILD)/obj/%.o)
 HEADERS    = core/moonjob.h core/frame.h
 LUA_FILES  = $(wildcard lua/moonjob/*.lua lua/moonjob/*/*.lua)
+FLAGS_STAMP = $(BUILD)/flags
 
 DEB_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev libuv1-dev lua-cjson \
                lua-busted luarocks procps libhiredis-dev redis-server redis-tools python3-redis \
-               iproute2
+               iproute2 git
 
 .PHONY: all deps spec-host test sanitize chaos demo repl bench install uninstall clean
 
@@ -39,17 +41,28 @@ IN_TREE = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="$(BUILD)/?.so;;"
 
 all: $(CORE_SO) $(CHILD)
 
-$(BUILD)/obj/%.o: core/%.c $(HEADERS)
+$(BUILD)/obj/%.o: core/%.c $(HEADERS) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(MJ_CFLAGS) -c $< -o $@
 
-$(CORE_SO): $(CORE_OBJ)
+$(CORE_SO): $(CORE_OBJ) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(LIBFLAG) $(LDFLAGS) -o $@ $(CORE_OBJ) $(UV_LIBS) -ldl
 
-$(CHILD): core/child.c core/frame.h
+$(CHILD): core/child.c core/frame.h $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(MJ_CFLAGS) $(LDFLAGS) -rdynamic -o $@ core/child.c $(LUAJIT_LIB) -lm -ldl
+
+# The flags a build directory was made with, in $(FLAGS_STAMP): everything
+# compiled depends on it, and it is rewritten only when the flags change, so a
+# build with other flags (make CFLAGS=..., LuaRocks' own, a sanitizer build)
+# never reuses objects made with the ones before.
+BUILD_FLAGS = $(subst ','\'',$(CC) $(MJ_CFLAGS) $(LIBFLAG) $(LDFLAGS) $(UV_LIBS) $(LUAJIT_LIB))
+.PHONY: flags-check
+flags-check:
+$(FLAGS_STAMP): flags-check
+	@mkdir -p $(dir $@)
+	@printf '%s\n' '$(BUILD_FLAGS)' | cmp -s - $@ || printf '%s\n' '$(BUILD_FLAGS)' > $@
 
 # Installs the Debian packages moonjob needs, when some are missing.
 deps:
@@ -67,10 +80,10 @@ deps:
 # (the sandbox spec: the child must fail closed).
 SPEC_HOST  = $(BUILD)/spec-states $(BUILD)/spec-failing.so
 spec-host: $(SPEC_HOST)
-$(BUILD)/spec-states: spec/host/states.c
+$(BUILD)/spec-states: spec/host/states.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(WARN) -I$(LUA_INCDIR) $(LDFLAGS) -o $@ spec/host/states.c $(LUAJIT_LIB)
-$(BUILD)/spec-failing.so: spec/host/failing.c
+$(BUILD)/spec-failing.so: spec/host/failing.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(WARN) -fPIC -shared $(LDFLAGS) -o $@ spec/host/failing.c -ldl
 
@@ -130,6 +143,10 @@ bench: deps all $(BUILD)/bench-floor
 	$(LUA) bench/cli.lua
 	$(LUA) bench/redis.lua
 
+# Installs the Lua modules in LUADIR, the core and the child program in
+# LIBDIR/moonjob (the core finds the child beside itself) and the command in
+# BINDIR (it finds the modules from its own real location, through symlinks).
+# Builds first, with the flags of this command line.
 install: all
 	install -d $(DESTDIR)$(LUADIR)/moonjob $(DESTDIR)$(LIBDIR)/moonjob $(DESTDIR)$(BINDIR)
 	for f in $(LUA_FILES); do install -D -m 644 $$f $(DESTDIR)$(LUADIR)/$${f#lua/} || exit 1; done
@@ -139,5 +156,22 @@ install: all
 uninstall:
 	rm -rf $(DESTDIR)$(LUADIR)/moonjob $(DESTDIR)$(LIBDIR)/moonjob $(DESTDIR)$(BINDIR)/moonjob
 
+# A source rock of this checkout, $(ROCK_DIR)/moonjob-scm-1.src.rock, for
+# `luarocks build` or `luarocks install` anywhere, offline. The rockspec's
+# source.url cannot name a checkout (LuaRocks resolves a relative one in its
+# own temporary directory), so this writes a copy of the rockspec whose url is
+# this checkout's absolute path, and packs that: the rock holds the last
+# commit (git clone), not uncommitted changes, which are listed if any.
+ROCK_DIR   = build-rock
+LUAROCKS   = luarocks --lua-version=5.1
+.PHONY: rock
+rock:
+	rm -rf $(ROCK_DIR) && mkdir -p $(ROCK_DIR)
+	sed 's|^  url = .*|  url = "git+file://$(CURDIR)",|' moonjob-scm-1.rockspec > $(ROCK_DIR)/moonjob-scm-1.rockspec
+	grep -q '^  url = "git+file://$(CURDIR)",$$' $(ROCK_DIR)/moonjob-scm-1.rockspec
+	cd $(ROCK_DIR) && $(LUAROCKS) pack moonjob-scm-1.rockspec
+	@if [ -n "$$(git status --porcelain --untracked-files=no)" ]; then \
+	  echo "note: uncommitted changes are not in the rock:"; git status --short --untracked-files=no; fi
+
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD) build-luarocks $(ROCK_DIR)
