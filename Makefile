@@ -34,6 +34,7 @@ FLAGS_STAMP = $(BUILD)/flags
 DEB_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev libuv1-dev lua-cjson \
                lua-busted luarocks procps libhiredis-dev redis-server redis-tools python3-redis \
                iproute2 git
+DEB_PACKAGES += lua-luv rlwrap   # luv: the spec of a host event loop; rlwrap: make repl's line editing
 
 .PHONY: all deps spec-host test sanitize chaos demo repl bench install uninstall clean
 
@@ -131,8 +132,14 @@ demo: deps all
 	  echo "moonjob exited with status $$? (1: some job failed, as line 6 and 7 do on purpose)"
 
 # A LuaJIT REPL with moonjob on the paths: try require "moonjob".
+# The LuaJIT REPL with moonjob on the paths, through rlwrap when it is
+# installed and input is a terminal (line editing, history in
+# ~/.luajit_history); without rlwrap, a hint says how to get it.
 repl: deps all
-	$(IN_TREE) $(LUA)
+	@if [ -t 0 ] && command -v rlwrap >/dev/null 2>&1; then exec env $(IN_TREE) rlwrap $(LUA); fi; \
+	command -v rlwrap >/dev/null 2>&1 || \
+	  echo "make repl: no line editing or history without rlwrap; to get them: apt-get install rlwrap" >&2; \
+	exec env $(IN_TREE) $(LUA)
 
 $(BUILD)/bench-floor: bench/floor.c
 	@mkdir -p $(dir $@)

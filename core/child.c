@@ -87,6 +87,8 @@ static uint32_t job_seq;                       /* and its sequence number */
 static const char kept_marker;                 /* channel.KEPT: the batch area's results */
 static double job_number;                      /* what Lua sees for it: 1, 2, 3... */
 static struct rusage job_start_usage;          /* taken when the job starts */
+static uint64_t job_start_ns;                  /* and when, on the monotonic clock */
+static uint64_t monotonic_ns(void);
 static struct rusage last_usage;               /* taken when the last job ended */
 static int last_usage_valid;
 static lua_State *volatile running_L;          /* set while channel.run runs a job */
@@ -522,6 +524,7 @@ static int channel_recv(lua_State *L) {
       /* CPU time counts from here: measured anew after a wait, else from the end of the last job */
       if (waited || !last_usage_valid) getrusage(RUSAGE_SELF, &job_start_usage);
       else job_start_usage = last_usage;
+      job_start_ns = monotonic_ns(); /* its run time too: the parent's clock would count its own idle time */
       break;
     }
     pass_recalled(q->seq);
@@ -539,10 +542,12 @@ static double ms_of(struct timeval tv) {
   return tv.tv_sec * 1e3 + tv.tv_usec / 1e3;
 }
 
-/* CPU time since the job started, and the peak RSS so far. The reading is
- * kept as the next job's start when that one starts without waiting. */
+/* The job's run time and CPU time since it started, and the peak RSS so
+ * far. The reading is kept as the next job's start when that one starts
+ * without waiting. */
 static mj_job_usage_t job_usage(void) {
-  mj_job_usage_t u = {0, 0, {0, 0}};
+  mj_job_usage_t u = {0, 0, 0, {0, 0}};
+  if (job_start_ns != 0) u.wall_ms = (double) (monotonic_ns() - job_start_ns) / 1e6;
   last_usage_valid = 0;
   if (getrusage(RUSAGE_SELF, &last_usage) != 0) return u;
   last_usage_valid = 1;

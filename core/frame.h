@@ -86,6 +86,8 @@ typedef enum {
 typedef struct {
   double cpu_ms;      /* user + system CPU time since the job started */
   double max_rss_kb;  /* the child's peak resident set size so far */
+  double wall_ms;     /* the job's run time on the child's monotonic clock, from
+                         when it took the job to when it ended */
   uint64_t output[2]; /* bytes the child had written to stdout and stderr when the
                          job ended (MJ_OUTPUT_UNKNOWN: not known): the parent
                          gives the bytes before that point to this job, the

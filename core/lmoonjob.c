@@ -107,15 +107,9 @@ static int lmj_ref_function(lua_State *L, int idx) {
 
 /* ---------------------------------------------------------------- loop --- */
 
-static int lmj_run(lua_State *L) {
-  static const char *const modes[] = {"default", "once", "nowait", NULL};
-  static const uv_run_mode values[] = {UV_RUN_DEFAULT, UV_RUN_ONCE, UV_RUN_NOWAIT};
-  lmj_ctx_t *c = lmj_ctx(L);
-  uv_run_mode mode = values[luaL_checkoption(L, 1, "default", modes)];
-  lua_State *previous = c->L;
-  c->L = L;
-  int rc = mj_ctx_run(&c->ctx, mode);
-  c->L = previous;
+/* What core.run and core.step return for rc: alive (a boolean), or nil,
+ * "interrupted", signum, or nil, "reentered". */
+static int lmj_push_run_result(lua_State *L, lmj_ctx_t *c, int rc) {
   if (rc == MJ_EINTERRUPTED) {
     lua_pushnil(L);
     lua_pushliteral(L, "interrupted");
@@ -128,6 +122,45 @@ static int lmj_run(lua_State *L) {
     return 2;
   }
   lua_pushboolean(L, rc != 0);
+  return 1;
+}
+
+/* core.run([mode]): "default", "once" (waits for one event) or "nowait". */
+static int lmj_run(lua_State *L) {
+  static const char *const modes[] = {"default", "once", "nowait", NULL};
+  static const uv_run_mode values[] = {UV_RUN_DEFAULT, UV_RUN_ONCE, UV_RUN_NOWAIT};
+  lmj_ctx_t *c = lmj_ctx(L);
+  uv_run_mode mode = values[luaL_checkoption(L, 1, "default", modes)];
+  lua_State *previous = c->L;
+  c->L = L;
+  int rc = mj_ctx_run(&c->ctx, mode);
+  c->L = previous;
+  return lmj_push_run_result(L, c, rc);
+}
+
+/* core.step() -> alive | nil, why: runs what is ready for a host loop and
+ * returns at once (mj_ctx_step); alive is false once nothing is left to watch. */
+static int lmj_step(lua_State *L) {
+  lmj_ctx_t *c = lmj_ctx(L);
+  lua_State *previous = c->L;
+  c->L = L;
+  int rc = mj_ctx_step(&c->ctx);
+  c->L = previous;
+  return lmj_push_run_result(L, c, rc);
+}
+
+/* core.backend_fd() -> the descriptor a host loop watches (mj_ctx_fd). */
+static int lmj_backend_fd(lua_State *L) {
+  lua_pushinteger(L, mj_ctx_fd(&lmj_ctx(L)->ctx));
+  return 1;
+}
+
+/* core.backend_timeout() -> milliseconds until core.step() is due even
+ * without the descriptor, or nil when only the descriptor can bring work. */
+static int lmj_backend_timeout(lua_State *L) {
+  int ms = mj_ctx_timeout(&lmj_ctx(L)->ctx);
+  if (ms < 0) lua_pushnil(L);
+  else lua_pushinteger(L, ms);
   return 1;
 }
 
@@ -185,6 +218,18 @@ static int lmj_child_path(lua_State *L) {
   else lua_pushlstring(L, info.dli_fname, (size_t) (slash - info.dli_fname));
   lua_pushliteral(L, "/moonjob-child");
   lua_concat(L, 2);
+  return 1;
+}
+
+/* core.realpath(path) -> the absolute path, symbolic links resolved | nil,
+ * err, code. Blocks (a synchronous libuv fs call). */
+static int lmj_realpath(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  uv_fs_t req;
+  int rc = uv_fs_realpath(NULL, &req, path, NULL);
+  if (rc == 0) lua_pushstring(L, req.ptr);
+  uv_fs_req_cleanup(&req);
+  if (rc != 0) return lmj_fail(L, rc);
   return 1;
 }
 
@@ -280,7 +325,8 @@ static void lmj_process_event_cb(mj_process_t *p, const mj_process_event_t *ev) 
       if (ev->usage) {
         lua_pushnumber(L, ev->usage->cpu_ms);
         lua_pushnumber(L, ev->usage->max_rss_kb);
-        nargs = 6;
+        lua_pushnumber(L, ev->usage->wall_ms);
+        nargs = 7;
       }
       break;
     case MJ_PROCESS_OUTPUT:
@@ -376,6 +422,7 @@ static int lmj_spawn(lua_State *L) {
   lua_pushvalue(L, -1);
   lp->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   int rc = mj_process_spawn(&c->ctx, &lp->p, &opts, lmj_process_event_cb);
+  mj_ctx_touch(&c->ctx);
   if (rc != 0) {
     if (lp->p.open_handles == 0) { /* no CLOSED event will come */
       lmj_unref(L, &lp->cb_ref);
@@ -400,6 +447,7 @@ static int lmj_process_send(lua_State *L) {
     parts[i] = uv_buf_init((char *) s, (unsigned) len);
   }
   int rc = mj_process_send(&lp->p, type, job, parts, n);
+  mj_ctx_touch(lp->p.ctx);
   if (rc < 0) return lmj_fail(L, rc);
   if (rc == MJ_SEND_QUEUED) lmj_keep_sent(L, lp, 4, 3 + (int) n);
   lua_pushboolean(L, 1);
@@ -419,6 +467,7 @@ static int lmj_signal_number(lua_State *L, int idx) {
 static int lmj_process_kill(lua_State *L) {
   lmj_process_t *lp = lmj_check_process(L, 1);
   int rc = mj_process_kill(&lp->p, lmj_signal_number(L, 2), lua_toboolean(L, 3));
+  mj_ctx_touch(lp->p.ctx);
   if (rc != 0) return lmj_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
@@ -436,6 +485,7 @@ static int lmj_process_set_max_frame(lua_State *L) {
 static int lmj_process_end_input(lua_State *L) {
   lmj_process_t *lp = lmj_check_process(L, 1);
   int rc = mj_process_end_input(&lp->p);
+  mj_ctx_touch(lp->p.ctx);
   if (rc != 0) return lmj_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
@@ -555,6 +605,7 @@ static int lmj_timer_start(lua_State *L) {
   double rep = lua_isnoneornil(L, 3) ? 0 : lmj_check_range(L, 3, 0, 1e15);
   uv_update_time(t->timer.loop);
   uv_timer_start(&t->timer, lmj_timer_cb, (uint64_t) ms, (uint64_t) rep);
+  mj_ctx_touch(&t->lctx->ctx);
   return 0;
 }
 
@@ -581,6 +632,7 @@ static int lmj_timer_close(lua_State *L) {
   if (t->cb_ref == LUA_NOREF) return 0;
   lmj_unref(L, &t->cb_ref);
   uv_close((uv_handle_t *) &t->timer, lmj_timer_close_cb);
+  mj_ctx_touch(&t->lctx->ctx);
   return 0;
 }
 
@@ -651,7 +703,9 @@ static int lmj_input_new(lua_State *L) {
 }
 
 static int lmj_input_resume(lua_State *L) {
-  int rc = mj_input_resume(&lmj_check_input(L, 1)->in);
+  lmj_input_t *li = lmj_check_input(L, 1);
+  int rc = mj_input_resume(&li->in);
+  mj_ctx_touch(&li->lctx->ctx);
   if (rc != 0) return lmj_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
@@ -676,6 +730,7 @@ static int lmj_input_close(lua_State *L) {
   if (li->line_ref == LUA_NOREF) return 0;
   lmj_unref(L, &li->line_ref); /* a callback running now keeps its function on the stack */
   lmj_unref(L, &li->end_ref);
+  mj_ctx_touch(&li->lctx->ctx);
   mj_input_free(&li->in);      /* may call lmj_input_freed_cb at once */
   return 0;
 }
@@ -728,6 +783,7 @@ static int lmj_output_write(lua_State *L) {
     rc = mj_output_append(out, s, len);
   }
   if (rc == 0) rc = mj_output_start(out);
+  mj_ctx_touch(out->ctx);
   if (rc != 0) return lmj_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
@@ -878,6 +934,7 @@ static int lmj_redis_new(lua_State *L) {
   lr->r.on_state = lmj_redis_state_cb;
   lr->r.on_freed = lmj_redis_freed_cb;
   int rc = mj_redis_open(&c->ctx, &lr->r, host, port, (uint64_t) timeout_ms, (size_t) max_reply);
+  mj_ctx_touch(&c->ctx);
   if (rc != 0) {
     free(lr);
     return lmj_fail(L, rc);
@@ -930,6 +987,7 @@ static int lmj_redis_send(lua_State *L, int persistent) {
   if (!bad) {
     int ref = lmj_ref_function(L, 3);
     rc = mj_redis_command(&lr->r, argc, argv, lens, ref, persistent);
+    mj_ctx_touch(&lr->lctx->ctx);
     if (rc != 0) luaL_unref(L, LUA_REGISTRYINDEX, ref);
   }
   if (argv != argv_stack) {
@@ -955,7 +1013,11 @@ static int lmj_redis_subscribe(lua_State *L) {
 /* conn:close(): commands in flight get (nil, "closed", "connection") now. */
 static int lmj_redis_close(lua_State *L) {
   lmj_redis_t *lr = lmj_open_redis(L, 1);
-  if (lr != NULL) mj_redis_close(&lr->r);
+  if (lr != NULL) {
+    mj_ctx_t *ctx = &lr->lctx->ctx; /* lr may be freed by the close */
+    mj_redis_close(&lr->r);
+    mj_ctx_touch(ctx);
+  }
   return 0;
 }
 
@@ -1069,8 +1131,10 @@ static void lmj_pin_module(void) {
 
 int luaopen_moonjob_core(lua_State *L) {
   static const luaL_Reg functions[] = {
-    {"run", lmj_run}, {"catch_sigint", lmj_catch_sigint}, {"hold_stop_signals", lmj_hold_stop_signals}, {"running", lmj_running}, {"hrtime", lmj_hrtime}, {"cpu_count", lmj_cpu_count},
-    {"getpid", lmj_getpid}, {"isatty", lmj_isatty}, {"child_path", lmj_child_path}, {"spawn", lmj_spawn},
+    {"run", lmj_run}, {"step", lmj_step}, {"backend_fd", lmj_backend_fd},
+    {"backend_timeout", lmj_backend_timeout}, {"catch_sigint", lmj_catch_sigint}, {"hold_stop_signals", lmj_hold_stop_signals}, {"running", lmj_running}, {"hrtime", lmj_hrtime}, {"cpu_count", lmj_cpu_count},
+    {"getpid", lmj_getpid}, {"isatty", lmj_isatty}, {"child_path", lmj_child_path}, {"realpath", lmj_realpath},
+    {"spawn", lmj_spawn},
     {"timer", lmj_timer_new}, {"input", lmj_input_new}, {"open", lmj_open}, {"output", lmj_output_new},
     {"redis", lmj_redis_new},
     {NULL, NULL}};

@@ -10,6 +10,15 @@
  * whole life (mj_ctx_hold_stop_signals: the command line, which then ends its
  * children and exits with 128 + the signal).
  *
+ * A host loop (luv, cqueues, ...) can drive the loop instead: it watches
+ * libuv's backend descriptor (mj_ctx_fd), runs what is ready when it is
+ * readable (mj_ctx_step, never waiting) and also when mj_ctx_timeout's
+ * milliseconds have passed (libuv's timers make no descriptor readable).
+ * libuv registers a descriptor to watch, and takes a new timer into account,
+ * only at its next run; so once a host watches, any change made outside the
+ * loop's callbacks makes the descriptor readable (mj_ctx_touch, through the
+ * wake-up handle), and the host's next step brings the kernel's set up to date.
+ *
  * Caveat: a signal handler has no argument to carry a context, so the context
  * being run interruptibly is kept in one static pointer; nested interruptible
  * runs cannot happen because runs do not nest.
@@ -41,7 +50,8 @@ static void mj_wakeup_cb(uv_async_t *handle) {
   if (ctx->interrupted) uv_stop(&ctx->loop);
 }
 
-/* Initialises the loop and its wake-up handle. Returns 0 or a UV_E... code. */
+static int run_ready(mj_ctx_t *ctx);
+
 /* Frames staged during the loop's callbacks (process.c) are written before
  * the loop waits for events, and as soon as it has handled them. */
 static void mj_flush_before_cb(uv_prepare_t *h) {
@@ -52,6 +62,7 @@ static void mj_flush_after_cb(uv_check_t *h) {
   mj__process_flush_all(h->data);
 }
 
+/* Initialises the loop and its wake-up handle. Returns 0 or a UV_E... code. */
 int mj_ctx_init(mj_ctx_t *ctx) {
   memset(ctx, 0, sizeof *ctx);
   int rc = uv_loop_init(&ctx->loop);
@@ -70,6 +81,7 @@ int mj_ctx_init(mj_ctx_t *ctx) {
   uv_check_start(&ctx->flush_after, mj_flush_after_cb);
   uv_unref((uv_handle_t *) &ctx->flush_before);
   uv_unref((uv_handle_t *) &ctx->flush_after);
+  run_ready(ctx); /* registers the wake-up's descriptor: a host's poll set sees it from now on */
   return 0;
 }
 
@@ -143,6 +155,55 @@ int mj_ctx_run(mj_ctx_t *ctx, uv_run_mode mode) {
     return MJ_EINTERRUPTED;
   }
   return uv_loop_alive(&ctx->loop);
+}
+
+/* ------------------------------------------------ driven by a host loop --- */
+
+/* Runs what is ready, without waiting, with the wake-up handle counted as
+ * alive: a wake-up or a signal may be all that made the descriptor readable,
+ * and uv_run does nothing at all on a loop with nothing alive. */
+static int run_ready(mj_ctx_t *ctx) {
+  uv_ref((uv_handle_t *) &ctx->wakeup);
+  int rc = mj_ctx_run(ctx, UV_RUN_NOWAIT);
+  uv_unref((uv_handle_t *) &ctx->wakeup);
+  return rc;
+}
+
+/* The descriptor a host loop watches for reading: libuv's backend (epoll),
+ * readable when the loop has events to handle. From now on a change made
+ * outside the loop's callbacks makes it readable too (mj_ctx_touch); this
+ * first call does so at once, for the changes made so far. */
+int mj_ctx_fd(mj_ctx_t *ctx) {
+  ctx->embedded = 1;
+  mj_ctx_touch(ctx);
+  return uv_backend_fd(&ctx->loop);
+}
+
+/* Runs what is ready and returns at once. Returns 1 while the loop has
+ * something to watch (children, timers, connections), 0 when it has
+ * nothing, MJ_EREENTERED inside a callback of the loop, MJ_EINTERRUPTED when
+ * a held stop signal came (mj_ctx_run). */
+int mj_ctx_step(mj_ctx_t *ctx) {
+  if (ctx->running) return MJ_EREENTERED;
+  int rc = run_ready(ctx);
+  if (rc < 0) return rc;
+  return uv_loop_alive(&ctx->loop);
+}
+
+/* Milliseconds until the loop must run even if its descriptor stays quiet
+ * (its next timer; 0: at once, for example a descriptor not registered yet),
+ * or -1 when only the descriptor can bring it work (or it has none). */
+int mj_ctx_timeout(mj_ctx_t *ctx) {
+  if (!uv_loop_alive(&ctx->loop)) return -1; /* uv_backend_timeout says 0 then */
+  uv_update_time(&ctx->loop);                /* timers count from the loop's cached time */
+  return uv_backend_timeout(&ctx->loop);
+}
+
+/* Something changed outside the loop's callbacks (a timer started, a write
+ * queued, a child spawned): a host that watches the descriptor is told to
+ * step. A no-op unless a host watches, or while the loop runs. */
+void mj_ctx_touch(mj_ctx_t *ctx) {
+  if (ctx->embedded && !ctx->running) uv_async_send(&ctx->wakeup);
 }
 
 /* Handles left after processes and inputs were closed (timers, whose memory

@@ -55,6 +55,7 @@ typedef struct mj_ctx_s {
   volatile sig_atomic_t interrupted;   /* the stop signal caught, 0 for none */
   int stop_signal;                     /* the signal that stopped the last run */
   int running;                         /* inside uv_run: the loop is not reentrant */
+  int embedded;                        /* a host loop watches the backend fd (mj_ctx_fd) */
   int ncaught;                         /* stop signals caught now: 1 during a wait, all
                                           once held (mj_ctx_hold_stop_signals) */
   struct sigaction previous[MJ_NSTOP_SIGNALS]; /* their handlers before, put back after */
@@ -73,6 +74,10 @@ int mj_ctx_run(mj_ctx_t *ctx, uv_run_mode mode);
 void mj_ctx_catch_sigint(mj_ctx_t *ctx, int on);
 int mj_ctx_hold_stop_signals(mj_ctx_t *ctx);
 int mj_ctx_close(mj_ctx_t *ctx);
+int mj_ctx_fd(mj_ctx_t *ctx);
+int mj_ctx_step(mj_ctx_t *ctx);
+int mj_ctx_timeout(mj_ctx_t *ctx);
+void mj_ctx_touch(mj_ctx_t *ctx);
 
 /* --------------------------------------------------------- process.c --- */
 

@@ -25,4 +25,57 @@ function M.wrap(t)
   return setmetatable(t, Error)
 end
 
+---------------------------------------------------------- interrupted ---
+
+-- What a blocking call (wait, run, map, drain, close) raises when a stop
+-- signal interrupts it: { code = "EINTERRUPTED", message, signal }, whose
+-- tostring is the message alone, "interrupted (Ctrl-C); ...", so that code
+-- testing tostring(err):find("^interrupted") keeps working.
+--
+-- In the LuaJIT REPL it prints as that one line. LuaJIT's REPL (luajit.c)
+-- turns any error, a table with __tostring included, into its message plus a
+-- stack traceback, except an error whose __tostring gives no string: that one
+-- it prints not at all. So when __tostring is called by the REPL's own
+-- message handler (a C function called for a raise by `error`, with the
+-- REPL's line, the main chunk of "=stdin", at the bottom of the stack and no
+-- pcall in between), it writes the line to stderr itself and gives nil.
+-- Everywhere else (tostring, print, string.format, busted) it gives the message.
+local Interrupted = {}
+Interrupted.__index = Interrupted
+
+local SIGNAL_NAMES = { [1] = "SIGHUP", [2] = "Ctrl-C", [15] = "SIGTERM" }
+
+-- True when the caller of __tostring (stack level 3 from here) is the
+-- message handler of luajit.c's REPL (see above).
+local function called_by_repl_handler()
+  local handler, raiser = debug.getinfo(3, "Sf"), debug.getinfo(4, "f")
+  if not (handler and raiser) or handler.what ~= "C" or raiser.func ~= error then return false end
+  local level = 5
+  while true do
+    local info = debug.getinfo(level, "Sf")
+    if not info then return false end
+    if info.func == pcall or info.func == xpcall then return false end
+    if info.what == "main" then
+      return info.source == "=stdin" and debug.getinfo(level + 2, "S") == nil
+    end
+    level = level + 1
+  end
+end
+
+function Interrupted.__tostring(e)
+  if called_by_repl_handler() then
+    io.stderr:write(e.message, "\n")
+    return nil
+  end
+  return e.message
+end
+
+-- errors.interrupted(signum) -> the error of a blocking call stopped by
+-- signal signum (2: Ctrl-C).
+function M.interrupted(signum)
+  local message = ("interrupted (%s); jobs keep running and the pool stays usable")
+    :format(SIGNAL_NAMES[signum] or ("signal " .. tostring(signum)))
+  return setmetatable({ code = "EINTERRUPTED", message = message, signal = signum }, Interrupted)
+end
+
 return M

@@ -11,10 +11,11 @@
 local Pool = require "moonjob.pool"
 local Router = require "moonjob.router"
 local errors = require "moonjob.errors"
+local loop = require "moonjob.loop"
 
 local M = {
   _VERSION = "moonjob scm",
-  errors = errors,
+  errors = errors, -- errors.new(code, message [, fields]): errors that print as "CODE: message"
 }
 
 -- moonjob.pool(processor_file [, opts]) -> pool | nil, err
@@ -30,5 +31,12 @@ end
 function M.queue(url, name, opts)
   return require("moonjob.redis.queue").new(url, name, opts)
 end
+
+-- Inside another event loop (luv, cqueues, ...): watch moonjob.fd() for
+-- reading; call moonjob.step() when it is readable and when
+-- moonjob.timeout() milliseconds have passed (nil: no timer), then read
+-- moonjob.timeout() again. step() never waits; it returns false once moonjob
+-- has nothing left to watch. See moonjob.loop.
+M.fd, M.step, M.timeout = loop.fd, loop.step, loop.timeout
 
 return M

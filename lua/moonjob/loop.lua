@@ -2,10 +2,17 @@
 --
 -- One libuv loop serves every pool of the program (moonjob.core keeps it in
 -- the Lua registry). Blocking calls (job:wait, pool:run, pool:drain, ...) run
--- it with wait_until; Ctrl-C during such a call raises "interrupted" and leaves
--- every pool usable. defer() runs a function on a later loop turn, so results
--- known at once (a job refused by add) still arrive asynchronously.
+-- it with wait_until; Ctrl-C during such a call raises an "interrupted" error
+-- (moonjob.errors.interrupted) and leaves every pool usable. defer() runs a
+-- function on a later loop turn, so results known at once (a job refused by
+-- add) still arrive asynchronously.
+--
+-- A program with an event loop of its own (luv, cqueues, ...) drives this one
+-- instead: it watches fd() for reading and calls step() when it is readable
+-- and when timeout() milliseconds have passed (see the README, "Inside
+-- another event loop"). Blocking calls still work then, and block that loop.
 local core = require "moonjob.core"
+local errors = require "moonjob.errors"
 
 local M = {}
 
@@ -32,7 +39,7 @@ local function wait(done)
     local alive, err, signum = core.run("once")
     if err == "interrupted" then
       M.signal = signum
-      error("interrupted (Ctrl-C); jobs keep running and the pool stays usable", 0)
+      error(errors.interrupted(signum), 0)
     elseif err == "reentered" then
       error("cannot wait inside a moonjob event callback; use pool:on() events there", 0)
     elseif not alive and not done() then
@@ -42,8 +49,9 @@ local function wait(done)
 end
 
 -- loop.wait_until(done): runs the loop until done() is true. Raises
--- "interrupted" on Ctrl-C (or on SIGTERM and SIGHUP in a program that holds
--- them, core.hold_stop_signals; loop.signal is then the signal's number), and
+-- errors.interrupted(signum) on Ctrl-C (or on SIGTERM and SIGHUP in a program
+-- that holds them, core.hold_stop_signals; loop.signal is then the signal's
+-- number), and
 -- a clear error when called from inside a moonjob callback (the loop cannot
 -- run inside itself).
 function M.wait_until(done)
@@ -52,6 +60,37 @@ function M.wait_until(done)
   local ok, err = pcall(wait, done)
   core.catch_sigint(false)
   if not ok then error(err, 0) end
+end
+
+------------------------------------------------- inside another loop ---
+
+-- loop.fd() -> the descriptor a host loop watches for reading (libuv's
+-- backend, epoll). From the first call on, anything moonjob is asked to do
+-- from outside its own callbacks also makes it readable.
+function M.fd()
+  return core.backend_fd()
+end
+
+-- loop.step() -> true while moonjob has something to watch (a pool open, a
+-- timer), false once it has nothing. Runs what is ready and returns at once.
+-- Raises inside a moonjob callback (as blocking calls do), and on a stop
+-- signal of a program that holds them (core.hold_stop_signals).
+function M.step()
+  local alive, err, signum = core.step()
+  if err == "interrupted" then
+    M.signal = signum
+    error(errors.interrupted(signum), 0)
+  elseif err == "reentered" then
+    error("moonjob.step() cannot run inside a moonjob event callback; it runs them", 2)
+  end
+  return alive
+end
+
+-- loop.timeout() -> milliseconds until step() is due even if fd() stays
+-- quiet (0: now), or nil when only fd() can bring it work. Read it again
+-- after each step().
+function M.timeout()
+  return core.backend_timeout()
 end
 
 -- loop.now() -> milliseconds from an arbitrary origin, sub-millisecond

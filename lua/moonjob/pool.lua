@@ -44,6 +44,15 @@ local next_seq = 0 -- job numbers are unique across the pools of a program
 
 -------------------------------------------------------------- creation ---
 
+-- The processor file's directory, absolute with symbolic links resolved
+-- (the processor's `...` and job.dir, runner.lua): found here, once, so that
+-- it names the same directory whatever the working directory of later
+-- children. nil when it cannot be resolved (the child then uses the path's own).
+local function processor_dir(processor)
+  local path = core.realpath(processor)
+  return path and (path:match("^(.*)/[^/]*$") or ""):gsub("^$", "/") or nil
+end
+
 -- Pool.new(processor, opts) -> pool | nil, err. See README for the options.
 function Pool.new(processor, opts)
   if type(processor) ~= "string" then
@@ -97,7 +106,7 @@ function Pool.new(processor, opts)
   self.min_size = math.min(self.min_size, self.size)
   self.init_bytes = buffer.encode({
     processor = processor, codec = self.codec, max_payload = self.max_payload,
-    jit = opts.jit ~= false, memory_limit = opts.memory_limit,
+    jit = opts.jit ~= false, memory_limit = opts.memory_limit, dir = processor_dir(processor),
   })
   self:_start_sweeper()
   self:_ensure_workers()
@@ -348,9 +357,14 @@ function Pool:close(opts)
   return true
 end
 
+-- "1 child", "2 children"
+local function children(n)
+  return n == 1 and "1 child" or (n .. " children")
+end
+
 function Pool:__tostring()
-  return ("<moonjob.pool %s: %d children, %d waiting, %d active%s>"):format(
-    self.processor, self.nworkers, self.source:count() + self.nqueued, self.nactive,
+  return ("<moonjob.pool %s: %s, %d waiting, %d active%s>"):format(
+    self.processor, children(self.nworkers), self.source:count() + self.nqueued, self.nactive,
     self.closing and ", closed" or "")
 end
 

@@ -92,11 +92,21 @@ function Router:drain()
   end)
 end
 
--- router:stats() -> { [name] = pool stats }
+-- Router stats print one line per name, in name order: "name: <the pool's
+-- stats line>".
+local function format_stats(all)
+  local names = {}
+  for name in pairs(all) do names[#names + 1] = name end
+  table.sort(names)
+  for i, name in ipairs(names) do names[i] = name .. ": " .. tostring(all[name]) end
+  return table.concat(names, "\n")
+end
+
+-- router:stats() -> { [name] = pool stats }, printing one line per name
 function Router:stats()
   local all = {}
   for name, pool in pairs(self.pools) do all[name] = pool:stats() end
-  return all
+  return setmetatable(all, { __tostring = format_stats })
 end
 
 function Router:cancel_all(reason)

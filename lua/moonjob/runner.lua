@@ -114,12 +114,13 @@ local function add_to_package_path(file)
 end
 
 -- Loads the processor file and runs its init(). Returns the job function, or
--- nil and an error table.
-local function load_processor(file)
+-- nil and an error table. The file's top level gets its directory and its
+-- path as `...` (see main), so that it can open the files beside it.
+local function load_processor(file, dir)
   add_to_package_path(file)
   local chunk, message = loadfile(file)
   if not chunk then return nil, { code = "ELOAD", message = message } end
-  local ok, result = xpcall(chunk, handler)
+  local ok, result = xpcall(chunk, handler, dir, file)
   if not ok then return nil, to_error(type(result) == "table" and result.value or result,
     type(result) == "table" and result.traceback or nil, "ELOAD") end
   local exported = result
@@ -501,7 +502,12 @@ function M.main()
   if not read_init() then return 0 end
   local err
   channel.strict(true)
-  processor, err = load_processor(options.processor)
+  -- the processor's directory: absolute, symbolic links resolved, from the
+  -- parent (else the path's own), for its top level (`...`) and every job
+  -- (job.dir): the files that ship beside it, from any working directory
+  local dir = options.dir or options.processor:match("^(.*)/[^/]*$") or "."
+  Job.dir = dir
+  processor, err = load_processor(options.processor, dir)
   channel.strict(false)
   if not processor and err.message == "not enough memory" then
     err.message = ("the processor needed more than memory_limit (%d bytes) to load")

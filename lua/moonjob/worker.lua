@@ -54,7 +54,7 @@ function Worker.spawn(pool)
     args = pool.child_args,
     env = pool.child_env,
     max_frame = Worker.max_frame(pool),
-    on_event = function(kind, a, b, c, d, e) return w:on_event(kind, a, b, c, d, e) end,
+    on_event = function(kind, a, b, c, d, e, f) return w:on_event(kind, a, b, c, d, e, f) end,
   })
   if not process then return nil, err end
   w.process = process -- w.pid comes with the "spawned" event
@@ -260,8 +260,11 @@ function Worker:end_job()
   return job
 end
 
-local function record_usage(job, cpu_ms, max_rss_kb)
-  job.cpu_ms, job.max_rss_kb = cpu_ms, max_rss_kb
+-- What the child measured of the job: its run time (job.ms, which the
+-- pool keeps; the parent's own clock would count the time its loop was not
+-- run, a REPL at its prompt), CPU time and peak RSS.
+local function record_usage(job, cpu_ms, max_rss_kb, ms)
+  job.cpu_ms, job.max_rss_kb, job.ms = cpu_ms, max_rss_kb, ms
 end
 
 local on_frame = {}
@@ -277,17 +280,17 @@ on_frame[frame.LOADERR] = function(w, _, payload)
   w.pool:on_worker_load_error(w, decode_error(payload))
 end
 
-on_frame[frame.DONE] = function(w, seq, payload, cpu_ms, max_rss_kb)
+on_frame[frame.DONE] = function(w, seq, payload, cpu_ms, max_rss_kb, ms)
   if not w:current(seq) then return end
   local job = w:end_job()
-  record_usage(job, cpu_ms, max_rss_kb)
+  record_usage(job, cpu_ms, max_rss_kb, ms)
   w.pool:on_worker_done(w, job, payload)
 end
 
-on_frame[frame.FAIL] = function(w, seq, payload, cpu_ms, max_rss_kb)
+on_frame[frame.FAIL] = function(w, seq, payload, cpu_ms, max_rss_kb, ms)
   if not w:current(seq) then return end
   local job = w:end_job()
-  record_usage(job, cpu_ms, max_rss_kb)
+  record_usage(job, cpu_ms, max_rss_kb, ms)
   w.pool:on_worker_failed(w, job, decode_error(payload))
 end
 
@@ -331,9 +334,9 @@ end
 
 local on_event = {
   spawned = function(w, pid) w.pid = pid end,
-  frame = function(w, kind, seq, payload, cpu_ms, max_rss_kb)
+  frame = function(w, kind, seq, payload, cpu_ms, max_rss_kb, ms)
     local handler = on_frame[kind]
-    if handler then handler(w, seq, payload, cpu_ms, max_rss_kb) end
+    if handler then handler(w, seq, payload, cpu_ms, max_rss_kb, ms) end
   end,
   stdout = function(w, chunk) w:on_output("stdout", chunk) end,
   stderr = function(w, chunk) w:on_output("stderr", chunk) end,
@@ -371,8 +374,8 @@ local on_event = {
   closed = function() end,
 }
 
-function Worker:on_event(kind, a, b, c, d, e)
-  return on_event[kind](self, a, b, c, d, e)
+function Worker:on_event(kind, a, b, c, d, e, f)
+  return on_event[kind](self, a, b, c, d, e, f)
 end
 
 return Worker

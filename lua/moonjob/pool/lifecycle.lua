@@ -78,11 +78,18 @@ end
 function Pool:_leave(job)
   if job.state == "active" then
     self.nactive = self.nactive - 1
-    if job.started then self:_sample_run(loop.now() - job.started) end
+    if job.started then self:_sample_run(self:_run_ms(job)) end
   end
   self:_unqueue(job)
   job.state, job.worker = "left", nil
   if self.listeners.drained and self:_idle() then self:_emit("drained") end
+end
+
+-- How long the job's attempt ran: as its child measured it (job.ms, set when
+-- its ending frame came), else, for an attempt that ended without one (a
+-- crash, a kill), from its start to now on the parent's clock.
+function Pool:_run_ms(job)
+  return job.ms or (loop.now() - job.started)
 end
 
 -- A job with a key (id or dedupe) leaves the in-flight map when it ends; a
@@ -112,7 +119,7 @@ function Pool:_finish(job, state)
   self:_unqueue(job)
   job.state, job.worker = state, nil
   self:_release_key(job, state)
-  if job.started then job.ms = loop.now() - job.started end
+  if job.started then job.ms = self:_run_ms(job) end
   if was_active then
     self.nactive = self.nactive - 1
     self:_sample_run(job.ms)

@@ -80,6 +80,7 @@ function Pool:_job_started(w, job)
   self:_unqueue(job)
   local now = loop.now()
   job.state, job.pid, job.started = "active", w.pid, now
+  job.ms = nil -- this attempt's run time comes with its end (the child's measure)
   self:_sample_wait(now - (job.run_at or job.added))
   w.dispatched_at, w.acked = now, false
   self.nactive = self.nactive + 1

@@ -20,7 +20,7 @@
 --   pool:on_worker_done(w, job, result_bytes)
 --       DONE: job completed; result_bytes are the encoded result (a string or
 --       a list of pieces). The worker has ended the job first (w.job is the
---       next job it holds, or nil; job.cpu_ms and job.max_rss_kb are set).
+--       next job it holds, or nil; job.ms, job.cpu_ms and job.max_rss_kb are set).
 --   pool:on_worker_failed(w, job, err)
 --       FAIL: the job's attempt failed with err (a moonjob.errors table);
 --       ended first as for DONE. It may be retried; ENOMEM recycles the child.
