@@ -39,4 +39,8 @@ end
 -- has nothing left to watch. See moonjob.loop.
 M.fd, M.step, M.timeout = loop.fd, loop.step, loop.timeout
 
+-- moonjob.now() -> milliseconds on moonjob's monotonic clock (an arbitrary
+-- origin), the clock of job.started.
+M.now = loop.now
+
 return M
