@@ -143,13 +143,31 @@ static int make_room(mj_input_t *in) {
   return mj__grow(&in->buf, &in->cap, in->len + MJ_INPUT_CHUNK, MJ_INPUT_CHUNK);
 }
 
+/* A UTF-8 byte order mark at the very start of the input is not part of its
+ * first line (some Windows editors write one): it is dropped. Returns 0 while
+ * the input's first bytes may still be one (fewer than three, all its own). */
+static int skip_bom(mj_input_t *in) {
+  static const char bom[3] = {'\xEF', '\xBB', '\xBF'};
+  size_t n = in->len < 3 ? in->len : 3;
+  if (in->bom_checked) return 1;
+  if (memcmp(in->buf, bom, n) != 0) {
+    in->bom_checked = 1;
+    return 1;
+  }
+  if (n < 3) return 0;
+  memmove(in->buf, in->buf + 3, in->len - 3);
+  in->len -= 3;
+  in->bom_checked = 1;
+  return 1;
+}
+
 /* Bytes arrived (n > 0), the end (n == 0), or an error (n < 0). */
 static void on_bytes(mj_input_t *in, ssize_t n) {
   if (in->closing) return;
   if (n < 0) return finish(in, (int) n);
   if (n == 0) return finish(in, 0);
   in->len += (size_t) n;
-  deliver_lines(in);
+  if (skip_bom(in)) deliver_lines(in);
 }
 
 /* --- regular files: one filesystem request at a time --- */

@@ -20,6 +20,13 @@
 -- the only ways to write a number cjson would change (a big integer, an
 -- overflow, an underflow).
 --
+-- Text is UTF-8 both ways (RFC 8259): decode() refuses a text that is not
+-- (an invalid byte, an overlong form, a surrogate, past U+10FFFF), and
+-- encode() a string that is not, so that what moonjob writes is always valid
+-- JSON; bytes that are not text go as base64 or hex. Both nest at most
+-- MAX_DEPTH (1000) arrays and objects, and say so in the same words
+-- (json.too_deep).
+--
 -- Caveats: JSON null decodes to cjson.null (a lightuserdata) inside arrays and
 -- objects, and encodes back as null. NaN and infinities cannot be written.
 -- A table is an array when its keys are exactly 1..n; an empty table is `{}`
@@ -31,10 +38,53 @@ local ffi = require "ffi"
 local M = {}
 M.null = cjson.null
 M.array_mt = { __name = "moonjob.json.array" }
+M.MAX_DEPTH = 1000
+
+-- The one wording of a nesting limit, here and for string.buffer's (moonjob.pool, runner).
+function M.too_deep(limit)
+  return ("nested deeper than %d levels"):format(limit)
+end
+local TOO_DEEP = M.too_deep(M.MAX_DEPTH)
 
 local decode_safe = cjson.new()
-decode_safe.decode_max_depth(1000)
+decode_safe.decode_max_depth(M.MAX_DEPTH)
 decode_safe.decode_invalid_numbers(false) -- NaN, Infinity, hex: not JSON
+
+------------------------------------------------------------------ UTF-8 ---
+
+local find, byte = string.find, string.byte
+local NON_ASCII = "[\128-\255]"
+
+-- The bytes a lead byte `c` takes after it, and the range of the first of
+-- them (RFC 3629's table: no overlong forms, no surrogates, nothing past
+-- U+10FFFF); nil for a byte that cannot start a character.
+local function utf8_sequence(c)
+  if c >= 0xC2 and c <= 0xDF then return 1, 0x80, 0xBF end
+  if c == 0xE0 then return 2, 0xA0, 0xBF end
+  if c == 0xED then return 2, 0x80, 0x9F end
+  if c >= 0xE1 and c <= 0xEF then return 2, 0x80, 0xBF end
+  if c == 0xF0 then return 3, 0x90, 0xBF end
+  if c == 0xF4 then return 3, 0x80, 0x8F end
+  if c >= 0xF1 and c <= 0xF3 then return 3, 0x80, 0xBF end
+end
+
+-- Where string s stops being UTF-8 (a byte position), or nil when it is.
+-- Runs of ASCII are skipped by string.find, at C speed.
+local function utf8_error_at(s)
+  local i = find(s, NON_ASCII)
+  while i do
+    local n, low, high = utf8_sequence(byte(s, i))
+    if not n then return i end
+    local c = byte(s, i + 1)
+    if not c or c < low or c > high then return i end
+    for k = 2, n do
+      c = byte(s, i + k)
+      if not c or c < 0x80 or c > 0xBF then return i end
+    end
+    i = find(s, NON_ASCII, i + n + 1)
+  end
+end
+M.utf8_error_at = utf8_error_at
 
 -------------------------------------------------------------- encoding ---
 
@@ -80,8 +130,8 @@ end
 
 local write_value
 
-local function write_table(out, t, depth)
-  if depth > 1000 then error("cannot write JSON nested deeper than 1000", 0) end
+local function write_table(out, t, depth) -- depth: the tables around t
+  if depth >= M.MAX_DEPTH then error("cannot write JSON " .. TOO_DEEP, 0) end
   local n = array_length(t)
   if n and (n > 0 or getmetatable(t) == M.array_mt) then
     out:put("[")
@@ -110,6 +160,11 @@ end
 write_value = function(out, v, depth)
   local t = type(v)
   if t == "string" then
+    local bad = find(v, NON_ASCII) and utf8_error_at(v)
+    if bad then
+      error(("cannot write a string that is not UTF-8 (byte %d) in JSON; send bytes as base64 or hex")
+        :format(bad), 0)
+    end
     out:put('"', (v:gsub('[%c"\\]', escapes)), '"')
   elseif t == "number" then
     out:put(number_text(v))
@@ -284,9 +339,9 @@ function parse_number(s, i)
   return v, j
 end
 
-parse_value = function(s, i, depth)
-  if depth > 1000 then fail_at(s, i, "nested too deep") end
+parse_value = function(s, i, depth) -- depth: the arrays and objects around it
   local c = s:sub(i, i)
+  if depth >= M.MAX_DEPTH and (c == "{" or c == "[") then fail_at(s, i, TOO_DEEP) end
   if c == "{" then return parse_object(s, i, depth) end
   if c == "[" then return parse_array(s, i, depth) end
   if c == '"' then return parse_string(s, i) end
@@ -313,9 +368,15 @@ end
 
 -- json.decode(text) -> value | nil, message
 function M.decode(text)
+  local bad = find(text, NON_ASCII) and utf8_error_at(text)
+  if bad then return nil, ("invalid UTF-8 at byte %d (JSON text is UTF-8)"):format(bad) end
   local decode = needs_lua_decoder(text) and lua_decode or decode_safe.decode
   local ok, value = pcall(decode, text)
-  if not ok then return nil, (tostring(value):gsub("^Expected", "expected")) end
+  if not ok then
+    local message = tostring(value):gsub("^Expected", "expected")
+      :gsub("^Found too many nested data structures %(%d+%)", TOO_DEEP) -- cjson's words, made ours
+    return nil, message
+  end
   if value == cjson.null then value = nil end
   return value
 end

@@ -50,11 +50,37 @@ function M.completed(line, result_json, attempts, ms)
   return M.put_completed(scratch:reset(), line, result_json, attempts, ms):tostring()
 end
 
+-- The fields of an error besides its code and message that go in its line,
+-- sorted by name: the processor's own (error({ code = "EBADSKU", sku = "A-1" })),
+-- and moonjob's (ECRASH's pid and signal, ETIMEDOUT's killed). The traceback
+-- stays out of the line; a value JSON cannot hold (a NaN, a table mixing
+-- keys) is written as a string that says so.
+local NOT_IN_LINE = { code = true, message = true, traceback = true }
+
+local function put_error_fields(out, err)
+  local names = nil
+  for name in pairs(err) do
+    if type(name) == "string" and not NOT_IN_LINE[name] then
+      names = names or {}
+      names[#names + 1] = name
+    end
+  end
+  if not names then return end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    local value, why = json.encode(err[name])
+    out:put(",", assert(json.encode(name)), ":",
+      value or assert(json.encode("[cannot be written as JSON: " .. tostring(why) .. "]")))
+  end
+end
+
 -- Appends to string.buffer `out` the line of a job that failed with err (a
--- table with code and message).
+-- table with code and message, and maybe fields of its own).
 function M.put_failed(out, line, err, attempts, ms)
   out:put('{"line":', line, ',"status":"failed","error":{"code":', assert(json.encode(tostring(err.code))),
-    ',"message":', assert(json.encode(tostring(err.message))), '},"attempts":', attempts, ',"ms":')
+    ',"message":', assert(json.encode(tostring(err.message))))
+  put_error_fields(out, err)
+  out:put('},"attempts":', attempts, ',"ms":')
   return put_ms(out, ms):put("}\n")
 end
 

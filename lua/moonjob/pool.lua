@@ -29,6 +29,7 @@ local buffer = require "string.buffer"
 local core = require "moonjob.core"
 local errors = require "moonjob.errors"
 local Job = require "moonjob.job"
+local json = require "moonjob.json"
 local loop = require "moonjob.loop"
 local Cache = require "moonjob.cache"
 local Options = require "moonjob.pool.options"
@@ -191,7 +192,10 @@ local function encode_data(self, data)
     return data
   end
   local ok, bytes = pcall(buffer.encode, data)
-  if not ok then return nil, "the job data cannot be serialised: " .. tostring(bytes) end
+  if not ok then
+    return nil, "the job data cannot be serialised: "
+      .. tostring(bytes):gsub("^too deep to serialize$", json.too_deep(100)) -- LuaJIT's limit
+  end
   return bytes
 end
 

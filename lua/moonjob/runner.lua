@@ -180,15 +180,18 @@ end
 -- The EINPUT error of JSON text that did not decode (json.decode's message).
 local function input_error(err)
   local what = err:find("^number ") and "input cannot cross exactly: " or "input is not valid JSON: "
-  return errors.new("EINPUT", what .. err, { retry = false })
+  return errors.new("EINPUT", what .. err) -- (EINPUT is never retried: lifecycle.lua's FINAL)
 end
+
+-- string.buffer's limit, in the words of moonjob.json's (LuaJIT's own: "too deep to serialize")
+local BUFFER_TOO_DEEP = require("moonjob.json").too_deep(100)
 
 -- The EPAYLOAD error of a result that could not be encoded (why) or is over
 -- max_payload; nil when `bytes` may go.
 local function result_problem(bytes, why)
   if not bytes then
-    return { code = "EPAYLOAD", message = "the result cannot be encoded: "
-      .. tostring(why):gsub("^.-:%d+: ", "") }
+    local text = tostring(why):gsub("^.-:%d+: ", ""):gsub("^too deep to serialize$", BUFFER_TOO_DEEP)
+    return { code = "EPAYLOAD", message = "the result cannot be encoded: " .. text }
   end
   if #bytes > options.max_payload then
     return { code = "EPAYLOAD", message = ("the result is %d bytes, more than max_payload (%d); "
