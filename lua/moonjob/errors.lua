@@ -41,7 +41,6 @@ end
 -- pcall in between), it writes the line to stderr itself and gives nil.
 -- Everywhere else (tostring, print, string.format, busted) it gives the message.
 local Interrupted = {}
-Interrupted.__index = Interrupted
 
 local SIGNAL_NAMES = { [1] = "SIGHUP", [2] = "Ctrl-C", [15] = "SIGTERM" }
 
