@@ -372,16 +372,18 @@ describe("a batch of lines in a pool (pool:add's internal `lines` option)", func
     pool:close()
   end)
 
-  it("holds its output to max_log_bytes times its lines, not to max_log_bytes alone", function()
+  it("ends after a line that printed, so that what it printed is that line's, held to max_log_bytes", function()
     local pool = h.pool("prints_lines.lua", { size = 1, codec = "json", max_log_bytes = 1000 })
-    local job = add_batch(pool, 1, copies(20, '{"pad":500}')) -- 10 KB for the batch, 500 bytes a line
-    assert(job:wait())
+    local job = add_batch(pool, 1, copies(20, '{"pad":500}'))
+    local run, completed = batches.parse_done(assert(job:wait()))
+    assert.same({ 1, 1 }, { run, completed }) -- the 19 lines after it go back (the CLI sends them again)
+    assert.equal(1, #job.logs)
+    assert.matches(" line 1$", job.logs[1])
     assert.is_nil(job.dropped_log_bytes)
-    assert.equal(20, #job.logs)
-    for i = 1, 20 do assert.matches(" line " .. i .. "$", job.logs[i]) end
-    -- past lines x max_log_bytes (2 lines of 1,500 bytes: 3,000 > 2,000) output is dropped
+    -- the line's output past max_log_bytes is dropped, as a single job's
     job = add_batch(pool, 21, copies(2, '{"pad":1500}'))
-    assert(job:wait())
+    run = batches.parse_done(assert(job:wait()))
+    assert.equal(1, run)
     assert.is_true(job.dropped_log_bytes > 0)
     pool:close()
   end)

@@ -255,7 +255,9 @@ describe("moonjob run's echoed lines", function()
     for line in text:gmatch("[^\n]*\n") do
       if line:match('^{"line":%d+,"status":"completed","result":%d+,"attempts":1,"ms":[%d.e-]+}\n$') then
         results = results + 1
-      elseif line:match("^%[job %d+%] squaring %d+\n$") then
+      elseif line:match("^%[line (%d+)%] squaring (%d+)\n$") then
+        local tag, x = line:match("^%[line (%d+)%] squaring (%d+)\n$")
+        assert.equal(tag, x) -- line i squares i
         echoed = echoed + 1
       else
         broken[#broken + 1] = line

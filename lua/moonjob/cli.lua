@@ -259,10 +259,10 @@ local function halted(h, failed_n)
   local lines_failed = ("%d %s failed"):format(failed_n, failed_n == 1 and "line" or "lines")
   if h.when == "now" then
     return { status = EXIT_HALTED_NOW, record = "completed",
-      message = ("halted (%s): %s; running jobs were killed, the rest did not run"):format(rule, lines_failed) }
+      message = ("halted (%s): %s; running jobs were killed"):format(rule, lines_failed) }
   end
   return { status = EXIT_HALTED_SOON, record = "ran", soon = true,
-    message = ("halted (%s): %s; running jobs finished, the rest did not run"):format(rule, lines_failed) }
+    message = ("halted (%s): %s; running jobs finished, no more were started"):format(rule, lines_failed) }
 end
 
 -- Which input line printed what job `job` printed: a job of one line is that
@@ -612,7 +612,7 @@ local function run(processor, input_path, o)
     if first <= resumed_last then text = batches.blank(text, first, count, is_resumed) end
     inflight, inflight_bytes = inflight + count, inflight_bytes + #text
     local job = pool:add(text, { name = ("lines %d-%d"):format(first, first + count - 1),
-      lines = { first, count }, priority = first })
+      lines = { first, count, o.halt and true or nil }, priority = first }) -- (--halt: ends at a failure)
     job.line, job.count, job.text, job.handed_back = first, count, text, count + 1
   end
 

@@ -130,7 +130,7 @@ end
 function Pool:_dispatch(w, job)
   local attempt = job.attempts + 1
   local meta = self.meta:reset():encode(job.remote_id or job.id):encode(attempt):encode(job.name)
-    :encode(job.first_line or false)
+    :encode(job.first_line and (job.lines_end_on_failure and -job.first_line or job.first_line) or false)
   if not w:run(job, meta:tostring()) then -- the child is gone: it holds no place either
     self:_retire(w, true)
     return self.source:push(job)
@@ -225,8 +225,8 @@ function Pool:add(data, opts)
     job.name = opts.name
     job.timeout, job.kill_after, job.priority = opts.timeout, opts.kill_after, opts.priority
     job.max_attempts, job.backoff = opts.attempts, opts.backoff
-    if opts.lines then -- a batch of NDJSON lines (moonjob.cli, runner.lua)
-      job.first_line, job.line_count = opts.lines[1], opts.lines[2]
+    if opts.lines then -- a batch of NDJSON lines (moonjob.cli, runner.lua): { first, count [, end_on_failure] }
+      job.first_line, job.line_count, job.lines_end_on_failure = opts.lines[1], opts.lines[2], opts.lines[3]
     end
     if opts.lines and not self.batches then self:_expect_batches() end
     if opts.delay and opts.delay > 0 then job.run_at = loop.now() + opts.delay * 1000 end

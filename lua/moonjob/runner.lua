@@ -289,7 +289,9 @@ local function decode_meta()
   local id = decoder:decode()
   local attempt = decoder:decode()
   local name = decoder:decode()
-  return { id = id, attempt = attempt, name = name, first_line = decoder:decode() }
+  local first = decoder:decode() -- negative: the batch ends at its first failed line (--halt)
+  return { id = id, attempt = attempt, name = name, first_line = first and math.abs(first),
+    end_on_failure = first and first < 0 }
 end
 
 -- Decodes the job's data (a batch's lines stay text); false and an error
@@ -374,14 +376,18 @@ end
 
 -- Counts a line run (completed: true, false, or nil for a blank line) and
 -- keeps its result line, in record_buffer; false when the batch must end
--- here: the area is full (the DONE frame carries this line itself), or the
+-- here: the area is full (the DONE frame carries this line itself), the
 -- line wrote output (to stdout or stderr), which the parent then tags with
--- this line, the batch's last (the lines after it go out again).
+-- this line, the batch's last, or it failed in a batch that ends at a
+-- failure (--halt decides before any later line runs). The lines after it
+-- go out again.
 local function keep(b, completed)
   b.run = b.run + 1
   if completed == true then b.completed = b.completed + 1
   elseif completed == false then b.failed = b.failed + 1 end
-  if batch_keep(record_buffer) then return output_mark() == b.output_mark end
+  if batch_keep(record_buffer) then
+    return output_mark() == b.output_mark and not (completed == false and b.end_on_failure)
+  end
   b.extra = record_buffer:tostring()
   return false
 end
@@ -451,7 +457,8 @@ local function run_batch(number, meta, text)
   lines_format = lines_format or require "moonjob.lines"
   json = json or require "moonjob.json"
   local b = { text = text, pos = 1, next_line = meta.first_line, id = meta.id, attempt = meta.attempt,
-    number = number, run = 0, completed = 0, failed = 0, extra = "", output_mark = output_mark() }
+    number = number, run = 0, completed = 0, failed = 0, extra = "", output_mark = output_mark(),
+    end_on_failure = meta.end_on_failure }
   local ok, value, interrupted, heap_full = channel.run(handler, run_batch_lines, b)
   if not ok and b.raised == nil and type(value) == "table" then b.raised = message_of(value.value) end
   b.text = nil
@@ -479,7 +486,7 @@ local function run_job(number, payload)
   local meta, data = decode_job(payload)
   if not meta then return fail(number, data) end
   if meta.first_line then return run_batch(number, meta, data) end
-  meta.first_line = nil -- not a field of the job's
+  meta.first_line, meta.end_on_failure = nil, nil -- not fields of the job's
   local job = setmetatable(meta, Job)
   job.number = number
   job.data = data

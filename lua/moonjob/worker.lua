@@ -179,15 +179,16 @@ function Worker:emit_line(stream, line)
   self.pool:on_worker_output(self, self.job, stream, line)
 end
 
--- What one job may print: max_log_bytes, per line for a batch of lines.
-local function log_limit(w, job)
-  return w.pool.max_log_bytes * (job and job.line_count or 1)
+-- What one job may print: max_log_bytes (also a batch of lines: a line that
+-- prints ends its batch, runner.lua, so what a batch prints is one line's).
+local function log_limit(w)
+  return w.pool.max_log_bytes
 end
 
 -- Output past max_log_bytes for one job is dropped (and counted): a flood costs
 -- the parent a length check per chunk, never memory.
 local function over_budget(w, chunk)
-  local limit = log_limit(w, w.job)
+  local limit = log_limit(w)
   w.log_bytes = w.log_bytes + #chunk
   if w.log_bytes <= limit then return false end
   if not w.truncated then
