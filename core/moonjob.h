@@ -263,8 +263,10 @@ struct mj_output_s {
   char *pending, *inflight;            /* bytes waiting; bytes being written */
   size_t pending_len, pending_cap, inflight_len, inflight_off, inflight_cap;
   int error;                           /* first write error, sticky */
+  uv_poll_t reader_watch;              /* a pipe or socket: its reader going away */
   mj_output_t *next, *prev;            /* the context's list of outputs */
-  unsigned writing : 1, orphaned : 1;  /* orphaned: released, frees itself when done */
+  unsigned writing : 1, orphaned : 1,  /* orphaned: released, frees itself when done */
+      watching : 1;                    /* reader_watch is open */
 };
 
 void mj_input_init(mj_ctx_t *ctx, mj_input_t *in, int fd, size_t max_line,

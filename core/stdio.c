@@ -21,13 +21,16 @@
  * Output keeps at most one write in flight, so bytes land in order; writes
  * made meanwhile are appended to a pending buffer that goes out next. An
  * output released while bytes are still going out finishes writing them, then
- * frees itself.
+ * frees itself. On a pipe or socket, a reader that goes away (`| head`) is
+ * seen at once, not at the next write: the output's error becomes EPIPE.
  *
  * Caveat: an input or output with a filesystem request in flight cannot be
  * freed until it returns; a regular file's read or write always does.
  */
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "moonjob.h"
@@ -322,6 +325,45 @@ static void free_output(mj_output_t *out) {
   free(out);
 }
 
+/* Frees an output that was released once nothing uses its memory any more. */
+static void free_if_done(mj_output_t *out) {
+  if (out->orphaned && !out->writing && !out->watching) free_output(out);
+}
+
+/* The reader of the pipe or socket went away: the kernel flags the writing
+ * end with an error (EPOLLERR), which a poll handle watching for nothing else
+ * reports (as UV_EBADF). */
+static void mj_output_reader_cb(uv_poll_t *watch, int status, int events) {
+  mj_output_t *out = watch->data;
+  (void) events;
+  if (status < 0 && out->error == 0) out->error = UV_EPIPE;
+  uv_poll_stop(watch);
+}
+
+static void mj_output_watch_close_cb(uv_handle_t *h) {
+  mj_output_t *out = h->data;
+  out->watching = 0;
+  free_if_done(out);
+}
+
+/* Watches the reader of fd when it is a pipe or a socket. uv_poll_init makes
+ * the descriptor non-blocking; its flags are put back (the writes here run in
+ * libuv's thread pool and expect it as it was, and it is shared with whoever
+ * started this program). Without a watch, a gone reader shows at the next
+ * write. */
+static void watch_reader(mj_output_t *out) {
+  struct stat st;
+  if (fstat(out->fd, &st) != 0 || !(S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) return;
+  int flags = fcntl(out->fd, F_GETFL);
+  if (flags < 0 || uv_poll_init(&out->ctx->loop, &out->reader_watch, out->fd) != 0) return;
+  fcntl(out->fd, F_SETFL, flags);
+  out->reader_watch.data = out;
+  out->watching = 1;
+  uv_unref((uv_handle_t *) &out->reader_watch); /* it keeps no loop running */
+  if (uv_poll_start(&out->reader_watch, UV_DISCONNECT, mj_output_reader_cb) != 0)
+    uv_close((uv_handle_t *) &out->reader_watch, mj_output_watch_close_cb);
+}
+
 static void mj_output_write_cb(uv_fs_t *req) {
   mj_output_t *out = req->data;
   ssize_t result = req->result;
@@ -335,7 +377,7 @@ static void mj_output_write_cb(uv_fs_t *req) {
     if (out->inflight_off >= out->inflight_len) out->inflight_len = out->inflight_off = 0;
     if (out->inflight_len > 0 || out->pending_len > 0) start_write(out); /* the rest goes next */
   }
-  if (out->orphaned && !out->writing) free_output(out);
+  free_if_done(out);
 }
 
 /* Sends what is in flight (the rest of a short write) or, when nothing is, the
@@ -373,6 +415,7 @@ mj_output_t *mj_output_new(mj_ctx_t *ctx, int fd) {
   out->next = ctx->outputs;
   if (ctx->outputs) ctx->outputs->prev = out;
   ctx->outputs = out;
+  watch_reader(out);
   return out;
 }
 
@@ -398,8 +441,10 @@ int mj_output_start(mj_output_t *out) {
  * frees itself. */
 void mj_output_release(mj_output_t *out) {
   mj_output_start(out);
-  if (out->writing) out->orphaned = 1;
-  else free_output(out);
+  out->orphaned = 1;
+  if (out->watching && !uv_is_closing((uv_handle_t *) &out->reader_watch))
+    uv_close((uv_handle_t *) &out->reader_watch, mj_output_watch_close_cb);
+  free_if_done(out);
 }
 
 /* The context's loop is closed (no request is in flight any more): outputs
@@ -411,6 +456,7 @@ void mj__output_detach_all(mj_ctx_t *ctx) {
     out->next = out->prev = NULL;
     out->ctx = NULL;
     out->writing = 0;
+    out->watching = 0; /* closed with every other handle */
     if (out->orphaned) free_output(out);
   }
   ctx->outputs = NULL;

@@ -631,7 +631,9 @@ local function run(processor, input_path, o)
 
   local ok, why = pcall(loop.wait_until, function()
     resume_if_room() -- a safety net: a path that frees room and misses resuming would hang the run
-    return stop or write_error or (ended and inflight == 0 and (out:pending() or 0) == 0)
+    local pending, e = out:pending() -- (a reader gone shows here before any write: core/stdio.c)
+    write_error = write_error or e
+    return stop or write_error or (ended and inflight == 0 and pending == 0)
   end)
   ended = true -- no more resuming: the input is closed
   input:close()

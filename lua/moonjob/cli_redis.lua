@@ -56,7 +56,8 @@ function M.worker(processor, o, pool_options)
     elseif kind == "down" then say("Redis unreachable (", tostring(why), "); running jobs go on, fetching resumes when it is back")
     elseif kind == "stale" then say(tostring(why)) end
   end)
-  say(("worker %s: %d children on queue %s"):format(processor, opts.size or 1, o.queue))
+  local size = opts.size or 1
+  say(("worker %s: %d %s on queue %s"):format(processor, size, size == 1 and "child" or "children", o.queue))
   local signum = until_signal()
   say(("stopping (%s): no more fetching; running jobs have %g s to finish"):format(
     signum == 15 and "SIGTERM" or signum == 1 and "SIGHUP" or "SIGINT", o.grace or 30))
