@@ -37,8 +37,11 @@ end
 -- stack traceback, except an error whose __tostring gives no string: that one
 -- it prints not at all. So when __tostring is called by the REPL's own
 -- message handler (a C function called for a raise by `error`, with the
--- REPL's line, the main chunk of "=stdin", at the bottom of the stack and no
--- pcall in between), it writes the line to stderr itself and gives nil.
+-- REPL's line, the main chunk of "=stdin", at the bottom of the stack, or no
+-- main chunk at all when the line tail-called the blocking call, as
+-- `= pool:run(x)` does, and no pcall in between), it writes the line to
+-- stderr itself and gives nil. Caveat: a script whose main chunk tail-calls
+-- a blocking call (`return pool:run(x)`) prints the one line too.
 -- Everywhere else (tostring, print, string.format, busted) it gives the message.
 local Interrupted = {}
 
@@ -56,6 +59,9 @@ local function called_by_repl_handler()
     if info.func == pcall or info.func == xpcall then return false end
     if info.what == "main" then
       return info.source == "=stdin" and debug.getinfo(level + 2, "S") == nil
+    end
+    if info.what == "C" and debug.getinfo(level + 1, "S") == nil then
+      return true -- the bottom, the main chunk gone: the REPL's "= pool:run(...)" is a tail call
     end
     level = level + 1
   end
