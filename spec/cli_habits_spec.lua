@@ -247,9 +247,14 @@ end
 end)
 
 describe("moonjob run's processor output and errors", function()
-  it("tags what a processor prints with its line, in batches too", function()
-    local list = {}
-    for i = 1, 3000 do list[i] = (i % 97 == 0) and { print = "line " .. i .. " says hi" } or { n = i } end
+  it("tags what a processor prints or logs with its line, in batches too", function()
+    local list, saying = {}, 0
+    for i = 1, 3000 do
+      list[i] = { n = i }
+      if i % 97 == 0 then list[i] = { print = "line " .. i .. " says hi" } end
+      if i % 97 == 50 then list[i] = { log = "line " .. i .. " says hi" } end
+      if i % 97 == 0 or i % 97 == 50 then saying = saying + 1 end
+    end
     local input = input_file(list)
     local out, err, status = h.sh(MOONJOB .. "run -j 2 " .. HABITS .. " " .. input)
     os.remove(input)
@@ -261,7 +266,7 @@ describe("moonjob run's processor output and errors", function()
       assert.equal(tag, said)
       tagged = tagged + 1
     end
-    assert.equal(math.floor(3000 / 97), tagged)
+    assert.equal(saying, tagged)
     assert.is_nil(err:find("[job", 1, true))
   end)
 

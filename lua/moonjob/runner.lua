@@ -151,6 +151,7 @@ end
 
 local Job = {}
 Job.__index = Job
+local logs_sent = 0 -- job:log() calls so far: a batch line that logs ends its batch, as one that prints
 
 local function check_size(what, bytes)
   if #bytes > options.max_payload then
@@ -170,6 +171,7 @@ function Job:log(...)
   for i = 1, select("#", ...) do parts[i] = tostring(parts[i]) end
   local text = table.concat(parts, " ")
   check_size("job:log(): the text", text)
+  logs_sent = logs_sent + 1
   channel.send(channel.LOG, self.number, text)
 end
 
@@ -377,8 +379,8 @@ end
 -- Counts a line run (completed: true, false, or nil for a blank line) and
 -- keeps its result line, in record_buffer; false when the batch must end
 -- here: the area is full (the DONE frame carries this line itself), the
--- line wrote output (to stdout or stderr), which the parent then tags with
--- this line, the batch's last, or it failed in a batch that ends at a
+-- line wrote output (to stdout or stderr, or job:log), which the parent then
+-- tags with this line, the batch's last, or it failed in a batch that ends at a
 -- failure (--halt decides before any later line runs). The lines after it
 -- go out again.
 local function keep(b, completed)
@@ -386,7 +388,8 @@ local function keep(b, completed)
   if completed == true then b.completed = b.completed + 1
   elseif completed == false then b.failed = b.failed + 1 end
   if batch_keep(record_buffer) then
-    return output_mark() == b.output_mark and not (completed == false and b.end_on_failure)
+    return output_mark() == b.output_mark and logs_sent == b.logs_sent
+      and not (completed == false and b.end_on_failure)
   end
   b.extra = record_buffer:tostring()
   return false
@@ -458,7 +461,7 @@ local function run_batch(number, meta, text)
   json = json or require "moonjob.json"
   local b = { text = text, pos = 1, next_line = meta.first_line, id = meta.id, attempt = meta.attempt,
     number = number, run = 0, completed = 0, failed = 0, extra = "", output_mark = output_mark(),
-    end_on_failure = meta.end_on_failure }
+    end_on_failure = meta.end_on_failure, logs_sent = logs_sent }
   local ok, value, interrupted, heap_full = channel.run(handler, run_batch_lines, b)
   if not ok and b.raised == nil and type(value) == "table" then b.raised = message_of(value.value) end
   b.text = nil
