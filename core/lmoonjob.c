@@ -25,6 +25,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <lauxlib.h>
@@ -742,6 +743,11 @@ static int lmj_open(lua_State *L) {
   int fd = uv_fs_open(NULL, &req, path, O_RDONLY | O_CLOEXEC, 0, NULL);
   uv_fs_req_cleanup(&req);
   if (fd < 0) return lmj_fail(L, fd);
+  struct stat st;
+  if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) { /* opens, but reads fail (libuv aborts on it) */
+    close(fd);
+    return lmj_fail(L, UV_EISDIR);
+  }
   lua_pushinteger(L, fd);
   return 1;
 }

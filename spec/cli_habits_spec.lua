@@ -61,7 +61,7 @@ describe("moonjob run's options", function()
     local as_user = h.AS_ROOT and "setpriv --bounding-set=-dac_override,-dac_read_search " or ""
     local _, err, status = h.sh(as_user .. MOONJOB .. "run " .. HABITS .. " " .. input)
     assert.equal(2, status)
-    assert.equal(("moonjob: cannot open input '%s': EACCES: permission denied\nTry 'moonjob --help'.\n")
+    assert.equal(("moonjob: cannot open input '%s': permission denied\nTry 'moonjob --help'.\n")
       :format(input), err)
     _, err, status = h.sh(as_user .. MOONJOB .. "run " .. processor, "1\n")
     assert.equal(2, status)
@@ -97,8 +97,28 @@ describe("moonjob run --halt", function()
     assert.equal("completed", lines[1].status) -- it was running: it finished
     assert.equal("EBAD", lines[2].error.code)
     assert.is_true(n <= 4, out) -- at most what the second child had started meanwhile
-    assert.equal("moonjob: halted (--halt soon,fail=1): 1 line failed; running jobs finished, no more "
-      .. "were started\n", err)
+    assert.equal("moonjob: halted (--halt soon,fail=1): 1 line failed; the lines before it and those running "
+      .. "finished, no later line started\n", err)
+  end)
+
+  it("soon prints every line before the failed one and the failed one, also with -k and batches", function()
+    for _, k in ipairs({ "", "-k " }) do
+      local list = {}
+      for i = 1, 6000 do list[i] = i == 4500 and { fail = "EBAD" } or { n = i } end
+      local input = input_file(list)
+      local out, _, status = h.sh(MOONJOB .. "run -j 3 " .. k .. "--halt soon,fail=1 " .. HABITS .. " " .. input)
+      os.remove(input)
+      assert.equal(4, status)
+      local lines, n = by_line(out)
+      for i = 1, 4500 do assert.is_table(lines[i], k .. "line " .. i .. " is missing") end
+      assert.equal("EBAD", lines[4500].error.code)
+      local seen = {}
+      for text in out:gmatch('"line":(%d+),') do
+        assert.is_nil(seen[text], "line " .. text .. " printed twice")
+        seen[text] = true
+      end
+      assert.is_true(n >= 4500)
+    end
   end)
 
   it("now,fail=P% stops once P% of the finished lines failed, counted from the third", function()
@@ -225,7 +245,7 @@ describe("moonjob run's input", function()
     for _, i in ipairs({ 2, 4 }) do -- (line 3 went through the other decoder: it holds an empty array)
       local e = assert(json.decode(texts[i])).error
       assert.equal("EINPUT", e.code)
-      assert.equal("input is not valid JSON: nested deeper than 1000 levels at character 1001", e.message)
+      assert.equal("input cannot be decoded: nested deeper than 1000 levels at character 1001", e.message)
     end
     -- a result nested deeper: the same words
     local dir = h.tmpdir()

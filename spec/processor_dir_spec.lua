@@ -31,7 +31,7 @@ local pool = assert(moonjob.pool(%q, { size = 1, echo = false }))
 local result, err = pool:run("apple.txt")
 pool:close()
 if not result then io.stderr:write(tostring(err), "\n") os.exit(1) end
-for _, k in ipairs({ "greeting", "word", "dir", "file", "job_dir" }) do print(k .. "=" .. result[k]) end
+for _, k in ipairs({ "greeting", "word", "dir", "file", "job_dir", "neighbour" }) do print(k .. "=" .. result[k]) end
 ]]):format(processor)
 end
 
@@ -45,7 +45,8 @@ describe("a processor's own directory", function()
     assert.equal(0, status, err)
     local dir = REPO .. "/spec/fixtures/beside"
     assert.equal(table.concat({
-      "greeting=hello from beside\n", "word=apple\n", "dir=" .. dir, "file=" .. FIXTURE, "job_dir=" .. dir, "",
+      "greeting=hello from beside\n", "word=apple\n", "dir=" .. dir, "file=" .. FIXTURE, "job_dir=" .. dir,
+      "neighbour=the module beside", "",
     }, "\n"), out)
   end)
 
@@ -62,6 +63,7 @@ describe("a processor's own directory", function()
     local out, err, status = run_in(cwd, one_job("link.lua"))
     assert.equal(0, status, err)
     assert.matches("^greeting=hello from beside\n\nword=apple\n\ndir=" .. REPO:gsub("%p", "%%%0"), out)
+    assert.matches("\nneighbour=the module beside\n$", out) -- require finds the modules beside the real file
   end)
 
   it("is job.dir for each line of a batch of the command line", function()

@@ -97,11 +97,20 @@ end
 local function open_input(path)
   if path == nil or path == "-" then return 0 end
   local fd, err = core.open(path)
-  if not fd then return nil, ("cannot open input '%s': %s"):format(path, err) end
+  if not fd then -- "EACCES: permission denied": the reason, as for the processor and the joblog
+    return nil, ("cannot open input '%s': %s"):format(path, (err:gsub("^E%u+: ", "")))
+  end
   return fd
 end
 
 ------------------------------------------------------------- the joblog ---
+
+-- io.open's message without the path it starts with: "No such file or directory".
+local function reason(err, path)
+  err = tostring(err)
+  if err:sub(1, #path + 2) == path .. ": " then return err:sub(#path + 3) end
+  return err
+end
 
 -- Reads a joblog: the line numbers it records as completed (for --resume),
 -- and the length of its whole records. Only records ended by a newline count:
@@ -151,7 +160,7 @@ end
 -- written before the output line.
 local function open_joblog(path)
   local f, err = io.open(path, "a")
-  if not f then return nil, ("cannot open joblog '%s': %s"):format(path, err) end
+  if not f then return nil, ("cannot open joblog '%s': %s"):format(path, reason(err, path)) end
   local start, whole = joblog_tail(path, f:seek("end")) -- no size for what cannot seek
   if start ~= "" and RECORD_START:sub(1, #start) == start:sub(1, #RECORD_START) then -- a record's start, maybe cut inside it
     f:close()
@@ -162,7 +171,7 @@ local function open_joblog(path)
     io.stderr:write(("moonjob: joblog '%s' ended in a record cut short (a full disk or a crash); "
       .. "it was dropped, and its line runs again with --resume\n"):format(path))
     f, err = io.open(path, "a")
-    if not f then return nil, ("cannot open joblog '%s': %s"):format(path, err) end
+    if not f then return nil, ("cannot open joblog '%s': %s"):format(path, reason(err, path)) end
   elseif start ~= "" then
     f:write("\n")
   end
@@ -184,9 +193,13 @@ end
 -- 1) from `line` on.
 -- Also returns held(): the memory (bytes, about) of the results that wait for
 -- an earlier line, and how many lines they cover (0, 0 once the run is whole).
+-- And flush(): writes every result held, in input order, past the lines
+-- missing before them (a run that stops: they did not run).
 local HELD_ENTRY_BYTES = 100 -- what holding one result costs beside its text
 local function ordered_writer(write, keep_order)
-  if not keep_order then return function(_, text) write(text) end, function() return 0, 0 end end
+  if not keep_order then
+    return function(_, text) write(text) end, function() return 0, 0 end, function() end
+  end
   local pending, covers, next_line = {}, {}, 1
   local held_bytes, held_lines = 0, 0
   return function(line, text, count)
@@ -203,7 +216,13 @@ local function ordered_writer(write, keep_order)
       pending[at], covers[at] = nil, nil
       write(out)
     end
-  end, function() return held_bytes, held_lines end
+  end, function() return held_bytes, held_lines end, function()
+    local lines = {}
+    for line in pairs(pending) do lines[#lines + 1] = line end
+    table.sort(lines)
+    for _, line in ipairs(lines) do write(pending[line]) end
+    pending, covers, held_bytes, held_lines = {}, {}, 0, 0
+  end
 end
 
 -- The pool, or nil and a usage message. Options were checked by parse(); a
@@ -218,12 +237,17 @@ local function new_pool(processor, o, echo)
   return pool
 end
 
+-- The bytes left to read in the input when it is a regular file (named, or
+-- redirected to stdin), else nil (a pipe, a terminal).
 local function input_size(path)
-  if not path or path == "-" then return nil end
-  local f = io.open(path)
-  local n = f and f:seek("end")
-  if f then f:close() end
-  return n
+  local stdin = path == nil or path == "-"
+  local f = stdin and io.stdin or io.open(path, "rb")
+  if not f then return nil end
+  local at = f:seek("cur")
+  local size = at and f:seek("end")
+  if at then f:seek("set", at) end -- (the input reads the descriptor itself: its offset must stay)
+  if not stdin then f:close() end
+  return size and size - at
 end
 
 -- Runs the loop until done() or the bound; a stop signal ends it early.
@@ -247,6 +271,18 @@ end
 
 -- Whether --halt's condition `h` holds after `failed` of `finished` lines
 -- failed: a count, or a percentage judged from the third finished line on.
+local HALTED = "halted" -- the reason of the jobs --halt soon cancels
+
+-- The result lines of a batch --halt soon canceled as a child started it,
+-- without its last line when that one failed from the cancel: it did not
+-- run to its end (it runs again with --resume). Also the lines covered and
+-- those failed.
+local function without_interrupted(text, covered, failed_n)
+  local start = text:find('{"line":%d+,"status":"failed","error":{"code":"ECANCELED"[^\n]*\n$')
+  if not start then return text, covered, failed_n end
+  return text:sub(1, start - 1), covered - 1, failed_n - 1
+end
+
 local function halt_reached(h, finished_n, failed_n)
   if not h or failed_n == 0 then return false end
   if h.count then return failed_n >= h.count end
@@ -262,7 +298,8 @@ local function halted(h, failed_n)
       message = ("halted (%s): %s; running jobs were killed"):format(rule, lines_failed) }
   end
   return { status = EXIT_HALTED_SOON, record = "ran", soon = true,
-    message = ("halted (%s): %s; running jobs finished, no more were started"):format(rule, lines_failed) }
+    message = ("halted (%s): %s; the lines before it and those running finished, no later line started")
+      :format(rule, lines_failed) }
 end
 
 -- Which input line printed what job `job` printed: a job of one line is that
@@ -373,6 +410,7 @@ local function run(processor, input_path, o)
   local inflight, completed, failed, ended, paused, input = 0, 0, 0, false, false, nil
   local line_no, write_error, read_error = 0, nil, nil
   local lines_over, bytes_read, input_done = 0, 0, false -- lines written or skipped; read
+  local in_flight = {} -- the jobs added and not ended
   local stop -- why the run stops early: { status = n, message = text, record = ... }, or nil
   if o.progress then
     local size = input_size(input_path)
@@ -450,7 +488,7 @@ local function run(processor, input_path, o)
       input:pause()
     end
   end
-  local emit, held = ordered_writer(write, o.keep_order)
+  local emit, held, flush_held = ordered_writer(write, o.keep_order)
 
   -- Whether the results held for --keep-order, with those the lines in
   -- flight will bring (about), are at least `bound` bytes. Each child may
@@ -512,12 +550,39 @@ local function run(processor, input_path, o)
     if from > to then return end
     job.handed_back = from
     inflight = inflight - (to - from + 1)
+    if stop then -- a run that stops adds nothing more (--resume runs them) but, under --halt
+      if not stop.soon then return end -- soon, the lines up to the failed one
+      to = math.min(to, stop.last - job.line + 1)
+      if from > to then return end
+    end
     local text = batches.slice(job.text, from, to)
     if from == to then return add_line(job.line + from - 1, text, #text) end
     add_batch(job.line + from - 1, to - from + 1, text)
   end
   pool.on_lines_cut = function(job, kept) -- an idle child takes what a slow line held up
-    if not stop then hand_back(job, kept + 1) end
+    hand_back(job, kept + 1)
+  end
+
+  -- --halt soon, after a failure on line `last`: no more input; of the lines
+  -- in flight, those after `last` that no child started are canceled
+  -- (waiting ones first, so that a child a cancel frees takes only lines up
+  -- to `last`), and the others run to their end, as in GNU parallel, where
+  -- every line before a failed one started before it.
+  local function halt_soon(last)
+    ended = true
+    local waiting, queued = {}, {}
+    for job in pairs(in_flight) do
+      if job.line > last then
+        if job.state == "waiting" then waiting[#waiting + 1] = job
+        elseif not (job.worker and job.worker:started(job)) then queued[#queued + 1] = job end
+      end
+    end
+    for _, list in ipairs({ waiting, queued }) do
+      for _, job in ipairs(list) do
+        job.halted = true -- (one a child started meanwhile is interrupted: its line is not recorded either)
+        job:cancel(HALTED)
+      end
+    end
   end
 
   -- Records the result lines `text` of `count` lines from `line` on (the
@@ -530,6 +595,10 @@ local function run(processor, input_path, o)
     if not stop and halt_reached(o.halt, completed + failed, failed) then
       stop = halted(o.halt, failed)
       input:pause() -- nothing more is read, nor added
+      if stop.soon then
+        stop.last = line + count - 1
+        halt_soon(stop.last)
+      end
     end
     return not joblog_failed
   end
@@ -551,21 +620,34 @@ local function run(processor, input_path, o)
   -- Whether a stop lets finished `job` be recorded. A stop signal or --halt
   -- now (record "completed"): jobs that completed meanwhile are (they ran),
   -- and what a killed batch had finished; failures are not (the kill caused
-  -- them). --halt soon (record "ran"): the running jobs that finish are,
-  -- those that never started (ECLOSED) are not. Any other stop records
-  -- nothing more.
+  -- them). --halt soon (record "ran"): the jobs that run to their end are,
+  -- those it canceled or the close failed before they started are not.
+  -- Any other stop records nothing more.
   local function recorded_in_stop(job)
     if not stop.record then return false end
-    local never_ran = job.state ~= "completed" and (stop.record == "completed" or job.error.code == "ECLOSED")
+    local e = job.state ~= "completed" and job.error
+    local never_ran = e and (stop.record == "completed" or e.code == "ECLOSED" or job.halted)
     if not never_ran then return true end
     local state = job.count and job.batch_state
     if state then pool.on_lines_kept(job, state.kept, state.text) end
     return false
   end
 
+  -- A job that ends unrecorded in a stop: its lines not recorded leave the
+  -- count in flight (--halt soon waits for it to reach 0).
+  local function forget(job)
+    if not job.count then
+      inflight = inflight - 1
+      return
+    end
+    inflight_bytes = inflight_bytes - #job.text
+    hand_back(job, (job.printed or 0) + 1) -- (under a stop: dropped)
+  end
+
   local function finished(job)
+    in_flight[job] = nil
     echo_held(job)
-    if stop and not recorded_in_stop(job) then return end
+    if stop and not recorded_in_stop(job) then return forget(job) end
     if cannot_load(job) then
       stop = { status = EXIT_USAGE, message = tostring(job.error) } -- "ELOAD: ...", as a syntax error reads
       return
@@ -578,18 +660,30 @@ local function run(processor, input_path, o)
       return
     end
     local text, covered, ok_n, failed_n = batch_outcome(job)
+    if job.halted then text, covered, failed_n = without_interrupted(text, covered, failed_n) end
     local done = job.printed or 0 -- lines recorded while it ran
     if done > 0 then
       text = text:sub(job.printed_bytes + 1)
       ok_n, failed_n = ok_n - job.printed_ok, failed_n - job.printed_failed
     end
     inflight_bytes = inflight_bytes - #job.text
-    if not record(job.line + done, text, covered - done, ok_n, failed_n) or stop then return end
-    if job.ms and covered > 0 then lines_took(job.ms, covered, job.wrote_output) end
+    if not record(job.line + done, text, covered - done, ok_n, failed_n) then return end
+    if job.ms and covered > 0 and not stop then lines_took(job.ms, covered, job.wrote_output) end
     hand_back(job, covered + 1)
   end
-  pool:on("completed", finished)
-  pool:on("failed", finished)
+  -- A listener that raises would leave its line in flight for ever (a hang):
+  -- the run stops instead, saying why.
+  local function guarded(listener)
+    return function(job)
+      local ok, e = pcall(listener, job)
+      if not ok and not (stop and stop.internal) then
+        stop = { status = EXIT_FAILED, internal = true,
+          message = ("internal error on line %s: %s (please report it)"):format(tostring(job.line), tostring(e)) }
+      end
+    end
+  end
+  pool:on("completed", guarded(finished))
+  pool:on("failed", guarded(finished))
 
   add_line = function(line, text, len)
     if (text and not text:find("%S")) or resumed[line] then -- no job: written at once
@@ -605,6 +699,7 @@ local function run(processor, input_path, o)
     else
       local job = pool:add(text, { name = "line " .. line, priority = line })
       job.line = line
+      in_flight[job] = true
     end
   end
 
@@ -614,6 +709,7 @@ local function run(processor, input_path, o)
     local job = pool:add(text, { name = ("lines %d-%d"):format(first, first + count - 1),
       lines = { first, count, o.halt and true or nil }, priority = first }) -- (--halt: ends at a failure)
     job.line, job.count, job.text, job.handed_back = first, count, text, count + 1
+    in_flight[job] = true
   end
 
   local function on_line(text, len, count)
@@ -633,7 +729,7 @@ local function run(processor, input_path, o)
     resume_if_room() -- a safety net: a path that frees room and misses resuming would hang the run
     local pending, e = out:pending() -- (a reader gone shows here before any write: core/stdio.c)
     write_error = write_error or e
-    return stop or write_error or (ended and inflight == 0 and pending == 0)
+    return (stop and not stop.soon) or write_error or (ended and inflight == 0 and pending == 0)
   end)
   ended = true -- no more resuming: the input is closed
   input:close()
@@ -645,9 +741,13 @@ local function run(processor, input_path, o)
     ok, why = pcall(pool.close, pool)
     if not ok then stop = stopped_by(why) end
   end
-  if stop then end_children(pool, stop, out) end
+  if stop then
+    end_children(pool, stop, out)
+    flush_held() -- with --keep-order, what finished after a line that never will
+    run_for(function() return (out:pending() or 0) == 0 end, 1000)
+  end
   if joblog then joblog:close() end
-  if display then display.close(true) end -- the summary
+  if display then display.close(lines_over > 0) end -- the summary, once a line ended
   return outcome(stop, failed, held, read_error, write_error or select(2, out:pending()))
 end
 

@@ -134,7 +134,7 @@ local VALUED = {
   ["--attempts"] = { "attempts", positive_integer, "a number", WHOLE_2_31 },
   ["--backoff"] = { "backoff", backoff_spec, "a value", "fixed:SECONDS or exponential:SECONDS[:JITTER]" },
   ["--halt"] = { "halt", halt_spec, "a value",
-    "now,fail=N, soon,fail=N, now,fail=P% or soon,fail=P% (N at least 1, P from 0 to 100), or never" },
+    "now,fail=N, soon,fail=N, now,fail=P% or soon,fail=P% (N at least 1, P above 0 and at most 100), or never" },
   ["--joblog"] = { "joblog", path, "a file", "a file path" },
   ["--timeout"] = { "timeout", positive_seconds, "a number", SECONDS_POSITIVE },
   ["--start-timeout"] = { "start_timeout", positive_seconds, "a number", SECONDS_POSITIVE },

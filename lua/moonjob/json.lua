@@ -86,6 +86,23 @@ local function utf8_error_at(s)
 end
 M.utf8_error_at = utf8_error_at
 
+-- json.valid_text(s) -> s, with each byte where it stops being UTF-8
+-- replaced by U+FFFD: for messages, which must reach JSON whatever their bytes.
+function M.valid_text(s)
+  local at = find(s, NON_ASCII) and utf8_error_at(s)
+  if not at then return s end
+  local parts, from = {}, 1
+  while at do
+    parts[#parts + 1] = s:sub(from, at - 1)
+    parts[#parts + 1] = "\239\191\189"
+    from = at + 1
+    local rest = utf8_error_at(s:sub(from))
+    at = rest and from + rest - 1
+  end
+  parts[#parts + 1] = s:sub(from)
+  return table.concat(parts)
+end
+
 -------------------------------------------------------------- encoding ---
 
 local escapes = {

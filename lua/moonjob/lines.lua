@@ -54,8 +54,14 @@ end
 -- sorted by name: the processor's own (error({ code = "EBADSKU", sku = "A-1" })),
 -- and moonjob's (ECRASH's pid and signal, ETIMEDOUT's killed). The traceback
 -- stays out of the line; a value JSON cannot hold (a NaN, a table mixing
--- keys) is written as a string that says so.
+-- keys) is written as a string that says so. Text that is not UTF-8 (a
+-- message, a name, a string value) has its bad bytes replaced by U+FFFD:
+-- the line is always written, and always JSON.
 local NOT_IN_LINE = { code = true, message = true, traceback = true }
+
+local function text(s)
+  return assert(json.encode(json.valid_text(tostring(s))))
+end
 
 local function put_error_fields(out, err)
   local names = nil
@@ -68,17 +74,16 @@ local function put_error_fields(out, err)
   if not names then return end
   table.sort(names)
   for _, name in ipairs(names) do
-    local value, why = json.encode(err[name])
-    out:put(",", assert(json.encode(name)), ":",
-      value or assert(json.encode("[cannot be written as JSON: " .. tostring(why) .. "]")))
+    local value, why = err[name], nil
+    if type(value) == "string" then value = text(value) else value, why = json.encode(value) end
+    out:put(",", text(name), ":", value or text("[cannot be written as JSON: " .. tostring(why) .. "]"))
   end
 end
 
 -- Appends to string.buffer `out` the line of a job that failed with err (a
 -- table with code and message, and maybe fields of its own).
 function M.put_failed(out, line, err, attempts, ms)
-  out:put('{"line":', line, ',"status":"failed","error":{"code":', assert(json.encode(tostring(err.code))),
-    ',"message":', assert(json.encode(tostring(err.message))))
+  out:put('{"line":', line, ',"status":"failed","error":{"code":', text(err.code), ',"message":', text(err.message))
   put_error_fields(out, err)
   out:put('},"attempts":', attempts, ',"ms":')
   return put_ms(out, ms):put("}\n")

@@ -108,8 +108,7 @@ end
 
 ---------------------------------------------------------------- loading ---
 
-local function add_to_package_path(file)
-  local dir = file:match("^(.*)/[^/]*$") or "."
+local function add_to_package_path(dir)
   package.path = dir .. "/?.lua;" .. dir .. "/?/init.lua;" .. package.path
 end
 
@@ -117,7 +116,7 @@ end
 -- nil and an error table. The file's top level gets its directory and its
 -- path as `...` (see main), so that it can open the files beside it.
 local function load_processor(file, dir)
-  add_to_package_path(file)
+  add_to_package_path(dir) -- its real directory: reached through a link, it still finds its neighbours
   local chunk, message = loadfile(file)
   if not chunk then return nil, { code = "ELOAD", message = message } end
   local ok, result = xpcall(chunk, handler, dir, file)
@@ -181,7 +180,8 @@ end
 
 -- The EINPUT error of JSON text that did not decode (json.decode's message).
 local function input_error(err)
-  local what = err:find("^number ") and "input cannot cross exactly: " or "input is not valid JSON: "
+  local what = err:find("^number ") and "input cannot cross exactly: "
+    or err:find("^nested deeper") and "input cannot be decoded: " or "input is not valid JSON: "
   return errors.new("EINPUT", what .. err) -- (EINPUT is never retried: lifecycle.lua's FINAL)
 end
 
