@@ -52,6 +52,15 @@ describe("moonjob run's options", function()
     assert.truthy(err:find("got 'sometimes'", 1, true))
   end)
 
+  it("refuses a directory as its input, saying so", function()
+    local dir = h.tmpdir()
+    local _, err, status = h.sh(MOONJOB .. "run " .. HABITS .. " " .. dir)
+    os.execute("rm -rf " .. dir)
+    assert.equal(2, status)
+    assert.equal(("moonjob: cannot open input '%s': illegal operation on a directory\nTry 'moonjob --help'.\n")
+      :format(dir), err)
+  end)
+
   it("says 'permission denied' for an input or processor it may not read", function()
     local dir = h.tmpdir()
     local input = h.write_file(dir .. "/in.ndjson", "1\n")
@@ -288,6 +297,30 @@ describe("moonjob run's processor output and errors", function()
     end
     assert.equal(saying, tagged)
     assert.is_nil(err:find("[job", 1, true))
+  end)
+
+  it("writes a failed line whose error is not UTF-8, its bad bytes replaced, and ends", function()
+    local dir = h.tmpdir()
+    local processor = h.write_file(dir .. "/latin1.lua", [[
+return function(job)
+  if job.data % 1000 == 15 then error({ code = "E\233", message = "caf\233 " .. job.data, ["k\255"] = "v\255" }) end
+  return job.data
+end
+]])
+    local list = {}
+    for i = 1, 3000 do list[i] = tostring(i) end
+    local input = input_file(list)
+    -- in batches, and one line per job (--attempts 2)
+    for _, args in ipairs({ "-j 2 ", "-j 2 --attempts 2 " }) do
+      local out, _, status = h.sh("timeout 60 " .. MOONJOB .. "run " .. args .. processor .. " " .. input)
+      assert.equal(1, status, args)
+      local lines, n = by_line(out)
+      assert.equal(3000, n, args)
+      assert.same({ code = "E\239\191\189", message = "caf\239\191\189 15", ["k\239\191\189"] = "v\239\191\189" },
+        lines[15].error)
+    end
+    os.remove(input)
+    os.execute("rm -rf " .. dir)
   end)
 
   it("puts a processor's own error fields in the line's error object", function()
