@@ -108,3 +108,14 @@ describe("the child's output", function()
     assert.truthy(err:find("[job " .. id .. "] log 5\n", 1, true))
   end)
 end)
+
+describe("moonjob.json's UTF-8 check", function()
+  it("agrees in the child program's C function and in Lua, on 200,000 strings near UTF-8's edges", function()
+    local pool = h.pool("utf8_agree.lua", { size = 1 })
+    local r = assert(pool:run({ seed = 42, count = 200000 }))
+    assert.is_nil(r.disagree, "disagree on bytes " .. table.concat(r.disagree or {}, " "))
+    assert.is_true(r.in_c) -- the child uses its C function
+    assert.equal(200000, r.checked)
+    assert.is_true(r.valid > 10000 and r.valid < 190000, "valid: " .. tostring(r.valid)) -- both kinds were met
+  end)
+end)
