@@ -1,32 +1,39 @@
 -- moonjob.cli -- the `moonjob` command: run a processor over NDJSON input.
 --
---   moonjob run PROCESSOR [INPUT] [-j N] [--timeout S] [--kill-after S]
---     [--attempts N] [--backoff SPEC] [--keep-order] [--joblog FILE [--resume]]
+--   moonjob run PROCESSOR [INPUT] [-j N] [-k] [--halt WHEN,fail=N] [--timeout S]
+--     [--attempts N] [--backoff SPEC] [--joblog FILE [--resume]] [--progress]
+--
+-- (Its options and help text: moonjob.cli_args; what a terminal shows:
+-- moonjob.cli_progress; its batches as text: moonjob.cli_batches.)
 --
 -- Tiny lines go to the children in batches (many lines per job, see
 -- moonjob.cli_batches and README "Batches of lines"), once lines are known to
--- be short; with --timeout or --attempts above 1, one line per job.
+-- be short; with --timeout or --attempts above 1, one line per job. A line
+-- that prints ends its batch, so what processors print is tagged with its
+-- line ("[line N] text").
 --
 -- Input lines go to the children as JSON text and results come back as exact
 -- JSON text (the pool's "json" codec), so the parent never parses a payload:
 -- it only cuts lines and writes result lines around the children's bytes.
 -- Input is read as a stream and paused while enough jobs are queued, so a file
 -- of millions of lines runs in bounded memory. Output lines are written as
--- jobs finish, through a writer that never blocks the loop.
+-- jobs finish, through a writer that never blocks the loop, and that sees
+-- its reader go (| head) without writing.
 --
 -- --joblog appends each finished job's line (as on stdout, in the same order)
 -- to a file, flushed at once and before the stdout line; a failed write (a
--- full disk) stops the
--- run, and a record cut short by it is dropped when the joblog is next
--- opened. --resume skips the lines it records as completed. A progress line
--- goes to stderr when it is a terminal.
+-- full disk) stops the run, and a record cut short by it is dropped when the
+-- joblog is next opened. --resume skips the lines it records as completed.
 --
--- SIGINT, SIGTERM and SIGHUP stop the run: the children and everything they
--- started are killed, and the exit status is 128 + the signal. A processor
--- that fails to load before any job completed stops the run too (exit 2).
+-- A run stops early on SIGINT, SIGTERM and SIGHUP (the children and
+-- everything they started are killed), on --halt's rule, on a processor that
+-- fails to load before any job completed, on a joblog it cannot write and on
+-- a closed output; each records what it should of the jobs that end
+-- meanwhile (recorded_in_stop).
 --
 -- Exit status: 0 when every job completed, 1 when any failed, 2 for usage,
--- set-up or I/O errors that stop the run, 128 + N on signal N.
+-- set-up or I/O errors that stop the run, 3 and 4 for --halt now and soon,
+-- 128 + N on signal N.
 local args = require "moonjob.cli_args"
 local batches = require "moonjob.cli_batches"
 local core = require "moonjob.core"
