@@ -6,28 +6,12 @@
 -- it. The host watches moonjob.fd() for reading and calls moonjob.step() when
 -- it is readable and when moonjob.timeout() milliseconds have passed (its
 -- timers: job timeouts, delays, retries), re-reading the timeout after each
--- step. A luv timer prints a tick every 100 ms meanwhile.
+-- step (examples/luv_driver.lua). A luv timer prints a tick every 100 ms
+-- meanwhile.
 local uv = require "luv"
 local moonjob = require "moonjob"
 
--- Drives moonjob from luv: one poll handle on its descriptor, one timer for
--- its timeouts. Returns a function that stops driving.
-local function drive(loop_uv)
-  local poll, timer = loop_uv.new_poll(moonjob.fd()), loop_uv.new_timer()
-  local function step()
-    moonjob.step()
-    local ms = moonjob.timeout()
-    if ms then timer:start(ms, 0, step) else timer:stop() end
-  end
-  poll:start("r", step)
-  step()
-  return function()
-    poll:close()
-    timer:close()
-  end
-end
-
-local stop_driving = drive(uv)
+local stop_driving = dofile("examples/luv_driver.lua")(uv) -- (run from the checkout's root)
 local pool = assert(moonjob.pool("examples/square.lua", { size = 2, echo = false }))
 
 local ticks = uv.new_timer()

@@ -8,24 +8,11 @@ local h = require "helpers"
 local moonjob = require "moonjob"
 local uv = require "luv"
 
--- Drives moonjob from luv's loop, as examples/luv_host.lua does. Returns a
--- function that stops driving; `steps` counts the calls of step().
+-- Drives moonjob from luv's loop: the example's own driver, which the
+-- README shows. Returns { stop = a function that stops driving }.
+local drive_with = dofile("examples/luv_driver.lua")
 local function drive()
-  local poll, timer = uv.new_poll(moonjob.fd()), uv.new_timer()
-  local driver = { steps = 0 }
-  local function step()
-    driver.steps = driver.steps + 1
-    moonjob.step()
-    local ms = moonjob.timeout()
-    if ms then timer:start(ms, 0, step) else timer:stop() end
-  end
-  poll:start("r", step)
-  step()
-  function driver.stop()
-    poll:close()
-    timer:close()
-  end
-  return driver
+  return { stop = drive_with(uv) }
 end
 
 -- Runs luv's loop until done() (looked at after every luv callback, through
