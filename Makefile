@@ -131,8 +131,7 @@ demo: deps all
 	$(IN_TREE) $(LUA) scripts/moonjob run -j 2 examples/square.lua examples/numbers.ndjson; \
 	  echo "moonjob exited with status $$? (1: some job failed, as line 6 and 7 do on purpose)"
 
-# A LuaJIT REPL with moonjob on the paths: try require "moonjob".
-# The LuaJIT REPL with moonjob on the paths, through rlwrap when it is
+# The LuaJIT REPL with moonjob on the paths (try require "moonjob"), through rlwrap when it is
 # installed and input is a terminal (line editing, history in
 # ~/.luajit_history); without rlwrap, a hint says how to get it.
 repl: deps all
