@@ -276,8 +276,6 @@ local function stopped_by(why)
     message = ("interrupted by %s; running jobs were killed"):format(SIGNAL_NAMES[signum] or signum) }
 end
 
--- Whether --halt's condition `h` holds after `failed` of `finished` lines
--- failed: a count, or a percentage judged from the third finished line on.
 local HALTED = "halted" -- the reason of the jobs --halt soon cancels
 
 -- The result lines of a batch --halt soon canceled as a child started it,
@@ -290,6 +288,8 @@ local function without_interrupted(text, covered, failed_n)
   return text:sub(1, start - 1), covered - 1, failed_n - 1
 end
 
+-- Whether --halt's condition `h` holds after `failed_n` of `finished_n`
+-- lines failed: a count, or a percentage judged from the third finished line on.
 local function halt_reached(h, finished_n, failed_n)
   if not h or failed_n == 0 then return false end
   if h.count then return failed_n >= h.count end
@@ -317,7 +317,7 @@ end
 local function line_of_output(job)
   if not job.count then return job.line end
   local w = job.worker
-  local started = w and w.job == job and w:batch(job)
+  local started = w and w:batch(job) -- (nil once the child's area is another batch's)
   if started and started > 0 then return job.line + started - 1 end
 end
 
@@ -328,20 +328,10 @@ local function last_line_run(job)
   return job.line + math.max(run or 1, 1) - 1
 end
 
--- Ends a run that stops early. --halt soon lets the running jobs finish
--- (they are recorded) and fails the rest with ECLOSED; then what running
--- batches finished is recorded, every child is ended with what it started
--- (more signals meanwhile do not cut this short), and what was written goes
--- out.
-local function end_children(pool, stop, out)
-  if stop.soon then
-    local closed, why = pcall(pool.close, pool)
-    if not closed then -- a signal: it stops the run now
-      local signal_stop = stopped_by(why)
-      for k in pairs(stop) do stop[k] = nil end
-      for k, v in pairs(signal_stop) do stop[k] = v end
-    end
-  end
+-- Ends a run that stops early: what running batches finished is recorded,
+-- every child is ended with what it started (more signals meanwhile do not
+-- cut this short), and what was written goes out.
+local function end_children(pool, out)
   pcall(pool._publish_kept, pool, 0)
   for _ = 1, 100 do -- a wait cut short by a signal is resumed; the close itself is bounded
     if pcall(pool.close, pool, { force = true }) then break end
@@ -417,7 +407,7 @@ local function run(processor, input_path, o)
   local inflight, completed, failed, ended, paused, input = 0, 0, 0, false, false, nil
   local line_no, write_error, read_error = 0, nil, nil
   local lines_over, bytes_read, input_done = 0, 0, false -- lines written or skipped; read
-  local in_flight = {} -- the jobs added and not ended
+  local open_jobs = {} -- the jobs added and not ended
   local stop -- why the run stops early: { status = n, message = text, record = ... }, or nil
   if o.progress then
     local size = input_size(input_path)
@@ -578,7 +568,7 @@ local function run(processor, input_path, o)
   local function halt_soon(last)
     ended = true
     local waiting, queued = {}, {}
-    for job in pairs(in_flight) do
+    for job in pairs(open_jobs) do
       if job.line > last then
         if job.state == "waiting" then waiting[#waiting + 1] = job
         elseif not (job.worker and job.worker:started(job)) then queued[#queued + 1] = job end
@@ -652,7 +642,7 @@ local function run(processor, input_path, o)
   end
 
   local function finished(job)
-    in_flight[job] = nil
+    open_jobs[job] = nil
     echo_held(job)
     if stop and not recorded_in_stop(job) then return forget(job) end
     if cannot_load(job) then
@@ -706,7 +696,7 @@ local function run(processor, input_path, o)
     else
       local job = pool:add(text, { name = "line " .. line, priority = line })
       job.line = line
-      in_flight[job] = true
+      open_jobs[job] = true
     end
   end
 
@@ -716,7 +706,7 @@ local function run(processor, input_path, o)
     local job = pool:add(text, { name = ("lines %d-%d"):format(first, first + count - 1),
       lines = { first, count, o.halt and true or nil }, priority = first }) -- (--halt: ends at a failure)
     job.line, job.count, job.text, job.handed_back = first, count, text, count + 1
-    in_flight[job] = true
+    open_jobs[job] = true
   end
 
   local function on_line(text, len, count)
@@ -744,12 +734,12 @@ local function run(processor, input_path, o)
   if write_error and not stop then -- nobody reads the output any more: stop
     stop = { closed_output = true }
   end
-  if not stop then -- every job is over: the idle children end (a signal meanwhile still counts)
-    ok, why = pcall(pool.close, pool)
+  if not stop or stop.soon then -- every job is over (--halt soon waited for its lines): the idle
+    ok, why = pcall(pool.close, pool) -- children end (a signal meanwhile still counts)
     if not ok then stop = stopped_by(why) end
   end
   if stop then
-    end_children(pool, stop, out)
+    end_children(pool, out)
     flush_held() -- with --keep-order, what finished after a line that never will
     run_for(function() return (out:pending() or 0) == 0 end, 1000)
   end

@@ -15,7 +15,7 @@
 -- count and the rate.
 --
 -- Caveat: a line wider than the terminal wraps, and erasing then clears only
--- its last row; the line is kept short (under 60 columns) for that reason.
+-- its last row; the line is kept short (about 60 columns) for that reason.
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
 

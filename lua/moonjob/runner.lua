@@ -16,6 +16,7 @@ local channel = require "moonjob.channel"
 package.loaded["moonjob.channel"], package.preload["moonjob.channel"] = nil, nil
 local buffer = require "string.buffer"
 local errors = require "moonjob.errors"
+local json = require "moonjob.json"
 
 local M = {}
 
@@ -186,7 +187,7 @@ local function input_error(err)
 end
 
 -- string.buffer's limit, in the words of moonjob.json's (LuaJIT's own: "too deep to serialize")
-local BUFFER_TOO_DEEP = require("moonjob.json").too_deep(100)
+local BUFFER_TOO_DEEP = json.too_deep(100)
 
 -- The EPAYLOAD error of a result that could not be encoded (why) or is over
 -- max_payload; nil when `bytes` may go.
@@ -208,11 +209,11 @@ local codecs = {
   },
   json = {
     decode = function()
-      local value, err = require("moonjob.json").decode(decoder:tostring())
+      local value, err = json.decode(decoder:tostring())
       if err then error(input_error(err)) end
       return value
     end,
-    encode = function(value) return assert(require("moonjob.json").encode(value)) end,
+    encode = function(value) return assert(json.encode(value)) end,
   },
 }
 
@@ -328,7 +329,6 @@ end
 -- Lines after one that filled the heap (ENOMEM) or was interrupted are not
 -- run: the parent sends them again.
 local lines_format = nil -- moonjob.lines, loaded with the first batch
-local json = nil        -- moonjob.json, likewise
 
 -- The child program's own functions through the FFI (core/child.c exports
 -- them), so that the per-line loop stays compiled; channel's otherwise.
@@ -458,7 +458,6 @@ end
 -- end after it (a line filled the heap: the pool's rule for ENOMEM).
 local function run_batch(number, meta, text)
   lines_format = lines_format or require "moonjob.lines"
-  json = json or require "moonjob.json"
   local b = { text = text, pos = 1, next_line = meta.first_line, id = meta.id, attempt = meta.attempt,
     number = number, run = 0, completed = 0, failed = 0, extra = "", output_mark = output_mark(),
     end_on_failure = meta.end_on_failure, logs_sent = logs_sent }

@@ -179,16 +179,11 @@ function Worker:emit_line(stream, line)
   self.pool:on_worker_output(self, self.job, stream, line)
 end
 
--- What one job may print: max_log_bytes (also a batch of lines: a line that
--- prints ends its batch, runner.lua, so what a batch prints is one line's).
-local function log_limit(w)
-  return w.pool.max_log_bytes
-end
-
 -- Output past max_log_bytes for one job is dropped (and counted): a flood costs
--- the parent a length check per chunk, never memory.
+-- the parent a length check per chunk, never memory. (A batch of lines too:
+-- a line that prints ends its batch, runner.lua, so what it prints is one line's.)
 local function over_budget(w, chunk)
-  local limit = log_limit(w)
+  local limit = w.pool.max_log_bytes
   w.log_bytes = w.log_bytes + #chunk
   if w.log_bytes <= limit then return false end
   if not w.truncated then
@@ -250,7 +245,7 @@ end
 function Worker:end_job()
   local job = self.job
   self:flush_partial_lines()
-  if job and self.truncated then job.dropped_log_bytes = self.log_bytes - log_limit(self, job) end
+  if job and self.truncated then job.dropped_log_bytes = self.log_bytes - self.pool.max_log_bytes end
   self.log_bytes, self.truncated = 0, false
   local queue = self.queue
   if job then table.remove(queue, 1) end
