@@ -538,6 +538,19 @@ static int lmj_process_batch(lua_State *L) {
   return 4;
 }
 
+/* process:batch_started(job) -> the lines of batch job `job` the child has
+ * started, or nil when the shared area is not that batch's: what
+ * process:batch gives first, without copying the kept results (the command
+ * line asks it for each line a batch prints). */
+static int lmj_process_batch_started(lua_State *L) {
+  lmj_process_t *lp = lmj_check_process(L, 1);
+  uint64_t job = (uint64_t) lmj_check_range(L, 2, 0, 9007199254740992.0);
+  mj_batch_state_t state;
+  if (mj_process_batch(&lp->p, job, &state) != 0) return 0;
+  lua_pushnumber(L, state.started);
+  return 1;
+}
+
 /* process:batch_cut(job) -> lines kept: the child starts no lines of batch
  * job `job` past that many (its lines started, at least 1); nil when `job`
  * is not a batch the child started. */
@@ -1148,7 +1161,8 @@ int luaopen_moonjob_core(lua_State *L) {
     {"send", lmj_process_send}, {"kill", lmj_process_kill},
     {"end_input", lmj_process_end_input}, {"set_max_frame", lmj_process_set_max_frame},
     {"started", lmj_process_started}, {"recall", lmj_process_recall},
-    {"batch", lmj_process_batch}, {"batch_cut", lmj_process_batch_cut}, {NULL, NULL}};
+    {"batch", lmj_process_batch}, {"batch_started", lmj_process_batch_started},
+    {"batch_cut", lmj_process_batch_cut}, {NULL, NULL}};
   static const luaL_Reg timer_methods[] = {
     {"start", lmj_timer_start}, {"stop", lmj_timer_stop}, {"unref", lmj_timer_unref},
     {"close", lmj_timer_close}, {NULL, NULL}};

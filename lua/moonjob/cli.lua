@@ -317,7 +317,7 @@ end
 local function line_of_output(job)
   if not job.count then return job.line end
   local w = job.worker
-  local started = w and w:batch(job) -- (nil once the child's area is another batch's)
+  local started = w and w:batch_started(job) -- (nil once the child's area is another batch's)
   if started and started > 0 then return job.line + started - 1 end
 end
 

@@ -138,6 +138,12 @@ function Worker:batch(job)
   return self.process:batch(job.id)
 end
 
+-- How many lines of batch `job` the child has started; nil when it is not
+-- the child's batch (the area holds another's, or none yet).
+function Worker:batch_started(job)
+  return self.process:batch_started(job.id)
+end
+
 -- Takes back the lines of batch `job` the child has not started (its first
 -- excepted): how many it keeps, or nil when it has not taken the batch yet.
 function Worker:batch_cut(job)
