@@ -276,17 +276,7 @@ local function stopped_by(why)
     message = ("interrupted by %s; running jobs were killed"):format(SIGNAL_NAMES[signum] or signum) }
 end
 
-local HALTED = "halted" -- the reason of the jobs --halt soon cancels
-
--- The result lines of a batch --halt soon canceled as a child started it,
--- without its last line when that one failed from the cancel: it did not
--- run to its end (it runs again with --resume). Also the lines covered and
--- those failed.
-local function without_interrupted(text, covered, failed_n)
-  local start = text:find('{"line":%d+,"status":"failed","error":{"code":"ECANCELED"[^\n]*\n$')
-  if not start then return text, covered, failed_n end
-  return text:sub(1, start - 1), covered - 1, failed_n - 1
-end
+local HALTED = "halted" -- the reason of the jobs --halt soon cancels (none a child started)
 
 -- Whether --halt's condition `h` holds after `failed_n` of `finished_n`
 -- lines failed: a count, or a percentage judged from the third finished line on.
@@ -563,21 +553,21 @@ local function run(processor, input_path, o)
   -- --halt soon, after a failure on line `last`: no more input; of the lines
   -- in flight, those after `last` that no child started are canceled
   -- (waiting ones first, so that a child a cancel frees takes only lines up
-  -- to `last`), and the others run to their end, as in GNU parallel, where
-  -- every line before a failed one started before it.
+  -- to `last`; the pool asks the child's gate, and leaves a started one to
+  -- run), and the others run to their end, as in GNU parallel, where every
+  -- line before a failed one started before it.
   local function halt_soon(last)
     ended = true
-    local waiting, queued = {}, {}
+    local waiting, sent = {}, {}
     for job in pairs(open_jobs) do
       if job.line > last then
-        if job.state == "waiting" then waiting[#waiting + 1] = job
-        elseif not (job.worker and job.worker:started(job)) then queued[#queued + 1] = job end
+        if job.state == "waiting" then waiting[#waiting + 1] = job else sent[#sent + 1] = job end
       end
     end
-    for _, list in ipairs({ waiting, queued }) do
+    for _, list in ipairs({ waiting, sent }) do
       for _, job in ipairs(list) do
-        job.halted = true -- (one a child started meanwhile is interrupted: its line is not recorded either)
-        job:cancel(HALTED)
+        job.halted = true -- (read when it ends, inside the cancel)
+        if not pool:_cancel(job, HALTED, nil, true) then job.halted = nil end
       end
     end
   end
@@ -657,7 +647,6 @@ local function run(processor, input_path, o)
       return
     end
     local text, covered, ok_n, failed_n = batch_outcome(job)
-    if job.halted then text, covered, failed_n = without_interrupted(text, covered, failed_n) end
     local done = job.printed or 0 -- lines recorded while it ran
     if done > 0 then
       text = text:sub(job.printed_bytes + 1)

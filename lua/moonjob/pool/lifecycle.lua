@@ -167,7 +167,9 @@ end
 -- again): it then ends at once, never having run; one the child started
 -- meanwhile is interrupted. false when the job had already ended.
 -- code: ECANCELED unless given (a remote job stopped by its worker: ELEASE, ELOST).
-function Pool:_cancel(job, reason, code)
+-- unstarted_only: a job a child started is left to run (false), never
+-- interrupted (the command line's --halt soon).
+function Pool:_cancel(job, reason, code, unstarted_only)
   if job:is_finished() or job.state == "left" then return false end
   local message = "the job was canceled" .. (reason ~= nil and (": " .. tostring(reason)) or "")
   if code and code ~= "ECANCELED" then message = reason end
@@ -188,6 +190,8 @@ function Pool:_cancel(job, reason, code)
     self.source:remove(job)
     job.error = errors.new(code, message, { reason = reason })
     self:_finish(job, "failed")
+  elseif unstarted_only then
+    return false
   elseif not job.interrupt then
     self:_interrupt(job.worker, job, fields)
   end
