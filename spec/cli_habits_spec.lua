@@ -106,27 +106,32 @@ describe("moonjob run --halt", function()
     assert.equal("completed", lines[1].status) -- it was running: it finished
     assert.equal("EBAD", lines[2].error.code)
     assert.is_true(n <= 4, out) -- at most what the second child had started meanwhile
-    assert.equal("moonjob: halted (--halt soon,fail=1): 1 line failed; the lines before it and those running "
-      .. "finished, no later line started\n", err)
+    assert.equal("moonjob: halted (--halt soon,fail=1): 1 line failed; running jobs finished, no more "
+      .. "were started\n", err)
   end)
 
-  it("soon prints every line before the failed one and the failed one, also with -k and batches", function()
+  it("soon prints the failed line and what ran, once, also with -k and batches; --resume runs the rest", function()
     for _, k in ipairs({ "", "-k " }) do
       local list = {}
       for i = 1, 6000 do list[i] = i == 4500 and { fail = "EBAD" } or { n = i } end
       local input = input_file(list)
-      local out, _, status = h.sh(MOONJOB .. "run -j 3 " .. k .. "--halt soon,fail=1 " .. HABITS .. " " .. input)
-      os.remove(input)
+      local log = os.tmpname()
+      os.remove(log)
+      local args = "run -j 3 " .. k .. "--joblog " .. log .. " "
+      local out, _, status = h.sh(MOONJOB .. args .. "--halt soon,fail=1 " .. HABITS .. " " .. input)
       assert.equal(4, status)
-      local lines, n = by_line(out)
-      for i = 1, 4500 do assert.is_table(lines[i], k .. "line " .. i .. " is missing") end
-      assert.equal("EBAD", lines[4500].error.code)
-      local seen = {}
-      for text in out:gmatch('"line":(%d+),') do
-        assert.is_nil(seen[text], "line " .. text .. " printed twice")
-        seen[text] = true
+      local lines = by_line(out)
+      assert.equal("EBAD", lines[4500].error.code, k)
+      local again = h.sh(MOONJOB .. args .. "--resume " .. HABITS .. " " .. input)
+      os.remove(input)
+      os.remove(log)
+      local completed = {}
+      for line, state in (out .. again):gmatch('"line":(%d+),"status":"(%a+)"') do
+        line = tonumber(line)
+        assert.is_nil(completed[line], k .. "line " .. line .. " completed twice")
+        if state == "completed" then completed[line] = true end
       end
-      assert.is_true(n >= 4500)
+      for i = 1, 6000 do assert.is_true(i == 4500 or completed[i], k .. "line " .. i .. " never completed") end
     end
   end)
 
@@ -319,6 +324,12 @@ end
       assert.same({ code = "E\239\191\189", message = "caf\239\191\189 15", ["k\239\191\189"] = "v\239\191\189" },
         lines[15].error)
     end
+    -- a message of 600,000 bytes that are not UTF-8: replaced in one pass (this
+    -- took minutes when each bad byte rescanned the rest)
+    h.write_file(processor, 'return function() error(("\\233"):rep(600000)) end\n')
+    local out, _, status = h.sh("timeout 60 " .. MOONJOB .. "run -j 1 " .. processor, "1\n")
+    assert.equal(1, status)
+    assert.equal(600000, select(2, by_line(out)[1].error.message:gsub("\239\191\189", "")))
     os.remove(input)
     os.execute("rm -rf " .. dir)
   end)

@@ -295,8 +295,7 @@ local function halted(h, failed_n)
       message = ("halted (%s): %s; running jobs were killed"):format(rule, lines_failed) }
   end
   return { status = EXIT_HALTED_SOON, record = "ran", soon = true,
-    message = ("halted (%s): %s; the lines before it and those running finished, no later line started")
-      :format(rule, lines_failed) }
+    message = ("halted (%s): %s; running jobs finished, no more were started"):format(rule, lines_failed) }
 end
 
 -- Which input line printed what job `job` printed: a job of one line is that
@@ -537,11 +536,7 @@ local function run(processor, input_path, o)
     if from > to then return end
     job.handed_back = from
     inflight = inflight - (to - from + 1)
-    if stop then -- a run that stops adds nothing more (--resume runs them) but, under --halt
-      if not stop.soon then return end -- soon, the lines up to the failed one
-      to = math.min(to, stop.last - job.line + 1)
-      if from > to then return end
-    end
+    if stop then return end -- a run that stops adds nothing more (--resume runs them)
     local text = batches.slice(job.text, from, to)
     if from == to then return add_line(job.line + from - 1, text, #text) end
     add_batch(job.line + from - 1, to - from + 1, text)
@@ -550,19 +545,16 @@ local function run(processor, input_path, o)
     hand_back(job, kept + 1)
   end
 
-  -- --halt soon, after a failure on line `last`: no more input; of the lines
-  -- in flight, those after `last` that no child started are canceled
-  -- (waiting ones first, so that a child a cancel frees takes only lines up
-  -- to `last`; the pool asks the child's gate, and leaves a started one to
-  -- run), and the others run to their end, as in GNU parallel, where every
-  -- line before a failed one started before it.
-  local function halt_soon(last)
+  -- --halt soon: no more input, and every job in flight that no child
+  -- started is canceled (waiting ones first, so that a child a cancel frees
+  -- takes nothing; the pool asks the child's gate and leaves a started job
+  -- to run): only what runs finishes, as in GNU parallel. The main wait goes
+  -- on until those end.
+  local function halt_soon()
     ended = true
     local waiting, sent = {}, {}
     for job in pairs(open_jobs) do
-      if job.line > last then
-        if job.state == "waiting" then waiting[#waiting + 1] = job else sent[#sent + 1] = job end
-      end
+      if job.state == "waiting" then waiting[#waiting + 1] = job else sent[#sent + 1] = job end
     end
     for _, list in ipairs({ waiting, sent }) do
       for _, job in ipairs(list) do
@@ -582,10 +574,7 @@ local function run(processor, input_path, o)
     if not stop and halt_reached(o.halt, completed + failed, failed) then
       stop = halted(o.halt, failed)
       input:pause() -- nothing more is read, nor added
-      if stop.soon then
-        stop.last = line + count - 1
-        halt_soon(stop.last)
-      end
+      if stop.soon then halt_soon() end
     end
     return not joblog_failed
   end

@@ -68,10 +68,11 @@ local function utf8_sequence(c)
   if c >= 0xF1 and c <= 0xF3 then return 3, 0x80, 0xBF end
 end
 
--- Where string s stops being UTF-8 (a byte position), or nil when it is.
--- Runs of ASCII are skipped by string.find.
-local function lua_utf8_error_at(s)
-  local i = find(s, NON_ASCII)
+-- Where string s stops being UTF-8 (a byte position), looking from byte
+-- `init` (default 1) on, or nil when it is. Runs of ASCII are skipped by
+-- string.find.
+local function lua_utf8_error_at(s, init)
+  local i = find(s, NON_ASCII, init)
   while i do
     local n, low, high = utf8_sequence(byte(s, i))
     if not n then return i end
@@ -94,9 +95,10 @@ do
   end)
   if found then
     local c_error_at = ffi.C.moonjob_utf8_error_at
-    utf8_error_at = function(s)
-      local at = tonumber(c_error_at(s, #s))
-      if at > 0 then return at end
+    utf8_error_at = function(s, init)
+      init = init or 1
+      local at = tonumber(c_error_at(ffi.cast("const char *", s) + (init - 1), #s - init + 1))
+      if at > 0 then return init + at - 1 end
     end
   end
 end
@@ -113,8 +115,7 @@ function M.valid_text(s)
     parts[#parts + 1] = s:sub(from, at - 1)
     parts[#parts + 1] = "\239\191\189"
     from = at + 1
-    local rest = utf8_error_at(s:sub(from))
-    at = rest and from + rest - 1
+    at = from <= #s and utf8_error_at(s, from)
   end
   parts[#parts + 1] = s:sub(from)
   return table.concat(parts)
