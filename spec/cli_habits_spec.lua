@@ -30,12 +30,23 @@ end
 local function now() return require("moonjob.loop").now() / 1000 end
 
 describe("moonjob run's options", function()
-  it("takes -j4, -j=4, -j 4, --concurrency=4 and --concurrency 4 alike", function()
-    for _, form in ipairs({ "-j4", "-j=4", "-j 4", "--concurrency=4", "--concurrency 4" }) do
-      local out, err, status = h.sh(MOONJOB .. "run " .. form .. " spec/fixtures/pid.lua", '1\n2\n')
+  it("takes -j1, -j=1, -j 1, --concurrency=1, --concurrency 1 and --jobs 1 alike", function()
+    -- slow lines through one child run in one process; the default (a child
+    -- per CPU, 2 here) or a value ignored would spread them
+    local function children_used(form)
+      local out, err, status = h.sh(MOONJOB .. "run " .. form .. " spec/fixtures/pid_after.lua",
+        ('{"ms":100}\n'):rep(6))
       assert.equal(0, status, form .. ": " .. err)
-      local _, n = by_line(out)
-      assert.equal(2, n, form)
+      local pids, n = {}, 0
+      for pid in out:gmatch('"result":(%d+)') do
+        if not pids[pid] then n = n + 1 end
+        pids[pid] = true
+      end
+      return n
+    end
+    assert.is_true(children_used("-j 3") >= 2) -- (so one process for -j1 is the option's doing)
+    for _, form in ipairs({ "-j1", "-j=1", "-j 1", "--concurrency=1", "--concurrency 1", "--jobs 1", "--jobs=1" }) do
+      assert.equal(1, children_used(form), form)
     end
   end)
 

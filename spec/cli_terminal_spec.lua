@@ -110,6 +110,20 @@ describe("moonjob run on a terminal", function()
     assert.matches(SUMMARY, lines[#lines])
   end)
 
+  it("erases it before joblog lines that go to the terminal too (--joblog /dev/stderr)", function()
+    local transcript = on_terminal(MOONJOB .. "run -j 2 --joblog /dev/stderr " .. HABITS .. " " .. input .. " >/dev/null")
+    assert.matches(PROGRESS, transcript) -- drawn at least once
+    local lines, records = screen(transcript), 0
+    for n, line in ipairs(lines) do
+      if n == #lines then assert.matches(SUMMARY, line)
+      elseif not line:match("^%[line (%d+)%] hello from %1$") then
+        assert.is_table(json.decode(line), "a screen line is neither a joblog record nor a processor line: " .. line)
+        records = records + 1
+      end
+    end
+    assert.equal(10, records)
+  end)
+
   it("shows nothing of it with --no-progress", function()
     local transcript = on_terminal(MOONJOB .. "run --no-progress -j 2 " .. HABITS .. " " .. input .. " >/dev/null")
     assert.is_nil(transcript:find("\27[K", 1, true))

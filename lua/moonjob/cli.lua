@@ -257,6 +257,13 @@ local function input_size(path)
   return size and size - at
 end
 
+-- Whether open file f is a regular file (it can seek): what is written to
+-- anything else (a terminal, a pipe to a pager or to `cat`) may show on the
+-- terminal where the progress line is.
+local function regular_file(f)
+  return f:seek("cur") ~= nil
+end
+
 -- Runs the loop until done() or the bound; a stop signal ends it early.
 local function run_for(done, ms)
   local expired = false
@@ -403,7 +410,7 @@ local function run(processor, input_path, o)
     display = progress.new(function()
       return { completed = completed, failed = failed, skipped = lines_over - completed - failed,
         read = line_no, bytes = bytes_read, input_ended = input_done, size = size }
-    end, core.isatty(1), function() return (out:pending() or 0) == 0 end)
+    end, not regular_file(io.stdout), function() return (out:pending() or 0) == 0 end)
   end
   local resumed_last = 0 -- the last line --resume skips
   for line in pairs(resumed) do resumed_last = math.max(resumed_last, line) end
@@ -454,9 +461,11 @@ local function run(processor, input_path, o)
   -- to stdout: the joblog holds what was printed, in the same order, also
   -- with --keep-order (a result waiting for an earlier line is in neither).
   local joblog_failed = false
+  local joblog_may_show = joblog and not regular_file(joblog) -- (--joblog /dev/stderr)
   local function write(text)
     if text == "" or joblog_failed then return end
     if joblog then
+      if display and joblog_may_show then display.erase() end
       local ok, e = joblog:write(text)
       if not ok then
         joblog_failed = true

@@ -22,7 +22,7 @@ of child processes. Prints one JSON line per finished line, as it finishes:
 What the processor prints goes to standard error as "[line N] text".
 
 options:
-  -j, --concurrency N   children to run (default: the number of CPUs)
+  -j, --concurrency N   children to run (default: the number of CPUs; also --jobs N)
   -k, --keep-order      print results in input order (default: as they finish)
   --halt WHEN,fail=N    stop after N failed lines: WHEN is now (running jobs
                         are killed; exit 3) or soon (nothing more starts,
@@ -131,6 +131,7 @@ local SECONDS_ANY = "a number of seconds from 0 to 1e9"
 local VALUED = {
   ["-j"] = { "concurrency", children, "a number", WHOLE_1024 },
   ["--concurrency"] = { "concurrency", children, "a number", WHOLE_1024 },
+  ["--jobs"] = { "concurrency", children, "a number", WHOLE_1024 }, -- GNU parallel's name
   ["--attempts"] = { "attempts", positive_integer, "a number", WHOLE_2_31 },
   ["--backoff"] = { "backoff", backoff_spec, "a value", "fixed:SECONDS or exponential:SECONDS[:JITTER]" },
   ["--halt"] = { "halt", halt_spec, "a value",

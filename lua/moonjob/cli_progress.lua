@@ -6,10 +6,11 @@
 --
 -- The line is redrawn at most 10 times a second, on a timer of the loop, and
 -- is erased ("\r", then erase to the end of the line) before anything else
--- is written to stderr, and before any write to stdout when stdout is a
--- terminal too: it is redrawn only once the output written since has left
--- (the output writer is asynchronous), so it never sits in the middle of a
--- result line. With INPUT a file, the total is estimated from its size and
+-- is written to stderr, and before any write to stdout when stdout is not a
+-- regular file (a terminal, or a pipe whose reader may print there): it is
+-- redrawn only once the output written since has left (the output writer is
+-- asynchronous), so it does not sit in the middle of a result line. Caveat:
+-- a reader on a pipe prints when it likes; its lines can still meet a redraw. With INPUT a file, the total is estimated from its size and
 -- the bytes per line read so far (shown with "~") until the input is read
 -- to its end, and the percentage and ETA follow it; from a stream, only the
 -- count and the rate.
@@ -84,10 +85,10 @@ function M.summary(s)
     lines_text(done), grouped(s.completed), grouped(s.failed), skipped, s.elapsed, rate_text(rate))
 end
 
--- progress.new(state, stdout_is_terminal, output_idle) -> display.
+-- progress.new(state, stdout_may_show, output_idle) -> display.
 -- state() -> the table M.describe reads (elapsed is filled in here);
 -- output_idle() -> true when nothing written to stdout is still on its way.
-function M.new(state, stdout_is_terminal, output_idle)
+function M.new(state, stdout_may_show, output_idle)
   local started = loop.now()
   local shown = false
   local display = {}
@@ -114,11 +115,11 @@ function M.new(state, stdout_is_terminal, output_idle)
 
   -- Called before each write to stdout.
   function display.before_stdout()
-    if stdout_is_terminal then display.erase() end
+    if stdout_may_show then display.erase() end
   end
 
   local timer = core.timer(function()
-    if stdout_is_terminal and not output_idle() then return end
+    if stdout_may_show and not output_idle() then return end
     io.stderr:write(ERASE, M.describe(snapshot()))
     shown = true
   end)
