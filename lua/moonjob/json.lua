@@ -96,7 +96,11 @@ do
   if found then
     local c_error_at = ffi.C.moonjob_utf8_error_at
     utf8_error_at = function(s, init)
-      init = init or 1
+      if not init then -- (every line and string: no cast)
+        local at = tonumber(c_error_at(s, #s))
+        if at > 0 then return at end
+        return nil
+      end
       local at = tonumber(c_error_at(ffi.cast("const char *", s) + (init - 1), #s - init + 1))
       if at > 0 then return init + at - 1 end
     end
