@@ -520,15 +520,22 @@ static int lmj_process_recall(lua_State *L) {
   return 1;
 }
 
+/* Where batch job `job` (argument 2) stands in process 1's child: 0, or -1
+ * when it is not a batch of lines the child started. */
+static int lmj_batch_state(lua_State *L, lmj_process_t **lp, mj_batch_state_t *state) {
+  *lp = lmj_check_process(L, 1);
+  uint64_t job = (uint64_t) lmj_check_range(L, 2, 0, 9007199254740992.0);
+  return mj_process_batch(&(*lp)->p, job, state);
+}
+
 /* process:batch(job) -> started, kept_lines, kept_text, line_ms: where batch
  * job `job` stands in the child (readable after its death too), and how long
  * ago (ms) its last line started; nil when `job` is not a batch of lines the
  * child started. */
 static int lmj_process_batch(lua_State *L) {
-  lmj_process_t *lp = lmj_check_process(L, 1);
-  uint64_t job = (uint64_t) lmj_check_range(L, 2, 0, 9007199254740992.0);
+  lmj_process_t *lp;
   mj_batch_state_t state;
-  if (mj_process_batch(&lp->p, job, &state) != 0) return 0;
+  if (lmj_batch_state(L, &lp, &state) != 0) return 0;
   lua_pushnumber(L, state.started);
   lua_pushnumber(L, state.kept_lines);
   lua_pushlstring(L, state.kept, state.kept_bytes);
@@ -543,10 +550,9 @@ static int lmj_process_batch(lua_State *L) {
  * process:batch gives first, without copying the kept results (the command
  * line asks it for each line a batch prints). */
 static int lmj_process_batch_started(lua_State *L) {
-  lmj_process_t *lp = lmj_check_process(L, 1);
-  uint64_t job = (uint64_t) lmj_check_range(L, 2, 0, 9007199254740992.0);
+  lmj_process_t *lp;
   mj_batch_state_t state;
-  if (mj_process_batch(&lp->p, job, &state) != 0) return 0;
+  if (lmj_batch_state(L, &lp, &state) != 0) return 0;
   lua_pushnumber(L, state.started);
   return 1;
 }
