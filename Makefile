@@ -81,12 +81,12 @@ deps:
 # (the sandbox spec: the child must fail closed).
 SPEC_HOST  = $(BUILD)/spec-states $(BUILD)/spec-failing.so
 spec-host: $(SPEC_HOST)
-$(BUILD)/spec-states: spec/host/states.c $(FLAGS_STAMP)
+$(BUILD)/spec-states: spec/support/host/states.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(WARN) -I$(LUA_INCDIR) $(LDFLAGS) -o $@ spec/host/states.c $(LUAJIT_LIB)
-$(BUILD)/spec-failing.so: spec/host/failing.c $(FLAGS_STAMP)
+	$(CC) $(CFLAGS) $(WARN) -I$(LUA_INCDIR) $(LDFLAGS) -o $@ spec/support/host/states.c $(LUAJIT_LIB)
+$(BUILD)/spec-failing.so: spec/support/host/failing.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(WARN) -fPIC -shared $(LDFLAGS) -o $@ spec/host/failing.c -ldl
+	$(CC) $(CFLAGS) $(WARN) -fPIC -shared $(LDFLAGS) -o $@ spec/support/host/failing.c -ldl
 
 test: deps all spec-host
 	$(BUSTED)
@@ -99,7 +99,7 @@ chaos: deps all
 # The whole suite on a build with AddressSanitizer and UndefinedBehaviorSanitizer,
 # in its own directory. The child program is fully instrumented; the parent's
 # core.so runs inside the uninstrumented luajit, so the ASan runtime is
-# preloaded into luajit only (specs/helpers.lua takes LD_PRELOAD out of the
+# preloaded into luajit only (spec/support/helpers.lua takes LD_PRELOAD out of the
 # environment of the shells and tools the specs start, and puts it back for
 # the luajit commands they run, through MOONJOB_PRELOAD). Every finding is
 # written under $(SAN_BUILD)/logs, in the parent or in any child, and fails the

@@ -3,7 +3,7 @@
 --
 -- The input is LINES small lines ({"n":1,"name":"item 1"}); the processor is
 -- bench/small_table.lua. The plain loop is one LuaJIT process that decodes
--- each line with moonjob.json (the CLI's exact JSON codec), calls the same
+-- each line with moonjob.codec.json (the CLI's exact JSON codec), calls the same
 -- processor, encodes the result the same way and writes the same output line
 -- ({"line":N,"status":"completed","result":...}). Both write to /dev/null.
 -- moonjob runs inside this process (moonjob.cli.main), so the parent's own
@@ -66,7 +66,7 @@ end
 
 -- The same work in one plain LuaJIT loop.
 local function plain(path)
-  local json = require "moonjob.json"
+  local json = require "moonjob.codec.json"
   local process = dofile(PROCESSOR)
   local out = io.stdout
   out:setvbuf("full")

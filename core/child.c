@@ -3,7 +3,7 @@
  * The parent starts this program with the channel socket on fd 3 and the
  * child's stdout/stderr on pipes of their own. Mechanism lives here: the
  * process set-up, and a tiny `moonjob.channel` module (recv/send of frames on
- * fd 3, blocking). Policy lives in Lua: main() requires `moonjob.runner`, which
+ * fd 3, blocking). Policy lives in Lua: main() requires `moonjob.child.runner`, which
  * reads the INIT frame, loads the processor file and runs jobs one at a time
  * until the channel reaches end-of-file. The parent may send several JOB
  * frames ahead (pipelining, frame.h): the child reads the channel ahead and
@@ -724,7 +724,7 @@ static int channel_output_mark(lua_State *L) {
 
 /* Where text[0, len) stops being UTF-8 (RFC 3629: no overlong forms, no
  * surrogates, nothing past U+10FFFF), as a 1-based byte position, or 0 when
- * it is UTF-8. moonjob.json checks every line and string with it in the
+ * it is UTF-8. moonjob.codec.json checks every line and string with it in the
  * child, through the FFI (Lua's pattern matching took 12% of a batch line);
  * runs of ASCII are skipped eight bytes at a time. */
 size_t moonjob_utf8_error_at(const char *text, size_t len) {
@@ -1205,13 +1205,13 @@ static int set_up_state(lua_State *L) {
   return 0;
 }
 
-/* Runs require("moonjob.runner").main(). Returns the process exit status. A
+/* Runs require("moonjob.child.runner").main(). Returns the process exit status. A
  * memory error before READY is a set-up failure (memory_limit too small). */
 static int run_runner(lua_State *L) {
   int rc;
   lua_pushcfunction(L, traceback);
   lua_getglobal(L, "require");
-  lua_pushliteral(L, "moonjob.runner");
+  lua_pushliteral(L, "moonjob.child.runner");
   rc = lua_pcall(L, 1, 1, 1);
   if (rc != 0) goto error;
   lua_getfield(L, -1, "main");

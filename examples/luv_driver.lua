@@ -7,7 +7,7 @@
 -- timers are due (job timeouts, delays, retries: they make no descriptor
 -- readable); the timeout is read again after each step. Returns a function
 -- that stops driving (then nothing of moonjob's keeps luv's loop running).
--- examples/luv_host.lua is a whole program built on it; spec/embed_spec.lua
+-- examples/luv_host.lua is a whole program built on it; spec/embed/embed_spec.lua
 -- runs this very file.
 local moonjob = require "moonjob"
 

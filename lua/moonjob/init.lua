@@ -29,7 +29,7 @@ end
 -- moonjob.queue(redis_url, name [, opts]) -> queue | nil, err: add jobs to a
 -- durable queue on Redis that worker pools on any host run (moonjob.redis.queue).
 function M.queue(url, name, opts)
-  return require("moonjob.redis.queue").new(url, name, opts)
+  return require("moonjob.redis.producer").new(url, name, opts)
 end
 
 -- Inside another event loop (luv, cqueues, ...): watch moonjob.fd() for

@@ -23,7 +23,7 @@ local methods = {}
 -- named field, set only when it has a value; `pool` comes from the pool's own
 -- metatable, `attempts` reads 0 until set, `logs` is made on first use.
 local SLOTS = { id = 1, data_bytes = 2, state = 3, added = 4, qindex = 5, priority = 6 }
-Job.SLOT = SLOTS -- for moonjob.queue, which reads and writes them directly (false for nil)
+Job.SLOT = SLOTS -- for moonjob.pool.waiting, which reads and writes them directly (false for nil)
 
 -- Job.bytes(payload) -> string. A payload larger than the core's piece size
 -- (1 MiB) arrives as a list of pieces, so that no loop callback copies it

@@ -85,7 +85,7 @@ function Worker:interrupt(job, fields)
 end
 
 -- Worker.max_frame(pool): the payload bytes a frame from a child may have.
--- A batch of lines' DONE (runner.lua) holds its kept results besides its
+-- A batch of lines' DONE (child/runner.lua) holds its kept results besides its
 -- last line's, which alone is at most max_payload: a pool with batches
 -- (pool.batches) allows for them.
 function Worker.max_frame(pool)
@@ -187,7 +187,7 @@ end
 
 -- Output past max_log_bytes for one job is dropped (and counted): a flood costs
 -- the parent a length check per chunk, never memory. (A batch of lines too:
--- a line that prints ends its batch, runner.lua, so what it prints is one line's.)
+-- a line that prints ends its batch, child/runner.lua, so what it prints is one line's.)
 local function over_budget(w, chunk)
   local limit = w.pool.max_log_bytes
   w.log_bytes = w.log_bytes + #chunk

@@ -1,6 +1,6 @@
 -- moonjob.pool.breaker -- start failures: the circuit breaker and its back-off.
 --
--- Methods mixed into the Pool class (see pool.lua). Start failures (a
+-- Methods mixed into the Pool class (see pool/init.lua). Start failures (a
 -- processor that cannot load, a child not ready within start_timeout, a child
 -- that cannot be spawned) open a circuit breaker: while no child is ready or
 -- starting, jobs that would be dispatched fail at once with the start error

@@ -1,6 +1,6 @@
 -- moonjob.pool.deadlines -- what the pool does when a deadline passes.
 --
--- Methods mixed into the Pool class (see pool.lua). Deadlines are the
+-- Methods mixed into the Pool class (see pool/init.lua). Deadlines are the
 -- parent's, never the child's: at a job's soft deadline (or on cancel) the
 -- child is interrupted and its processor's cleanup runs; at the hard
 -- deadline, kill_after seconds later, the child's process group is SIGKILLed,
@@ -15,7 +15,7 @@
 -- the child is ready, then for the running job's timeout, then for
 -- kill_after once the job was interrupted; when it fires, the pool tells from
 -- the worker's state which deadline it was. Acknowledgements are checked by
--- the sweep (moonjob.pool.supervise), not by a timer per job.
+-- the sweep (moonjob.pool.children), not by a timer per job.
 --
 -- Caveat: the soft deadline cannot stop JIT-compiled loops or C calls (no
 -- hook runs there); the hard kill always can.

@@ -1,6 +1,6 @@
 -- moonjob.pool.events -- the pool's listeners: on, off, and emitting events.
 --
--- Methods mixed into the Pool class (see pool.lua). Every listener runs
+-- Methods mixed into the Pool class (see pool/init.lua). Every listener runs
 -- protected: an error in one is reported to the `error` listeners (or, for
 -- an error in an `error` listener or when there is none, written to stderr)
 -- and the loop carries on. Callers test `self.listeners[event]` before

@@ -122,7 +122,7 @@ function Options.check_remote(opts)
     return
   end
   if not opts.queue then error("moonjob.pool: option 'redis' needs option 'queue' (the queue's name)", 5) end
-  local ok, why = require("moonjob.redis.queue").check_name(opts.queue)
+  local ok, why = require("moonjob.redis.producer").check_name(opts.queue)
   if not ok then error("moonjob.pool: option 'queue': " .. why, 5) end
   local parsed, perr = require("moonjob.redis.client").parse(opts.redis)
   if not parsed then error("moonjob.pool: option 'redis': " .. perr, 5) end

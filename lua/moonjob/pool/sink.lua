@@ -1,6 +1,6 @@
 -- moonjob.pool.sink -- how a worker reports to its pool: the worker sink.
 --
--- Methods mixed into the Pool class (see pool.lua). A worker (moonjob.worker,
+-- Methods mixed into the Pool class (see pool/init.lua). A worker (moonjob.worker,
 -- the parent's side of one child) tells its pool what happened through these
 -- methods and no other: every frame, line of output, timer and exit of a
 -- child arrives here, and each method turns it into pool actions (a job's

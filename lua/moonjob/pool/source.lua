@@ -2,7 +2,7 @@
 --
 -- The pool reaches its waiting jobs only through pool.source, an object with
 -- the seven methods below; nothing else in the pool knows how or where jobs
--- wait. The source is the local one, a moonjob.queue (two heaps in this
+-- wait. The source is the local one, a moonjob.pool.waiting (two heaps in this
 -- process). A pool on Redis keeps it: its moonjob.redis.remote fetches jobs
 -- from the durable queue in batches and pushes them here (a bounded buffer:
 -- `size` + `prefetch` jobs), so dispatch, priorities among fetched jobs,
@@ -36,7 +36,7 @@
 -- waiting job only in the source). Jobs are the pool's moonjob.job objects;
 -- the local source keeps each one's place in job.qindex, which no other code
 -- may touch.
-local Queue = require "moonjob.queue"
+local Queue = require "moonjob.pool.waiting"
 
 local Source = {}
 

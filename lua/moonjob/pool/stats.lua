@@ -1,6 +1,6 @@
 -- moonjob.pool.stats -- what pool:stats() reports: counters and recent times.
 --
--- Methods mixed into the Pool class (see pool.lua). The counters live in
+-- Methods mixed into the Pool class (see pool/init.lua). The counters live in
 -- pool.counts (completed, failed, spawned, crashed, timeouts, killed,
 -- retries, cache_hits) and are bumped where each thing happens; this file
 -- keeps the two rings of recent times (pool.wait_ms: from added, or due, to

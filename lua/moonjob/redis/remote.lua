@@ -29,10 +29,10 @@ local Backoff = require "moonjob.backoff"
 local Job = require "moonjob.job"
 local client = require "moonjob.redis.client"
 local errors = require "moonjob.errors"
-local json = require "moonjob.json"
+local json = require "moonjob.codec.json"
 local loop = require "moonjob.loop"
 local core = require "moonjob.core"
-local Queue = require "moonjob.redis.queue"
+local Queue = require "moonjob.redis.producer"
 
 local Remote = {}
 Remote.__index = Remote

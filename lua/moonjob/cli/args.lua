@@ -1,0 +1,209 @@
+-- moonjob.cli.args -- the command line's words: its help text and the parser
+-- that turns arguments into one table of options for every command.
+--
+-- Options are written the ways GNU tools take them: `-j 4`, `-j4`, `-j=4`,
+-- `--concurrency 4`, `--concurrency=4`. A value that is missing or wrong is a
+-- usage error naming the option and what it wants ("-j needs a number: a
+-- whole number from 1 to 1024"). `--halt` takes GNU parallel's WHEN,fail=N
+-- and WHEN,fail=P% (WHEN: now or soon), or never.
+local M = {}
+
+M.USAGE = [[
+usage: moonjob run PROCESSOR [INPUT] [options]
+       moonjob worker PROCESSOR --redis URL --queue NAME [-j N] [--lease S] [--grace S]
+       moonjob add --redis URL --queue NAME [INPUT] [--attempts N] [--priority P] [--delay S]
+       moonjob status --redis URL --queue NAME [--watch]
+
+Runs the processor file PROCESSOR once per line of INPUT, an NDJSON file
+(one job's data per line, any JSON value; default: standard input), in a pool
+of child processes. Prints one JSON line per finished line, as it finishes:
+  {"line":1,"status":"completed","result":...,"attempts":1,"ms":0.4}
+  {"line":2,"status":"failed","error":{"code":"...","message":"..."},"attempts":1,"ms":0.2}
+What the processor prints goes to standard error as "[line N] text".
+
+options:
+  -j, --concurrency N   children to run (default: the number of CPUs; also --jobs N)
+  -k, --keep-order      print results in input order (default: as they finish)
+  --halt WHEN,fail=N    stop after N failed lines: WHEN is now (running jobs
+                        are killed; exit 3) or soon (nothing more starts,
+                        running jobs finish; exit 4); fail=P% stops when P% of
+                        the lines finished have failed (from 3 finished lines)
+  --attempts N          runs per job before it fails for good (default 1)
+  --backoff SPEC        wait between attempts: fixed:SECONDS or
+                        exponential:SECONDS[:JITTER] (JITTER 0..1)
+  --joblog FILE         append one line per finished job to FILE
+  --resume              skip the lines FILE (--joblog) records as completed
+  --timeout S           seconds a job may run; then it is interrupted, its
+                        cleanup runs, and it fails with ETIMEDOUT
+  --kill-after S        seconds after the timeout before the child is killed
+                        (default 5)
+  --start-timeout S     seconds a child may take to load the processor
+                        (default 60); then the run stops with ELOAD
+  --progress, --no-progress   show a progress line and a summary on stderr, or
+                        not (default: when stderr is a terminal)
+
+durable queues on Redis (README "Durable queues on Redis"):
+  worker                run jobs from the queue until SIGTERM or Ctrl-C, then
+                        give back what was not started and exit 0
+  add                   add one job per NDJSON line of INPUT; prints the ids
+  status                print the queue's counts (--watch: every second)
+  --redis URL           redis://[user:password@]host[:port][/db]; default:
+                        $MOONJOB_REDIS (keeps a password out of `ps`)
+  --queue NAME          the queue's name
+  --lease S             seconds a fetched job is held before another worker
+                        may take it, renewed every S/3 (default 30)
+  --grace S             seconds running jobs get to finish when the worker
+                        stops (default 30)
+  --prefetch N          jobs held beyond the running ones (default: -j)
+  --keep N, --keep-age S  finished jobs kept in Redis, by count per state
+                        (default 1000) and age (default 86400 s)
+  --priority P, --delay S   for add: lower runs first; seconds before it may run
+
+  -h, --help            show this help
+  --version             show the version
+
+exit status: 0 every job completed, 1 some job failed, 2 usage, set-up or I/O
+error (the processor cannot load, the joblog cannot be written), 3 stopped by
+--halt now, 4 stopped by --halt soon, 128+N when stopped by signal N (130
+Ctrl-C, 143 SIGTERM, 129 SIGHUP)
+]]
+
+local SECONDS_MAX = 1e9 -- the pool's own bound on its times
+
+local function positive_integer(text)
+  local n = tonumber(text)
+  if n and n >= 1 and n <= 2 ^ 31 and n == math.floor(n) then return n end
+end
+
+local function children(text)
+  local n = positive_integer(text)
+  if n and n <= 1024 then return n end
+end
+
+local function seconds(text)
+  local n = tonumber(text)
+  if n and n >= 0 and n <= SECONDS_MAX then return n end
+end
+
+local function positive_seconds(text) -- timers count milliseconds
+  local n = seconds(text)
+  if n and n >= 0.001 then return n end
+end
+
+local function whole_up_to_million(text)
+  local n = tonumber(text)
+  if n and n >= 0 and n <= 1e6 and n % 1 == 0 then return n end
+end
+
+local function backoff_spec(text)
+  local kind, delay, jitter = text:match("^(%a+):([%d.]+):?([%d.]*)$")
+  delay, jitter = tonumber(delay), tonumber(jitter)
+  if not (kind == "fixed" or kind == "exponential") or not delay then return nil end
+  if jitter and jitter > 1 then return nil end
+  return { type = kind, delay = delay, jitter = jitter }
+end
+
+-- --halt: never | now,fail=N | soon,fail=N | now,fail=P% | soon,fail=P%
+-- -> { when = "now"|"soon", count = N } or { when = ..., percent = P },
+-- false for never.
+local function halt_spec(text)
+  if text == "never" then return false end
+  local when, n, percent = text:match("^(%a+),fail=(%d+%.?%d*)(%%?)$")
+  n = tonumber(n)
+  if not (when == "now" or when == "soon") or not n then return nil end
+  if percent == "%" then
+    if n > 0 and n <= 100 then return { when = when, percent = n } end
+  elseif n >= 1 and n == math.floor(n) then
+    return { when = when, count = n }
+  end
+end
+
+local function path(text)
+  if text ~= "" then return text end
+end
+
+local WHOLE_1024 = "a whole number from 1 to 1024"
+local WHOLE_2_31 = "a whole number from 1 to 2^31"
+local SECONDS_POSITIVE = "a number of seconds from 0.001 to 1e9"
+local SECONDS_ANY = "a number of seconds from 0 to 1e9"
+
+-- option -> { field, parser, what it needs (in short), what it wants (in full) }
+local VALUED = {
+  ["-j"] = { "concurrency", children, "a number", WHOLE_1024 },
+  ["--concurrency"] = { "concurrency", children, "a number", WHOLE_1024 },
+  ["--jobs"] = { "concurrency", children, "a number", WHOLE_1024 }, -- GNU parallel's name
+  ["--attempts"] = { "attempts", positive_integer, "a number", WHOLE_2_31 },
+  ["--backoff"] = { "backoff", backoff_spec, "a value", "fixed:SECONDS or exponential:SECONDS[:JITTER]" },
+  ["--halt"] = { "halt", halt_spec, "a value",
+    "now,fail=N, soon,fail=N, now,fail=P% or soon,fail=P% (N at least 1, P above 0 and at most 100), or never" },
+  ["--joblog"] = { "joblog", path, "a file", "a file path" },
+  ["--timeout"] = { "timeout", positive_seconds, "a number", SECONDS_POSITIVE },
+  ["--start-timeout"] = { "start_timeout", positive_seconds, "a number", SECONDS_POSITIVE },
+  ["--kill-after"] = { "kill_after", seconds, "a number", SECONDS_ANY },
+  ["--redis"] = { "redis", path, "a URL", "a URL: redis://[user:password@]host[:port][/db]" },
+  ["--queue"] = { "queue", path, "a name", "a queue name" },
+  ["--lease"] = { "lease", positive_seconds, "a number", SECONDS_POSITIVE },
+  ["--grace"] = { "grace", seconds, "a number", SECONDS_ANY },
+  ["--keep"] = { "keep", positive_integer, "a number", WHOLE_2_31 },
+  ["--keep-age"] = { "keep_age", positive_seconds, "a number", SECONDS_POSITIVE },
+  ["--prefetch"] = { "prefetch", whole_up_to_million, "a number", "a whole number from 0 to 1e6" },
+  ["--delay"] = { "delay", seconds, "a number", SECONDS_ANY },
+  ["--priority"] = { "priority", tonumber, "a number", "a number (lower runs first)" },
+}
+
+local FLAGS = {
+  ["-h"] = "help", ["--help"] = "help", ["--version"] = "version",
+  ["-k"] = "keep_order", ["--keep-order"] = "keep_order", ["--resume"] = "resume",
+  ["--watch"] = "watch", ["--progress"] = "progress",
+}
+
+-- An option with its value in the same word: `--name=value`, `-jVALUE` or
+-- `-j=VALUE`. Returns the option's name and the value, or nil.
+local function inline_value(word)
+  local name, value = word:match("^(%-%-[%w-]+)=(.*)$")
+  if name then return name, value end
+  name, value = word:match("^(%-%a)(.+)$")
+  if name and VALUED[name] then return name, (value:gsub("^=", "")) end
+end
+
+-- The value of valued option `name` (`value`, or nil when it is missing), or
+-- nil and a message.
+local function option_value(name, value)
+  local spec = VALUED[name]
+  local field, parse_value, needs, wants = spec[1], spec[2], spec[3], spec[4]
+  if value == nil or value == "" then
+    return nil, ("%s needs %s: %s"):format(name, needs, wants)
+  end
+  local v = parse_value(value)
+  if v == nil then return nil, ("%s needs %s, got '%s'"):format(name, wants, value) end
+  return field, v
+end
+
+-- cli_args.parse(args) -> options | nil, message
+function M.parse(args)
+  local o = { positional = {} }
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    local name, value = inline_value(a)
+    name = name or a
+    if FLAGS[a] then
+      o[FLAGS[a]] = true
+    elseif a == "--no-progress" then
+      o.progress = false
+    elseif VALUED[name] then
+      if value == nil then i = i + 1; value = args[i] end
+      local field, v = option_value(name, value)
+      if not field then return nil, v end
+      o[field] = v
+    elseif a:sub(1, 1) == "-" and a ~= "-" then
+      return nil, ("unknown option '%s'"):format(a)
+    else
+      o.positional[#o.positional + 1] = a
+    end
+    i = i + 1
+  end
+  return o
+end
+
+return M

@@ -1,0 +1,423 @@
+-- moonjob.codec.json -- exact JSON for the text edges (the CLI, the "json" codec).
+--
+-- Debian's lua-cjson 2.1.0 prints numbers with at most 14 significant digits,
+-- which silently changes users' data (2^53 comes out as 9.007199254741e+15).
+-- encode() here writes every number exactly: integers up to 2^53 in full, any
+-- other double with the shortest of %.15g/%.16g/%.17g that reads back equal.
+--
+-- decode() never changes a number silently. Integers written without fraction
+-- or exponent are exact up to 64 bits: within ±2^53 they are Lua numbers,
+-- beyond they are LuaJIT's 64-bit integer cdata (int64_t, or uint64_t above
+-- 2^63-1), which encode() writes back digit for digit; further out they are an
+-- error. Other numbers are doubles, as JSON parsers commonly read them; one
+-- beyond a double's range (1e400), or too small for one and not zero (1e-400),
+-- is an error, as are NaN and Infinity (not JSON).
+--
+-- decode() uses cjson (strtod, invalid numbers refused) for most texts. A
+-- small Lua decoder runs instead when the text holds an empty array, so that
+-- `[]` comes back as an empty table marked with json.array_mt and is written
+-- back as `[]`, not `{}`; or a run of 16 digits or an exponent of 3 digits,
+-- the only ways to write a number cjson would change (a big integer, an
+-- overflow, an underflow).
+--
+-- Text is UTF-8 both ways (RFC 8259): decode() refuses a text that is not
+-- (an invalid byte, an overlong form, a surrogate, past U+10FFFF), and
+-- encode() a string that is not, so that what moonjob writes is always valid
+-- JSON; bytes that are not text go as base64 or hex. Both nest at most
+-- MAX_DEPTH (1000) arrays and objects, and say so in the same words
+-- (json.too_deep).
+--
+-- Caveats: JSON null decodes to cjson.null (a lightuserdata) inside arrays and
+-- objects, and encodes back as null. NaN and infinities cannot be written.
+-- A table is an array when its keys are exactly 1..n; an empty table is `{}`
+-- unless it carries json.array_mt.
+local cjson = require "cjson"
+local buffer = require "string.buffer"
+local ffi = require "ffi"
+
+local M = {}
+M.null = cjson.null
+M.array_mt = { __name = "moonjob.codec.json.array" }
+M.MAX_DEPTH = 1000
+
+-- The one wording of a nesting limit, here and for string.buffer's (moonjob.pool, runner).
+function M.too_deep(limit)
+  return ("nested deeper than %d levels"):format(limit)
+end
+local TOO_DEEP = M.too_deep(M.MAX_DEPTH)
+
+local decode_safe = cjson.new()
+decode_safe.decode_max_depth(M.MAX_DEPTH)
+decode_safe.decode_invalid_numbers(false) -- NaN, Infinity, hex: not JSON
+
+------------------------------------------------------------------ UTF-8 ---
+
+local find, byte = string.find, string.byte
+local NON_ASCII = "[\128-\255]"
+
+-- The bytes a lead byte `c` takes after it, and the range of the first of
+-- them (RFC 3629's table: no overlong forms, no surrogates, nothing past
+-- U+10FFFF); nil for a byte that cannot start a character.
+local function utf8_sequence(c)
+  if c >= 0xC2 and c <= 0xDF then return 1, 0x80, 0xBF end
+  if c == 0xE0 then return 2, 0xA0, 0xBF end
+  if c == 0xED then return 2, 0x80, 0x9F end
+  if c >= 0xE1 and c <= 0xEF then return 2, 0x80, 0xBF end
+  if c == 0xF0 then return 3, 0x90, 0xBF end
+  if c == 0xF4 then return 3, 0x80, 0x8F end
+  if c >= 0xF1 and c <= 0xF3 then return 3, 0x80, 0xBF end
+end
+
+-- Where string s stops being UTF-8 (a byte position), looking from byte
+-- `init` (default 1) on, or nil when it is. Runs of ASCII are skipped by
+-- string.find.
+local function lua_utf8_error_at(s, init)
+  local i = find(s, NON_ASCII, init)
+  while i do
+    local n, low, high = utf8_sequence(byte(s, i))
+    if not n then return i end
+    local c = byte(s, i + 1)
+    if not c or c < low or c > high then return i end
+    for k = 2, n do
+      c = byte(s, i + k)
+      if not c or c < 0x80 or c > 0xBF then return i end
+    end
+    i = find(s, NON_ASCII, i + n + 1)
+  end
+end
+-- In the child program, its C function does it (core/child.c), through the
+-- FFI: Lua's pattern matching cost 12% of a batch line's time there.
+local utf8_error_at = lua_utf8_error_at
+do
+  local found = pcall(function()
+    ffi.cdef "size_t moonjob_utf8_error_at(const char *text, size_t len);"
+    local _ = ffi.C.moonjob_utf8_error_at
+  end)
+  if found then
+    local c_error_at = ffi.C.moonjob_utf8_error_at
+    utf8_error_at = function(s, init)
+      if not init then -- (every line and string: no cast)
+        local at = tonumber(c_error_at(s, #s))
+        if at > 0 then return at end
+        return nil
+      end
+      local at = tonumber(c_error_at(ffi.cast("const char *", s) + (init - 1), #s - init + 1))
+      if at > 0 then return init + at - 1 end
+    end
+  end
+end
+M.utf8_error_at = utf8_error_at
+M.lua_utf8_error_at = lua_utf8_error_at -- (the specs compare the two)
+
+-- json.valid_text(s) -> s, with each byte where it stops being UTF-8
+-- replaced by U+FFFD: for messages, which must reach JSON whatever their bytes.
+function M.valid_text(s)
+  local at = utf8_error_at(s)
+  if not at then return s end
+  local parts, from = {}, 1
+  while at do
+    parts[#parts + 1] = s:sub(from, at - 1)
+    parts[#parts + 1] = "\239\191\189"
+    from = at + 1
+    at = from <= #s and utf8_error_at(s, from)
+  end
+  parts[#parts + 1] = s:sub(from)
+  return table.concat(parts)
+end
+
+-------------------------------------------------------------- encoding ---
+
+local escapes = {
+  ['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f",
+  ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t",
+}
+for byte = 0, 31 do
+  local c = string.char(byte)
+  escapes[c] = escapes[c] or ("\\u%04x"):format(byte)
+end
+escapes["\127"] = "\\u007f"
+
+local function number_text(n)
+  if n ~= n or n == math.huge or n == -math.huge then
+    error("cannot write " .. tostring(n) .. " in JSON", 0)
+  end
+  if n == math.floor(n) and n >= -2^53 and n <= 2^53 then
+    return ("%.0f"):format(n)
+  end
+  for _, fmt in ipairs({ "%.15g", "%.16g" }) do
+    local s = fmt:format(n)
+    if tonumber(s) == n then return s end
+  end
+  return ("%.17g"):format(n)
+end
+M.number_text = number_text
+
+-- The length of t when its keys are exactly 1..n, else nil. A table whose
+-- first key is not a number is an object at once, with no loop: a loop here
+-- for every object would keep encode's own trace from compiling.
+local function array_length(t)
+  local first = next(t)
+  if first ~= nil and type(first) ~= "number" then return nil end
+  local n = 0
+  for k in pairs(t) do
+    if type(k) ~= "number" or k < 1 or k ~= math.floor(k) then return nil end
+    n = n + 1
+  end
+  for i = 1, n do if t[i] == nil then return nil end end
+  return n
+end
+
+local write_value
+
+local function write_table(out, t, depth) -- depth: the tables around t
+  if depth >= M.MAX_DEPTH then error("cannot write JSON " .. TOO_DEEP, 0) end
+  local n = array_length(t)
+  if n and (n > 0 or getmetatable(t) == M.array_mt) then
+    out:put("[")
+    for i = 1, n do
+      if i > 1 then out:put(",") end
+      write_value(out, t[i], depth + 1)
+    end
+    return out:put("]")
+  end
+  out:put("{")
+  local first = true
+  for k, v in pairs(t) do
+    local kt = type(k)
+    if kt ~= "string" and kt ~= "number" then
+      error("cannot write a " .. kt .. " key in JSON", 0)
+    end
+    if not first then out:put(",") end
+    first = false
+    write_value(out, kt == "number" and number_text(k) or k, depth + 1)
+    out:put(":")
+    write_value(out, v, depth + 1)
+  end
+  out:put("}")
+end
+
+write_value = function(out, v, depth)
+  local t = type(v)
+  if t == "string" then
+    local bad = utf8_error_at(v)
+    if bad then
+      error(("cannot write a string that is not UTF-8 (byte %d) in JSON; send bytes as base64 or hex")
+        :format(bad), 0)
+    end
+    out:put('"', (v:gsub('[%c"\\]', escapes)), '"')
+  elseif t == "number" then
+    out:put(number_text(v))
+  elseif t == "boolean" then
+    out:put(v and "true" or "false")
+  elseif t == "table" then
+    write_table(out, v, depth)
+  elseif t == "cdata" and (ffi.istype("int64_t", v) or ffi.istype("uint64_t", v)) then
+    out:put((tostring(v):gsub("U?LL$", ""))) -- every digit: 12345678901234567890ULL
+  elseif v == nil or v == cjson.null then
+    out:put("null")
+  else
+    error("cannot write a " .. t .. " in JSON", 0)
+  end
+end
+
+-- json.encode(value) -> text | nil, message
+local encoded = buffer.new() -- reused: encode never runs inside itself
+
+function M.encode(value)
+  local out = encoded:reset()
+  local ok, err = pcall(write_value, out, value, 0)
+  local text = ok and out:tostring()
+  if #out > 1024 * 1024 then out:free() else out:reset() end -- no big buffer kept for ever
+  if not ok then return nil, err end
+  return text
+end
+
+-------------------------------------------------------------- decoding ---
+
+-- The Lua decoder, used only for texts with an empty array or a number that
+-- cjson would change in them.
+local parse_value, parse_number
+
+local function fail_at(s, i, what)
+  error(("%s at character %d"):format(what, i), 0)
+end
+
+local function skip(s, i)
+  return s:find("[^ \t\r\n]", i) or #s + 1
+end
+
+local function utf8_char(code)
+  if code < 0x80 then return string.char(code) end
+  if code < 0x800 then
+    return string.char(0xC0 + math.floor(code / 0x40), 0x80 + code % 0x40)
+  end
+  if code < 0x10000 then
+    return string.char(0xE0 + math.floor(code / 0x1000),
+      0x80 + math.floor(code / 0x40) % 0x40, 0x80 + code % 0x40)
+  end
+  return string.char(0xF0 + math.floor(code / 0x40000), 0x80 + math.floor(code / 0x1000) % 0x40,
+    0x80 + math.floor(code / 0x40) % 0x40, 0x80 + code % 0x40)
+end
+
+local simple_escapes = { b = "\b", f = "\f", n = "\n", r = "\r", t = "\t",
+  ['"'] = '"', ["\\"] = "\\", ["/"] = "/" }
+
+local function parse_string(s, i)
+  local out, j = buffer.new(), i + 1
+  while true do
+    local k = s:find('["\\]', j)
+    if not k then fail_at(s, i, "unterminated string") end
+    out:put(s:sub(j, k - 1))
+    if s:sub(k, k) == '"' then return out:tostring(), k + 1 end
+    local e = s:sub(k + 1, k + 1)
+    if simple_escapes[e] then
+      out:put(simple_escapes[e]); j = k + 2
+    elseif e == "u" then
+      local code = tonumber(s:sub(k + 2, k + 5):match("^%x%x%x%x$") or "", 16)
+      if not code then fail_at(s, k, "bad \\u escape") end
+      j = k + 6
+      if code >= 0xD800 and code < 0xE000 then -- a surrogate: only as a high-low pair
+        local low = code < 0xDC00 and s:sub(j, j + 1) == "\\u"
+          and tonumber(s:sub(j + 2, j + 5):match("^%x%x%x%x$") or "", 16)
+        if not (low and low >= 0xDC00 and low < 0xE000) then fail_at(s, k, "invalid unicode escape code") end
+        code = 0x10000 + (code - 0xD800) * 0x400 + (low - 0xDC00)
+        j = j + 6
+      end
+      out:put(utf8_char(code))
+    else
+      fail_at(s, k, "bad escape")
+    end
+  end
+end
+
+local function parse_array(s, i, depth)
+  local arr, n = {}, 0
+  i = skip(s, i + 1)
+  if s:sub(i, i) == "]" then return setmetatable(arr, M.array_mt), i + 1 end
+  while true do
+    n = n + 1
+    arr[n], i = parse_value(s, i, depth + 1)
+    i = skip(s, i)
+    local c = s:sub(i, i)
+    if c == "]" then return arr, i + 1 end
+    if c ~= "," then fail_at(s, i, "expected ',' or ']'") end
+    i = skip(s, i + 1)
+  end
+end
+
+local function parse_object(s, i, depth)
+  local obj = {}
+  i = skip(s, i + 1)
+  if s:sub(i, i) == "}" then return obj, i + 1 end
+  while true do
+    if s:sub(i, i) ~= '"' then fail_at(s, i, "expected a string key") end
+    local key
+    key, i = parse_string(s, i)
+    i = skip(s, i)
+    if s:sub(i, i) ~= ":" then fail_at(s, i, "expected ':'") end
+    obj[key], i = parse_value(s, skip(s, i + 1), depth + 1)
+    i = skip(s, i)
+    local c = s:sub(i, i)
+    if c == "}" then return obj, i + 1 end
+    if c ~= "," then fail_at(s, i, "expected ',' or '}'") end
+    i = skip(s, i + 1)
+  end
+end
+
+local literals = { t = { "true", true }, f = { "false", false }, n = { "null", cjson.null } }
+
+local U64_MAX = ffi.new("uint64_t", 0) - 1
+local I64_MAX = ffi.new("uint64_t", 2 ^ 63) - 1
+
+-- A number that cannot cross exactly: where it is, then why.
+local function number_fails(text, i, why)
+  error(("number %s at character %d %s"):format(text, i, why), 0)
+end
+
+-- An integer beyond ±2^53, as 64-bit integer cdata; an error past 64 bits.
+local function big_integer(s, i, negative, digits)
+  local function beyond()
+    number_fails((negative and "-" or "") .. digits, i, "is an integer beyond 64 bits; write it as a string")
+  end
+  local v = ffi.new("uint64_t", 0)
+  for k = 1, #digits do
+    local d = digits:byte(k) - 48
+    if v > (U64_MAX - d) / 10 then beyond() end
+    v = v * 10 + d
+  end
+  if not negative then return v <= I64_MAX and ffi.new("int64_t", v) or v end
+  if v > I64_MAX + 1 then beyond() end
+  return -ffi.cast("int64_t", v) -- -2^63 wraps onto itself: still right
+end
+
+-- A JSON number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][-+]?[0-9]+)?
+function parse_number(s, i)
+  local negative, digits, j = s:match("^(-?)(%d+)()", i)
+  if not digits then fail_at(s, i, "invalid number") end
+  if #digits > 1 and digits:sub(1, 1) == "0" then fail_at(s, i, "invalid number (leading zero)") end
+  local fraction = s:match("^%.%d+", j) or (s:sub(j, j) == "." and fail_at(s, j, "invalid number"))
+  j = j + #(fraction or "")
+  local exponent = s:match("^[eE][-+]?%d+", j) or (s:find("^[eE]", j) and fail_at(s, j, "invalid number"))
+  j = j + #(exponent or "")
+  if not fraction and not exponent and (#digits > 16 or (#digits == 16 and digits > "9007199254740992")) then
+    return big_integer(s, i, negative == "-", digits), j -- beyond ±2^53: digits, not a double
+  end
+  local text = s:sub(i, j - 1)
+  local v = tonumber(text)
+  local zero = not (digits .. (fraction or "")):find("[1-9]")
+  if v == nil then -- LuaJIT gives up on an exponent this long: its sign says which way
+    v = (zero or exponent:find("^[eE]%-")) and 0 or math.huge
+    if negative == "-" then v = -v end
+  end
+  if v == math.huge or v == -math.huge then
+    number_fails(text, i, "is beyond the range of a double (about 1.8e308)")
+  end
+  if v == 0 and not zero then
+    number_fails(text, i, "is too small for a double (it would read as 0)")
+  end
+  return v, j
+end
+
+parse_value = function(s, i, depth) -- depth: the arrays and objects around it
+  local c = s:sub(i, i)
+  if depth >= M.MAX_DEPTH and (c == "{" or c == "[") then fail_at(s, i, TOO_DEEP) end
+  if c == "{" then return parse_object(s, i, depth) end
+  if c == "[" then return parse_array(s, i, depth) end
+  if c == '"' then return parse_string(s, i) end
+  local lit = literals[c]
+  if lit then
+    if s:sub(i, i + #lit[1] - 1) ~= lit[1] then fail_at(s, i, "invalid token") end
+    return lit[2], i + #lit[1]
+  end
+  if c == "-" or c:find("^%d") then return parse_number(s, i) end
+  fail_at(s, i, "invalid token")
+end
+
+local function lua_decode(s)
+  local value, i = parse_value(s, skip(s, 1), 0)
+  if skip(s, i) <= #s then fail_at(s, skip(s, i), "trailing characters") end
+  return value
+end
+
+-- What sends a text to the Lua decoder (see the top of the file).
+local function needs_lua_decoder(text)
+  return text:find("%[%s*%]") or text:find("%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d")
+    or text:find("[eE][-+]?%d%d%d")
+end
+
+-- json.decode(text) -> value | nil, message
+function M.decode(text)
+  local bad = utf8_error_at(text)
+  if bad then return nil, ("invalid UTF-8 at byte %d (JSON text is UTF-8)"):format(bad) end
+  local decode = needs_lua_decoder(text) and lua_decode or decode_safe.decode
+  local ok, value = pcall(decode, text)
+  if not ok then
+    local message = tostring(value):gsub("^Expected", "expected")
+      :gsub("^Found too many nested data structures %(%d+%)", TOO_DEEP) -- cjson's words, made ours
+    return nil, message
+  end
+  if value == cjson.null then value = nil end
+  return value
+end
+
+return M

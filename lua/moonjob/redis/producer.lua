@@ -1,0 +1,247 @@
+-- moonjob.redis.producer -- the producer's side of a durable queue on Redis.
+--
+--   local q = assert(moonjob.queue("redis://127.0.0.1:6379/0", "images"))
+--   local job = assert(q:add({ file = "a.png" }, { attempts = 3 }))
+--   print(job:wait())           -- the result, whichever host ran it
+--
+-- Every call is one FCALL of moonjob's function library (functions.lua);
+-- add, get, cancel and counts block the caller for one round trip (the loop
+-- keeps running: pools in the same program go on). job:wait() listens on the
+-- queue's "done" channel for the job's id and looks at it once a second besides,
+-- so a message lost while the connection was down costs a second at most.
+--
+-- Data and results cross as exact JSON (moonjob.codec.json): numbers keep every
+-- digit, 64-bit integers stay integers. A backoff function cannot cross to
+-- another host; give the worker pool a `backoff` option instead.
+local Backoff = require "moonjob.backoff"
+local client = require "moonjob.redis.client"
+local errors = require "moonjob.errors"
+local json = require "moonjob.codec.json"
+local loop = require "moonjob.loop"
+
+local M = {}
+local Queue = {}
+Queue.__index = Queue
+local Handle = {}
+Handle.__index = Handle
+
+local SECONDS_MAX = 1e9
+
+-- The key prefix of a queue: every key shares the hash tag {name}.
+function M.prefix(name)
+  return "mj:{" .. name .. "}:"
+end
+
+function M.check_name(name)
+  if type(name) ~= "string" or name == "" or #name > 200 or name:find("[{}%c]") then
+    return nil, "a queue name must be a non-empty string of at most 200 characters without { } or control characters"
+  end
+  return true
+end
+
+-- moonjob.queue(url, name [, opts]) -> queue | nil, err. Waits for the first
+-- connection (opts.timeout, seconds, default 5). opts.max_payload: bytes of
+-- JSON a job's data may take (default 1 MiB).
+function M.new(url, name, opts)
+  opts = opts or {}
+  local ok, err = M.check_name(name)
+  if not ok then return nil, err end
+  local c
+  c, err = client.new(url, { timeout_ms = (opts.timeout or 5) * 1000 })
+  if not c then return nil, err end
+  ok, err = c:wait_ready()
+  if not ok then c:close(); return nil, err end
+  return setmetatable({ client = c, name = name, prefix = M.prefix(name),
+    max_payload = opts.max_payload or 1024 * 1024, waiters = {} }, Queue)
+end
+
+function Queue:__tostring()
+  return ("moonjob queue %s on %s"):format(self.name, self.client.name)
+end
+
+local ADD_OPTIONS = { id = true, priority = true, delay = true, attempts = true, backoff = true,
+  timeout = true, kill_after = true, name = true, dedupe = true, cache = true, max_queue = true }
+
+local function seconds(opts, k)
+  local v = opts[k]
+  if v == nil then return nil end
+  if type(v) ~= "number" or v < 0 or v > SECONDS_MAX then
+    error(("queue:add(): option '%s' must be a number of seconds (0 to %.0f)"):format(k, SECONDS_MAX), 4)
+  end
+  return v
+end
+
+-- The FCALL arguments of an add; raises on a bad option (a bug of the caller).
+-- notify (default true): Redis says on the queue's "done" channel when the
+-- job ends (job:wait() listens there); moonjob add, whose jobs nobody here
+-- waits for, passes false.
+function M.add_args(prefix, text, opts, notify)
+  opts = opts or {}
+  if type(opts) ~= "table" then error("queue:add(): options must be a table", 3) end
+  for k in pairs(opts) do
+    if not ADD_OPTIONS[k] then
+      error(("queue:add(): unknown option '%s' (known: attempts, backoff, cache, dedupe, delay, id, "
+        .. "kill_after, max_queue, name, priority, timeout)"):format(tostring(k)), 3)
+    end
+  end
+  local id = opts.id
+  if id ~= nil and type(id) ~= "string" and type(id) ~= "number" then
+    error("queue:add(): option 'id' must be a string or a number", 3)
+  end
+  if id == nil and opts.dedupe ~= nil then
+    if opts.dedupe == true then id = "\0dedupe"
+    elseif type(opts.dedupe) == "string" then id = "d:" .. opts.dedupe
+    elseif opts.dedupe ~= false then
+      error("queue:add(): option 'dedupe' must be true (key = the data) or a string key", 3)
+    end
+  end
+  local prio = opts.priority or 0
+  if type(prio) ~= "number" or not (prio > -math.huge and prio < math.huge) then
+    error("queue:add(): option 'priority' must be a finite number (lower runs first)", 3)
+  end
+  local attempts = opts.attempts or 1
+  if type(attempts) ~= "number" or attempts < 1 or attempts > 2 ^ 31 or attempts % 1 ~= 0 then
+    error("queue:add(): option 'attempts' must be a whole number, 1 or more", 3)
+  end
+  local backoff = ""
+  if opts.backoff ~= nil then
+    if type(opts.backoff) == "function" then
+      error("queue:add(): a backoff function cannot cross to another host; give the worker "
+        .. "pool a backoff option, or use { type = \"exponential\", delay = s }", 3)
+    end
+    local ok, why = Backoff.check(opts.backoff)
+    if not ok then error("queue:add(): option 'backoff' " .. why, 3) end
+    backoff = assert(json.encode(opts.backoff))
+  end
+  local name = opts.name
+  if name ~= nil and type(name) ~= "string" then error("queue:add(): option 'name' must be a string", 3) end
+  if (name and #name > 1024) or (id ~= nil and #tostring(id) > 1024) then
+    error("queue:add(): options 'id' and 'name' take at most 1024 bytes", 3)
+  end
+  local max_queue = opts.max_queue or 0
+  return { "FCALL", "moonjob_add", 1, prefix, id ~= nil and tostring(id) or "", text, prio,
+    math.floor((seconds(opts, "delay") or 0) * 1000), attempts, backoff,
+    seconds(opts, "timeout") or 0, seconds(opts, "kill_after") or 0, name or "",
+    seconds(opts, "cache") or 0, max_queue, notify == false and "0" or "1" }
+end
+
+-- Encodes data for the queue: exact JSON, at most max_payload bytes.
+function M.encode(data, max_payload)
+  local text, err = json.encode(data)
+  if not text then return nil, errors.new("EPAYLOAD", "the job data cannot be written as JSON: " .. err) end
+  if #text > max_payload then
+    return nil, errors.new("EPAYLOAD", ("the job data takes %d bytes of JSON, more than max_payload (%d)")
+      :format(#text, max_payload))
+  end
+  return text
+end
+
+-- A server refusal "EQUEUEFULL message" becomes an error table.
+local function reply_error(err)
+  local code, message = tostring(err):match("^(E[A-Z]+):? (.*)$")
+  if code then return errors.new(code, message) end
+  return errors.new("EREDIS", tostring(err))
+end
+M.reply_error = reply_error
+
+-- queue:add(data [, opts]) -> job | nil, err. opts as pool:add's (id, priority,
+-- delay, attempts, backoff, timeout, kill_after, name, dedupe) and cache
+-- (seconds the result is kept and returned to an add with the same id),
+-- max_queue (refuse with EQUEUEFULL when that many jobs wait).
+function Queue:add(data, opts)
+  local text, err = M.encode(data, self.max_payload)
+  if not text then return nil, err end
+  local reply
+  reply, err = self.client:call_wait(M.add_args(self.prefix, text, opts))
+  if not reply then return nil, reply_error(err) end
+  return setmetatable({ id = reply[1], state = reply[2], joined = reply[3] == 1, queue = self }, Handle)
+end
+
+local function decode_error(text)
+  local t = text and json.decode(text)
+  if type(t) ~= "table" then return errors.new("EREMOTE", tostring(text)) end
+  return errors.wrap(t)
+end
+
+-- queue:get(id) -> { id, state, result, error, attempts, ... } | nil (not kept), err
+function Queue:get(id)
+  local f, err = self.client:call_wait({ "FCALL", "moonjob_get", 1, self.prefix, tostring(id) })
+  if err then return nil, reply_error(err) end
+  if not f then return nil end
+  local info = { id = tostring(id), state = f[1], attempts = tonumber(f[4]) or 0,
+    max_attempts = tonumber(f[5]), name = f[6] ~= "" and f[6] or nil,
+    created = tonumber(f[7]), started = tonumber(f[8]), finished = tonumber(f[9]) }
+  if f[2] then info.result = json.decode(f[2]) end
+  if f[3] then info.error = decode_error(f[3]) end
+  return info
+end
+
+-- queue:cancel(id [, reason]) -> state it was in | nil, err. A running job is
+-- interrupted on the host that runs it and fails with ECANCELED.
+function Queue:cancel(id, reason)
+  local state, err = self.client:call_wait({ "FCALL", "moonjob_cancel", 1, self.prefix, tostring(id),
+    reason and tostring(reason) or "canceled" })
+  if err then return nil, reply_error(err) end
+  if state == "ENOTFOUND" then return nil, errors.new("ENOTFOUND", "no job " .. tostring(id) .. " in queue " .. self.name) end
+  return state
+end
+
+-- queue:counts() -> { waiting, delayed, active, completed, failed } | nil, err
+function Queue:counts()
+  local c, err = self.client:call_wait({ "FCALL", "moonjob_counts", 1, self.prefix })
+  if not c then return nil, reply_error(err) end
+  return { waiting = c[1], delayed = c[2], active = c[3], completed = c[4], failed = c[5] }
+end
+
+-- Listening on the queue's "done" channel: one subscription per queue object.
+function Queue:_listen()
+  if self.listening then return end
+  self.listening = true
+  self.client:subscribe(self.prefix .. "done", function(kind, id)
+    if kind == "resubscribed" then
+      for _, w in pairs(self.waiters) do w.check = true end
+      return
+    end
+    local w = id and self.waiters[id]
+    if w then w.check = true end
+  end)
+end
+
+-- job:wait([timeout]) -> result | nil, err (ETIMEDOUT when timeout seconds pass).
+function Handle:wait(timeout)
+  local q = self.queue
+  q:_listen()
+  local w = q.waiters[self.id] or { check = true }
+  q.waiters[self.id] = w
+  local deadline = timeout and loop.now() + timeout * 1000
+  local info, err
+  local next_look = 0
+  local ticker = require("moonjob.core").timer(function() w.check = true end)
+  ticker:start(1000, 1000)
+  local ok, raised = pcall(loop.wait_until, function()
+    if w.check and loop.now() >= next_look then
+      w.check, next_look = false, loop.now() + 1
+      info, err = q:get(self.id)
+      if err or not info or info.state == "completed" or info.state == "failed" then return true end
+    end
+    return deadline ~= nil and loop.now() >= deadline
+  end)
+  ticker:close()
+  q.waiters[self.id] = nil
+  if not ok then error(raised, 0) end
+  if err then return nil, err end
+  if not info then return nil, errors.new("ENOTFOUND", "job " .. self.id .. " is no longer kept (retention)") end
+  self.state = info.state
+  if info.state == "completed" then return info.result end
+  if info.state == "failed" then return nil, info.error end
+  return nil, errors.new("ETIMEDOUT", ("job %s did not finish within %g s"):format(self.id, timeout))
+end
+
+function Handle:get() return self.queue:get(self.id) end
+function Handle:cancel(reason) return self.queue:cancel(self.id, reason) end
+
+function Queue:close()
+  self.client:close()
+end
+
+return M

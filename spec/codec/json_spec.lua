@@ -1,0 +1,57 @@
+local json = require "moonjob.codec.json"
+
+describe("moonjob.codec.json", function()
+  describe(".encode()", function()
+    it("writes numbers exactly where cjson rounds them to 14 digits", function()
+      assert.equal("9007199254740992", json.encode(2^53))
+      assert.equal("123456789012345", json.encode(123456789012345))
+      assert.equal("0.30000000000000004", json.encode(0.1 + 0.2))
+      assert.equal("0.1", json.encode(0.1))
+      assert.equal("-0", json.encode(-0.0))
+      assert.equal(5e-324, tonumber(json.encode(5e-324)))
+      assert.equal("1.7976931348623157e+308", json.encode(1.7976931348623157e308))
+    end)
+
+    it("round-trips random doubles bit for bit", function()
+      math.randomseed(42)
+      for _ = 1, 2000 do
+        local n = (math.random() - 0.5) * 10 ^ math.random(-300, 300)
+        assert.equal(n, json.decode(json.encode(n)))
+      end
+    end)
+
+    it("refuses NaN and infinities with a message", function()
+      local text, err = json.encode({ x = 0 / 0 })
+      assert.is_nil(text)
+      assert.matches("cannot write .*nan in JSON", err)
+      assert.is_nil((json.encode(math.huge)))
+    end)
+
+    it("escapes control characters, quotes and backslashes, and leaves / alone", function()
+      assert.equal([["a\"b\\c\n\u0001/"]], json.encode("a\"b\\c\n\1/"))
+    end)
+  end)
+
+  describe(".decode()", function()
+    it("keeps an empty array as an array on the way back", function()
+      local v = json.decode('{"a":[],"b":[1,[]],"c":{}}')
+      assert.equal('[]', json.encode(v.a))
+      assert.equal('[1,[]]', json.encode(v.b))
+      assert.equal('{}', json.encode(v.c))
+    end)
+
+    it("decodes \\u escapes and surrogate pairs in the Lua decoder", function()
+      local v = json.decode('["\\u00e9\\ud83d\\ude00", []]')
+      assert.equal("é😀", v[1])
+    end)
+
+    it("returns nil and a message for invalid JSON", function()
+      local v, err = json.decode("{nope")
+      assert.is_nil(v)
+      assert.is_string(err)
+      local v2, err2 = json.decode("[1, [], ")
+      assert.is_nil(v2)
+      assert.is_string(err2)
+    end)
+  end)
+end)

@@ -1,0 +1,93 @@
+-- spec/support/redis_server.lua -- a real redis-server for the specs.
+--
+--   local server = redis_server.start()     -- free loopback port, temp dir, AOF on
+--   server.url                              -- "redis://127.0.0.1:PORT/0"
+--   server:cli("FCALL", ...)                -- redis-cli, output as a string
+--   server:kill9(); server:restart()         -- crash and come back from the AOF
+--   server:stop()                           -- by its pid, directory removed
+--
+-- The server runs in the foreground of a shell's background job whose pid we
+-- record (no daemonize: the pid is the server's own), so it is ended by pid,
+-- never by name.
+local helpers = require "spec.helpers"
+
+local M = {}
+local Server = {}
+Server.__index = Server
+
+-- A port nobody listens on: ask the kernel for a free one through a bind.
+local function free_port()
+  local out = helpers.first_line([[python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()']])
+  return assert(tonumber(out), "cannot find a free port")
+end
+
+function Server:_launch()
+  local cmd = ("redis-server --port %d --bind %s --dir %s --appendonly yes --appendfsync everysec"
+    .. " --save '' --maxmemory-policy noeviction --daemonize no --logfile %s/redis.log %s & echo $!")
+    :format(self.port, self.bind, self.dir, self.dir, self.extra or "")
+  self.pid = assert(tonumber(helpers.first_line(cmd)), "cannot start redis-server")
+  local deadline = os.time() + 10
+  repeat
+    local pong = helpers.first_line(("redis-cli -p %d %s PING 2>/dev/null"):format(self.port, self.auth_args or ""))
+    if pong == "PONG" then return end
+    helpers.sleep(0.02)
+  until os.time() > deadline
+  error("redis-server did not answer within 10 s; its log: " .. (helpers.first_line("tail -3 " .. self.dir .. "/redis.log") or ""))
+end
+
+-- start([opts]): opts.password sets requirepass; opts.bind the addresses to
+-- listen on (default 127.0.0.1); opts.extra adds arguments.
+function M.start(opts)
+  opts = opts or {}
+  local self = setmetatable({ dir = helpers.tmpdir(), port = free_port(), bind = opts.bind or "127.0.0.1" }, Server)
+  if opts.password then
+    self.extra = "--requirepass " .. opts.password
+    self.auth_args = "--no-auth-warning -a " .. opts.password
+  end
+  self.extra = (self.extra or "") .. " " .. (opts.extra or "")
+  self:_launch()
+  self.url = ("redis://%s127.0.0.1:%d/0"):format(opts.password and (":" .. opts.password .. "@") or "", self.port)
+  return self
+end
+
+function Server:cli(...)
+  local args = {}
+  for i, a in ipairs({ ... }) do args[i] = "'" .. tostring(a):gsub("'", "'\\''") .. "'" end
+  local h = io.popen(("redis-cli -p %d %s %s 2>&1"):format(self.port, self.auth_args or "", table.concat(args, " ")))
+  local out = h:read("*a")
+  h:close()
+  return (out:gsub("\n$", ""))
+end
+
+function Server:signal(sig)
+  os.execute(("kill -%s %d 2>/dev/null"):format(sig, self.pid))
+end
+
+function Server:wait_gone()
+  local deadline = os.time() + 10
+  while helpers.process_exists(self.pid) and os.time() <= deadline do
+    os.execute(("wait %d 2>/dev/null"):format(self.pid))
+    helpers.sleep(0.02)
+  end
+end
+
+function Server:kill9()
+  self:signal("KILL")
+  self:wait_gone()
+end
+
+function Server:restart()
+  self:_launch()
+end
+
+function Server:stop()
+  if self.pid then
+    self:signal("TERM")
+    self:wait_gone()
+    if helpers.process_exists(self.pid) then self:kill9() end
+    self.pid = nil
+  end
+  os.execute("rm -rf " .. self.dir)
+end
+
+return M
