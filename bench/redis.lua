@@ -13,14 +13,14 @@
 -- 4. Loop lag: a 1 ms timer's lateness (p99, max) in a process whose pool
 --    drains jobs from Redis, next to the same pool draining local jobs.
 -- Each process is ended by its pid.
-package.path = "lua/?.lua;lua/?/init.lua;spec/?.lua;" .. package.path
+package.path = "lua/?.lua;lua/?/init.lua;spec/support/?.lua;" .. package.path
 package.cpath = "build/?.so;" .. package.cpath
 
 local moonjob = require "moonjob"
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
-local redis_server = require "spec.redis_server"
-local helpers = require "spec.helpers" -- loaded by redis_server already: its sleep
+local redis_server = require "redis_server"
+local helpers = require "helpers" -- loaded by redis_server already: its sleep
 
 local JOBS = tonumber(os.getenv("BENCH_REDIS_JOBS")) or 60000
 local LUAJIT = 'env LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" luajit'

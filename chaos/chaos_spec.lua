@@ -9,8 +9,8 @@
 -- Addresses: 10.231.77.0/24, on the bridge mjchaos0 only; everything is
 -- deleted afterwards, whatever happened.
 local moonjob = require "moonjob"
-local helpers = require "spec.helpers"
-local redis_server = require "spec.redis_server"
+local helpers = require "helpers"
+local redis_server = require "redis_server"
 local loop = require "moonjob.loop"
 local core = require "moonjob.core"
 
