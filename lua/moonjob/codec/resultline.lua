@@ -55,8 +55,8 @@ end
 -- The fields of an error besides its code and message that go in its line,
 -- sorted by name: the processor's own (error({ code = "EBADSKU", sku = "A-1" })),
 -- and moonjob's (ECRASH's pid and signal, ETIMEDOUT's killed). The traceback
--- stays out of the line; a value JSON cannot hold (a NaN, a table mixing
--- keys) is written as a string that says so. Text that is not UTF-8 (a
+-- stays out of the line; a value JSON cannot hold (a NaN, a function, a
+-- table with a boolean key) is written as a string that says so. Text that is not UTF-8 (a
 -- message, a name, a string value) has its bad bytes replaced by U+FFFD:
 -- the line is always written, and always JSON.
 local NOT_IN_LINE = { code = true, message = true, traceback = true }
