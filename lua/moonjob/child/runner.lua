@@ -15,7 +15,7 @@
 -- in the "json" codec where job data arrives as JSON text and results leave as
 -- exact JSON text (see moonjob.codec.json), so the parent never parses payloads.
 local channel = require "moonjob.channel"
-local batch = require "moonjob.child.batch" -- (requires the channel too: before it goes)
+local batch = require "moonjob.child.batch" -- requires the channel itself: before it is hidden
 -- The channel is the child modules' alone: a processor cannot require it.
 package.loaded["moonjob.channel"], package.preload["moonjob.channel"] = nil, nil
 local buffer = require "string.buffer"
@@ -33,6 +33,8 @@ local cleanup = nil            -- the processor's optional cleanup(job, reason)
 local decoder = buffer.new()
 encode.use_options(options)
 
+-- What the processor printed is written, and counted, before the frame that
+-- ends its job (a job-ending frame carries the output byte counts).
 local function flush_output()
   io.stdout:flush()
   io.stderr:flush()
