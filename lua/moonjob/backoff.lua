@@ -1,7 +1,8 @@
 -- moonjob.backoff -- how long a failed job waits before its next attempt.
 --
 -- A backoff is { type = "fixed" | "exponential", delay = seconds, jitter = 0..1 }
--- or a function(attempt, err) -> seconds | false (false: do not retry).
+-- or a function(attempt, err) -> seconds | false (false or nil: do not retry;
+-- a negative or non-numeric delay waits 0).
 -- "exponential" waits delay * 2^(attempt - 1) after attempt `attempt`;
 -- jitter j takes a random share of up to j off each wait, so that jobs that
 -- failed together do not all come back at the same moment.
@@ -23,7 +24,8 @@ function M.check(b)
   return true
 end
 
--- backoff.delay(b, attempt, err) -> seconds | false. No backoff: 0.
+-- backoff.delay(b, attempt, err) -> seconds | false, the wait after attempt
+-- `attempt` failed with err. No backoff: 0.
 function M.delay(b, attempt, err)
   if b == nil then return 0 end
   if type(b) == "function" then

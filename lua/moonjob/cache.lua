@@ -2,7 +2,9 @@
 --
 -- get and set are O(1): a hash from key to node, and a doubly linked list
 -- from most to least recently used. An entry past its expiry is dropped when
--- looked up; past `max` entries, the least recently used one goes.
+-- looked up; past `max` entries, the least recently used one goes. Times are
+-- the caller's clock (moonjob.pool: loop.now(), milliseconds): set() takes an
+-- entry's expiry, get() the time now.
 local Cache = {}
 Cache.__index = Cache
 

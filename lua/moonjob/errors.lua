@@ -2,8 +2,9 @@
 --
 -- An error is a plain table { code = "E...", message = "...", traceback = ...,
 -- plus fields that fit the code } with a metatable whose __tostring gives
--- "CODE: message". Plain tables cross the channel; the parent puts the
--- metatable back on arrival (errors.wrap).
+-- "CODE: message". Plain tables cross the channel (moonjob.child.encode
+-- makes them) and come back from Redis; the parent puts the metatable back
+-- on arrival (errors.wrap).
 local M = {}
 
 local Error = {}
@@ -18,7 +19,8 @@ function M.new(code, message, fields)
   return setmetatable(err, Error)
 end
 
--- errors.wrap(t) -> t with the error metatable (t must have code and message)
+-- errors.wrap(t) -> t with the error metatable; a missing code becomes
+-- EPROCESSOR, a missing message "(no message)", any other message a string
 function M.wrap(t)
   t.code = t.code or "EPROCESSOR"
   t.message = t.message ~= nil and tostring(t.message) or "(no message)"

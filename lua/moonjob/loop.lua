@@ -51,9 +51,8 @@ end
 -- loop.wait_until(done): runs the loop until done() is true. Raises
 -- errors.interrupted(signum) on Ctrl-C (or on SIGTERM and SIGHUP in a program
 -- that holds them, core.hold_stop_signals; loop.signal is then the signal's
--- number), and
--- a clear error when called from inside a moonjob callback (the loop cannot
--- run inside itself).
+-- number), and a clear error when called from inside a moonjob callback (the
+-- loop cannot run inside itself).
 function M.wait_until(done)
   if done() then return end
   core.catch_sigint(true)

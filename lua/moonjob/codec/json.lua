@@ -1,4 +1,13 @@
--- moonjob.codec.json -- exact JSON for the text edges (the CLI, the "json" codec).
+-- moonjob.codec.json -- exact JSON for the text edges (the CLI, the "json" codec,
+-- the Redis queue).
+--
+-- Loaded on both sides of the channel: in the parent (moonjob.cli,
+-- moonjob.pool, moonjob.redis.*, moonjob.codec.resultline) and in the child
+-- (moonjob.child.runner, .batch and .encode), and by processors as
+-- moonjob.json. In the child it uses a C function of the child executable,
+-- moonjob_utf8_error_at (exported for the FFI), for its UTF-8 check; where
+-- that symbol is absent (the parent, any other program) the same check runs
+-- in Lua (see utf8_error_at below).
 --
 -- Debian's lua-cjson 2.1.0 prints numbers with at most 14 significant digits,
 -- which silently changes users' data (2^53 comes out as 9.007199254741e+15).
@@ -40,7 +49,8 @@ M.null = cjson.null
 M.array_mt = { __name = "moonjob.codec.json.array" }
 M.MAX_DEPTH = 1000
 
--- The one wording of a nesting limit, here and for string.buffer's (moonjob.pool, runner).
+-- The one wording of a nesting limit, here and for string.buffer's
+-- (moonjob.pool, moonjob.child.encode).
 function M.too_deep(limit)
   return ("nested deeper than %d levels"):format(limit)
 end
@@ -85,8 +95,10 @@ local function lua_utf8_error_at(s, init)
     i = find(s, NON_ASCII, i + n + 1)
   end
 end
--- In the child program, its C function does it (core/child.c), through the
--- FFI: Lua's pattern matching cost 12% of a batch line's time there.
+-- In the child program, its C function moonjob_utf8_error_at does it,
+-- through the FFI (the executable exports it: linked with -rdynamic): Lua's
+-- pattern matching cost 12% of a batch line's time there. Elsewhere the
+-- symbol is not found and the Lua scan above runs.
 local utf8_error_at = lua_utf8_error_at
 do
   local found = pcall(function()

@@ -3,9 +3,11 @@
 --   {"line":1,"status":"completed","result":...,"attempts":1,"ms":0.4}
 --   {"line":2,"status":"failed","error":{"code":"...","message":"..."},"attempts":1,"ms":0.2}
 --
--- Written in two places from this one module: the parent (moonjob.cli) for a
--- job run on its own, and the child (moonjob.child.runner) for the lines of a batch,
--- which it formats itself so that the parent only copies them out.
+-- Written in two places from this one module, so that both write the same
+-- bytes: the parent (moonjob.cli) for a job run on its own, and the child
+-- (moonjob.child.batch) for the lines of a batch, which it formats itself so
+-- that the parent only copies them out. The put_* forms append to a
+-- string.buffer and make no string: the child's per-line path.
 local buffer = require "string.buffer"
 local json = require "moonjob.codec.json"
 
@@ -53,8 +55,8 @@ end
 -- The fields of an error besides its code and message that go in its line,
 -- sorted by name: the processor's own (error({ code = "EBADSKU", sku = "A-1" })),
 -- and moonjob's (ECRASH's pid and signal, ETIMEDOUT's killed). The traceback
--- stays out of the line; a value JSON cannot hold (a NaN, a table mixing
--- keys) is written as a string that says so. Text that is not UTF-8 (a
+-- stays out of the line; a value JSON cannot hold (a NaN, a function, a
+-- table with a boolean key) is written as a string that says so. Text that is not UTF-8 (a
 -- message, a name, a string value) has its bad bytes replaced by U+FFFD:
 -- the line is always written, and always JSON.
 local NOT_IN_LINE = { code = true, message = true, traceback = true }

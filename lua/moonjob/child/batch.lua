@@ -1,0 +1,203 @@
+-- moonjob.child.batch -- the child's runner of a batch of lines (moonjob run,
+-- "json" codec; core/frame.h): the job's data is NDJSON text, and the
+-- processor runs once per line, each line a job of its own to it, with a
+-- job's fields (job.data, job.name "line N", job.attempt; job.id and
+-- job.number are the batch's).
+--
+-- The child writes each line's result line itself (moonjob.codec.resultline)
+-- into the batch area it shares with the parent, so a child that dies
+-- mid-batch loses no finished line's result; the DONE frame carries the
+-- area's bytes after a header "<lines run> <completed> <failed>\n". A line
+-- starts only when the shared batch word allows it (the parent may take back
+-- the lines not started). A blank line is run as nothing (no result line) but
+-- still counts. Lines after one that filled the heap (ENOMEM) or was
+-- interrupted are not run: the parent sends them again.
+--
+-- The per-line loop runs at about 200,000 lines/s: it makes no closure and
+-- no string beyond the line's own, and calls the child program's C functions
+-- through the FFI so that it stays compiled.
+--
+-- Caveats: it requires `moonjob.channel`, which only moonjob.child.runner can
+-- (the runner requires this module before it takes the channel out of
+-- processors' reach). The runner hands over, once the processor is loaded,
+-- what the lines share with its jobs (batch.setup).
+local channel = require "moonjob.channel"
+local buffer = require "string.buffer"
+local json = require "moonjob.codec.json"
+local encode = require "moonjob.child.encode"
+
+local M = {}
+
+local handler, message_of, input_error = encode.handler, encode.message_of, encode.input_error
+local result_problem, failure_of, out_of_memory = encode.result_problem, encode.failure_of, encode.out_of_memory
+
+-- What the runner hands over (batch.setup): the processor's job function,
+-- the jobs' class, the runner's count of job:log() calls ({ logs = n }: a
+-- batch line that logs ends its batch, as one that prints), and its
+-- flush_output().
+local processor, Job, sent, flush_output = nil, nil, nil, nil
+
+-- batch.setup(runner) with runner = { processor, Job, sent, flush_output }.
+function M.setup(runner)
+  processor, Job, sent, flush_output = runner.processor, runner.Job, runner.sent, runner.flush_output
+end
+
+local lines_format = nil -- moonjob.codec.resultline, loaded with the first batch
+
+-- The child program's own functions through the FFI (the moonjob-child
+-- executable exports them as moonjob_*), so that the per-line loop stays
+-- compiled; channel's otherwise.
+local batch_next, now, output_mark = channel.batch_next, channel.now, channel.output_mark
+-- batch_keep(buf): keeps string.buffer buf's bytes in the batch area; false when they do not fit
+local batch_keep = function(buf) return channel.batch_keep(buf:tostring()) end
+-- line_end(text, pos, len): where the line at pos ends (its newline, or len + 1)
+local line_end = function(text, pos, len) return string.find(text, "\n", pos, true) or len + 1 end
+local record_buffer = buffer.new() -- the result line of the line just run, kept without a string
+do
+  local ffi = require "ffi"
+  local found = pcall(function()
+    ffi.cdef [[
+double moonjob_batch_next(void);
+int moonjob_batch_keep(const void *text, size_t len);
+double moonjob_now_ms(void);
+size_t moonjob_line_end(const char *text, size_t from, size_t len);
+uint32_t moonjob_output_mark(void);
+]]
+    local C = ffi.C
+    local _ = C.moonjob_batch_next, C.moonjob_batch_keep, C.moonjob_now_ms, C.moonjob_line_end,
+      C.moonjob_output_mark
+  end)
+  if found then
+    local C = ffi.C
+    batch_next = C.moonjob_batch_next
+    batch_keep = function(buf) return C.moonjob_batch_keep(buf:ref()) ~= 0 end
+    now = C.moonjob_now_ms
+    output_mark = C.moonjob_output_mark
+    line_end = function(text, pos, len) return tonumber(C.moonjob_line_end(text, pos - 1, len)) + 1 end
+  end
+end
+
+-- Writes into record_buffer the result line of a line whose processor
+-- returned `result`; returns whether it completed (a result that cannot be
+-- written fails it).
+local function completed_line(line, attempt, result, ms)
+  local bytes, why = json.encode(result)
+  local problem = result_problem(bytes, why)
+  if problem then
+    lines_format.put_failed(record_buffer:reset(), line, problem, attempt, ms)
+    return false
+  end
+  lines_format.put_completed(record_buffer:reset(), line, bytes, attempt, ms)
+  return true
+end
+
+-- Counts a line run (completed: true, false, or nil for a blank line) and
+-- keeps its result line, in record_buffer; false when the batch must end
+-- here: the area is full (the DONE frame carries this line itself), the
+-- line wrote output (to stdout or stderr, or job:log), which the parent then
+-- tags with this line, the batch's last, or it failed in a batch that ends at a
+-- failure (--halt decides before any later line runs). The lines after it
+-- go out again.
+local function keep(b, completed)
+  b.run = b.run + 1
+  if completed == true then b.completed = b.completed + 1
+  elseif completed == false then b.failed = b.failed + 1 end
+  if batch_keep(record_buffer) then
+    return output_mark() == b.output_mark and sent.logs == b.logs_sent
+      and not (completed == false and b.end_on_failure)
+  end
+  b.extra = record_buffer:tostring()
+  return false
+end
+
+-- Runs lines of batch `b` from b.pos on, with no protected call of its own
+-- per line (the processor's trace stays whole): a line that raises ends this
+-- call, with b.line and b.t0 saying which line and since when. Returns true
+-- when the batch is over (its end, a cut, a full area).
+local function run_lines(b)
+  local text, len, line = b.text, #b.text, b.next_line - 1
+  local find, sub, byte = string.find, string.sub, string.byte
+  local pos = b.pos
+  while pos <= len + 1 do -- a block ending in a newline ends in a blank line
+    local stop = line_end(text, pos, len)
+    line = line + 1
+    local t0 = batch_next()
+    if t0 < 0 then return true end -- the parent took back the lines from here on
+    local c = byte(text, pos)
+    local source = sub(text, pos, stop - 1)
+    pos = stop + 1
+    b.pos, b.next_line = pos, line + 1
+    local completed = nil -- a blank line: no result line
+    record_buffer:reset()
+    if #source > 0 and (c > 32 or find(source, "%S")) then -- not blank
+      b.line, b.t0 = line, t0
+      local data, err = json.decode(source)
+      if err then
+        lines_format.put_failed(record_buffer, line, input_error(err), b.attempt, now() - t0)
+        completed = false
+      else
+        -- the same fields as a job of its own (the runner's run_job); the
+        -- line number's text is made once, for its name and its result line
+        local line_text = tostring(line)
+        local job = setmetatable({ id = b.id, attempt = b.attempt, name = "line " .. line_text,
+          number = b.number, data = data }, Job)
+        completed = completed_line(line_text, b.attempt, processor(job), now() - t0)
+      end
+      b.line = nil
+    end
+    if not keep(b, completed) then return true end
+  end
+  return true
+end
+
+-- Runs the lines of batch `b` (under channel.run). A line that raises fails
+-- with its error, and the lines after it go on; an interrupt or a full heap
+-- (the message handler did not run) ends the batch there, b.line says where.
+local function run_batch_lines(b)
+  while true do
+    local ok, result = xpcall(run_lines, handler, b)
+    if ok then return end
+    if b.line == nil then error(result, 0) end -- not inside a line: the runner's own failure
+    if type(result) ~= "table" or result.value == "not enough memory" then
+      b.raised = result
+      return
+    end
+    local line = b.line
+    b.line = nil
+    lines_format.put_failed(record_buffer:reset(), line, failure_of(result, false), b.attempt, now() - b.t0)
+    if not keep(b, false) then return end
+  end
+end
+
+-- batch.run(number, meta, text): runs a batch and sends its DONE frame.
+-- Returns true when the child must end after it (a line filled the heap: the
+-- pool's rule for ENOMEM).
+function M.run(number, meta, text)
+  lines_format = lines_format or require "moonjob.codec.resultline"
+  local b = { text = text, pos = 1, next_line = meta.first_line, id = meta.id, attempt = meta.attempt,
+    number = number, run = 0, completed = 0, failed = 0, extra = "", output_mark = output_mark(),
+    end_on_failure = meta.end_on_failure, logs_sent = sent.logs }
+  local ok, value, interrupted, heap_full = channel.run(handler, run_batch_lines, b)
+  if not ok and b.raised == nil and type(value) == "table" then b.raised = message_of(value.value) end
+  b.text = nil
+  if b.line then -- it stopped inside a line: that line fails, the rest go back
+    local err
+    if interrupted then
+      local info = encode.interrupt_reason(channel.interrupt())
+      err = { code = info.code, message = info.message }
+    elseif heap_full or b.raised == "not enough memory" or b.raised == nil then
+      heap_full = true
+      err = out_of_memory("the job")
+    else
+      err = { code = "EPROCESSOR", message = tostring(b.raised) }
+    end
+    b.extra = lines_format.failed(b.line, err, b.attempt, now() - b.t0)
+    b.run, b.failed = b.run + 1, b.failed + 1
+  end
+  flush_output()
+  channel.send(channel.DONE, number, ("%d %d %d\n"):format(b.run, b.completed, b.failed),
+    channel.KEPT, b.extra)
+  return heap_full
+end
+
+return M

@@ -1,0 +1,176 @@
+-- moonjob.child.encode -- what a job raised or returned, made fit to cross the
+-- channel to the parent (child side, for moonjob.child.runner and
+-- moonjob.child.batch).
+--
+-- Errors become plain tables { code, message, traceback, ... } that
+-- string.buffer can encode: the processor's own fields that can cross are
+-- kept, the others become placeholders that say why ("[function]",
+-- "[Circular]", "[too deep]"), and a table raised without a message is
+-- described. Results are checked against max_payload, and a heap that filled
+-- (LUA_ERRMEM) becomes ENOMEM. Nothing here reads or writes the channel.
+--
+-- Caveat: the limits come from the INIT options, which the runner shares with
+-- this module once (encode.use_options) before any job runs.
+local buffer = require "string.buffer"
+local errors = require "moonjob.errors"
+local json = require "moonjob.codec.json"
+
+local M = {}
+
+local options = { max_payload = 64 * 1024 * 1024 } -- the runner's INIT options (use_options)
+
+-- encode.use_options(t): the table of INIT options (max_payload,
+-- memory_limit) to read the limits from, the runner's own.
+function M.use_options(t)
+  options = t
+end
+
+---------------------------------------------------------------- errors ---
+
+local MAX_DEPTH = 20 -- nested tables in an error past this become "[too deep]"
+
+-- A copy of v that string.buffer can encode: values that cannot cross become
+-- a short placeholder that says why ("[function]", "[Circular]", ...).
+local function crossable(v, depth, seen)
+  local t = type(v)
+  if t == "nil" or t == "boolean" or t == "number" or t == "string" then return v end
+  if t == "cdata" then
+    return pcall(buffer.encode, v) and v or "[cdata]" -- 64-bit integers cross
+  end
+  if t ~= "table" then return "[" .. t .. "]" end
+  if seen[v] then return "[Circular]" end
+  if depth > MAX_DEPTH then return "[too deep]" end
+  seen[v] = true
+  local copy = {}
+  for k, value in pairs(v) do
+    local tk = type(k)
+    if tk == "string" or tk == "number" or tk == "boolean" then
+      copy[k] = crossable(value, depth + 1, seen)
+    end
+  end
+  seen[v] = nil
+  return copy
+end
+
+-- A short text for a table raised without a usable message:
+-- 'a table was raised: { reason = "x", n = 3 }' (a few fields, shortened).
+local function describe_table(value)
+  local fields, n = {}, 0
+  for k, v in pairs(value) do
+    n = n + 1
+    if n > 5 then fields[#fields + 1] = "..." break end
+    local text = type(v) == "string" and ("%q"):format(v) or tostring(v)
+    if #text > 40 then text = text:sub(1, 37) .. "..." end
+    fields[#fields + 1] = tostring(k) .. " = " .. text
+  end
+  return "a table was raised: { " .. table.concat(fields, ", ") .. " }"
+end
+
+-- The message of whatever was raised: a string as is; a table's `message`, or
+-- its __tostring, or a description of its fields.
+local function message_of(value)
+  if type(value) ~= "table" then return tostring(value) end
+  if value.message ~= nil then return tostring(value.message) end
+  local mt = getmetatable(value)
+  if mt and mt.__tostring then return tostring(value) end
+  return describe_table(value)
+end
+M.message_of = message_of
+
+-- Turns whatever a processor raised into an error table that can cross the
+-- channel: code, message, traceback, plus every field of the user's own that
+-- can cross (the others become placeholders).
+local function to_error(value, traceback, default_code)
+  local err
+  if type(value) == "table" then
+    err = crossable(value, 1, {})
+    err.message = message_of(value)
+    err.code = type(value.code) == "string" and value.code or default_code
+  else
+    err = { code = default_code, message = tostring(value) }
+  end
+  err.traceback = err.traceback or traceback
+  return err
+end
+M.to_error = to_error
+
+-- The bytes of a FAIL or LOADERR frame's error; the error without its own
+-- fields when one of them still cannot be encoded.
+function M.encode_error(err)
+  local ok, bytes = pcall(buffer.encode, err)
+  if ok then return bytes end
+  return buffer.encode({ code = err.code, message = err.message, traceback = err.traceback })
+end
+
+-- The message handler of every protected call of the processor's code: what
+-- was raised, and the traceback from where it was raised.
+function M.handler(value)
+  return { value = value, traceback = debug.traceback(message_of(value), 2) }
+end
+
+------------------------------------------------------- inputs, results ---
+
+-- The EINPUT error of JSON text that did not decode (json.decode's message).
+function M.input_error(err)
+  local what = err:find("^number ") and "input cannot cross exactly: "
+    or err:find("^nested deeper") and "input cannot be decoded: " or "input is not valid JSON: "
+  return errors.new("EINPUT", what .. err) -- (EINPUT is never retried: pool/endings.lua's FINAL)
+end
+
+-- string.buffer's limit, in the words of moonjob.codec.json's (LuaJIT's own: "too deep to serialize")
+local BUFFER_TOO_DEEP = json.too_deep(100)
+
+-- The EPAYLOAD error of a result that could not be encoded (why) or is over
+-- max_payload; nil when `bytes` may go.
+function M.result_problem(bytes, why)
+  if not bytes then
+    local text = tostring(why):gsub("^.-:%d+: ", ""):gsub("^too deep to serialize$", BUFFER_TOO_DEEP)
+    return { code = "EPAYLOAD", message = "the result cannot be encoded: " .. text }
+  end
+  if #bytes > options.max_payload then
+    return { code = "EPAYLOAD", message = ("the result is %d bytes, more than max_payload (%d); "
+      .. "return less or raise max_payload"):format(#bytes, options.max_payload) }
+  end
+end
+
+---------------------------------------------------------------- memory ---
+
+-- A heap filled outside the processor's own call (receiving or decoding the
+-- job's data, encoding its result) is ENOMEM like any other.
+function M.is_memory_error(e)
+  return type(e) == "string" and e:find("not enough memory", 1, true) ~= nil
+end
+
+local function out_of_memory(what)
+  return { code = "ENOMEM", message = ("%s needed more than memory_limit (%d bytes)")
+    :format(what, options.memory_limit or 0) }
+end
+M.out_of_memory = out_of_memory
+
+-- The error of a job whose protected call failed (channel.run). The message
+-- handler does not run for memory errors (LUA_ERRMEM): the raw "not enough
+-- memory" comes back instead of the handler's table (or the handler itself
+-- ran out: "error in error handling"); channel.run tells.
+function M.failure_of(result, heap_full)
+  if type(result) ~= "table" then result = { value = result } end
+  if heap_full or result.value == "not enough memory" then
+    local err = out_of_memory("the job")
+    err.traceback = result.traceback
+    return err
+  end
+  return to_error(result.value, result.traceback, "EPROCESSOR")
+end
+
+------------------------------------------------------------- interrupts ---
+
+-- Why the parent interrupted the job, from the payload of its INTERRUPT frame
+-- (channel.interrupt(), nil when the child could not keep it). Returns
+-- { code, message, reason }.
+function M.interrupt_reason(payload)
+  local ok, info = false, nil
+  if payload then ok, info = pcall(buffer.decode, payload) end
+  if ok and type(info) == "table" then return info end
+  return { code = "ECANCELED", message = "the job was interrupted" } -- a heap too full to read why
+end
+
+return M
