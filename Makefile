@@ -18,16 +18,27 @@ BUSTED     ?= busted
 LDFLAGS    ?=
 
 WARN       = -Wall -Wextra -Wno-unused-parameter -std=gnu11
-MJ_CFLAGS  = $(CFLAGS) $(WARN) -fPIC -I$(LUA_INCDIR) -Icore
+MJ_CFLAGS  = $(CFLAGS) $(WARN) -fPIC -I$(LUA_INCDIR)
 UV_LIBS    = -luv -lhiredis
 LUAJIT_LIB = -lluajit-5.1
 
 BUILD      = build
 CORE_SO    = $(BUILD)/moonjob/core.so
 CHILD      = $(BUILD)/moonjob/moonjob-child
+
+# The C sources. The core's files are compiled and linked as objects, in
+# $(BUILD)/obj/...; the child program is one translation unit, whose root
+# (core/child/main.c) #includes its parts as luv includes its binding files:
+# it is linked -rdynamic, so that the runner's FFI finds its moonjob_*
+# functions, and any other non-static symbol would join the dynamic symbol
+# table a processor's code sees. Header dependencies, included parts too,
+# are the compiler's own (-MMD -MP: a .d file beside each object).
 CORE_SRC   = core/loop.c core/process.c core/spawn.c core/reap.c core/stdio.c core/redis.c core/lmoonjob.c
 CORE_OBJ   = $(CORE_SRC:core/%.c=$(BUILD)/obj/%.o)
-HEADERS    = core/moonjob.h core/frame.h
+CHILD_OBJ  = $(BUILD)/obj/child/main.o
+C_DEPS     = $(CORE_OBJ:.o=.d) $(CHILD_OBJ:.o=.d)
+$(CORE_OBJ): INCLUDES = -Icore
+$(CHILD_OBJ): INCLUDES = -Icore
 LUA_FILES  = $(wildcard lua/moonjob/*.lua lua/moonjob/*/*.lua)
 FLAGS_STAMP = $(BUILD)/flags
 
@@ -42,17 +53,19 @@ IN_TREE = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="$(BUILD)/?.so;;"
 
 all: $(CORE_SO) $(CHILD)
 
-$(BUILD)/obj/%.o: core/%.c $(HEADERS) $(FLAGS_STAMP)
+$(BUILD)/obj/%.o: core/%.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(MJ_CFLAGS) -c $< -o $@
+	$(CC) $(MJ_CFLAGS) $(INCLUDES) -MMD -MP -c $< -o $@
+
+-include $(C_DEPS)
 
 $(CORE_SO): $(CORE_OBJ) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(LIBFLAG) $(LDFLAGS) -o $@ $(CORE_OBJ) $(UV_LIBS) -ldl
 
-$(CHILD): core/child.c core/frame.h $(FLAGS_STAMP)
+$(CHILD): $(CHILD_OBJ) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(MJ_CFLAGS) $(LDFLAGS) -rdynamic -o $@ core/child.c $(LUAJIT_LIB) -lm -ldl
+	$(CC) $(MJ_CFLAGS) $(LDFLAGS) -rdynamic -o $@ $(CHILD_OBJ) $(LUAJIT_LIB) -lm -ldl
 
 # The flags a build directory was made with, in $(FLAGS_STAMP): everything
 # compiled depends on it, and it is rewritten only when the flags change, so a
