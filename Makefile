@@ -33,7 +33,8 @@ CHILD      = $(BUILD)/moonjob/moonjob-child
 # functions, and any other non-static symbol would join the dynamic symbol
 # table a processor's code sees. Header dependencies, included parts too,
 # are the compiler's own (-MMD -MP: a .d file beside each object).
-CORE_SRC   = core/loop.c core/process.c core/spawn.c core/reap.c core/stdio.c core/redis.c core/lmoonjob.c
+CORE_SRC   = $(addprefix core/parent/,loop.c process.c channel.c send.c shared.c spawn.c reap.c \
+               stdio.c redis.c lmoonjob.c)
 CORE_OBJ   = $(CORE_SRC:core/%.c=$(BUILD)/obj/%.o)
 CHILD_OBJ  = $(BUILD)/obj/child/main.o
 C_DEPS     = $(CORE_OBJ:.o=.d) $(CHILD_OBJ:.o=.d)

@@ -8,7 +8,7 @@
  *
  * Caveat: the names and signatures are a contract with the ffi.cdef of
  * lua/moonjob/child/runner.lua; the batch's state is the shared page's batch
- * word and area (frame.h), which the parent reads (its shared.c).
+ * word and area (frame.h), which the parent reads (core/parent/shared.c).
  */
 #include "child.h"
 

@@ -4,8 +4,8 @@
  * count their writes (counted_stream), so that a batch of lines can tell a
  * line that printed (moonjob_output_mark, exports.c). Bytes: a frame that
  * ends a job carries how far each stream went (output_written), so that the
- * parent gives the job its output and no more (output attribution, in the
- * parent's channel.c).
+ * parent gives the job its output and no more (output attribution, in
+ * core/parent/channel.c).
  */
 #include "child.h"
 

@@ -138,8 +138,8 @@ static void watch_parent(void) {
 /* The child holds exactly stdin, stdout, stderr and the channel once the
  * shared page is mapped: whatever else a parent left open without
  * close-on-exec (a joblog, a file of the embedding program) is closed before
- * any processor code runs. spawn.c closes them too; this covers a child
- * started some other way. */
+ * any processor code runs. The parent's spawn.c closes them too; this covers
+ * a child started some other way. */
 static void close_other_descriptors(void) {
   if (close_range(MJ_SHARED_FD + 1, ~0U, 0) == 0) return;
   if (errno != ENOSYS) setup_call_failed("close inherited descriptors");
