@@ -26,19 +26,22 @@ BUILD      = build
 CORE_SO    = $(BUILD)/moonjob/core.so
 CHILD      = $(BUILD)/moonjob/moonjob-child
 
-# The C sources. The core's files are compiled and linked as objects, in
-# $(BUILD)/obj/...; the child program is one translation unit, whose root
-# (core/child/main.c) #includes its parts as luv includes its binding files:
-# it is linked -rdynamic, so that the runner's FFI finds its moonjob_*
-# functions, and any other non-static symbol would join the dynamic symbol
-# table a processor's code sees. Header dependencies, included parts too,
-# are the compiler's own (-MMD -MP: a .d file beside each object).
+# The C sources: core/parent/ makes core.so, core/child/ the child program.
+# The core's files are compiled and linked as objects, in $(BUILD)/obj/parent/.
+# Its Lua bindings and the child program are each one translation unit, whose
+# root file #includes its parts as luv includes its binding files, so that
+# their internal functions stay static: the bindings (core/parent/bind/
+# module.c) reach Lua only through module.c's registration tables, and the
+# child (core/child/main.c) is linked -rdynamic, so that the runner's FFI
+# finds its moonjob_* functions, where any other non-static symbol would join
+# the dynamic symbol table a processor's code sees. Header dependencies,
+# included parts too, are the compiler's own (-MMD -MP: a .d beside each .o).
 CORE_SRC   = $(addprefix core/parent/,loop.c process.c channel.c send.c shared.c spawn.c reap.c \
-               stdio.c redis.c lmoonjob.c)
+               stdio.c redis.c bind/module.c)
 CORE_OBJ   = $(CORE_SRC:core/%.c=$(BUILD)/obj/%.o)
 CHILD_OBJ  = $(BUILD)/obj/child/main.o
 C_DEPS     = $(CORE_OBJ:.o=.d) $(CHILD_OBJ:.o=.d)
-$(CORE_OBJ): INCLUDES = -Icore
+$(CORE_OBJ): INCLUDES = -Icore -Icore/parent
 $(CHILD_OBJ): INCLUDES = -Icore
 LUA_FILES  = $(wildcard lua/moonjob/*.lua lua/moonjob/*/*.lua)
 FLAGS_STAMP = $(BUILD)/flags
