@@ -177,8 +177,11 @@ typedef struct {
   uint32_t max_frame;                  /* largest payload accepted from the child */
 } mj_spawn_options_t;
 
+/* process.c */
 int mj_process_spawn(mj_ctx_t *ctx, mj_process_t *p, const mj_spawn_options_t *opts,
                      mj_process_event_cb on_event);
+int mj_process_kill(mj_process_t *p, int signum, int whole_group);
+
 /* Frames larger than this reach the owner in pieces of about this size, so no
  * callback copies more than a piece at a time (60 MB results never stall
  * the loop). */
@@ -187,11 +190,12 @@ int mj_process_spawn(mj_ctx_t *ctx, mj_process_t *p, const mj_spawn_options_t *o
 #define MJ_STAGE_FRAME (64 * 1024)     /* JOB frames up to this size may be staged */
 #define MJ_STAGE_SIZE (256 * 1024)     /* a stage past this is written at once */
 
+/* send.c */
 int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t *parts,
                     unsigned nparts);
-int mj_process_kill(mj_process_t *p, int signum, int whole_group);
 int mj_process_end_input(mj_process_t *p);
 
+/* shared.c */
 int mj_process_started(mj_process_t *p, uint64_t job);
 unsigned mj_process_recall(mj_process_t *p, uint64_t from, uint64_t *jobs, unsigned max);
 
@@ -209,7 +213,7 @@ int mj_process_batch(mj_process_t *p, uint64_t job, mj_batch_state_t *state);
 int mj_process_batch_same(mj_process_t *p, const mj_batch_state_t *state);
 int mj_process_batch_cut(mj_process_t *p, uint64_t job);
 
-/* Internal: process.c <- spawn.c, reap.c and loop.c */
+/* Internal: process.c <- spawn.c, reap.c, loop.c and channel.c */
 void mj__process_spawned(mj_process_t *p, int pid, int error);
 void mj__process_close_all(mj_ctx_t *ctx);
 void mj__process_exited(mj_process_t *p, int64_t exit_status, int term_signal);
