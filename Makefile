@@ -18,16 +18,31 @@ BUSTED     ?= busted
 LDFLAGS    ?=
 
 WARN       = -Wall -Wextra -Wno-unused-parameter -std=gnu11
-MJ_CFLAGS  = $(CFLAGS) $(WARN) -fPIC -I$(LUA_INCDIR) -Icore
+MJ_CFLAGS  = $(CFLAGS) $(WARN) -fPIC -I$(LUA_INCDIR)
 UV_LIBS    = -luv -lhiredis
 LUAJIT_LIB = -lluajit-5.1
 
 BUILD      = build
 CORE_SO    = $(BUILD)/moonjob/core.so
 CHILD      = $(BUILD)/moonjob/moonjob-child
-CORE_SRC   = core/loop.c core/process.c core/spawn.c core/reap.c core/stdio.c core/redis.c core/lmoonjob.c
+
+# The C sources: core/parent/ makes core.so, core/child/ the child program.
+# The core's files are compiled and linked as objects, in $(BUILD)/obj/parent/.
+# Its Lua bindings and the child program are each one translation unit, whose
+# root file #includes its parts as luv includes its binding files, so that
+# their internal functions stay static: the bindings (core/parent/bind/
+# module.c) reach Lua only through module.c's registration tables, and the
+# child (core/child/main.c) is linked -rdynamic, so that the runner's FFI
+# finds its moonjob_* functions, where any other non-static symbol would join
+# the dynamic symbol table a processor's code sees. Header dependencies,
+# included parts too, are the compiler's own (-MMD -MP: a .d beside each .o).
+CORE_SRC   = $(addprefix core/parent/,loop.c process.c channel.c send.c shared.c spawn.c reap.c \
+               stdio.c redis.c bind/module.c)
 CORE_OBJ   = $(CORE_SRC:core/%.c=$(BUILD)/obj/%.o)
-HEADERS    = core/moonjob.h core/frame.h
+CHILD_OBJ  = $(BUILD)/obj/child/main.o
+C_DEPS     = $(CORE_OBJ:.o=.d) $(CHILD_OBJ:.o=.d)
+$(CORE_OBJ): INCLUDES = -Icore -Icore/parent
+$(CHILD_OBJ): INCLUDES = -Icore
 LUA_FILES  = $(wildcard lua/moonjob/*.lua lua/moonjob/*/*.lua)
 FLAGS_STAMP = $(BUILD)/flags
 
@@ -42,17 +57,19 @@ IN_TREE = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="$(BUILD)/?.so;;"
 
 all: $(CORE_SO) $(CHILD)
 
-$(BUILD)/obj/%.o: core/%.c $(HEADERS) $(FLAGS_STAMP)
+$(BUILD)/obj/%.o: core/%.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(MJ_CFLAGS) -c $< -o $@
+	$(CC) $(MJ_CFLAGS) $(INCLUDES) -MMD -MP -c $< -o $@
+
+-include $(C_DEPS)
 
 $(CORE_SO): $(CORE_OBJ) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(LIBFLAG) $(LDFLAGS) -o $@ $(CORE_OBJ) $(UV_LIBS) -ldl
 
-$(CHILD): core/child.c core/frame.h $(FLAGS_STAMP)
+$(CHILD): $(CHILD_OBJ) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(MJ_CFLAGS) $(LDFLAGS) -rdynamic -o $@ core/child.c $(LUAJIT_LIB) -lm -ldl
+	$(CC) $(MJ_CFLAGS) $(LDFLAGS) -rdynamic -o $@ $(CHILD_OBJ) $(LUAJIT_LIB) -lm -ldl
 
 # The flags a build directory was made with, in $(FLAGS_STAMP): everything
 # compiled depends on it, and it is rewritten only when the flags change, so a

@@ -10,12 +10,13 @@
  * mode); C only moves the bytes.
  *
  * Job tokens: the `job` field of a JOB frame is a random 64-bit token the
- * parent draws for that dispatch (process.c); every frame the child sends
- * about that job carries it back, and INTERRUPT carries it too. The child
- * learns a token only by reading its JOB frame, so a processor that writes to
- * the channel cannot forge frames for jobs it has not been given. The parent
- * checks every header against the child's state (frame_violation in process.c):
- * READY/LOADERR only while starting, job frames only with the head job's token.
+ * parent draws for that dispatch (core/parent/send.c); every frame the child
+ * sends about that job carries it back, and INTERRUPT carries it too. The
+ * child learns a token only by reading its JOB frame, so a processor that
+ * writes to the channel cannot forge frames for jobs it has not been given.
+ * The parent checks every header against the child's state (frame_violation
+ * in core/parent/channel.c): READY/LOADERR only while starting, job frames
+ * only with the head job's token.
  *
  * Pipelining: the parent may send a child up to MJ_MAX_INFLIGHT JOB frames
  * before the first is answered. The child reads ahead and runs them one at a

@@ -52,7 +52,7 @@ static void mj_wakeup_cb(uv_async_t *handle) {
 
 static int run_ready(mj_ctx_t *ctx);
 
-/* Frames staged during the loop's callbacks (process.c) are written before
+/* Frames staged during the loop's callbacks (send.c) are written before
  * the loop waits for events, and as soon as it has handled them. */
 static void mj_flush_before_cb(uv_prepare_t *h) {
   mj__process_flush_all(h->data);

@@ -8,9 +8,9 @@
  *
  * The channel is a socketpair and the output streams are pipes, all created
  * close-on-exec (pipes, so that the child can count what the parent has not
- * read yet of its output with FIONREAD on its own end: see child.c); the
- * child's ends are placed on fds 1, 2 and 3 by posix_spawn's file actions, and
- * stdin comes from /dev/null; the page it shares with the parent (a memfd,
+ * read yet of its output with FIONREAD on its own end: see
+ * core/child/output.c); the child's ends are placed on fds 1, 2 and 3 by
+ * posix_spawn's file actions, and stdin comes from /dev/null; the page it shares with the parent (a memfd,
  * frame.h) is placed on fd 4. The child gets its own session
  * (POSIX_SPAWN_SETSID: a process-group kill reaches its grandchildren, a
  * terminal's Ctrl-C does not reach it), every signal back at its default

@@ -1,12 +1,16 @@
 /* moonjob.h -- internal interfaces of the parent's C core (moonjob.core).
  *
- * The core is mechanism only: one libuv loop per Lua state (loop.c), child
- * processes with their channel and output pipes (process.c), and line input /
- * ordered output on the parent's own descriptors for the CLI (stdio.c). The
- * Lua bindings (lmoonjob.c) turn the C events below into calls of Lua
- * functions; all policy (which job goes where, retries, events) is Lua.
+ * The core is mechanism only: one libuv loop per Lua state (loop.c); child
+ * processes (process.c: a child's lifetime; spawn.c and reap.c start and
+ * reap it; channel.c reads its frames and output, send.c writes to it,
+ * shared.c reads and changes the page they share); line input and ordered
+ * output on the parent's own descriptors for the CLI (stdio.c); connections
+ * to Redis (redis.c). The Lua bindings (bind/) turn the C events below into
+ * calls of Lua functions; all policy (which job goes where, retries, events)
+ * is Lua.
  *
- * Errors are negative libuv codes (UV_E...), 0 on success.
+ * Errors are negative libuv codes (UV_E...), 0 on success. Names: mj_ for
+ * the bindings' interface, mj__ for what only the core's own files share.
  */
 #ifndef MJ_MOONJOB_H
 #define MJ_MOONJOB_H
@@ -46,7 +50,7 @@ typedef struct mj_ctx_s {
   int sigchld_started;
   mj_process_t *live;                  /* reap.c: children not reaped yet */
   mj_process_t *open;                  /* process.c: processes whose handles are open */
-  uv_prepare_t flush_before;           /* process.c's stages written before the loop waits */
+  uv_prepare_t flush_before;           /* send.c's stages written before the loop waits */
   uv_check_t flush_after;              /* and once it handled its events */
   struct mj_input_s *inputs;           /* stdio.c: inputs not freed yet */
   struct mj_output_s *outputs;         /* stdio.c: outputs not freed yet */
@@ -60,10 +64,10 @@ typedef struct mj_ctx_s {
                                           once held (mj_ctx_hold_stop_signals) */
   struct sigaction previous[MJ_NSTOP_SIGNALS]; /* their handlers before, put back after */
   void *data;                          /* owner's context (the Lua state) */
-  uint64_t tokens[64];                 /* process.c: random job tokens, drawn in batches */
+  uint64_t tokens[64];                 /* send.c: random job tokens, drawn in batches */
   unsigned ntokens;                    /* tokens not used yet */
   int spawning;                        /* spawn.c: spawns queued on worker threads */
-  char scratch[64 * 1024];             /* process.c: output read buffer, used synchronously */
+  char scratch[64 * 1024];             /* channel.c: output read buffer, used synchronously */
 } mj_ctx_t;
 
 #define MJ_EINTERRUPTED (-10000)       /* mj_ctx_run stopped by a stop signal */
@@ -79,7 +83,7 @@ int mj_ctx_step(mj_ctx_t *ctx);
 int mj_ctx_timeout(mj_ctx_t *ctx);
 void mj_ctx_touch(mj_ctx_t *ctx);
 
-/* --------------------------------------------------------- process.c --- */
+/* ------------------------------ process.c, channel.c, send.c, shared.c --- */
 
 typedef enum {
   MJ_PROCESS_SPAWNED,  /* the child runs: its pid is known */
@@ -113,7 +117,7 @@ typedef struct {
                                           the last piece's length */
 } mj_process_event_t;
 
-/* What the child may send next (frame_violation in process.c). */
+/* What the child may send next (frame_violation in channel.c). */
 typedef enum {
   MJ_CHILD_STARTING, /* READY or LOADERR */
   MJ_CHILD_READY,    /* PROGRESS, LOG, DONE, FAIL with the head job's token, if any */
@@ -154,7 +158,7 @@ struct mj_process_s {
                                           (the head, the one the child runs) first */
   unsigned nin, first;                 /* how many; the head's slot */
   uint32_t seq;                        /* sequence number of the last JOB frame sent */
-  uint64_t out_read[2];                /* bytes read from stdout, stderr (process.c) */
+  uint64_t out_read[2];                /* bytes read from stdout, stderr (channel.c) */
   const char *held[2];                 /* a chunk read, not delivered yet, and its length */
   size_t held_len[2];
   char *wbuf;                          /* the stage: small JOB frames not written yet */
@@ -173,8 +177,11 @@ typedef struct {
   uint32_t max_frame;                  /* largest payload accepted from the child */
 } mj_spawn_options_t;
 
+/* process.c */
 int mj_process_spawn(mj_ctx_t *ctx, mj_process_t *p, const mj_spawn_options_t *opts,
                      mj_process_event_cb on_event);
+int mj_process_kill(mj_process_t *p, int signum, int whole_group);
+
 /* Frames larger than this reach the owner in pieces of about this size, so no
  * callback copies more than a piece at a time (60 MB results never stall
  * the loop). */
@@ -183,11 +190,12 @@ int mj_process_spawn(mj_ctx_t *ctx, mj_process_t *p, const mj_spawn_options_t *o
 #define MJ_STAGE_FRAME (64 * 1024)     /* JOB frames up to this size may be staged */
 #define MJ_STAGE_SIZE (256 * 1024)     /* a stage past this is written at once */
 
+/* send.c */
 int mj_process_send(mj_process_t *p, uint32_t type, uint64_t job, const uv_buf_t *parts,
                     unsigned nparts);
-int mj_process_kill(mj_process_t *p, int signum, int whole_group);
 int mj_process_end_input(mj_process_t *p);
 
+/* shared.c */
 int mj_process_started(mj_process_t *p, uint64_t job);
 unsigned mj_process_recall(mj_process_t *p, uint64_t from, uint64_t *jobs, unsigned max);
 
@@ -205,11 +213,40 @@ int mj_process_batch(mj_process_t *p, uint64_t job, mj_batch_state_t *state);
 int mj_process_batch_same(mj_process_t *p, const mj_batch_state_t *state);
 int mj_process_batch_cut(mj_process_t *p, uint64_t job);
 
-/* Internal: process.c <- spawn.c and reap.c */
+/* Internal: process.c <- spawn.c, reap.c, loop.c and channel.c */
 void mj__process_spawned(mj_process_t *p, int pid, int error);
 void mj__process_close_all(mj_ctx_t *ctx);
-void mj__process_flush_all(mj_ctx_t *ctx);
 void mj__process_exited(mj_process_t *p, int64_t exit_status, int term_signal);
+void mj__process_gone(mj_process_t *p);
+
+/* Internal: send.c <- loop.c (the stages, written once per loop turn) */
+void mj__process_flush_all(mj_ctx_t *ctx);
+
+/* Internal: channel.c and shared.c <- process.c */
+int mj__channel_start(mj_process_t *p);
+void mj__channel_stop(mj_process_t *p);
+void mj__channel_drain(mj_process_t *p);
+void mj__channel_drain_output(mj_process_t *p);
+int mj__shared_map(mj_process_t *p);
+void mj__shared_release(mj_process_t *p);
+
+/* Internal: what the parts of a process share. The owner's callback, and
+ * the jobs in flight: a ring that send.c adds to, channel.c ends the head of
+ * and shared.c (a recall) cuts short. */
+static inline void mj__process_emit(mj_process_t *p, mj_process_event_t *ev) {
+  p->on_event(p, ev);
+}
+
+/* The i-th job in flight, 0 being the head. */
+static inline mj_inflight_t *mj__inflight_at(mj_process_t *p, unsigned i) {
+  return &p->inflight[(p->first + i) % MJ_MAX_INFLIGHT];
+}
+
+static inline mj_inflight_t *mj__inflight_find(mj_process_t *p, uint64_t job) {
+  for (unsigned i = 0; i < p->nin; i++)
+    if (mj__inflight_at(p, i)->job == job) return mj__inflight_at(p, i);
+  return NULL;
+}
 
 /* ----------------------------------------------------- spawn.c, reap.c --- */
 
