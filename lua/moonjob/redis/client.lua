@@ -1,5 +1,5 @@
 -- moonjob.redis.client -- a Redis client on moonjob's loop: policy over
--- core.redis (one connection, mechanism in core/redis.c).
+-- core.redis (one connection, mechanism in core/parent/redis.c).
 --
 -- What it adds: redis:// URLs (user, password, db; the password is never
 -- printed), AUTH and SELECT, loading moonjob's function library on each
