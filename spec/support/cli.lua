@@ -49,4 +49,14 @@ function M.numbers(n)
   return table.concat(t, "\n") .. "\n"
 end
 
+-- Calls fn with io.stderr replaced; returns fn's result and what it wrote.
+function M.stderr_of(fn)
+  local said, saved = {}, io.stderr
+  io.stderr = { write = function(_, ...) for _, s in ipairs({ ... }) do said[#said + 1] = s end end }
+  local ok, result = pcall(fn)
+  io.stderr = saved
+  assert(ok, result)
+  return result, table.concat(said)
+end
+
 return M

@@ -2,7 +2,9 @@
 -- and how a joblog is opened after a write cut short.
 local h = require "helpers"
 local joblog = require "moonjob.cli.joblog"
-local read = require("cli").read
+local cli = require "cli"
+
+local read, stderr_of = cli.read, cli.stderr_of
 
 local DONE_1 = '{"line":1,"status":"completed","result":1,"attempts":1,"ms":0}\n'
 local FAILED_2 = '{"line":2,"status":"failed","error":{"code":"E","message":"x"},"attempts":1,"ms":0}\n'
@@ -34,11 +36,8 @@ describe("moonjob.cli.joblog", function()
   describe("open()", function()
     it("cuts off a last record cut short, then appends whole records", function()
       local path = h.write_file(dir .. "/log", DONE_1 .. CUT_4)
-      local saved, said = io.stderr, {}
-      io.stderr = { write = function(_, s) said[#said + 1] = s end }
-      local log = joblog.open(path)
-      io.stderr = saved
-      assert.matches("ended in a record cut short", table.concat(said))
+      local log, said = stderr_of(function() return joblog.open(path) end)
+      assert.matches("ended in a record cut short", said)
       assert.truthy(log:record(DONE_3))
       log:close()
       assert.equal(DONE_1 .. DONE_3, read(path))

@@ -2,16 +2,7 @@
 -- stops it makes, and the exit status a run's end turns into.
 local loop = require "moonjob.loop"
 local stops = require "moonjob.cli.stops"
-
--- Calls fn with io.stderr replaced; returns fn's result and what it wrote.
-local function stderr_of(fn)
-  local said, saved = {}, io.stderr
-  io.stderr = { write = function(_, ...) for _, s in ipairs({ ... }) do said[#said + 1] = s end end }
-  local ok, result = pcall(fn)
-  io.stderr = saved
-  assert(ok, result)
-  return result, table.concat(said)
-end
+local stderr_of = require("cli").stderr_of
 
 describe("moonjob.cli.stops", function()
   describe("halt_reached()", function()
