@@ -63,10 +63,13 @@ end
 function M.new(o, pool_size, output)
   local bytes_high, held_high = pool_size * BYTES_PER_CHILD, pool_size * HOLD_BYTES_PER_CHILD
   local self = setmetatable({
-    handle = nil, pool_size = pool_size, keep_order = o.keep_order, output = output,
-    inflight = 0, inflight_bytes = 0, paused = false,
+    handle = nil, -- core.input, once started
+    pool_size = pool_size, keep_order = o.keep_order, output = output,
+    inflight = 0, inflight_bytes = 0, -- lines added and not written; bytes of batches in flight
+    paused = false, -- by back-pressure (pause_if_full)
     ended = false, -- no more lines are taken: read to its end, halted, or closed
-    line_no = 0, bytes_read = 0, input_done = false, read_error = nil,
+    line_no = 0, bytes_read = 0, -- the last line read, and the bytes read (the progress line)
+    at_end = false, read_error = nil, -- read to its end, or failed reading (read_error)
     high = nil, low = nil, bytes_high = bytes_high, bytes_low = bytes_high / 4,
     held_high = held_high, held_low = held_high / 4,
     result_line_bytes = 0, -- a moving average
@@ -81,7 +84,7 @@ end
 -- or batch of `count` lines (text nil: a line longer than max_line).
 function Input:start(fd, max_line, on_line)
   self.handle = core.input(fd, max_line, on_line, function(e)
-    self.ended, self.read_error, self.input_done = true, e, true
+    self.ended, self.read_error, self.at_end = true, e, true
   end)
   self.handle:resume()
 end

@@ -25,13 +25,13 @@
 -- Caveat: the pool's listeners run inside the loop; one that raises would
 -- leave its line in flight for ever, so each is guarded and the run stops,
 -- saying why.
-local batch_jobs = require "moonjob.cli.batch_jobs"
+local BatchJobs = require "moonjob.cli.batch_jobs"
 local core = require "moonjob.core"
-local input = require "moonjob.cli.input"
-local joblog = require "moonjob.cli.joblog"
+local Input = require "moonjob.cli.input"
+local Joblog = require "moonjob.cli.joblog"
 local loop = require "moonjob.loop"
 local moonjob = require "moonjob"
-local output = require "moonjob.cli.output"
+local Output = require "moonjob.cli.output"
 local pool_internals = require "moonjob.cli.pool_internals"
 local progress = require "moonjob.cli.progress"
 local stops = require "moonjob.cli.stops"
@@ -71,23 +71,23 @@ end
 
 -- The progress line's counts, on a terminal.
 function Run:show_progress(input_path)
-  local size, input_ = input.size(input_path), self.input
+  local size, input = Input.size(input_path), self.input
   self.display = progress.new(function()
     return { completed = self.completed, failed = self.failed, skipped = self.lines_over - self.completed - self.failed,
-      read = input_.line_no, bytes = input_.bytes_read, input_ended = input_.input_done, size = size }
-  end, not output.regular_file(io.stdout), function() return (self.output:pending() or 0) == 0 end)
+      read = input.line_no, bytes = input.bytes_read, input_ended = input.at_end, size = size }
+  end, not Output.regular_file(io.stdout), function() return (self.output:pending() or 0) == 0 end)
   self.output.display = self.display
 end
 
 -- A run ready to start, or nil and a usage message (nothing ran).
 function M.new(processor, input_path, o)
-  local fd, err = input.open(input_path)
+  local fd, err = Input.open(input_path)
   if not fd then return nil, err end
   local resumed, resumed_last = {}, 0 -- the lines --resume skips, and the last of them
-  if o.resume then resumed, resumed_last = joblog.resumed(o.joblog) end
+  if o.resume then resumed, resumed_last = Joblog.resumed(o.joblog) end
   local log
   if o.joblog then
-    log, err = joblog.open(o.joblog)
+    log, err = Joblog.open(o.joblog)
     if not log then return nil, err end
   end
   -- From here on SIGINT, SIGTERM, SIGHUP only stop the loop (until now they
@@ -99,13 +99,13 @@ function M.new(processor, input_path, o)
     stop = nil }, Run)
   self.pool, err = new_pool(processor, o, function(text, job, pid) return self.output:echo(text, job, pid) end)
   if not self.pool then return nil, err end
-  self.output = output.new(o.keep_order, log, {
+  self.output = Output.new(o.keep_order, log, {
     joblog_failed = function(e) self.stop = stops.joblog_failed(o.joblog, e) end,
     closed = function() self.input:stop_reading() end,
   })
-  self.input = input.new(o, self.pool.size, self.output)
+  self.input = Input.new(o, self.pool.size, self.output)
   if o.progress then self:show_progress(input_path) end
-  self.batches = batch_jobs.new(self)
+  self.batches = BatchJobs.new(self)
   local listener = guarded(self, Run.finished)
   self.pool:on("completed", listener)
   self.pool:on("failed", listener)
@@ -117,11 +117,11 @@ end
 -- Results `text` of `count` lines from `line` on leave the lines in flight
 -- and are written (or held for --keep-order, which may pause the input too).
 function Run:written(line, text, count)
-  local input_ = self.input
-  input_:written(text, count)
+  local input = self.input
+  input:written(text, count)
   self.output:emit(line, text, count)
-  input_:pause_if_full()
-  input_:resume_if_room()
+  input:pause_if_full()
+  input:resume_if_room()
 end
 
 -- Records the result lines `text` of `count` lines from `line` on (the
@@ -196,7 +196,7 @@ function Run:finished(job)
   end
   if job.count then return self.batches:finished(job) end
   local ok_n = job.state == "completed" and 1 or 0
-  if self:record(job.line, output.result_line(job), 1, ok_n, 1 - ok_n) and job.ms then
+  if self:record(job.line, Output.result_line(job), 1, ok_n, 1 - ok_n) and job.ms then
     self.input:lines_took(job.ms, 1, job.wrote_output)
   end
 end
@@ -206,13 +206,13 @@ end
 -- Adds input line `line` (`text`, `len` bytes; text nil: longer than
 -- max_payload) as a job, or writes it at once (blank, or resumed).
 function Run:add_line(line, text, len)
-  local input_ = self.input
+  local input = self.input
   if (text and not text:find("%S")) or self.resumed[line] then -- no job: written at once
     self.lines_over = self.lines_over + 1
     self.output:emit(line, "")
-    return input_:resume_if_room() -- (a line handed back may be the one the others waited for)
+    return input:resume_if_room() -- (a line handed back may be the one the others waited for)
   end
-  input_.inflight = input_.inflight + 1
+  input.inflight = input.inflight + 1
   if not text then -- longer than max_payload: fails without running
     local e = moonjob.errors.new("EINPUT", ("line %d is %d bytes or more, more than max_payload (%d)")
       :format(line, len, self.pool.max_payload))
@@ -225,14 +225,14 @@ function Run:add_line(line, text, len)
 end
 
 -- The input's on_line: a line, or a batch of `count` lines.
-function Run:take(text, len, count)
+function Run:lines_read(text, len, count)
   if self.stop then return end -- (--halt paused the input: lines read meanwhile do not run)
-  local input_ = self.input
-  local first = input_.line_no + 1
-  input_.line_no = input_.line_no + count
-  input_.bytes_read = input_.bytes_read + len + 1
+  local input = self.input
+  local first = input.line_no + 1
+  input.line_no = input.line_no + count
+  input.bytes_read = input.bytes_read + len + 1
   if count > 1 then self.batches:add(first, count, text) else self:add_line(first, text, len) end
-  input_:pause_if_full()
+  input:pause_if_full()
 end
 
 ------------------------------------------------------------- the flow ---
@@ -240,15 +240,15 @@ end
 -- Reads the input and runs its lines until every line ended or the run
 -- stops (--halt soon: until what runs ended).
 function Run:wait()
-  local input_, out = self.input, self.output
-  input_:start(self.fd, self.pool.max_payload, function(text, len, count) self:take(text, len, count) end)
+  local input, out = self.input, self.output
+  input:start(self.fd, self.pool.max_payload, function(text, len, count) self:lines_read(text, len, count) end)
   local ok, why = pcall(loop.wait_until, function()
-    input_:resume_if_room() -- a safety net: a path that frees room and misses resuming would hang the run
+    input:resume_if_room() -- a safety net: a path that frees room and misses resuming would hang the run
     local pending = out:poll()
     return (self.stop and not self.stop.soon) or out.write_error
-      or (input_.ended and input_.inflight == 0 and pending == 0)
+      or (input.ended and input.inflight == 0 and pending == 0)
   end)
-  input_:close()
+  input:close()
   if not ok then self.stop = stops.stopped_by(why) end
   if out.write_error and not self.stop then -- nobody reads the output any more: stop
     self.stop = stops.closed_output()
