@@ -1,20 +1,11 @@
 local h = require "helpers"
 local json = require "moonjob.codec.json"
+local cli = require "cli"
 
-local MOONJOB = h.LUAJIT .. " scripts/moonjob "
+local MOONJOB, by_line = cli.MOONJOB, cli.by_line
 
 local function write_file(text)
   return h.write_file(os.tmpname(), text)
-end
-
--- Output lines decoded and keyed by input line.
-local function by_line(out)
-  local lines = {}
-  for text in out:gmatch("[^\n]+") do
-    local v = assert(json.decode(text))
-    lines[v.line] = v
-  end
-  return lines
 end
 
 describe("moonjob run", function()

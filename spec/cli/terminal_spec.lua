@@ -5,9 +5,9 @@
 -- line, and a one-line summary at the end.
 local h = require "helpers"
 local json = require "moonjob.codec.json"
+local cli = require "cli"
 
-local MOONJOB = h.LUAJIT .. " scripts/moonjob "
-local HABITS = "spec/fixtures/habits.lua"
+local MOONJOB, HABITS = cli.MOONJOB, cli.HABITS
 local PROGRESS = "%d+/~?[%d,]+ lines  %d+%%  [%d.,]+/s" -- done/total lines, percent, rate
 
 -- Runs shell command `command` under a pseudo-terminal; returns what the

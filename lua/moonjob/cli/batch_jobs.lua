@@ -1,0 +1,133 @@
+-- moonjob.cli.batch_jobs -- `moonjob run`'s batch jobs: pool jobs that each
+-- carry many input lines (pool:add's `lines` option; their text helpers are
+-- moonjob.cli.batches).
+--
+-- A batch's lines are recorded as it goes: what a running batch finished is
+-- recorded at once (lines_kept), so that a slow line holds up no output of
+-- the lines before it; the lines it did not run (an idle child took them, a
+-- line printed, its child died) go out again, as a batch of their own or a
+-- line, ahead of every later line (a job's priority is its first line
+-- number), so that results held for --keep-order do not wait for them behind
+-- the whole queue.
+--
+-- Fields a batch job carries: line (its first), count, text, handed_back
+-- (the first position handed back), printed and printed_bytes / _ok /
+-- _failed (what lines_kept recorded).
+--
+-- Caveat: this is a part of the run (moonjob.cli.run), not a thing of its
+-- own: it records through run:record and adds lines through run:add_line,
+-- and keeps the run's counts of lines in flight (run.input).
+local batches = require "moonjob.cli.batches"
+local lines = require "moonjob.codec.resultline"
+local moonjob = require "moonjob"
+local moonjob_job = require "moonjob.job"
+local pool_internals = require "moonjob.cli.pool_internals"
+
+local M = {}
+
+local BatchJobs = {}
+BatchJobs.__index = BatchJobs
+
+-- The batch jobs of `run`, hooked to its pool.
+function M.new(run)
+  local resumed = run.resumed
+  local self = setmetatable({ run = run, is_resumed = function(line) return resumed[line] end }, BatchJobs)
+  pool_internals.on_lines(run.pool,
+    function(job, kept) self:hand_back(job, kept + 1) end, -- an idle child takes what a slow line held up
+    function(job, kept, text) self:lines_kept(job, kept, text) end)
+  return self
+end
+
+-- What batch job `job` ran: its result lines, the positions they cover (1
+-- to covered), and how many completed and failed. A batch whose child died
+-- keeps what its finished lines wrote to the shared area (job.batch_state);
+-- the line it was running fails with the child's error; the lines after are
+-- not covered (they go out again). A batch that failed before it started
+-- (the processor no longer loads, the run stops) fails each of its lines
+-- with that error.
+function M.outcome(job)
+  if job.state == "completed" then
+    local run, ok_n, failed_n, body = batches.parse_done(moonjob_job.bytes(job.result_bytes))
+    if run then return body, run, ok_n, failed_n end
+    job.error = moonjob.errors.new("EPROTO", "the child's batch result is not one")
+  end
+  local state, body, covered = job.batch_state, "", 0
+  if state then body, covered = state.text, state.kept end
+  local ok_n, failed_n = batches.count(body)
+  local last = covered -- the last line that fails with it
+  if not state then last = job.count
+  elseif state.started > state.kept then last = covered + 1 end
+  local ms = state and state.line_ms or 0 -- how long the line it died in had run
+  local failing = {} -- the line it died in, or every line of a batch that never ran
+  for _, pos in ipairs(batches.non_blank(job.text, covered + 1, last)) do
+    failing[#failing + 1] = lines.failed(job.line + pos - 1, job.error, math.max(job.attempts, 1), ms)
+  end
+  return body .. table.concat(failing), last, ok_n, failed_n + #failing
+end
+
+-- Adds the `count` lines `text` from line `first` on as one job (lines that
+-- --resume skips made blank).
+function BatchJobs:add(first, count, text)
+  local run, input = self.run, self.run.input
+  if first <= run.resumed_last then text = batches.blank(text, first, count, self.is_resumed) end
+  input.inflight, input.inflight_bytes = input.inflight + count, input.inflight_bytes + #text
+  local job = run.pool:add(text, { name = ("lines %d-%d"):format(first, first + count - 1),
+    lines = { first, count, run.o.halt and true or nil }, priority = first }) -- (--halt: ends at a failure)
+  job.line, job.count, job.text, job.handed_back = first, count, text, count + 1
+  run.open_jobs[job] = true
+end
+
+-- The lines of batch `job` from position `from` on that it did not run go
+-- out again (not once the run stops: --resume runs them).
+function BatchJobs:hand_back(job, from)
+  local to = job.handed_back - 1
+  if from > to then return end
+  local run = self.run
+  job.handed_back = from
+  run.input.inflight = run.input.inflight - (to - from + 1)
+  if run.stop then return end -- a run that stops adds nothing more (--resume runs them)
+  local text = batches.slice(job.text, from, to)
+  if from == to then return run:add_line(job.line + from - 1, text, #text) end
+  self:add(job.line + from - 1, to - from + 1, text)
+end
+
+-- A batch still running has finished its first `kept` lines (their result
+-- lines are `text`): the ones not recorded yet are recorded now, so that a
+-- slow line holds up no output of the lines before it, and a run stopped by
+-- a signal keeps them (pool_internals.publish_kept).
+function BatchJobs:lines_kept(job, kept, text)
+  local done = job.printed or 0
+  if kept <= done then return end
+  local new = text:sub((job.printed_bytes or 0) + 1)
+  local ok_n, failed_n = batches.count(new)
+  job.printed, job.printed_bytes = kept, #text
+  job.printed_ok, job.printed_failed = (job.printed_ok or 0) + ok_n, (job.printed_failed or 0) + failed_n
+  self.run:record(job.line + done, new, kept - done, ok_n, failed_n)
+end
+
+-- Batch `job` ended: what it ran and lines_kept did not record is recorded,
+-- its run time sizes the next batches, and the lines it did not run go out
+-- again.
+function BatchJobs:finished(job)
+  local run = self.run
+  local text, covered, ok_n, failed_n = M.outcome(job)
+  local done = job.printed or 0 -- lines recorded while it ran
+  if done > 0 then
+    text = text:sub(job.printed_bytes + 1)
+    ok_n, failed_n = ok_n - job.printed_ok, failed_n - job.printed_failed
+  end
+  run.input.inflight_bytes = run.input.inflight_bytes - #job.text
+  if not run:record(job.line + done, text, covered - done, ok_n, failed_n) then return end
+  if job.ms and covered > 0 and not run.stop then run.input:lines_took(job.ms, covered, job.wrote_output) end
+  self:hand_back(job, covered + 1)
+end
+
+-- Batch `job` ended unrecorded in a stop: its lines not recorded leave the
+-- counts in flight.
+function BatchJobs:forget(job)
+  local input = self.run.input
+  input.inflight_bytes = input.inflight_bytes - #job.text
+  self:hand_back(job, (job.printed or 0) + 1) -- (under a stop: dropped)
+end
+
+return M

@@ -1,0 +1,168 @@
+-- moonjob.cli.input -- `moonjob run`'s input: NDJSON read as a stream, and
+-- paused while enough is in flight, so a file of millions of lines runs in
+-- bounded memory.
+--
+-- The input pauses at a high mark and resumes at a low one, on three counts:
+-- lines in flight (room for a few batches per child), bytes of batches in
+-- flight, and, with --keep-order, the memory of the results that wait for an
+-- earlier line still running, counting those the lines in flight will bring
+-- at the recent bytes per result line: a slow early line pauses the input at
+-- this bound rather than hold every later result. Each child keeps a line in
+-- flight whatever the size of results.
+--
+-- The input also sizes the batches it cuts (core.input's input:batch):
+-- batches are as long as BATCH_BUDGET_MS of recent lines (1 line each until
+-- lines are known to be short; with --timeout or --attempts above 1, always
+-- 1). A line that prints ends its batch (the rest go out again): while lines
+-- print, batches are no longer than the lines run before one printed; the
+-- cap doubles with each job that printed nothing.
+--
+-- Caveat: every path that frees room (a line written, handed back, skipped)
+-- must call resume_if_room(), or a paused input stays paused; the run's main
+-- wait calls it too, as a safety net. The run updates `inflight` and
+-- `inflight_bytes` where jobs are added and end.
+local core = require "moonjob.core"
+
+local M = {}
+
+local BATCH_BUDGET_MS = 4 -- a batch of lines runs about this long in its child
+local BATCH_LINES_MAX = 4096 -- and holds at most this many lines
+local HOLD_BYTES_PER_CHILD = 8 * 1024 * 1024 -- --keep-order: results held, per child
+local BYTES_PER_CHILD = 4 * 1024 * 1024 -- batches in flight (blocks are at most 1 MiB: core/stdio.c)
+
+local Input = {}
+Input.__index = Input
+
+-- The input's descriptor: stdin for nil or "-", else file `path` opened; or
+-- nil and a message.
+function M.open(path)
+  if path == nil or path == "-" then return 0 end
+  local fd, err = core.open(path)
+  if not fd then -- "EACCES: permission denied": the reason, as for the processor and the joblog
+    return nil, ("cannot open input '%s': %s"):format(path, (err:gsub("^E%u+: ", "")))
+  end
+  return fd
+end
+
+-- The bytes left to read in the input when it is a regular file (named, or
+-- redirected to stdin), else nil (a pipe, a terminal).
+function M.size(path)
+  local stdin = path == nil or path == "-"
+  local f = stdin and io.stdin or io.open(path, "rb")
+  if not f then return nil end
+  local at = f:seek("cur")
+  local size = at and f:seek("end")
+  if at then f:seek("set", at) end -- (the input reads the descriptor itself: its offset must stay)
+  if not stdin then f:close() end
+  return size and size - at
+end
+
+-- The bounds for `pool_size` children, options `o` (keep_order, timeout,
+-- attempts); `output` is asked for the results it holds (output:held()) and
+-- whether its reader went (output.write_error).
+function M.new(o, pool_size, output)
+  local bytes_high, held_high = pool_size * BYTES_PER_CHILD, pool_size * HOLD_BYTES_PER_CHILD
+  local self = setmetatable({
+    handle = nil, -- core.input, once started
+    pool_size = pool_size, keep_order = o.keep_order, output = output,
+    inflight = 0, inflight_bytes = 0, -- lines added and not written; bytes of batches in flight
+    paused = false, -- by back-pressure (pause_if_full)
+    ended = false, -- no more lines are taken: read to its end, halted, or closed
+    line_no = 0, bytes_read = 0, -- the last line read, and the bytes read (the progress line)
+    at_end = false, read_error = nil, -- read to its end, or failed reading (read_error)
+    high = nil, low = nil, bytes_high = bytes_high, bytes_low = bytes_high / 4,
+    held_high = held_high, held_low = held_high / 4,
+    result_line_bytes = 0, -- a moving average
+    batching = o.timeout == nil and (o.attempts or 1) == 1,
+    batch_lines = 1, line_ms = nil, print_cap = BATCH_LINES_MAX,
+  }, Input)
+  self:set_bounds()
+  return self
+end
+
+-- Starts reading descriptor `fd`: on_line(text, len, count) for each line
+-- or batch of `count` lines (text nil: a line longer than max_line).
+function Input:start(fd, max_line, on_line)
+  self.handle = core.input(fd, max_line, on_line, function(e)
+    self.ended, self.read_error, self.at_end = true, e, true
+  end)
+  self.handle:resume()
+end
+
+-- Lines in flight before input pauses (high) and resumes (low): room for
+-- a few batches per child.
+function Input:set_bounds()
+  self.high = math.max(self.pool_size * 64, self.pool_size * self.batch_lines * 3)
+  self.low = math.floor(self.high / 4)
+end
+
+-- Whether the results held for --keep-order, with those the lines in
+-- flight will bring (about), are at least `bound` bytes. Each child may
+-- have a line in flight whatever the size of results, unless the results
+-- already held are past the bound; until a result's size is known, a few.
+function Input:results_past(bound)
+  if not self.keep_order then return false end
+  local inflight, size = self.inflight, self.pool_size
+  if self.result_line_bytes == 0 then return inflight >= size * 4 end
+  local bytes = self.output:held()
+  return bytes >= bound or (inflight >= size and bytes + inflight * self.result_line_bytes >= bound)
+end
+
+function Input:pause_if_full()
+  if self.paused or self.ended then return end
+  if self.inflight >= self.high or self.inflight_bytes >= self.bytes_high or self:results_past(self.held_high) then
+    self.paused = true
+    self.handle:pause()
+  end
+end
+
+-- Called wherever lines in flight or results held may have gone down.
+function Input:resume_if_room()
+  if not self.paused or self.ended or self.output.write_error then return end
+  if self.inflight <= self.low and self.inflight_bytes <= self.bytes_low
+      and not self:results_past(self.held_low + 1) then
+    self.paused = false
+    self.handle:resume()
+  end
+end
+
+-- The results `text` of `count` lines were written (or held): they leave
+-- the count in flight, and tell the bytes per result line.
+function Input:written(text, count)
+  self.inflight = self.inflight - count
+  if count > 0 and text ~= "" then
+    local per_line = #text / count
+    local average = self.result_line_bytes
+    self.result_line_bytes = average == 0 and per_line or average * 0.8 + per_line * 0.2
+  end
+end
+
+-- Stops reading, leaving `paused` as it is (--halt, a closed output): the
+-- run takes no line once it stops, and its main wait ends.
+function Input:stop_reading()
+  self.handle:pause()
+end
+
+-- No more resuming, and the input is closed.
+function Input:close()
+  self.ended = true
+  self.handle:close()
+end
+
+-- Batches are as long as BATCH_BUDGET_MS of recent lines: the run time of
+-- `n` lines was `ms`, and they `printed` or not.
+function Input:lines_took(ms, n, printed)
+  if not self.batching or n < 1 or self.ended then return end -- ended: the input is read (or closed)
+  local per_line = math.max(ms / n, 1e-4)
+  local line_ms = self.line_ms and self.line_ms * 0.8 + per_line * 0.2 or per_line
+  self.line_ms = line_ms
+  self.print_cap = printed and n or math.min(BATCH_LINES_MAX, self.print_cap * 2)
+  local want = math.max(1, math.min(self.print_cap, math.floor(BATCH_BUDGET_MS / line_ms)))
+  if want ~= self.batch_lines then
+    self.batch_lines = want
+    self.handle:batch(want)
+    self:set_bounds()
+  end
+end
+
+return M

@@ -1,0 +1,189 @@
+-- moonjob.cli.output -- what `moonjob run` writes: result lines on stdout
+-- (and the joblog), and what processors print, tagged, on stderr.
+--
+-- Result lines go out through a writer that never blocks the loop and that
+-- sees its reader go (| head) without writing (core.output). Every result
+-- line goes to the joblog first (one unbuffered write), then to stdout: the
+-- joblog holds what was printed, in the same order, also with --keep-order
+-- (a result waiting for an earlier line is in neither). A joblog that cannot
+-- be written, and a reader gone, are told to the run (hooks.joblog_failed,
+-- hooks.closed): it stops.
+--
+-- With --keep-order a finished job waits here until every earlier line was
+-- written; without it, lines go out as jobs finish. Lines that make no output
+-- (blank, resumed) are emitted as "".
+--
+-- What processors print goes to stderr as "[line N] text". A line of a batch
+-- that prints ends its batch (child/runner.lua), so what a batch printed is
+-- from its last line started: read in the child's batch area while the batch
+-- is the child's, else held until the batch ends (echo_held).
+--
+-- Caveat: the progress line (display) shares stderr, and stdout's terminal
+-- when stdout is not a regular file: it is erased before each write there.
+local batches = require "moonjob.cli.batches"
+local core = require "moonjob.core"
+local lines = require "moonjob.codec.resultline"
+local loop = require "moonjob.loop"
+local moonjob_job = require "moonjob.job"
+
+local M = {}
+
+local HELD_ENTRY_BYTES = 100 -- what holding one result costs beside its text
+
+local Output = {}
+Output.__index = Output
+
+-- Whether open file f is a regular file (it can seek): what is written to
+-- anything else (a terminal, a pipe to a pager or to `cat`) may show on the
+-- terminal where the progress line is.
+function M.regular_file(f)
+  return f:seek("cur") ~= nil
+end
+
+-- The result line of a job that ran one line.
+function M.result_line(job)
+  if job.state == "completed" then
+    return lines.completed(job.line, moonjob_job.bytes(job.result_bytes), job.attempts, job.ms or 0)
+  end
+  return lines.failed(job.line, job.error, job.attempts, job.ms or 0)
+end
+
+-- An output on stdout (or `out`, a core.output-like writer), writing to
+-- joblog `log` (a moonjob.cli.joblog, or nil) first.
+-- hooks.joblog_failed(err), hooks.closed(): the run stops.
+function M.new(keep_order, log, hooks, out)
+  return setmetatable({
+    out = out or core.output(1), keep_order = keep_order,
+    joblog = log, joblog_may_show = log and not M.regular_file(log.file), -- (--joblog /dev/stderr)
+    display = nil, -- the progress line (moonjob.cli.progress), set by the run
+    joblog_failed = false, write_error = nil, -- the reader went (EPIPE) or a write failed
+    on_joblog_failed = hooks.joblog_failed, on_closed = hooks.closed,
+    held_text = {}, covers = {}, next_line = 1, held_bytes = 0, held_lines = 0,
+  }, Output)
+end
+
+-- Writes result lines `text`: to the joblog, then to stdout.
+function Output:write(text)
+  if text == "" or self.joblog_failed then return end
+  local display = self.display
+  if self.joblog then
+    if display and self.joblog_may_show then display.erase() end
+    local ok, e = self.joblog:record(text)
+    if not ok then
+      self.joblog_failed = true
+      self.on_joblog_failed(e)
+      return
+    end
+  end
+  if self.write_error then return end
+  if display then display.before_stdout() end
+  local written, e = self.out:write(text)
+  if not written then -- nobody reads the output any more: stop
+    self.write_error = e
+    self.on_closed()
+  end
+end
+
+-- Text holds the results of `count` lines (default 1) from `line` on: written
+-- now, or with --keep-order once every line before `line` was.
+function Output:emit(line, text, count)
+  if not self.keep_order then return self:write(text) end
+  count = count or 1
+  if count == 0 then return end -- covers no line (a batch that ran none)
+  local held_text, covers = self.held_text, self.covers
+  assert(held_text[line] == nil, "line written twice")
+  held_text[line], covers[line] = text, count
+  self.held_bytes, self.held_lines = self.held_bytes + #text + HELD_ENTRY_BYTES, self.held_lines + count
+  while held_text[self.next_line] do
+    local at = self.next_line
+    local out = held_text[at]
+    self.held_bytes, self.held_lines = self.held_bytes - #out - HELD_ENTRY_BYTES, self.held_lines - covers[at]
+    self.next_line = at + covers[at]
+    held_text[at], covers[at] = nil, nil
+    self:write(out)
+  end
+end
+
+-- The memory (bytes, about) of the results that wait for an earlier line,
+-- and how many lines they cover (0, 0 once the run is whole).
+function Output:held()
+  return self.held_bytes, self.held_lines
+end
+
+-- Writes every result held, in input order, past the lines missing before
+-- them (a run that stops: they did not run).
+function Output:flush_held()
+  local starts = {}
+  for line in pairs(self.held_text) do starts[#starts + 1] = line end
+  table.sort(starts)
+  for _, line in ipairs(starts) do self:write(self.held_text[line]) end
+  self.held_text, self.covers, self.held_bytes, self.held_lines = {}, {}, 0, 0
+end
+
+-- The bytes written and not yet gone out, and the write error if any.
+function Output:pending()
+  return self.out:pending()
+end
+
+-- As pending(), and notes a write error: a reader gone shows here before any
+-- write (core/stdio.c).
+function Output:poll()
+  local pending, e = self.out:pending()
+  self.write_error = self.write_error or e
+  return pending
+end
+
+-- Runs the loop until what was written went out, for at most `ms`; a stop
+-- signal ends it early.
+function Output:drain(ms)
+  local expired = false
+  local timer = core.timer(function() expired = true end)
+  timer:start(ms)
+  pcall(loop.wait_until, function() return expired or (self.out:pending() or 0) == 0 end)
+  timer:close()
+end
+
+--------------------------------------------------- what processors print ---
+
+-- Which input line printed what job `job` printed: a job of one line is that
+-- line; a batch's is its last line started, nil once the child's area is
+-- another batch's (known when the batch ends: last_line_run).
+local function line_of_output(job)
+  if not job.count then return job.line end
+  local w = job.worker
+  local started = w and w:batch_started(job)
+  if started and started > 0 then return job.line + started - 1 end
+end
+
+-- The last line batch `job` ran (it ended: completed, or failed).
+local function last_line_run(job)
+  local run = job.state == "completed" and batches.parse_done(moonjob_job.bytes(job.result_bytes))
+  if not run and job.batch_state then run = job.batch_state.started end
+  return job.line + math.max(run or 1, 1) - 1
+end
+
+function Output:to_stderr(text)
+  if self.display then return self.display.write_stderr(text) end
+  io.stderr:write(text)
+end
+
+-- The pool's echo: what a child printed, with its job (nil between jobs).
+function Output:echo(text, job, pid)
+  if not job then return self:to_stderr(("[child %d] %s\n"):format(pid, text)) end
+  job.wrote_output = true
+  local line = not job.output_held and line_of_output(job)
+  if line then return self:to_stderr(("[line %d] %s\n"):format(line, text)) end
+  job.output_held = job.output_held or {}
+  table.insert(job.output_held, text)
+end
+
+-- What ended job `job` printed whose line was not known yet.
+function Output:echo_held(job)
+  local held_output = job.output_held
+  if not held_output then return end
+  job.output_held = nil
+  local line = last_line_run(job)
+  for _, text in ipairs(held_output) do self:to_stderr(("[line %d] %s\n"):format(line, text)) end
+end
+
+return M

@@ -1,0 +1,297 @@
+-- moonjob.cli.run -- `moonjob run PROCESSOR [INPUT]`: one Run object that
+-- reads the input, adds its lines to a pool, records what ends, and says
+-- how the run ended.
+--
+-- A Run composes its parts and owns the flow between them: the input and its
+-- back-pressure (moonjob.cli.input), the output, --keep-order and tags
+-- (moonjob.cli.output), the joblog (moonjob.cli.joblog), batches of lines
+-- (moonjob.cli.batch_jobs), the reasons a run stops and its exit status
+-- (moonjob.cli.stops), and the progress line (moonjob.cli.progress).
+--
+-- Tiny lines go to the children in batches (many lines per job, see
+-- README "Batches of lines"), once lines are known to be short; with
+-- --timeout or --attempts above 1, one line per job. Input lines go to the
+-- children as JSON text and results come back as exact JSON text (the pool's
+-- "json" codec), so the parent never parses a payload: it only cuts lines
+-- and writes result lines around the children's bytes.
+--
+-- A run stops early on SIGINT, SIGTERM and SIGHUP (the children and
+-- everything they started are killed), on --halt's rule, on a processor that
+-- fails to load before any job completed, on a joblog it cannot write and on
+-- a closed output; each records what it should of the jobs that end
+-- meanwhile (recorded_in_stop). `self.stop` is the first of these (a
+-- moonjob.cli.stops table), nil while the run goes on.
+--
+-- Caveat: the pool's listeners run inside the loop; one that raises would
+-- leave its line in flight for ever, so each is guarded and the run stops,
+-- saying why.
+local BatchJobs = require "moonjob.cli.batch_jobs"
+local core = require "moonjob.core"
+local Input = require "moonjob.cli.input"
+local Joblog = require "moonjob.cli.joblog"
+local loop = require "moonjob.loop"
+local moonjob = require "moonjob"
+local Output = require "moonjob.cli.output"
+local pool_internals = require "moonjob.cli.pool_internals"
+local progress = require "moonjob.cli.progress"
+local stops = require "moonjob.cli.stops"
+
+local M = {}
+
+local Run = {}
+Run.__index = Run
+
+-- The pool options of parsed options `o` (also for `moonjob worker`).
+function M.pool_options(o)
+  return { size = o.concurrency, codec = "json", timeout = o.timeout, kill_after = o.kill_after,
+    start_timeout = o.start_timeout, attempts = o.attempts, backoff = o.backoff }
+end
+
+-- The pool, or nil and a usage message. Options were checked by parse(); a
+-- pool that still refuses them gets the same treatment, not a stack trace.
+-- echo(line, job, pid) gets what the children print.
+local function new_pool(processor, o, echo)
+  local opts = M.pool_options(o)
+  opts.echo = echo
+  local ok, pool, err = pcall(moonjob.pool, processor, opts)
+  if not ok then return nil, (tostring(pool):gsub("^[^:]*:%d+: ", ""):gsub("^moonjob%.pool: ", "")) end
+  if not pool then return nil, tostring(err) end
+  return pool
+end
+
+-- A listener that raises stops the run, saying why, instead of a hang.
+local function guarded(self, listener)
+  return function(job)
+    local ok, e = pcall(listener, self, job)
+    if not ok and not (self.stop and self.stop.internal) then
+      self.stop = stops.internal_error(job.line, e)
+    end
+  end
+end
+
+-- The progress line's counts, on a terminal.
+function Run:show_progress(input_path)
+  local size, input = Input.size(input_path), self.input
+  self.display = progress.new(function()
+    return { completed = self.completed, failed = self.failed, skipped = self.lines_over - self.completed - self.failed,
+      read = input.line_no, bytes = input.bytes_read, input_ended = input.at_end, size = size }
+  end, not Output.regular_file(io.stdout), function() return (self.output:pending() or 0) == 0 end)
+  self.output.display = self.display
+end
+
+-- A run ready to start, or nil and a usage message (nothing ran).
+function M.new(processor, input_path, o)
+  local fd, err = Input.open(input_path)
+  if not fd then return nil, err end
+  local resumed, resumed_last = {}, 0 -- the lines --resume skips, and the last of them
+  if o.resume then resumed, resumed_last = Joblog.resumed(o.joblog) end
+  local log
+  if o.joblog then
+    log, err = Joblog.open(o.joblog)
+    if not log then return nil, err end
+  end
+  -- From here on SIGINT, SIGTERM, SIGHUP only stop the loop (until now they
+  -- ended the program at once: no child existed yet).
+  core.hold_stop_signals()
+  local self = setmetatable({ o = o, fd = fd, joblog = log, resumed = resumed, resumed_last = resumed_last,
+    completed = 0, failed = 0, lines_over = 0, -- lines over: written or skipped
+    open_jobs = {}, -- the jobs added and not ended
+    stop = nil }, Run)
+  self.pool, err = new_pool(processor, o, function(text, job, pid) return self.output:echo(text, job, pid) end)
+  if not self.pool then return nil, err end
+  self.output = Output.new(o.keep_order, log, {
+    joblog_failed = function(e) self.stop = stops.joblog_failed(o.joblog, e) end,
+    closed = function() self.input:stop_reading() end,
+  })
+  self.input = Input.new(o, self.pool.size, self.output)
+  if o.progress then self:show_progress(input_path) end
+  self.batches = BatchJobs.new(self)
+  local listener = guarded(self, Run.finished)
+  self.pool:on("completed", listener)
+  self.pool:on("failed", listener)
+  return self
+end
+
+------------------------------------------------------------- recording ---
+
+-- Results `text` of `count` lines from `line` on leave the lines in flight
+-- and are written (or held for --keep-order, which may pause the input too).
+function Run:written(line, text, count)
+  local input = self.input
+  input:written(text, count)
+  self.output:emit(line, text, count)
+  input:pause_if_full()
+  input:resume_if_room()
+end
+
+-- Records the result lines `text` of `count` lines from `line` on (the
+-- joblog, then stdout), and judges --halt's rule. False when the joblog
+-- cannot be written (the run stops).
+function Run:record(line, text, count, ok_n, failed_n)
+  local out = self.output
+  if out.joblog_failed then return false end
+  self.completed, self.failed, self.lines_over = self.completed + ok_n, self.failed + failed_n, self.lines_over + count
+  self:written(line, text, count)
+  if not self.stop and stops.halt_reached(self.o.halt, self.completed + self.failed, self.failed) then
+    self.stop = stops.halted(self.o.halt, self.failed)
+    self.input:stop_reading() -- nothing more is read, nor added
+    if self.stop.soon then self:halt_soon() end
+  end
+  return not out.joblog_failed
+end
+
+-- --halt soon: no more input, and every job in flight that no child
+-- started is canceled (waiting ones first, so that a child a cancel frees
+-- takes nothing; the pool asks the child's gate and leaves a started job
+-- to run): only what runs finishes, as in GNU parallel. The main wait goes
+-- on until those end.
+function Run:halt_soon()
+  self.input.ended = true
+  local waiting, sent = {}, {}
+  for job in pairs(self.open_jobs) do
+    if job.state == "waiting" then waiting[#waiting + 1] = job else sent[#sent + 1] = job end
+  end
+  for _, list in ipairs({ waiting, sent }) do
+    for _, job in ipairs(list) do
+      job.halted = true -- (read when it ends, inside the cancel)
+      if not pool_internals.cancel_unstarted(self.pool, job, stops.HALTED) then job.halted = nil end
+    end
+  end
+end
+
+-- Whether a stop lets finished `job` be recorded. A stop signal or --halt
+-- now (record "completed"): jobs that completed meanwhile are (they ran),
+-- and what a killed batch had finished; failures are not (the kill caused
+-- them). --halt soon (record "ran"): the jobs that run to their end are,
+-- those it canceled or the close failed before they started are not.
+-- Any other stop records nothing more.
+function Run:recorded_in_stop(job)
+  local stop = self.stop
+  if not stop.record then return false end
+  local e = job.state ~= "completed" and job.error
+  local never_ran = e and (stop.record == "completed" or e.code == "ECLOSED" or job.halted)
+  if not never_ran then return true end
+  local state = job.count and job.batch_state
+  if state then self.batches:lines_kept(job, state.kept, state.text) end
+  return false
+end
+
+-- A job that ends unrecorded in a stop: its lines not recorded leave the
+-- count in flight (--halt soon waits for it to reach 0).
+function Run:forget(job)
+  if job.count then return self.batches:forget(job) end
+  self.input.inflight = self.input.inflight - 1
+end
+
+-- The pool's completed and failed listener.
+function Run:finished(job)
+  self.open_jobs[job] = nil
+  self.output:echo_held(job)
+  if self.stop and not self:recorded_in_stop(job) then return self:forget(job) end
+  -- A job that fails with ELOAD before any completed: the processor cannot
+  -- load, so no job will run; the run stops as for a syntax error.
+  if self.completed == 0 and job.state == "failed" and job.error.code == "ELOAD" then
+    self.stop = stops.cannot_load(job.error)
+    return
+  end
+  if job.count then return self.batches:finished(job) end
+  local ok_n = job.state == "completed" and 1 or 0
+  if self:record(job.line, Output.result_line(job), 1, ok_n, 1 - ok_n) and job.ms then
+    self.input:lines_took(job.ms, 1, job.wrote_output)
+  end
+end
+
+---------------------------------------------------------------- adding ---
+
+-- Adds input line `line` (`text`, `len` bytes; text nil: longer than
+-- max_payload) as a job, or writes it at once (blank, or resumed).
+function Run:add_line(line, text, len)
+  local input = self.input
+  if (text and not text:find("%S")) or self.resumed[line] then -- no job: written at once
+    self.lines_over = self.lines_over + 1
+    self.output:emit(line, "")
+    return input:resume_if_room() -- (a line handed back may be the one the others waited for)
+  end
+  input.inflight = input.inflight + 1
+  if not text then -- longer than max_payload: fails without running
+    local e = moonjob.errors.new("EINPUT", ("line %d is %d bytes or more, more than max_payload (%d)")
+      :format(line, len, self.pool.max_payload))
+    self:finished({ line = line, state = "failed", error = e, attempts = 0 })
+  else
+    local job = self.pool:add(text, { name = "line " .. line, priority = line })
+    job.line = line
+    self.open_jobs[job] = true
+  end
+end
+
+-- The input's on_line: a line, or a batch of `count` lines.
+function Run:lines_read(text, len, count)
+  if self.stop then return end -- (--halt paused the input: lines read meanwhile do not run)
+  local input = self.input
+  local first = input.line_no + 1
+  input.line_no = input.line_no + count
+  input.bytes_read = input.bytes_read + len + 1
+  if count > 1 then self.batches:add(first, count, text) else self:add_line(first, text, len) end
+  input:pause_if_full()
+end
+
+------------------------------------------------------------- the flow ---
+
+-- Reads the input and runs its lines until every line ended or the run
+-- stops (--halt soon: until what runs ended).
+function Run:wait()
+  local input, out = self.input, self.output
+  input:start(self.fd, self.pool.max_payload, function(text, len, count) self:lines_read(text, len, count) end)
+  local ok, why = pcall(loop.wait_until, function()
+    input:resume_if_room() -- a safety net: a path that frees room and misses resuming would hang the run
+    local pending = out:poll()
+    return (self.stop and not self.stop.soon) or out.write_error
+      or (input.ended and input.inflight == 0 and pending == 0)
+  end)
+  input:close()
+  if not ok then self.stop = stops.stopped_by(why) end
+  if out.write_error and not self.stop then -- nobody reads the output any more: stop
+    self.stop = stops.closed_output()
+  end
+end
+
+-- Ends a run that stops early: what running batches finished is recorded,
+-- every child is ended with what it started (more signals meanwhile do not
+-- cut this short), and what was written goes out.
+function Run:end_children()
+  pool_internals.publish_kept(self.pool)
+  for _ = 1, 100 do -- a wait cut short by a signal is resumed; the close itself is bounded
+    if pcall(self.pool.close, self.pool, { force = true }) then break end
+  end
+  self.output:drain(1000)
+end
+
+-- Closes the pool, the joblog and the progress line: the exit status.
+function Run:finish()
+  local out = self.output
+  if not self.stop or self.stop.soon then -- every job is over (--halt soon waited for its lines): the idle
+    local ok, why = pcall(self.pool.close, self.pool) -- children end (a signal meanwhile still counts)
+    if not ok then self.stop = stops.stopped_by(why) end
+  end
+  if self.stop then
+    self:end_children()
+    out:flush_held() -- with --keep-order, what finished after a line that never will
+    out:drain(1000)
+  end
+  if self.joblog then self.joblog:close() end
+  if self.display then self.display.close(self.lines_over > 0) end -- the summary, once a line ended
+  local _, unwritten = out:held()
+  return stops.outcome(self.stop, self.failed, unwritten, self.input.read_error,
+    out.write_error or select(2, out:pending()))
+end
+
+-- Runs `processor` over `input_path` (nil or "-": stdin) with parsed options
+-- `o`: the exit status, or nil and a usage message when it could not start.
+function M.run(processor, input_path, o)
+  local run, err = M.new(processor, input_path, o)
+  if not run then return nil, err end
+  run:wait()
+  return run:finish()
+end
+
+return M

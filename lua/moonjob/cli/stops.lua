@@ -1,0 +1,111 @@
+-- moonjob.cli.stops -- why `moonjob run` stops early, and its exit status.
+--
+-- A stop is a table: { status = exit status, message = what stderr says,
+-- record = which jobs that end meanwhile are still recorded ("completed",
+-- "ran" or nil: none), soon = --halt soon (the run waits for what runs),
+-- internal = moonjob's own error, closed_output = the reader went (| head) }.
+-- The run keeps the first stop it meets (run.lua); this file only builds
+-- them, judges --halt's rule from counts, and turns the end of a run into its
+-- exit status, saying why on stderr.
+--
+-- Exit status: 0 when every job completed, 1 when any failed, 2 for usage,
+-- set-up or I/O errors that stop the run, 3 and 4 for --halt now and soon,
+-- 128 + N on signal N.
+--
+-- Caveat: a --halt percentage is judged from the third finished line on, so
+-- fail=50% does not stop on the first line failing.
+local loop = require "moonjob.loop"
+
+local M = {}
+
+M.EXIT_OK, M.EXIT_FAILED, M.EXIT_USAGE, M.EXIT_HALTED_NOW, M.EXIT_HALTED_SOON = 0, 1, 2, 3, 4
+M.HALTED = "halted" -- the reason of the jobs --halt soon cancels (none a child started)
+
+local SIGNAL_NAMES = { [1] = "SIGHUP", [2] = "SIGINT", [15] = "SIGTERM" }
+
+-- Says `message` on stderr with a hint, and returns the usage status.
+function M.usage_error(message)
+  io.stderr:write("moonjob: ", message, "\n", "Try 'moonjob --help'.\n")
+  return M.EXIT_USAGE
+end
+
+-- Whether --halt's condition `h` holds after `failed_n` of `finished_n`
+-- lines failed: a count, or a percentage judged from the third finished line on.
+function M.halt_reached(h, finished_n, failed_n)
+  if not h or failed_n == 0 then return false end
+  if h.count then return failed_n >= h.count end
+  return finished_n >= 3 and failed_n * 100 >= h.percent * finished_n
+end
+
+-- The stop that --halt `h` makes once `failed_n` lines failed.
+function M.halted(h, failed_n)
+  local rule = ("--halt %s,fail=%s"):format(h.when, h.count and h.count or h.percent .. "%")
+  local lines_failed = ("%d %s failed"):format(failed_n, failed_n == 1 and "line" or "lines")
+  if h.when == "now" then
+    return { status = M.EXIT_HALTED_NOW, record = "completed",
+      message = ("halted (%s): %s; running jobs were killed"):format(rule, lines_failed) }
+  end
+  return { status = M.EXIT_HALTED_SOON, record = "ran", soon = true,
+    message = ("halted (%s): %s; running jobs finished, no more were started"):format(rule, lines_failed) }
+end
+
+-- Why the run stops when a wait raised: a stop signal (exit 128 + N), or an
+-- error of moonjob's own (exit 1, its message).
+function M.stopped_by(why)
+  why = tostring(why)
+  local signum = why:find("^interrupted") and loop.signal
+  if not signum then return { status = M.EXIT_FAILED, message = why } end
+  return { status = 128 + signum, record = "completed",
+    message = ("interrupted by %s; running jobs were killed"):format(SIGNAL_NAMES[signum] or signum) }
+end
+
+-- The joblog `path` could not be written (error `e`).
+function M.joblog_failed(path, e)
+  return { status = M.EXIT_USAGE, message = ("writing the joblog '%s' failed: %s; the run stopped "
+    .. "(the joblog records every line printed so far; --resume goes on from there)")
+    :format(path, tostring(e)) }
+end
+
+-- The processor fails to load (ELOAD before any job completed): "ELOAD: ...",
+-- as a syntax error reads.
+function M.cannot_load(err)
+  return { status = M.EXIT_USAGE, message = tostring(err) }
+end
+
+-- A listener of the run raised `e` on the job of `line`.
+function M.internal_error(line, e)
+  return { status = M.EXIT_FAILED, internal = true,
+    message = ("internal error on line %s: %s (please report it)"):format(tostring(line), tostring(e)) }
+end
+
+-- Nobody reads the output any more: the run ends quietly.
+function M.closed_output()
+  return { closed_output = true }
+end
+
+-- The exit status of a run that ended, saying why on stderr when it is not
+-- the jobs' own outcome. A closed output (| head) ends quietly, with the
+-- status of the jobs that finished. `unwritten`: the lines whose results
+-- --keep-order still holds (a gap in the output).
+function M.outcome(stop, failed, unwritten, read_error, write_error)
+  local jobs_status = failed == 0 and M.EXIT_OK or M.EXIT_FAILED
+  if stop and stop.message then io.stderr:write("moonjob: ", stop.message, "\n") end
+  if stop and stop.status then return stop.status end
+  if write_error and not write_error:find("^EPIPE") then
+    io.stderr:write("moonjob: writing the output failed: ", write_error, "\n")
+    return M.EXIT_USAGE
+  end
+  if stop then return jobs_status end -- the output closed
+  if unwritten > 0 then -- a gap in --keep-order's output: never silent
+    io.stderr:write(("moonjob: internal error: %d results were never written (a line before them "
+      .. "is missing); they are neither printed nor in the joblog\n"):format(unwritten))
+    return M.EXIT_FAILED
+  end
+  if read_error then
+    io.stderr:write("moonjob: reading the input failed: ", read_error, "\n")
+    return M.EXIT_USAGE
+  end
+  return jobs_status
+end
+
+return M
