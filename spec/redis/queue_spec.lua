@@ -2,8 +2,8 @@
 -- port, producers in this process, workers in this process or as separate
 -- `moonjob worker` processes ended by their pid.
 local moonjob = require "moonjob"
-local helpers = require "spec.helpers"
-local redis_server = require "spec.redis_server"
+local helpers = require "helpers"
+local redis_server = require "redis_server"
 local loop = require "moonjob.loop"
 local json = require "moonjob.codec.json"
 

@@ -9,7 +9,7 @@
 -- The server runs in the foreground of a shell's background job whose pid we
 -- record (no daemonize: the pid is the server's own), so it is ended by pid,
 -- never by name.
-local helpers = require "spec.helpers"
+local helpers = require "helpers"
 
 local M = {}
 local Server = {}
