@@ -92,10 +92,10 @@ describe("a processor that cannot load", function()
     -- probe and again to see which jobs are due; a slow machine can cross
     -- the probe's time in between. A busy wait after the first look widens
     -- that gap (before the fix, 3 rounds in 4 lost a probe).
-    local Pool = require "moonjob.pool"
+    local Children = require "moonjob.pool.children"
     local loop = require "moonjob.loop"
-    local target = Pool._target
-    Pool._target = function(self)
+    local target = Children.target
+    Children.target = function(self)
       local wants, until_ms = target(self), loop.now() + 5
       while loop.now() < until_ms do end
       return wants
@@ -106,7 +106,7 @@ describe("a processor that cannot load", function()
         assert.is_true(loads >= 3, loads .. " loads for 3 attempts")
       end
     end)
-    Pool._target = target
+    Children.target = target
     assert(ok, err)
   end)
 

@@ -408,7 +408,7 @@ describe("a durable queue on Redis", function()
       helpers.wait_for(function() return #read_lines(log) == 1 end, 20)
       server:signal("STOP") -- unreachable: nothing answers, the watchdog drops the connection
       helpers.wait_for(function() return events[#events] == "down" end, 20)
-      assert.equal(1, p.counts.completed) -- the job went on meanwhile
+      assert.equal(1, p:stats().completed) -- the job went on meanwhile
       server:signal("CONT")
       assert(job:wait(20))
       helpers.wait_for(function() return events[#events] == "up" end, 20)
@@ -430,7 +430,7 @@ describe("a durable queue on Redis", function()
       server:signal("STOP")
       local stopped_at = loop.now()
       helpers.wait_for(function() return p.nactive == 0 end, 5)
-      assert.equal(1, p.remote.counts.fenced)
+      assert.equal(1, p.owner.counts.fenced)
       -- the last renewal was before the STOP: the lease ends within 1.2 s of it
       assert.is_true(loop.now() - stopped_at < 1200, "stopped after " .. (loop.now() - stopped_at) .. " ms")
       server:signal("CONT")
