@@ -52,7 +52,6 @@ local Deadlines = require "moonjob.pool.deadlines"
 local Dispatch = require "moonjob.pool.dispatch"
 local Endings = require "moonjob.pool.endings"
 local Lines = require "moonjob.pool.lines"
-local Remote = require "moonjob.redis.remote"
 
 local Pool = {}
 Pool.__index = Pool
@@ -132,7 +131,9 @@ function Pool.new(processor, opts)
     jit = opts.jit ~= false, memory_limit = opts.memory_limit, dir = processor_dir(processor),
   })
   self.children:start()
-  if opts.redis then self.owner = Remote.new(self, opts) end
+  if opts.redis then -- a pool on Redis: loaded only then (moonjob.pool.source: the owner hook)
+    self.owner = require("moonjob.redis.remote").new(self, opts)
+  end
   return self
 end
 

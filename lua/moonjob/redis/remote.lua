@@ -2,7 +2,10 @@
 --
 -- Policy only (the connection is moonjob.redis.client, the queue's atomic
 -- steps are functions.lua). A pool created with { redis = url, queue = name }
--- owns one Remote, which:
+-- has one Remote as its owner (pool.owner). It talks to the pool only
+-- through the owner hook documented in moonjob.pool.source (the pool's
+-- public methods new_job, accept, pump, fail_job, cancel_job, ...; its own
+-- want, attempt_failed, ending, stop, close), and:
 --   * fetches jobs in batches while the pool has room: `size` running plus
 --     `prefetch` waiting in the pool (default: as many as children), each
 --     fetched job holding a lease (`lease` seconds) and a token;
