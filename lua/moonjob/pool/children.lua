@@ -8,12 +8,11 @@
 -- taken and ends children idle past idle_timeout. While starts fail, how
 -- many to start is the breaker's (moonjob.pool.breaker).
 --
--- Owns: every worker until its exit is handled, kept in one array (the
--- order they started, give or take removals) with a set beside it for
--- membership, the number asked to end (they no longer count toward the
--- size), the stack of free workers (most recently freed on top; an entry
--- whose worker is no longer idle is dropped when met), and the sweep and
--- kill timers.
+-- Owns: every worker until its exit is handled, in one array (the order
+-- they started, give or take removals), how many of them were asked to end
+-- (they no longer count toward the size), the stack of free workers (most
+-- recently freed on top; an entry whose worker is no longer idle is dropped
+-- when met), and the sweep and kill timers.
 -- Exposes:
 --   children:count()       -> how many count toward the size (not retiring)
 --   children:count_all()   -> every child until its exit is handled
@@ -50,27 +49,28 @@ local TERM_GRACE_MS = 1000      -- SIGTERM to SIGKILL when a close ends busy chi
 function Children.new(pool)
   return setmetatable({
     pool = pool,
-    set = {},        -- worker -> true
-    list = {},       -- the same workers, in an array (dispatch walks it)
+    list = {},       -- every worker (dispatch walks it)
     idle = {},       -- a stack of free workers
-    n = 0, nretiring = 0,
+    nretiring = 0,
   }, Children)
 end
 
 --------------------------------------------------------------- counting ---
 
 function Children:count()
-  return self.n - self.nretiring
+  return #self.list - self.nretiring
 end
 
 function Children:count_all()
-  return self.n
+  return #self.list
 end
 
 -- How many workers are ready (idle or busy) and starting.
 function Children:live()
   local ready, starting = 0, 0
-  for w in pairs(self.set) do
+  local list = self.list
+  for i = 1, #list do
+    local w = list[i]
     if w.state == "idle" or w.state == "busy" then ready = ready + 1
     elseif w.state == "starting" then starting = starting + 1 end
   end
@@ -140,9 +140,7 @@ function Children:spawn()
     pool.breaker:failed(errors.new("ESPAWN", "cannot start a child process: " .. tostring(err)))
     return false
   end
-  self.set[w] = true
   self.list[#self.list + 1] = w
-  self.n = self.n + 1
   pool.tally:bump("spawned")
   return true
 end
@@ -166,7 +164,7 @@ function Children:ensure()
   if self.pool.closing then return end
   local target = self:target()
   if self.pool.breaker:failing() then return self.pool.breaker:probe(target) end
-  while self.n - self.nretiring < target do
+  while self:count() < target do
     if not self:spawn() then return end
   end
 end
@@ -190,7 +188,6 @@ end
 -- A child's exit came in: it leaves the pool. One that ended unasked (not
 -- retired) and was not reported as a failed start counts as crashed.
 function Children:remove(w)
-  self.set[w] = nil
   local list = self.list
   for i = 1, #list do
     if list[i] == w then
@@ -199,7 +196,6 @@ function Children:remove(w)
       break
     end
   end
-  self.n = self.n - 1
   if w.retiring then self.nretiring = self.nretiring - 1 end
   if not w.retiring and not w.start_reported then
     self.pool.tally:bump("crashed")
@@ -216,7 +212,7 @@ function Children:sweep()
     if w.state == "busy" and not w.acked and now - w.dispatched_at >= ack_ms then
       if w:taken() then w.acked = true else pool.deadlines:unacknowledged(w) end
     elseif idle_ms and w.state == "idle" and now - w.idle_since >= idle_ms
-        and self.n - self.nretiring > pool.min_size then
+        and self:count() > pool.min_size then
       self:retire(w)
     end
   end
@@ -229,7 +225,7 @@ function Children:terminate()
   if self.terminating then return end
   self.terminating = true
   local pool = self.pool
-  for w in pairs(self.set) do
+  for _, w in ipairs(self:snapshot()) do
     pool.dispatch:take_back(w) -- what it has not started ends as waiting jobs do (ECLOSED)
     for _, job in ipairs(w.held) do
       if job.owner then
@@ -247,7 +243,7 @@ function Children:terminate()
     w:kill("SIGTERM")
   end
   self.killer = core.timer(function()
-    for w in pairs(self.set) do w:kill() end
+    for _, w in ipairs(self.list) do w:kill() end
   end)
   self.killer:start(TERM_GRACE_MS)
 end
