@@ -1,4 +1,4 @@
--- Several jobs in flight per child (moonjob.pool.pipeline): every semantic
+-- Several jobs in flight per child (moonjob.pool.dispatch): every semantic
 -- of a job holds while jobs wait queued in a child behind the one it runs.
 -- Each spec first makes the pool's recent jobs short (so it pipelines) and
 -- checks that the jobs it is about were really queued in a child
