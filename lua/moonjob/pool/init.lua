@@ -29,9 +29,12 @@
 --   events.lua     pool.events: pool:on, pool:off and emitting events
 --
 -- The pool itself holds the configuration, pool.by_key (key -> the waiting
--- or running job with that id or dedupe key), nactive (jobs running),
--- ndeferred (endings and breaker passes due on a later loop turn: drain
--- waits for them) and closing.
+-- or running job with that id or dedupe key), nactive (jobs running:
+-- dispatch counts them up, endings down), ndeferred (endings and breaker
+-- passes due on a later loop turn: drain waits for them) and closing. Every
+-- part keeps the pool (part.pool), reads its configuration (size, timeout,
+-- kill_after, max_jobs_per_child, ...) and closing, and reaches the other
+-- parts as pool.<part>, through the methods their top comments list.
 --
 -- Caveat: events are emitted from inside the loop; a listener must not block
 -- on a job (the loop cannot run inside itself) and gets a clear error if it tries.
