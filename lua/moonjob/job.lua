@@ -126,7 +126,7 @@ end
 -- waiting job fails at once with ECANCELED; a running one is interrupted like
 -- a timeout (its cleanup runs; the child is killed after kill_after).
 function methods:cancel(reason)
-  return self.pool:_cancel(self, reason)
+  return self.pool:cancel_job(self, reason)
 end
 
 -- job:wait() -> result | nil, err. Runs the loop until the job ends.

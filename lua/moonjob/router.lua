@@ -87,7 +87,7 @@ end
 
 function Router:drain()
   loop.wait_until(function()
-    for _, pool in pairs(self.pools) do if not pool:_idle() then return false end end
+    for _, pool in pairs(self.pools) do if not pool:is_idle() then return false end end
     return true
   end)
 end

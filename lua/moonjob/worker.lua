@@ -12,7 +12,7 @@
 -- deadline, a failed start, a channel found closed), "lost" (died before
 -- taking a job, until the pool kills it), "gone".
 --
--- Pipelining: a worker may hold several jobs at once (w.queue, in the order
+-- Pipelining: a worker may hold several jobs at once (w.held, in the order
 -- sent; at most core.frame.MAX_INFLIGHT). The child runs them one at a time
 -- in that order: the first, w.job, is the one it runs (the head); the others
 -- wait in the child. When the head ends the next becomes the head. Jobs the
@@ -48,7 +48,7 @@ end
 -- Worker.spawn(pool) -> worker | nil, err
 function Worker.spawn(pool)
   local w = setmetatable({ pool = pool, state = "starting", partial = {}, tail = {},
-    jobs_done = 0, log_bytes = 0, queue = {} }, Worker)
+    jobs_done = 0, log_bytes = 0, held = {} }, Worker)
   local process, err = core.spawn({
     file = pool.child_program,
     args = pool.child_args,
@@ -101,8 +101,8 @@ function Worker:run(job, meta_bytes)
     self:kill()
     return false
   end
-  local queue = self.queue
-  queue[#queue + 1] = job
+  local held = self.held
+  held[#held + 1] = job
   if not self.job then self.state, self.job = "busy", job end
   return true
 end
@@ -113,14 +113,14 @@ end
 function Worker:recall(from)
   local numbers = self.process:recall(from and from.id)
   if #numbers == 0 then return numbers end
-  local back, queue, keep = {}, self.queue, {}
+  local back, keep = {}, {}
   local set = {}
   for _, n in ipairs(numbers) do set[n] = true end
-  for _, job in ipairs(queue) do
+  for _, job in ipairs(self.held) do
     if set[job.id] then back[#back + 1] = job else keep[#keep + 1] = job end
   end
   if keep[1] ~= self.job then self:disarm() end -- the head went back: its deadline with it
-  self.queue, self.job = keep, keep[1]
+  self.held, self.job = keep, keep[1]
   if not self.job and self.state == "busy" then self.state = "idle" end
   return back
 end
@@ -253,9 +253,9 @@ function Worker:end_job()
   self:flush_partial_lines()
   if job and self.truncated then job.dropped_log_bytes = self.log_bytes - self.pool.max_log_bytes end
   self.log_bytes, self.truncated = 0, false
-  local queue = self.queue
-  if job then table.remove(queue, 1) end
-  self.job = queue[1]
+  local held = self.held
+  if job then table.remove(held, 1) end
+  self.job = held[1]
   self:disarm()
   if self.state == "busy" and not self.job then self.state = "idle" end
   self.jobs_done = self.jobs_done + 1
@@ -355,9 +355,9 @@ local on_event = {
     w.pool:on_worker_channel_error(w)
   end,
   exit = function(w, status, signal, spawn_failure)
-    local jobs = w.queue
+    local jobs = w.held
     w:flush_partial_lines()
-    w.job, w.queue, w.state = nil, {}, "gone"
+    w.job, w.held, w.state = nil, {}, "gone"
     w.timer:close()
     local started, running = {}, false
     for i, job in ipairs(jobs) do

@@ -1,3 +1,6 @@
+-- How the pool schedules jobs: retries and their backoff, delay and
+-- priority, backpressure (max_queue). (Ids, dedupe and the cache:
+-- keys_spec.lua; named processors: router_spec.lua.)
 local core = require "moonjob.core"
 local h = require "helpers"
 
@@ -139,99 +142,6 @@ describe("delay and priority", function()
   end)
 end)
 
-describe("job ids, dedupe and the cache", function()
-  after_each(h.cleanup)
-
-  local function runs(file)
-    local n = 0
-    local f = io.open(file)
-    if not f then return 0 end
-    for _ in f:lines() do n = n + 1 end
-    f:close()
-    return n
-  end
-
-  it("add with the id of a waiting or running job returns that job: one execution, one result", function()
-    local file = os.tmpname()
-    local pool = h.pool("counted.lua", { size = 2 })
-    local jobs = {}
-    for i = 1, 10 do jobs[i] = pool:add({ file = file, value = 7, sleep = 0.1 }, { id = "k" }) end
-    for i = 1, 10 do
-      assert.equal(jobs[1], jobs[i])
-      assert.equal(7, jobs[i]:wait())
-    end
-    assert.equal(1, runs(file))
-    assert.equal(14, pool:run({ file = file, value = 14 }, { id = "k" })) -- ended: a new job
-    assert.equal(2, runs(file))
-    os.remove(file)
-  end)
-
-  it("dedupe = true joins jobs with the same data", function()
-    local file = os.tmpname()
-    local pool = h.pool("counted.lua", { size = 2, dedupe = true })
-    local a = pool:add({ file = file, value = 1, sleep = 0.1 })
-    local b = pool:add({ file = file, value = 1, sleep = 0.1 })
-    local c = pool:add({ file = file, value = 2, sleep = 0.1 })
-    assert.equal(a, b)
-    assert.is_not.equal(a, c)
-    pool:drain()
-    assert.equal(2, runs(file))
-    os.remove(file)
-  end)
-
-  it("dedupe = function(data) -> key joins jobs by that key", function()
-    local file = os.tmpname()
-    local pool = h.pool("counted.lua", { size = 2, dedupe = function(d) return d.value end })
-    local a = pool:add({ file = file, value = 1, sleep = 0.1, note = "x" })
-    local b = pool:add({ file = file, value = 1, sleep = 0.1, note = "y" })
-    assert.equal(a, b)
-    pool:drain()
-    assert.equal(1, runs(file))
-    os.remove(file)
-  end)
-
-  it("cache keeps completed results for `cache` seconds, and answers through the loop", function()
-    local file = os.tmpname()
-    local pool = h.pool("counted.lua", { size = 1, dedupe = true, cache = 0.3 })
-    local data = { file = file, value = 5 }
-    assert.equal(5, pool:run(data))
-    local hit = pool:add(data)
-    assert.equal("waiting", hit.state) -- not answered inside add
-    assert.equal(5, hit:wait())
-    assert.equal(1, runs(file))
-    assert.equal(1, pool:stats().cache_hits)
-    h.sleep(0.4)
-    assert.equal(5, pool:run(data)) -- expired: runs again
-    assert.equal(2, runs(file))
-    os.remove(file)
-  end)
-
-  it("never caches failures", function()
-    local file = os.tmpname()
-    local pool = h.pool("counted.lua", { size = 1, dedupe = true, cache = 60 })
-    local data = { file = file, fail = true }
-    assert.is_nil(pool:run(data))
-    assert.is_nil(pool:run(data))
-    assert.equal(2, runs(file))
-    os.remove(file)
-  end)
-
-  it("bounds the cache to cache_max entries, least recently used first out", function()
-    local file = os.tmpname()
-    local pool = h.pool("counted.lua", { size = 1, dedupe = true, cache = 60, cache_max = 2 })
-    local function run(v) return pool:run({ file = file, value = v }) end
-    run(1); run(2)
-    run(1)          -- hit: 1 is now the most recent
-    run(3)          -- evicts 2
-    assert.equal(3, runs(file))
-    run(1)          -- still cached
-    assert.equal(3, runs(file))
-    run(2)          -- was evicted: runs again
-    assert.equal(4, runs(file))
-    os.remove(file)
-  end)
-end)
-
 describe("backpressure", function()
   after_each(h.cleanup)
 
@@ -254,48 +164,5 @@ describe("backpressure", function()
     for i = 1, 50 do items[i] = i end
     local results = pool:map(items)
     for i = 1, 50 do assert.equal(i, results[i]) end
-  end)
-end)
-
-describe("named processors", function()
-  local router
-  after_each(function()
-    if router then router:close() end
-    router = nil
-  end)
-
-  it("route by name to pools of their own, sharing the loop", function()
-    router = assert(require("moonjob").pool({ square = "examples/square.lua",
-      pid = h.fixture("pid.lua") }, { size = 1, echo = false, pools = { pid = { size = 2 } } }))
-    assert.equal(49, router:run({ x = 7 }, { name = "square" }))
-    assert.is_number(router:run(1, { name = "pid" }))
-    local s = router:stats()
-    assert.equal(1, s.square.size)
-    assert.equal(2, s.pid.size)
-    assert.matches("^<moonjob.router pid, square>$", tostring(router))
-  end)
-
-  it("fail an unknown name with ENOPROCESSOR", function()
-    router = assert(require("moonjob").pool({ square = "examples/square.lua" }, { size = 1 }))
-    local job, err = router:add({ x = 1 }, { name = "cube" })
-    assert.is_nil(job)
-    assert.equal("ENOPROCESSOR: no processor named 'cube'; known: square", tostring(err))
-  end)
-
-  it("keep short jobs flowing while another pool is busy with long ones", function()
-    router = assert(require("moonjob").pool({ slow = h.fixture("deaf.lua"),
-      fast = h.fixture("identity.lua") }, { size = 1, echo = false }))
-    local slow = router:add({ seconds = 1.5 }, { name = "slow" })
-    h.wait_for(function() return slow.state == "active" end)
-    for i = 1, 20 do assert.equal(i, router:run(i, { name = "fast" })) end
-    assert.equal("active", slow.state) -- the fast jobs did not wait for it
-    slow:wait()
-  end)
-
-  it("return nil and the error when one file is missing", function()
-    local r, err = require("moonjob").pool({ ok = "examples/square.lua", bad = "nowhere.lua" })
-    assert.is_nil(r)
-    assert.equal("ELOAD", err.code)
-    assert.matches("^bad: cannot open processor file 'nowhere.lua'", err.message)
   end)
 end)

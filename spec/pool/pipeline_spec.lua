@@ -1,8 +1,8 @@
--- Several jobs in flight per child (moonjob.pool.pipeline): every semantic
+-- Several jobs in flight per child (moonjob.pool.dispatch): every semantic
 -- of a job holds while jobs wait queued in a child behind the one it runs.
 -- Each spec first makes the pool's recent jobs short (so it pipelines) and
 -- checks that the jobs it is about were really queued in a child
--- (job.queued), so none of them passes by running one job at a time.
+-- (job.prefetched), so none of them passes by running one job at a time.
 local core = require "moonjob.core"
 local h = require "helpers"
 
@@ -29,14 +29,14 @@ end
 -- raised (white box) so that a loaded machine, where even tiny jobs seem to
 -- take milliseconds, does not decide whether a spec's jobs get queued.
 local function pipelining(pool)
-  pool.pipeline_budget_ms = 1000
+  pool.dispatch.budget_ms = 1000
 end
 
 local function warm(pool, runs)
   pipelining(pool)
   for _ = 1, 50 do pool:add({ file = runs, how = "none" }) end
   pool:drain()
-  assert.is_true(pool:_depth() > 1, "the pool pipelines after short jobs")
+  assert.is_true(pool.dispatch:depth() > 1, "the pool pipelines after short jobs")
 end
 
 describe("pipelining", function()
@@ -55,7 +55,7 @@ describe("pipelining", function()
     pool:on("error", function() listener_errors = listener_errors + 1 end)
     pool:on("completed", function()
       ends = ends + 1
-      most_queued = math.max(most_queued, pool.nqueued)
+      most_queued = math.max(most_queued, pool.dispatch:prefetched_count())
       if added < 500 then
         added = added + 1
         assert(pool:add({ added = added }))
@@ -74,7 +74,7 @@ describe("pipelining", function()
     local pool = h.pool("identity.lua", { size = 2 })
     pipelining(pool)
     local most_queued, ends = 0, 0
-    pool:on("active", function() most_queued = math.max(most_queued, pool.nqueued) end)
+    pool:on("active", function() most_queued = math.max(most_queued, pool.dispatch:prefetched_count()) end)
     pool:on("completed", function() ends = ends + 1 end)
     local jobs = {}
     for i = 1, 5000 do jobs[i] = pool:add({ i = i, s = ("x"):rep(i % 50) }) end
@@ -93,7 +93,7 @@ describe("pipelining", function()
     warm(pool, runs)
     local long = pool:add({ file = runs, how = "spin", seconds = 0.5 })
     local short = pool:add({ file = runs, how = "none" }, { timeout = 0.3 })
-    assert.is_true(short.queued, "the short job waits in the child")
+    assert.is_true(short.prefetched, "the short job waits in the child")
     assert.equal("waiting", short.state)
     assert.equal(1, pool:stats().waiting, "a job queued in a child counts as waiting")
     local active_at = {}
@@ -115,7 +115,7 @@ describe("pipelining", function()
     local crash = pool:add({ file = runs, how = "exit", seconds = 0.2 })
     local after = {}
     for i = 1, 5 do after[i] = pool:add({ file = runs, how = "none" }) end
-    assert.is_true(after[1].queued, "jobs wait in the child behind the crashing one")
+    assert.is_true(after[1].prefetched, "jobs wait in the child behind the crashing one")
     local _, err = crash:wait()
     assert.equal("ECRASH", err.code)
     for i = 1, 5 do
@@ -135,7 +135,7 @@ describe("pipelining", function()
     local head = pool:add({ file = runs, how = "spin", seconds = 5 })
     local queued = {}
     for i = 1, 6 do queued[i] = pool:add({ file = runs, how = "none" }) end
-    assert.is_true(queued[1].queued)
+    assert.is_true(queued[1].prefetched)
     h.wait_started(head) -- killed before it took the head, the child would give it back
     os.execute("kill -KILL " .. head.pid)
     local _, err = head:wait()
@@ -154,7 +154,7 @@ describe("pipelining", function()
     local running = pool:add({ file = runs, how = "spin", seconds = 0.4 })
     local victim = pool:add({ file = runs, how = "none" })
     local behind = pool:add({ file = runs, how = "none" })
-    assert.is_true(victim.queued and behind.queued)
+    assert.is_true(victim.prefetched and behind.prefetched)
     h.wait_for(function() return running.state == "active" end)
     assert.is_true(victim:cancel("not needed"))
     local _, err = victim:wait()
@@ -176,7 +176,7 @@ describe("pipelining", function()
     for round = 1, 20 do
       local first = pool:add({ file = runs, how = "none" })
       local second = pool:add({ file = runs, how = "spin", seconds = 30 })
-      assert.is_true(second.queued, "round " .. round)
+      assert.is_true(second.prefetched, "round " .. round)
       if round % 2 == 0 then h.wait_for(function() return first.state == "completed" end) end
       assert.is_true(second:cancel("late"))
       local _, err = second:wait()
@@ -228,7 +228,7 @@ describe("pipelining", function()
     for i = 1, 50 do pool:add({ n = 0 }) end
     pool:drain()
     local most_queued = 0
-    pool:on("active", function() most_queued = math.max(most_queued, pool.nqueued) end)
+    pool:on("active", function() most_queued = math.max(most_queued, pool.dispatch:prefetched_count()) end)
     local jobs = {}
     for i = 1, 500 do jobs[i] = pool:add({ n = i }) end
     pool:drain()
@@ -249,8 +249,8 @@ describe("pipelining", function()
     for _ = 1, rounds do
       long.started = require("moonjob.loop").now() -- keeps prefetching behind it (white box)
       for _ = 1, 7 do added[#added + 1] = pool:add({ file = runs, how = "none" }) end
-      assert.is_not_nil(w.queue[2], "jobs were queued behind the long one")
-      assert.is_true(w.queue[2]:cancel("taken back"))
+      assert.is_not_nil(w.held[2], "jobs were queued behind the long one")
+      assert.is_true(w.held[2]:cancel("taken back"))
     end
     return added
   end
@@ -296,13 +296,13 @@ describe("pipelining", function()
     local bomb = pool:add("tables")
     local next_jobs = {}
     for i = 1, 3 do next_jobs[i] = pool:add("none") end
-    assert.is_true(next_jobs[1].queued)
+    assert.is_true(next_jobs[1].prefetched)
     local _, err = bomb:wait()
     assert.equal("ENOMEM", err.code)
     pool:drain()
     for i = 1, 3 do assert.equal("completed", next_jobs[i].state) end
     assert.equal(0, pool.nactive)
-    assert.equal(0, pool.nqueued)
+    assert.equal(0, pool.dispatch:prefetched_count())
   end)
 
   it("on close, ends the jobs queued in a child with ECLOSED, unrun, and lets the running one finish", function()
@@ -311,7 +311,7 @@ describe("pipelining", function()
     local before = lines_in(runs)
     local running = pool:add({ file = runs, how = "spin", seconds = 0.3 })
     local queued = { pool:add({ file = runs, how = "none" }), pool:add({ file = runs, how = "none" }) }
-    assert.is_true(queued[1].queued and queued[2].queued, "the jobs wait in the child")
+    assert.is_true(queued[1].prefetched and queued[2].prefetched, "the jobs wait in the child")
     h.wait_for(function() return running.state == "active" end)
     pool:close()
     assert.equal("ran", running:wait())
@@ -321,19 +321,19 @@ describe("pipelining", function()
       assert.equal(0, job.attempts)
     end
     assert.equal(before + 1, lines_in(runs), "only the running job ran")
-    assert.equal(0, pool.nqueued)
+    assert.equal(0, pool.dispatch:prefetched_count())
   end)
 
   it("holds one job per child when jobs are long, and with pipeline = 1", function()
     local pool = h.pool("runs.lua", { size = 1, pipeline = 1 })
     for _ = 1, 50 do pool:add({ file = runs, how = "none" }) end
     local most_queued = 0
-    pool:on("active", function() most_queued = math.max(most_queued, pool.nqueued) end)
+    pool:on("active", function() most_queued = math.max(most_queued, pool.dispatch:prefetched_count()) end)
     pool:drain()
     assert.equal(0, most_queued)
     local slow = h.pool("runs.lua", { size = 1, jit = false })
     for _ = 1, 5 do slow:add({ file = runs, how = "spin", seconds = 0.01 }) end
     slow:drain()
-    assert.equal(1, slow:_depth())
+    assert.equal(1, slow.dispatch:depth())
   end)
 end)

@@ -32,7 +32,7 @@ describe("stress", function()
     math.randomseed(7)
     local kills = 0
     local killer = core.timer(function()
-      for w in pairs(pool.workers) do
+      for _, w in ipairs(pool.children:snapshot()) do
         if w.state == "busy" and math.random() < 0.3 then
           os.execute("kill -KILL " .. w.pid .. " 2>/dev/null")
           kills = kills + 1

@@ -1,98 +1,178 @@
 -- moonjob.pool.children -- the children: how many, starting, freeing, ending.
 --
--- Methods mixed into the Pool class (see pool/init.lua). The pool keeps `size`
--- children alive (or, with idle_timeout, as many as the work needs, at least
--- min_size), replaces the ones that end, recycles them (max_jobs_per_child,
--- ENOMEM: a free child past its count is ended instead of taking a job) and,
--- every SWEEP_MS, checks that dispatched jobs were taken and ends children
--- idle past idle_timeout. While starts fail, how many to start is the
--- breaker's (moonjob.pool.breaker).
+-- A part of the pool (see pool/init.lua), pool.children. The pool keeps
+-- `size` children alive (or, with idle_timeout, as many as the work needs, at
+-- least min_size), replaces the ones that end, recycles them
+-- (max_jobs_per_child, ENOMEM: a free child past its count is ended instead
+-- of taking a job) and, every SWEEP_MS, checks that dispatched jobs were
+-- taken and ends children idle past idle_timeout. While starts fail, how
+-- many to start is the breaker's (moonjob.pool.breaker).
 --
--- State: pool.workers (worker -> true, every child until its exit is
--- handled), nworkers (their number), nretiring (those asked to end: they no
--- longer count toward the pool's size), idle (a stack of free workers; an
--- entry whose worker is no longer idle is skipped by _pump).
+-- Owns: every worker until its exit is handled, in one array (the order
+-- they started, give or take removals), how many of them were asked to end
+-- (they no longer count toward the size), the stack of free workers (most
+-- recently freed on top; an entry whose worker is no longer idle is dropped
+-- when met), and the sweep and kill timers.
+-- Exposes:
+--   children:count()       -> how many count toward the size (not retiring)
+--   children:count_all()   -> every child until its exit is handled
+--   children:live()        -> ready (idle or busy), starting
+--   children:array()       -> the workers' array, to walk without a copy: read
+--                             only, and only where no child can start or end
+--   children:snapshot()    -> a copy of it (walks that may start or end children)
+--   children:next_idle()   -> the free worker on top of the stack, or nil
+--   children:pop_idle()    -> takes it off the stack
+--   children:has_idle()    -> whether one is free
+--   children:free(w)       a worker is free: it waits on the stack or retires
+--   children:retire(w, kill), children:remove(w) (its exit), children:spawn(),
+--   children:ensure(), children:terminate(), children:close()
+-- Calls: pool.breaker (failed, failing, probe), pool.dispatch (pump,
+-- room_again, take_back), pool.deadlines:unacknowledged, pool.endings:finish,
+-- pool.lines:publish_kept, pool.tally:bump, pool.source:ready_count.
 --
 -- Caveats: starting a child never waits (core.spawn runs on a libuv thread);
--- a child ended here leaves pool.workers only when its exit comes in
--- (_remove_worker), which a process it started in a session of its own can
--- hold back: so _retire takes it out of the count at once (nretiring).
+-- a child ended here leaves the pool only when its exit comes in (remove),
+-- which a process it started in a session of its own can hold back: so
+-- retire takes it out of the count at once.
 local core = require "moonjob.core"
 local errors = require "moonjob.errors"
 local loop = require "moonjob.loop"
 local Worker = require "moonjob.worker"
 
-local Pool = {}
+local Children = {}
+Children.__index = Children
 
 local SWEEP_MS = 100            -- how often acknowledgements and idle children are checked
 local TERM_GRACE_MS = 1000      -- SIGTERM to SIGKILL when a close ends busy children
 
--- Starts the sweep (see _sweep); it does not keep the loop alive.
-function Pool:_start_sweeper()
-  self.sweeper = core.timer(function() self:_sweep() end)
-  self.sweeper:start(SWEEP_MS, SWEEP_MS)
-  self.sweeper:unref()
+-- Children.new(pool) -> no children yet; start() starts the sweep and the first ones.
+function Children.new(pool)
+  return setmetatable({
+    pool = pool,
+    list = {},       -- every worker (dispatch walks it)
+    idle = {},       -- a stack of free workers
+    nretiring = 0,
+  }, Children)
 end
 
--- Starts one child; false when it cannot even be spawned (a start failure).
-function Pool:_spawn()
-  local w, err = Worker.spawn(self)
-  if not w then
-    self:_start_failed(errors.new("ESPAWN", "cannot start a child process: " .. tostring(err)))
-    return false
-  end
-  self.workers[w] = true
-  self.worker_list[#self.worker_list + 1] = w
-  self.nworkers = self.nworkers + 1
-  self.counts.spawned = self.counts.spawned + 1
-  return true
+--------------------------------------------------------------- counting ---
+
+function Children:count()
+  return #self.list - self.nretiring
+end
+
+function Children:count_all()
+  return #self.list
 end
 
 -- How many workers are ready (idle or busy) and starting.
-function Pool:_live_workers()
+function Children:live()
   local ready, starting = 0, 0
-  for w in pairs(self.workers) do
+  local list = self.list
+  for i = 1, #list do
+    local w = list[i]
     if w.state == "idle" or w.state == "busy" then ready = ready + 1
     elseif w.state == "starting" then starting = starting + 1 end
   end
   return ready, starting
 end
 
+function Children:array()
+  return self.list
+end
+
+function Children:snapshot()
+  return { unpack(self.list) }
+end
+
+----------------------------------------------------------- the free ones ---
+
+-- The free worker that takes the next job: the top of the stack, once
+-- entries whose worker is no longer idle are dropped.
+function Children:next_idle()
+  local idle = self.idle
+  local w = idle[#idle]
+  while w and w.state ~= "idle" do
+    idle[#idle] = nil
+    w = idle[#idle]
+  end
+  return w
+end
+
+function Children:pop_idle()
+  local idle = self.idle
+  idle[#idle] = nil
+end
+
+function Children:has_idle()
+  return #self.idle > 0
+end
+
+-- A child is free again: it takes the next job, or is recycled.
+function Children:free(w)
+  local pool = self.pool
+  if pool.closing or w.recycle or (pool.max_jobs_per_child and w.jobs_done >= pool.max_jobs_per_child) then
+    self:retire(w)
+  else
+    w.idle_since = loop.now()
+    self.idle[#self.idle + 1] = w
+    pool.dispatch:room_again() -- prefetching may fill it past one job
+  end
+  pool.dispatch:pump()
+end
+
+------------------------------------------------------ starting, ending ---
+
+-- Starts the sweep (see sweep), which does not keep the loop alive, and the
+-- children the pool wants.
+function Children:start()
+  self.sweeper = core.timer(function() self:sweep() end)
+  self.sweeper:start(SWEEP_MS, SWEEP_MS)
+  self.sweeper:unref()
+  self:ensure()
+end
+
+-- Starts one child; false when it cannot even be spawned (a start failure).
+function Children:spawn()
+  local pool = self.pool
+  local w, err = Worker.spawn(pool)
+  if not w then
+    pool.breaker:failed(errors.new("ESPAWN", "cannot start a child process: " .. tostring(err)))
+    return false
+  end
+  self.list[#self.list + 1] = w
+  pool.tally:bump("spawned")
+  return true
+end
+
 -- How many children the pool wants now: `size`; with idle_timeout, what the
 -- work needs (at least min_size); while starts fail and no child is ready,
 -- one probe while jobs wait.
-function Pool:_target()
-  local waiting = self.source:ready_count()
-  if self.start_error and self:_live_workers() == 0 then return waiting > 0 and 1 or 0 end
-  if self.idle_timeout then
-    return math.max(self.min_size, math.min(self.size, self.nactive + waiting))
+function Children:target()
+  local pool = self.pool
+  local waiting = pool.source:ready_count()
+  if pool.breaker:failing() and self:live() == 0 then return waiting > 0 and 1 or 0 end
+  if pool.idle_timeout then
+    return math.max(pool.min_size, math.min(pool.size, pool.nactive + waiting))
   end
-  return self.size
-end
-
--- Looks again at how many children the pool wants in `ms` (the back-off).
-function Pool:_respawn_later(ms)
-  if not self.respawn_timer then
-    self.respawn_timer = core.timer(function() self:_ensure_workers() end)
-  end
-  self.respawn_timer:start(ms)
+  return pool.size
 end
 
 -- Starts the children the pool wants; after start failures, one at a time
--- and not before the back-off has passed.
-function Pool:_ensure_workers()
-  if self.closing then return end
-  local target = self:_target()
-  if self.start_error then return self:_probe(target) end
-  while self.nworkers - self.nretiring < target do
-    if not self:_spawn() then return end
+-- and not before the back-off has passed (the breaker's probe).
+function Children:ensure()
+  if self.pool.closing then return end
+  local target = self:target()
+  if self.pool.breaker:failing() then return self.pool.breaker:probe(target) end
+  while self:count() < target do
+    if not self:spawn() then return end
   end
 end
 
 -- Ends a child: an idle one reads end of file and exits; kill = true
 -- SIGKILLs its process group. It no longer counts toward the pool's size.
 -- Returns what the kill returned (nil, err once the child was reaped).
-function Pool:_retire(w, kill)
+function Children:retire(w, kill)
   if not w.retiring then
     w.retiring = true
     self.nretiring = self.nretiring + 1
@@ -105,23 +185,10 @@ function Pool:_retire(w, kill)
   return true
 end
 
--- A child is free again: it takes the next job, or is recycled.
-function Pool:_worker_free(w)
-  if self.closing or w.recycle or (self.max_jobs_per_child and w.jobs_done >= self.max_jobs_per_child) then
-    self:_retire(w)
-  else
-    w.idle_since = loop.now()
-    self.idle[#self.idle + 1] = w
-    self.saturated = false -- there is room again: prefetching may fill it past one job
-  end
-  self:_pump()
-end
-
 -- A child's exit came in: it leaves the pool. One that ended unasked (not
 -- retired) and was not reported as a failed start counts as crashed.
-function Pool:_remove_worker(w)
-  self.workers[w] = nil
-  local list = self.worker_list
+function Children:remove(w)
+  local list = self.list
   for i = 1, #list do
     if list[i] == w then
       list[i] = list[#list]
@@ -129,64 +196,63 @@ function Pool:_remove_worker(w)
       break
     end
   end
-  self.nworkers = self.nworkers - 1
   if w.retiring then self.nretiring = self.nretiring - 1 end
   if not w.retiring and not w.start_reported then
-    self.counts.crashed = self.counts.crashed + 1
+    self.pool.tally:bump("crashed")
   end
 end
 
 -- Every SWEEP_MS: acknowledgements of dispatched jobs, and idle children past
 -- idle_timeout (down to min_size).
-function Pool:_sweep()
+function Children:sweep()
+  local pool = self.pool
   local now = loop.now()
-  local ack_ms, idle_ms = self.ack_timeout * 1000, self.idle_timeout and self.idle_timeout * 1000
-  local current = {} -- replacing a child adds workers: never while iterating them
-  for w in pairs(self.workers) do current[#current + 1] = w end
-  for _, w in ipairs(current) do
+  local ack_ms, idle_ms = pool.ack_timeout * 1000, pool.idle_timeout and pool.idle_timeout * 1000
+  for _, w in ipairs(self:snapshot()) do -- replacing a child adds workers: never while walking them
     if w.state == "busy" and not w.acked and now - w.dispatched_at >= ack_ms then
-      if w:taken() then w.acked = true else self:_unacknowledged(w) end
+      if w:taken() then w.acked = true else pool.deadlines:unacknowledged(w) end
     elseif idle_ms and w.state == "idle" and now - w.idle_since >= idle_ms
-        and self.nworkers - self.nretiring > self.min_size then
-      self:_retire(w)
+        and self:count() > pool.min_size then
+      self:retire(w)
     end
   end
-  if self.batches then self:_publish_kept() end
+  if pool.batches then pool.lines:publish_kept() end
 end
 
 -- Ends every child now: busy ones get SIGTERM (their jobs fail with ECLOSED),
 -- and whatever is still there TERM_GRACE_MS later gets SIGKILL.
-function Pool:_terminate()
+function Children:terminate()
   if self.terminating then return end
   self.terminating = true
-  for w in pairs(self.workers) do
-    self:_take_back(w) -- what it has not started ends as waiting jobs do (ECLOSED)
-    for _, job in ipairs(w.queue) do
-      if job.remote_id then
-        -- given back to the queue below: another host may start it at once, so
-        -- this child stops now, not after SIGTERM's grace
+  local pool = self.pool
+  for _, w in ipairs(self:snapshot()) do
+    pool.dispatch:take_back(w) -- what it has not started ends as waiting jobs do (ECLOSED)
+    for _, job in ipairs(w.held) do
+      if job.owner then
+        -- given back to its owner's queue below: another host may start it
+        -- at once, so this child stops now, not after SIGTERM's grace
         w:kill("SIGKILL")
       end
     end
     while w.job do
       local job = w:end_job()
       job.error = errors.new("ECLOSED", "the pool was closed while the job ran", { killed = true })
-      self:_finish(job, "failed")
+      pool.endings:finish(job, "failed")
     end
-    self:_retire(w)
+    self:retire(w)
     w:kill("SIGTERM")
   end
   self.killer = core.timer(function()
-    for w in pairs(self.workers) do w:kill() end
+    for _, w in ipairs(self.list) do w:kill() end
   end)
   self.killer:start(TERM_GRACE_MS)
 end
 
--- The first batch of lines (pool:add's `lines`): idle children may cut
--- batches from now on (_steal), and children may send their bigger DONE.
-function Pool:_expect_batches()
-  self.batches = true
-  for _, w in ipairs(self.worker_list) do w:expect_batches() end
+-- Closes the timers (the pool's close, once every child is gone).
+function Children:close()
+  for _, name in ipairs({ "sweeper", "killer" }) do
+    if self[name] then self[name]:close(); self[name] = nil end
+  end
 end
 
-return Pool
+return Children

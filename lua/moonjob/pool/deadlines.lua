@@ -1,6 +1,6 @@
 -- moonjob.pool.deadlines -- what the pool does when a deadline passes.
 --
--- Methods mixed into the Pool class (see pool/init.lua). Deadlines are the
+-- A part of the pool (see pool/init.lua), pool.deadlines. Deadlines are the
 -- parent's, never the child's: at a job's soft deadline (or on cancel) the
 -- child is interrupted and its processor's cleanup runs; at the hard
 -- deadline, kill_after seconds later, the child's process group is SIGKILLed,
@@ -13,69 +13,92 @@
 --
 -- Each worker has one timer (moonjob.worker): armed for start_timeout until
 -- the child is ready, then for the running job's timeout, then for
--- kill_after once the job was interrupted; when it fires, the pool tells from
+-- kill_after once the job was interrupted; when it fires, the sink tells from
 -- the worker's state which deadline it was. Acknowledgements are checked by
 -- the sweep (moonjob.pool.children), not by a timer per job.
+--
+-- Owns: nothing (the timers are the workers').
+-- Exposes: deadlines:interrupt(w, job, fields), deadlines:hasten_kill(job, s),
+-- deadlines:job_timed_out(w, job), deadlines:kill_job(w, job),
+-- deadlines:start_timed_out(w), deadlines:unacknowledged(w).
+-- Calls: pool.children:retire, pool.dispatch (take_back, pump),
+-- pool.endings:fail, pool.breaker:child_broken, pool.tally:bump.
 --
 -- Caveat: the soft deadline cannot stop JIT-compiled loops or C calls (no
 -- hook runs there); the hard kill always can.
 local errors = require "moonjob.errors"
 
-local Pool = {}
+local Deadlines = {}
+Deadlines.__index = Deadlines
+
+function Deadlines.new(pool)
+  return setmetatable({ pool = pool }, Deadlines)
+end
 
 -- Asks the child to stop a job it holds (soft deadline, cancel); the hard
--- deadline follows kill_after seconds later (for a job queued behind the
--- head, from when it becomes the head: moonjob.pool.pipeline).
-function Pool:_interrupt(w, job, fields)
+-- deadline follows kill_after seconds later (for a job prefetched behind the
+-- head, from when it becomes the head: moonjob.pool.dispatch).
+function Deadlines:interrupt(w, job, fields)
   job.interrupt = fields
   w:interrupt(job, fields)
-  if w.job == job then w:arm(job.kill_after or self.kill_after) end
+  if w.job == job then w:arm(job.kill_after or self.pool.kill_after) end
+end
+
+-- A running job already interrupted gets its hard deadline `seconds` from
+-- now instead; false when the job is not such a job.
+function Deadlines:hasten_kill(job, seconds)
+  if not (job.interrupt and job.worker and job.state == "active") then return false end
+  job.worker:arm(seconds)
+  return true
 end
 
 -- The soft deadline: the job ran past its timeout; it is interrupted.
-function Pool:_job_timed_out(w, job)
-  self.counts.timeouts = self.counts.timeouts + 1
-  self:_interrupt(w, job, { code = "ETIMEDOUT", reason = "timeout",
-    message = ("the job ran past its timeout (%s s)"):format(tostring(job.timeout or self.timeout)) })
+function Deadlines:job_timed_out(w, job)
+  local pool = self.pool
+  pool.tally:bump("timeouts")
+  self:interrupt(w, job, { code = "ETIMEDOUT", reason = "timeout",
+    message = ("the job ran past its timeout (%s s)"):format(tostring(job.timeout or pool.timeout)) })
 end
 
 -- The hard deadline: the child's process group is killed now and the job
 -- fails now; the child's exit later only frees its slot.
-function Pool:_kill_job(w, job)
+function Deadlines:kill_job(w, job)
+  local pool = self.pool
   local f = job.interrupt
   w.killed_for = job
-  local killed = self:_retire(w, true)
+  local killed = pool.children:retire(w, true)
   w:end_job()
-  self:_take_back(w) -- the jobs it held behind this one run elsewhere
+  pool.dispatch:take_back(w) -- the jobs it held behind this one run elsewhere
   local how = "its child had already exited"
   if killed then
-    self.counts.killed = self.counts.killed + 1
-    how = ("the child was killed after kill_after (%s s)"):format(tostring(job.kill_after or self.kill_after))
+    pool.tally:bump("killed")
+    how = ("the child was killed after kill_after (%s s)"):format(tostring(job.kill_after or pool.kill_after))
   end
-  self:_fail(job, errors.new(f.code, f.message .. "; " .. how, { killed = killed and true or nil,
+  pool.endings:fail(job, errors.new(f.code, f.message .. "; " .. how, { killed = killed and true or nil,
     reason = f.reason }))
-  self:_pump()
+  pool.dispatch:pump()
 end
 
 -- A child not ready within start_timeout is killed: a start failure.
-function Pool:_start_timed_out(w)
-  self:_worker_broken(w, errors.new("ELOAD",
-    ("the processor did not become ready within %s s (start_timeout)"):format(tostring(self.start_timeout))))
+function Deadlines:start_timed_out(w)
+  self.pool.breaker:child_broken(w, errors.new("ELOAD",
+    ("the processor did not become ready within %s s (start_timeout)"):format(tostring(self.pool.start_timeout))))
 end
 
 -- A child that has not taken its job in time is replaced; the job is given
--- back (see _give_back).
-function Pool:_unacknowledged(w)
+-- back (see endings:give_back).
+function Deadlines:unacknowledged(w)
+  local pool = self.pool
   local head = w.job
   w.killed_for = head
-  self:_retire(w, true)
-  self:_take_back(w) -- the head with the rest, unless its child started it after all
+  pool.children:retire(w, true)
+  pool.dispatch:take_back(w) -- the head with the rest, unless its child started it after all
   if w.job == head then -- it did, an instant before the kill: that run counts
     w:end_job()
-    self:_fail(head, errors.new("ECRASH", ("the child started the job only after ack_timeout "
-      .. "(%s s) and was killed"):format(tostring(self.ack_timeout)), { killed = true }))
+    pool.endings:fail(head, errors.new("ECRASH", ("the child started the job only after ack_timeout "
+      .. "(%s s) and was killed"):format(tostring(pool.ack_timeout)), { killed = true }))
   end
-  self:_pump()
+  pool.dispatch:pump()
 end
 
-return Pool
+return Deadlines

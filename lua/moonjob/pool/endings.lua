@@ -1,199 +1,210 @@
 -- moonjob.pool.endings -- how a job ends, or comes back to wait again.
 --
--- Methods mixed into the Pool class (see pool/init.lua). Every failed attempt goes
--- through _fail: the job waits again after its backoff, or fails for good;
--- every ending goes through _finish, the one place a job becomes "completed"
--- or "failed" (exactly once): counters, the job's key and the result cache,
--- its listeners, and `drained`. Also here: jobs that end without running (a
--- refusal in add, a cache hit) on a later loop turn, cancel, and a job given
--- back because its child never took it.
+-- A part of the pool (see pool/init.lua), pool.endings. Every failed attempt
+-- goes through fail: the job waits again after its backoff, or fails for
+-- good; every ending goes through finish, the one place a job becomes
+-- "completed" or "failed" (exactly once): counters, the job's key and the
+-- result cache, its listeners, and `drained`. Also here: jobs that end
+-- without running (a refusal in add, a cache hit) on a later loop turn,
+-- cancel, and a job given back because its child never took it.
+--
+-- A job with an owner (job.owner: the second job source that brought it,
+-- moonjob.redis.remote; the hook is documented in moonjob.pool.source) ends
+-- through that owner: a failed attempt is the owner's to retry
+-- (owner:attempt_failed), and an ending is reported to it first
+-- (owner:ending), which may say the job leaves the pool instead (leave: the
+-- bookkeeping of finish without counts or events). Local jobs have no owner.
+--
+-- Owns: nothing but the rules; the pool's nactive (jobs "active": whoever
+-- moves a job out of that state takes it down by one) and ndeferred
+-- (endings due on a later loop turn: drain waits for them) are the pool's.
+-- Exposes: endings:fail(job, err [, not_before]), endings:finish(job, state),
+-- endings:leave(job), endings:retry_delay(job, err), endings:retried(job,
+-- err, delay), endings:refuse(job, err), endings:complete_from_cache(job,
+-- bytes), endings:cancel(job, reason [, code [, unstarted_only]]),
+-- endings:give_back(job).
+-- Calls: pool.dispatch (unprefetch, note_run, take_back), pool.children:free,
+-- pool.deadlines:interrupt, pool.tally, pool.events, pool.source,
+-- pool:is_idle(), job.owner.
 --
 -- Caveats: once the pool is closing nothing is retried (no child would run it
 -- again). A job that never ran ends on a later loop turn, never inside add
--- (callers expecting an answer later must not get it now); `ndeferred` counts
--- those endings so that drain() waits for them. `nactive` counts the jobs
--- whose state is "active": whoever moves a job out of that state takes it
--- down by one.
+-- (callers expecting an answer later must not get it now).
 local errors = require "moonjob.errors"
 local loop = require "moonjob.loop"
 local Backoff = require "moonjob.backoff"
 
-local Pool = {}
+local Endings = {}
+Endings.__index = Endings
 
 -- Failures that another attempt cannot fix.
 local FINAL = { ECANCELED = true, ECLOSED = true, EPAYLOAD = true, EINPUT = true, ELOST = true }
 
+function Endings.new(pool)
+  return setmetatable({ pool = pool, listeners = pool.events.listeners }, Endings)
+end
+
 -- Seconds before the job's next attempt, or nil when it fails for good.
-function Pool:_retry_delay(job, err)
-  local max = job.max_attempts or self.attempts
+function Endings:retry_delay(job, err)
+  local pool = self.pool
+  local max = job.max_attempts or pool.attempts
   if job.attempts >= max or err.retry == false or FINAL[err.code] then return nil end
-  local delay = Backoff.delay(job.backoff or self.backoff, job.attempts, err)
+  local delay = Backoff.delay(job.backoff or pool.backoff, job.attempts, err)
   return delay ~= false and delay or nil
+end
+
+-- A retry was decided: counted, and the `retrying` listeners told.
+function Endings:retried(job, err, delay)
+  self.pool.tally:bump("retries")
+  if self.listeners.retrying then self.pool.events:emit("retrying", job, err, delay) end
 end
 
 -- A job's attempt failed: it comes back after its backoff, or fails for good
 -- (always once the pool is closing: nothing would run it again).
 -- not_before (loop.now() milliseconds) holds a retry back further.
-function Pool:_fail(job, err, not_before)
-  self:_unqueue(job)
+function Endings:fail(job, err, not_before)
+  local pool = self.pool
+  pool.dispatch:unprefetch(job)
   job.error = err
   job.errors = job.errors or {}
   job.errors[#job.errors + 1] = err
-  if job.remote_id then return self:_fail_remote(job, err) end
-  local delay = not self.closing and self:_retry_delay(job, err)
-  if not delay then return self:_finish(job, "failed") end
-  if job.state == "active" then self.nactive = self.nactive - 1 end
+  local owner = job.owner
+  if owner then return owner:attempt_failed(job, err) end
+  local delay = not pool.closing and self:retry_delay(job, err)
+  if not delay then return self:finish(job, "failed") end
+  if job.state == "active" then pool.nactive = pool.nactive - 1 end
   job.state, job.worker, job.interrupt = "waiting", nil, nil
   local now = loop.now()
   job.run_at = now + delay * 1000
   if not_before and not_before > job.run_at then -- held back longer: the delay reported says so
     job.run_at, delay = not_before, (not_before - now) / 1000
   end
-  self.counts.retries = self.counts.retries + 1
-  self.source:push(job)
-  if self.listeners.retrying then self:_emit("retrying", job, err, delay) end
+  pool.source:push(job)
+  self:retried(job, err, delay)
 end
 
--- A job from Redis: the queue decides on its retry, with the delay our
--- backoff computed (it knows the attempts across hosts); here the job only
--- leaves the pool. A job this worker stopped because its lease is no longer
--- provably its own (abandoned) is not reported at all.
-function Pool:_fail_remote(job, err)
-  if err.code == "ELOAD" and not job.abandoned then -- it cannot load here; it may elsewhere
-    job.error = errors.new("ECLOSED", "given back: the processor cannot load on this worker")
-    return self:_finish(job, "failed") -- given back, not counted
-  end
-  -- closing or not: another host may retry it
-  local delay = not job.retry_never and self:_retry_delay(job, err)
-  if not delay or job.abandoned then return self:_finish(job, "failed") end
-  job.reported = true
-  self.remote:failed(job, err, delay * 1000)
-  self.counts.retries = self.counts.retries + 1
-  if self.listeners.retrying then self:_emit("retrying", job, err, delay) end
-  return self:_leave(job)
-end
-
--- A remote job leaves the pool without ending here (it retries, or goes back
--- to the queue): the bookkeeping of _finish without counts or events.
-function Pool:_leave(job)
+-- A job leaves the pool without ending here (its owner retries it, or it
+-- went back to the owner's queue): the bookkeeping of finish without counts
+-- or events.
+function Endings:leave(job)
+  local pool = self.pool
   if job.state == "active" then
-    self.nactive = self.nactive - 1
-    if job.started then self:_sample_run(self:_run_ms(job)) end
+    pool.nactive = pool.nactive - 1
+    if job.started then pool.tally:sample_run(self:run_ms(job)) end
   end
-  self:_unqueue(job)
+  pool.dispatch:unprefetch(job)
   job.state, job.worker = "left", nil
-  if self.listeners.drained and self:_idle() then self:_emit("drained") end
+  if self.listeners.drained and pool:is_idle() then pool.events:emit("drained") end
 end
 
 -- How long the job's attempt ran: as its child measured it (job.ms, set when
 -- its ending frame came), else, for an attempt that ended without one (a
 -- crash, a kill), from its start to now on the parent's clock.
-function Pool:_run_ms(job)
+function Endings:run_ms(job)
   return job.ms or (loop.now() - job.started)
 end
 
--- A job with a key (id or dedupe) leaves the in-flight map when it ends; a
+-- A job with a key (id or dedupe) leaves pool.by_key when it ends; a
 -- completed one leaves its result in the cache (failures are never cached).
-function Pool:_release_key(job, state)
+function Endings:release_key(job, state)
   local key = job.key
   if not key then return end
-  if self.inflight[key] == job then self.inflight[key] = nil end
-  if state == "completed" and self.cache and not job.from_cache then
-    self.cache:set(key, job.result_bytes, loop.now() + self.cache_ttl * 1000)
+  local pool = self.pool
+  if pool.by_key[key] == job then pool.by_key[key] = nil end
+  if state == "completed" and pool.cache and not job.from_cache then
+    pool.cache:set(key, job.result_bytes, loop.now() + pool.cache_ttl * 1000)
   end
 end
 
--- Ends a job for good ("completed" or "failed"): its key, its run time,
--- the counters, its listeners, then `drained` if nothing is left to do.
-function Pool:_finish(job, state)
-  if job.remote_id and not job.reported then
-    job.reported = true
-    if job.abandoned or (state == "failed" and job.error.code == "ECLOSED") then
-      self.remote:failed(job, job.error) -- given back to the queue (or, abandoned, left alone)
-      return self:_leave(job)
-    end
-    if state == "completed" then self.remote:completed(job, job.result_bytes)
-    else self.remote:failed(job, job.error) end
-  end
+-- Ends a job for good ("completed" or "failed"): its owner told, its key,
+-- its run time, the counters, its listeners, then `drained` if nothing is
+-- left to do.
+function Endings:finish(job, state)
+  local pool = self.pool
+  local owner = job.owner
+  if owner and owner:ending(job, state) then return self:leave(job) end
   local was_active = job.state == "active"
-  self:_unqueue(job)
+  pool.dispatch:unprefetch(job)
   job.state, job.worker = state, nil
-  self:_release_key(job, state)
-  if job.started then job.ms = self:_run_ms(job) end
+  self:release_key(job, state)
+  if job.started then job.ms = self:run_ms(job) end
   if was_active then
-    self.nactive = self.nactive - 1
-    self:_sample_run(job.ms)
-    self:_note_run(job.ms)
+    pool.nactive = pool.nactive - 1
+    pool.tally:sample_run(job.ms)
+    pool.dispatch:note_run(job.ms)
   end
-  self.counts[state] = self.counts[state] + 1
+  pool.tally:bump(state)
+  local listeners = self.listeners
   if state == "completed" then
-    if self.listeners.completed then self:_emit("completed", job, job.result) end
+    if listeners.completed then pool.events:emit("completed", job, job.result) end
   else
-    if self.listeners.failed then self:_emit("failed", job, job.error) end
+    if listeners.failed then pool.events:emit("failed", job, job.error) end
   end
-  if self.listeners.drained and self:_idle() then
-    self:_emit("drained")
+  if listeners.drained and pool:is_idle() then
+    pool.events:emit("drained")
   end
 end
 
 -- Ends a job that never ran on a later loop turn, never inside add: callers
--- expecting an answer later must not get it now. `ndeferred` keeps drain()
+-- expecting an answer later must not get it now. ndeferred keeps drain()
 -- waiting for it.
-function Pool:_finish_later(job, state)
-  self.ndeferred = self.ndeferred + 1
+function Endings:finish_later(job, state)
+  local pool = self.pool
+  pool.ndeferred = pool.ndeferred + 1
   loop.defer(function()
-    self.ndeferred = self.ndeferred - 1
-    if not job:is_finished() then self:_finish(job, state) end
+    pool.ndeferred = pool.ndeferred - 1
+    if not job:is_finished() then self:finish(job, state) end
   end)
   return job
 end
 
 -- Fails a job that never ran (unserialisable, too big, pool closed).
-function Pool:_refuse(job, err)
+function Endings:refuse(job, err)
   job.error = err
-  return self:_finish_later(job, "failed")
+  return self:finish_later(job, "failed")
 end
 
 -- A cache hit still completes through the loop, never inside add.
-function Pool:_complete_from_cache(job, result_bytes)
-  self.counts.cache_hits = self.counts.cache_hits + 1
+function Endings:complete_from_cache(job, result_bytes)
+  self.pool.tally:bump("cache_hits")
   job.result_bytes, job.from_cache = result_bytes, true
-  return self:_finish_later(job, "completed")
+  return self:finish_later(job, "completed")
 end
 
 -- Ends a job by cancel: a waiting one at once, a running one is interrupted
--- like a timeout (soft, then kill). A job queued in a child that has not
--- started it is taken back first (with the jobs behind it, which wait
--- again): it then ends at once, never having run; one the child started
--- meanwhile is interrupted. false when the job had already ended.
--- code: ECANCELED unless given (a remote job stopped by its worker: ELEASE, ELOST).
+-- like a timeout (soft, then kill). A prefetched job its child has not
+-- started is taken back first (with the jobs behind it, which wait again):
+-- it then ends at once, never having run; one the child started meanwhile is
+-- interrupted. false when the job had already ended.
+-- code: ECANCELED unless given (a remote job stopped by its owner: ELEASE, ELOST).
 -- unstarted_only: a job a child started is left to run (false), never
 -- interrupted (the command line's --halt soon).
-function Pool:_cancel(job, reason, code, unstarted_only)
+function Endings:cancel(job, reason, code, unstarted_only)
   if job:is_finished() or job.state == "left" then return false end
+  local pool = self.pool
   local message = "the job was canceled" .. (reason ~= nil and (": " .. tostring(reason)) or "")
   if code and code ~= "ECANCELED" then message = reason end
   code = code or "ECANCELED"
   local fields = { code = code, message = message, reason = reason }
-  if job.queued then
+  if job.prefetched then
     -- taken back with the jobs behind it, it fails as given back with its
     -- interrupt set (at once, never sent again); one the child started is
     -- interrupted below
     local w = job.worker
     job.interrupt = fields
-    self:_take_back(w, job)
-    if w.state == "idle" then self:_worker_free(w) end -- it held nothing more
+    pool.dispatch:take_back(w, job)
+    if w.state == "idle" then pool.children:free(w) end -- it held nothing more
     if job:is_finished() then return true end
     job.interrupt = nil
   end
-  if job.state == "waiting" and not job.queued then
-    self.source:remove(job)
+  if job.state == "waiting" and not job.prefetched then
+    pool.source:remove(job)
     job.error = errors.new(code, message, { reason = reason })
-    self:_finish(job, "failed")
+    self:finish(job, "failed")
   elseif unstarted_only then
     return false
   elseif not job.interrupt then
-    self:_interrupt(job.worker, job, fields)
+    pool.deadlines:interrupt(job.worker, job, fields)
   end
   return true
 end
@@ -201,20 +212,21 @@ end
 -- A job its child never took goes back to the head of the queue and the
 -- attempt does not count, unless it was interrupted meanwhile (canceled, or
 -- past its timeout): then it ends with that error, never having run.
-function Pool:_give_back(job)
-  self:_unqueue(job)
+function Endings:give_back(job)
+  local pool = self.pool
+  pool.dispatch:unprefetch(job)
   job.attempts = job.attempts - 1 -- it never ran
   local f = job.interrupt
   if f then
-    return self:_fail(job, errors.new(f.code, f.message .. "; its child never took it",
+    return self:fail(job, errors.new(f.code, f.message .. "; its child never took it",
       { reason = f.reason }))
   end
-  if self.closing then -- and no child will take it now
-    return self:_fail(job, errors.new("ECLOSED", "the pool was closed before the job ran"))
+  if pool.closing then -- and no child will take it now
+    return self:fail(job, errors.new("ECLOSED", "the pool was closed before the job ran"))
   end
-  if job.state == "active" then self.nactive = self.nactive - 1 end
+  if job.state == "active" then pool.nactive = pool.nactive - 1 end
   job.state, job.worker, job.started = "waiting", nil, nil
-  self.source:push(job)
+  pool.source:push(job)
 end
 
-return Pool
+return Endings

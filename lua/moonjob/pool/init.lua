@@ -8,20 +8,33 @@
 -- pre-initialisation queue); nothing fails for that reason.
 --
 -- This file is the entry point: Pool.new, add, run, map, drain, cancel_all,
--- close, and dispatch (_pump pairs waiting jobs with idle children). Every
--- other concern lives in moonjob/pool/, and its methods are mixed into Pool
--- at the end of this file, so callers and specs see one class:
+-- close, and the methods a second job source calls (see moonjob.pool.source).
+-- The pool is made of parts, each an object that owns its state and says at
+-- its top what it owns, exposes and calls on the others:
 --
---   options.lua    option checking and defaults (plain functions, not mixed in)
---   source.lua     the job source: the only way to the waiting jobs (pool.source)
---   sink.lua       the worker sink: how a worker reports to its pool (on_worker_*)
---   children.lua   the children: how many, spawning, freeing, recycling, sweeps
---   breaker.lua    start failures: the circuit breaker, its probes and back-off
---   deadlines.lua  start_timeout, a job's soft and hard deadlines, ack_timeout
---   dispatch.lua   several jobs in flight per child: depth, prefetch, take back
---   endings.lua    a job's endings: fail and retry, finish, cancel, give back
---   stats.lua      pool:stats(): counters and recent wait and run times
---   events.lua     pool:on, pool:off and emitting events to listeners
+--   options.lua    option checking and defaults (plain functions)
+--   source.lua     the job source (pool.source: the waiting jobs) and the
+--                  owner hook a second source (Redis) plugs into (pool.owner)
+--   sink.lua       the worker sink: how a worker reports to its pool
+--                  (pool:on_worker_*, the only Pool methods defined elsewhere)
+--   children.lua   pool.children: the workers, how many, starting, freeing, ending
+--   breaker.lua    pool.breaker: start failures, the circuit breaker, its probes
+--   deadlines.lua  pool.deadlines: start_timeout, a job's soft and hard
+--                  deadlines, ack_timeout
+--   dispatch.lua   pool.dispatch: the pump, several jobs in flight per child
+--                  (depth, prefetch, take back)
+--   endings.lua    pool.endings: fail and retry, finish, cancel, give back
+--   lines.lua      pool.lines: batches of lines (the command line's hook)
+--   stats.lua      pool.tally: pool:stats()'s counters and recent times
+--   events.lua     pool.events: pool:on, pool:off and emitting events
+--
+-- The pool itself holds the configuration, pool.by_key (key -> the waiting
+-- or running job with that id or dedupe key), nactive (jobs running:
+-- dispatch counts them up, endings down), ndeferred (endings and breaker
+-- passes due on a later loop turn: drain waits for them) and closing. Every
+-- part keeps the pool (part.pool), reads its configuration (size, timeout,
+-- kill_after, max_jobs_per_child, ...) and closing, and reaches the other
+-- parts as pool.<part>, through the methods their top comments list.
 --
 -- Caveat: events are emitted from inside the loop; a listener must not block
 -- on a job (the loop cannot run inside itself) and gets a clear error if it tries.
@@ -34,7 +47,14 @@ local loop = require "moonjob.loop"
 local Cache = require "moonjob.cache"
 local Options = require "moonjob.pool.options"
 local Source = require "moonjob.pool.source"
-local Remote = require "moonjob.redis.remote"
+local Events = require "moonjob.pool.events"
+local Tally = require "moonjob.pool.stats"
+local Children = require "moonjob.pool.children"
+local Breaker = require "moonjob.pool.breaker"
+local Deadlines = require "moonjob.pool.deadlines"
+local Dispatch = require "moonjob.pool.dispatch"
+local Endings = require "moonjob.pool.endings"
+local Lines = require "moonjob.pool.lines"
 
 local Pool = {}
 Pool.__index = Pool
@@ -52,6 +72,18 @@ local next_seq = 0 -- job numbers are unique across the pools of a program
 local function processor_dir(processor)
   local path = core.realpath(processor)
   return path and (path:match("^(.*)/[^/]*$") or ""):gsub("^$", "/") or nil
+end
+
+-- The parts, in the order they may need each other at creation.
+local function make_parts(self, opts)
+  self.events = Events.new()
+  self.tally = Tally.new(self)
+  self.dispatch = Dispatch.new(self, opts.pipeline or DEFAULTS.pipeline)
+  self.endings = Endings.new(self)
+  self.deadlines = Deadlines.new(self)
+  self.breaker = Breaker.new(self)
+  self.lines = Lines.new(self, Dispatch.STEAL_AFTER_MS)
+  self.children = Children.new(self)
 end
 
 -- Pool.new(processor, opts) -> pool | nil, err. See README for the options.
@@ -84,8 +116,6 @@ function Pool.new(processor, opts)
     child_args = Options.child_args(opts),
     child_env = { "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath,
       "MOONJOB_REDIS=" }, -- a Redis URL (its password) is the parent's, not the processors',
-    workers = {}, nworkers = 0, nretiring = 0, idle = {}, -- the children (moonjob.pool.children)
-    worker_list = {},              -- the same workers in an array (dispatch.lua walks it per job)
     source = Source.new_local(loop.now), -- the waiting jobs (moonjob.pool.source)
     attempts = opts.attempts or 1,
     backoff = opts.backoff,
@@ -93,93 +123,21 @@ function Pool.new(processor, opts)
     cache_ttl = opts.cache,
     cache = opts.cache and Cache.new(opts.cache_max or 1000),
     max_queue = opts.max_queue,
-    inflight = {},                 -- key -> the waiting or running job with that key
-    wait_ms = { n = 0 }, run_ms = { n = 0 }, -- rings of recent times (moonjob.pool.stats)
+    by_key = {},                   -- key -> the waiting or running job with that key
     nactive = 0, ndeferred = 0,    -- jobs running; deferred endings and breaker passes (drain waits)
-    pipeline = opts.pipeline or DEFAULTS.pipeline, nqueued = 0, -- moonjob.pool.pipeline
-    start_failures = 0,            -- the breaker's (moonjob.pool.breaker)
-    listeners = {},                -- event -> list of functions (moonjob.pool.events)
-    counts = { completed = 0, failed = 0, spawned = 0, crashed = 0, timeouts = 0, killed = 0,
-      retries = 0, cache_hits = 0 },
-    meta = buffer.new(),
   }, Pool)
+  make_parts(self, opts)
   self.job_mt = Job.metatable(self)
   self.min_size = math.min(self.min_size, self.size)
   self.init_bytes = buffer.encode({
     processor = processor, codec = self.codec, max_payload = self.max_payload,
     jit = opts.jit ~= false, memory_limit = opts.memory_limit, dir = processor_dir(processor),
   })
-  self:_start_sweeper()
-  self:_ensure_workers()
-  if opts.redis then self.remote = Remote.new(self, opts) end
+  self.children:start()
+  if opts.redis then -- a pool on Redis: loaded only then (moonjob.pool.source: the owner hook)
+    self.owner = require("moonjob.redis.remote").new(self, opts)
+  end
   return self
-end
-
--- A new job of this pool, waiting, without data yet.
-function Pool:_new_job()
-  next_seq = next_seq + 1
-  return Job.new(self.job_mt, next_seq, loop.now())
-end
-
--------------------------------------------------------------- dispatch ---
-
--- Sends a job to a child: an idle one runs it now; a busy one queues it
--- behind the jobs it holds (moonjob.pool.pipeline). A child found gone is
--- retired and the job goes back to the source at once (it never left the
--- parent).
-function Pool:_dispatch(w, job)
-  local attempt = job.attempts + 1
-  local meta = self.meta:reset():encode(job.remote_id or job.id):encode(attempt):encode(job.name)
-    :encode(job.first_line and (job.lines_end_on_failure and -job.first_line or job.first_line) or false)
-  if not w:run(job, meta:tostring()) then -- the child is gone: it holds no place either
-    self:_retire(w, true)
-    return self.source:push(job)
-  end
-  job.attempts, job.worker = attempt, w
-  if w.job == job then return self:_job_started(w, job) end
-  job.queued = true
-  self.nqueued = self.nqueued + 1
-end
-
--- A function that runs pool:_pump(). Closures are made here, never in the
--- methods _pump runs for every job: LuaJIT cannot compile a function that
--- makes one (it aborts its traces), and those methods must stay compiled.
-function Pool:_pump_later()
-  return function() self:_pump() end
-end
-
--- Wakes the pool when the earliest delayed job becomes due.
-function Pool:_arm_delay()
-  local due = self.source:next_due()
-  if not due then return end
-  if not self.delay_timer then self.delay_timer = core.timer(self:_pump_later()) end
-  self.delay_timer:start(math.max(0, due - loop.now()) + 1)
-end
-
--- The pool's heartbeat, run after anything that may free a child or make a
--- job ready: idle children take ready jobs (the most recently freed child
--- first), then the delay timer, the number of children and the breaker are
--- brought up to date.
-function Pool:_pump()
-  local idle, source = self.idle, self.source
-  while #idle > 0 do
-    local w = idle[#idle]
-    if w.state == "idle" then
-      local job = source:pop_ready()
-      if not job and not ((self.nqueued > 0 or self.batches) and self:_steal()) then break end
-      if job then
-        idle[#idle] = nil
-        self:_dispatch(w, job)
-      end
-    else
-      idle[#idle] = nil
-    end
-  end
-  if not self.saturated and self.pipeline > 1 and #idle == 0 then self:_prefetch() end
-  self:_arm_delay()
-  self:_ensure_workers()
-  self:_check_breaker()
-  if self.remote then self.remote:want() end
 end
 
 -------------------------------------------------------------- public API ---
@@ -217,45 +175,43 @@ end
 -- opts: name (job.name), priority (lower first), delay (seconds before it may
 -- run), id (a job with that id already waiting or running is returned instead
 -- of a new one), dedupe, and timeout, kill_after, attempts, backoff
--- (overriding the pool's).
+-- (overriding the pool's); lines is the command line's (moonjob.pool.lines).
 function Pool:add(data, opts)
   Options.check_add(opts)
-  local job = self:_new_job()
+  local job = self:new_job()
   if opts then
     job.name = opts.name
     job.timeout, job.kill_after, job.priority = opts.timeout, opts.kill_after, opts.priority
     job.max_attempts, job.backoff = opts.attempts, opts.backoff
-    if opts.lines then -- a batch of NDJSON lines (moonjob.cli, runner.lua): { first, count [, end_on_failure] }
-      job.first_line, job.line_count, job.lines_end_on_failure = opts.lines[1], opts.lines[2], opts.lines[3]
-    end
-    if opts.lines and not self.batches then self:_expect_batches() end
+    if opts.lines then self.lines:add_option(job, opts.lines) end
     if opts.delay and opts.delay > 0 then job.run_at = loop.now() + opts.delay * 1000 end
   end
+  local endings = self.endings
   if self.closing then
-    return self:_refuse(job, errors.new("ECLOSED", "the pool is closed; create a new pool to add jobs"))
+    return endings:refuse(job, errors.new("ECLOSED", "the pool is closed; create a new pool to add jobs"))
   end
   local bytes, message = encode_data(self, data)
-  if not bytes then return self:_refuse(job, errors.new("EPAYLOAD", message)) end
+  if not bytes then return endings:refuse(job, errors.new("EPAYLOAD", message)) end
   if #bytes > self.max_payload then
-    return self:_refuse(job, errors.new("EPAYLOAD", ("the job data is %d bytes, more than "
+    return endings:refuse(job, errors.new("EPAYLOAD", ("the job data is %d bytes, more than "
       .. "max_payload (%d); send less or raise max_payload"):format(#bytes, self.max_payload)))
   end
   local key = job_key(self, data, bytes, opts)
   if key then
-    local same = self.inflight[key]
+    local same = self.by_key[key]
     if same then return same end
     local cached = self.cache and self.cache:get(key, loop.now())
     job.key = key
-    if cached then return self:_complete_from_cache(job, cached) end
+    if cached then return endings:complete_from_cache(job, cached) end
   end
   if self.max_queue and self.source:count() >= self.max_queue then
     return nil, errors.new("EQUEUEFULL", ("%d jobs are waiting, the pool's max_queue; wait for "
       .. "some to finish (pool:drain(), the drained event) and add again"):format(self.source:count()))
   end
-  if key then self.inflight[key] = job end
+  if key then self.by_key[key] = job end
   job.data_bytes = bytes
   self.source:push(job)
-  self:_pump()
+  self.dispatch:pump()
   return job
 end
 
@@ -294,36 +250,132 @@ function Pool:map(items, opts)
   return results, errs
 end
 
-function Pool:_idle()
-  return self.nactive == 0 and self.nqueued == 0 and self.source:count() == 0 and self.ndeferred == 0
+-- pool:is_idle() -> true when no job waits, runs or is due to end.
+function Pool:is_idle()
+  return self.nactive == 0 and self.dispatch:prefetched_count() == 0 and self.source:count() == 0
+    and self.ndeferred == 0
 end
 
 -- pool:drain(): runs the loop until no job waits or runs.
 function Pool:drain()
-  loop.wait_until(function() return self:_idle() end)
+  loop.wait_until(function() return self:is_idle() end)
+end
+
+-- pool:on(event, fn) -> pool; pool:off(event, fn) -> true if fn was
+-- listening. The events: moonjob.pool.events.
+function Pool:on(event, fn)
+  self.events:on(event, fn)
+  return self
+end
+
+function Pool:off(event, fn)
+  return self.events:off(event, fn)
+end
+
+-- pool:stats(): moonjob.pool.stats.
+function Pool:stats()
+  return self.tally:report()
 end
 
 -- pool:cancel_all([reason]) -> number of jobs canceled (waiting and running)
 function Pool:cancel_all(reason)
   local n = 0
+  local endings = self.endings
   while self.source:count() > 0 do
-    if self:_cancel(self.source:pop_any(), reason) then n = n + 1 end
+    if endings:cancel(self.source:pop_any(), reason) then n = n + 1 end
   end
-  for _, w in ipairs({ unpack(self.worker_list) }) do -- canceling may start a child: a copy
-    for _, job in ipairs({ unpack(w.queue) }) do -- canceling changes the queue
-      if self:_cancel(job, reason) then n = n + 1 end
+  for _, w in ipairs(self.children:snapshot()) do -- canceling may start a child: a copy
+    for _, job in ipairs({ unpack(w.held) }) do -- canceling changes what it holds
+      if endings:cancel(job, reason) then n = n + 1 end
     end
   end
   return n
 end
 
---------------------------------------------------------------------- close ---
+--------------------------------------------------- for a second source ---
+-- The methods an owner of jobs (moonjob.redis.remote) calls; documented
+-- together, with the owner's side, in moonjob.pool.source.
 
-function Pool:_close_timers()
-  for _, name in ipairs({ "sweeper", "respawn_timer", "killer", "close_timer", "delay_timer", "steal_timer" }) do
-    if self[name] then self[name]:close(); self[name] = nil end
-  end
+-- A new job of this pool, waiting, without data yet.
+function Pool:new_job()
+  next_seq = next_seq + 1
+  return Job.new(self.job_mt, next_seq, loop.now())
 end
+
+function Pool:accept(job)
+  self.source:push(job)
+end
+
+function Pool:pump()
+  self.dispatch:pump()
+end
+
+function Pool:emit_event(event, ...)
+  self.events:emit(event, ...)
+end
+
+function Pool:fail_job(job, err)
+  self.endings:fail(job, err)
+end
+
+-- pool:cancel_job(job [, reason [, code]]) -> true, or false when it had ended
+-- (job:cancel, and an owner stopping its job).
+function Pool:cancel_job(job, reason, code)
+  return self.endings:cancel(job, reason, code)
+end
+
+function Pool:finish_job(job, state)
+  self.endings:finish(job, state)
+end
+
+function Pool:leave_job(job)
+  self.endings:leave(job)
+end
+
+function Pool:retry_delay(job, err)
+  return self.endings:retry_delay(job, err)
+end
+
+function Pool:note_retry(job, err, delay)
+  self.endings:retried(job, err, delay)
+end
+
+-- False while starts fail and no child is ready: jobs taken now would wait.
+function Pool:can_run()
+  return not self.breaker:failing() or self.children:live() > 0
+end
+
+-- Whether job's child has started it (its head, or prefetched and started).
+function Pool:has_started(job)
+  return job.started ~= nil or (job.prefetched and job.worker and job.worker:started(job)) or false
+end
+
+function Pool:hasten_kill(job, seconds)
+  return self.deadlines:hasten_kill(job, seconds)
+end
+
+------------------------------------------- for the command line's batches ---
+-- moonjob.pool.lines documents the hook (pool.on_lines_cut, pool.on_lines_kept).
+
+-- pool:publish_kept([min_ms]): see moonjob.pool.lines.
+function Pool:publish_kept(min_ms)
+  return self.lines:publish_kept(min_ms)
+end
+
+-- pool:cancel_unstarted(job [, reason]) -> true when canceled: a job no child
+-- has started yet ends as a cancel does; one a child started is left to run
+-- (false). The command line's --halt soon.
+function Pool:cancel_unstarted(job, reason)
+  return self.endings:cancel(job, reason, nil, true)
+end
+
+-- The names the command line used before; kept until it uses the ones above.
+Pool._publish_kept = Pool.publish_kept
+function Pool:_cancel(job, reason, code, unstarted_only)
+  return self.endings:cancel(job, reason, code, unstarted_only)
+end
+
+--------------------------------------------------------------------- close ---
 
 -- pool:close([{ timeout = s, force = true }]) -> true. Stops taking jobs (later
 -- adds fail with ECLOSED), fails jobs still waiting with ECLOSED, lets running
@@ -333,64 +385,54 @@ end
 function Pool:close(opts)
   if opts ~= nil and type(opts) ~= "table" then error("pool:close(): options must be a table", 2) end
   opts = opts or {}
+  local children, owner = self.children, self.owner
   if not self.closing then
     self.closing = true
-    if self.remote then self.remote:stop() end
+    if owner then owner:stop() end
     while self.source:count() > 0 do
       local job = self.source:pop_any()
       job.error = errors.new("ECLOSED", "the pool was closed before the job ran")
-      self:_finish(job, "failed")
+      self.endings:finish(job, "failed")
     end
-    for w in pairs(self.workers) do -- a starting child may never get ready: killed
-      self:_take_back_queued(w) -- jobs queued behind its head: ECLOSED, as waiting ones
-      if w.state ~= "busy" then self:_retire(w, w.state == "starting") end
+    for _, w in ipairs(children:snapshot()) do -- a starting child may never get ready: killed
+      self.dispatch:take_back_prefetched(w) -- jobs behind its head: ECLOSED, as waiting ones
+      if w.state ~= "busy" then children:retire(w, w.state == "starting") end
     end
   end
   if opts.force then
-    self:_terminate()
+    children:terminate()
   elseif opts.timeout and not self.close_timer then
-    self.close_timer = core.timer(function() self:_terminate() end)
+    self.close_timer = core.timer(function() children:terminate() end)
     self.close_timer:start(opts.timeout * 1000)
   end
   if core.running() then return true end
-  local ok, err = pcall(loop.wait_until, function() return self.nworkers == 0 end)
+  local ok, err = pcall(loop.wait_until, function() return children:count_all() == 0 end)
   if not ok then error(err, 0) end
-  if self.remote then ok, err = pcall(self.remote.close, self.remote) end
-  self:_close_timers()
+  if owner then ok, err = pcall(owner.close, owner) end
+  children:close()
+  self.breaker:close()
+  self.dispatch:close()
+  if self.close_timer then self.close_timer:close(); self.close_timer = nil end
   if not ok then error(err, 0) end
   return true
 end
 
 -- "1 child", "2 children"
-local function children(n)
+local function children_text(n)
   return n == 1 and "1 child" or (n .. " children")
 end
 
 function Pool:__tostring()
   return ("<moonjob.pool %s: %s, %d waiting, %d active%s>"):format(
-    self.processor, children(self.nworkers), self.source:count() + self.nqueued, self.nactive,
+    self.processor, children_text(self.children:count_all()),
+    self.source:count() + self.dispatch:prefetched_count(), self.nactive,
     self.closing and ", closed" or "")
 end
 
----------------------------------------------------------------- mix-in ---
-
--- Each concern's methods live in moonjob/pool/*.lua and are copied into Pool
--- here, so pool:on() and self:_emit() work as if defined in this file (and
--- calls between them go through self, so one can be replaced on Pool).
-local function mix_in(methods)
-  for name, fn in pairs(methods) do
-    assert(Pool[name] == nil, "moonjob.pool: two definitions of " .. name)
-    Pool[name] = fn
-  end
+-- The worker sink's methods (pool:on_worker_*) are Pool methods: copied here.
+for name, fn in pairs(require "moonjob.pool.sink") do
+  assert(Pool[name] == nil, "moonjob.pool: two definitions of " .. name)
+  Pool[name] = fn
 end
-
-mix_in(require "moonjob.pool.events")
-mix_in(require "moonjob.pool.stats")
-mix_in(require "moonjob.pool.endings")
-mix_in(require "moonjob.pool.children")
-mix_in(require "moonjob.pool.breaker")
-mix_in(require "moonjob.pool.deadlines")
-mix_in(require "moonjob.pool.dispatch")
-mix_in(require "moonjob.pool.sink")
 
 return Pool

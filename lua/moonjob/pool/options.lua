@@ -23,7 +23,7 @@ Options.DEFAULTS = {
   ack_timeout = 2,
   start_timeout = 60,
   max_log_bytes = 1024 * 1024,
-  pipeline = 8, -- jobs one child may hold at once (moonjob.pool.pipeline)
+  pipeline = 8, -- jobs one child may hold at once (moonjob.pool.dispatch)
 }
 
 local OPTIONS = {
@@ -112,6 +112,9 @@ end
 -- A pool on a Redis queue: redis and queue go together, jobs cross as JSON
 -- text, and lease must leave room for renewals (every lease/3) and the
 -- self-fence (at 2/3 of a lease).
+-- The Redis modules are required here, lazily, only for a pool given the
+-- redis option: the queue name's rule is moonjob.redis.producer's, the URL's
+-- moonjob.redis.client's (one definition each); a local pool loads neither.
 function Options.check_remote(opts)
   local remote_only = { "lease", "prefetch", "poll", "keep", "keep_age", "worker_name" }
   if not opts.redis then

@@ -1,8 +1,9 @@
 -- moonjob.pool.sink -- how a worker reports to its pool: the worker sink.
 --
--- Methods mixed into the Pool class (see pool/init.lua). A worker (moonjob.worker,
--- the parent's side of one child) tells its pool what happened through these
--- methods and no other: every frame, line of output, timer and exit of a
+-- Methods of the Pool class itself (copied into it by pool/init.lua): the
+-- pool's one entry for its workers. A worker (moonjob.worker, the parent's
+-- side of one child) tells its pool what happened through these methods and
+-- no other: every frame, line of output, timer and exit of a
 -- child arrives here, and each method turns it into pool actions (a job's
 -- ending, the child's freeing or retiring, the breaker, events). This is the
 -- one place they are documented:
@@ -49,13 +50,19 @@
 --
 -- Besides, a worker reads (never writes) these pool fields: child_program,
 -- child_args, child_env, init_bytes, max_payload, max_log_bytes,
--- start_timeout.
+-- start_timeout, batches (moonjob.pool.lines).
+--
+-- Owns: nothing. Calls: pool.breaker (succeeded, child_broken, failed),
+-- pool.children (free, retire, remove), pool.deadlines (start_timed_out,
+-- kill_job, job_timed_out), pool.endings (finish, fail, give_back),
+-- pool.dispatch (worker_next, take_back, pump), pool.events.
 --
 -- Caveats: these are for moonjob.worker, not for users. They run inside the
 -- loop's callbacks (listeners they reach run protected, so no error of theirs
 -- comes back to the worker). Each report that frees, kills or loses a child
--- or ends a job runs _pump before it returns, except on_worker_channel_error:
--- the killed child's replacement waits for its exit (or the pool's next pump).
+-- or ends a job runs the pump before it returns, except
+-- on_worker_channel_error: the killed child's replacement waits for its exit
+-- (or the pool's next pump).
 local errors = require "moonjob.errors"
 local Job = require "moonjob.job"
 
@@ -64,68 +71,69 @@ local Pool = {}
 ----------------------------------------------------------- the child ---
 
 function Pool:on_worker_ready(w)
-  self:_start_succeeded()
-  self:_worker_free(w)
+  self.breaker:succeeded()
+  self.children:free(w)
 end
 
 function Pool:on_worker_load_error(w, err)
-  self:_worker_broken(w, err)
+  self.breaker:child_broken(w, err)
 end
 
 -- The start deadline, a job's soft deadline, or the hard one after it.
 function Pool:on_worker_timer(w)
-  if w.state == "starting" then return self:_start_timed_out(w) end
+  if w.state == "starting" then return self.deadlines:start_timed_out(w) end
   local job = w.job
   if not job then return end
-  if job.interrupt then return self:_kill_job(w, job) end
-  self:_job_timed_out(w, job)
+  if job.interrupt then return self.deadlines:kill_job(w, job) end
+  self.deadlines:job_timed_out(w, job)
 end
 
 function Pool:on_worker_channel_error(w)
-  self:_retire(w, true)
+  self.children:retire(w, true)
 end
 
 function Pool:on_worker_exit(w, jobs, started, err, status, signal)
-  self:_remove_worker(w)
+  self.children:remove(w)
+  local endings = self.endings
   local blamed = w.killed_for
   for i, job in ipairs(jobs) do
-    if started[i] and (not blamed or blamed == job) then self:_fail(job, err)
-    else self:_give_back(job) end
+    if started[i] and (not blamed or blamed == job) then endings:fail(job, err)
+    else endings:give_back(job) end
   end
   if #jobs == 0 and not w.ready and not w.start_reported and not self.closing then
-    self:_start_failed(err) -- died before READY, and nothing said so yet
+    self.breaker:failed(err) -- died before READY, and nothing said so yet
   end
-  if self.listeners.exit then self:_emit("exit", w.pid, status, signal) end
-  self:_pump()
+  if self.events.listeners.exit then self.events:emit("exit", w.pid, status, signal) end
+  self.dispatch:pump()
 end
 
 ------------------------------------------------------------- its job ---
 
 function Pool:on_worker_done(w, job, result_bytes)
   job.result_bytes, job.error = result_bytes, nil
-  if self.listeners.completed then -- decoded once for them; bytes that do not decode fail the job
+  if self.events.listeners.completed then -- decoded once for them; bytes that do not decode fail the job
     local ok, why = Job.decode(self, job)
     if not ok then
       job.result_bytes = nil
       return self:on_worker_failed(w, job, errors.new("EPROTO", "the child's result cannot be decoded: " .. why))
     end
   end
-  self:_finish(job, "completed")
-  self:_worker_next(w)
+  self.endings:finish(job, "completed")
+  self.dispatch:worker_next(w)
 end
 
 function Pool:on_worker_failed(w, job, err)
-  self:_fail(job, err)
+  self.endings:fail(job, err)
   if err.code == "ENOMEM" then -- the heap hit memory_limit: start afresh
-    w.recycle = true -- it takes no more jobs, and ends once free (_worker_free)
-    self:_take_back(w) -- a job its child started already runs there
+    w.recycle = true -- it takes no more jobs, and ends once free (children:free)
+    self.dispatch:take_back(w) -- a job its child started already runs there
   end
-  self:_worker_next(w)
+  self.dispatch:worker_next(w)
 end
 
 function Pool:on_worker_progress(w, job, bytes)
   job.progress_bytes = bytes
-  if self.listeners.progress then self:_emit("progress", job, job.progress) end
+  if self.events.listeners.progress then self.events:emit("progress", job, job.progress) end
 end
 
 function Pool:on_worker_output(w, job, stream, line)
@@ -136,7 +144,7 @@ function Pool:on_worker_output(w, job, stream, line)
   elseif self.echo then
     self.echo(line, job, w.pid)
   end
-  if job and self.listeners.log then self:_emit("log", job, line, stream) end
+  if job and self.events.listeners.log then self.events:emit("log", job, line, stream) end
 end
 
 return Pool

@@ -35,13 +35,63 @@
 -- pushes it back before any listener can run (a listener's cancel looks for a
 -- waiting job only in the source). Jobs are the pool's moonjob.job objects;
 -- the local source keeps each one's place in job.qindex, which no other code
--- may touch.
+-- may touch.--
+-- A second source: the owner hook. A source whose jobs live outside the
+-- process (moonjob.redis.remote, a durable queue on Redis; a queue in
+-- Postgres would be another) is the pool's `owner` (pool.owner, set by
+-- Pool.new; nil for a pool with only local jobs). It brings jobs into the
+-- pool's local source and hears how each ends, through these and nothing else.
+--
+-- What the pool calls on its owner:
+--   owner:want()                the pool pumped: fetch more if there is room
+--                               (called after every pump, so cheap when not)
+--   owner:attempt_failed(job, err)
+--                               an attempt of one of its jobs failed: the
+--                               owner decides (retry elsewhere, fail for good)
+--                               with the pool methods below; the pool does
+--                               not retry it itself
+--   owner:ending(job, state)    -> true when the job leaves the pool instead
+--                               of ending ("left": given back, abandoned);
+--                               called first by every ending ("completed" or
+--                               "failed") of one of its jobs, to report it
+--   owner:stop()                the pool is closing: fetch no more
+--   owner:close()               the pool closed: flush and close (may run the
+--                               loop, bounded)
+--
+-- What an owner calls on the pool:
+--   pool:new_job()              -> a waiting job without data; the owner sets
+--                               job.owner = itself, job.data_bytes (the pool's
+--                               codec), and any of name, timeout, kill_after,
+--                               attempts, max_attempts, backoff
+--   pool:accept(job)            the job joins the waiting jobs (no pump)
+--   pool:pump()                 dispatch what can run now
+--   pool:fail_job(job, err)     an attempt failed without running (bad input)
+--   pool:cancel_job(job, reason [, code])
+--                               stop it: waiting, it ends now; running, it is
+--                               interrupted (code: ECANCELED, or the owner's
+--                               own, like ELEASE or ELOST)
+--   pool:hasten_kill(job, s)    -> true if the job was running and already
+--                               interrupted: its hard kill comes in s seconds
+--   pool:has_started(job)       -> whether a child started it
+--   pool:can_run()              -> false while starts fail and no child is
+--                               ready (take no jobs: they would only wait)
+--   pool:retry_delay(job, err)  -> seconds before another attempt, or nil
+--   pool:note_retry(job, err, delay)
+--                               count the retry, tell `retrying` listeners
+--   pool:finish_job(job, state) end it here (after attempt_failed decides)
+--   pool:leave_job(job)         it leaves the pool without ending here
+--   pool:emit_event(event, ...) the pool's listeners (the `redis` event)
+-- and reads pool.size, pool.max_payload and pool.kill_after.
+-- An owner also keeps its own fields on its jobs (moonjob.redis.remote:
+-- remote_id, which the child sees as the job's id, token, lease_from,
+-- abandoned, reported, retry_never).
+
 local Queue = require "moonjob.pool.waiting"
 
 local Source = {}
 
 -- The local source's methods are the queue's own functions under the
--- interface's names, not calls forwarding to them (_pump takes every job
+-- interface's names, not calls forwarding to them (the pump takes every job
 -- through pop_ready); promote is the queue's helper that pop and ready_n call.
 local Local = {
   push = Queue.push,

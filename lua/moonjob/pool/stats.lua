@@ -1,31 +1,54 @@
 -- moonjob.pool.stats -- what pool:stats() reports: counters and recent times.
 --
--- Methods mixed into the Pool class (see pool/init.lua). The counters live in
--- pool.counts (completed, failed, spawned, crashed, timeouts, killed,
--- retries, cache_hits) and are bumped where each thing happens; this file
--- keeps the two rings of recent times (pool.wait_ms: from added, or due, to
--- dispatched; pool.run_ms: dispatched to ended) and turns it all into the
--- table pool:stats() returns.
+-- A part of the pool (see pool/init.lua), pool.tally (not pool.stats: that
+-- is the public method).
+--
+-- Owns: tally.counts (completed, failed, spawned, crashed, timeouts, killed,
+-- retries, cache_hits), bumped by the parts where each thing happens, and
+-- two rings of recent times (wait: from added, or due, to started; run:
+-- started to ended).
+-- Exposes: tally:bump(name), tally:sample_wait(ms), tally:sample_run(ms),
+-- tally:report() (pool:stats()).
+-- Reads, for report: the pool's source, size and nactive, the dispatch's
+-- prefetched count (jobs in a child not started yet wait too) and the
+-- children (pool.children:count_all(), :snapshot()).
 --
 -- Caveat: the percentiles cover the last SAMPLES jobs only, and sorting them
 -- costs O(SAMPLES log SAMPLES) per stats() call: fine for a progress line,
 -- not for every job.
-local Pool = {}
+local Tally = {}
+Tally.__index = Tally
 
 local SAMPLES = 1024             -- recent wait and run times kept for percentiles
+
+-- Tally.new(pool) -> the counters of one pool, all 0.
+function Tally.new(pool)
+  return setmetatable({
+    pool = pool,
+    counts = { completed = 0, failed = 0, spawned = 0, crashed = 0, timeouts = 0, killed = 0,
+      retries = 0, cache_hits = 0 },
+    wait_ms = { n = 0 }, run_ms = { n = 0 },
+  }, Tally)
+end
+
+-- One more of `name` (a key of tally.counts).
+function Tally:bump(name)
+  local counts = self.counts
+  counts[name] = counts[name] + 1
+end
 
 local function sample(ring, value)
   ring.n = ring.n + 1
   ring[(ring.n - 1) % SAMPLES + 1] = value
 end
 
--- A dispatched job waited `ms` since it was added (or became due).
-function Pool:_sample_wait(ms)
+-- A job started after waiting `ms` since it was added (or became due).
+function Tally:sample_wait(ms)
   sample(self.wait_ms, ms)
 end
 
 -- A job's run ended after `ms`.
-function Pool:_sample_run(ms)
+function Tally:sample_run(ms)
   sample(self.run_ms, ms)
 end
 
@@ -53,19 +76,19 @@ end
 -- restarts, crashed, timeouts, killed, retries, cache_hits, wait_p50, wait_p99,
 -- run_p50, run_p99 (ms, over the last 1024 jobs), workers = { { pid, jobs,
 -- state } ... } }
-function Pool:stats()
-  local c = self.counts
+function Tally:report()
+  local pool, c = self.pool, self.counts
   local wait_p50, wait_p99 = percentiles(self.wait_ms)
   local run_p50, run_p99 = percentiles(self.run_ms)
   local workers = {}
-  for w in pairs(self.workers) do
+  for _, w in ipairs(pool.children:snapshot()) do
     workers[#workers + 1] = { pid = w.pid, jobs = w.jobs_done, state = w.state }
   end
   return setmetatable({
-    waiting = self.source:count() + self.nqueued, -- queued in a child, not started: waiting too
-    active = self.nactive, completed = c.completed,
-    failed = c.failed, children = self.nworkers, size = self.size,
-    spawned = c.spawned, restarts = math.max(0, c.spawned - self.size),
+    waiting = pool.source:count() + pool.dispatch:prefetched_count(), -- in a child, not started: waiting too
+    active = pool.nactive, completed = c.completed,
+    failed = c.failed, children = pool.children:count_all(), size = pool.size,
+    spawned = c.spawned, restarts = math.max(0, c.spawned - pool.size),
     crashed = c.crashed, timeouts = c.timeouts, killed = c.killed,
     retries = c.retries, cache_hits = c.cache_hits,
     wait_p50 = wait_p50, wait_p99 = wait_p99, run_p50 = run_p50, run_p99 = run_p99,
@@ -73,4 +96,4 @@ function Pool:stats()
   }, { __tostring = format_stats })
 end
 
-return Pool
+return Tally

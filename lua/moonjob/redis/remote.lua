@@ -2,7 +2,10 @@
 --
 -- Policy only (the connection is moonjob.redis.client, the queue's atomic
 -- steps are functions.lua). A pool created with { redis = url, queue = name }
--- owns one Remote, which:
+-- has one Remote as its owner (pool.owner). It talks to the pool only
+-- through the owner hook documented in moonjob.pool.source (the pool's
+-- public methods new_job, accept, pump, fail_job, cancel_job, ...; its own
+-- want, attempt_failed, ending, stop, close), and:
 --   * fetches jobs in batches while the pool has room: `size` running plus
 --     `prefetch` waiting in the pool (default: as many as children), each
 --     fetched job holding a lease (`lease` seconds) and a token;
@@ -81,7 +84,7 @@ end
 
 function Remote:_state(up, why)
   self.up = up
-  self.pool:_emit("redis", up and "up" or "down", why)
+  self.pool:emit_event("redis", up and "up" or "down", why)
   if not up then return end
   local unreported = self.unreported
   self.unreported = {}
@@ -102,10 +105,7 @@ end
 -- (the breaker is open: healthy workers elsewhere should get the jobs).
 function Remote:room()
   local pool = self.pool
-  if pool.start_error then
-    local ready = pool:_live_workers()
-    if ready == 0 then return 0 end
-  end
+  if not pool:can_run() then return 0 end
   return (pool.size or 1) + self.prefetch - self.nheld
 end
 
@@ -121,7 +121,7 @@ function Remote:want()
     function(reply, err)
       self.fetching = false
       if not reply then
-        self.pool:_emit("redis", "error", "fetch: " .. tostring(err))
+        self.pool:emit_event("redis", "error", "fetch: " .. tostring(err))
         return
       end
       local got = 0
@@ -136,7 +136,7 @@ function Remote:want()
         end
       end
       if got > 0 then
-        self.pool:_pump()
+        self.pool:pump()
         if got >= n then self:want() end
       end
       self:_arm_delayed(reply[1])
@@ -162,8 +162,8 @@ end
 function Remote:_take(f, sent_at)
   local pool = self.pool
   local id, token, data = f[1], f[2], f[3]
-  local job = pool:_new_job()
-  job.remote_id, job.token, job.lease_from = id, token, sent_at
+  local job = pool:new_job()
+  job.owner, job.remote_id, job.token, job.lease_from = self, id, token, sent_at
   job.attempts = (tonumber(f[4]) or 1) - 1
   job.max_attempts = tonumber(f[5]) or 1
   job.timeout, job.kill_after = number_or_nil(f[7]), number_or_nil(f[8])
@@ -185,13 +185,13 @@ function Remote:_take(f, sent_at)
       :format(#data, pool.max_payload))
   end
   job.data_bytes = data
-  pool.source:push(job)
+  pool:accept(job)
 end
 
 function Remote:_refuse(job, code, message)
   job.attempts = job.attempts + 1
   job.retry_never = true
-  self.pool:_fail(job, errors.new(code, message))
+  self.pool:fail_job(job, errors.new(code, message))
 end
 
 -- Stops a job here (running: interrupted; waiting in the pool: taken out)
@@ -205,12 +205,10 @@ function Remote:_cancel_here(job, code, reason)
     -- kill lease/12 later: by 5/6 of a lease)
     local kill_after = math.min(job.kill_after or self.pool.kill_after, self.lease_ms / 12000)
     job.kill_after = kill_after
-    if job.interrupt and job.worker and job.state == "active" then
-      job.worker:arm(kill_after) -- already interrupted (its timeout): its kill comes sooner
-      return
-    end
+    -- already interrupted (its timeout): its kill comes sooner
+    if self.pool:hasten_kill(job, kill_after) then return end
   end
-  self.pool:_cancel(job, reason, code)
+  self.pool:cancel_job(job, reason, code)
 end
 
 -- Every lease we hold, renewed in one call.
@@ -222,16 +220,14 @@ function Remote:_renew()
     if not job.abandoned then
       args[#args + 1] = id
       args[#args + 1] = job.token
-      -- started: its child's head, or queued and already started by the child
-      local started = job.started or (job.queued and job.worker and job.worker:started(job))
-      args[#args + 1] = started and "1" or "0"
+      args[#args + 1] = self.pool:has_started(job) and "1" or "0"
       sent[#sent + 1] = job
     end
   end
   local sent_at = loop.now()
   self.client:call(args, function(reply, err)
     if not reply then
-      self.pool:_emit("redis", "error", "renew: " .. tostring(err))
+      self.pool:emit_event("redis", "error", "renew: " .. tostring(err))
       return
     end
     local bad = {}
@@ -295,18 +291,54 @@ function Remote:_report(what, args)
     end
     if stale > 0 then
       self.counts.refused = self.counts.refused + stale
-      self.pool:_emit("redis", "stale", ("%s refused for %d job(s): the lease had passed to another run")
+      self.pool:emit_event("redis", "stale", ("%s refused for %d job(s): the lease had passed to another run")
         :format(what, stale))
     elseif not reply then
-      self.pool:_emit("redis", "error", what .. ": " .. tostring(err))
+      self.pool:emit_event("redis", "error", what .. ": " .. tostring(err))
     end
     self:want()
   end)
 end
 
+------------------------------------------------------- the owner hook ---
+-- The pool calls these for the jobs this remote brought (job.owner), as
+-- moonjob.pool.source documents: want, attempt_failed, ending, stop, close.
 
+-- An attempt failed: the queue decides on its retry, with the delay our
+-- backoff computed (it knows the attempts across hosts); here the job only
+-- leaves the pool. A job this worker stopped because its lease is no longer
+-- provably its own (abandoned) is not reported at all.
+function Remote:attempt_failed(job, err)
+  local pool = self.pool
+  if err.code == "ELOAD" and not job.abandoned then -- it cannot load here; it may elsewhere
+    job.error = errors.new("ECLOSED", "given back: the processor cannot load on this worker")
+    return pool:finish_job(job, "failed") -- given back, not counted
+  end
+  -- closing or not: another host may retry it
+  local delay = not job.retry_never and pool:retry_delay(job, err)
+  if not delay or job.abandoned then return pool:finish_job(job, "failed") end
+  job.reported = true
+  self:failed(job, err, delay * 1000)
+  pool:note_retry(job, err, delay)
+  return pool:leave_job(job)
+end
 
--- The pool's hooks: a remote job ended here.
+-- The job ends in the pool ("completed" or "failed"): reported to Redis,
+-- once. True when it leaves the pool instead of ending: given back to the
+-- queue (the pool closed before it ran), or abandoned (left alone).
+function Remote:ending(job, state)
+  if job.reported then return false end
+  job.reported = true
+  if job.abandoned or (state == "failed" and job.error.code == "ECLOSED") then
+    self:failed(job, job.error)
+    return true
+  end
+  if state == "completed" then self:completed(job, job.result_bytes)
+  else self:failed(job, job.error) end
+  return false
+end
+
+-- A remote job ended here.
 -- Completions wait for the end of this loop turn and go in one FCALL.
 function Remote:completed(job, result_bytes)
   self:_forget(job)

@@ -1,0 +1,253 @@
+-- Durable queues on Redis: a pool on the queue (pool options redis, queue) in this process.
+-- (a real redis-server per file and the shared helpers: spec/support/redis_queue.lua)
+local moonjob = require "moonjob"
+local helpers = require "helpers"
+local loop = require "moonjob.loop"
+local rq = require "redis_queue"
+
+local new_queue, read_lines, pool, new_producer =
+  rq.new_queue, rq.read_lines, rq.pool, rq.new_producer
+
+local server
+
+describe("a durable queue on Redis", function()
+  setup(function() server = rq.start() end)
+  teardown(rq.stop)
+  after_each(rq.close_all)
+
+  describe("a pool on the queue", function()
+    it("runs jobs added by a producer and their results come back exactly", function()
+      local name = new_queue()
+      local p = pool(name, { size = 2 })
+      local q = new_producer(name)
+      local jobs = {}
+      for i = 1, 50 do jobs[i] = assert(q:add({ echo = { i = i, big = 9007199254740993LL, x = 0.1 } })) end
+      for i = 1, 50 do
+        local result, err = jobs[i]:wait(20)
+        assert.is_nil(err)
+        assert.equal(i, result.echo.i)
+        assert.equal(9007199254740993LL, result.echo.big)
+        assert.equal(0.1, result.echo.x)
+        assert.equal(jobs[i].id, result.id) -- processors see the queue's id
+      end
+      assert.same({ waiting = 0, delayed = 0, active = 0, completed = 50, failed = 0 }, q:counts())
+      p:close()
+      q:close()
+    end)
+
+    it("retries with the attempts and backoff given by the producer, and keeps the processor's error fields", function()
+      local name = new_queue()
+      local p = pool(name, { size = 1 })
+      local q = new_producer(name)
+      local ok = assert(q:add({ fail_until = 3 }, { attempts = 3, backoff = { type = "fixed", delay = 0.05 } }))
+      local bad = assert(q:add({ fail = true }, { attempts = 2 }))
+      local result = assert(ok:wait(20))
+      assert.equal(3, result.attempt)
+      local _, err = bad:wait(20)
+      assert.equal("EBAD", err.code)
+      assert.equal("A-1", err.sku)
+      assert.equal(2, q:get(bad.id).attempts)
+      p:close()
+      q:close()
+    end)
+
+    it("runs higher priorities first and delayed jobs when due", function()
+      local name = new_queue()
+      local q = new_producer(name)
+      local log = os.tmpname()
+      local late = assert(q:add({ log = log, echo = "late" }, { delay = 0.5 }))
+      for i = 1, 3 do assert(q:add({ log = log, echo = "low" .. i }, { priority = 5, id = "low" .. i })) end
+      assert(q:add({ log = log, echo = "high" }, { priority = -1, id = "high" }))
+      local t0 = loop.now()
+      local p = pool(name, { size = 1, prefetch = 0 })
+      assert(late:wait(20))
+      assert.is_true(loop.now() - t0 >= 400)
+      local order = {}
+      for _, line in ipairs(read_lines(log)) do order[#order + 1] = line:match("^(%S+)") end
+      assert.same({ "high", "low1", "low2", "low3", late.id }, order)
+      p:close()
+      q:close()
+    end)
+
+    it("joins a live job by id from any producer, and returns a cached result for `cache` seconds", function()
+      local name = new_queue()
+      local q1 = new_producer(name)
+      local q2 = new_producer(name)
+      local log = os.tmpname()
+      local a = assert(q1:add({ log = log, sleep = 0.3 }, { id = "same", cache = 30 }))
+      local b = assert(q2:add({ log = log, sleep = 0.3 }, { id = "same", cache = 30 }))
+      assert.equal(a.id, b.id)
+      assert.is_true(b.joined)
+      local p = pool(name, { size = 2 })
+      assert(a:wait(20))
+      local c = assert(q2:add({ log = log }, { id = "same", cache = 30 }))
+      assert.equal("completed", c.state)
+      assert(c:wait(5))
+      assert.equal(1, #read_lines(log))
+      p:close()
+      q1:close()
+      q2:close()
+    end)
+
+    it("renews the lease of a job that runs longer than the lease, which then runs once", function()
+      local name = new_queue()
+      local log = os.tmpname()
+      local p = pool(name, { size = 1, lease = 0.6 })
+      local q = new_producer(name)
+      local job = assert(q:add({ log = log, sleep = 2.5 }))
+      local result = assert(job:wait(20))
+      assert.equal(1, result.attempt)
+      assert.equal(1, #read_lines(log))
+      assert.equal(1, q:get(job.id).attempts)
+      p:close()
+      q:close()
+    end)
+
+    it("fails a job whose data in Redis is too big or missing, clearly, and goes on", function()
+      local name = new_queue()
+      local q = new_producer(name)
+      local prefix = "mj:{" .. name .. "}:"
+      server:cli("FCALL", "moonjob_add", 1, prefix, "big", '"' .. ("x"):rep(3000) .. '"', 0, 0, 1, "", 0, 0, "", 0, 0, 1)
+      server:cli("FCALL", "moonjob_add", 1, prefix, "gone", '{}', 0, 0, 1, "", 0, 0, "", 0, 0, 1)
+      server:cli("HDEL", prefix .. "j:gone", "data")
+      local fine = assert(q:add({ echo = 1 }))
+      local p = pool(name, { size = 1, max_payload = 1000 })
+      assert(fine:wait(20))
+      helpers.wait_for(function() return q:counts().failed == 2 end, 20)
+      assert.equal("EPAYLOAD", q:get("big").error.code)
+      assert.equal("EINPUT", q:get("gone").error.code)
+      p:close()
+      q:close()
+    end)
+
+    it("keeps finished jobs by count, so Redis does not grow with them", function()
+      local name = new_queue()
+      local p = pool(name, { size = 2, keep = 10 })
+      local q = new_producer(name)
+      local last
+      for i = 1, 200 do last = assert(q:add({ echo = i })) end
+      assert(last:wait(30))
+      helpers.wait_for(function() return q:counts().active == 0 end)
+      assert.equal(200, q:counts().completed) -- counted, though not all kept
+      local last_fetch = q:counts() -- the next fetch (every poll, 1 s) trims
+      helpers.sleep(1.2)
+      local kept = tonumber(server:cli("ZCARD", "mj:{" .. name .. "}:completed"))
+      assert.is_true(kept <= 12, "completed kept: " .. kept)
+      local keys = tonumber(server:cli("EVAL", "return #redis.call('KEYS', ARGV[1])", 0, "mj:{" .. name .. "}:j:*"))
+      assert.is_true(keys <= 12, "job hashes kept: " .. keys)
+      p:close()
+      q:close()
+    end)
+
+    it("keeps finished jobs by age too", function()
+      local name = new_queue()
+      local p = pool(name, { size = 1, keep_age = 0.3, poll = 0.2 })
+      local q = new_producer(name)
+      local job = assert(q:add({ echo = 1 }))
+      assert(job:wait(20))
+      assert.truthy(q:get(job.id))
+      helpers.wait_for(function() return q:get(job.id) == nil end, 10)
+      assert.equal(1, q:counts().completed)
+      p:close()
+    end)
+
+    it("retries with the worker pool's own backoff function", function()
+      local name = new_queue()
+      local seen = {}
+      local p = pool(name, { size = 1, backoff = function(attempt, err)
+        seen[#seen + 1] = attempt
+        return 0.01
+      end })
+      local q = new_producer(name)
+      local job = assert(q:add({ fail_until = 3 }, { attempts = 3 }))
+      assert.equal(3, assert(job:wait(20)).attempt)
+      assert.same({ 1, 2 }, seen)
+      p:close()
+    end)
+
+    it("a worker whose processor cannot load leaves the queue's jobs to others", function()
+      local name = new_queue()
+      local q = new_producer(name)
+      local jobs = {}
+      for i = 1, 20 do jobs[i] = assert(q:add({ echo = i }, { attempts = 3 })) end
+      local broken = assert(moonjob.pool(helpers.fixture("load_error.lua"),
+        { redis = server.url, queue = name, size = 2, echo = false }))
+      rq.close_after(broken)
+      helpers.sleep(1.5)
+      local c = q:counts()
+      assert.equal(0, c.failed)
+      assert.equal(20, c.waiting + c.active)
+      local p = pool(name, { size = 2 })
+      for i = 1, 20 do assert(jobs[i]:wait(20)) end
+      assert.equal(0, q:counts().failed)
+      broken:close()
+      p:close()
+    end)
+
+    it("fails clearly a job another producer wrote with a bad backoff or an oversized name, and goes on", function()
+      local name = new_queue()
+      local q = new_producer(name)
+      local prefix = "mj:{" .. name .. "}:"
+      server:cli("FCALL", "moonjob_add", 1, prefix, "nodelay", "{}", 0, 0, 2, '{"type":"exponential"}', 0, 0, "", 0, 0, 1)
+      assert.matches("EINPUT", server:cli("FCALL", "moonjob_add", 1, prefix, "bigname", "{}", 0, 0, 1, "", 0, 0,
+        ("n"):rep(5000), 0, 0, 1))
+      server:cli("FCALL", "moonjob_add", 1, prefix, "sneaky", "{}", 0, 0, 1, "", 0, 0, "", 0, 0, 1)
+      local big = helpers.write_file(os.tmpname(), ("n"):rep(3 * 1024 * 1024))
+      helpers.first_line(("redis-cli -p %d -x HSET '%sj:sneaky' name < %s"):format(server.port, prefix, big))
+      os.remove(big) -- a name written around moonjob_add
+      local fine = assert(q:add({ echo = 1 }))
+      local p = pool(name, { size = 1, lease = 2 })
+      assert(fine:wait(20))
+      helpers.wait_for(function() return q:counts().failed == 2 end, 20)
+      assert.equal("EINPUT", q:get("nodelay").error.code)
+      assert.equal("EINPUT", q:get("sneaky").error.code)
+      p:close()
+    end)
+
+    it("acts on a cancel only for its own database's job of that id", function()
+      local name = new_queue()
+      local log = os.tmpname()
+      local q = new_producer(name)
+      local p = pool(name, { size = 1 })
+      local job = assert(q:add({ log = log, sleep = 1 }, { id = "42" }))
+      helpers.wait_for(function() return #read_lines(log) == 1 end, 20)
+      local other = assert(moonjob.queue(server.url:gsub("/0$", "/1"), name))
+      rq.close_after(other)
+      assert(other:add({ n = 1 }, { id = "42" }))
+      server:cli("-n", 1, "FCALL", "moonjob_fetch", 1, "mj:{" .. name .. "}:", "w-db1", 1, 60000, 10, 1000, 0)
+      assert.equal("active", other:cancel("42"))
+      assert(job:wait(20)) -- db 0's job 42 was not canceled
+    end)
+
+    it("refuses a result carrying a token that is no longer the job's", function()
+      local name = new_queue()
+      local prefix = "mj:{" .. name .. "}:"
+      local q = new_producer(name)
+      local job = assert(q:add({ n = 1 }, { attempts = 2 }))
+      local fetched = server:cli("FCALL", "moonjob_fetch", 1, prefix, "w-old", 1, 100)
+      local token = fetched:match("(w%-old/%d+)")
+      assert.truthy(token)
+      helpers.sleep(0.2)
+      server:cli("FCALL", "moonjob_fetch", 1, prefix, "w-new", 1, 10000) -- recovers it (ESTALLED), runs it anew
+      assert.equal("ESTALE", server:cli("FCALL", "moonjob_complete", 1, prefix, job.id, token, "{}"))
+      assert.equal("ESTALE", server:cli("FCALL", "moonjob_fail", 1, prefix, job.id, token, "{}", 0))
+      assert.equal("ESTALE", server:cli("FCALL", "moonjob_release", 1, prefix, job.id, token))
+      assert.equal("active", q:get(job.id).state)
+      q:close()
+    end)
+
+    it("gives back the jobs it holds but has not started when it closes", function()
+      local name = new_queue()
+      local q = new_producer(name)
+      for i = 1, 6 do assert(q:add({ sleep = 0.3, echo = i })) end
+      local p = pool(name, { size = 1, prefetch = 5 })
+      helpers.wait_for(function() return q:counts().active == 6 end)
+      p:close()
+      local c = q:counts()
+      assert.equal(0, c.active)
+      assert.equal(6, c.completed + c.waiting)
+      assert.is_true(c.waiting >= 4)
+      q:close()
+    end)
+  end)
+end)

@@ -1,0 +1,90 @@
+-- spec/support/redis_queue.lua -- what the specs of spec/redis/ share.
+--
+-- A real redis-server (AOF on) on a free loopback port, one per spec file
+-- (start in its setup, stop in its teardown), and the pools, producers and
+-- `moonjob worker` processes of the running test, ended after it even when
+-- it fails (close_all in after_each):
+--
+--   local rq = require "redis_queue"
+--   local server
+--   describe("a durable queue on Redis", function()
+--     setup(function() server = rq.start() end)
+--     teardown(rq.stop)
+--     after_each(rq.close_all)
+--     ... rq.pool(rq.new_queue(), { size = 1 }) ...
+local moonjob = require "moonjob"
+local helpers = require "helpers"
+local redis_server = require "redis_server"
+
+local M = {}
+
+M.PROCESSOR = helpers.abs(helpers.fixture("remote.lua"))
+
+local server
+local queues = 0
+local open = {} -- what close_all ends, last first
+
+-- The server of this spec file, started.
+function M.start()
+  server = redis_server.start()
+  return server
+end
+
+function M.stop()
+  if server then server:stop() end
+  server = nil
+end
+
+-- A fresh queue name per test.
+function M.new_queue()
+  queues = queues + 1
+  return "q" .. queues
+end
+
+function M.read_lines(path)
+  local lines = {}
+  local f = io.open(path)
+  if not f then return lines end
+  for line in f:lines() do lines[#lines + 1] = line end
+  f:close()
+  return lines
+end
+
+-- obj (anything with a close method) is closed after the test.
+function M.close_after(obj)
+  open[#open + 1] = obj
+  return obj
+end
+
+-- A `moonjob worker` process; returns its pid and the path of its stderr.
+function M.start_worker(queue, args)
+  local log = os.tmpname()
+  local cmd = ("%s scripts/moonjob worker %s --redis %s --queue %s %s 2>%s >/dev/null & echo $!")
+    :format(helpers.LUAJIT, M.PROCESSOR, server.url, queue, args or "", log)
+  local pid = assert(tonumber(helpers.first_line(cmd)))
+  M.close_after({ close = function() os.execute(("kill -KILL %d 2>/dev/null"):format(pid)) end })
+  return pid, log
+end
+
+function M.stop_worker(pid, signal)
+  os.execute(("kill -%s %d 2>/dev/null"):format(signal or "KILL", pid))
+  helpers.wait_for(function() return not helpers.process_exists(pid) end, 40)
+end
+
+-- A pool on `queue` (the remote.lua fixture, no echo).
+function M.pool(queue, opts)
+  opts = opts or {}
+  opts.redis, opts.queue, opts.echo = server.url, queue, false
+  return M.close_after(assert(moonjob.pool(M.PROCESSOR, opts)))
+end
+
+function M.new_producer(name, opts)
+  return M.close_after(assert(moonjob.queue(server.url, name, opts)))
+end
+
+function M.close_all()
+  for i = #open, 1, -1 do pcall(open[i].close, open[i]) end
+  open = {}
+end
+
+return M
