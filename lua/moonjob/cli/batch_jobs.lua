@@ -21,7 +21,6 @@ local batches = require "moonjob.cli.batches"
 local lines = require "moonjob.codec.resultline"
 local moonjob = require "moonjob"
 local moonjob_job = require "moonjob.job"
-local pool_internals = require "moonjob.cli.pool_internals"
 
 local M = {}
 
@@ -32,9 +31,10 @@ BatchJobs.__index = BatchJobs
 function M.new(run)
   local resumed = run.resumed
   local self = setmetatable({ run = run, is_resumed = function(line) return resumed[line] end }, BatchJobs)
-  pool_internals.on_lines(run.pool,
-    function(job, kept) self:hand_back(job, kept + 1) end, -- an idle child takes what a slow line held up
-    function(job, kept, text) self:lines_kept(job, kept, text) end)
+  -- The pool's batch hook (moonjob.pool.lines): lines an idle child takes
+  -- because a slow line held them up, and lines a running batch finished.
+  run.pool.on_lines_cut = function(job, kept) self:hand_back(job, kept + 1) end
+  run.pool.on_lines_kept = function(job, kept, text) self:lines_kept(job, kept, text) end
   return self
 end
 
@@ -94,7 +94,7 @@ end
 -- A batch still running has finished its first `kept` lines (their result
 -- lines are `text`): the ones not recorded yet are recorded now, so that a
 -- slow line holds up no output of the lines before it, and a run stopped by
--- a signal keeps them (pool_internals.publish_kept).
+-- a signal keeps them (pool:publish_kept).
 function BatchJobs:lines_kept(job, kept, text)
   local done = job.printed or 0
   if kept <= done then return end

@@ -32,7 +32,6 @@ local Joblog = require "moonjob.cli.joblog"
 local loop = require "moonjob.loop"
 local moonjob = require "moonjob"
 local Output = require "moonjob.cli.output"
-local pool_internals = require "moonjob.cli.pool_internals"
 local progress = require "moonjob.cli.progress"
 local stops = require "moonjob.cli.stops"
 
@@ -154,7 +153,7 @@ function Run:halt_soon()
   for _, list in ipairs({ waiting, sent }) do
     for _, job in ipairs(list) do
       job.halted = true -- (read when it ends, inside the cancel)
-      if not pool_internals.cancel_unstarted(self.pool, job, stops.HALTED) then job.halted = nil end
+      if not self.pool:cancel_unstarted(job, stops.HALTED) then job.halted = nil end
     end
   end
 end
@@ -259,7 +258,7 @@ end
 -- every child is ended with what it started (more signals meanwhile do not
 -- cut this short), and what was written goes out.
 function Run:end_children()
-  pool_internals.publish_kept(self.pool)
+  pcall(self.pool.publish_kept, self.pool, 0) -- a raising hook must not keep the children alive
   for _ = 1, 100 do -- a wait cut short by a signal is resumed; the close itself is bounded
     if pcall(self.pool.close, self.pool, { force = true }) then break end
   end

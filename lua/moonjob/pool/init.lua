@@ -369,12 +369,6 @@ function Pool:cancel_unstarted(job, reason)
   return self.endings:cancel(job, reason, nil, true)
 end
 
--- The names the command line used before; kept until it uses the ones above.
-Pool._publish_kept = Pool.publish_kept
-function Pool:_cancel(job, reason, code, unstarted_only)
-  return self.endings:cancel(job, reason, code, unstarted_only)
-end
-
 --------------------------------------------------------------------- close ---
 
 -- pool:close([{ timeout = s, force = true }]) -> true. Stops taking jobs (later
