@@ -112,7 +112,7 @@ typedef struct {
   uint64_t batch_line_started; /* when its last line started, CLOCK_MONOTONIC ns (atomic) */
 } mj_shared_t;
 
-/* Batches of lines (the command line's jobs, see child/runner.lua): one JOB frame
+/* Batches of lines (the command line's jobs, see child/batch.lua): one JOB frame
  * carries many lines, and the child runs the processor once per line. The
  * word `batch` says, for the job with sequence number `seq`, how many of its
  * lines the child started and how many it may start (`limit`): the child

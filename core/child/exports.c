@@ -7,7 +7,7 @@
  * other export.
  *
  * Caveat: the names and signatures are a contract with the ffi.cdef of
- * lua/moonjob/child/runner.lua (lua/moonjob/codec/json.lua's for utf8.c's
+ * lua/moonjob/child/batch.lua (lua/moonjob/codec/json.lua's for utf8.c's
  * function); the batch's state is the shared page's batch
  * word and area (frame.h), which the parent reads (core/parent/shared.c).
  */

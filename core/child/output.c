@@ -46,7 +46,7 @@ static void output_written(uint64_t written[2]) {
 /* stdout and stderr are replaced, before Lua opens its io library, by stdio
  * streams that write to fds 1 and 2 and count their writes, so that a batch
  * of lines can end after a line that wrote output and the parent can tag
- * that output with the line (moonjob_output_mark, runner.lua). Caveat: what
+ * that output with the line (moonjob_output_mark, child/batch.lua). Caveat: what
  * bypasses stdio (a command run by os.execute, a write(2) through the FFI)
  * is not counted. */
 static uint32_t output_writes;

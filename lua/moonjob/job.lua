@@ -26,8 +26,8 @@ local SLOTS = { id = 1, data_bytes = 2, state = 3, added = 4, qindex = 5, priori
 Job.SLOT = SLOTS -- for moonjob.pool.waiting, which reads and writes them directly (false for nil)
 
 -- Job.bytes(payload) -> string. A payload larger than the core's piece size
--- (1 MiB) arrives as a list of pieces, so that no loop callback copies it
--- whole; it is joined only when someone needs it as one string.
+-- (256 KiB, MJ_PIECE) arrives as a list of pieces, so that no loop callback
+-- copies it whole; it is joined only when someone needs it as one string.
 function Job.bytes(payload)
   if type(payload) == "table" then return table.concat(payload) end
   return payload

@@ -9,8 +9,8 @@
 --
 -- A program with an event loop of its own (luv, cqueues, ...) drives this one
 -- instead: it watches fd() for reading and calls step() when it is readable
--- and when timeout() milliseconds have passed (see the README, "Inside
--- another event loop"). Blocking calls still work then, and block that loop.
+-- and when timeout() milliseconds have passed (see docs/guide/embedding.md).
+-- Blocking calls still work then, and block that loop.
 local core = require "moonjob.core"
 local errors = require "moonjob.errors"
 

@@ -20,7 +20,7 @@
 -- never start them.
 --
 -- The C core checks every frame against the child's state and the job's
--- random token before it reaches this file (core/process.c): a frame that
+-- random token before it reaches this file (core/parent/channel.c): a frame that
 -- breaks the protocol arrives as a "protocol" event instead, and the worker
 -- then fails its job with EPROTO. At the child's exit, worker:started(job)
 -- tells which of the jobs it held the child had started (a job it never
@@ -85,7 +85,7 @@ function Worker:interrupt(job, fields)
 end
 
 -- Worker.max_frame(pool): the payload bytes a frame from a child may have.
--- A batch of lines' DONE (child/runner.lua) holds its kept results besides its
+-- A batch of lines' DONE (child/batch.lua) holds its kept results besides its
 -- last line's, which alone is at most max_payload: a pool with batches
 -- (pool.batches) allows for them.
 function Worker.max_frame(pool)
@@ -187,7 +187,7 @@ end
 
 -- Output past max_log_bytes for one job is dropped (and counted): a flood costs
 -- the parent a length check per chunk, never memory. (A batch of lines too:
--- a line that prints ends its batch, child/runner.lua, so what it prints is one line's.)
+-- a line that prints ends its batch, child/batch.lua, so what it prints is one line's.)
 local function over_budget(w, chunk)
   local limit = w.pool.max_log_bytes
   w.log_bytes = w.log_bytes + #chunk
@@ -313,7 +313,7 @@ local function describe_exit(status, signal)
   return ("exited with code %d"):format(status)
 end
 
-local EXIT_SETUP = 78 -- the child could not set itself up (core/child.c)
+local EXIT_SETUP = 78 -- the child could not set itself up (EXIT_SETUP, core/child/child.h)
 
 local function crash_error(w, status, signal, during_job, spawn_failure, starting)
   if spawn_failure then

@@ -1,5 +1,5 @@
 -- moonjob run hands tiny lines to its children in batches (moonjob.cli,
--- runner.lua, core/frame.h). Users must not be able to tell, except by speed:
+-- moonjob.child.batch, core/frame.h). Users must not be able to tell, except by speed:
 -- these specs run inputs long enough for batches to form, and check through
 -- the processor's own record of its runs (spec/fixtures/batch_lines.lua:
 -- "line N <job id>" per run) that every line ran once, that batches really

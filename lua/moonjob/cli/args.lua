@@ -179,7 +179,7 @@ local function option_value(name, value)
   return field, v
 end
 
--- cli_args.parse(args) -> options | nil, message
+-- args.parse(args) -> options | nil, message
 function M.parse(args)
   local o = { positional = {} }
   local i = 1

@@ -14,7 +14,7 @@
 -- (blank, resumed) are emitted as "".
 --
 -- What processors print goes to stderr as "[line N] text". A line of a batch
--- that prints ends its batch (child/runner.lua), so what a batch printed is
+-- that prints ends its batch (child/batch.lua), so what a batch printed is
 -- from its last line started: read in the child's batch area while the batch
 -- is the child's, else held until the batch ends (echo_held).
 --
@@ -126,7 +126,7 @@ function Output:pending()
 end
 
 -- As pending(), and notes a write error: a reader gone shows here before any
--- write (core/stdio.c).
+-- write (core/parent/stdio.c).
 function Output:poll()
   local pending, e = self.out:pending()
   self.write_error = self.write_error or e

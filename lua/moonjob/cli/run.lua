@@ -9,7 +9,7 @@
 -- (moonjob.cli.stops), and the progress line (moonjob.cli.progress).
 --
 -- Tiny lines go to the children in batches (many lines per job, see
--- README "Batches of lines"), once lines are known to be short; with
+-- docs/guide/cli.md), once lines are known to be short; with
 -- --timeout or --attempts above 1, one line per job. Input lines go to the
 -- children as JSON text and results come back as exact JSON text (the pool's
 -- "json" codec), so the parent never parses a payload: it only cuts lines

@@ -66,7 +66,7 @@ local next_seq = 0 -- job numbers are unique across the pools of a program
 -------------------------------------------------------------- creation ---
 
 -- The processor file's directory, absolute with symbolic links resolved
--- (the processor's `...` and job.dir, runner.lua): found here, once, so that
+-- (the processor's `...` and job.dir, child/runner.lua): found here, once, so that
 -- it names the same directory whatever the working directory of later
 -- children. nil when it cannot be resolved (the child then uses the path's own).
 local function processor_dir(processor)
@@ -86,7 +86,7 @@ local function make_parts(self, opts)
   self.children = Children.new(self)
 end
 
--- Pool.new(processor, opts) -> pool | nil, err. See README for the options.
+-- Pool.new(processor, opts) -> pool | nil, err. Options: docs/reference/options.md.
 function Pool.new(processor, opts)
   if type(processor) ~= "string" then
     error("moonjob.pool: the processor must be a file path (string)", 3)

@@ -4,7 +4,7 @@
 -- (moonjob.cli) hands tiny NDJSON lines to the children in batches: one pool
 -- job holds many lines (pool:add's internal `lines` option: { first line's
 -- number, number of lines [, end_on_failure] }), which the child runs one by
--- one (child/runner.lua), keeping each line's result in the area it shares
+-- one (child/batch.lua), keeping each line's result in the area it shares
 -- with the parent (core/frame.h). Everything the pool does for batches is
 -- here; the rest of the pool sees only pool.batches (set once the first batch
 -- is added: the depth keeps two jobs per child, the workers allow the bigger

@@ -180,7 +180,7 @@ end
 
 local ADD_OPTIONS = { name = true, timeout = "number", kill_after = "number", delay = "number",
   priority = "priority", attempts = "attempts", backoff = "backoff", id = "id", dedupe = "dedupe",
-  lines = "lines" } -- lines: moonjob.cli's batches (runner.lua), not for users
+  lines = "lines" } -- lines: moonjob.cli's batches (child/batch.lua), not for users
 
 -- Options.check_add(opts): raises on a bad option of pool:add (nil is fine).
 function Options.check_add(opts)

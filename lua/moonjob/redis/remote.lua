@@ -49,7 +49,7 @@ end
 
 -- Remote.new(pool, opts) -> remote. opts (the pool's): redis, queue, lease
 -- (seconds), prefetch, poll (seconds between looks at an empty queue), keep
--- and keep_age (retention), worker_name; README "Durable queues on Redis".
+-- and keep_age (retention), worker_name; docs/reference/options.md.
 function Remote.new(pool, opts)
   local self = setmetatable({
     pool = pool, name = opts.queue, prefix = Queue.prefix(opts.queue),
