@@ -51,7 +51,7 @@ DEB_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev libuv1-dev lu
                iproute2 git
 DEB_PACKAGES += lua-luv rlwrap   # luv: the spec of a host event loop; rlwrap: make repl's line editing
 
-.PHONY: all deps spec-host test sanitize chaos demo repl bench install uninstall clean
+.PHONY: all deps spec-host test test-fast sanitize chaos demo repl bench install uninstall clean
 
 IN_TREE = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="$(BUILD)/?.so;;"
 
@@ -107,6 +107,11 @@ $(BUILD)/spec-failing.so: spec/support/host/failing.c $(FLAGS_STAMP)
 
 test: deps all spec-host
 	$(BUSTED)
+
+# The inner loop: every spec but those tagged #slow (Redis, the REPL,
+# installing, the command line end to end, a few long waits): under 30 s.
+test-fast: deps all spec-host
+	$(BUSTED) --exclude-tags=slow
 
 # Three workers in network namespaces on one Redis, killed, cut off, stopped,
 # and Redis killed and restarted: every job completes exactly once (needs root).

@@ -48,7 +48,7 @@ local function recorded_switches(file)
   return found
 end
 
-describe("installing", function()
+describe("installing #slow", function()
   local work, src
 
   setup(function()

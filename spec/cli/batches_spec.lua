@@ -99,7 +99,7 @@ local function interrupted_run(args, mark, dir, settle)
   return status
 end
 
-describe("moonjob run: batches of lines", function()
+describe("moonjob run: batches of lines #slow", function()
   local log, input
 
   before_each(function() log = os.tmpname() end)

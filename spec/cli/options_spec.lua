@@ -6,7 +6,7 @@ local cli = require "cli"
 
 local MOONJOB, HABITS = cli.MOONJOB, cli.HABITS
 
-describe("moonjob run's options", function()
+describe("moonjob run's options #slow", function()
   it("takes -j1, -j=1, -j 1, --concurrency=1, --concurrency 1 and --jobs 1 alike", function()
     -- slow lines through one child run in one process; the default (a child
     -- per CPU, 2 here) or a value ignored would spread them

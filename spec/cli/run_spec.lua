@@ -8,7 +8,7 @@ local function write_file(text)
   return h.write_file(os.tmpname(), text)
 end
 
-describe("moonjob run", function()
+describe("moonjob run #slow", function()
   it("prints one line per job with status, result, attempts and ms, and exits 0", function()
     local input = write_file('{"x":3}\n{"x":4}\n')
     local out, err, status = h.sh(MOONJOB .. "run -j 2 examples/square.lua " .. input)

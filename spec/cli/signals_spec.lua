@@ -43,7 +43,7 @@ local function wait_for_status(files)
   return tonumber(read(files.status))
 end
 
-describe("moonjob run stopped by a signal", function()
+describe("moonjob run stopped by a signal #slow", function()
   local INPUT = '{"how":"ignores_term","stay":true}\n{"how":"holds_channel","stay":true}\n'
     .. '{"how":"plain"}\n'
   -- --timeout: if a spec fails half-way, its jobs still end within a minute

@@ -56,7 +56,7 @@ end
 
 local SUMMARY = "^moonjob: 10 lines: 9 completed, 1 failed in [%d.]+ s %([%d.,]+ lines/s%)$"
 
-describe("moonjob run on a terminal", function()
+describe("moonjob run on a terminal #slow", function()
   local input
   before_each(function() input = slow_input(10, 0.15) end)
   after_each(function() os.remove(input) end)
@@ -131,7 +131,7 @@ describe("moonjob run on a terminal", function()
   end)
 end)
 
-describe("moonjob run off a terminal", function()
+describe("moonjob run off a terminal #slow", function()
   it("shows no progress nor summary, unless --progress asks for them", function()
     local input = slow_input(10, 0.05)
     local _, err = h.sh(MOONJOB .. "run -j 2 " .. HABITS .. " " .. input .. " >/dev/null")

@@ -23,7 +23,7 @@ local function run_states(n, env)
   return tonumber(fds_first), tonumber(fds_last), tonumber(children), tonumber(growth)
 end
 
-describe("a Lua state closed with a pool open", function()
+describe("a Lua state closed with a pool open #slow", function()
   it("gives back every descriptor and child, in 120 states in a row", function()
     local first, last, children = run_states(120)
     assert.equal(first, last)

@@ -62,7 +62,7 @@ local function luajit_command()
   return "cd " .. REPO .. " && exec " .. h.LUAJIT
 end
 
-describe("the LuaJIT REPL", function()
+describe("the LuaJIT REPL #slow", function()
   local session
   after_each(function()
     if session then session.close() end
@@ -146,7 +146,7 @@ describe("the LuaJIT REPL", function()
   end)
 end)
 
-describe("job.ms", function()
+describe("job.ms #slow", function()
   after_each(h.cleanup)
 
   it("is the run time the child measured, not the time the parent left its loop idle", function()
@@ -189,7 +189,7 @@ describe("job.ms", function()
   end)
 end)
 
-describe("printing in the REPL", function()
+describe("printing in the REPL #slow", function()
   after_each(h.cleanup)
 
   it("a pool says 1 child, 2 children", function()

@@ -75,7 +75,7 @@ describe("a processor that cannot load", function()
     assert.is_true(loads >= 3, loads .. " loads for 3 attempts")
   end)
 
-  it("costs one attempt per probe even when the probe falls due between two looks at the clock", function()
+  it("costs one attempt per probe even when the probe falls due between two looks at the clock #slow", function()
     -- The pool looks at the clock once to decide whether to start the next
     -- probe and again to see which jobs are due; a slow machine can cross
     -- the probe's time in between. A busy wait after the first look widens

@@ -23,7 +23,7 @@ describe("timeouts", function()
     assert.equal("returned", pool:run({ how = "none" }))
   end)
 
-  it("count from the job's start even after the program left the loop idle longer than them", function()
+  it("count from the job's start even after the program left the loop idle longer than them #slow", function()
     -- a REPL at its prompt, or a blocking call: the loop's cached time is old
     local pool = h.pool("slow.lua", { size = 1, timeout = 1 })
     assert.is_not_nil(pool:run({ ms = 10 }))

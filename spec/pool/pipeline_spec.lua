@@ -199,7 +199,7 @@ describe("pipelining", function()
     assert.same({ "block", "p5-1", "p5-2", "p0", "p5-3", "p5-4", "p5-5" }, order)
   end)
 
-  it("holds no short job behind a long one while another child is idle", function()
+  it("holds no short job behind a long one while another child is idle #slow", function()
     local pool = h.pool("runs.lua", { size = 2, jit = false })
     warm(pool, runs)
     local long = pool:add({ file = runs, how = "spin", seconds = 2 })

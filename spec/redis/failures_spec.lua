@@ -9,7 +9,7 @@ local new_queue, read_lines, pool, new_producer =
 
 local server
 
-describe("a durable queue on Redis", function()
+describe("a durable queue on Redis #slow", function()
   setup(function() server = rq.start() end)
   teardown(rq.stop)
   after_each(rq.close_all)
