@@ -6,19 +6,10 @@ local loop = require "moonjob.loop"
 local redis_server = require "redis_server"
 local rq = require "redis_queue"
 
-local new_queue, new_producer =
-  rq.new_queue, rq.new_producer
-
-local server
-
-describe("a durable queue on Redis #slow", function()
-  setup(function() server = rq.start() end)
-  teardown(rq.stop)
-  after_each(rq.close_all)
-
+rq.describe(function()
   describe("producers", function()
     it("add jobs, read their state and counts, and cancel waiting ones", function()
-      local q = new_producer(new_queue())
+      local q = rq.new_producer(rq.new_queue())
       local a = assert(q:add({ n = 1 }))
       local b = assert(q:add({ n = 2 }, { delay = 60 }))
       assert.equal("waiting", a.state)
@@ -50,12 +41,12 @@ describe("a durable queue on Redis #slow", function()
       _, err = moonjob.queue("rediss://:Zm9v/YmFy+c2Vj@10.0.0.1:6380/0", "x") -- a slash in the password
       assert.not_matches("Zm9v", tostring(err))
       assert.not_matches("c2Vj", tostring(err))
-      _, err = moonjob.queue(server.url, "bad{name}")
+      _, err = moonjob.queue(rq.server().url, "bad{name}")
       assert.matches("queue name", tostring(err))
     end)
 
     it("refuse with EQUEUEFULL past max_queue, and cancel delayed jobs", function()
-      local q = new_producer(new_queue())
+      local q = rq.new_producer(rq.new_queue())
       assert(q:add({ n = 1 }, { max_queue = 2 }))
       local delayed = assert(q:add({ n = 2 }, { max_queue = 2, delay = 30 }))
       local _, err = q:add({ n = 3 }, { max_queue = 2 })
@@ -67,7 +58,7 @@ describe("a durable queue on Redis #slow", function()
     end)
 
     it("refuse data that is not JSON or is larger than max_payload, and a backoff function", function()
-      local q = new_producer(new_queue(), { max_payload = 100 })
+      local q = rq.new_producer(rq.new_queue(), { max_payload = 100 })
       local _, err = q:add({ f = function() end })
       assert.equal("EPAYLOAD", err.code)
       _, err = q:add({ s = ("x"):rep(200) })
@@ -80,7 +71,7 @@ describe("a durable queue on Redis #slow", function()
   describe("a connection", function()
     it("drops a reply larger than its bound before holding it (a 40 MB string, a 1 MiB bound)", function()
       local data = helpers.write_file(os.tmpname(), ("x"):rep(40 * 1024 * 1024))
-      assert.equal("OK", helpers.first_line(("redis-cli -p %d -x SET huge < %s"):format(server.port, data)))
+      assert.equal("OK", helpers.first_line(("redis-cli -p %d -x SET huge < %s"):format(rq.server().port, data)))
       os.remove(data)
       local script = helpers.write_file(os.tmpname(), ([[
         local core = require "moonjob.core"
@@ -98,10 +89,10 @@ describe("a durable queue on Redis #slow", function()
         c:command({ "GET", "huge" }, function(v, e) done, err = true, e end)
         loop.wait_until(function() return done end)
         print(err, peak_kb() - before)
-      ]]):format(server.port))
+      ]]):format(rq.server().port))
       local out = helpers.first_line(helpers.LUAJIT .. " " .. script)
       os.remove(script)
-      server:cli("DEL", "huge")
+      rq.server():cli("DEL", "huge")
       local err, grew_kb = out:match("^(.-)\t(%d+)$")
       assert.matches("larger than 1048576 bytes", err)
       assert.is_true(tonumber(grew_kb) < 10 * 1024, "peak RSS grew by " .. tostring(grew_kb) .. " kB")

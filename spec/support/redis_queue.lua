@@ -6,12 +6,13 @@
 -- it fails (close_all in after_each):
 --
 --   local rq = require "redis_queue"
---   local server
---   describe("a durable queue on Redis", function()
---     setup(function() server = rq.start() end)
---     teardown(rq.stop)
---     after_each(rq.close_all)
---     ... rq.pool(rq.new_queue(), { size = 1 }) ...
+--   rq.describe(function()
+--     describe("a pool on the queue", function()
+--       it("...", function() ... rq.pool(rq.new_queue(), { size = 1 }) ... end)
+--     end)
+--   end)
+--
+-- rq.server() is the file's server (its port, url, cli, signal) inside a test.
 local moonjob = require "moonjob"
 local helpers = require "helpers"
 local redis_server = require "redis_server"
@@ -33,6 +34,24 @@ end
 function M.stop()
   if server then server:stop() end
   server = nil
+end
+
+-- The running server of this spec file.
+function M.server()
+  return server
+end
+
+-- The outer block of a spec file of spec/redis/: its tests, declared by
+-- body(), share one server, and what each test opened is ended after it.
+-- (busted's functions live in the spec file's environment, not in _G.)
+function M.describe(body)
+  local spec = getfenv(2)
+  spec.describe("a durable queue on Redis #slow", function()
+    spec.setup(M.start)
+    spec.teardown(M.stop)
+    spec.after_each(M.close_all)
+    body()
+  end)
 end
 
 -- A fresh queue name per test.

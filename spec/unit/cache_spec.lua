@@ -2,6 +2,14 @@
 -- their time, and past max the least recently used one goes.
 local Cache = require "moonjob.cache"
 
+-- A cache of at most `max` entries holding a = 1, b = 2, ... (one per
+-- value given), each expiring at 100.
+local function holding(max, ...)
+  local c = Cache.new(max)
+  for i, value in ipairs({ ... }) do c:set(string.char(96 + i), value, 100) end
+  return c
+end
+
 describe("moonjob.cache", function()
   it("gives nothing for a key it never kept", function()
     assert.is_nil(Cache.new(2):get("a", 0))
@@ -25,10 +33,7 @@ describe("moonjob.cache", function()
   end)
 
   it("drops the least recently set entry past max", function()
-    local c = Cache.new(2)
-    c:set("a", 1, 100)
-    c:set("b", 2, 100)
-    c:set("c", 3, 100)
+    local c = holding(2, 1, 2, 3)
     assert.equal(2, c.n)
     assert.is_nil(c:get("a", 0))
     assert.equal(2, c:get("b", 0))
@@ -36,9 +41,7 @@ describe("moonjob.cache", function()
   end)
 
   it("counts a get as a use: the entry read last stays", function()
-    local c = Cache.new(2)
-    c:set("a", 1, 100)
-    c:set("b", 2, 100)
+    local c = holding(2, 1, 2)
     assert.equal(1, c:get("a", 0))
     c:set("c", 3, 100)
     assert.equal(1, c:get("a", 0))
@@ -47,8 +50,7 @@ describe("moonjob.cache", function()
   end)
 
   it("deletes a key, and ignores one it does not hold", function()
-    local c = Cache.new(1)
-    c:set("a", 1, 100)
+    local c = holding(1, 1)
     c:delete("a")
     c:delete("zzz")
     assert.equal(0, c.n)

@@ -6,21 +6,21 @@ local stderr_of = require("cli").stderr_of
 
 describe("moonjob.cli.stops", function()
   describe("halt_reached()", function()
-    it("holds once a count of lines failed, never without --halt or a failure", function()
-      local rule = { when = "now", count = 2 }
-      assert.is_false(stops.halt_reached(nil, 10, 10))
-      assert.is_false(stops.halt_reached(rule, 10, 0))
-      assert.is_false(stops.halt_reached(rule, 10, 1))
-      assert.is_true(stops.halt_reached(rule, 2, 2))
-    end)
-
-    it("judges a percentage from the third finished line on", function()
-      local rule = { when = "soon", percent = 50 }
-      assert.is_false(stops.halt_reached(rule, 2, 2))
-      assert.is_true(stops.halt_reached(rule, 3, 2))
-      assert.is_false(stops.halt_reached(rule, 5, 2))
-      assert.is_true(stops.halt_reached(rule, 4, 2))
-    end)
+    -- { rule, lines finished, lines failed, reached? }, one case a row
+    local count, percent = { when = "now", count = 2 }, { when = "soon", percent = 50 }
+    local cases = {
+      ["holds once a count of lines failed, never without --halt or a failure"] = {
+        { nil, 10, 10, false }, { count, 10, 0, false }, { count, 10, 1, false }, { count, 2, 2, true } },
+      ["judges a percentage from the third finished line on"] = {
+        { percent, 2, 2, false }, { percent, 3, 2, true }, { percent, 5, 2, false }, { percent, 4, 2, true } },
+    }
+    for name, rows in pairs(cases) do
+      it(name, function()
+        for i, row in ipairs(rows) do
+          assert.equal(row[4], stops.halt_reached(row[1], row[2], row[3]), "row " .. i)
+        end
+      end)
+    end
   end)
 
   describe("halted()", function()
