@@ -29,7 +29,7 @@ function M.pool(processor, opts)
 end
 
 -- moonjob.queue(redis_url, name [, opts]) -> queue | nil, err: add jobs to a
--- durable queue on Redis that worker pools on any host run (moonjob.redis.queue).
+-- durable queue on Redis that worker pools on any host run (moonjob.redis.producer).
 function M.queue(url, name, opts)
   return require("moonjob.redis.producer").new(url, name, opts)
 end

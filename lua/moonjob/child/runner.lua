@@ -21,6 +21,8 @@ package.loaded["moonjob.channel"], package.preload["moonjob.channel"] = nil, nil
 local buffer = require "string.buffer"
 local json = require "moonjob.codec.json"
 local encode = require "moonjob.child.encode"
+-- Nor the runner's parts, which hold the channel and the processor.
+package.loaded["moonjob.child.batch"], package.loaded["moonjob.child.encode"] = nil, nil
 
 local handler, to_error, encode_error = encode.handler, encode.to_error, encode.encode_error
 local failure_of, out_of_memory, is_memory_error = encode.failure_of, encode.out_of_memory, encode.is_memory_error

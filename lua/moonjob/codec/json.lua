@@ -46,7 +46,7 @@ local ffi = require "ffi"
 
 local M = {}
 M.null = cjson.null
-M.array_mt = { __name = "moonjob.codec.json.array" }
+M.array_mt = { __name = "moonjob.json.array" }
 M.MAX_DEPTH = 1000
 
 -- The one wording of a nesting limit, here and for string.buffer's

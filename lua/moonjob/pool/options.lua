@@ -9,7 +9,7 @@
 --
 -- Caveat: the error levels (4 in check, 3 in check_add) count the calls
 -- between the checker and the user's line, exactly as they did when these
--- lived in pool.lua: call check only from Pool.new and check_add only from
+-- lived in the pool module: call check only from Pool.new and check_add only from
 -- pool:add, directly, or the error blames the wrong line.
 local errors = require "moonjob.errors"
 local Backoff = require "moonjob.backoff"

@@ -35,7 +35,8 @@
 -- pushes it back before any listener can run (a listener's cancel looks for a
 -- waiting job only in the source). Jobs are the pool's moonjob.job objects;
 -- the local source keeps each one's place in job.qindex, which no other code
--- may touch.--
+-- may touch.
+--
 -- A second source: the owner hook. A source whose jobs live outside the
 -- process (moonjob.redis.remote, a durable queue on Redis; a queue in
 -- Postgres would be another) is the pool's `owner` (pool.owner, set by
@@ -82,9 +83,10 @@
 --   pool:leave_job(job)         it leaves the pool without ending here
 --   pool:emit_event(event, ...) the pool's listeners (the `redis` event)
 -- and reads pool.size, pool.max_payload and pool.kill_after.
--- An owner also keeps its own fields on its jobs (moonjob.redis.remote:
--- remote_id, which the child sees as the job's id, token, lease_from,
--- abandoned, reported, retry_never).
+-- One field of an owner's job the pool reads: job.remote_id, the job's id in
+-- its source, which the child sees as job.id (the pool's own number when
+-- unset). An owner also keeps its own fields on its jobs (moonjob.redis.remote:
+-- token, lease_from, abandoned, reported, retry_never).
 
 local Queue = require "moonjob.pool.waiting"
 
