@@ -174,7 +174,7 @@ do
   local rem = assert(moonjob.pool("bench/noop.lua", { size = 2, echo = false, redis = server.url,
     queue = "bench", prefetch = 32, keep = 1000000 }))
   local rp99, rmax = lag_while(function()
-    assert(wait_for(function() return rem.counts.completed >= N end, 120))
+    assert(wait_for(function() return rem.tally.counts.completed >= N end, 120))
   end)
   rem:close()
   print(("\nloop lag of a 1 ms timer while 2 children run %d no-op jobs: local p99 %.3f ms, max %.3f ms; "
