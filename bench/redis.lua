@@ -63,14 +63,22 @@ local function floor_rate(clients)
   return tonumber(out and out:match("([%d.]+) requests per second")) or 0
 end
 
-local function start_worker(args)
-  local cmd = ("%s scripts/moonjob worker bench/noop.lua --redis %s --queue bench %s 2>/dev/null >/dev/null & echo $!")
-    :format(LUAJIT, server.url, args)
-  return assert(tonumber(sh_first_line(cmd)))
+-- The worker processes not stopped yet: ended by their pid however the
+-- benchmark ends, so that a failed run leaves nothing behind.
+local running = {}
+
+-- A `moonjob worker` process running `processor` with `args`; its pid.
+local function start_worker(args, processor)
+  local cmd = ("%s scripts/moonjob worker %s --redis %s --queue bench %s 2>/dev/null >/dev/null & echo $!")
+    :format(LUAJIT, processor or "bench/noop.lua", server.url, args)
+  local pid = assert(tonumber(sh_first_line(cmd)))
+  running[pid] = true
+  return pid
 end
 
 local function stop(pid)
   os.execute(("kill -KILL %d 2>/dev/null"):format(pid))
+  running[pid] = nil
 end
 
 local function add_jobs(n)
@@ -101,85 +109,89 @@ local function queue_rate(workers)
   return JOBS / seconds, (calls - calls0) / JOBS, (fcalls - fcalls0) / JOBS
 end
 
-print(("\nRedis queue: redis-server %s, AOF everysec, %d no-op jobs per run")
-  :format(sh_first_line("redis-server --version | grep -o 'v=[0-9.]*'") or "?", JOBS))
-print(("%-20s %13s %14s %7s %10s %14s"):format("worker processes", "queue jobs/s", "FCALL floor/s", "ratio",
-  "FCALL/job", "commands/job"))
-for _, workers in ipairs({ 1, 2 }) do
-  local floor = floor_rate(workers)
-  local rate, per_job, fcall_per_job = queue_rate(workers)
-  print(("%-20s %13.0f %14.0f %7.2f %10.2f %14.2f"):format(workers .. " (2 children each)", rate, floor,
-    rate / floor, fcall_per_job, per_job))
-end
-print("(commands/job: every command Redis ran, those inside the functions included)")
-
--- 3. recovery of a killed worker's jobs
-do
-  q.client:call_wait({ "FLUSHDB" })
-  q.client:call_wait({ "FUNCTION", "LOAD", "REPLACE", io.open("lua/moonjob/redis/functions.lua"):read("*a") })
-  local log = os.tmpname()
-  local doomed = ("%s scripts/moonjob worker bench/spin_log.lua --redis %s --queue bench -j 4 --prefetch 0 --lease 1 2>/dev/null >/dev/null & echo $!")
-    :format(LUAJIT, server.url)
-  local pid = assert(tonumber(sh_first_line(doomed)))
-  for _ = 1, 4 do assert(q:add({ log = log, seconds = 3 }, { attempts = 2 })) end
-  local function starts()
-    local n = 0
-    local f = io.open(log)
-    if f then for _ in f:lines() do n = n + 1 end f:close() end
-    return n
+-- Parts 2 to 4 of the list at the top. The server and the workers are ended
+-- by their pid however they end.
+local function measure()
+  print(("\nRedis queue: redis-server %s, AOF everysec, %d no-op jobs per run")
+    :format(sh_first_line("redis-server --version | grep -o 'v=[0-9.]*'") or "?", JOBS))
+  print(("%-20s %13s %14s %7s %10s %14s"):format("worker processes", "queue jobs/s", "FCALL floor/s", "ratio",
+    "FCALL/job", "commands/job"))
+  for _, workers in ipairs({ 1, 2 }) do
+    local floor = floor_rate(workers)
+    local rate, per_job, fcall_per_job = queue_rate(workers)
+    print(("%-20s %13.0f %14.0f %7.2f %10.2f %14.2f"):format(workers .. " (2 children each)", rate, floor,
+      rate / floor, fcall_per_job, per_job))
   end
-  assert(wait_for(function() return starts() == 4 end, 30), "the jobs did not start")
-  local other = ("%s scripts/moonjob worker bench/spin_log.lua --redis %s --queue bench -j 4 --prefetch 0 --lease 1 2>/dev/null >/dev/null & echo $!")
-    :format(LUAJIT, server.url)
-  local pid2 = assert(tonumber(sh_first_line(other)))
-  helpers.sleep(0.5) -- the second worker is up and polling
-  local t0 = loop.now()
-  stop(pid)
-  local ok = wait_for(function() return starts() == 8 end, 30)
-  local ms = loop.now() - t0
-  stop(pid2)
-  os.remove(log)
-  print(("\nkilled worker (lease 1 s, 4 running jobs): all 4 running again on another worker %.2f s later%s")
-    :format(ms / 1000, ok and "" or " (NOT ALL)"))
+  print("(commands/job: every command Redis ran, those inside the functions included)")
+
+  -- 3. recovery of a killed worker's jobs
+  do
+    q.client:call_wait({ "FLUSHDB" })
+    q.client:call_wait({ "FUNCTION", "LOAD", "REPLACE", io.open("lua/moonjob/redis/functions.lua"):read("*a") })
+    local log = os.tmpname()
+    local spinning = "-j 4 --prefetch 0 --lease 1"
+    local pid = start_worker(spinning, "bench/spin_log.lua")
+    for _ = 1, 4 do assert(q:add({ log = log, seconds = 3 }, { attempts = 2 })) end
+    local function starts()
+      local n = 0
+      local f = io.open(log)
+      if f then for _ in f:lines() do n = n + 1 end f:close() end
+      return n
+    end
+    assert(wait_for(function() return starts() == 4 end, 30), "the jobs did not start")
+    local pid2 = start_worker(spinning, "bench/spin_log.lua")
+    helpers.sleep(0.5) -- the second worker is up and polling
+    local t0 = loop.now()
+    stop(pid)
+    local ok = wait_for(function() return starts() == 8 end, 30)
+    local ms = loop.now() - t0
+    stop(pid2)
+    os.remove(log)
+    print(("\nkilled worker (lease 1 s, 4 running jobs): all 4 running again on another worker %.2f s later%s")
+      :format(ms / 1000, ok and "" or " (NOT ALL)"))
+  end
+
+  -- 4. loop lag: a 1 ms timer's lateness in a process whose pool drains jobs
+  -- from Redis, next to the same pool draining the same jobs added locally.
+  local function lag_while(drain)
+    local lags, last = {}, core.hrtime()
+    local ticker = core.timer(function()
+      local now = core.hrtime()
+      lags[#lags + 1] = math.max(0, (now - last) / 1e6 - 1)
+      last = now
+    end)
+    last = core.hrtime()
+    ticker:start(1, 1)
+    drain()
+    ticker:close()
+    table.sort(lags)
+    return lags[math.max(1, math.floor(#lags * 0.99))], lags[#lags]
+  end
+
+  do
+    local N = 20000
+    local loc = assert(moonjob.pool("bench/noop.lua", { size = 2, echo = false, codec = "json" }))
+    loc:map({ "1", "2" })
+    local lp99, lmax = lag_while(function()
+      for i = 1, N do loc:add(tostring(i)) end
+      loc:drain()
+    end)
+    loc:close()
+    q.client:call_wait({ "FLUSHDB" })
+    add_jobs(N)
+    local rem = assert(moonjob.pool("bench/noop.lua", { size = 2, echo = false, redis = server.url,
+      queue = "bench", prefetch = 32, keep = 1000000 }))
+    local rp99, rmax = lag_while(function()
+      assert(wait_for(function() return rem.tally.counts.completed >= N end, 120))
+    end)
+    rem:close()
+    print(("\nloop lag of a 1 ms timer while 2 children run %d no-op jobs: local p99 %.3f ms, max %.3f ms; "
+      .. "from Redis p99 %.3f ms, max %.3f ms"):format(N, lp99, lmax, rp99, rmax))
+  end
 end
 
--- 4. loop lag: a 1 ms timer's lateness in a process whose pool drains jobs
--- from Redis, next to the same pool draining the same jobs added locally.
-local function lag_while(drain)
-  local lags, last = {}, core.hrtime()
-  local ticker = core.timer(function()
-    local now = core.hrtime()
-    lags[#lags + 1] = math.max(0, (now - last) / 1e6 - 1)
-    last = now
-  end)
-  last = core.hrtime()
-  ticker:start(1, 1)
-  drain()
-  ticker:close()
-  table.sort(lags)
-  return lags[math.max(1, math.floor(#lags * 0.99))], lags[#lags]
-end
-
-do
-  local N = 20000
-  local loc = assert(moonjob.pool("bench/noop.lua", { size = 2, echo = false, codec = "json" }))
-  loc:map({ "1", "2" })
-  local lp99, lmax = lag_while(function()
-    for i = 1, N do loc:add(tostring(i)) end
-    loc:drain()
-  end)
-  loc:close()
-  q.client:call_wait({ "FLUSHDB" })
-  add_jobs(N)
-  local rem = assert(moonjob.pool("bench/noop.lua", { size = 2, echo = false, redis = server.url,
-    queue = "bench", prefetch = 32, keep = 1000000 }))
-  local rp99, rmax = lag_while(function()
-    assert(wait_for(function() return rem.tally.counts.completed >= N end, 120))
-  end)
-  rem:close()
-  print(("\nloop lag of a 1 ms timer while 2 children run %d no-op jobs: local p99 %.3f ms, max %.3f ms; "
-    .. "from Redis p99 %.3f ms, max %.3f ms"):format(N, lp99, lmax, rp99, rmax))
-end
-
+local ok, err = xpcall(measure, debug.traceback)
+for pid in pairs(running) do stop(pid) end
 q:close()
 server:stop()
+if not ok then io.stderr:write(err, "\n") os.exit(1) end
