@@ -70,7 +70,7 @@ end
 function BatchJobs:add(first, count, text)
   local run, input = self.run, self.run.input
   if first <= run.resumed_last then text = batches.blank(text, first, count, self.is_resumed) end
-  input.inflight, input.inflight_bytes = input.inflight + count, input.inflight_bytes + #text
+  input:sent(count, #text)
   local job = run.pool:add(text, { name = ("lines %d-%d"):format(first, first + count - 1),
     lines = { first, count, run.o.halt and true or nil }, priority = first }) -- (--halt: ends at a failure)
   job.line, job.count, job.text, job.handed_back = first, count, text, count + 1
@@ -84,7 +84,7 @@ function BatchJobs:hand_back(job, from)
   if from > to then return end
   local run = self.run
   job.handed_back = from
-  run.input.inflight = run.input.inflight - (to - from + 1)
+  run.input:dropped(to - from + 1)
   if run.stop then return end -- a run that stops adds nothing more (--resume runs them)
   local text = batches.slice(job.text, from, to)
   if from == to then return run:add_line(job.line + from - 1, text, #text) end
@@ -116,7 +116,7 @@ function BatchJobs:finished(job)
     text = text:sub(job.printed_bytes + 1)
     ok_n, failed_n = ok_n - job.printed_ok, failed_n - job.printed_failed
   end
-  run.input.inflight_bytes = run.input.inflight_bytes - #job.text
+  run.input:batch_ended(#job.text)
   if not run:record(job.line + done, text, covered - done, ok_n, failed_n) then return end
   if job.ms and covered > 0 and not run.stop then run.input:lines_took(job.ms, covered, job.wrote_output) end
   self:hand_back(job, covered + 1)
@@ -125,8 +125,7 @@ end
 -- Batch `job` ended unrecorded in a stop: its lines not recorded leave the
 -- counts in flight.
 function BatchJobs:forget(job)
-  local input = self.run.input
-  input.inflight_bytes = input.inflight_bytes - #job.text
+  self.run.input:batch_ended(#job.text)
   self:hand_back(job, (job.printed or 0) + 1) -- (under a stop: dropped)
 end
 

@@ -3,8 +3,8 @@
 -- `moonjob run` hands tiny jobs to its children in batches: one pool job
 -- carries many NDJSON lines (pool:add's `lines` option), the child runs the
 -- processor once per line and writes each line's result line itself
--- (moonjob.child.runner, moonjob.codec.resultline). A batch's lines are numbered by position,
--- 1 to count; these helpers cut, blank and read such blocks of text. They
+-- (moonjob.child.batch, moonjob.codec.resultline). A batch's lines are
+-- numbered by position, 1 to count; these helpers cut, blank and read such blocks of text. They
 -- scan text only for what is rare (lines handed back, --resume, a crash):
 -- the common path (a batch that completes) costs one match per batch.
 local M = {}

@@ -19,8 +19,8 @@
 --
 -- Caveat: every path that frees room (a line written, handed back, skipped)
 -- must call resume_if_room(), or a paused input stays paused; the run's main
--- wait calls it too, as a safety net. The run updates `inflight` and
--- `inflight_bytes` where jobs are added and end.
+-- wait calls it too, as a safety net. The counts in flight change only
+-- through read, sent, dropped, batch_ended and written.
 local core = require "moonjob.core"
 
 local M = {}
@@ -87,6 +87,36 @@ function Input:start(fd, max_line, on_line)
     self.ended, self.read_error, self.at_end = true, e, true
   end)
   self.handle:resume()
+end
+
+-- `count` lines of `len` bytes were read: returns the first one's number.
+function Input:read(count, len)
+  local first = self.line_no + 1
+  self.line_no = self.line_no + count
+  self.bytes_read = self.bytes_read + len + 1
+  return first
+end
+
+-- `lines` lines went to the pool, as one job of `bytes` bytes of batch
+-- text (0 for a line on its own).
+function Input:sent(lines, bytes)
+  self.inflight, self.inflight_bytes = self.inflight + lines, self.inflight_bytes + bytes
+end
+
+-- `lines` lines left the count in flight with no result written: handed
+-- back (they are sent again) or forgotten in a stop.
+function Input:dropped(lines)
+  self.inflight = self.inflight - lines
+end
+
+-- A batch of `bytes` bytes of text ended.
+function Input:batch_ended(bytes)
+  self.inflight_bytes = self.inflight_bytes - bytes
+end
+
+-- No more lines are taken (--halt soon); what is in flight goes on.
+function Input:take_no_more()
+  self.ended = true
 end
 
 -- Lines in flight before input pauses (high) and resumes (low): room for

@@ -10,7 +10,9 @@
 -- regular file (a terminal, or a pipe whose reader may print there): it is
 -- redrawn only once the output written since has left (the output writer is
 -- asynchronous), so it does not sit in the middle of a result line. Caveat:
--- a reader on a pipe prints when it likes; its lines can still meet a redraw. With INPUT a file, the total is estimated from its size and
+-- a reader on a pipe prints when it likes; its lines can still meet a redraw.
+--
+-- With INPUT a file, the total is estimated from its size and
 -- the bytes per line read so far (shown with "~") until the input is read
 -- to its end, and the percentage and ETA follow it; from a stream, only the
 -- count and the rate.

@@ -15,9 +15,10 @@ local loop = require "moonjob.loop"
 local moonjob = require "moonjob"
 local Queue = require "moonjob.redis.producer"
 local client = require "moonjob.redis.client"
+local stops = require "moonjob.cli.stops"
 
 local M = {}
-local EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+local EXIT_OK, EXIT_FAILED, EXIT_USAGE = stops.EXIT_OK, stops.EXIT_FAILED, stops.EXIT_USAGE
 
 local function say(...)
   io.stderr:write("moonjob: ", ...)

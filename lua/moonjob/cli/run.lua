@@ -145,7 +145,7 @@ end
 -- to run): only what runs finishes, as in GNU parallel. The main wait goes
 -- on until those end.
 function Run:halt_soon()
-  self.input.ended = true
+  self.input:take_no_more()
   local waiting, sent = {}, {}
   for job in pairs(self.open_jobs) do
     if job.state == "waiting" then waiting[#waiting + 1] = job else sent[#sent + 1] = job end
@@ -179,7 +179,7 @@ end
 -- count in flight (--halt soon waits for it to reach 0).
 function Run:forget(job)
   if job.count then return self.batches:forget(job) end
-  self.input.inflight = self.input.inflight - 1
+  self.input:dropped(1)
 end
 
 -- The pool's completed and failed listener.
@@ -211,7 +211,7 @@ function Run:add_line(line, text, len)
     self.output:emit(line, "")
     return input:resume_if_room() -- (a line handed back may be the one the others waited for)
   end
-  input.inflight = input.inflight + 1
+  input:sent(1, 0)
   if not text then -- longer than max_payload: fails without running
     local e = moonjob.errors.new("EINPUT", ("line %d is %d bytes or more, more than max_payload (%d)")
       :format(line, len, self.pool.max_payload))
@@ -227,9 +227,7 @@ end
 function Run:lines_read(text, len, count)
   if self.stop then return end -- (--halt paused the input: lines read meanwhile do not run)
   local input = self.input
-  local first = input.line_no + 1
-  input.line_no = input.line_no + count
-  input.bytes_read = input.bytes_read + len + 1
+  local first = input:read(count, len)
   if count > 1 then self.batches:add(first, count, text) else self:add_line(first, text, len) end
   input:pause_if_full()
 end

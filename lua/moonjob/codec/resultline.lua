@@ -4,7 +4,7 @@
 --   {"line":2,"status":"failed","error":{"code":"...","message":"..."},"attempts":1,"ms":0.2}
 --
 -- Written in two places from this one module, so that both write the same
--- bytes: the parent (moonjob.cli) for a job run on its own, and the child
+-- bytes: the parent (moonjob.cli.output) for a line run on its own, and the child
 -- (moonjob.child.batch) for the lines of a batch, which it formats itself so
 -- that the parent only copies them out. The put_* forms append to a
 -- string.buffer and make no string: the child's per-line path.

@@ -7,11 +7,12 @@ local lines = require "moonjob.codec.resultline"
 describe("moonjob.cli.batch_jobs.outcome()", function()
   local DONE_10 = lines.completed(10, "1", 1, 0)
   local FAILED_11 = lines.failed(11, errors.new("EBAD", "bad"), 1, 0)
+  local DONE_12 = lines.completed(12, "3", 1, 0)
 
   it("reads a completed batch's DONE header and result lines", function()
-    local job = { state = "completed", line = 10, count = 2, text = "1\n2",
-      result_bytes = "2 1 1\n" .. DONE_10 .. FAILED_11 }
-    assert.same({ DONE_10 .. FAILED_11, 2, 1, 1 }, { batch_jobs.outcome(job) })
+    local job = { state = "completed", line = 10, count = 3, text = "1\n2\n3",
+      result_bytes = "3 2 1\n" .. DONE_10 .. FAILED_11 .. DONE_12 }
+    assert.same({ DONE_10 .. FAILED_11 .. DONE_12, 3, 2, 1 }, { batch_jobs.outcome(job) })
   end)
 
   it("fails every line that is not blank of a batch that never ran, with its error", function()

@@ -73,9 +73,17 @@ describe("moonjob.cli.output", function()
   it("writes each result to the joblog first", function()
     local log = new_joblog()
     local self, written = new_output(false, log)
+    local on_stdout_then = {} -- how many results stdout held as each record was made
+    local record = log.record
+    function log.record(l, text)
+      on_stdout_then[#on_stdout_then + 1] = #written
+      return record(l, text)
+    end
     self:emit(1, "a\n")
-    assert.same({ "a\n" }, log.records)
-    assert.same({ "a\n" }, written)
+    self:emit(2, "b\n")
+    assert.same({ "a\n", "b\n" }, log.records)
+    assert.same({ "a\n", "b\n" }, written)
+    assert.same({ 0, 1 }, on_stdout_then)
   end)
 
   it("stops writing once the joblog fails, and tells the run", function()
