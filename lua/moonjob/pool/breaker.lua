@@ -17,7 +17,7 @@
 -- ready jobs is due, the probe timer; and on each job, job.failed_by: the
 -- start error that last cost it an attempt.
 -- Exposes: breaker:failed(err), breaker:succeeded(), breaker:failing() -> the
--- start error or nil, breaker:check() (after every pump), breaker:probe(target)
+-- start error or nil, breaker:stalled() (failing, and no child live), breaker:check() (after every pump), breaker:probe(target)
 -- (children:ensure while starts fail), breaker:child_broken(w, err),
 -- breaker:close().
 -- Calls: pool.children (live, spawn, ensure, retire), pool.dispatch:pump,
@@ -47,6 +47,11 @@ end
 -- The last start failure's error while starts fail, else nil.
 function Breaker:failing()
   return self.start_error
+end
+
+-- Whether starts fail and no child is ready or starting: nothing can run.
+function Breaker:stalled()
+  return self.start_error ~= nil and self.pool.children:live() == 0
 end
 
 -- A child could not load the processor, become ready in time, or start at

@@ -151,7 +151,7 @@ end
 function Children:target()
   local pool = self.pool
   local waiting = pool.source:ready_count()
-  if pool.breaker:failing() and self:live() == 0 then return waiting > 0 and 1 or 0 end
+  if pool.breaker:stalled() then return waiting > 0 and 1 or 0 end
   if pool.idle_timeout then
     return math.max(pool.min_size, math.min(pool.size, pool.nactive + waiting))
   end
@@ -232,6 +232,7 @@ function Children:terminate()
         -- given back to its owner's queue below: another host may start it
         -- at once, so this child stops now, not after SIGTERM's grace
         w:kill("SIGKILL")
+        break
       end
     end
     while w.job do

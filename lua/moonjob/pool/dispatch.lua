@@ -45,6 +45,7 @@
 -- dispatch:worker_next(w), dispatch:take_back(w [, from]),
 -- dispatch:take_back_prefetched(w), dispatch:unprefetch(job),
 -- dispatch:note_run(ms), dispatch:depth(), dispatch:prefetched_count(),
+-- dispatch:has_started(job) (the gate, for a job not yet its child's head),
 -- dispatch:room_again(), dispatch:close().
 -- Calls: pool.source, pool.children (next_idle, pop_idle, has_idle, free,
 -- retire, ensure, array, snapshot), pool.breaker:check, pool.owner:want,
@@ -152,6 +153,12 @@ function Dispatch:depth()
   -- head, so the child never waits for the parent between two
   if self.pool.batches and depth < 2 then return 2 end
   return depth
+end
+
+-- Whether job's child has started it (its head, or prefetched and started:
+-- the gate says).
+function Dispatch:has_started(job)
+  return job.started ~= nil or (job.prefetched and job.worker and job.worker:started(job)) or false
 end
 
 -- How many jobs are prefetched in a child and not started (they wait too).

@@ -8,13 +8,15 @@
 -- pre-initialisation queue); nothing fails for that reason.
 --
 -- This file is the entry point: Pool.new, add, run, map, drain, cancel_all,
--- close, and the methods a second job source calls (see moonjob.pool.source).
+-- close; a second job source gets a port (moonjob.pool.port), not the pool.
 -- The pool is made of parts, each an object that owns its state and says at
 -- its top what it owns, exposes and calls on the others:
 --
 --   options.lua    option checking and defaults (plain functions)
 --   source.lua     the job source (pool.source: the waiting jobs) and the
 --                  owner hook a second source (Redis) plugs into (pool.owner)
+--   waiting.lua    the local source's two heaps (ready, delayed)
+--   port.lua       what the owner of a second source may do to the pool
 --   sink.lua       the worker sink: how a worker reports to its pool
 --                  (pool:on_worker_*, the only Pool methods defined elsewhere)
 --   children.lua   pool.children: the workers, how many, starting, freeing, ending
@@ -55,6 +57,7 @@ local Deadlines = require "moonjob.pool.deadlines"
 local Dispatch = require "moonjob.pool.dispatch"
 local Endings = require "moonjob.pool.endings"
 local Lines = require "moonjob.pool.lines"
+local Port = require "moonjob.pool.port"
 
 local Pool = {}
 Pool.__index = Pool
@@ -72,6 +75,12 @@ local next_seq = 0 -- job numbers are unique across the pools of a program
 local function processor_dir(processor)
   local path = core.realpath(processor)
   return path and (path:match("^(.*)/[^/]*$") or ""):gsub("^$", "/") or nil
+end
+
+-- A new job of `pool`, waiting, without data yet.
+local function new_job(pool)
+  next_seq = next_seq + 1
+  return Job.new(pool.job_mt, next_seq, loop.now())
 end
 
 -- The parts, in the order they may need each other at creation.
@@ -135,7 +144,8 @@ function Pool.new(processor, opts)
   })
   self.children:start()
   if opts.redis then -- a pool on Redis: loaded only then (moonjob.pool.source: the owner hook)
-    self.owner = require("moonjob.redis.remote").new(self, opts)
+    local port = Port.new(self, function() return new_job(self) end)
+    self.owner = require("moonjob.redis.remote").new(port, opts)
   end
   return self
 end
@@ -178,7 +188,7 @@ end
 -- (overriding the pool's); lines is the command line's (moonjob.pool.lines).
 function Pool:add(data, opts)
   Options.check_add(opts)
-  local job = self:new_job()
+  local job = new_job(self)
   if opts then
     job.name = opts.name
     job.timeout, job.kill_after, job.priority = opts.timeout, opts.kill_after, opts.priority
@@ -292,66 +302,10 @@ function Pool:cancel_all(reason)
   return n
 end
 
---------------------------------------------------- for a second source ---
--- The methods an owner of jobs (moonjob.redis.remote) calls; documented
--- together, with the owner's side, in moonjob.pool.source.
-
--- A new job of this pool, waiting, without data yet.
-function Pool:new_job()
-  next_seq = next_seq + 1
-  return Job.new(self.job_mt, next_seq, loop.now())
-end
-
-function Pool:accept(job)
-  self.source:push(job)
-end
-
-function Pool:pump()
-  self.dispatch:pump()
-end
-
-function Pool:emit_event(event, ...)
-  self.events:emit(event, ...)
-end
-
-function Pool:fail_job(job, err)
-  self.endings:fail(job, err)
-end
-
--- pool:cancel_job(job [, reason [, code]]) -> true, or false when it had ended
--- (job:cancel, and an owner stopping its job).
+-- pool:cancel_job(job [, reason [, code]]) -> true, or false when it had
+-- ended (job:cancel).
 function Pool:cancel_job(job, reason, code)
   return self.endings:cancel(job, reason, code)
-end
-
-function Pool:finish_job(job, state)
-  self.endings:finish(job, state)
-end
-
-function Pool:leave_job(job)
-  self.endings:leave(job)
-end
-
-function Pool:retry_delay(job, err)
-  return self.endings:retry_delay(job, err)
-end
-
-function Pool:note_retry(job, err, delay)
-  self.endings:retried(job, err, delay)
-end
-
--- False while starts fail and no child is ready: jobs taken now would wait.
-function Pool:can_run()
-  return not self.breaker:failing() or self.children:live() > 0
-end
-
--- Whether job's child has started it (its head, or prefetched and started).
-function Pool:has_started(job)
-  return job.started ~= nil or (job.prefetched and job.worker and job.worker:started(job)) or false
-end
-
-function Pool:hasten_kill(job, seconds)
-  return self.deadlines:hasten_kill(job, seconds)
 end
 
 ------------------------------------------- for the command line's batches ---

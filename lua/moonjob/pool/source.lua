@@ -59,34 +59,38 @@
 --   owner:close()               the pool closed: flush and close (may run the
 --                               loop, bounded)
 --
--- What an owner calls on the pool:
---   pool:new_job()              -> a waiting job without data; the owner sets
+-- What an owner calls on its port (moonjob.pool.port: Pool.new hands the
+-- owner a port, never the pool, so none of this is on the pool users hold):
+--   port:new_job()              -> a waiting job without data; the owner sets
 --                               job.owner = itself, job.data_bytes (the pool's
 --                               codec), and any of name, timeout, kill_after,
 --                               attempts, max_attempts, backoff
---   pool:accept(job)            the job joins the waiting jobs (no pump)
---   pool:pump()                 dispatch what can run now
---   pool:fail_job(job, err)     an attempt failed without running (bad input)
---   pool:cancel_job(job, reason [, code])
+--   port:accept(job)            the job joins the waiting jobs (no pump)
+--   port:pump()                 dispatch what can run now
+--   port:fail_job(job, err)     an attempt failed without running (bad input)
+--   port:cancel_job(job, reason [, code])
 --                               stop it: waiting, it ends now; running, it is
 --                               interrupted (code: ECANCELED, or the owner's
 --                               own, like ELEASE or ELOST)
---   pool:hasten_kill(job, s)    -> true if the job was running and already
+--   port:hasten_kill(job, s)    -> true if the job was running and already
 --                               interrupted: its hard kill comes in s seconds
---   pool:has_started(job)       -> whether a child started it
---   pool:can_run()              -> false while starts fail and no child is
+--   port:has_started(job)       -> whether a child started it
+--   port:can_run()              -> false while starts fail and no child is
 --                               ready (take no jobs: they would only wait)
---   pool:retry_delay(job, err)  -> seconds before another attempt, or nil
---   pool:note_retry(job, err, delay)
+--   port:retry_delay(job, err)  -> seconds before another attempt, or nil
+--   port:note_retry(job, err, delay)
 --                               count the retry, tell `retrying` listeners
---   pool:finish_job(job, state) end it here (after attempt_failed decides)
---   pool:leave_job(job)         it leaves the pool without ending here
---   pool:emit_event(event, ...) the pool's listeners (the `redis` event)
--- and reads pool.size, pool.max_payload and pool.kill_after.
--- One field of an owner's job the pool reads: job.remote_id, the job's id in
--- its source, which the child sees as job.id (the pool's own number when
--- unset). An owner also keeps its own fields on its jobs (moonjob.redis.remote:
--- token, lease_from, abandoned, reported, retry_never).
+--   port:finish_job(job, state) end it here (after attempt_failed decides)
+--   port:leave_job(job)         it leaves the pool without ending here
+--   port:emit_event(event, ...) the pool's listeners (the `redis` event)
+-- and reads port.size, port.max_payload and port.kill_after.
+-- The fields of an owner's job the pool reads: job.owner, and job.remote_id,
+-- the job's id in its source, which the child sees as job.id (the pool's own
+-- number when unset). When the pool closes, a child holding an owner's job is
+-- SIGKILLed at once rather than after SIGTERM's grace: the job goes back to
+-- its source, where another host may start it right away. An owner also
+-- keeps its own fields on its jobs (moonjob.redis.remote: token, lease_from,
+-- abandoned, reported, retry_never).
 
 local Queue = require "moonjob.pool.waiting"
 

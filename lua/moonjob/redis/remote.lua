@@ -3,11 +3,11 @@
 -- Policy only (the connection is moonjob.redis.client, the queue's atomic
 -- steps are functions.lua). A pool created with { redis = url, queue = name }
 -- has one Remote as its owner (pool.owner). It talks to the pool only
--- through the owner hook documented in moonjob.pool.source (the pool's
--- public methods new_job, accept, pump, fail_job, cancel_job, ...; its own
--- want, attempt_failed, ending, stop, close), and:
+-- through the owner hook documented in moonjob.pool.source (a
+-- moonjob.pool.port: new_job, accept, pump, fail_job, cancel_job, ...; its
+-- own want, attempt_failed, ending, stop, close), and:
 --   * fetches jobs in batches while the pool has room: `size` running plus
---     `prefetch` waiting in the pool (default: as many as children), each
+--     `prefetch` waiting in the pool (default: the `size` option, else 1), each
 --     fetched job holding a lease (`lease` seconds) and a token;
 --   * hands them to the pool's local source as ordinary jobs (JSON text, the
 --     pool's "json" codec: the parent never parses or runs what it read);
@@ -47,12 +47,13 @@ local function random_id()
   return (bytes:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
 end
 
--- Remote.new(pool, opts) -> remote. opts (the pool's): redis, queue, lease
+-- Remote.new(port, opts) -> remote: `port` is the pool's moonjob.pool.port;
+-- opts (the pool's): redis, queue, lease
 -- (seconds), prefetch, poll (seconds between looks at an empty queue), keep
 -- and keep_age (retention), worker_name; docs/reference/options.md.
-function Remote.new(pool, opts)
+function Remote.new(port, opts)
   local self = setmetatable({
-    pool = pool, name = opts.queue, prefix = Queue.prefix(opts.queue),
+    port = port, name = opts.queue, prefix = Queue.prefix(opts.queue),
     lease_ms = math.floor((opts.lease or 30) * 1000),
     prefetch = opts.prefetch or opts.size or 1,
     poll_ms = math.floor((opts.poll or 1) * 1000),
@@ -66,7 +67,7 @@ function Remote.new(pool, opts)
   }, Remote)
   local c, err = client.new(opts.redis, {
     timeout_ms = math.max(500, math.min(self.lease_ms / 3, 5000)),
-    max_reply = (pool.max_payload + 4096) * math.max(1, self.prefetch + (opts.size or 1)) + 65536,
+    max_reply = (port.max_payload + 4096) * math.max(1, self.prefetch + (opts.size or 1)) + 65536,
     on_state = function(up, why) self:_state(up, why) end,
   })
   if not c then error("moonjob.pool: option 'redis': " .. err, 4) end
@@ -84,7 +85,7 @@ end
 
 function Remote:_state(up, why)
   self.up = up
-  self.pool:emit_event("redis", up and "up" or "down", why)
+  self.port:emit_event("redis", up and "up" or "down", why)
   if not up then return end
   local unreported = self.unreported
   self.unreported = {}
@@ -104,9 +105,9 @@ end
 -- How many more jobs the pool has room for: none while no child can start
 -- (the breaker is open: healthy workers elsewhere should get the jobs).
 function Remote:room()
-  local pool = self.pool
-  if not pool:can_run() then return 0 end
-  return (pool.size or 1) + self.prefetch - self.nheld
+  local port = self.port
+  if not port:can_run() then return 0 end
+  return port.size + self.prefetch - self.nheld
 end
 
 -- want(): fetch if there is room and no fetch is in flight.
@@ -117,11 +118,11 @@ function Remote:want()
   self.fetching = true
   local sent_at = loop.now()
   self.client:call({ "FCALL", "moonjob_fetch", 1, self.prefix, self.worker_id, n, self.lease_ms,
-      self.keep_count, self.keep_age_ms, self.pool.max_payload },
+      self.keep_count, self.keep_age_ms, self.port.max_payload },
     function(reply, err)
       self.fetching = false
       if not reply then
-        self.pool:emit_event("redis", "error", "fetch: " .. tostring(err))
+        self.port:emit_event("redis", "error", "fetch: " .. tostring(err))
         return
       end
       local got = 0
@@ -136,7 +137,7 @@ function Remote:want()
         end
       end
       if got > 0 then
-        self.pool:pump()
+        self.port:pump()
         if got >= n then self:want() end
       end
       self:_arm_delayed(reply[1])
@@ -160,9 +161,9 @@ end
 -- A fetched job becomes a pool job. Malformed or oversized jobs fail at
 -- once (reported to Redis, no attempt at running them).
 function Remote:_take(f, sent_at)
-  local pool = self.pool
+  local port = self.port
   local id, token, data = f[1], f[2], f[3]
-  local job = pool:new_job()
+  local job = port:new_job()
   job.owner, job.remote_id, job.token, job.lease_from = self, id, token, sent_at
   job.attempts = (tonumber(f[4]) or 1) - 1
   job.max_attempts = tonumber(f[5]) or 1
@@ -171,7 +172,7 @@ function Remote:_take(f, sent_at)
   self.held[id] = job
   self.nheld = self.nheld + 1
   self.counts.fetched = self.counts.fetched + 1
-  if f[6] and f[6] ~= "" then -- written by any producer: checked as pool:add checks it
+  if f[6] and f[6] ~= "" then -- written by any producer: checked as port:add checks it
     local spec = json.decode(f[6])
     if type(spec) ~= "table" or not Backoff.check(spec) then
       return self:_refuse(job, "EINPUT", "the job's backoff in Redis is not a valid backoff: " .. f[6])
@@ -180,18 +181,18 @@ function Remote:_take(f, sent_at)
   end
   if type(data) ~= "string" then
     return self:_refuse(job, "EINPUT", "the job's data in Redis is missing or not a string")
-  elseif #data > pool.max_payload then -- fetch refuses these in Redis; a server not ours may not
+  elseif #data > port.max_payload then -- fetch refuses these in Redis; a server not ours may not
     return self:_refuse(job, "EPAYLOAD", ("the job data is %d bytes, more than max_payload (%d)")
-      :format(#data, pool.max_payload))
+      :format(#data, port.max_payload))
   end
   job.data_bytes = data
-  pool:accept(job)
+  port:accept(job)
 end
 
 function Remote:_refuse(job, code, message)
   job.attempts = job.attempts + 1
   job.retry_never = true
-  self.pool:fail_job(job, errors.new(code, message))
+  self.port:fail_job(job, errors.new(code, message))
 end
 
 -- Stops a job here (running: interrupted; waiting in the pool: taken out)
@@ -203,12 +204,12 @@ function Remote:_cancel_here(job, code, reason)
     -- the soft stop cannot reach JIT-compiled loops or C calls: the hard kill
     -- must land before the lease ends (fence checked every lease/12 past 2/3,
     -- kill lease/12 later: by 5/6 of a lease)
-    local kill_after = math.min(job.kill_after or self.pool.kill_after, self.lease_ms / 12000)
+    local kill_after = math.min(job.kill_after or self.port.kill_after, self.lease_ms / 12000)
     job.kill_after = kill_after
     -- already interrupted (its timeout): its kill comes sooner
-    if self.pool:hasten_kill(job, kill_after) then return end
+    if self.port:hasten_kill(job, kill_after) then return end
   end
-  self.pool:cancel_job(job, reason, code)
+  self.port:cancel_job(job, reason, code)
 end
 
 -- Every lease we hold, renewed in one call.
@@ -220,14 +221,14 @@ function Remote:_renew()
     if not job.abandoned then
       args[#args + 1] = id
       args[#args + 1] = job.token
-      args[#args + 1] = self.pool:has_started(job) and "1" or "0"
+      args[#args + 1] = self.port:has_started(job) and "1" or "0"
       sent[#sent + 1] = job
     end
   end
   local sent_at = loop.now()
   self.client:call(args, function(reply, err)
     if not reply then
-      self.pool:emit_event("redis", "error", "renew: " .. tostring(err))
+      self.port:emit_event("redis", "error", "renew: " .. tostring(err))
       return
     end
     local bad = {}
@@ -291,10 +292,10 @@ function Remote:_report(what, args)
     end
     if stale > 0 then
       self.counts.refused = self.counts.refused + stale
-      self.pool:emit_event("redis", "stale", ("%s refused for %d job(s): the lease had passed to another run")
+      self.port:emit_event("redis", "stale", ("%s refused for %d job(s): the lease had passed to another run")
         :format(what, stale))
     elseif not reply then
-      self.pool:emit_event("redis", "error", what .. ": " .. tostring(err))
+      self.port:emit_event("redis", "error", what .. ": " .. tostring(err))
     end
     self:want()
   end)
@@ -309,18 +310,18 @@ end
 -- leaves the pool. A job this worker stopped because its lease is no longer
 -- provably its own (abandoned) is not reported at all.
 function Remote:attempt_failed(job, err)
-  local pool = self.pool
+  local port = self.port
   if err.code == "ELOAD" and not job.abandoned then -- it cannot load here; it may elsewhere
     job.error = errors.new("ECLOSED", "given back: the processor cannot load on this worker")
-    return pool:finish_job(job, "failed") -- given back, not counted
+    return port:finish_job(job, "failed") -- given back, not counted
   end
   -- closing or not: another host may retry it
-  local delay = not job.retry_never and pool:retry_delay(job, err)
-  if not delay or job.abandoned then return pool:finish_job(job, "failed") end
+  local delay = not job.retry_never and port:retry_delay(job, err)
+  if not delay or job.abandoned then return port:finish_job(job, "failed") end
   job.reported = true
   self:failed(job, err, delay * 1000)
-  pool:note_retry(job, err, delay)
-  return pool:leave_job(job)
+  port:note_retry(job, err, delay)
+  return port:leave_job(job)
 end
 
 -- The job ends in the pool ("completed" or "failed"): reported to Redis,
