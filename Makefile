@@ -43,7 +43,7 @@ CHILD_OBJ  = $(BUILD)/obj/child/main.o
 C_DEPS     = $(CORE_OBJ:.o=.d) $(CHILD_OBJ:.o=.d)
 $(CORE_OBJ): INCLUDES = -Icore -Icore/parent
 $(CHILD_OBJ): INCLUDES = -Icore
-LUA_FILES  = $(wildcard lua/moonjob/*.lua lua/moonjob/*/*.lua)
+LUA_FILES  = $(shell find lua/moonjob -name '*.lua')
 FLAGS_STAMP = $(BUILD)/flags
 
 DEB_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev libuv1-dev lua-cjson \
@@ -176,6 +176,7 @@ bench: deps all $(BUILD)/bench-floor
 # BINDIR (it finds the modules from its own real location, through symlinks).
 # Builds first, with the flags of this command line.
 install: all
+	rm -rf $(DESTDIR)$(LUADIR)/moonjob # modules an older install left could shadow the new ones
 	install -d $(DESTDIR)$(LUADIR)/moonjob $(DESTDIR)$(LIBDIR)/moonjob $(DESTDIR)$(BINDIR)
 	for f in $(LUA_FILES); do install -D -m 644 $$f $(DESTDIR)$(LUADIR)/$${f#lua/} || exit 1; done
 	install -m 755 $(CORE_SO) $(CHILD) $(DESTDIR)$(LIBDIR)/moonjob/
