@@ -5,7 +5,8 @@
 -- stay as encoded bytes; the result is decoded on first use (job.result,
 -- job:wait(), a "completed" listener), never on the loop's hot path.
 --
--- Fields: id, name, state ("waiting", "active", "completed", "failed"),
+-- Fields: id, name, state ("waiting", "active", "completed", "failed"; "left"
+-- for a job its owner took out of the pool, moonjob.pool.source),
 -- attempts, logs (lines the job printed and job:log texts), error, ms (wall
 -- time from start to end of the run), cpu_ms and max_rss_kb (measured by the
 -- child), pid (the child that ran it).

@@ -4,8 +4,8 @@
 --   r:add(data, { name = "mail" })
 --
 -- Every pool shares the one loop; their children are separate, so long
--- CPU-bound jobs on one name never hold up short jobs on another (seed 001:
--- route short and long tasks apart). opts apply to every pool; opts.pools[name]
+-- CPU-bound jobs on one name never hold up short jobs on another (short and
+-- long tasks routed apart). opts apply to every pool; opts.pools[name]
 -- overrides them for one (for example a bigger size for I/O-bound work).
 -- add with an unknown name returns nil and ENOPROCESSOR.
 local errors = require "moonjob.errors"

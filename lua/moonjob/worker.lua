@@ -361,7 +361,7 @@ local on_event = {
     w.timer:close()
     local started, running = {}, false
     for i, job in ipairs(jobs) do
-      started[i] = w.process:started(job.id) == true
+      started[i] = w:started(job)
       running = running or started[i]
       if started[i] and job.first_line then -- a batch of lines: what ran, from the shared area
         local lines_started, kept, text, line_ms = w:batch(job)

@@ -24,8 +24,10 @@
 --   children:pop_idle()    -> takes it off the stack
 --   children:has_idle()    -> whether one is free
 --   children:free(w)       a worker is free: it waits on the stack or retires
---   children:retire(w, kill), children:remove(w) (its exit), children:spawn(),
---   children:ensure(), children:terminate(), children:close()
+--   children:retire(w, kill), children:remove(w) (its exit), children:start()
+--   (the first ones, and the sweep), children:spawn(), children:target() ->
+--   how many to keep now, children:ensure(), children:terminate(),
+--   children:close()
 -- Calls: pool.breaker (failed, failing, probe), pool.dispatch (pump,
 -- room_again, take_back), pool.deadlines:unacknowledged, pool.endings:finish,
 -- pool.lines:publish_kept, pool.tally:bump, pool.source:ready_count.

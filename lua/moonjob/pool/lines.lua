@@ -26,7 +26,8 @@
 --       pool:publish_kept(min_ms).
 --
 -- Owns: pool.batches (written only here) and, on each batch job,
--- first_line, line_count, lines_end_on_failure and lines_cut.
+-- first_line, line_count, lines_end_on_failure and lines_cut (the worker
+-- sets job.batch_state at its child's exit, for the CLI).
 -- Exposes: Lines.wire_first_line(job) (a plain function: the metadata the
 -- child reads), lines:add_option(job, spec), lines:cuttable(head),
 -- lines:cut(w, head), lines:hand_back(jobs), lines:publish_kept(min_ms)

@@ -301,47 +301,9 @@ function Remote:_report(what, args)
   end)
 end
 
-------------------------------------------------------- the owner hook ---
--- The pool calls these for the jobs this remote brought (job.owner), as
--- moonjob.pool.source documents: want, attempt_failed, ending, stop, close.
-
--- An attempt failed: the queue decides on its retry, with the delay our
--- backoff computed (it knows the attempts across hosts); here the job only
--- leaves the pool. A job this worker stopped because its lease is no longer
--- provably its own (abandoned) is not reported at all.
-function Remote:attempt_failed(job, err)
-  local port = self.port
-  if err.code == "ELOAD" and not job.abandoned then -- it cannot load here; it may elsewhere
-    job.error = errors.new("ECLOSED", "given back: the processor cannot load on this worker")
-    return port:finish_job(job, "failed") -- given back, not counted
-  end
-  -- closing or not: another host may retry it
-  local delay = not job.retry_never and port:retry_delay(job, err)
-  if not delay or job.abandoned then return port:finish_job(job, "failed") end
-  job.reported = true
-  self:failed(job, err, delay * 1000)
-  port:note_retry(job, err, delay)
-  return port:leave_job(job)
-end
-
--- The job ends in the pool ("completed" or "failed"): reported to Redis,
--- once. True when it leaves the pool instead of ending: given back to the
--- queue (the pool closed before it ran), or abandoned (left alone).
-function Remote:ending(job, state)
-  if job.reported then return false end
-  job.reported = true
-  if job.abandoned or (state == "failed" and job.error.code == "ECLOSED") then
-    self:failed(job, job.error)
-    return true
-  end
-  if state == "completed" then self:completed(job, job.result_bytes)
-  else self:failed(job, job.error) end
-  return false
-end
-
 -- A remote job ended here.
 -- Completions wait for the end of this loop turn and go in one FCALL.
-function Remote:completed(job, result_bytes)
+function Remote:_completed(job, result_bytes)
   self:_forget(job)
   if job.abandoned then return self:want() end
   self.counts.completed = self.counts.completed + 1
@@ -360,19 +322,57 @@ function Remote:completed(job, result_bytes)
 end
 
 -- retry_ms: the backoff before the next attempt, or nil for a final failure.
-function Remote:failed(job, err, retry_ms)
+function Remote:_failed(job, err, retry_ms)
   self:_forget(job)
   if job.abandoned then return self:want() end
-  if err.code == "ECLOSED" then return self:release(job) end
+  if err.code == "ECLOSED" then return self:_release(job) end
   self.counts.failed = self.counts.failed + 1
   self:_report("fail", { "FCALL", "moonjob_fail", 1, self.prefix, job.remote_id, job.token,
     encode_error(err), retry_ms and math.floor(retry_ms) or -1 })
 end
 
-function Remote:release(job)
+function Remote:_release(job)
   self:_forget(job)
   self.counts.released = self.counts.released + 1
   self:_report("release", { "FCALL", "moonjob_release", 1, self.prefix, job.remote_id, job.token })
+end
+
+------------------------------------------------------- the owner hook ---
+-- The pool calls these for the jobs this remote brought (job.owner), as
+-- moonjob.pool.source documents: want, attempt_failed, ending, stop, close.
+
+-- An attempt failed: the queue decides on its retry, with the delay our
+-- backoff computed (it knows the attempts across hosts); here the job only
+-- leaves the pool. A job this worker stopped because its lease is no longer
+-- provably its own (abandoned) is not reported at all.
+function Remote:attempt_failed(job, err)
+  local port = self.port
+  if err.code == "ELOAD" and not job.abandoned then -- it cannot load here; it may elsewhere
+    job.error = errors.new("ECLOSED", "given back: the processor cannot load on this worker")
+    return port:finish_job(job, "failed") -- given back, not counted
+  end
+  -- closing or not: another host may retry it
+  local delay = not job.retry_never and port:retry_delay(job, err)
+  if not delay or job.abandoned then return port:finish_job(job, "failed") end
+  job.reported = true
+  self:_failed(job, err, delay * 1000)
+  port:note_retry(job, err, delay)
+  return port:leave_job(job)
+end
+
+-- The job ends in the pool ("completed" or "failed"): reported to Redis,
+-- once. True when it leaves the pool instead of ending: given back to the
+-- queue (the pool closed before it ran), or abandoned (left alone).
+function Remote:ending(job, state)
+  if job.reported then return false end
+  job.reported = true
+  if job.abandoned or (state == "failed" and job.error.code == "ECLOSED") then
+    self:_failed(job, job.error)
+    return true
+  end
+  if state == "completed" then self:_completed(job, job.result_bytes)
+  else self:_failed(job, job.error) end
+  return false
 end
 
 -- No more fetching (the pool is closing).
@@ -381,7 +381,7 @@ function Remote:stop()
 end
 
 -- Reports still in flight (the pool's close waits for them, bounded).
-function Remote:busy()
+function Remote:_busy()
   return self.client.conn ~= nil and self.client.conn:pending() > 0
 end
 
@@ -394,7 +394,7 @@ function Remote:close()
   local ticker = core.timer(function() end)
   ticker:start(100, 100)
   pcall(loop.wait_until, function()
-    local flushed = not self:busy() and #self.client.waiting == 0 and #self.unreported == 0
+    local flushed = not self:_busy() and #self.client.waiting == 0 and #self.unreported == 0
       and not self.completions and not self.fetching
     return flushed or loop.now() > deadline
   end)
