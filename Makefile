@@ -171,12 +171,20 @@ bench: deps all $(BUILD)/bench-floor
 	$(LUA) bench/cli.lua
 	$(LUA) bench/redis.lua
 
+# Modules an older layout installed and this one has not, removed by
+# install: pool.lua and cli.lua would be found before pool/init.lua and
+# cli/init.lua, the others are dead weight. Only these: the folder may hold
+# files another installer (LuaRocks) keeps track of.
+OLD_LUA_FILES = pool.lua cli.lua cli_args.lua cli_progress.lua cli_batches.lua cli_redis.lua \
+                queue.lua runner.lua lines.lua redis/queue.lua pool/lifecycle.lua \
+                pool/supervise.lua pool/pipeline.lua
+
 # Installs the Lua modules in LUADIR, the core and the child program in
 # LIBDIR/moonjob (the core finds the child beside itself) and the command in
 # BINDIR (it finds the modules from its own real location, through symlinks).
 # Builds first, with the flags of this command line.
 install: all
-	rm -rf $(DESTDIR)$(LUADIR)/moonjob # modules an older install left could shadow the new ones
+	cd "$(DESTDIR)$(LUADIR)/moonjob" 2>/dev/null && rm -f $(OLD_LUA_FILES) || true
 	install -d $(DESTDIR)$(LUADIR)/moonjob $(DESTDIR)$(LIBDIR)/moonjob $(DESTDIR)$(BINDIR)
 	for f in $(LUA_FILES); do install -D -m 644 $$f $(DESTDIR)$(LUADIR)/$${f#lua/} || exit 1; done
 	install -m 755 $(CORE_SO) $(CHILD) $(DESTDIR)$(LIBDIR)/moonjob/

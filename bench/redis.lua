@@ -54,7 +54,8 @@ local function total_calls(server)
 end
 
 local server = redis_server.start()
-local q = assert(moonjob.queue(server.url, "bench"))
+local q, q_err = moonjob.queue(server.url, "bench")
+if not q then server:stop() error(q_err) end
 
 -- 1. the floor
 local function floor_rate(clients)
@@ -109,7 +110,7 @@ local function queue_rate(workers)
   return JOBS / seconds, (calls - calls0) / JOBS, (fcalls - fcalls0) / JOBS
 end
 
--- Parts 2 to 4 of the list at the top. The server and the workers are ended
+-- The measurements listed at the top. The server and the workers are ended
 -- by their pid however they end.
 local function measure()
   print(("\nRedis queue: redis-server %s, AOF everysec, %d no-op jobs per run")
@@ -192,6 +193,6 @@ end
 
 local ok, err = xpcall(measure, debug.traceback)
 for pid in pairs(running) do stop(pid) end
-q:close()
+pcall(q.close, q)
 server:stop()
 if not ok then io.stderr:write(err, "\n") os.exit(1) end

@@ -28,7 +28,7 @@
 --   (the first ones, and the sweep), children:spawn(), children:target() ->
 --   how many to keep now, children:ensure(), children:terminate(),
 --   children:close()
--- Calls: pool.breaker (failed, failing, probe), pool.dispatch (pump,
+-- Calls: pool.breaker (failed, failing, stalled, probe), pool.dispatch (pump,
 -- room_again, take_back), pool.deadlines:unacknowledged, pool.endings:finish,
 -- pool.lines:publish_kept, pool.tally:bump, pool.source:ready_count.
 --

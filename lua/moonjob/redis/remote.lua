@@ -172,7 +172,7 @@ function Remote:_take(f, sent_at)
   self.held[id] = job
   self.nheld = self.nheld + 1
   self.counts.fetched = self.counts.fetched + 1
-  if f[6] and f[6] ~= "" then -- written by any producer: checked as port:add checks it
+  if f[6] and f[6] ~= "" then -- written by any producer: checked as pool:add checks it
     local spec = json.decode(f[6])
     if type(spec) ~= "table" or not Backoff.check(spec) then
       return self:_refuse(job, "EINPUT", "the job's backoff in Redis is not a valid backoff: " .. f[6])
