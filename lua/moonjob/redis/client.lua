@@ -206,13 +206,31 @@ function Client:_tick()
   if self.sub_pending then self:_resubscribe() end
 end
 
+-- Refusals about the server's state rather than the call: the same call can
+-- succeed later (memory freed, a script ended, the data loaded, the primary
+-- found again, the library reloaded).
+local TRANSIENT = {
+  OOM = true, BUSY = true, LOADING = true, READONLY = true, MASTERDOWN = true,
+  TRYAGAIN = true, CLUSTERDOWN = true, NOSCRIPT = true,
+}
+
+-- M.refusal_kind(err) -> "transient" | "reply" for a server's error message.
+function M.refusal_kind(err)
+  local code = type(err) == "string" and err:match("^(%u+)")
+  if code and TRANSIENT[code] then return "transient" end
+  if type(err) == "string" and err:find("Function not found", 1, true) then return "transient" end
+  return "reply"
+end
+
 -- client:call(args, cb): cb(reply) or cb(nil, err, kind) with kind "reply"
--- (the server refused: err is its message) or "connection".
+-- (the server refused the call itself: err is its message), "transient" (the
+-- server refused for now: M.refusal_kind) or "connection".
 function Client:call(args, cb)
   if self.closed then return cb(nil, "EREDIS: the client is closed", "connection") end
   if self.ready and self.conn then
     local ok, err = self.conn:command(args, function(v, e, kind)
       if e and kind == "connection" then e = connection_error(self, e) end
+      if e and kind == "reply" then kind = M.refusal_kind(e) end
       cb(v, e, kind)
     end)
     if ok then return end
