@@ -19,11 +19,12 @@
  * Before each spawn the parent makes itself not dumpable (PR_SET_DUMPABLE 0),
  * and moonjob never makes it dumpable again: a process of the same user (a
  * child, a grandchild that left the child's group) cannot then read the
- * parent's /proc/PID/environ, mem, maps or fd, nor trace it, so a Redis URL
+ * parent's /proc/PID/environ, maps or mem, nor trace it, so a Redis URL
  * (its password) in the parent's environment or memory stays the parent's.
  * The cost is the program's: no core dumps (unless fs.suid_dumpable says
  * otherwise) and a debugger must attach as root. A root child is kept out
- * too: it loses CAP_SYS_PTRACE (core/child/sandbox.c). The flag is set for
+ * too: it loses CAP_SYS_PTRACE, CAP_SYS_ADMIN and CAP_PERFMON, which pass
+ * the kernel's check (core/child/sandbox.c). The flag is set for
  * the program's life rather than while children run: a grandchild that
  * escaped its group may outlive every child, and restoring the flag could
  * undo the kernel's own clearing of it on a change of credentials.
