@@ -153,17 +153,18 @@ end
 
 -- The bytes of a FAIL or LOADERR frame's error, within max_payload (the
 -- parent refuses a larger frame): the error whole when it fits; else without
--- its own fields (the message says so); else with its message and traceback
--- cut to fit.
+-- its own fields (when they were too large, the message says so); else with
+-- its message and traceback cut to fit.
 function M.encode_error(err)
   local limit = options.max_payload
   local ok, bytes = pcall(buffer.encode, err)
   if ok and #bytes <= limit then return bytes end
   local plain = { code = err.code, message = err.message, traceback = err.traceback }
   local fits, plain_bytes = pcall(buffer.encode, plain)
+  if fits and not ok then return plain_bytes end -- a field that cannot be encoded
   if fits and #plain_bytes + 200 <= limit then
-    plain.message = ("%s [its other fields were left out: %s]"):format(plain.message, ok
-      and ("%d bytes, more than max_payload (%d)"):format(#bytes, limit) or "they cannot be encoded")
+    plain.message = ("%s [its other fields were left out: %d bytes, more than max_payload (%d)]")
+      :format(tostring(plain.message), #bytes, limit)
     return buffer.encode(plain)
   end
   local each = math.max(math.floor((limit - 1024) / 2), 256)
