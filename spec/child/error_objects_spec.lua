@@ -88,6 +88,10 @@ describe("an error object a processor raises", function()
     assert.is_nil(err.blob)
   end)
 
+  it("read after the processor removed globals that reading uses (debug, tostring, next, ...)", function()
+    assert.equal("with the globals gone", raised("globals_removed").message)
+  end)
+
   it("raised by init() fails the job with ELOAD and the object's message", function()
     local dir = h.tmpdir()
     local file = h.write_file(dir .. "/strict_init.lua", [[

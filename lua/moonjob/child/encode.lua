@@ -22,6 +22,11 @@ local buffer = require "string.buffer"
 local errors = require "moonjob.errors"
 local json = require "moonjob.codec.json"
 
+-- Kept before any processor code runs: a processor may replace the globals.
+local debug_getmetatable, next, pcall, rawget, tostring, type =
+  debug.getmetatable, next, pcall, rawget, tostring, type
+local traceback_of, concat, floor, max = debug.traceback, table.concat, math.floor, math.max
+
 local M = {}
 
 local options = { max_payload = 64 * 1024 * 1024 } -- the runner's INIT options (use_options)
@@ -46,7 +51,7 @@ local function index(t, k) return t[k] end
 local function field(t, k)
   local v = rawget(t, k)
   if v ~= nil then return v end
-  local mt = debug.getmetatable(t) -- getmetatable honours __metatable, which may be anything
+  local mt = debug_getmetatable(t) -- getmetatable honours __metatable, which may be anything
   if mt == nil or rawget(mt, "__index") == nil then return nil end
   local ok, value = pcall(index, t, k)
   if ok then return value end
@@ -107,7 +112,7 @@ local function describe_table(value)
     fields[#fields + 1] = short_text(k) .. " = " .. short_text(v, true)
   end
   if n == 0 then return "a table was raised: {}" end
-  return "a table was raised: { " .. table.concat(fields, ", ") .. " }"
+  return "a table was raised: { " .. concat(fields, ", ") .. " }"
 end
 
 -- The message of whatever was raised: a string as is; a table's `message`
@@ -121,7 +126,7 @@ local function message_of(value, depth)
   local message = nil
   if depth <= MESSAGE_DEPTH then message = field(value, "message") end
   if message ~= nil then return message_of(message, depth + 1) end
-  local mt = debug.getmetatable(value)
+  local mt = debug_getmetatable(value)
   local text = mt and rawget(mt, "__tostring") ~= nil and text_of(value)
   return text or describe_table(value)
 end
@@ -161,13 +166,13 @@ function M.encode_error(err)
   if ok and #bytes <= limit then return bytes end
   local plain = { code = err.code, message = err.message, traceback = err.traceback }
   local fits, plain_bytes = pcall(buffer.encode, plain)
-  if fits and not ok then return plain_bytes end -- a field that cannot be encoded
+  if fits and not ok and #plain_bytes <= limit then return plain_bytes end -- a field that cannot be encoded
   if fits and #plain_bytes + 200 <= limit then
     plain.message = ("%s [its other fields were left out: %d bytes, more than max_payload (%d)]")
       :format(tostring(plain.message), #bytes, limit)
     return buffer.encode(plain)
   end
-  local each = math.max(math.floor((limit - 1024) / 2), 256)
+  local each = max(floor((limit - 1024) / 2), 256)
   plain.message, plain.traceback = cut(plain.message, each), cut(plain.traceback, each)
   return buffer.encode(plain)
 end
@@ -175,7 +180,7 @@ end
 -- The message handler of every protected call of the processor's code: what
 -- was raised, and the traceback from where it was raised.
 function M.handler(value)
-  return { value = value, traceback = debug.traceback(message_of(value), 2) }
+  return { value = value, traceback = traceback_of(message_of(value), 2) }
 end
 
 ------------------------------------------------------- inputs, results ---
