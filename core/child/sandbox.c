@@ -8,7 +8,10 @@
  * RLIMIT_NPROC, and --memory-limit as an exact cap on the Lua heap (the
  * counting allocator, alloc.c) backed by RLIMIT_DATA for memory that bypasses
  * it. Limits are lowered hard and soft, and a root child loses
- * CAP_SYS_RESOURCE, so a processor cannot raise them back. stdout and stderr
+ * CAP_SYS_RESOURCE, so a processor cannot raise them back, and
+ * CAP_SYS_PTRACE, CAP_SYS_ADMIN and CAP_PERFMON, so that it cannot read its
+ * parent, which is not dumpable once it has started a child
+ * (core/parent/spawn.c). stdout and stderr
  * become counted streams (output.c); the channel becomes blocking.
  *
  * Caveats: the child dies with its parent, taking its process group along (a
@@ -76,7 +79,7 @@ static void map_shared_page(void) {
 
 /* Lowers the soft and the hard limit to `value` (a hard limit already lower
  * stays), so that a processor cannot raise it back: raising a hard limit
- * takes CAP_SYS_RESOURCE, which drop_resource_capability removes. */
+ * takes CAP_SYS_RESOURCE, which drop_capability removes. */
 static void limit(int resource, const char *name, rlim_t value) {
   struct rlimit rl;
   char what[64];
@@ -87,24 +90,45 @@ static void limit(int resource, const char *name, rlim_t value) {
   if (setrlimit(resource, &rl) != 0) setup_call_failed(what);
 }
 
-/* Without CAP_SYS_RESOURCE a process cannot raise a hard limit; a root child
- * has it, so it goes from every capability set, and from the bounding set
- * when the child may change that (CAP_SETPCAP), so that nothing the processor
- * executes gets it back. Other capabilities of a root child stay (use the
- * 'user' option). */
-static void drop_resource_capability(void) {
+#ifndef CAP_PERFMON /* kernel headers before 5.8 */
+#define CAP_PERFMON 38
+#endif
+
+/* Without CAP_SYS_RESOURCE a process cannot raise a hard limit. Without
+ * CAP_SYS_PTRACE, CAP_SYS_ADMIN and CAP_PERFMON it cannot read the
+ * environment, maps or memory of a process that is not dumpable (the
+ * parent, core/parent/spawn.c) nor of another user's processes, nor trace
+ * them: the kernel lets any of the three read /proc/PID/environ and maps. A
+ * root child has them all, so each goes from every capability set, and from
+ * the bounding set when the child may change that (CAP_SETPCAP), so that
+ * nothing the processor executes gets it back. Other capabilities of a root
+ * child stay (use the 'user' option). */
+static void drop_capability(int cap, const char *name) {
   struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
   struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
-  const uint32_t bit = 1u << CAP_SYS_RESOURCE; /* CAP_SYS_RESOURCE < 32: word 0 */
+  const int word = CAP_TO_INDEX(cap);
+  const uint32_t bit = CAP_TO_MASK(cap);
+  char what[64];
   if (syscall(SYS_capget, &header, data) != 0) setup_call_failed("read the capabilities");
-  if ((data[0].effective & (1u << CAP_SETPCAP)) && prctl(PR_CAPBSET_READ, CAP_SYS_RESOURCE) == 1 &&
-      prctl(PR_CAPBSET_DROP, CAP_SYS_RESOURCE) != 0)
-    setup_call_failed("drop CAP_SYS_RESOURCE from the bounding set");
-  if (!((data[0].effective | data[0].permitted | data[0].inheritable) & bit)) return;
-  data[0].effective &= ~bit;
-  data[0].permitted &= ~bit;
-  data[0].inheritable &= ~bit;
-  if (syscall(SYS_capset, &header, data) != 0) setup_call_failed("drop CAP_SYS_RESOURCE");
+  snprintf(what, sizeof what, "drop %s from the bounding set", name);
+  /* a kernel that does not know the capability answers -1: nothing to drop */
+  if ((data[0].effective & CAP_TO_MASK(CAP_SETPCAP)) && prctl(PR_CAPBSET_READ, cap) == 1 &&
+      prctl(PR_CAPBSET_DROP, cap) != 0)
+    setup_call_failed(what);
+  if (!((data[word].effective | data[word].permitted | data[word].inheritable) & bit)) return;
+  data[word].effective &= ~bit;
+  data[word].permitted &= ~bit;
+  data[word].inheritable &= ~bit;
+  snprintf(what, sizeof what, "drop %s", name);
+  if (syscall(SYS_capset, &header, data) != 0) setup_call_failed(what);
+}
+
+/* The capabilities a root child loses (see drop_capability). */
+static void drop_capabilities(void) {
+  drop_capability(CAP_SYS_RESOURCE, "CAP_SYS_RESOURCE");
+  drop_capability(CAP_SYS_PTRACE, "CAP_SYS_PTRACE");
+  drop_capability(CAP_SYS_ADMIN, "CAP_SYS_ADMIN");
+  drop_capability(CAP_PERFMON, "CAP_PERFMON");
 }
 
 /* The parent died (PR_SET_PDEATHSIG, sent as the parent's spawning thread
@@ -214,7 +238,7 @@ static void set_up_process(const child_options_t *o) {
     watch_parent();       /* the kernel clears the death signal when credentials change */
   }
   start_parent_watcher();
-  drop_resource_capability();
+  drop_capabilities();
   limit(RLIMIT_CORE, "RLIMIT_CORE (no core files)", 0);
   if (o->max_procs > 0) limit(RLIMIT_NPROC, "RLIMIT_NPROC (max_procs)", (rlim_t) o->max_procs);
 #ifndef __SANITIZE_ADDRESS__ /* ASan's shadow memory does not fit under RLIMIT_DATA: the

@@ -16,6 +16,19 @@
  * terminal's Ctrl-C does not reach it), every signal back at its default
  * disposition, and an empty signal mask (worker threads block all signals).
  *
+ * Before each spawn the parent makes itself not dumpable (PR_SET_DUMPABLE 0),
+ * and moonjob never makes it dumpable again: a process of the same user (a
+ * child, a grandchild that left the child's group) cannot then read the
+ * parent's /proc/PID/environ, maps or mem, nor trace it, so a Redis URL
+ * (its password) in the parent's environment or memory stays the parent's.
+ * The cost is the program's: no core dumps (unless fs.suid_dumpable says
+ * otherwise) and a debugger must attach as root. A root child is kept out
+ * too: it loses CAP_SYS_PTRACE, CAP_SYS_ADMIN and CAP_PERFMON, which pass
+ * the kernel's check (core/child/sandbox.c). The flag is set for
+ * the program's life rather than while children run: a grandchild that
+ * escaped its group may outlive every child, and restoring the flag could
+ * undo the kernel's own clearing of it on a change of credentials.
+ *
  * Caveats: the child's PR_SET_PDEATHSIG fires when the *thread* that spawned
  * it ends; libuv's worker threads live as long as the process, so that is the
  * process's death. The arguments and environment are copied for the worker
@@ -31,6 +44,7 @@
 #include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -197,6 +211,14 @@ int mj__spawn_pairs(int parent_fds[3], int child_fds[3]) {
   return 0;
 }
 
+/* Keeps children out of the parent's /proc files and memory (see the top of
+ * this file). Returns 0 or a UV_E... code: a child is never started while
+ * it could read its parent. */
+static int hide_from_children(void) {
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return -errno;
+  return 0;
+}
+
 /* Queues the spawn with the child's ends of the pairs, which it takes over
  * (closed once the child has them, or now on failure), and the shared page's
  * fd, which stays the caller's (closed by mj__process_spawned). On success
@@ -204,8 +226,11 @@ int mj__spawn_pairs(int parent_fds[3], int child_fds[3]) {
  * a UV_E... code. */
 int mj__spawn_queue(mj_process_t *p, const mj_spawn_options_t *opts, const int child_fds[3],
                     int shared_fd) {
-  int rc = UV_ENOMEM;
-  mj_spawn_req_t *req = calloc(1, sizeof *req);
+  int rc = hide_from_children();
+  mj_spawn_req_t *req = NULL;
+  if (rc != 0) goto error;
+  rc = UV_ENOMEM;
+  req = calloc(1, sizeof *req);
   if (req == NULL) goto error;
   req->argv = copy_args(opts->args);
   req->envp = copy_env(opts->env_overrides);

@@ -136,17 +136,19 @@ function M.wait_until_zombie(pid)
 end
 
 
--- The parent's open descriptors, as a set of "fd -> target" strings. Pipes
--- are left out: the listing's own pipe comes and goes, and moonjob's channels
--- and output pipes are sockets.
+-- The parent's open descriptors (0 to 4095), as a set of "fd -> target"
+-- strings. Pipes are left out: moonjob's channels and output pipes are
+-- sockets. Read in this process: once it has a child it is not dumpable, and
+-- another process of a user other than root cannot list its /proc/PID/fd.
 function M.open_fds()
-  local set = {}
-  local listing = io.popen("ls -l /proc/" .. core.getpid() .. "/fd")
-  for line in listing:lines() do
-    local fd, target = line:match("(%d+) %-> (.*)$")
-    if fd and not target:match("^pipe:") then set[fd .. " -> " .. target] = true end
+  local ffi = require "ffi"
+  pcall(ffi.cdef, "long readlink(const char *path, char *buf, unsigned long size);")
+  local set, buf = {}, ffi.new("char[4096]")
+  for fd = 0, 4095 do
+    local n = tonumber(ffi.C.readlink("/proc/self/fd/" .. fd, buf, 4096))
+    local target = n > 0 and ffi.string(buf, n)
+    if target and not target:match("^pipe:") then set[fd .. " -> " .. target] = true end
   end
-  listing:close() -- reaps the listing's shell
   return set
 end
 

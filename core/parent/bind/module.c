@@ -5,7 +5,8 @@
  * (the module's functions), process.c, timer.c, stdio.c (inputs and
  * outputs), redis.c; bind.h has what they share. Also here: the loop context
  * (one per Lua state, created on first require and kept in the registry),
- * freed when the state closes, and the pin that keeps this module loaded.
+ * freed when the state closes, the pin that keeps this module loaded, and
+ * core.scrub_env (a secret read from the environment, wiped where it lies).
  *
  * Caveat: loading the module sets SIGPIPE to "ignore" when it was left at its
  * default. A write to a child that just died must come back as EPIPE, not kill
@@ -121,6 +122,29 @@ static void lmj_pin_module(void) {
     dlopen(info.dli_fname, RTLD_NOW | RTLD_NODELETE);
 }
 
+/* core.scrub_env(name) -> true when the variable was set: its value's bytes
+ * are overwritten where they lie, then it is unset. Unsetting alone leaves
+ * the bytes in the block /proc/PID/environ shows, so a secret read from the
+ * environment (the CLI's MOONJOB_REDIS) would stay readable there. Call it
+ * before any thread reads the environment; an entry in read-only memory (a
+ * literal given to putenv) cannot be scrubbed, so only the program's own
+ * variables should be. */
+static int lmj_scrub_env(lua_State *L) {
+  extern char **environ;
+  size_t len;
+  const char *name = luaL_checklstring(L, 1, &len);
+  luaL_argcheck(L, len > 0 && strchr(name, '=') == NULL, 1, "not an environment variable's name");
+  int found = 0;
+  for (char **entry = environ; entry && *entry; entry++)
+    if (strncmp(*entry, name, len) == 0 && (*entry)[len] == '=') {
+      memset(*entry + len + 1, 0, strlen(*entry + len + 1));
+      found = 1;
+    }
+  unsetenv(name);
+  lua_pushboolean(L, found);
+  return 1;
+}
+
 int luaopen_moonjob_core(lua_State *L) {
   static const luaL_Reg functions[] = {
     {"run", lmj_run}, {"step", lmj_step}, {"backend_fd", lmj_backend_fd},
@@ -129,6 +153,7 @@ int luaopen_moonjob_core(lua_State *L) {
     {"spawn", lmj_spawn},
     {"timer", lmj_timer_new}, {"input", lmj_input_new}, {"open", lmj_open}, {"output", lmj_output_new},
     {"redis", lmj_redis_new},
+    {"scrub_env", lmj_scrub_env},
     {NULL, NULL}};
   static const luaL_Reg process_methods[] = {
     {"send", lmj_process_send}, {"kill", lmj_process_kill},

@@ -6,14 +6,26 @@
 -- string.buffer can encode: the processor's own fields that can cross are
 -- kept, the others become placeholders that say why ("[function]",
 -- "[Circular]", "[too deep]"), and a table raised without a message is
--- described. Results are checked against max_payload, and a heap that filled
--- (LUA_ERRMEM) becomes ENOMEM. Nothing here reads or writes the channel.
+-- described. Whatever was raised is read defensively: fields raw first, and
+-- every read that runs a metamethod of the user's (__index, __tostring) is
+-- protected, so an object that raises when read (a strict class), a cdata, a
+-- userdata or a cycle still becomes an error with the best message there is;
+-- an error larger than max_payload loses its own fields, then has its
+-- message and traceback cut. Results are checked against max_payload, and a
+-- heap that filled (LUA_ERRMEM) becomes ENOMEM. Nothing here reads or writes
+-- the channel.
 --
 -- Caveat: the limits come from the INIT options, which the runner shares with
--- this module once (encode.use_options) before any job runs.
+-- this module once (encode.use_options) before any job runs. Only a heap
+-- that fills while an error is read still makes "error in error handling".
 local buffer = require "string.buffer"
 local errors = require "moonjob.errors"
 local json = require "moonjob.codec.json"
+
+-- Kept before any processor code runs: a processor may replace the globals.
+local debug_getmetatable, next, pcall, rawget, tostring, type =
+  debug.getmetatable, next, pcall, rawget, tostring, type
+local traceback_of, concat, floor, max = debug.traceback, table.concat, math.floor, math.max
 
 local M = {}
 
@@ -28,9 +40,37 @@ end
 ---------------------------------------------------------------- errors ---
 
 local MAX_DEPTH = 20 -- nested tables in an error past this become "[too deep]"
+local MESSAGE_DEPTH = 4 -- a message that is itself an error object, that many levels deep
+
+-- Reading a user's error object runs the user's metamethods (__index,
+-- __tostring), which may raise (the strict-class pattern raises on any field
+-- it lacks): every such read is protected, and raw reads come first.
+local function index(t, k) return t[k] end
+
+-- t[k], or nil when the object lacks it or reading it raised.
+local function field(t, k)
+  local v = rawget(t, k)
+  if v ~= nil then return v end
+  local mt = debug_getmetatable(t) -- getmetatable honours __metatable, which may be anything
+  if mt == nil or rawget(mt, "__index") == nil then return nil end
+  local ok, value = pcall(index, t, k)
+  if ok then return value end
+  return nil
+end
+
+-- tostring(v), or nil when its __tostring raised or gave no string.
+local function text_of(v)
+  local t = type(v)
+  if t == "string" then return v end
+  if t == "number" or t == "boolean" or t == "nil" then return tostring(v) end
+  local ok, text = pcall(tostring, v)
+  if ok and type(text) == "string" then return text end
+  return nil
+end
 
 -- A copy of v that string.buffer can encode: values that cannot cross become
--- a short placeholder that says why ("[function]", "[Circular]", ...).
+-- a short placeholder that says why ("[function]", "[Circular]", ...). Fields
+-- are read raw (next): no metamethod of the user's runs.
 local function crossable(v, depth, seen)
   local t = type(v)
   if t == "nil" or t == "boolean" or t == "number" or t == "string" then return v end
@@ -42,7 +82,7 @@ local function crossable(v, depth, seen)
   if depth > MAX_DEPTH then return "[too deep]" end
   seen[v] = true
   local copy = {}
-  for k, value in pairs(v) do
+  for k, value in next, v do
     local tk = type(k)
     if tk == "string" or tk == "number" or tk == "boolean" then
       copy[k] = crossable(value, depth + 1, seen)
@@ -52,60 +92,95 @@ local function crossable(v, depth, seen)
   return copy
 end
 
+-- A key or value shortened for a description, at most 40 characters; a
+-- value that is a string is quoted.
+local function short_text(v, quoted)
+  local text
+  if type(v) == "string" then text = quoted and ("%q"):format(v:sub(1, 40)) or v
+  else text = text_of(v) or ("[" .. type(v) .. "]") end
+  if #text > 40 then text = text:sub(1, 37) .. "..." end
+  return text
+end
+
 -- A short text for a table raised without a usable message:
 -- 'a table was raised: { reason = "x", n = 3 }' (a few fields, shortened).
 local function describe_table(value)
   local fields, n = {}, 0
-  for k, v in pairs(value) do
+  for k, v in next, value do
     n = n + 1
     if n > 5 then fields[#fields + 1] = "..." break end
-    local text = type(v) == "string" and ("%q"):format(v) or tostring(v)
-    if #text > 40 then text = text:sub(1, 37) .. "..." end
-    fields[#fields + 1] = tostring(k) .. " = " .. text
+    fields[#fields + 1] = short_text(k) .. " = " .. short_text(v, true)
   end
-  return "a table was raised: { " .. table.concat(fields, ", ") .. " }"
+  if n == 0 then return "a table was raised: {}" end
+  return "a table was raised: { " .. concat(fields, ", ") .. " }"
 end
 
--- The message of whatever was raised: a string as is; a table's `message`, or
--- its __tostring, or a description of its fields.
-local function message_of(value)
-  if type(value) ~= "table" then return tostring(value) end
-  if value.message ~= nil then return tostring(value.message) end
-  local mt = getmetatable(value)
-  if mt and mt.__tostring then return tostring(value) end
-  return describe_table(value)
+-- The message of whatever was raised: a string as is; a table's `message`
+-- (itself read as a message), or its __tostring, or a description of its
+-- fields; a value whose __tostring fails is named by its type. Never raises.
+local function message_of(value, depth)
+  depth = depth or 1
+  if type(value) ~= "table" then
+    return text_of(value) or ("a %s was raised (its __tostring failed)"):format(type(value))
+  end
+  local message = nil
+  if depth <= MESSAGE_DEPTH then message = field(value, "message") end
+  if message ~= nil then return message_of(message, depth + 1) end
+  local mt = debug_getmetatable(value)
+  local text = mt and rawget(mt, "__tostring") ~= nil and text_of(value)
+  return text or describe_table(value)
 end
 M.message_of = message_of
 
 -- Turns whatever a processor raised into an error table that can cross the
 -- channel: code, message, traceback, plus every field of the user's own that
--- can cross (the others become placeholders).
+-- can cross (the others become placeholders). Never raises.
 local function to_error(value, traceback, default_code)
   local err
   if type(value) == "table" then
     err = crossable(value, 1, {})
     err.message = message_of(value)
-    err.code = type(value.code) == "string" and value.code or default_code
+    local code = field(value, "code")
+    err.code = type(code) == "string" and code or default_code
   else
-    err = { code = default_code, message = tostring(value) }
+    err = { code = default_code, message = message_of(value) }
   end
-  err.traceback = err.traceback or traceback
+  if type(err.traceback) ~= "string" then err.traceback = traceback end
   return err
 end
 M.to_error = to_error
 
--- The bytes of a FAIL or LOADERR frame's error; the error without its own
--- fields when one of them still cannot be encoded.
+-- s cut to `limit` bytes, saying how long it was.
+local function cut(s, limit)
+  if type(s) ~= "string" or #s <= limit then return s end
+  return s:sub(1, limit) .. ("... [cut: %d bytes in all]"):format(#s)
+end
+
+-- The bytes of a FAIL or LOADERR frame's error, within max_payload (the
+-- parent refuses a larger frame): the error whole when it fits; else without
+-- its own fields (when they were too large, the message says so); else with
+-- its message and traceback cut to fit.
 function M.encode_error(err)
+  local limit = options.max_payload
   local ok, bytes = pcall(buffer.encode, err)
-  if ok then return bytes end
-  return buffer.encode({ code = err.code, message = err.message, traceback = err.traceback })
+  if ok and #bytes <= limit then return bytes end
+  local plain = { code = err.code, message = err.message, traceback = err.traceback }
+  local fits, plain_bytes = pcall(buffer.encode, plain)
+  if fits and not ok and #plain_bytes <= limit then return plain_bytes end -- a field that cannot be encoded
+  if fits and #plain_bytes + 200 <= limit then
+    plain.message = ("%s [its other fields were left out: %d bytes, more than max_payload (%d)]")
+      :format(tostring(plain.message), #bytes, limit)
+    return buffer.encode(plain)
+  end
+  local each = max(floor((limit - 1024) / 2), 256)
+  plain.message, plain.traceback = cut(plain.message, each), cut(plain.traceback, each)
+  return buffer.encode(plain)
 end
 
 -- The message handler of every protected call of the processor's code: what
 -- was raised, and the traceback from where it was raised.
 function M.handler(value)
-  return { value = value, traceback = debug.traceback(message_of(value), 2) }
+  return { value = value, traceback = traceback_of(message_of(value), 2) }
 end
 
 ------------------------------------------------------- inputs, results ---

@@ -24,10 +24,19 @@ local M = {}
 
 local usage_error = stops.usage_error
 
+-- MOONJOB_REDIS, read once, then wiped from this process's environment
+-- block (/proc/PID/environ): the URL's password lives on only in memory.
+local function redis_from_environment()
+  local url = os.getenv("MOONJOB_REDIS") -- keeps a password out of `ps`
+  if url then core.scrub_env("MOONJOB_REDIS") end
+  return url
+end
+
 -- moonjob worker | add | status (moonjob.cli.redis).
 local function remote_command(command, o)
   local remote = require "moonjob.cli.redis"
-  o.redis = o.redis or os.getenv("MOONJOB_REDIS") -- keeps a password out of `ps`
+  local from_environment = redis_from_environment() -- wiped even when --redis is given
+  o.redis = o.redis or from_environment
   local bad = remote.check_target(o, usage_error)
   if bad then return bad end
   if command == "worker" then
