@@ -96,6 +96,7 @@ function M.new(url, opts)
     reloads = {},        -- calls that met "Function not found", sent again once it is loaded
     retiring = {},       -- connections to a server that is not a primary now, closed once drained
     subscriptions = {},  -- channel -> cb
+    said = {},           -- why -> true: the reasons on_state heard since the last "up"
     backoff = 0,
   }, Client)
   self.timer = core.timer(function() self:_tick() end)
@@ -141,7 +142,7 @@ function Client:_connect()
 end
 
 function Client:_up()
-  self.ready, self.why, self.backoff, self.said_why, self.refused = true, nil, 0, nil, nil
+  self.ready, self.why, self.backoff, self.said, self.refused = true, nil, 0, {}, nil
   self:_flush()
   if self.on_state then self.on_state(true) end
 end
@@ -155,10 +156,12 @@ function Client:_down(why)
   self.backoff = math.min(math.max(self.backoff * 2, 100), 5000)
   self.reconnect_at = loop.now() + self.backoff * (0.5 + math.random())
   self.timer:start(50, 50)
-  -- said once per reason: a server that refuses us (protected mode, a wrong
-  -- password) must not look like a silent hang, nor fill a log
-  if self.on_state and (was_ready or why ~= self.said_why) then
-    self.said_why = why
+  -- said once per reason while down: a server that refuses us (protected
+  -- mode, a wrong password, a replica) must not look like a silent hang, nor
+  -- fill a log (a replica that syncs alternates READONLY and LOADING)
+  if was_ready then self.said = {} end
+  if self.on_state and not self.said[why or ""] then
+    self.said[why or ""] = true
     self.on_state(false, why)
   end
 end
