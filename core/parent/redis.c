@@ -309,7 +309,7 @@ static void on_connect(const redisAsyncContext *ac, int status) {
     r->ac = NULL; /* hiredis frees it after this callback */
     snprintf(r->last_error, sizeof r->last_error, "%s", ac->errstr);
     if (r->next_addr < r->naddrs && !r->closed) r->next_pending = 1; /* once the poll closed */
-    else went_down(r, ac->errstr);
+    else try_next(r); /* none left: down, saying which addresses were tried */
     return;
   }
   r->state = MJ_REDIS_UP;
