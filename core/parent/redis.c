@@ -1,7 +1,9 @@
 /* redis.c -- one connection to a Redis server, on the context's libuv loop.
  *
  * Mechanism only: resolve the host name with uv_getaddrinfo (hiredis 0.14
- * would call a blocking getaddrinfo), connect to the numeric address with
+ * would call a blocking getaddrinfo), connect to each numeric address it gave
+ * in turn until one answers (localhost may give ::1 first to a server on
+ * 127.0.0.1 only; each address gets the whole connect timeout), with
  * hiredis's asynchronous API, watch the socket with a uv_poll_t of our own
  * (the adapter below), send commands as argument vectors (binary-safe), and
  * hand each reply to the owner. What the commands mean, reconnecting, AUTH and
@@ -15,7 +17,8 @@
  * connection for ever: a watchdog timer drops the connection when connecting
  * takes longer than timeout_ms, or when commands are in flight and no reply
  * came for timeout_ms. Commands sent with `persistent` (SUBSCRIBE) are not
- * counted: their replies come when they come.
+ * counted: their replies come when they come; the owner PINGs a subscribed
+ * connection instead (mj_redis_ping), whose answer is due within timeout_ms.
  *
  * Everything read from the server is untrusted: replies are built by our own
  * reader functions, which refuse a reply (and drop the connection) once it
