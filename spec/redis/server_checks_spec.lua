@@ -32,6 +32,12 @@ rq.describe(function()
       assert.is_nil(job)
       assert.matches("NOPERM", tostring(err))
       assert(q:add({ echo = 2 }))
+      -- the code every tenant's calls run, and other tenants' key names, are out of its reach
+      for _, command in ipairs({ "FUNCTION FLUSH", "FUNCTION DELETE moonjob", "KEYS '*'", "SCAN 0", "FLUSHDB" }) do
+        local out = helpers.first_line(("redis-cli -p %d --user tenant-a --pass pw-a --no-auth-warning %s 2>&1")
+          :format(server.port, command))
+        assert.matches("NOPERM", out, command)
+      end
     end)
 
     it("without function|list, uses a library at its version", function()

@@ -216,7 +216,9 @@ function Client:call(args, cb, tries)
       if e and kind == "reply" then
         local state = setup.state_refusal(e)
         if state then return self:_retire(conn, state, args, cb, tries) end
-        if setup.function_missing(e) and (tries or 0) < 2 then return self:_reload(conn, args, cb, (tries or 0) + 1) end
+        if setup.function_missing(e) and (tries or 0) < 2 then
+          return self:_reload(conn, args, cb, (tries or 0) + 1)
+        end
         kind = M.refusal_kind(e)
       elseif e then
         e = connection_error(self, e)
