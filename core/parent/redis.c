@@ -3,7 +3,7 @@
  * Mechanism only: resolve the host name with uv_getaddrinfo (hiredis 0.14
  * would call a blocking getaddrinfo), connect to each numeric address it gave
  * in turn until one answers (localhost may give ::1 first to a server on
- * 127.0.0.1 only; each address gets the whole connect timeout), with
+ * 127.0.0.1 only; the addresses share the connect timeout), with
  * hiredis's asynchronous API, watch the socket with a uv_poll_t of our own
  * (the adapter below), send commands as argument vectors (binary-safe), and
  * hand each reply to the owner. What the commands mean, reconnecting, AUTH and
@@ -276,16 +276,22 @@ static void watchdog_cb(uv_timer_t *handle) {
     uv_timer_stop(&r->watchdog);
     return;
   }
-  if (now - r->last_progress < r->timeout_ms) return;
-  if (r->state == MJ_REDIS_CONNECTING && r->ac != NULL && r->next_addr < r->naddrs) {
+  /* a name with several addresses shares the connect timeout among them */
+  uint64_t budget = r->timeout_ms;
+  if (r->state == MJ_REDIS_CONNECTING && r->naddrs > 1)
+    budget = r->timeout_ms / r->naddrs ? r->timeout_ms / r->naddrs : 1;
+  if (now - r->last_progress < budget) return;
+  if (r->state == MJ_REDIS_CONNECTING && r->ac != NULL && r->naddrs > 1) {
     /* this address does not answer: the next one, once the poll handle closed */
     redisAsyncContext *ac = r->ac;
     snprintf(r->last_error, sizeof r->last_error, "could not connect within %llu ms",
-             (unsigned long long) r->timeout_ms);
+             (unsigned long long) budget);
     r->ac = NULL;
-    r->next_pending = 1;
     r->last_progress = now;
+    int more = r->next_addr < r->naddrs;
+    r->next_pending = more;
     redisAsyncFree(ac); /* not connected: no disconnect callback; our cleanup closes the poll */
+    if (!more) try_next(r); /* none left: down, saying which addresses were tried */
     return;
   }
   char why[96];
@@ -353,7 +359,7 @@ static int connect_to(mj_redis_t *r, const char *ip) {
   }
   r->ac = ac;
   r->state = MJ_REDIS_CONNECTING;
-  r->last_progress = uv_now(&r->ctx->loop); /* each address gets the whole timeout */
+  r->last_progress = uv_now(&r->ctx->loop); /* each address gets its share of the timeout */
   redisAsyncSetConnectCallback(ac, on_connect);
   redisAsyncSetDisconnectCallback(ac, on_disconnect);
   return 0;

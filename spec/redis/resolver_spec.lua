@@ -42,6 +42,25 @@ describe("the Redis resolver #slow", function()
     assert(ok, err)
   end)
 
+  it("goes on to the next address when the first one does not answer at all", function()
+    local server = redis_server.start()
+    local hole = faults.black_hole(server.port) -- [::1], same port: SYNs dropped
+    local ok, err = pcall(function()
+      local script = ([[
+local moonjob = require "moonjob"
+local q, err = moonjob.queue("redis://localhost:%d/0", "resolver", { timeout = 4 })
+print(q and "connected" or ("error " .. tostring(err)))
+]]):format(server.port)
+      local out, status = faults.in_namespace("::1 localhost\n127.0.0.1 localhost\n", script)
+      if not out then return print("skipped: mount namespaces need root and unshare") end
+      assert.matches("connected", out) -- within its 4 s: each address has half of them
+      assert.equal(0, status)
+    end)
+    hole.stop()
+    server:stop()
+    assert(ok, err)
+  end)
+
   it("reaches localhost as this machine resolves it", function()
     local moonjob = require "moonjob"
     local server = redis_server.start()

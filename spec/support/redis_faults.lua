@@ -7,6 +7,7 @@
 --   local proxy = faults.proxy(server)     -- a TCP proxy; proxy:freeze() turns every link
 --   proxy.url ... proxy:stop()             --   open now into a black hole (no byte, no close)
 --   faults.in_namespace(hosts, script)     -- runs a Lua script with /etc/hosts replaced
+--   faults.black_hole(port)                -- [::1]:port takes no new connection, silently
 --
 -- Everything listens on 127.0.0.1 only; processes are ended by their pid.
 local helpers = require "helpers"
@@ -117,6 +118,41 @@ function Proxy:stop()
   os.execute(("kill -KILL %d 2>/dev/null"):format(self.pid))
   helpers.wait_for(function() return not helpers.running(self.pid) end, 10)
   os.execute("rm -rf " .. self.dir)
+end
+
+local BLACK_HOLE = [[
+import socket, sys, time
+port = int(sys.argv[1])
+s = socket.socket(socket.AF_INET6)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("::1", port))
+s.listen(0)
+held = []
+for _ in range(3):   # the accept queue full: the kernel drops the next SYNs, unanswered
+    c = socket.socket(socket.AF_INET6)
+    c.setblocking(False)
+    try:
+        c.connect(("::1", port))
+    except BlockingIOError:
+        pass
+    held.append(c)
+print("ready", flush=True)
+time.sleep(600)
+]]
+
+-- A listener on [::1]:port that never answers a new connection (its accept
+-- queue is full): connecting there hangs until the client gives up.
+-- Returns an object with stop().
+function M.black_hole(port)
+  local dir = helpers.tmpdir()
+  helpers.write_file(dir .. "/hole.py", BLACK_HOLE)
+  local pid = assert(tonumber(helpers.first_line(("python3 %s/hole.py %d > %s/out & echo $!"):format(dir, port, dir))))
+  helpers.wait_for(function() return helpers.first_line("cat " .. dir .. "/out") == "ready" end, 10)
+  return { stop = function()
+    os.execute(("kill -KILL %d 2>/dev/null"):format(pid))
+    helpers.wait_for(function() return not helpers.running(pid) end, 10)
+    os.execute("rm -rf " .. dir)
+  end }
 end
 
 -- Runs `script` (Lua, on this tree's modules) in a mount namespace of its
