@@ -89,6 +89,7 @@ function M.new(url, opts)
   local self = setmetatable({
     target = t, name = M.display(t),
     timeout_ms = opts.timeout_ms or 5000,
+    sub_timeout_ms = math.max(opts.timeout_ms or 5000, 2000),
     max_reply = opts.max_reply or 64 * 1024 * 1024,
     on_state = opts.on_state,
     ready = false, closed = false, why = nil,
@@ -318,12 +319,14 @@ end
 -- Subscriptions: one more connection, set up like the first (AUTH, SELECT).
 -- It waits for messages, so a link that died silently (a NAT or proxy that
 -- forgot it, a cut cable) would never be noticed: it is PINGed every
--- timeout_ms, and no answer within timeout_ms drops it (core/parent/redis.c);
--- it is then made again and cb hears "resubscribed".
+-- sub_timeout_ms, and no answer within as long drops it (core/parent/redis.c);
+-- it is then made again and cb hears "resubscribed". That timeout is
+-- timeout_ms, at least 2 s: a busy server's slow answer costs a needless
+-- resubscription, not a lost call, but should stay rare.
 function Client:subscribe(channel, cb)
   self.subscriptions[channel] = cb
   self:_resubscribe()
-  self.ping_timer:start(self.timeout_ms, self.timeout_ms)
+  self.ping_timer:start(self.sub_timeout_ms, self.sub_timeout_ms)
 end
 
 function Client:_ping()
@@ -348,7 +351,7 @@ function Client:_resubscribe()
   if self.sub then return end
   self.sub_pending = nil
   local sub
-  sub = core.redis(self.target.host, self.target.port, self.timeout_ms, self.max_reply,
+  sub = core.redis(self.target.host, self.target.port, self.sub_timeout_ms, self.max_reply,
     function(kind)
       if self.sub ~= sub then return end
       if kind == "up" then
