@@ -325,6 +325,8 @@ struct redisAsyncContext;
 struct redisReply;
 typedef struct mj_redis_s mj_redis_t;
 
+#define MJ_REDIS_ADDRS 8 /* addresses of a name tried, at most */
+
 typedef enum { MJ_REDIS_RESOLVING, MJ_REDIS_CONNECTING, MJ_REDIS_UP, MJ_REDIS_DOWN } mj_redis_state_t;
 
 /* A reply (NULL with `error` set when the connection ended first). */
@@ -342,6 +344,9 @@ struct mj_redis_s {
   uv_timer_t watchdog;                 /* connect and reply timeouts */
   char host[256];
   int port;
+  char addrs[MJ_REDIS_ADDRS][64];      /* what the name resolved to, tried in order */
+  int naddrs, next_addr;
+  char last_error[160];                /* why the last address tried failed */
   uint64_t timeout_ms;
   size_t max_reply;                    /* bytes one reply may take */
   size_t reply_bytes;                  /* taken by the reply being read */
@@ -358,12 +363,15 @@ struct mj_redis_s {
   mj_redis_t *next, *prev;             /* the context's list of connections */
   unsigned resolving : 1, poll_open : 1, closed : 1;
   unsigned in_connect : 1, drop_pending : 1, close_pending : 1; /* on_connect: freeing waits */
+  unsigned next_pending : 1;           /* the next address, once the poll handle closed */
+  unsigned ping_pending : 1;           /* a PING on a subscription awaits any byte back */
 };
 
 int mj_redis_open(mj_ctx_t *ctx, mj_redis_t *r, const char *host, int port,
                   uint64_t timeout_ms, size_t max_reply);
 int mj_redis_command(mj_redis_t *r, int argc, const char **argv, const size_t *lens,
                      intptr_t tag, int persistent);
+int mj_redis_ping(mj_redis_t *r);
 void mj_redis_close(mj_redis_t *r);
 void mj__redis_close_all(mj_ctx_t *ctx);
 

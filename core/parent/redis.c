@@ -1,7 +1,9 @@
 /* redis.c -- one connection to a Redis server, on the context's libuv loop.
  *
  * Mechanism only: resolve the host name with uv_getaddrinfo (hiredis 0.14
- * would call a blocking getaddrinfo), connect to the numeric address with
+ * would call a blocking getaddrinfo), connect to each numeric address it gave
+ * in turn until one answers (localhost may give ::1 first to a server on
+ * 127.0.0.1 only; the addresses share the connect timeout), with
  * hiredis's asynchronous API, watch the socket with a uv_poll_t of our own
  * (the adapter below), send commands as argument vectors (binary-safe), and
  * hand each reply to the owner. What the commands mean, reconnecting, AUTH and
@@ -15,7 +17,8 @@
  * connection for ever: a watchdog timer drops the connection when connecting
  * takes longer than timeout_ms, or when commands are in flight and no reply
  * came for timeout_ms. Commands sent with `persistent` (SUBSCRIBE) are not
- * counted: their replies come when they come.
+ * counted: their replies come when they come; the owner PINGs a subscribed
+ * connection instead (mj_redis_ping), whose answer is due within timeout_ms.
  *
  * Everything read from the server is untrusted: replies are built by our own
  * reader functions, which refuse a reply (and drop the connection) once it
@@ -48,6 +51,10 @@ static void *charge(const redisReadTask *task, size_t bytes) {
     return NULL;
   }
   r->reply_bytes += bytes;
+  if (r->ping_pending) { /* the subscription's link carries bytes: it is alive */
+    r->ping_pending = 0;
+    r->last_progress = uv_now(&r->ctx->loop);
+  }
   return calloc(1, sizeof(redisReply));
 }
 
@@ -143,8 +150,17 @@ static void unlink_open(mj_redis_t *r) {
   r->next = r->prev = NULL;
 }
 
+static void try_next(mj_redis_t *r);
+
 static void handle_closed(uv_handle_t *handle) {
   mj_redis_t *r = handle->data;
+  if (handle == (uv_handle_t *) &r->poll) {
+    r->poll_open = 0;
+    if (r->next_pending) { /* the address before failed: the poll handle is free again */
+      r->next_pending = 0;
+      if (!r->closed && r->state != MJ_REDIS_DOWN) try_next(r);
+    }
+  }
   if (--r->open_handles == 0 && !r->resolving) {
     unlink_open(r);
     if (r->on_freed) r->on_freed(r);
@@ -155,6 +171,7 @@ static void handle_closed(uv_handle_t *handle) {
 static void went_down(mj_redis_t *r, const char *why) {
   if (r->state == MJ_REDIS_DOWN) return;
   r->state = MJ_REDIS_DOWN;
+  r->ping_pending = 0;
   uv_timer_stop(&r->watchdog);
   if (r->why[0] == '\0') snprintf(r->why, sizeof r->why, "%s", why ? why : "connection closed");
   if (r->on_state && !r->closed) r->on_state(r, 0, r->why);
@@ -253,12 +270,30 @@ static void watchdog_cb(uv_timer_t *handle) {
     return;
   }
   uint64_t now = uv_now(&r->ctx->loop);
-  int waiting = r->state == MJ_REDIS_RESOLVING || r->state == MJ_REDIS_CONNECTING || r->pending > 0;
+  int waiting = r->state == MJ_REDIS_RESOLVING || r->state == MJ_REDIS_CONNECTING || r->pending > 0
+                || r->ping_pending;
   if (!waiting) {
     uv_timer_stop(&r->watchdog);
     return;
   }
-  if (now - r->last_progress < r->timeout_ms) return;
+  /* a name with several addresses shares the connect timeout among them */
+  uint64_t budget = r->timeout_ms;
+  if (r->state == MJ_REDIS_CONNECTING && r->naddrs > 1)
+    budget = r->timeout_ms / r->naddrs ? r->timeout_ms / r->naddrs : 1;
+  if (now - r->last_progress < budget) return;
+  if (r->state == MJ_REDIS_CONNECTING && r->ac != NULL && r->naddrs > 1) {
+    /* this address does not answer: the next one, once the poll handle closed */
+    redisAsyncContext *ac = r->ac;
+    snprintf(r->last_error, sizeof r->last_error, "could not connect within %llu ms",
+             (unsigned long long) budget);
+    r->ac = NULL;
+    r->last_progress = now;
+    int more = r->next_addr < r->naddrs;
+    r->next_pending = more;
+    redisAsyncFree(ac); /* not connected: no disconnect callback; our cleanup closes the poll */
+    if (!more) try_next(r); /* none left: down, saying which addresses were tried */
+    return;
+  }
   char why[96];
   if (r->state == MJ_REDIS_UP)
     snprintf(why, sizeof why, "no reply from the server within %llu ms", (unsigned long long) r->timeout_ms);
@@ -281,7 +316,9 @@ static void on_connect(const redisAsyncContext *ac, int status) {
   mj_redis_t *r = ac->data;
   if (status != REDIS_OK) {
     r->ac = NULL; /* hiredis frees it after this callback */
-    went_down(r, ac->errstr);
+    snprintf(r->last_error, sizeof r->last_error, "%s", ac->errstr);
+    if (r->next_addr < r->naddrs && !r->closed) r->next_pending = 1; /* once the poll closed */
+    else try_next(r); /* none left: down, saying which addresses were tried */
     return;
   }
   r->state = MJ_REDIS_UP;
@@ -299,18 +336,17 @@ static void on_disconnect(const redisAsyncContext *ac, int status) {
   went_down(r, status == REDIS_OK ? "connection closed" : ac->errstr);
 }
 
-static void connect_to(mj_redis_t *r, const char *ip) {
+/* Starts connecting to one numeric address: 0, or -1 with r->last_error set. */
+static int connect_to(mj_redis_t *r, const char *ip) {
   redisAsyncContext *ac = redisAsyncConnect(ip, r->port);
   if (ac == NULL) {
-    went_down(r, "out of memory");
-    return;
+    snprintf(r->last_error, sizeof r->last_error, "out of memory");
+    return -1;
   }
   if (ac->err) {
-    char why[160];
-    snprintf(why, sizeof why, "cannot connect to %.100s:%d: %s", r->host, r->port, ac->errstr);
+    snprintf(r->last_error, sizeof r->last_error, "cannot connect to %.100s:%d: %s", r->host, r->port, ac->errstr);
     redisAsyncFree(ac);
-    went_down(r, why);
-    return;
+    return -1;
   }
   ac->data = r;
   ac->c.reader->fn = &reply_functions;
@@ -318,25 +354,54 @@ static void connect_to(mj_redis_t *r, const char *ip) {
   int rc = attach(r, ac);
   if (rc != 0) {
     redisAsyncFree(ac);
-    went_down(r, uv_strerror(rc));
-    return;
+    snprintf(r->last_error, sizeof r->last_error, "%s", uv_strerror(rc));
+    return -1;
   }
   r->ac = ac;
   r->state = MJ_REDIS_CONNECTING;
+  r->last_progress = uv_now(&r->ctx->loop); /* each address gets its share of the timeout */
   redisAsyncSetConnectCallback(ac, on_connect);
   redisAsyncSetDisconnectCallback(ac, on_disconnect);
+  return 0;
+}
+
+/* The next address the name resolved to; down once none is left (with the
+ * last address's error, and which addresses were tried when more than one). */
+static void try_next(mj_redis_t *r) {
+  while (r->next_addr < r->naddrs)
+    if (connect_to(r, r->addrs[r->next_addr++]) == 0) return;
+  if (r->naddrs < 2) {
+    went_down(r, r->last_error);
+    return;
+  }
+  char why[sizeof r->why], tried[128] = "";
+  for (int i = 0; i < r->naddrs; i++) {
+    size_t used = strlen(tried);
+    snprintf(tried + used, sizeof tried - used, "%s%s", i ? ", " : "", r->addrs[i]);
+  }
+  snprintf(why, sizeof why, "%.70s (tried every address of %.30s: %.50s)", r->last_error, r->host, tried);
+  went_down(r, why);
+}
+
+/* Keeps every address (IPv4 and IPv6, no duplicates) in the resolver's order:
+ * `localhost` may give ::1 first to a server listening on 127.0.0.1 only. */
+static void keep_addresses(mj_redis_t *r, const struct addrinfo *res) {
+  r->naddrs = r->next_addr = 0;
+  for (const struct addrinfo *p = res; p != NULL && r->naddrs < MJ_REDIS_ADDRS; p = p->ai_next) {
+    char ip[64] = "";
+    if (p->ai_family == AF_INET6) uv_ip6_name((const struct sockaddr_in6 *) p->ai_addr, ip, sizeof ip);
+    else if (p->ai_family == AF_INET) uv_ip4_name((const struct sockaddr_in *) p->ai_addr, ip, sizeof ip);
+    if (ip[0] == '\0') continue;
+    int seen = 0;
+    for (int i = 0; i < r->naddrs && !seen; i++) seen = strcmp(r->addrs[i], ip) == 0;
+    if (!seen) snprintf(r->addrs[r->naddrs++], sizeof r->addrs[0], "%s", ip);
+  }
 }
 
 static void resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
   mj_redis_t *r = req->data;
-  char ip[64] = "";
   r->resolving = 0;
-  if (status == 0 && res != NULL) {
-    if (res->ai_family == AF_INET6)
-      uv_ip6_name((struct sockaddr_in6 *) res->ai_addr, ip, sizeof ip);
-    else
-      uv_ip4_name((struct sockaddr_in *) res->ai_addr, ip, sizeof ip);
-  }
+  if (status == 0) keep_addresses(r, res);
   uv_freeaddrinfo(res);
   if (r->closed || r->state == MJ_REDIS_DOWN) { /* closed, or timed out while resolving */
     if (r->closed && r->open_handles == 0) {
@@ -345,13 +410,14 @@ static void resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
     }
     return;
   }
-  if (status != 0) {
+  if (status != 0 || r->naddrs == 0) {
     char why[160];
-    snprintf(why, sizeof why, "cannot resolve %.100s: %s", r->host, uv_strerror(status));
+    snprintf(why, sizeof why, "cannot resolve %.100s: %s", r->host,
+             status != 0 ? uv_strerror(status) : "no IPv4 or IPv6 address");
     went_down(r, why);
     return;
   }
-  connect_to(r, ip);
+  try_next(r);
 }
 
 /* Starts connecting to host:port (a name or a numeric address). The owner
@@ -409,6 +475,25 @@ int mj_redis_command(mj_redis_t *r, int argc, const char **argv, const size_t *l
   if (redisAsyncCommandArgv(r->ac, reply_cb, privdata, argc, argv, lens) != REDIS_OK)
     return UV_ENOTCONN;
   if (!persistent && r->pending++ == 0) arm_watchdog(r);
+  return 0;
+}
+
+/* A PING on a subscribed connection, whose answer (any byte back) is due
+ * within timeout_ms, or the connection drops: a subscription waits for
+ * messages that may never come, so only this notices a link that died
+ * silently. The PING goes into hiredis's output buffer with no callback:
+ * hiredis 0.14 would keep a callback for it for ever (its answer, ["pong",
+ * ""], is taken for a pattern message and dropped). Returns 0, UV_ENOTCONN
+ * when not up, or UV_EINVAL on a connection not (only) subscribed. */
+int mj_redis_ping(mj_redis_t *r) {
+  static const char ping[] = "*1\r\n$4\r\nPING\r\n";
+  if (r->state != MJ_REDIS_UP || r->ac == NULL || r->closed || r->close_pending) return UV_ENOTCONN;
+  if (!(r->ac->c.flags & REDIS_SUBSCRIBED) || r->ac->replies.head != NULL) return UV_EINVAL;
+  if (r->ping_pending) return 0; /* the last one is still due */
+  if (redisAppendFormattedCommand(&r->ac->c, ping, sizeof ping - 1) != REDIS_OK) return UV_ENOMEM;
+  ev_add_write(r);
+  if (r->pending == 0) arm_watchdog(r);
+  r->ping_pending = 1;
   return 0;
 }
 

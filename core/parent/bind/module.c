@@ -169,7 +169,8 @@ int luaopen_moonjob_core(lua_State *L) {
     {NULL, NULL}};
   static const luaL_Reg redis_methods[] = {
     {"command", lmj_redis_command}, {"subscribe", lmj_redis_subscribe},
-    {"close", lmj_redis_close}, {"pending", lmj_redis_pending}, {NULL, NULL}};
+    {"close", lmj_redis_close}, {"pending", lmj_redis_pending},
+    {"ping", lmj_redis_ping}, {NULL, NULL}};
   static const luaL_Reg output_methods[] = {
     {"write", lmj_output_write}, {"pending", lmj_output_pending}, {NULL, NULL}};
 

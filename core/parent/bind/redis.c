@@ -223,6 +223,17 @@ static int lmj_redis_close(lua_State *L) {
   return 0;
 }
 
+/* conn:ping() -> true | nil, err: a PING on a subscribed connection; no
+ * byte back within the timeout drops it (on_event("down", why)). */
+static int lmj_redis_ping(lua_State *L) {
+  lmj_redis_t *lr = lmj_check_redis(L, 1);
+  int rc = mj_redis_ping(&lr->r);
+  mj_ctx_touch(&lr->lctx->ctx);
+  if (rc != 0) return lmj_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static int lmj_redis_pending(lua_State *L) {
   lua_pushnumber(L, lmj_check_redis(L, 1)->r.pending);
   return 1;

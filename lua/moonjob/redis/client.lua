@@ -2,18 +2,27 @@
 -- core.redis (one connection, mechanism in core/parent/redis.c).
 --
 -- What it adds: redis:// URLs (user, password, db; the password is never
--- printed), AUTH and SELECT, loading moonjob's function library on each
--- connection, reconnecting with back-off and jitter, and calls made while the
--- connection is being re-established waiting for it (up to timeout_ms) rather
--- than failing at once. A subscription lives on a second connection of its
--- own and is renewed on each reconnect; its callback then hears "resubscribed"
--- (messages sent while it was down are lost: the owner re-checks).
+-- printed), the set-up of each connection (moonjob.redis.setup: AUTH and
+-- SELECT, the eviction policy, moonjob's function library loaded when the
+-- server's copy is not ours, a writable primary), reconnecting with back-off
+-- and jitter, and calls made while the connection is being re-established
+-- waiting for it (up to timeout_ms) rather than failing at once. Calls the
+-- server refused without running them are sent again, unseen by the caller:
+-- after "Function not found" (the library is loaded again on that
+-- connection), and after READONLY, MASTERDOWN or LOADING (the server is not a
+-- primary now: on a new connection, once the server is one; on_state hears
+-- why, once). A subscription lives on a second connection of its own, PINGed
+-- so that a dead link is noticed, and is renewed on each reconnect; its
+-- callback then hears "resubscribed" (messages sent while it was down are
+-- lost: the owner re-checks).
 --
 -- Caveats: no TLS (hiredis 0.14 has none); no Unix sockets; one server (no
--- Sentinel or Cluster redirections; every key of a queue shares one hash tag
--- so a cluster-aware proxy can route it).
+-- Sentinel or Cluster redirections: after a failover the URL must name the
+-- new primary; every key of a queue shares one hash tag so a cluster-aware
+-- proxy can route it).
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
+local setup = require "moonjob.redis.setup"
 
 local M = {}
 local Client = {}
@@ -70,18 +79,6 @@ function M.display(t)
   return ("redis://%s%s:%d/%d"):format(auth, host, t.port, t.db)
 end
 
-local library_text
-local function library()
-  if not library_text then
-    local path = assert(package.searchpath("moonjob.redis.functions", package.path),
-      "moonjob.redis.functions is not installed beside moonjob")
-    local f = assert(io.open(path, "rb"))
-    library_text = f:read("*a")
-    f:close()
-  end
-  return library_text
-end
-
 -- M.new(url, opts) -> client | nil, err. opts: timeout_ms (connect, replies and
 -- waiting for a connection; default 5000), max_reply (bytes; default 64 MiB),
 -- on_state(up, why) (the connection came up or went down).
@@ -92,14 +89,19 @@ function M.new(url, opts)
   local self = setmetatable({
     target = t, name = M.display(t),
     timeout_ms = opts.timeout_ms or 5000,
+    sub_timeout_ms = math.max(opts.timeout_ms or 5000, 2000),
     max_reply = opts.max_reply or 64 * 1024 * 1024,
     on_state = opts.on_state,
     ready = false, closed = false, why = nil,
-    waiting = {},        -- calls made while not ready: { args, cb, deadline }
+    waiting = {},        -- calls made while not ready: { args, cb, deadline, tries }
+    reloads = {},        -- calls that met "Function not found", sent again once it is loaded
+    retiring = {},       -- connections to a server that is not a primary now, closed once drained
     subscriptions = {},  -- channel -> cb
+    said = {},           -- why -> true: the reasons on_state heard since the last "up"
     backoff = 0,
   }, Client)
   self.timer = core.timer(function() self:_tick() end)
+  self.ping_timer = core.timer(function() self:_ping() end)
   self:_connect()
   return self
 end
@@ -111,44 +113,21 @@ local function connection_error(self, why)
   return ("EREDIS: %s: %s"):format(self.name, why or "not connected")
 end
 
--- AUTH and SELECT as the URL says, then (load_library) moonjob's functions.
-function Client:_setup_commands(load_library)
-  local t, cmds = self.target, {}
-  if t.password then
-    cmds[#cmds + 1] = t.user and { "AUTH", t.user, t.password } or { "AUTH", t.password }
-  end
-  if t.db ~= 0 then cmds[#cmds + 1] = { "SELECT", t.db } end
-  if load_library then cmds[#cmds + 1] = { "FUNCTION", "LOAD", "REPLACE", library() } end
-  return cmds
-end
-
--- Runs the set-up commands in order on conn, then done(nil) or done(err).
-local function set_up(conn, cmds, done)
-  local i = 0
-  local function step(_, err)
-    if err then return done(err) end
-    i = i + 1
-    if i > #cmds then return done(nil) end
-    local ok, serr = conn:command(cmds[i], step)
-    if not ok then done(serr) end
-  end
-  step()
-end
-
 function Client:_connect()
   if self.closed then return end
   local conn
   conn = core.redis(self.target.host, self.target.port, self.timeout_ms, self.max_reply,
     function(kind, why)
-      if self.conn ~= conn then return end
+      if self.conn ~= conn then
+        if kind == "down" and self.retiring[conn] then self.retiring[conn] = nil; conn:close() end
+        return
+      end
       if kind == "up" then
-        set_up(conn, self:_setup_commands(true), function(err)
+        setup.run(conn, self.target, true, function(err, err_kind)
           if self.conn ~= conn then return end
           if err then
-            if err:find("WRONGPASS") or err:find("NOAUTH") or err:find("invalid password") then
-              err = err .. " (check the user and password in the URL)"
-            end
             conn:close()
+            self.refused = err_kind == "refused" and err or nil
             return self:_down(err)
           end
           self:_up()
@@ -164,10 +143,8 @@ function Client:_connect()
 end
 
 function Client:_up()
-  self.ready, self.why, self.backoff, self.said_why = true, nil, 0, nil
-  local waiting = self.waiting
-  self.waiting = {}
-  for _, w in ipairs(waiting) do self:call(w[1], w[2]) end
+  self.ready, self.why, self.backoff, self.said, self.refused = true, nil, 0, {}, nil
+  self:_flush()
   if self.on_state then self.on_state(true) end
 end
 
@@ -180,10 +157,12 @@ function Client:_down(why)
   self.backoff = math.min(math.max(self.backoff * 2, 100), 5000)
   self.reconnect_at = loop.now() + self.backoff * (0.5 + math.random())
   self.timer:start(50, 50)
-  -- said once per reason: a server that refuses us (protected mode, a wrong
-  -- password) must not look like a silent hang, nor fill a log
-  if self.on_state and (was_ready or why ~= self.said_why) then
-    self.said_why = why
+  -- said once per reason while down: a server that refuses us (protected
+  -- mode, a wrong password, a replica) must not look like a silent hang, nor
+  -- fill a log (a replica that syncs alternates READONLY and LOADING)
+  if was_ready then self.said = {} end
+  if self.on_state and not self.said[why or ""] then
+    self.said[why or ""] = true
     self.on_state(false, why)
   end
 end
@@ -224,20 +203,101 @@ end
 
 -- client:call(args, cb): cb(reply) or cb(nil, err, kind) with kind "reply"
 -- (the server refused the call itself: err is its message), "transient" (the
--- server refused for now: M.refusal_kind) or "connection".
-function Client:call(args, cb)
+-- server refused for now: M.refusal_kind) or "connection". Two refusals never
+-- reach cb, as the call never ran: "Function not found" (the library is
+-- loaded again on that connection and the call sent again, twice at most)
+-- and READONLY, MASTERDOWN or LOADING (the server is not a primary now: the
+-- call waits for the next connection, as while disconnected). `tries`:
+-- internal, the reloads this call caused.
+function Client:call(args, cb, tries)
   if self.closed then return cb(nil, "EREDIS: the client is closed", "connection") end
-  if self.ready and self.conn then
-    local ok, err = self.conn:command(args, function(v, e, kind)
-      if e and kind == "connection" then e = connection_error(self, e) end
-      if e and kind == "reply" then kind = M.refusal_kind(e) end
+  local conn = self.conn
+  if self.ready and conn then
+    local ok, err = conn:command(args, function(v, e, kind)
+      if e and kind == "reply" then
+        local state = setup.state_refusal(e)
+        if state then return self:_retire(conn, state, args, cb, tries) end
+        if setup.function_missing(e) and (tries or 0) < 2 then
+          return self:_reload(conn, args, cb, (tries or 0) + 1)
+        end
+        kind = M.refusal_kind(e)
+      elseif e then
+        e = connection_error(self, e)
+      end
+      if kind ~= "connection" then self:_settle(conn) end
       cb(v, e, kind)
     end)
     if ok then return end
     self.why = err
   end
-  self.waiting[#self.waiting + 1] = { args, cb, loop.now() + self.timeout_ms }
+  self:_wait(args, cb, tries)
+end
+
+-- The call waits for a connection ready for it (until timeout_ms from now).
+function Client:_wait(args, cb, tries)
+  self.waiting[#self.waiting + 1] = { args, cb, loop.now() + self.timeout_ms, tries }
   self.timer:start(50, 50)
+end
+
+-- Sends what waited, in order: the calls a reload held first (sent first).
+function Client:_flush()
+  local reloads, waiting = self.reloads, self.waiting
+  self.reloads, self.waiting = {}, {}
+  for _, w in ipairs(reloads) do self:call(w[1], w[2], w[4]) end
+  for _, w in ipairs(waiting) do self:call(w[1], w[2], w[4]) end
+end
+
+-- The server is not a primary now: no more calls on conn (the ones in
+-- flight end there), said once through on_state, and a new connection after
+-- the back-off, whose set-up checks for a primary again. The refused call
+-- never ran: it waits for that connection.
+function Client:_retire(conn, why, args, cb, tries)
+  self:_wait(args, cb, tries)
+  if self.conn == conn then
+    self.retiring[conn] = true
+    self:_down(why)
+  end
+  self:_settle(conn)
+end
+
+-- A retiring connection is closed once nothing is in flight on it.
+function Client:_settle(conn)
+  if self.retiring[conn] and conn:pending() == 0 then
+    self.retiring[conn] = nil
+    conn:close()
+  end
+end
+
+-- "Function not found": the library was flushed (FUNCTION FLUSH, a restart
+-- without it). It is loaded again on this connection, once for every call
+-- that met it meanwhile; those calls never ran, and are sent again, first.
+function Client:_reload(conn, args, cb, tries)
+  if self.conn ~= conn then return self:_wait(args, cb, tries) end -- the next connection loads it
+  self.reloads[#self.reloads + 1] = { args, cb, nil, tries }
+  if self.reloading then return end
+  self.reloading, self.ready = true, false -- new calls wait until it is loaded
+  setup.ensure_library(conn, function(err, kind)
+    self.reloading = false
+    if self.conn ~= conn or kind == "connection" or kind == "state" then
+      -- this connection goes (down, or not a primary): the next one loads it
+      local reloads = self.reloads
+      self.reloads = {}
+      for _, w in ipairs(reloads) do self:_wait(w[1], w[2], w[4]) end
+      if kind == "state" and self.conn == conn then
+        self.retiring[conn] = true
+        self:_down(err)
+        self:_settle(conn)
+      end
+      return
+    end
+    self.ready = true
+    if err then -- refused (an ACL): the calls fail with why; the server's state, so transient
+      local reloads = self.reloads
+      self.reloads = {}
+      for _, w in ipairs(reloads) do w[2](nil, err, "transient") end
+    end
+    self:_flush()
+  end)
 end
 
 -- client:call_wait(args) -> reply | nil, err: a blocking call (the REPL, a script).
@@ -251,15 +311,26 @@ end
 -- client:wait_ready() -> true | nil, err: waits up to timeout_ms for a connection.
 function Client:wait_ready()
   local deadline = loop.now() + self.timeout_ms
-  loop.wait_until(function() return self.ready or self.closed or loop.now() >= deadline end)
+  loop.wait_until(function() return self.ready or self.closed or self.refused or loop.now() >= deadline end)
   if self.ready then return true end
   return nil, connection_error(self, self.why or "no answer")
 end
 
--- Subscriptions: one more connection, set up like the first.
+-- Subscriptions: one more connection, set up like the first (AUTH, SELECT).
+-- It waits for messages, so a link that died silently (a NAT or proxy that
+-- forgot it, a cut cable) would never be noticed: it is PINGed every
+-- sub_timeout_ms, and no answer within as long drops it (core/parent/redis.c);
+-- it is then made again and cb hears "resubscribed". That timeout is
+-- timeout_ms, at least 2 s: a busy server's slow answer costs a needless
+-- resubscription, not a lost call, but should stay rare.
 function Client:subscribe(channel, cb)
   self.subscriptions[channel] = cb
   self:_resubscribe()
+  self.ping_timer:start(self.sub_timeout_ms, self.sub_timeout_ms)
+end
+
+function Client:_ping()
+  if self.sub and self.sub_up then self.sub:ping() end -- nil, err before SUBSCRIBE was sent: no matter
 end
 
 function Client:_resubscribe()
@@ -280,11 +351,11 @@ function Client:_resubscribe()
   if self.sub then return end
   self.sub_pending = nil
   local sub
-  sub = core.redis(self.target.host, self.target.port, self.timeout_ms, self.max_reply,
+  sub = core.redis(self.target.host, self.target.port, self.sub_timeout_ms, self.max_reply,
     function(kind)
       if self.sub ~= sub then return end
       if kind == "up" then
-        set_up(sub, self:_setup_commands(false), function(err)
+        setup.run(sub, self.target, false, function(err)
           if self.sub ~= sub then return end
           if err then -- refused (a password): try again later, as after a drop
             sub:close()
@@ -310,11 +381,15 @@ function Client:close()
   self.closed, self.ready = true, false
   if self.conn then self.conn:close() end
   if self.sub then self.sub:close() end
-  self.conn, self.sub = nil, nil
-  local waiting = self.waiting
-  self.waiting = {}
-  for _, w in ipairs(waiting) do w[2](nil, "EREDIS: the client is closed", "connection") end
+  for conn in pairs(self.retiring) do conn:close() end
+  self.conn, self.sub, self.retiring = nil, nil, {}
+  local reloads, waiting = self.reloads, self.waiting
+  self.reloads, self.waiting = {}, {}
+  for _, list in ipairs({ reloads, waiting }) do
+    for _, w in ipairs(list) do w[2](nil, "EREDIS: the client is closed", "connection") end
+  end
   self.timer:close()
+  self.ping_timer:close()
 end
 
 return M

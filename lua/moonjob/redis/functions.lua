@@ -397,3 +397,11 @@ redis.register_function("moonjob_cancel", cancel)
 redis.register_function{ function_name = "moonjob_get", callback = get, flags = { "no-writes" } }
 redis.register_function{ function_name = "moonjob_counts", callback = counts, flags = { "no-writes" } }
 redis.register_function{ function_name = "moonjob_version", callback = version, flags = { "no-writes" } }
+
+-- writable() -> "OK": may write (no "no-writes" flag) and writes nothing, so
+-- it is refused as every write is by a replica (READONLY), a replica cut off
+-- from its primary (MASTERDOWN) or a server loading its data (LOADING):
+-- clients call it at connect to know they reached a primary. allow-oom: a
+-- full primary is still a primary.
+redis.register_function{ function_name = "moonjob_writable", callback = function() return "OK" end,
+  flags = { "allow-oom" } }

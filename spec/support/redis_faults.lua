@@ -1,0 +1,175 @@
+-- spec/support/redis_faults.lua -- faults of a production Redis, on loopback,
+-- for the specs of spec/redis/:
+--
+--   faults.tenant(server, "tenant-a", "pw", { list = true })  -- an ACL user limited to its queues
+--   faults.load_library(server)            -- as an admin does: redis-cli -x FUNCTION LOAD REPLACE
+--   faults.replica_of(replica, primary)    -- REPLICAOF, waits until the link is up
+--   local proxy = faults.proxy(server)     -- a TCP proxy; proxy:freeze() turns every link
+--   proxy.url ... proxy:stop()             --   open now into a black hole (no byte, no close)
+--   faults.in_namespace(hosts, script)     -- runs a Lua script with /etc/hosts replaced
+--   faults.black_hole(port)                -- [::1]:port takes no new connection, silently
+--
+-- Everything listens on 127.0.0.1 only; processes are ended by their pid.
+local helpers = require "helpers"
+
+local M = {}
+
+M.LIBRARY = "lua/moonjob/redis/functions.lua"
+
+-- The ACL rules docs/REDIS.md gives a tenant (its queues' names begin with
+-- NAME-); opts.list adds function|list (the exact check of the library).
+function M.tenant_rules(name, opts)
+  local rules = { "on", "resetkeys", "~mj:{" .. name .. "-*}:*", "resetchannels", "&mj:{" .. name .. "-*}:*",
+    "-@all", "+@read", "+@write", "-@dangerous", "-function", "-scan", "-randomkey", "+time", "+publish", "+subscribe",
+    "+ping", "+fcall", "+fcall_ro" }
+  if opts and opts.list then rules[#rules + 1] = "+function|list" end
+  return rules
+end
+
+function M.tenant(server, name, password, opts)
+  local out = server:cli("ACL", "SETUSER", name, ">" .. password, unpack(M.tenant_rules(name, opts)))
+  assert(out == "OK", out)
+  return ("redis://%s:%s@127.0.0.1:%d/0"):format(name, password, server.port)
+end
+
+function M.load_library(server, path)
+  local out = helpers.first_line(("redis-cli -p %d -x FUNCTION LOAD REPLACE < %s 2>&1")
+    :format(server.port, path or M.LIBRARY))
+  assert(out == "moonjob", out)
+end
+
+local function link_up(replica)
+  return replica:cli("INFO", "replication"):find("master_link_status:up", 1, true) ~= nil
+end
+
+function M.replica_of(replica, primary)
+  assert(replica:cli("REPLICAOF", "127.0.0.1", primary.port) == "OK")
+  helpers.wait_for(function() return link_up(replica) end, 20)
+end
+
+-- The role a server has now ("master" or "slave").
+function M.role(server)
+  return server:cli("ROLE"):match("^(%a+)")
+end
+
+local PROXY = [[
+import signal, socket, sys, threading
+target = int(sys.argv[1])
+accepted = [0]
+frozen_below = [0]   # links numbered below this are black holes
+def freeze(*_):
+    frozen_below[0] = accepted[0]
+signal.signal(signal.SIGUSR1, freeze)
+def pipe(n, a, b):
+    try:
+        while True:
+            data = a.recv(65536)
+            if not data:
+                break
+            if n < frozen_below[0]:
+                continue     # swallowed: no answer, no close, as a link that died silently
+            b.sendall(data)
+    except OSError:
+        pass
+    for s in (a, b):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", 0))
+srv.listen(64)
+print(srv.getsockname()[1], flush=True)
+while True:
+    client, _ = srv.accept()
+    upstream = socket.create_connection(("127.0.0.1", target))
+    n = accepted[0]
+    accepted[0] += 1
+    threading.Thread(target=pipe, args=(n, client, upstream), daemon=True).start()
+    threading.Thread(target=pipe, args=(n, upstream, client), daemon=True).start()
+]]
+
+local Proxy = {}
+Proxy.__index = Proxy
+
+function M.proxy(server)
+  local dir = helpers.tmpdir()
+  helpers.write_file(dir .. "/proxy.py", PROXY)
+  local pid = assert(tonumber(helpers.first_line(("python3 %s/proxy.py %d > %s/port & echo $!")
+    :format(dir, server.port, dir))))
+  local self = setmetatable({ pid = pid, dir = dir }, Proxy)
+  helpers.wait_for(function()
+    local f = io.open(dir .. "/port")
+    self.port = f and tonumber(f:read("*l"))
+    if f then f:close() end
+    return self.port ~= nil
+  end, 10)
+  self.url = ("redis://127.0.0.1:%d/0"):format(self.port)
+  return self
+end
+
+-- Every link open now stops carrying bytes, for good; new links work.
+function Proxy:freeze()
+  os.execute(("kill -USR1 %d"):format(self.pid))
+end
+
+function Proxy:stop()
+  os.execute(("kill -KILL %d 2>/dev/null"):format(self.pid))
+  helpers.wait_for(function() return not helpers.running(self.pid) end, 10)
+  os.execute("rm -rf " .. self.dir)
+end
+
+local BLACK_HOLE = [[
+import socket, sys, time
+port = int(sys.argv[1])
+s = socket.socket(socket.AF_INET6)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("::1", port))
+s.listen(0)
+held = []
+for _ in range(3):   # the accept queue full: the kernel drops the next SYNs, unanswered
+    c = socket.socket(socket.AF_INET6)
+    c.setblocking(False)
+    try:
+        c.connect(("::1", port))
+    except BlockingIOError:
+        pass
+    held.append(c)
+print("ready", flush=True)
+time.sleep(600)
+]]
+
+-- A listener on [::1]:port that never answers a new connection (its accept
+-- queue is full): connecting there hangs until the client gives up.
+-- Returns an object with stop().
+function M.black_hole(port)
+  local dir = helpers.tmpdir()
+  helpers.write_file(dir .. "/hole.py", BLACK_HOLE)
+  local pid = assert(tonumber(helpers.first_line(("python3 %s/hole.py %d > %s/out & echo $!"):format(dir, port, dir))))
+  helpers.wait_for(function() return helpers.first_line("cat " .. dir .. "/out") == "ready" end, 10)
+  return { stop = function()
+    os.execute(("kill -KILL %d 2>/dev/null"):format(pid))
+    helpers.wait_for(function() return not helpers.running(pid) end, 10)
+    os.execute("rm -rf " .. dir)
+  end }
+end
+
+-- Runs `script` (Lua, on this tree's modules) in a mount namespace of its
+-- own where /etc/hosts is `hosts`; returns its output and exit status, or
+-- nil when namespaces cannot be made here (not root, no unshare).
+function M.in_namespace(hosts, script)
+  if not helpers.AS_ROOT or os.execute("unshare -m true 2>/dev/null") ~= 0 then return nil end
+  local dir = helpers.tmpdir()
+  helpers.write_file(dir .. "/hosts", hosts)
+  helpers.write_file(dir .. "/script.lua", script)
+  local h = io.popen(("unshare -m --propagation private sh -c 'mount --bind %s/hosts /etc/hosts && exec %s %s/script.lua' 2>&1; echo \"exit $?\"")
+    :format(dir, helpers.LUAJIT, dir))
+  local out = h:read("*a")
+  h:close()
+  os.execute("rm -rf " .. dir)
+  local status = tonumber(out:match("exit (%d+)\n?$"))
+  return out:gsub("exit %d+\n?$", ""), status
+end
+
+return M
