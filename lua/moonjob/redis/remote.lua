@@ -310,7 +310,7 @@ function Remote:_cancel_here(job, code, reason)
     job.abandoned = true
     local count = code == "ELEASE" and "fenced" or "lost"
     self.counts[count] = self.counts[count] + 1
-    self.port:emit_event("redis", count, ("job %s: %s"):format(job.remote_id, reason), job)
+    self.port:emit_event("redis", count, ("job %s: %s"):format(job.remote_id, reason), job.remote_id)
     -- the soft stop cannot reach JIT-compiled loops or C calls: the hard kill
     -- must land before the lease ends (fence checked every lease/30 past 4/5,
     -- kill lease/30 later: by 13/15 of a lease)
