@@ -32,7 +32,7 @@ describe("a Redis worker whose processor cannot load yet #slow", function()
     local processor = processor_failing_while(marker)
     local q = rf.producer(server, "db")
     local pid, log = rf.worker(server, "db", "-j 2 --lease 5", processor)
-    helpers.wait_for(function() return rf.read(log):find("cannot load") end, 20)
+    helpers.wait_for(function() return rf.read(log):find("connected to") end, 20)
     local jobs = {}
     for i = 1, 20 do jobs[i] = assert(q:add({ n = i })) end
     helpers.sleep(1.5)
