@@ -1,7 +1,8 @@
 -- Durable queues on Redis: a server that stalls for less than a lease
--- (CLIENT PAUSE, DEBUG SLEEP) under three `moonjob worker` processes. A
--- stall shorter than the lease must cost no more than its own length: no
--- job runs twice, no report is refused, no fetched job sits idle for a lease.
+-- (CLIENT PAUSE, DEBUG SLEEP) under `moonjob worker` processes. A stall
+-- shorter than the lease must cost no more than its own length: no job runs
+-- twice, no report is refused, no fetched job sits idle for a lease; also
+-- when the stall outlasts the connection's watchdog and answers are lost.
 local helpers = require "helpers"
 local loop = require "moonjob.loop"
 local rf = require "redis_faults"
@@ -11,40 +12,42 @@ local JOBS, LEASE = 90, 2
 -- Adds JOBS jobs, runs them on three workers (optionally stalling Redis with
 -- stall() once a third of them completed); returns the seconds it took, the
 -- job log's lines and the workers' stderr.
-local function run(server, queue, stall)
+-- w: { workers = 3, args = "-j 2 --lease 2", jobs = 90, sleep = 0.1 }
+local function run(server, queue, stall, w)
+  w = w or { workers = 3, args = "-j 2 --lease " .. LEASE, jobs = JOBS, sleep = 0.1 }
   local log = os.tmpname()
   local q = rf.producer(server, queue)
   local logs, pids = {}, {}
-  for i = 1, 3 do pids[i], logs[i] = rf.worker(server, queue, "-j 2 --lease " .. LEASE) end
+  for i = 1, w.workers do pids[i], logs[i] = rf.worker(server, queue, w.args) end
   helpers.wait_for(function()
-    for i = 1, 3 do if not rf.read(logs[i]):find("connected to") then return false end end
+    for i = 1, w.workers do if not rf.read(logs[i]):find("connected to") then return false end end
     return true
   end, 20)
   local t0 = loop.now()
-  for _ = 1, JOBS do assert(q:add({ log = log, sleep = 0.1 }, { attempts = 3 })) end
+  for _ = 1, w.jobs do assert(q:add({ log = log, sleep = w.sleep }, { attempts = 3 })) end
   if stall then
-    helpers.wait_for(function() return q:counts().completed >= JOBS / 3 end, 30)
+    helpers.wait_for(function() return q:counts().completed >= w.jobs / 3 end, 30)
     stall()
   end
-  helpers.wait_for(function() return q:counts().completed == JOBS end, 60)
+  helpers.wait_for(function() return q:counts().completed == w.jobs end, 60)
   local took = (loop.now() - t0) / 1000
-  for i = 1, 3 do rf.stop_worker(pids[i], "TERM") end
+  for i = 1, w.workers do rf.stop_worker(pids[i], "TERM") end
   local stderr = {}
-  for i = 1, 3 do stderr[i] = rf.read(logs[i]) end
+  for i = 1, w.workers do stderr[i] = rf.read(logs[i]) end
   return took, rf.lines(log), table.concat(stderr, "\n")
 end
 
-local function assert_ran_once_each(lines)
+local function assert_ran_once_each(lines, jobs)
   local seen = {}
   for _, line in ipairs(lines) do
     local id = line:match("^(%S+)")
     assert.is_nil(seen[id], "job " .. id .. " ran twice: " .. line)
     seen[id] = true
   end
-  assert.equal(JOBS, #lines)
+  assert.equal(jobs or JOBS, #lines)
 end
 
-describe("a Redis stall shorter than the lease #slow", function()
+describe("a Redis stall #slow", function()
   after_each(rf.close_all)
 
   for _, way in ipairs({ "CLIENT PAUSE", "DEBUG SLEEP" }) do
@@ -65,4 +68,18 @@ describe("a Redis stall shorter than the lease #slow", function()
       assert.equal(JOBS, c.completed)
     end)
   end
+
+  it("a stall past the watchdog: a fetch and reports whose answers were lost are made good", function()
+    -- lease 10 s: the watchdog drops the connection after 5 s; DEBUG SLEEP
+    -- 6.5 s then runs the commands the worker sent meanwhile, answering none
+    local server = rf.server("--enable-debug-command yes")
+    local w = { workers = 1, args = "-j 2 --prefetch 0 --lease 10", jobs = 30, sleep = 0.2 }
+    local plain = run(server, "plain", nil, w)
+    local took, lines, stderr = run(server, "stalled", function() server:cli("DEBUG", "SLEEP", "6.5") end, w)
+    assert_ran_once_each(lines, w.jobs)
+    assert.matches("unreachable", stderr) -- the stall did drop the connection
+    assert.not_matches("refused", stderr)
+    -- jobs fetched by the lost fetch are given back at once, not left to their lease (10 s)
+    assert.is_true(took < plain + 6.5 + 5, ("%.1f s stalled, %.1f s plain"):format(took, plain))
+  end)
 end)

@@ -90,6 +90,7 @@ function Remote.new(port, opts)
     reporting = {},   -- remote id -> job (ended here, its report not answered yet)
     retry = {},       -- reports to send again (refused for now, or the connection lost)
     nheld = 0, nreports = 0, retry_ms = RETRY_FIRST_MS, fetch_retry_ms = RETRY_FIRST_MS,
+    max_token = 0,    -- the number of the newest token a fetch brought
     fetching = false, renewing = false, stopping = false, up = false,
     said = {},        -- messages of `redis` "error" events already said
     counts = { fetched = 0, completed = 0, failed = 0, released = 0, fenced = 0, lost = 0, refused = 0 },
@@ -180,6 +181,7 @@ end
 -- want(): fetch if there is room and no fetch is in flight.
 function Remote:want()
   if self.stopping or self.fetching or not self.up then return end
+  if self.lost_fetch then return self:_recover_lost_fetch() end
   local n = self:room()
   if n <= 0 then return end
   self.fetching = true
@@ -199,7 +201,11 @@ end
 -- (a lost connection), after a back-off when refused for now, at the next
 -- poll otherwise.
 function Remote:_fetch_failed(err, kind)
-  if self.closed or kind == "connection" then return end -- the `down` event said it
+  if self.closed then return end
+  if kind == "connection" then -- the `down` event said it; Redis may have run it
+    self.lost_fetch = true
+    return
+  end
   if kind == "transient" then
     self:_trouble("fetch", "fetch refused for now: " .. tostring(err) .. "; trying again")
     self.fetch_timer:start(math.min(self.fetch_retry_ms, self.poll_ms))
@@ -226,6 +232,47 @@ function Remote:_fetched(reply, n, sent_at)
     if got >= n then self:want() end
   end
   self:_arm_delayed(reply[1])
+end
+
+-- A fetch whose answer was lost with the connection may have run in Redis
+-- (a stall longer than the watchdog: the command ran once Redis woke up):
+-- its jobs are active under tokens this worker never received, and would
+-- sit idle until their lease ran out. Before fetching again (no fetch of
+-- ours in flight), the active jobs last fetched by this worker under a
+-- token newer than any it received are given back. A fetch that runs in
+-- Redis later still (a cut network resending it) leaves its jobs to their
+-- lease, as before.
+function Remote:_recover_lost_fetch()
+  self.fetching = true
+  self.client:call({ "ZRANGE", self.prefix .. "active", -2000, -1 }, function(ids, _, kind)
+    if type(ids) ~= "table" or #ids == 0 then -- nothing to look at, or cannot look (best effort)
+      self.fetching = false
+      if kind == "connection" then return end -- looked at once the connection is back
+      self.lost_fetch = false
+      return self:want()
+    end
+    local left = #ids
+    for _, id in ipairs(ids) do
+      self.client:call({ "HMGET", self.prefix .. "j:" .. id, "worker", "token" }, function(f)
+        if type(f) == "table" then self:_give_back_lost(id, f[1], f[2]) end
+        left = left - 1
+        if left > 0 then return end
+        self.fetching, self.lost_fetch = false, false
+        self:want()
+      end)
+    end
+  end)
+end
+
+function Remote:_give_back_lost(id, worker, token)
+  local n = type(token) == "string" and tonumber(token:match("/(%d+)$"))
+  if worker ~= self.worker_id or not n or n <= self.max_token then return end
+  if self.held[id] or self.reporting[id] then return end
+  self.counts.released = self.counts.released + 1
+  local report = { what = "release", args = { "FCALL", "moonjob_release", 1, self.prefix, id, token },
+    jobs = {}, unsure = true } -- ESTALE: it was taken meanwhile, nothing to say
+  self.nreports = self.nreports + 1
+  self:_send(report)
 end
 
 -- The earliest delayed job falls due in `ms` (server time): look then.
@@ -278,6 +325,7 @@ function Remote:_take(f, sent_at)
   local id, token, data = f[1], f[2], f[3]
   local job = port:new_job()
   job.owner, job.remote_id, job.token, job.lease_from = self, id, token, sent_at
+  self.max_token = math.max(self.max_token, tonumber(token:match("/(%d+)$")) or 0)
   job.attempts, job.max_attempts = 0, 1
   if f[9] and f[9] ~= "" then job.name = f[9] end
   self.held[id] = job
