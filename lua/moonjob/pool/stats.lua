@@ -10,8 +10,9 @@
 -- Exposes: tally:bump(name), tally:sample_wait(ms), tally:sample_run(ms),
 -- tally:report() (pool:stats()).
 -- Reads, for report: the pool's source, size and nactive, the dispatch's
--- prefetched count (jobs in a child not started yet wait too) and the
--- children (pool.children:count_all(), :snapshot()).
+-- prefetched count (jobs in a child not started yet wait too), the
+-- children (pool.children:count_all(), :snapshot()) and, for a pool on
+-- Redis, its owner's counts (pool.owner:stats()).
 --
 -- Caveat: the percentiles cover the last SAMPLES jobs only, and sorting them
 -- costs O(SAMPLES log SAMPLES) per stats() call: fine for a progress line,
