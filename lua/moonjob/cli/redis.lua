@@ -8,7 +8,9 @@
 -- these. A worker runs until SIGTERM, SIGINT or SIGHUP, then stops fetching,
 -- gives back the jobs it holds but has not started, lets running jobs finish
 -- within --grace seconds (default 30; then they are stopped and given back),
--- and exits 0. Its lines on stderr say when Redis goes down and comes back.
+-- and exits 0. Its lines on stderr say when Redis goes down and comes back,
+-- every `redis` event of the pool (refusals, a processor that cannot load,
+-- jobs fenced or lost), and at the end what it did.
 local core = require "moonjob.core"
 local json = require "moonjob.codec.json"
 local loop = require "moonjob.loop"
@@ -48,16 +50,16 @@ function M.worker(processor, o, pool_options)
   opts.keep, opts.keep_age, opts.prefetch = o.keep, o.keep_age, o.prefetch
   local ok, pool, err = pcall(moonjob.pool, processor, opts)
   if not ok or not pool then
-    say(tostring(ok and err or pool):gsub("^[^:]*:%d+: ", ""))
+    say((tostring(ok and err or pool):gsub("^[^:]*:%d+: ", ""))) -- the message only, not gsub's count
     return EXIT_USAGE
   end
   local display = client.display(assert(client.parse(o.redis)))
   pool:on("redis", function(kind, why)
     if kind == "up" then say("connected to ", display, ", queue ", o.queue)
     elseif kind == "down" then say("Redis unreachable (", tostring(why), "); running jobs go on, fetching resumes when it is back")
-    elseif kind == "stale" then say(tostring(why)) end
+    else say(tostring(why)) end -- stale, error, broken, mended, fenced, lost: each says what and why
   end)
-  local size = opts.size or 1
+  local size = pool.size -- without -j: one per CPU
   say(("worker %s: %d %s on queue %s"):format(processor, size, size == 1 and "child" or "children", o.queue))
   local signum = until_signal()
   say(("stopping (%s): no more fetching; running jobs have %g s to finish"):format(
@@ -69,7 +71,9 @@ function M.worker(processor, o, pool_options)
     stopped = pcall(pool.close, pool, { force = true })
   end
   local s = pool:stats()
-  say(("stopped: %d completed, %d failed here"):format(s.completed, s.failed))
+  local r = s.redis or {}
+  say(("stopped: %d completed, %d failed here; %d stopped unreported (%d fenced, %d lost)"):format(
+    s.completed, s.failed, (r.fenced or 0) + (r.lost or 0), r.fenced or 0, r.lost or 0))
   return EXIT_OK
 end
 

@@ -149,11 +149,12 @@ end
 
 -- How many children the pool wants now: `size`; with idle_timeout, what the
 -- work needs (at least min_size); while starts fail and no child is ready,
--- one probe while jobs wait.
+-- one probe while jobs wait (always for a pool with an owner: its jobs wait
+-- outside the process, fetched only once a child can run).
 function Children:target()
   local pool = self.pool
   local waiting = pool.source:ready_count()
-  if pool.breaker:stalled() then return waiting > 0 and 1 or 0 end
+  if pool.breaker:stalled() then return (waiting > 0 or pool.owner) and 1 or 0 end
   if pool.idle_timeout then
     return math.max(pool.min_size, math.min(pool.size, pool.nactive + waiting))
   end

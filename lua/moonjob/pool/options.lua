@@ -110,8 +110,8 @@ function Options.check(opts)
 end
 
 -- A pool on a Redis queue: redis and queue go together, jobs cross as JSON
--- text, and lease must leave room for renewals (every lease/3) and the
--- self-fence (at 2/3 of a lease).
+-- text, and lease must leave room for renewals (every lease/12) and the
+-- self-fence (at 4/5 of a lease).
 -- The Redis modules are required here, lazily, only for a pool given the
 -- redis option: the queue name's rule is moonjob.redis.producer's, the URL's
 -- moonjob.redis.client's (one definition each); a local pool loads neither.
@@ -133,7 +133,7 @@ function Options.check_remote(opts)
     error("moonjob.pool: a pool on Redis takes JSON text (codec \"json\"); jobs cross hosts as JSON", 5)
   end
   if opts.lease and opts.lease < 0.3 then
-    error("moonjob.pool: option 'lease' must be at least 0.3 seconds (renewed every lease/3)", 5)
+    error("moonjob.pool: option 'lease' must be at least 0.3 seconds (renewed every lease/12)", 5)
   end
 end
 

@@ -10,7 +10,7 @@
 -- pool's settings, fixed when the pool is made.
 -- Calls: pool.source:push, pool.dispatch (pump, has_started),
 -- pool.events:emit, pool.endings (fail, cancel, finish, leave, retry_delay,
--- retried), pool.breaker:stalled, pool.deadlines:hasten_kill.
+-- retried), pool.breaker (stalled, failing), pool.deadlines:hasten_kill.
 local Port = {}
 Port.__index = Port
 
@@ -37,5 +37,7 @@ function Port:hasten_kill(job, seconds) return self.pool.deadlines:hasten_kill(j
 
 -- False while starts fail and no child is ready: jobs taken now would wait.
 function Port:can_run() return not self.pool.breaker:stalled() end
+-- The last start failure's error while starts fail (why can_run is false), else nil.
+function Port:start_error() return self.pool.breaker:failing() end
 
 return M

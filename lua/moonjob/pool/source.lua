@@ -58,6 +58,7 @@
 --   owner:stop()                the pool is closing: fetch no more
 --   owner:close()               the pool closed: flush and close (may run the
 --                               loop, bounded)
+--   owner:stats()               -> a table of its own counts (pool:stats().redis)
 --
 -- What an owner calls on its port (moonjob.pool.port: Pool.new hands the
 -- owner a port, never the pool, so none of this is on the pool users hold):
@@ -77,6 +78,7 @@
 --   port:has_started(job)       -> whether a child started it
 --   port:can_run()              -> false while starts fail and no child is
 --                               ready (take no jobs: they would only wait)
+--   port:start_error()          -> why (the start error) while can_run is false
 --   port:retry_delay(job, err)  -> seconds before another attempt, or nil
 --   port:note_retry(job, err, delay)
 --                               count the retry, tell `retrying` listeners

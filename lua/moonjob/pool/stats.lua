@@ -10,8 +10,9 @@
 -- Exposes: tally:bump(name), tally:sample_wait(ms), tally:sample_run(ms),
 -- tally:report() (pool:stats()).
 -- Reads, for report: the pool's source, size and nactive, the dispatch's
--- prefetched count (jobs in a child not started yet wait too) and the
--- children (pool.children:count_all(), :snapshot()).
+-- prefetched count (jobs in a child not started yet wait too), the
+-- children (pool.children:count_all(), :snapshot()) and, for a pool on
+-- Redis, its owner's counts (pool.owner:stats()).
 --
 -- Caveat: the percentiles cover the last SAMPLES jobs only, and sorting them
 -- costs O(SAMPLES log SAMPLES) per stats() call: fine for a progress line,
@@ -75,7 +76,7 @@ end
 -- pool:stats() -> { waiting, active, completed, failed, children, size, spawned,
 -- restarts, crashed, timeouts, killed, retries, cache_hits, wait_p50, wait_p99,
 -- run_p50, run_p99 (ms, over the last 1024 jobs), workers = { { pid, jobs,
--- state } ... } }
+-- state } ... }, redis (a pool on Redis: owner:stats()) }
 function Tally:report()
   local pool, c = self.pool, self.counts
   local wait_p50, wait_p99 = percentiles(self.wait_ms)
@@ -93,6 +94,7 @@ function Tally:report()
     retries = c.retries, cache_hits = c.cache_hits,
     wait_p50 = wait_p50, wait_p99 = wait_p99, run_p50 = run_p50, run_p99 = run_p99,
     workers = workers,
+    redis = pool.owner and pool.owner:stats() or nil, -- a pool on Redis: its remote's counts
   }, { __tostring = format_stats })
 end
 

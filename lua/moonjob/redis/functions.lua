@@ -389,7 +389,9 @@ local function version() return "2" end
 
 redis.register_function("moonjob_add", add)
 redis.register_function("moonjob_fetch", fetch)
-redis.register_function("moonjob_renew", renew)
+-- allow-oom: a lease is kept while Redis refuses writes at maxmemory (it
+-- only moves a score and sets a flag), so a pending report keeps its job
+redis.register_function{ function_name = "moonjob_renew", callback = renew, flags = { "allow-oom" } }
 redis.register_function("moonjob_complete", complete)
 redis.register_function("moonjob_fail", fail)
 redis.register_function("moonjob_release", release)

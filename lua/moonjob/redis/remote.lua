@@ -5,24 +5,45 @@
 -- has one Remote as its owner (pool.owner). It talks to the pool only
 -- through the owner hook documented in moonjob.pool.source (a
 -- moonjob.pool.port: new_job, accept, pump, fail_job, cancel_job, ...; its
--- own want, attempt_failed, ending, stop, close), and:
+-- own want, attempt_failed, ending, stop, close, stats), and:
 --   * fetches jobs in batches while the pool has room: `size` running plus
 --     `prefetch` waiting in the pool (default: the `size` option, else 1), each
---     fetched job holding a lease (`lease` seconds) and a token;
+--     fetched job holding a lease (`lease` seconds) and a token; a fetch
+--     refused for now (OOM, LOADING, ...) is tried again after a back-off;
+--   * fetches nothing while the processor cannot load (the pool's breaker
+--     is open: healthy workers elsewhere get the jobs), says so once per
+--     cause (`redis` event "broken", then "mended"), and keeps probing (the
+--     pool starts a probe child after each back-off though no job waits);
 --   * hands them to the pool's local source as ordinary jobs (JSON text, the
 --     pool's "json" codec: the parent never parses or runs what it read);
---   * renews every lease it holds in one FCALL every lease/3, from the loop,
---     which user code cannot block (processors run in children);
+--     a job whose fields a producer wrote out of range fails EINPUT here;
+--   * renews every lease it holds in one FCALL every lease/12, from the
+--     loop, which user code cannot block (processors run in children);
 --   * reports each end with the job's token: complete, fail (with the retry
 --     delay the pool's backoff computed, or -1 for a final failure), release
---     (the pool is closing and the job never ran, or stopped: not counted);
+--     (the pool is closing and the job never ran, or stopped: not counted).
+--     A report refused for now (OOM, BUSY, LOADING, READONLY, ...) or lost
+--     with the connection is sent again (after a back-off, or once the
+--     connection is back) until it lands or Redis answers ESTALE, and the
+--     job's lease is renewed meanwhile: a job whose report is pending is
+--     never fenced. An ESTALE answer to a report sent again after its first
+--     send's answer was lost is checked against the job in Redis (the first
+--     send may have landed), so a refusal said is a true one. A report Redis
+--     refuses for good is said once (`redis` event "error") and dropped;
 --   * fences itself: a job whose lease was last confirmed more than
---     2/3 of a lease ago (renewals failing: Redis down, link cut) is stopped
---     (interrupted, then killed lease/12 later at most) and dropped without any
---     report, so it is stopped before the lease can expire and another
+--     4/5 of a lease ago (renewals failing: Redis down, link cut) is stopped
+--     (interrupted, then killed lease/30 later at most) and dropped without
+--     any report, so it is stopped before the lease can expire and another
 --     worker runs it. The same happens to a job Redis says is no longer
---     ours (ELOST). A cancel asked on any host ("cancel <id>" on the queue's
---     channel, or the next renew) interrupts the job here with ECANCELED.
+--     ours (ELOST). Both are told (`redis` events "fenced" and "lost") and
+--     counted (pool:stats().redis). A cancel asked on any
+--     host ("cancel <id>" on the queue's channel, or the next renew)
+--     interrupts the job here with ECANCELED.
+--
+-- Timing: a stall of Redis shorter than about 2/3 of the lease (a slow
+-- fork, a paused client, DEBUG SLEEP) costs no more than its length: the
+-- connection's watchdog waits 4/5 of a lease (at most 5 s) for a reply, and
+-- a renewal sent just before the stall confirms the lease when it ends.
 --
 -- Caveat (the documented window): a worker paused (SIGSTOP, a VM freeze) or
 -- cut off for longer than the lease cannot stop its job in time; the job then
@@ -39,6 +60,12 @@ local Queue = require "moonjob.redis.producer"
 
 local Remote = {}
 Remote.__index = Remote
+
+local RENEWALS_PER_LEASE = 12   -- a renewal every lease/12
+local FENCE_AT = 4 / 5          -- unconfirmed for this part of a lease: stopped
+local FENCE_STEPS = 30          -- fence checked every lease/30; its kill lease/30 later
+local RETRY_FIRST_MS, RETRY_MAX_MS = 100, 2000 -- reports and fetches refused for now
+local SECONDS_MAX = 1e9         -- a job's timeout and kill_after, as pool:add takes them
 
 local function random_id()
   local f = io.open("/dev/urandom", "rb")
@@ -59,37 +86,48 @@ function Remote.new(port, opts)
     poll_ms = math.floor((opts.poll or 1) * 1000),
     keep_count = opts.keep or 1000, keep_age_ms = math.floor((opts.keep_age or 86400) * 1000),
     worker_id = (opts.worker_name or "") .. random_id(),
-    held = {},        -- remote id -> job (fetched, not reported yet)
-    unreported = {},  -- reports that met a connection error: { what, args }, sent again once up
-    nheld = 0,
-    fetching = false, stopping = false, up = false,
+    held = {},        -- remote id -> job (fetched, in the pool)
+    reporting = {},   -- remote id -> job (ended here, its report not answered yet)
+    retry = {},       -- reports to send again (refused for now, or the connection lost)
+    nheld = 0, nreports = 0, retry_ms = RETRY_FIRST_MS, fetch_retry_ms = RETRY_FIRST_MS,
+    max_token = 0,    -- the number of the newest token a fetch brought
+    fetching = false, renewing = false, stopping = false, up = false,
+    said = {},        -- messages of `redis` "error" events already said
     counts = { fetched = 0, completed = 0, failed = 0, released = 0, fenced = 0, lost = 0, refused = 0 },
   }, Remote)
   local c, err = client.new(opts.redis, {
-    timeout_ms = math.max(500, math.min(self.lease_ms / 3, 5000)),
+    timeout_ms = math.max(500, math.min(self.lease_ms * FENCE_AT, 5000)),
     max_reply = (port.max_payload + 4096) * math.max(1, self.prefetch + (opts.size or 1)) + 65536,
     on_state = function(up, why) self:_state(up, why) end,
   })
   if not c then error("moonjob.pool: option 'redis': " .. err, 4) end
   self.client = c
   c:subscribe(self.prefix .. "events", function(kind, message) self:_message(kind, message) end)
+  self:_start_timers()
+  return self
+end
+
+function Remote:_start_timers()
+  local every = self.lease_ms / RENEWALS_PER_LEASE
   self.renew_timer = core.timer(function() self:_renew() end)
-  self.renew_timer:start(self.lease_ms / 3, self.lease_ms / 3)
+  self.renew_timer:start(every, every)
   self.fence_timer = core.timer(function() self:_fence() end)
-  local every = math.max(10, math.floor(self.lease_ms / 12))
-  self.fence_timer:start(every, every)
+  local step = math.max(10, math.floor(self.lease_ms / FENCE_STEPS))
+  self.fence_timer:start(step, step)
   self.poll_timer = core.timer(function() self:want() end)
   self.poll_timer:start(self.poll_ms, self.poll_ms)
-  return self
+  self.retry_timer = core.timer(function()
+    self.retry_armed = false
+    self:_send_again()
+  end)
+  self.fetch_timer = core.timer(function() self:want() end)
 end
 
 function Remote:_state(up, why)
   self.up = up
   self.port:emit_event("redis", up and "up" or "down", why)
   if not up then return end
-  local unreported = self.unreported
-  self.unreported = {}
-  for _, r in ipairs(unreported) do self:_report(r[1], r[2]) end
+  self:_send_again()
   self:_renew()
   self:want()
 end
@@ -102,46 +140,139 @@ function Remote:_message(kind, message)
   if id and self.held[id] then self:_renew() end
 end
 
+-- A trouble with Redis, told once (`redis` "error" event) until `what`
+-- succeeds again: a refusal repeated at every retry must not fill a log.
+function Remote:_trouble(what, message)
+  if self.said[what] == message then return end
+  self.said[what] = message
+  self.port:emit_event("redis", "error", message)
+end
+
+function Remote:_fine(what)
+  self.said[what] = nil
+end
+
 -- How many more jobs the pool has room for: none while no child can start
 -- (the breaker is open: healthy workers elsewhere should get the jobs).
 function Remote:room()
   local port = self.port
-  if not port:can_run() then return 0 end
+  if not port:can_run() then
+    self:_broken(port:start_error())
+    return 0
+  end
+  if self.broken_by then
+    self.broken_by = nil
+    port:emit_event("redis", "mended", "the processor loads again: fetching resumes")
+  end
   return port.size + self.prefetch - self.nheld
+end
+
+-- The processor cannot load here: said once per cause. The pool keeps
+-- probing it (a child started after each back-off) and fetching resumes
+-- once one loads.
+function Remote:_broken(err)
+  local why = err and tostring(err.message or err) or "its children cannot start"
+  if self.broken_by == why then return end
+  self.broken_by = why
+  self.port:emit_event("redis", "broken", ("the processor cannot load (%s); fetching nothing until it "
+    .. "does, trying again with a back-off"):format(why))
 end
 
 -- want(): fetch if there is room and no fetch is in flight.
 function Remote:want()
   if self.stopping or self.fetching or not self.up then return end
+  if self.lost_fetch then return self:_recover_lost_fetch() end
   local n = self:room()
   if n <= 0 then return end
   self.fetching = true
   local sent_at = loop.now()
   self.client:call({ "FCALL", "moonjob_fetch", 1, self.prefix, self.worker_id, n, self.lease_ms,
       self.keep_count, self.keep_age_ms, self.port.max_payload },
-    function(reply, err)
+    function(reply, err, kind)
       self.fetching = false
-      if not reply then
-        self.port:emit_event("redis", "error", "fetch: " .. tostring(err))
-        return
-      end
-      local got = 0
-      for i = 2, #reply do
-        if self.stopping then -- the pool closed while the fetch was in flight: give them back
-          local f = reply[i]
-          self.counts.released = self.counts.released + 1
-          self:_report("release", { "FCALL", "moonjob_release", 1, self.prefix, f[1], f[2] })
-        else
-          got = got + 1
-          self:_take(reply[i], sent_at)
-        end
-      end
-      if got > 0 then
-        self.port:pump()
-        if got >= n then self:want() end
-      end
-      self:_arm_delayed(reply[1])
+      if not reply then return self:_fetch_failed(err, kind) end
+      self:_fine("fetch")
+      self.fetch_retry_ms = RETRY_FIRST_MS
+      self:_fetched(reply, n, sent_at)
     end)
+end
+
+-- A fetch that failed is tried again: at once when the connection is back
+-- (a lost connection), after a back-off when refused for now, at the next
+-- poll otherwise.
+function Remote:_fetch_failed(err, kind)
+  if self.closed then return end
+  if kind == "connection" then -- the `down` event said it; Redis may have run it
+    self.lost_fetch = true
+    return
+  end
+  if kind == "transient" then
+    self:_trouble("fetch", "fetch refused for now: " .. tostring(err) .. "; trying again")
+    self.fetch_timer:start(math.min(self.fetch_retry_ms, self.poll_ms))
+    self.fetch_retry_ms = math.min(self.fetch_retry_ms * 2, RETRY_MAX_MS)
+  else
+    self:_trouble("fetch", "fetch failed: " .. tostring(err))
+  end
+end
+
+function Remote:_fetched(reply, n, sent_at)
+  local got = 0
+  for i = 2, #reply do
+    if self.stopping then -- the pool closed while the fetch was in flight: give them back
+      local f = reply[i]
+      self.counts.released = self.counts.released + 1
+      self:_report("release", { "FCALL", "moonjob_release", 1, self.prefix, f[1], f[2] }, {})
+    else
+      got = got + 1
+      self:_take(reply[i], sent_at)
+    end
+  end
+  if got > 0 then
+    self.port:pump()
+    if got >= n then self:want() end
+  end
+  self:_arm_delayed(reply[1])
+end
+
+-- A fetch whose answer was lost with the connection may have run in Redis
+-- (a stall longer than the watchdog: the command ran once Redis woke up):
+-- its jobs are active under tokens this worker never received, and would
+-- sit idle until their lease ran out. Before fetching again (no fetch of
+-- ours in flight), the active jobs last fetched by this worker under a
+-- token newer than any it received are given back. A fetch that runs in
+-- Redis later still (a cut network resending it) leaves its jobs to their
+-- lease, as before.
+function Remote:_recover_lost_fetch()
+  self.fetching = true
+  self.client:call({ "ZRANGE", self.prefix .. "active", -2000, -1 }, function(ids, _, kind)
+    if type(ids) ~= "table" or #ids == 0 then -- nothing to look at, or cannot look (best effort)
+      self.fetching = false
+      if kind == "connection" then return end -- looked at once the connection is back
+      self.lost_fetch = false
+      return self:want()
+    end
+    local left = #ids
+    for _, id in ipairs(ids) do
+      self.client:call({ "HMGET", self.prefix .. "j:" .. id, "worker", "token" }, function(f)
+        if type(f) == "table" then self:_give_back_lost(id, f[1], f[2]) end
+        left = left - 1
+        if left > 0 then return end
+        self.fetching, self.lost_fetch = false, false
+        self:want()
+      end)
+    end
+  end)
+end
+
+function Remote:_give_back_lost(id, worker, token)
+  local n = type(token) == "string" and tonumber(token:match("/(%d+)$"))
+  if worker ~= self.worker_id or not n or n <= self.max_token then return end
+  if self.held[id] or self.reporting[id] then return end
+  self.counts.released = self.counts.released + 1
+  local report = { what = "release", args = { "FCALL", "moonjob_release", 1, self.prefix, id, token },
+    jobs = {}, unsure = true } -- ESTALE: it was taken meanwhile, nothing to say
+  self.nreports = self.nreports + 1
+  self:_send(report)
 end
 
 -- The earliest delayed job falls due in `ms` (server time): look then.
@@ -152,10 +283,39 @@ function Remote:_arm_delayed(ms)
   self.due_timer:start(ms + 1)
 end
 
-local function number_or_nil(s)
+-- A job's timeout or kill_after as a producer wrote it: nil (empty or 0:
+-- the worker's), seconds, or false when out of range (any producer may
+-- write "inf", "nan", "1e13" or "-1").
+local function seconds_field(s)
+  if s == nil or s == "" then return nil end
   local n = tonumber(s)
-  if n and n > 0 then return n end
-  return nil
+  if n == 0 then return nil end
+  if not n or n ~= n or n < 0 or n > SECONDS_MAX then return false end
+  return n
+end
+
+-- The fields a producer wrote, checked as pool:add checks them; an error
+-- message for the first out of range.
+local function check_fields(job, f)
+  local timeout, kill_after = seconds_field(f[7]), seconds_field(f[8])
+  if timeout == false or kill_after == false then
+    return ("the job's timeout (%s) or kill_after (%s) in Redis is not a number of seconds from 0 to %.0f")
+      :format(tostring(f[7]), tostring(f[8]), SECONDS_MAX)
+  end
+  job.timeout, job.kill_after = timeout, kill_after
+  local made, attempts = tonumber(f[4]) or 1, tonumber(f[5]) or 1
+  if made ~= made or attempts ~= attempts or attempts < 1 or attempts > 2 ^ 31 or made < 1 then
+    return ("the job's attempts (%s) or attempt number (%s) in Redis is out of range")
+      :format(tostring(f[5]), tostring(f[4]))
+  end
+  job.attempts, job.max_attempts = math.floor(made) - 1, math.floor(attempts)
+  if f[6] and f[6] ~= "" then -- written by any producer: checked as pool:add checks it
+    local spec = json.decode(f[6])
+    if type(spec) ~= "table" or not Backoff.check(spec) then
+      return "the job's backoff in Redis is not a valid backoff: " .. f[6]
+    end
+    job.backoff = spec
+  end
 end
 
 -- A fetched job becomes a pool job. Malformed or oversized jobs fail at
@@ -165,20 +325,14 @@ function Remote:_take(f, sent_at)
   local id, token, data = f[1], f[2], f[3]
   local job = port:new_job()
   job.owner, job.remote_id, job.token, job.lease_from = self, id, token, sent_at
-  job.attempts = (tonumber(f[4]) or 1) - 1
-  job.max_attempts = tonumber(f[5]) or 1
-  job.timeout, job.kill_after = number_or_nil(f[7]), number_or_nil(f[8])
+  self.max_token = math.max(self.max_token, tonumber(token:match("/(%d+)$")) or 0)
+  job.attempts, job.max_attempts = 0, 1
   if f[9] and f[9] ~= "" then job.name = f[9] end
   self.held[id] = job
   self.nheld = self.nheld + 1
   self.counts.fetched = self.counts.fetched + 1
-  if f[6] and f[6] ~= "" then -- written by any producer: checked as pool:add checks it
-    local spec = json.decode(f[6])
-    if type(spec) ~= "table" or not Backoff.check(spec) then
-      return self:_refuse(job, "EINPUT", "the job's backoff in Redis is not a valid backoff: " .. f[6])
-    end
-    job.backoff = spec
-  end
+  local bad = check_fields(job, f)
+  if bad then return self:_refuse(job, "EINPUT", bad) end
   if type(data) ~= "string" then
     return self:_refuse(job, "EINPUT", "the job's data in Redis is missing or not a string")
   elseif #data > port.max_payload then -- fetch refuses these in Redis; a server not ours may not
@@ -197,14 +351,18 @@ end
 
 -- Stops a job here (running: interrupted; waiting in the pool: taken out)
 -- with code. For ECANCELED the end is reported (the token is still ours);
--- for a fence or a lost lease it is not (abandoned).
+-- for a fence or a lost lease it is not (abandoned), and it is told and
+-- counted.
 function Remote:_cancel_here(job, code, reason)
   if code ~= "ECANCELED" then
     job.abandoned = true
+    local count = code == "ELEASE" and "fenced" or "lost"
+    self.counts[count] = self.counts[count] + 1
+    self.port:emit_event("redis", count, ("job %s: %s"):format(job.remote_id, reason), job.remote_id)
     -- the soft stop cannot reach JIT-compiled loops or C calls: the hard kill
-    -- must land before the lease ends (fence checked every lease/12 past 2/3,
-    -- kill lease/12 later: by 5/6 of a lease)
-    local kill_after = math.min(job.kill_after or self.port.kill_after, self.lease_ms / 12000)
+    -- must land before the lease ends (fence checked every lease/30 past 4/5,
+    -- kill lease/30 later: by 13/15 of a lease)
+    local kill_after = math.min(job.kill_after or self.port.kill_after, self.lease_ms / (1000 * FENCE_STEPS))
     job.kill_after = kill_after
     -- already interrupted (its timeout): its kill comes sooner
     if self.port:hasten_kill(job, kill_after) then return end
@@ -212,9 +370,10 @@ function Remote:_cancel_here(job, code, reason)
   self.port:cancel_job(job, reason, code)
 end
 
--- Every lease we hold, renewed in one call.
+-- Every lease we hold, renewed in one call (one in flight at a time): the
+-- jobs in the pool, and those whose report has not landed yet.
 function Remote:_renew()
-  if self.nheld == 0 or not self.up then return end
+  if (self.nheld == 0 and self.nreports == 0) or not self.up or self.renewing then return end
   local args = { "FCALL", "moonjob_renew", 1, self.prefix, self.lease_ms }
   local sent = {}
   for id, job in pairs(self.held) do
@@ -225,37 +384,53 @@ function Remote:_renew()
       sent[#sent + 1] = job
     end
   end
+  for id, job in pairs(self.reporting) do
+    args[#args + 1] = id
+    args[#args + 1] = job.token
+    args[#args + 1] = job.ran_here and "1" or "0"
+  end
+  if #args == 5 then return end
+  self.renewing = true
   local sent_at = loop.now()
-  self.client:call(args, function(reply, err)
+  self.client:call(args, function(reply, err, kind)
+    self.renewing = false
     if not reply then
-      self.port:emit_event("redis", "error", "renew: " .. tostring(err))
+      if kind ~= "connection" and not self.closed then
+        self:_trouble("renew", "renewing the leases failed: " .. tostring(err))
+      end
       return
     end
-    local bad = {}
-    for i = 1, #reply, 3 do bad[reply[i]] = { reply[i + 1], reply[i + 2] } end
-    for _, job in ipairs(sent) do
-      local b = bad[job.remote_id]
-      if not b or b[1] == "ECANCELED" then job.lease_from = math.max(job.lease_from, sent_at) end
-      if b and self.held[job.remote_id] == job and not job.abandoned then
-        if b[1] == "ECANCELED" then
-          self:_cancel_here(job, "ECANCELED", b[2])
-        else
-          self.counts.lost = self.counts.lost + 1
-          self:_cancel_here(job, "ELOST", "the job's lease is no longer this worker's (it expired and "
-            .. "the job was recovered); stopped here")
-        end
+    self:_fine("renew")
+    self:_renewed(reply, sent, sent_at)
+  end)
+end
+
+-- The renewal's answer: every lease it does not name is ours until
+-- sent_at + lease. A job whose report is pending is not looked at: the
+-- report's own answer says whether it landed.
+function Remote:_renewed(reply, sent, sent_at)
+  local bad = {}
+  for i = 1, #reply, 3 do bad[reply[i]] = { reply[i + 1], reply[i + 2] } end
+  for _, job in ipairs(sent) do
+    local b = bad[job.remote_id]
+    if not b or b[1] == "ECANCELED" then job.lease_from = math.max(job.lease_from, sent_at) end
+    if b and self.held[job.remote_id] == job and not job.abandoned then
+      if b[1] == "ECANCELED" then
+        self:_cancel_here(job, "ECANCELED", b[2])
+      else
+        self:_cancel_here(job, "ELOST", "the job's lease is no longer this worker's (it expired and "
+          .. "the job was recovered); stopped here")
       end
     end
-  end)
+  end
 end
 
 -- Self-fencing: stop what we cannot prove we still hold.
 function Remote:_fence()
   if self.nheld == 0 then return end
-  local limit = loop.now() - self.lease_ms * 2 / 3
+  local limit = loop.now() - self.lease_ms * FENCE_AT
   for _, job in pairs(self.held) do
     if job.lease_from < limit and not job.abandoned then
-      self.counts.fenced = self.counts.fenced + 1
       self:_cancel_here(job, "ELEASE", ("the lease could not be renewed for %.1f s (Redis unreachable); "
         .. "stopped so that another worker can run it"):format((loop.now() - job.lease_from) / 1000))
     end
@@ -277,28 +452,111 @@ function Remote:_forget(job)
   end
 end
 
--- A report that could not reach Redis is sent again once it is back: the
--- job's lease may still be ours (else Redis answers ESTALE), and a lost
--- report would make the job run again.
-function Remote:_report(what, args)
-  self.client:call(args, function(reply, err, kind)
-    if kind == "connection" and not self.closed then
-      self.unreported[#self.unreported + 1] = { what, args }
-      return
-    end
-    local stale = reply == "ESTALE" and 1 or 0
-    if type(reply) == "table" then -- a batch of completions: one answer per job
-      for _, answer in ipairs(reply) do if answer == "ESTALE" then stale = stale + 1 end end
-    end
-    if stale > 0 then
-      self.counts.refused = self.counts.refused + stale
-      self.port:emit_event("redis", "stale", ("%s refused for %d job(s): the lease had passed to another run")
-        :format(what, stale))
-    elseif not reply then
-      self.port:emit_event("redis", "error", what .. ": " .. tostring(err))
-    end
-    self:want()
-  end)
+-------------------------------------------------------------- reports ---
+-- A report is { what, args, jobs, unsure }: the FCALL and the jobs it
+-- reports, in order (a completion batch reports many). Until it is answered
+-- its jobs stay in self.reporting, whose leases the renewals keep.
+
+function Remote:_report(what, args, jobs)
+  local report = { what = what, args = args, jobs = jobs }
+  self.nreports = self.nreports + 1
+  for _, job in ipairs(jobs) do self.reporting[job.remote_id] = job end
+  self:_send(report)
+end
+
+function Remote:_send(report)
+  self.client:call(report.args, function(reply, err, kind) self:_answered(report, reply, err, kind) end)
+end
+
+-- Sends again the reports waiting for it (the connection is back, or the
+-- back-off after a refusal passed).
+function Remote:_send_again()
+  if not self.up then return end -- sent when the connection is back
+  local retry = self.retry
+  self.retry = {}
+  for _, report in ipairs(retry) do self:_send(report) end
+end
+
+function Remote:_retry_later(report)
+  self.retry[#self.retry + 1] = report
+  if self.up and not self.retry_armed then
+    self.retry_armed = true
+    self.retry_timer:start(self.retry_ms)
+    self.retry_ms = math.min(self.retry_ms * 2, RETRY_MAX_MS)
+  end
+end
+
+function Remote:_answered(report, reply, err, kind)
+  if self.closed then return self:_settled(report) end
+  if kind == "connection" then -- it may have been sent and run: the next answer is checked
+    report.unsure = true
+    return self:_retry_later(report)
+  elseif kind == "transient" then
+    self:_trouble(report.what, ("%s refused for now: %s; sent again until it lands"):format(
+      report.what, tostring(err)))
+    return self:_retry_later(report)
+  elseif not reply then
+    self:_trouble(report.what, ("%s failed: %s; not sent again (the job's lease will run out and it "
+      .. "will run again)"):format(report.what, tostring(err)))
+    return self:_settled(report)
+  end
+  self:_fine(report.what)
+  self.retry_ms = RETRY_FIRST_MS
+  local stale = {}
+  if type(reply) == "table" then -- a batch of completions: one answer per job
+    for i, answer in ipairs(reply) do if answer == "ESTALE" then stale[#stale + 1] = i end end
+  elseif reply == "ESTALE" then
+    stale[1] = 1
+  end
+  if #stale == 0 then return self:_settled(report) end
+  if report.unsure then return self:_check_stale(report, stale) end
+  self:_stale(report.what, #stale)
+  self:_settled(report)
+end
+
+-- The jobs of a report left the reporting set: answered, or dropped.
+function Remote:_settled(report)
+  self.nreports = self.nreports - 1
+  for _, job in ipairs(report.jobs) do
+    if self.reporting[job.remote_id] == job then self.reporting[job.remote_id] = nil end
+  end
+  if self.retry_armed and #self.retry == 0 then self.retry_timer:stop(); self.retry_armed = false end
+  if not self.closed then self:want() end
+end
+
+function Remote:_stale(what, n)
+  self.counts.refused = self.counts.refused + n
+  self.port:emit_event("redis", "stale", ("%s refused for %d job(s): the lease had passed to another run")
+    :format(what, n))
+end
+
+-- What a landed report leaves in the job's hash: the field to read and the
+-- value it must hold (the result, or the error, sent).
+local function trace_of(report, i)
+  if report.what == "complete" then return "result", report.args[4 + 3 * i] end
+  if report.what == "fail" then return "error", report.args[7] end
+end
+
+-- ESTALE for a report sent again after its first send's answer was lost:
+-- that first send may have landed (then the token was already spent). It
+-- did if the job, no longer active, was last run by this worker and holds
+-- what we sent; otherwise the refusal is true. A release either way leaves
+-- the job to run again: nothing to say.
+function Remote:_check_stale(report, stale)
+  if report.what == "release" then return self:_settled(report) end
+  local left, refused = #stale, 0
+  for _, i in ipairs(stale) do
+    local field, sent = trace_of(report, i)
+    local key = self.prefix .. "j:" .. report.jobs[i].remote_id
+    self.client:call({ "HMGET", key, "state", "worker", field }, function(f)
+      local landed = type(f) == "table" and f[1] ~= "active" and f[2] == self.worker_id and f[3] == sent
+      if not landed then refused = refused + 1 end
+      left = left - 1
+      if left > 0 then return end
+      if refused > 0 and not self.closed then self:_stale(report.what, refused) end
+      self:_settled(report)
+    end)
+  end
 end
 
 -- A remote job ended here.
@@ -307,18 +565,21 @@ function Remote:_completed(job, result_bytes)
   self:_forget(job)
   if job.abandoned then return self:want() end
   self.counts.completed = self.counts.completed + 1
+  job.ran_here = true
   local batch = self.completions
   if not batch then
-    batch = { "FCALL", "moonjob_complete", 1, self.prefix }
+    batch = { args = { "FCALL", "moonjob_complete", 1, self.prefix }, jobs = {} }
     self.completions = batch
     loop.defer(function()
       self.completions = nil
-      self:_report("complete", batch)
+      self:_report("complete", batch.args, batch.jobs)
     end)
   end
-  batch[#batch + 1] = job.remote_id
-  batch[#batch + 1] = job.token
-  batch[#batch + 1] = Job.bytes(result_bytes)
+  local args = batch.args
+  args[#args + 1] = job.remote_id
+  args[#args + 1] = job.token
+  args[#args + 1] = Job.bytes(result_bytes)
+  batch.jobs[#batch.jobs + 1] = job
 end
 
 -- retry_ms: the backoff before the next attempt, or nil for a final failure.
@@ -327,19 +588,21 @@ function Remote:_failed(job, err, retry_ms)
   if job.abandoned then return self:want() end
   if err.code == "ECLOSED" then return self:_release(job) end
   self.counts.failed = self.counts.failed + 1
+  job.ran_here = true
   self:_report("fail", { "FCALL", "moonjob_fail", 1, self.prefix, job.remote_id, job.token,
-    encode_error(err), retry_ms and math.floor(retry_ms) or -1 })
+    encode_error(err), retry_ms and math.floor(retry_ms) or -1 }, { job })
 end
 
 function Remote:_release(job)
   self:_forget(job)
   self.counts.released = self.counts.released + 1
-  self:_report("release", { "FCALL", "moonjob_release", 1, self.prefix, job.remote_id, job.token })
+  self:_report("release", { "FCALL", "moonjob_release", 1, self.prefix, job.remote_id, job.token }, { job })
 end
 
 ------------------------------------------------------- the owner hook ---
 -- The pool calls these for the jobs this remote brought (job.owner), as
--- moonjob.pool.source documents: want, attempt_failed, ending, stop, close.
+-- moonjob.pool.source documents: want, attempt_failed, ending, stop, close,
+-- stats.
 
 -- An attempt failed: the queue decides on its retry, with the delay our
 -- backoff computed (it knows the attempts across hosts); here the job only
@@ -375,6 +638,15 @@ function Remote:ending(job, state)
   return false
 end
 
+-- What this worker did with the queue's jobs (pool:stats().redis): fetched,
+-- completed, failed, released (given back), fenced (ELEASE), lost (ELOST),
+-- refused (reports answered ESTALE).
+function Remote:stats()
+  local c = {}
+  for k, v in pairs(self.counts) do c[k] = v end
+  return c
+end
+
 -- No more fetching (the pool is closing).
 function Remote:stop()
   self.stopping = true
@@ -394,15 +666,17 @@ function Remote:close()
   local ticker = core.timer(function() end)
   ticker:start(100, 100)
   pcall(loop.wait_until, function()
-    local flushed = not self:_busy() and #self.client.waiting == 0 and #self.unreported == 0
+    local flushed = not self:_busy() and #self.client.waiting == 0 and self.nreports == 0
       and not self.completions and not self.fetching
     return flushed or loop.now() > deadline
   end)
   ticker:close()
   self.closed = true
-  for _, t in ipairs({ self.renew_timer, self.fence_timer, self.poll_timer, self.due_timer }) do
+  for _, t in ipairs({ self.renew_timer, self.fence_timer, self.poll_timer, self.retry_timer,
+      self.fetch_timer }) do
     t:close()
   end
+  if self.due_timer then self.due_timer:close() end
   self.client:close()
 end
 
