@@ -1,0 +1,99 @@
+-- The local pool at its edges: output a processor prints while it loads,
+-- a load failure that passes, a forced close, a close after a failed start,
+-- and an internal error while a child's report is handled.
+local core = require "moonjob.core"
+local h = require "helpers"
+local counting = require "counting"
+
+local lines_in, seconds_since = counting.lines_in, counting.seconds_since
+
+describe("a load failure that passes", function()
+  after_each(h.cleanup)
+
+  -- A processor whose init() fails on its first load only (a flag file says
+  -- it ran once), counting its loads.
+  local function flaky_processor(dir)
+    return h.write_file(dir .. "/processor.lua", ([[
+local loads = io.open(%q, "a") loads:write("x\n") loads:close()
+local flag = %q
+return {
+  init = function()
+    local f = io.open(flag)
+    if f then f:close() return end
+    io.open(flag, "w"):close()
+    error("the database is not up yet")
+  end,
+  process = function(job) return job.data end,
+}
+]]):format(dir .. "/loads", dir .. "/flag"))
+  end
+
+  it("does not fail a job added after it: the job gets a fresh child", function()
+    local dir = h.tmpdir()
+    local pool = assert(require("moonjob").pool(flaky_processor(dir), { size = 1, echo = false }))
+    local _, err = pool:run(1)
+    assert.equal("ELOAD", err.code)
+    assert.matches("the database is not up yet", err.message)
+    local result, later = pool:run(2) -- attempts = 1: it must not fail on the old error
+    assert.is_nil(later)
+    assert.equal(2, result)
+    pool:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("still fails 50 jobs added after a failure together, on one more load, when the file stays broken", function()
+    local dir = h.tmpdir()
+    local loads = dir .. "/loads"
+    local file = h.write_file(dir .. "/processor.lua",
+      ("local f = io.open(%q, 'a') f:write('x\\n') f:close()\nerror('still broken')\n"):format(loads))
+    local pool = assert(require("moonjob").pool(file, { size = 2, echo = false }))
+    local _, err = pool:run(0)
+    assert.equal("ELOAD", err.code)
+    local t0 = core.hrtime()
+    local jobs = {}
+    for i = 1, 50 do jobs[i] = pool:add(i) end
+    pool:drain()
+    assert.is_true(seconds_since(t0) < 10, "hung")
+    for i = 1, 50 do
+      local _, e = jobs[i]:wait()
+      assert.equal("ELOAD", e.code)
+      assert.equal(1, jobs[i].attempts)
+    end
+    assert.is_true(lines_in(loads) <= 10, lines_in(loads) .. " loads")
+    pool:close()
+    os.execute("rm -rf " .. dir)
+  end)
+end)
+
+describe("close({ force = true })", function()
+  after_each(h.cleanup)
+
+  it("fails an active job with ECLOSED and killed = true, even one its child had not read yet", function()
+    -- the job is active as soon as the pool gave it to its child; a close
+    -- an instant later used to take it back, without killed
+    for round = 1, 12 do
+      local pool = h.pool("slow.lua", { size = 1 })
+      local job = pool:add({ ms = 3000 })
+      h.wait_for(function() return job.state == "active" end)
+      pool:close({ force = true })
+      local _, err = job:wait()
+      assert.equal("ECLOSED", err.code)
+      assert.is_true(err.killed, "round " .. round .. ": " .. err.message)
+      assert.equal(1, job.attempts)
+    end
+  end)
+
+  it("ends the jobs queued behind a running one as never run", function()
+    local pool = h.pool("slow.lua", { size = 1 })
+    local first = pool:add({ ms = 3000 })
+    h.wait_started(first)
+    local behind = pool:add({ ms = 1 })
+    pool:close({ force = true })
+    local _, err = first:wait()
+    assert.is_true(err.killed)
+    local _, queued = behind:wait()
+    assert.equal("ECLOSED", queued.code)
+    assert.is_nil(queued.killed)
+    assert.equal(0, behind.attempts)
+  end)
+end)
