@@ -271,8 +271,12 @@ end
 
 local on_frame = {}
 
+-- What the child printed while it loaded came before READY (the core
+-- delivers it first): no job's, its partial last line included.
 on_frame[frame.READY] = function(w)
   w:disarm()
+  w:flush_partial_lines()
+  w.log_bytes, w.truncated = 0, false
   w.state, w.ready = "idle", true
   w.pool:on_worker_ready(w)
 end

@@ -97,3 +97,49 @@ describe("close({ force = true })", function()
     assert.equal(0, behind.attempts)
   end)
 end)
+
+describe("output printed while the processor loads", function()
+  after_each(h.cleanup)
+
+  -- A processor printing `n` lines at its top level and one in init(), then
+  -- one line per job.
+  local function loud_loader(dir, n)
+    return h.write_file(dir .. "/processor.lua", ([[
+for i = 1, %d do print("loading " .. i) end
+io.stderr:write("loaded, no newline")
+return {
+  init = function() print("init ran") end,
+  process = function(job) print("job " .. job.data) return job.data end,
+}
+]]):format(n))
+  end
+
+  for _, n in ipairs({ 1, 3000 }) do
+    it("belongs to no job: not in job.logs nor `log` events, echoed with the child's pid (" .. n .. " lines)", function()
+      local dir = h.tmpdir()
+      local echoed, logged = {}, {}
+      local pool = assert(require("moonjob").pool(loud_loader(dir, n), { size = 1,
+        echo = function(line, job, pid) echoed[#echoed + 1] = { line = line, job = job, pid = pid } end }))
+      pool:on("log", function(job, line) logged[#logged + 1] = line end)
+      local first = pool:add(1)
+      local second = pool:add(2)
+      assert.equal(1, first:wait())
+      assert.equal(2, second:wait())
+      assert.same({ "job 1" }, first.logs)
+      assert.same({ "job 2" }, second.logs)
+      assert.same({ "job 1", "job 2" }, logged)
+      local loading = 0
+      for _, e in ipairs(echoed) do
+        if e.job == nil then
+          loading = loading + 1
+          assert.equal(pool:stats().workers[1].pid, e.pid)
+        else
+          assert.matches("^job %d$", e.line)
+        end
+      end
+      assert.equal(n + 2, loading) -- its lines, init's, and the one without a newline
+      pool:close()
+      os.execute("rm -rf " .. dir)
+    end)
+  end
+end)
