@@ -143,3 +143,53 @@ return {
     end)
   end
 end)
+
+describe("an error raised while the pool handles a child's report", function()
+  after_each(h.cleanup)
+
+  -- Makes pool.endings[name] raise once, for `job` only.
+  local function raise_once(pool, name, job)
+    local endings = pool.endings
+    local original = endings[name]
+    endings[name] = function(self, j, ...)
+      if j == job and not job.raised then
+        job.raised = true
+        error("injected failure in " .. name)
+      end
+      return original(self, j, ...)
+    end
+  end
+
+  it("ends the job it was about with EINTERNAL, reports it once, and the pool goes on", function()
+    local pool = h.pool("identity.lua", { size = 1 })
+    local reports = {}
+    pool:on("error", function(message, event) reports[#reports + 1] = { message = message, event = event } end)
+    assert.equal(0, pool:run(0))
+    local job = pool:add(1)
+    raise_once(pool, "finish", job) -- as its DONE is handled
+    h.wait_for(function() return job:is_finished() end, 5)
+    local _, err = job:wait()
+    assert.equal("EINTERNAL", err.code)
+    assert.matches("injected failure in finish", err.message)
+    assert.equal(1, #reports)
+    assert.equal("internal", reports[1].event)
+    assert.matches("injected failure in finish", reports[1].message)
+    for i = 2, 5 do assert.equal(i, pool:run(i)) end
+    assert.equal(0, pool.nactive)
+  end)
+
+  it("ends the jobs a child's exit was ending, and close() still returns", function()
+    local pool = h.pool("exits.lua", { size = 1 })
+    local reports = 0
+    pool:on("error", function() reports = reports + 1 end)
+    local job = pool:add({ exit = 3 })
+    raise_once(pool, "fail", job) -- as its child's exit is handled
+    h.wait_for(function() return job:is_finished() end, 5)
+    local _, err = job:wait()
+    assert.equal("EINTERNAL", err.code)
+    assert.equal(1, reports)
+    assert.equal(7, pool:run({ value = 7 }))
+    pool:close()
+    assert.equal(0, pool.children:count_all())
+  end)
+end)

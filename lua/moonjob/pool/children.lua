@@ -190,6 +190,8 @@ end
 -- A child's exit came in: it leaves the pool. One that ended unasked (not
 -- retired) and was not reported as a failed start counts as crashed.
 function Children:remove(w)
+  if w.removed then return end -- once (on_worker_fault may ask again)
+  w.removed = true
   local list = self.list
   for i = 1, #list do
     if list[i] == w then

@@ -47,19 +47,29 @@
 --       that ended before READY is a start failure (err), unless a LOADERR or
 --       start_timeout already counted as one or the pool is closing. status
 --       and signal go to the `exit` event.
+--   pool:on_worker_fault(w, head, trace)
+--       One of the methods above raised (worker:on_event guards them all):
+--       reported once (events:internal_error); the job that was w's head
+--       before the event, and the jobs an exit was ending, if they were left
+--       neither ended nor waiting, fail with EINTERNAL; w's child, whose
+--       bookkeeping may be half done, is killed (its running job fails with
+--       EINTERNAL at its exit, the others wait again), and a gone one leaves
+--       the pool.
 --
 -- Besides, a worker reads (never writes) these pool fields: child_program,
 -- child_args, child_env, init_bytes, max_payload, max_log_bytes,
 -- start_timeout, batches (moonjob.pool.lines).
 --
 -- Owns: nothing. Calls: pool.breaker (succeeded, child_broken, failed),
+-- pool.events:internal_error,
 -- pool.children (free, retire, remove), pool.deadlines (start_timed_out,
 -- kill_job, job_timed_out), pool.endings (finish, fail, give_back),
 -- pool.dispatch (worker_next, take_back, pump), pool.events.
 --
 -- Caveats: these are for moonjob.worker, not for users. They run inside the
 -- loop's callbacks (listeners they reach run protected, so no error of theirs
--- comes back to the worker). Each report that frees, kills or loses a child
+-- comes back to the worker; an error of moonjob's own goes to
+-- on_worker_fault). Each report that frees, kills or loses a child
 -- or ends a job runs the pump before it returns, except
 -- on_worker_channel_error: the killed child's replacement waits for its exit
 -- (or the pool's next pump).
@@ -105,6 +115,45 @@ function Pool:on_worker_exit(w, jobs, started, err, status, signal)
   end
   if self.events.listeners.exit then self.events:emit("exit", w.pid, status, signal) end
   self.dispatch:pump()
+end
+
+-- A job a fault left behind: not ended, not waiting in the source, not left
+-- to its owner, and not among the jobs w's exit will end.
+local function stranded(job, w)
+  if job:is_finished() or job.state == "left" or job.qindex then return false end
+  if w.state ~= "gone" then
+    for _, held in ipairs(w.held) do if held == job then return false end end
+  end
+  return true
+end
+
+-- Ends a stranded job with err; should that raise too, the job is marked
+-- failed all the same, so that its waiter returns.
+function Pool:end_stranded(job, err)
+  local ok = pcall(self.endings.fail, self.endings, job, err)
+  if ok or job:is_finished() or job.state == "left" or job.qindex then return end
+  if job.state == "active" then self.nactive = self.nactive - 1 end
+  job.error, job.state, job.worker = err, "failed", nil
+end
+
+function Pool:on_worker_fault(w, head, trace)
+  self.events:internal_error(trace)
+  local err = errors.new("EINTERNAL", "an internal error of moonjob ended the job: "
+    .. tostring(trace):match("^[^\n]*"))
+  local jobs = { head }
+  for _, job in ipairs(w.exit_jobs or {}) do jobs[#jobs + 1] = job end
+  for _, job in ipairs(jobs) do
+    if stranded(job, w) then self:end_stranded(job, err) end
+  end
+  local ok, again = true, nil
+  if w.state == "gone" then
+    ok, again = pcall(self.children.remove, self.children, w)
+  elseif w.state ~= "killed" then
+    w.killed_for, w.failure = w.killed_for or w.job, w.failure or err
+    ok, again = pcall(self.children.retire, self.children, w, true)
+  end
+  if ok then ok, again = pcall(self.dispatch.pump, self.dispatch) end
+  if not ok then self.events:internal_error(again) end
 end
 
 ------------------------------------------------------------- its job ---
