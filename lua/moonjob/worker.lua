@@ -276,6 +276,7 @@ local on_frame = {}
 on_frame[frame.READY] = function(w)
   w:disarm()
   w:flush_partial_lines()
+  if w.state ~= "starting" then return end -- killed meanwhile (start_timeout, close): too late
   w.log_bytes, w.truncated = 0, false
   w.state, w.ready = "idle", true
   w.pool:on_worker_ready(w)

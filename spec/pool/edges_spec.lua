@@ -235,3 +235,19 @@ return function(job) return job.data end
     os.execute("rm -rf " .. dir)
   end)
 end)
+
+describe("start_timeout", function()
+  after_each(h.cleanup)
+
+  it("does not kill children that got ready in time while the parent did not run", function()
+    -- the parent is blocked past start_timeout (a busy machine, a REPL at its
+    -- prompt): when the loop runs again the deadline has passed, but READY
+    -- is already waiting in the channel
+    local pool = h.pool("identity.lua", { size = 2, start_timeout = 0.1 })
+    os.execute("sleep 0.4")
+    local result, err = pool:run(7)
+    assert.is_nil(err)
+    assert.equal(7, result)
+    assert.equal(2, pool:stats().spawned)
+  end)
+end)
