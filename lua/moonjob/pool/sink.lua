@@ -129,10 +129,10 @@ end
 
 -- Ends a stranded job with err; should that raise too, the job is marked
 -- failed all the same, so that its waiter returns.
-function Pool:end_stranded(job, err)
-  local ok = pcall(self.endings.fail, self.endings, job, err)
+local function end_stranded(pool, job, err)
+  local ok = pcall(pool.endings.fail, pool.endings, job, err)
   if ok or job:is_finished() or job.state == "left" or job.qindex then return end
-  if job.state == "active" then self.nactive = self.nactive - 1 end
+  if job.state == "active" then pool.nactive = pool.nactive - 1 end
   job.error, job.state, job.worker = err, "failed", nil
 end
 
@@ -143,7 +143,7 @@ function Pool:on_worker_fault(w, head, trace)
   local jobs = { head }
   for _, job in ipairs(w.exit_jobs or {}) do jobs[#jobs + 1] = job end
   for _, job in ipairs(jobs) do
-    if stranded(job, w) then self:end_stranded(job, err) end
+    if stranded(job, w) then end_stranded(self, job, err) end
   end
   local ok, again = true, nil
   if w.state == "gone" then
