@@ -29,8 +29,8 @@
 --       PROGRESS: the running job reported progress (encoded value).
 --   pool:on_worker_output(w, job, stream, line)
 --       A line the child printed (stream "stdout" or "stderr"; job is nil
---       while it loads and between jobs), or a LOG frame's text (stream "log"). Lines are already
---       cut and bounded by max_log_bytes.
+--       while it loads and between jobs), or a LOG frame's text (stream
+--       "log"). Lines are already cut and bounded by max_log_bytes.
 --   pool:on_worker_channel_error(w)
 --       The child sent a frame over max_payload or broke the channel protocol:
 --       it is killed now. The worker keeps the error (w.failure), and its job
