@@ -252,3 +252,19 @@ describe("start_timeout", function()
     assert.equal(2, pool:stats().spawned)
   end)
 end)
+
+describe("an echo function that raises", function()
+  after_each(h.cleanup)
+
+  it("is reported like a listener's error, and the job still ends as it should", function()
+    local reports = {}
+    local pool = h.pool("noisy.lua", { size = 1, echo = function() error("echo broke") end })
+    pool:on("error", function(message, event) reports[#reports + 1] = event .. ": " .. message end)
+    local job = pool:add({ n = 4 })
+    h.wait_for(function() return job:is_finished() end, 5)
+    assert.equal(4, job:wait())
+    assert.is_true(#reports >= 1)
+    for _, r in ipairs(reports) do assert.matches("^echo: .*echo broke", r) end
+    assert.equal(5, pool:run({ n = 5 }))
+  end)
+end)

@@ -190,8 +190,9 @@ function Pool:on_worker_output(w, job, stream, line)
   if self.echo == true then
     local who = job and ("job " .. tostring(job.id)) or ("child " .. tostring(w.pid))
     io.stderr:write("[" .. who .. "] " .. line .. "\n") -- one write: lines never interleave mid-line
-  elseif self.echo then
-    self.echo(line, job, w.pid)
+  elseif self.echo then -- the user's function runs protected, as listeners do
+    local ok, err = xpcall(self.echo, debug.traceback, line, job, w.pid)
+    if not ok then self.events:report("echo", err) end
   end
   if job and self.events.listeners.log then self.events:emit("log", job, line, stream) end
 end
