@@ -76,11 +76,12 @@ typedef enum {
 #define MJ_FRAME_TYPES(X) \
   X(INIT) X(JOB) X(INTERRUPT) X(READY) X(LOADERR) X(DONE) X(FAIL) X(PROGRESS) X(LOG)
 
-/* True for the frames that end a job. Their payload starts with an
- * mj_job_usage_t block (counted in `len`), whose `output` counts let the
- * parent attribute what the child printed to the right job. */
+/* True for the frames that end a job, and for the two that end the start-up
+ * (READY, LOADERR). Their payload starts with an mj_job_usage_t block
+ * (counted in `len`), whose `output` counts let the parent attribute what the
+ * child printed to the right job, or, up to the end of the start-up, to none. */
 #define MJ_FRAME_ENDS_JOB(t) ((t) == MJ_FRAME_DONE || (t) == MJ_FRAME_FAIL || \
-                              (t) == MJ_FRAME_LOADERR)
+                              (t) == MJ_FRAME_LOADERR || (t) == MJ_FRAME_READY)
 
 /* What the job cost the child, measured by the child itself, and where its
  * output ends. */

@@ -14,7 +14,9 @@
  * ends a job is delivered, whatever the child wrote to stdout/stderr up to
  * the end of that job is delivered first, and nothing after it (the frame
  * counts the bytes: see "Output attribution" below), so output is attributed
- * to the right job even when the next one already runs.
+ * to the right job even when the next one already runs. READY counts the
+ * bytes too: what the child printed while it loaded comes before it, and
+ * belongs to no job.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -165,8 +167,8 @@ static mj_inflight_t *head(mj_process_t *p) {
 
 /* Why a header the child sent breaks the protocol, or NULL when the child may
  * send it now: READY and LOADERR only while starting (job 0), job frames only
- * with the head job's token, job-ending frames with room for their usage
- * block, the output flag only on those. */
+ * with the head job's token, frames that end a job or the start-up with room
+ * for their usage block. */
 static const char *frame_violation(mj_process_t *p, const mj_frame_header_t *h) {
   uint32_t type = h->type & MJ_FRAME_TYPE_MASK;
   const char *why = NULL;

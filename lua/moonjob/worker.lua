@@ -58,7 +58,7 @@ function Worker.spawn(pool)
   })
   if not process then return nil, err end
   w.process = process -- w.pid comes with the "spawned" event
-  w.timer = core.timer(function() pool:on_worker_timer(w) end)
+  w.timer = core.timer(function() w:on_event("timer") end)
   w:arm(pool.start_timeout)
   process:send(frame.INIT, 0, pool.init_bytes)
   return w
@@ -271,8 +271,13 @@ end
 
 local on_frame = {}
 
+-- What the child printed while it loaded came before READY (the core
+-- delivers it first): no job's, its partial last line included.
 on_frame[frame.READY] = function(w)
   w:disarm()
+  w:flush_partial_lines()
+  if w.state ~= "starting" then return end -- killed meanwhile (start_timeout, close): too late
+  w.log_bytes, w.truncated = 0, false
   w.state, w.ready = "idle", true
   w.pool:on_worker_ready(w)
 end
@@ -336,6 +341,7 @@ end
 
 local on_event = {
   spawned = function(w, pid) w.pid = pid end,
+  timer = function(w) w.pool:on_worker_timer(w) end,
   frame = function(w, kind, seq, payload, cpu_ms, max_rss_kb, ms)
     local handler = on_frame[kind]
     if handler then handler(w, seq, payload, cpu_ms, max_rss_kb, ms) end
@@ -371,13 +377,23 @@ local on_event = {
     end
     local err = w.failure
       or crash_error(w, status, signal, running, spawn_failure, not w.ready)
+    w.exit_jobs = jobs -- for on_worker_fault, should the pool raise while it ends them
     w.pool:on_worker_exit(w, jobs, started, err, status, signal)
+    w.exit_jobs = nil
   end,
   closed = function() end,
 }
 
+-- Every event of the child, and its timer, comes through here, guarded: an
+-- error raised while the pool handles one (a bug, in moonjob or in a hook it
+-- calls) goes to pool:on_worker_fault with the job that was the head before
+-- it, so that no job is left unfinished with a waiter that never returns.
+local traceback = debug.traceback
+
 function Worker:on_event(kind, a, b, c, d, e, f)
-  return on_event[kind](self, a, b, c, d, e, f)
+  local head = self.job
+  local ok, err = xpcall(on_event[kind], traceback, self, a, b, c, d, e, f)
+  if not ok then self.pool:on_worker_fault(self, head, err) end
 end
 
 return Worker

@@ -240,6 +240,7 @@ function M.main()
     return 3
   end
   batch.setup({ processor = processor, Job = Job, sent = sent, flush_output = flush_output })
+  flush_output() -- what the file printed at load or in init() is counted in READY: it is no job's
   channel.send(channel.READY, 0)
   while true do
     local kind, number, payload = channel.recv()

@@ -11,11 +11,18 @@
 -- storm; a child that becomes ready closes the breaker. Healthy children keep
 -- running jobs meanwhile: only when no child can run at all do jobs fail.
 --
+-- A job fails only on a start failure that happened while it waited, never
+-- on one from before it was added: a job added while the breaker is open
+-- waits for the next probe (a fresh child), which then comes no later than
+-- FRESH_PROBE_MS after the last failure however long the back-off has grown,
+-- so a file fixed meanwhile runs it, and one still broken fails it soon.
+--
 -- Owns: the last start failure's error (nil while starts are healthy; the
 -- breaker may open only while it is set), how many failed in a row (the
--- back-off), the time before which no probe starts, whether a pass over the
--- ready jobs is due, the probe timer; and on each job, job.failed_by: the
--- start error that last cost it an attempt.
+-- back-off), when the last one happened, the time before which no probe
+-- starts, whether a pass over the ready jobs is due and which error the last
+-- one was for, the probe timer; and on each job, job.failed_by: the start
+-- error that last cost it an attempt.
 -- Exposes: breaker:failed(err), breaker:succeeded(), breaker:failing() -> the
 -- start error or nil, breaker:stalled() (failing, and no child live), breaker:check() (after every pump), breaker:probe(target)
 -- (children:ensure while starts fail), breaker:child_broken(w, err),
@@ -35,6 +42,7 @@ local Breaker = {}
 Breaker.__index = Breaker
 
 local BACKOFF_FIRST_MS, BACKOFF_MAX_MS = 100, 30000
+local FRESH_PROBE_MS = 1000 -- the longest a job added after the last failure waits for a probe
 
 -- Breaker.new(pool) -> a closed breaker.
 function Breaker.new(pool)
@@ -60,7 +68,8 @@ end
 function Breaker:failed(err)
   self.start_error = err
   self.failures = self.failures + 1
-  self.next_spawn_at = loop.now()
+  self.failed_at = loop.now()
+  self.next_spawn_at = self.failed_at
     + math.min(BACKOFF_FIRST_MS * 2 ^ (self.failures - 1), BACKOFF_MAX_MS)
 end
 
@@ -68,6 +77,7 @@ end
 -- breaker closes and the back-off starts over).
 function Breaker:succeeded()
   self.start_error, self.failures, self.next_spawn_at = nil, 0, nil
+  self.failed_at, self.passed = nil, nil
 end
 
 -- True while starts fail and no child is ready or starting: then no waiting
@@ -88,34 +98,41 @@ function Breaker:run_pass()
 end
 
 -- While the breaker is open, the jobs that could run fail with the start
--- error, on a later loop turn (never inside add).
+-- error, on a later loop turn (never inside add); one pass per error: the
+-- jobs ready after it wait for the next probe.
 function Breaker:check()
-  if self.due or self.pool.source:ready_count() == 0 or not self:is_open() then return end
+  if self.due or self.passed == self.start_error or self.pool.source:ready_count() == 0
+      or not self:is_open() then
+    return
+  end
   self.due = true
   self.pool.ndeferred = self.pool.ndeferred + 1
   loop.defer(self.pass)
 end
 
--- Every job that may run now fails with err, the failed probe's error (an
--- attempt each). A job with attempts left comes back after its backoff, and
--- not before the next probe is due: each failed probe costs a job at most one
--- attempt, whatever its backoff (none included). So a job this probe already
--- failed is ready again only once the next probe is due (the clock may have
--- crossed that time since the pool last looked): that probe starts now, and
--- the jobs still waiting wait for it.
+-- Every job that may run now and was added before the failure fails with
+-- err, the failed probe's error (an attempt each). A job with attempts left
+-- comes back after its backoff, and not before the next probe is due: each
+-- failed probe costs a job at most one attempt, whatever its backoff (none
+-- included). So a job this probe already failed is ready again only once the
+-- next probe is due (the clock may have crossed that time since the pool last
+-- looked), and it waits for that probe, as a job added after the failure does.
 function Breaker:fail_ready_jobs(err)
   local pool = self.pool
   local source = pool.source
+  local kept = {}
   for _ = 1, source:ready_count() do
     local job = source:pop_ready()
     if not job then break end
-    if job.failed_by == err then
-      source:push(job)
-      return pool.children:ensure()
+    if job.failed_by == err or job.added > self.failed_at then
+      kept[#kept + 1] = job
+    else
+      job.failed_by, job.attempts = err, job.attempts + 1
+      pool.endings:fail(job, errors.new(err.code, err.message, err), self.next_spawn_at)
     end
-    job.failed_by, job.attempts = err, job.attempts + 1
-    pool.endings:fail(job, errors.new(err.code, err.message, err), self.next_spawn_at)
   end
+  for i = 1, #kept do source:push(kept[i]) end
+  self.passed = err
 end
 
 -- While starts fail: one probe at a time, once the back-off has passed. A
@@ -125,15 +142,21 @@ function Breaker:probe(target)
   local children = self.pool.children
   local ready, starting = children:live()
   if starting > 0 or ready >= target then return end
-  local wait_ms = self.next_spawn_at - loop.now()
+  local due = self.next_spawn_at
+  if self.pool.source:ready_count() > 0 then -- jobs no probe has failed yet wait for one
+    due = math.min(due, self.failed_at + FRESH_PROBE_MS)
+  end
+  local wait_ms = due - loop.now()
   if wait_ms > 0 then return self:probe_later(wait_ms) end
   return children:spawn()
 end
 
--- Looks again at how many children the pool wants in `ms` (the back-off).
+-- Looks again at how many children the pool wants in `ms` (the back-off),
+-- through the pump: a probe that cannot even be spawned is a failure whose
+-- pass (check) must follow.
 function Breaker:probe_later(ms)
   if not self.probe_timer then
-    self.probe_timer = core.timer(function() self.pool.children:ensure() end)
+    self.probe_timer = core.timer(function() self.pool.dispatch:pump() end)
   end
   self.probe_timer:start(ms)
 end

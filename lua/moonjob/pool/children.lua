@@ -191,6 +191,8 @@ end
 -- A child's exit came in: it leaves the pool. One that ended unasked (not
 -- retired) and was not reported as a failed start counts as crashed.
 function Children:remove(w)
+  if w.removed then return end -- once (on_worker_fault may ask again)
+  w.removed = true
   local list = self.list
   for i = 1, #list do
     if list[i] == w then
@@ -222,14 +224,17 @@ function Children:sweep()
   if pool.batches then pool.lines:publish_kept() end
 end
 
--- Ends every child now: busy ones get SIGTERM (their jobs fail with ECLOSED),
--- and whatever is still there TERM_GRACE_MS later gets SIGKILL.
+-- Ends every child now: busy ones get SIGTERM, and whatever is still there
+-- TERM_GRACE_MS later gets SIGKILL. Their active jobs (each child's head,
+-- which users saw start, whether or not the child had read it yet) fail with
+-- ECLOSED and killed = true; the jobs prefetched behind a head and not
+-- started end as waiting jobs do (ECLOSED, never run).
 function Children:terminate()
   if self.terminating then return end
   self.terminating = true
   local pool = self.pool
   for _, w in ipairs(self:snapshot()) do
-    pool.dispatch:take_back(w) -- what it has not started ends as waiting jobs do (ECLOSED)
+    pool.dispatch:take_back_prefetched(w)
     for _, job in ipairs(w.held) do
       if job.owner then
         -- given back to its owner's queue below: another host may start it

@@ -79,8 +79,16 @@ function Deadlines:kill_job(w, job)
   pool.dispatch:pump()
 end
 
--- A child not ready within start_timeout is killed: a start failure.
+-- A child not ready within start_timeout is killed: a start failure. The
+-- deadline is looked at once more after the loop has read what the children
+-- sent (libuv runs timers before it reads): a parent that did not run for a
+-- while (a busy machine, a REPL at its prompt) must not kill a child whose
+-- READY is already waiting in the channel.
 function Deadlines:start_timed_out(w)
+  if not w.start_overdue then
+    w.start_overdue = true
+    return w:arm(0.001)
+  end
   self.pool.breaker:child_broken(w, errors.new("ELOAD",
     ("the processor did not become ready within %s s (start_timeout)"):format(tostring(self.pool.start_timeout))))
 end

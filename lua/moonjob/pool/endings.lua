@@ -38,7 +38,8 @@ local Endings = {}
 Endings.__index = Endings
 
 -- Failures that another attempt cannot fix.
-local FINAL = { ECANCELED = true, ECLOSED = true, EPAYLOAD = true, EINPUT = true, ELOST = true }
+local FINAL = { ECANCELED = true, ECLOSED = true, EPAYLOAD = true, EINPUT = true, ELOST = true,
+  EINTERNAL = true }
 
 function Endings.new(pool)
   return setmetatable({ pool = pool, listeners = pool.events.listeners }, Endings)

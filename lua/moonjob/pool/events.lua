@@ -10,7 +10,8 @@
 -- `listeners` field and test `listeners[event]` before calling emit on the
 -- job path: an event nobody listens to costs no call and no vararg.
 -- Exposes: events:on(event, fn), events:off(event, fn) (pool:on and pool:off),
--- events:emit(event, ...). Calls on the other parts: nothing.
+-- events:emit(event, ...), events:internal_error(message). Calls on the other
+-- parts: nothing.
 --
 -- Caveat: events are emitted from inside the loop; a listener must not block
 -- on a job (the loop cannot run inside itself) and gets a clear error if it tries.
@@ -36,6 +37,14 @@ function Events:report(event, message)
     return self:emit("error", message, event)
   end
   io.stderr:write(("moonjob: error in a '%s' listener: %s\n"):format(event, message))
+end
+
+-- An error of moonjob's own, caught where a child's report was handled
+-- (pool:on_worker_fault): told to the `error` listeners as (message,
+-- "internal"), else written to stderr.
+function Events:internal_error(message)
+  if self.listeners.error then return self:emit("error", message, "internal") end
+  io.stderr:write(("moonjob: internal error (please report it): %s\n"):format(tostring(message)))
 end
 
 -- events:emit(event, ...): calls event's listeners, in the order added.

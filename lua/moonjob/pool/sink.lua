@@ -29,8 +29,8 @@
 --       PROGRESS: the running job reported progress (encoded value).
 --   pool:on_worker_output(w, job, stream, line)
 --       A line the child printed (stream "stdout" or "stderr"; job is nil
---       between jobs), or a LOG frame's text (stream "log"). Lines are already
---       cut and bounded by max_log_bytes.
+--       while it loads and between jobs), or a LOG frame's text (stream
+--       "log"). Lines are already cut and bounded by max_log_bytes.
 --   pool:on_worker_channel_error(w)
 --       The child sent a frame over max_payload or broke the channel protocol:
 --       it is killed now. The worker keeps the error (w.failure), and its job
@@ -47,19 +47,29 @@
 --       that ended before READY is a start failure (err), unless a LOADERR or
 --       start_timeout already counted as one or the pool is closing. status
 --       and signal go to the `exit` event.
+--   pool:on_worker_fault(w, head, trace)
+--       One of the methods above raised (worker:on_event guards them all):
+--       reported once (events:internal_error); the job that was w's head
+--       before the event, and the jobs an exit was ending, if they were left
+--       neither ended nor waiting, fail with EINTERNAL; w's child, whose
+--       bookkeeping may be half done, is killed (its running job fails with
+--       EINTERNAL at its exit, the others wait again), and a gone one leaves
+--       the pool.
 --
 -- Besides, a worker reads (never writes) these pool fields: child_program,
 -- child_args, child_env, init_bytes, max_payload, max_log_bytes,
 -- start_timeout, batches (moonjob.pool.lines).
 --
 -- Owns: nothing. Calls: pool.breaker (succeeded, child_broken, failed),
+-- pool.events:internal_error,
 -- pool.children (free, retire, remove), pool.deadlines (start_timed_out,
 -- kill_job, job_timed_out), pool.endings (finish, fail, give_back),
 -- pool.dispatch (worker_next, take_back, pump), pool.events.
 --
 -- Caveats: these are for moonjob.worker, not for users. They run inside the
 -- loop's callbacks (listeners they reach run protected, so no error of theirs
--- comes back to the worker). Each report that frees, kills or loses a child
+-- comes back to the worker; an error of moonjob's own goes to
+-- on_worker_fault). Each report that frees, kills or loses a child
 -- or ends a job runs the pump before it returns, except
 -- on_worker_channel_error: the killed child's replacement waits for its exit
 -- (or the pool's next pump).
@@ -107,6 +117,45 @@ function Pool:on_worker_exit(w, jobs, started, err, status, signal)
   self.dispatch:pump()
 end
 
+-- A job a fault left behind: not ended, not waiting in the source, not left
+-- to its owner, and not among the jobs w's exit will end.
+local function stranded(job, w)
+  if job:is_finished() or job.state == "left" or job.qindex then return false end
+  if w.state ~= "gone" then
+    for _, held in ipairs(w.held) do if held == job then return false end end
+  end
+  return true
+end
+
+-- Ends a stranded job with err; should that raise too, the job is marked
+-- failed all the same, so that its waiter returns.
+local function end_stranded(pool, job, err)
+  local ok = pcall(pool.endings.fail, pool.endings, job, err)
+  if ok or job:is_finished() or job.state == "left" or job.qindex then return end
+  if job.state == "active" then pool.nactive = pool.nactive - 1 end
+  job.error, job.state, job.worker = err, "failed", nil
+end
+
+function Pool:on_worker_fault(w, head, trace)
+  self.events:internal_error(trace)
+  local err = errors.new("EINTERNAL", "an internal error of moonjob ended the job: "
+    .. tostring(trace):match("^[^\n]*"))
+  local jobs = { head }
+  for _, job in ipairs(w.exit_jobs or {}) do jobs[#jobs + 1] = job end
+  for _, job in ipairs(jobs) do
+    if stranded(job, w) then end_stranded(self, job, err) end
+  end
+  local ok, again = true, nil
+  if w.state == "gone" then
+    ok, again = pcall(self.children.remove, self.children, w)
+  elseif w.state ~= "killed" then
+    w.killed_for, w.failure = w.killed_for or w.job, w.failure or err
+    ok, again = pcall(self.children.retire, self.children, w, true)
+  end
+  if ok then ok, again = pcall(self.dispatch.pump, self.dispatch) end
+  if not ok then self.events:internal_error(again) end
+end
+
 ------------------------------------------------------------- its job ---
 
 function Pool:on_worker_done(w, job, result_bytes)
@@ -141,8 +190,9 @@ function Pool:on_worker_output(w, job, stream, line)
   if self.echo == true then
     local who = job and ("job " .. tostring(job.id)) or ("child " .. tostring(w.pid))
     io.stderr:write("[" .. who .. "] " .. line .. "\n") -- one write: lines never interleave mid-line
-  elseif self.echo then
-    self.echo(line, job, w.pid)
+  elseif self.echo then -- the user's function runs protected, as listeners do
+    local ok, err = xpcall(self.echo, debug.traceback, line, job, w.pid)
+    if not ok then self.events:report("echo", err) end
   end
   if job and self.events.listeners.log then self.events:emit("log", job, line, stream) end
 end
