@@ -174,17 +174,16 @@ local function fail_entry(p, id, key, now, why, wrong_type, code)
   finish(p, id, key, "failed", "error", err_json(code or "EINPUT", why), now)
 end
 
--- A set entry found by fetch's housekeeping: "ok" with the job's fields,
--- "missing" (its hash is gone: counted), "stale" (the job is in another
--- state: the entry is only dropped) or "bad" (failed with EINPUT here).
-local function look_at(p, id, key, want_state, now, ...)
-  local f, why = job_fields(key, "state", ...)
+-- A set entry whose job is not in want_state: f, its fields read with
+-- job_fields (f[1] the state), or nil and why (its key is not a hash). ->
+-- "missing" (its hash is gone: counted), "stale" (the job is in another state:
+-- only the entry is dropped) or "bad" (failed with EINPUT here).
+local function classify(p, id, key, now, f, why)
   if not f then
     fail_entry(p, id, key, now, why, true)
     return "bad"
   end
   local state = f[1]
-  if state == want_state then return "ok", f end
   if not state then
     if redis.call("EXISTS", key) == 0 then return "missing" end
     fail_entry(p, id, key, now, "the job's hash has no state (written around moonjob_add)")
@@ -198,6 +197,13 @@ local function look_at(p, id, key, want_state, now, ...)
   return "bad"
 end
 
+-- A set entry found by fetch's housekeeping: "ok" with the job's fields
+-- (state first, then the ones asked), or what classify says.
+local function look_at(p, id, key, want_state, now, ...)
+  local f, why = job_fields(key, "state", ...)
+  if f and f[1] == want_state then return "ok", f end
+  return classify(p, id, key, now, f, why)
+end
 -- Checks numeric arguments: each spec { index, what it must be, low, high,
 -- whole }; an empty or absent argument takes its default. -> an EINPUT error
 -- reply, or nil.
@@ -394,6 +400,16 @@ local function unfit(id, f)
     return "the job's id, name or backoff takes more than " .. FIELD_MAX .. " bytes"
   end
   if not f[2] then return "the job has no data (written around moonjob_add)" end
+  -- the usual job: every number a plain one in range (checked at add)
+  local attempts, timeout, kill_after = tonumber(f[3]), tonumber(f[5]), tonumber(f[6])
+  local made, prio = tonumber(f[8] or 0), tonumber(f[9] or 0)
+  if attempts and attempts >= 1 and attempts <= ATTEMPTS_MAX and attempts % 1 == 0
+      and timeout and timeout >= 0 and timeout <= SECONDS_MAX
+      and kill_after and kill_after >= 0 and kill_after <= SECONDS_MAX
+      and made and made >= 0 and made <= ATTEMPTS_MAX and made % 1 == 0
+      and prio and prio >= -FINITE and prio <= FINITE then
+    return nil
+  end
   return bad_field("attempts", f[3], 1, ATTEMPTS_MAX, true, "a whole number from 1 to 2^31")
     or bad_field("timeout", f[5], 0, SECONDS_MAX, false, "a number of seconds from 0 to 1e9")
     or bad_field("kill_after", f[6], 0, SECONDS_MAX, false, "a number of seconds from 0 to 1e9")
@@ -429,8 +445,15 @@ local function fetch(keys, args)
   for i = 1, #popped, 2 do
     local id = string.sub(popped[i], 18)
     local key = job_key(p, id)
-    local kind, f = look_at(p, id, key, "waiting", now, "data", "attempts", "backoff", "timeout",
-      "kill_after", "name", "made", "priority")
+    -- the hot path: one HMGET, no varargs (redis.pcall: a key of another type)
+    local f = redis.pcall("HMGET", key, "state", "data", "attempts", "backoff", "timeout", "kill_after",
+      "name", "made", "priority")
+    local kind = "ok"
+    if f.err or f[1] ~= "waiting" then
+      local why = f.err and ("the key %s holds a %s, not a job hash (written by another client)"):format(
+        key, redis.call("TYPE", key).ok)
+      kind = classify(p, id, key, now, not f.err and f or nil, why)
+    end
     if kind == "ok" then
       local made = (tonumber(f[8]) or 0) + 1
       local why = unfit(id, f)
