@@ -58,6 +58,9 @@ rq.describe(function()
       assert.equal("EINPUT", info.error.code)
       assert.matches("holds a string", info.error.message)
       assert.equal("none", orphans(name))
+      local status = helpers.first_line(("%s scripts/moonjob status --redis %s --queue %s"):format(
+        helpers.LUAJIT, rq.server().url, name))
+      assert.matches("failed 1, missing 1 (gone from Redis", status, 1, true)
       pool:close()
     end)
 

@@ -199,9 +199,14 @@ function M.add(input_path, o)
   return (adds.failed == 0 and adds.unknown == 0) and EXIT_OK or EXIT_FAILED
 end
 
+-- missing (jobs found gone from Redis: evicted, deleted) only once there are some.
 local function counts_line(c)
-  return ("waiting %d, delayed %d, active %d, completed %d, failed %d"):format(
+  local line = ("waiting %d, delayed %d, active %d, completed %d, failed %d"):format(
     c.waiting, c.delayed, c.active, c.completed, c.failed)
+  if (c.missing or 0) > 0 then
+    line = line .. (", missing %d (gone from Redis: evicted or deleted)"):format(c.missing)
+  end
+  return line
 end
 
 function M.status(o)
