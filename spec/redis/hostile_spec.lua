@@ -42,8 +42,11 @@ rq.describe(function()
       local name = rq.new_queue()
       local q = rq.new_producer(name)
       local jobs = {}
-      for i = 1, 5 do jobs[i] = assert(q:add({ echo = i })) end
+      for i = 1, 6 do jobs[i] = assert(q:add({ echo = i })) end
       local p = prefix(name)
+      -- a job whose hash another client replaced by a list: its handle hears EINPUT
+      rq.server():cli("DEL", p .. "j:" .. jobs[6].id)
+      rq.server():cli("RPUSH", p .. "j:" .. jobs[6].id, "x")
       -- after the second job in the batch: a string where a job hash should be,
       -- and an entry whose job hash is gone (evicted, deleted by hand)
       rq.server():cli("SET", p .. "j:bad", "not a job")
@@ -51,8 +54,12 @@ rq.describe(function()
       rq.server():cli("ZADD", p .. "wait", 0, "0000000000000003:gone")
       local pool = rq.pool(name, { size = 2, prefetch = 8 })
       for i = 1, 5 do assert.equal(i, assert(jobs[i]:wait(20)).echo) end
-      helpers.wait_for(function() return q:counts().failed == 1 end, 20)
-      assert.same({ waiting = 0, delayed = 0, active = 0, completed = 5, failed = 1, missing = 1 }, q:counts())
+      local _, err = jobs[6]:wait(20)
+      assert.equal("EINPUT", err.code)
+      assert.matches("holds a list", err.message)
+      helpers.wait_for(function() return q:counts().failed == 2 end, 20)
+      assert.same({ waiting = 0, delayed = 0, active = 0, completed = 5, failed = 2, missing = 1 }, q:counts())
+      assert.equal("EINPUT", select(2, jobs[6]:wait(1)).code) -- after the fetch replaced it too
       local info = assert(q:get("bad"))
       assert.equal("failed", info.state)
       assert.equal("EINPUT", info.error.code)
@@ -60,7 +67,7 @@ rq.describe(function()
       assert.equal("none", orphans(name))
       local status = helpers.first_line(("%s scripts/moonjob status --redis %s --queue %s"):format(
         helpers.LUAJIT, rq.server().url, name))
-      assert.matches("failed 1, missing 1 (gone from Redis", status, 1, true)
+      assert.matches("failed 2, missing 1 (gone from Redis", status, 1, true)
       pool:close()
     end)
 

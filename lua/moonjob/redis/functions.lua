@@ -166,9 +166,9 @@ end
 -- <p>failed with the reason. wrong_type: its key is not a hash; it is
 -- replaced by a failed job's hash that says so.
 local function fail_entry(p, id, key, now, why, wrong_type, code)
-  if wrong_type then
+  if wrong_type then -- its nonce is lost with it: "*" answers to any handle
     redis.call("DEL", key)
-    redis.call("HSET", key, "id", id, "made", 0, "attempts", 1, "created", now)
+    redis.call("HSET", key, "id", id, "made", 0, "attempts", 1, "created", now, "nonce", "*")
     why = why .. "; replaced by this failed job"
   end
   finish(p, id, key, "failed", "error", err_json(code or "EINPUT", why), now)
@@ -593,6 +593,12 @@ local function release(keys, args)
   return "OK"
 end
 
+-- A job's nonce answers to the one a caller gave ("" or none: any). "*": a
+-- job whose key another client overwrote, its nonce lost with it.
+local function nonce_fits(own, given)
+  return given == nil or given == "" or own == given or own == "*"
+end
+
 -- cancel(p; id, reason [, nonce]) -> the state the job was in, or "ENOTFOUND"
 -- (also when nonce is given and is not the job's). A waiting or delayed job
 -- fails with ECANCELED at once; a running one is interrupted by the worker
@@ -602,7 +608,7 @@ local function cancel(keys, args)
   if not id or id == "" then return refuse("moonjob_cancel", "it takes ID [REASON [NONCE]]", "") end
   local key = job_key(p, id)
   local f = job_fields(key, "state", "member", "nonce")
-  if not f or not f[1] or (nonce and nonce ~= "" and f[3] ~= nonce) then return "ENOTFOUND" end
+  if not f or not f[1] or not nonce_fits(f[3], nonce) then return "ENOTFOUND" end
   local state = f[1]
   local now = now_ms()
   if state == "waiting" then
@@ -622,14 +628,14 @@ end
 
 -- get(p; id [, nonce]) -> { state, result, error, made, attempts, name,
 -- created, started, finished } or nil when no such job is kept (also when
--- nonce is given and is not the job's, or the key holds no job hash).
+-- nonce is given and is not the job's). A key of another type reads as the
+-- failed job (EINPUT) the next fetch makes of it.
 local function get(keys, args)
   if not args[1] then return refuse("moonjob_get", "it takes ID [NONCE]", "") end
-  local f = job_fields(job_key(keys[1], args[1]), "state", "result", "error", "made",
+  local f, why = job_fields(job_key(keys[1], args[1]), "state", "result", "error", "made",
     "attempts", "name", "created", "started", "finished", "nonce")
-  if not f or not f[1] then return nil end
-  local nonce = args[2]
-  if nonce and nonce ~= "" and f[10] ~= nonce then return nil end
+  if not f then return { "failed", false, err_json("EINPUT", why), "0", "1", "" } end
+  if not f[1] or not nonce_fits(f[10], args[2]) then return nil end
   f[10] = nil
   return f
 end
