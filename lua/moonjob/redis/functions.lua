@@ -498,7 +498,8 @@ end
 -- recovered after its lease counts an attempt only if it had).
 local function renew(keys, args)
   local p = keys[1]
-  local refused = check_numbers("moonjob_renew", args, { { 1, "LEASE_MS must be a number of ms from 1 to 1e12", 1, DELAY_MS_MAX } })
+  local refused = check_numbers("moonjob_renew", args,
+    { { 1, "LEASE_MS must be a number of ms from 1 to 1e12", 1, DELAY_MS_MAX } })
   if refused then return refused end
   if (#args - 1) % 3 ~= 0 then
     return refuse("moonjob_renew", "it takes LEASE_MS then ID TOKEN RAN triples; the count of arguments was", #args)
@@ -555,7 +556,8 @@ end
 local function fail(keys, args)
   local p, id, token = keys[1], args[1], args[2]
   if #args < 3 then return refuse("moonjob_fail", "it takes ID TOKEN ERROR [RETRY_MS]; arguments given", #args) end
-  local refused = check_numbers("moonjob_fail", args, { { 4, "RETRY_MS must be -1 (no retry) or a number of ms up to 1e12", -1, DELAY_MS_MAX } })
+  local refused = check_numbers("moonjob_fail", args,
+    { { 4, "RETRY_MS must be -1 (no retry) or a number of ms up to 1e12", -1, DELAY_MS_MAX } })
   if refused then return refused end
   local key = job_key(p, id)
   local f = holds(key, token, "made", "attempts", "cancel")

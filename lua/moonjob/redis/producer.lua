@@ -227,7 +227,8 @@ end
 function Queue:counts()
   local c, err = self.client:call_wait({ "FCALL", "moonjob_counts", 1, self.prefix })
   if not c then return nil, reply_error(err) end
-  return { waiting = c[1], delayed = c[2], active = c[3], completed = c[4], failed = c[5], missing = c[6] or 0 }
+  return { waiting = c[1], delayed = c[2], active = c[3], completed = c[4], failed = c[5],
+    missing = c[6] or 0 }
 end
 
 -- Listening on the queue's "done" channel: one subscription per queue object.
@@ -268,8 +269,9 @@ function Handle:wait(timeout)
   if not ok then error(raised, 0) end
   if err then return nil, err end
   if not info then
-    return nil, errors.new("ENOTFOUND", ("job %s is not in queue %s: no longer kept (retention), or lost by "
-      .. "Redis (a restart without persistence, a failover) and its id may be another job's now"):format(self.id, q.name))
+    return nil, errors.new("ENOTFOUND", ("job %s is not in queue %s: no longer kept (retention), or lost "
+      .. "by Redis (a restart without persistence, a failover) and its id may be another job's now")
+      :format(self.id, q.name))
   end
   self.state = info.state
   if info.state == "completed" then return info.result end
