@@ -71,6 +71,26 @@ rq.describe(function()
       pool:close()
     end)
 
+    it("a worker's renew and complete answer for an overwritten job alone; bad worker arguments write nothing", function()
+      local name = rq.new_queue()
+      local p = prefix(name)
+      local cli = function(...) return rq.server():cli(...) end
+      rq.new_producer(name) -- loads the library
+      raw_add(name, "one", {})
+      raw_add(name, "two", {})
+      assert.matches("EINPUT moonjob_fetch: N", cli("FCALL", "moonjob_fetch", 1, p, "w", "nan", 30000, 10, 1000, 0))
+      assert.equal("", cli("GET", p .. "tokens")) -- refused before its first write
+      local fetched = cli("FCALL", "moonjob_fetch", 1, p, "w", 2, 30000, 10, 1000, 0)
+      assert.matches("w/1", fetched, 1, true)
+      assert.matches("w/2", fetched, 1, true)
+      cli("DEL", p .. "j:one")
+      cli("SET", p .. "j:one", "overwritten")
+      assert.equal("one\nELOST\n", cli("FCALL", "moonjob_renew", 1, p, 30000, "one", "w/1", 1, "two", "w/2", 1))
+      assert.equal("ESTALE\nOK", cli("FCALL", "moonjob_complete", 1, p, "one", "w/1", "1", "two", "w/2", "2"))
+      assert.matches("EINPUT", cli("FCALL", "moonjob_complete", 1, p, "two", "w/2"))
+      assert.equal("completed", cli("HGET", p .. "j:two", "state"))
+    end)
+
     it("priority nan from a raw FCALL is refused with nothing written; a later add of that id works", function()
       local name = rq.new_queue()
       local q = rq.new_producer(name)
