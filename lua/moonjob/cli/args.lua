@@ -11,7 +11,7 @@ local M = {}
 M.USAGE = [[
 usage: moonjob run PROCESSOR [INPUT] [options]
        moonjob worker PROCESSOR --redis URL --queue NAME [-j N] [--lease S] [--grace S]
-       moonjob add --redis URL --queue NAME [INPUT] [--attempts N] [--priority P] [--delay S]
+       moonjob add --redis URL --queue NAME [INPUT] [--dedupe] [--attempts N] [--priority P] [--delay S]
        moonjob status --redis URL --queue NAME [--watch]
 
 Runs the processor file PROCESSOR once per line of INPUT, an NDJSON file
@@ -58,6 +58,8 @@ durable queues on Redis (README "Durable queues on Redis"):
   --keep N, --keep-age S  finished jobs kept in Redis, by count per state
                         (default 1000) and age (default 86400 s)
   --priority P, --delay S   for add: lower runs first; seconds before it may run
+  --dedupe              for add: each job's id from its line (SHA-1), so adding
+                        the same lines again adds nothing twice
 
   -h, --help            show this help
   --version             show the version
@@ -148,13 +150,16 @@ local VALUED = {
   ["--keep-age"] = { "keep_age", positive_seconds, "a number", SECONDS_POSITIVE },
   ["--prefetch"] = { "prefetch", whole_up_to_million, "a number", "a whole number from 0 to 1e6" },
   ["--delay"] = { "delay", seconds, "a number", SECONDS_ANY },
-  ["--priority"] = { "priority", tonumber, "a number", "a number (lower runs first)" },
+  ["--priority"] = { "priority", function(text) -- finite: "nan" and "inf" read as numbers
+    local n = tonumber(text)
+    if n and n > -math.huge and n < math.huge then return n end
+  end, "a number", "a finite number (lower runs first)" },
 }
 
 local FLAGS = {
   ["-h"] = "help", ["--help"] = "help", ["--version"] = "version",
   ["-k"] = "keep_order", ["--keep-order"] = "keep_order", ["--resume"] = "resume",
-  ["--watch"] = "watch", ["--progress"] = "progress",
+  ["--watch"] = "watch", ["--progress"] = "progress", ["--dedupe"] = "dedupe",
 }
 
 -- An option with its value in the same word: `--name=value`, `-jVALUE` or

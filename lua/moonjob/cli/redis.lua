@@ -1,7 +1,7 @@
 -- moonjob.cli.redis -- the command line's durable-queue commands:
 --
 --   moonjob worker PROCESSOR --redis URL --queue NAME [-j N] [--lease S] [--grace S]
---   moonjob add --redis URL --queue NAME [INPUT] [--attempts N] [--backoff SPEC] ...
+--   moonjob add --redis URL --queue NAME [INPUT] [--dedupe] [--attempts N] [--backoff SPEC] ...
 --   moonjob status --redis URL --queue NAME [--watch]
 --
 -- moonjob.cli parses the options (one table for every command) and calls
@@ -79,11 +79,101 @@ end
 
 local function add_options(o)
   return { attempts = o.attempts, backoff = o.backoff, timeout = o.timeout,
-    kill_after = o.kill_after, priority = o.priority, delay = o.delay }
+    kill_after = o.kill_after, priority = o.priority, delay = o.delay, dedupe = o.dedupe or nil }
+end
+
+-- What each line came to: ids[n] = the job's id, or false (blank, skipped,
+-- refused, unknown); printed in input order as the gaps close.
+local Adds = {}
+Adds.__index = Adds
+
+function Adds.new(q, opts, dedupe)
+  return setmetatable({ q = q, opts = opts, dedupe = dedupe, ids = {}, next_print = 1,
+    inflight = 0, added = 0, failed = 0, unknown = 0 }, Adds)
+end
+
+function Adds:flush()
+  local ids = self.ids
+  while ids[self.next_print] ~= nil do
+    if ids[self.next_print] ~= false then io.stdout:write(ids[self.next_print], "\n") end
+    ids[self.next_print] = nil
+    self.next_print = self.next_print + 1
+  end
+end
+
+function Adds:refused(n, why)
+  self.failed, self.ids[n] = self.failed + 1, false
+  say(("line %d: not added: %s"):format(n, why))
+end
+
+-- Waits (up to the client's timeout from when it went down) for a connection,
+-- so that every call is sent at once: a call left waiting could be sent later
+-- or never, and its line could not be told "not added" from "unknown".
+function Adds:connected()
+  local c = self.q.client
+  if c.ready then self.down_since = nil return true end
+  self.down_since = self.down_since or loop.now()
+  local deadline = self.down_since + c.timeout_ms
+  loop.wait_until(function() return c.ready or c.closed or loop.now() >= deadline end)
+  return c.ready
+end
+
+-- A reply that did not come (the connection dropped, Redis stalled past the
+-- reply deadline) after the call was sent: the job may have been added.
+function Adds:send(n, line)
+  if not self:connected() then
+    return self:refused(n, "Redis unreachable: " .. tostring(self.q.client.why or "no connection"))
+  end
+  local q = self.q
+  local args = Queue.add_args(q.prefix, line, self.opts, false, nil, self.dedupe and "join" or nil)
+  self.inflight = self.inflight + 1
+  q.client:call(args, function(reply, err, kind)
+    self.inflight = self.inflight - 1
+    if reply then
+      self.added, self.ids[n] = self.added + 1, reply[1]
+    elseif kind == "connection" then
+      self.unknown, self.ids[n] = self.unknown + 1, false
+      say(("line %d: unknown whether it was added (sent, but no reply: %s)"):format(n, tostring(err)))
+    else
+      self:refused(n, tostring(err))
+    end
+  end)
+end
+
+function Adds:line(n, line)
+  if line:match("^%s*$") then
+    self.ids[n] = false
+    return
+  end
+  local _, perr = json.decode(line) -- nil, message for a line that is not JSON
+  if perr then
+    say(("line %d is not JSON (%s); skipped"):format(n, tostring(perr)))
+    self.failed, self.ids[n] = self.failed + 1, false
+  elseif #line > self.q.max_payload then
+    say(("line %d takes %d bytes, more than max_payload (%d); skipped"):format(n, #line, self.q.max_payload))
+    self.failed, self.ids[n] = self.failed + 1, false
+  else
+    self:send(n, line)
+  end
+end
+
+function Adds:summary()
+  if self.unknown == 0 then return end
+  say(("%d line(s) added, %d not added, %d unknown: sent, but Redis did not reply in time, so they may or "
+    .. "may not have been added"):format(self.added, self.failed, self.unknown))
+  if self.dedupe then
+    say("running the same lines again with --dedupe is safe: jobs already there are joined, not added twice")
+  else
+    say("adding them again may add some twice; with --dedupe (each job's id from its line) a re-add is safe")
+  end
 end
 
 -- moonjob add: one job per NDJSON line, sent with up to WINDOW calls in
--- flight; prints each job's id in input order.
+-- flight; prints each job's id in input order. A line whose call was sent but
+-- got no reply is "unknown", never "failed" (the job may be in Redis). With
+-- --dedupe each line's id is "d:" .. the SHA-1 of the line and a finished job
+-- still kept with it is joined, not replaced: adding the same lines again
+-- adds only what is missing (identical lines are one job).
 function M.add(input_path, o)
   local WINDOW = 256
   local input = io.stdin
@@ -92,56 +182,35 @@ function M.add(input_path, o)
     input, err = io.open(input_path, "rb")
     if not input then say("cannot read ", input_path, ": ", err) return EXIT_USAGE end
   end
+  local opts = add_options(o)
+  local ok, why = pcall(Queue.add_args, "", "{}", opts) -- raises on a bad option
+  if not ok then say((tostring(why):gsub("^[^:]*:%d+: ", ""))) return EXIT_USAGE end
   local q, err = moonjob.queue(o.redis, o.queue)
   if not q then say(tostring(err)) return EXIT_FAILED end
-  local opts = add_options(o)
-  local inflight, failed, line_no, next_print = 0, 0, 0, 1
-  local ids = {}
-  local function flush()
-    while ids[next_print] ~= nil do
-      if ids[next_print] ~= false then io.stdout:write(ids[next_print], "\n") end
-      ids[next_print] = nil
-      next_print = next_print + 1
-    end
-  end
+  local adds = Adds.new(q, opts, o.dedupe)
+  local line_no = 0
   for line in input:lines() do
     line_no = line_no + 1
-    local n = line_no
-    if line:match("^%s*$") then
-      ids[n] = false
-    else
-      local _, perr = json.decode(line) -- nil, message for a line that is not JSON
-      if perr then
-        say(("line %d is not JSON (%s); skipped"):format(n, tostring(perr)))
-        failed, ids[n] = failed + 1, false
-      elseif #line > q.max_payload then
-        say(("line %d takes %d bytes, more than max_payload (%d); skipped"):format(n, #line, q.max_payload))
-        failed, ids[n] = failed + 1, false
-      else
-        inflight = inflight + 1
-        q.client:call(Queue.add_args(q.prefix, line, opts, false), function(reply, cerr)
-          inflight = inflight - 1
-          if reply then ids[n] = reply[1]
-          else
-            say(("line %d: %s"):format(n, tostring(cerr)))
-            failed, ids[n] = failed + 1, false
-          end
-        end)
-        if inflight >= WINDOW then loop.wait_until(function() return inflight < WINDOW / 2 end) end
-      end
-    end
-    flush()
+    adds:line(line_no, line)
+    if adds.inflight >= WINDOW then loop.wait_until(function() return adds.inflight < WINDOW / 2 end) end
+    adds:flush()
   end
-  loop.wait_until(function() return inflight == 0 end)
-  flush()
+  loop.wait_until(function() return adds.inflight == 0 end)
+  adds:flush()
+  adds:summary()
   if input ~= io.stdin then input:close() end
   q:close()
-  return failed == 0 and EXIT_OK or EXIT_FAILED
+  return (adds.failed == 0 and adds.unknown == 0) and EXIT_OK or EXIT_FAILED
 end
 
+-- missing (jobs found gone from Redis: evicted, deleted) only once there are some.
 local function counts_line(c)
-  return ("waiting %d, delayed %d, active %d, completed %d, failed %d"):format(
+  local line = ("waiting %d, delayed %d, active %d, completed %d, failed %d"):format(
     c.waiting, c.delayed, c.active, c.completed, c.failed)
+  if (c.missing or 0) > 0 then
+    line = line .. (", missing %d (gone from Redis: evicted or deleted)"):format(c.missing)
+  end
+  return line
 end
 
 function M.status(o)

@@ -9,7 +9,9 @@
 -- slot). Keys:
 --   <p>seq         counter: order of arrival (first in, first out per priority)
 --   <p>ids         counter: the ids moonjob draws
---   <p>totals      hash: completed, failed (every job that ever ended so)
+--   <p>totals      hash: completed, failed (every job that ever ended so),
+--                  missing (set entries whose job hash was gone: evicted,
+--                  deleted by hand)
 --   <p>j:<id>      hash: one job (fields below)
 --   <p>wait        sorted set: jobs ready to run; score = priority (lower
 --                  first), member = 16-digit arrival number .. ":" .. id
@@ -27,14 +29,25 @@
 -- holding the lease), worker, result (JSON text), error (JSON text), cancel
 -- (the reason, once asked while active), created, started, finished, run_at
 -- (ms), member (its wait member), notify ("1": publish its id on <p>done),
--- cache_until (ms).
+-- cache_until (ms), nonce (tells this job from a later one with its id).
 --
 -- Time is always the server's (TIME), never a worker's clock. Results and
 -- failures carrying a token that is not the job's current one are refused:
 -- a worker that lost its lease cannot overwrite the run that replaced it.
+--
+-- Redis does not roll a function back when it raises, so every function
+-- checks all its arguments before its first write (EINPUT error replies), and
+-- reads job hashes with redis.pcall: a job key of another type, a hash that
+-- is gone or a field out of range is that job's failure (EINPUT, kept in
+-- <p>failed) or a count in <p>totals "missing", never the whole call's.
 
 -- A job's id, name and backoff are small: a fetch reply's bound counts on it.
 local FIELD_MAX = 1024
+local SECONDS_MAX = 1e9        -- timeout, kill_after, cache: the pool's own bound
+local DELAY_MS_MAX = 1e12      -- SECONDS_MAX in ms
+local ATTEMPTS_MAX = 2 ^ 31
+local COUNT_MAX = 2 ^ 53
+local NONCE_MAX = 128
 
 local function now_ms()
   local t = redis.call("TIME")
@@ -49,6 +62,35 @@ end
 
 local function err_json(code, message)
   return cjson.encode({ code = code, message = message })
+end
+
+-- text as a number from low to high (whole: no fraction), or nil. tonumber
+-- reads "nan" and "inf" as numbers: NaN fails every comparison.
+local function number_in(text, low, high, whole)
+  local n = tonumber(text)
+  if not n or not (n >= low and n <= high) then return nil end
+  if whole and n % 1 ~= 0 then return nil end
+  return n
+end
+
+-- A refusal of a call's arguments (nothing was written).
+local function refuse(fn, what, value)
+  return redis.error_reply(("EINPUT %s: %s, not '%s'"):format(fn, what, tostring(value):sub(1, 64)))
+end
+
+-- A job's fields, or nil and why: redis.pcall, since HMGET on a key of
+-- another type raises (and a raise would stop the call half done).
+local function job_fields(key, ...)
+  local f = redis.pcall("HMGET", key, ...)
+  if f.err then
+    return nil, ("the key %s holds a %s, not a job hash (written by another client)"):format(
+      key, redis.call("TYPE", key).ok)
+  end
+  return f
+end
+
+local function count_missing(p, n)
+  if n > 0 then redis.call("HINCRBY", p .. "totals", "missing", n) end
 end
 
 -- Finished jobs are kept by count and by age, a bounded amount of work per
@@ -66,7 +108,8 @@ local function trim(p, set, keep_count, keep_age_ms, now, most)
   for _, id in ipairs(removed) do
     redis.call("ZREM", p .. set, id)
     local key = job_key(p, id)
-    local cache_until = tonumber(redis.call("HGET", key, "cache_until") or "0") or 0
+    local f = job_fields(key, "cache_until")
+    local cache_until = f and tonumber(f[1]) or 0
     if cache_until > now then
       redis.call("PEXPIREAT", key, cache_until)
     else
@@ -86,8 +129,12 @@ local function retain(p, args_at, args, now, batch)
   trim(p, "failed", keep_count, keep_age, now, most)
 end
 
-local function make_waiting(p, id, key, now)
-  local prio = tonumber(redis.call("HGET", key, "priority")) or 0
+-- prio: the job's priority when the caller read it already. One that is not
+-- a finite number (written around moonjob_add) waits with 0: ZADD refuses NaN,
+-- and the fetch that takes the job fails it with EINPUT.
+local function make_waiting(p, id, key, now, prio)
+  if prio == nil then prio = redis.call("HGET", key, "priority") end
+  prio = number_in(prio, -math.huge, math.huge) or 0
   local member = string.format("%016d", redis.call("INCR", p .. "seq")) .. ":" .. id
   redis.call("HSET", key, "state", "waiting", "member", member, "run_at", now)
   if redis.call("ZCARD", p .. "wait") == 0 then publish(p, "added") end
@@ -102,7 +149,7 @@ end
 -- f: the job's cache and notify fields when the caller read them already.
 local function finish(p, id, key, state, field, value, now, f)
   f = f or redis.call("HMGET", key, "cache", "notify")
-  local cache = state == "completed" and tonumber(f[1]) or 0
+  local cache = state == "completed" and number_in(f[1], 0, SECONDS_MAX) or 0
   redis.call("ZREM", p .. "active", id)
   if cache > 0 then
     redis.call("HSET", key, "state", state, field, value, "finished", now, "token", "",
@@ -115,95 +162,274 @@ local function finish(p, id, key, state, field, value, now, f)
   if f[2] == "1" then redis.call("PUBLISH", p .. "done", id) end
 end
 
--- A job whose lease expired ran on a worker that stopped renewing (killed,
--- cut off, paused): it runs again, counting an attempt (ESTALLED), or fails
--- for good once its attempts are used up.
-local function recover_stalled(p, now)
-  local stalled = redis.call("ZRANGEBYSCORE", p .. "active", "-inf", now, "LIMIT", 0, 100)
-  for _, id in ipairs(stalled) do
-    local key = job_key(p, id)
-    local f = redis.call("HMGET", key, "made", "attempts", "worker", "cancel", "ran")
-    local made, attempts = tonumber(f[1]) or 0, tonumber(f[2]) or 1
-    local e = err_json("ESTALLED", "the job's lease expired on worker " .. tostring(f[3])
-      .. " (killed, cut off or paused)")
-    if f[5] ~= "1" then -- its worker never said it started: the attempt is not counted
-      made = redis.call("HINCRBY", key, "made", -1)
-    end
-    if f[4] then
-      finish(p, id, key, "failed", "error", err_json("ECANCELED", f[4]), now)
-    elseif made >= attempts then
-      finish(p, id, key, "failed", "error", e, now)
-    else
-      redis.call("ZREM", p .. "active", id)
-      redis.call("HSET", key, "error", e, "token", "")
-      make_waiting(p, id, key, now)
+-- A job moonjob cannot run fails for good with EINPUT (or code), kept in
+-- <p>failed with the reason. wrong_type: its key is not a hash; it is
+-- replaced by a failed job's hash that says so.
+local function fail_entry(p, id, key, now, why, wrong_type, code)
+  if wrong_type then -- its nonce is lost with it: "*" answers to any handle
+    redis.call("DEL", key)
+    redis.call("HSET", key, "id", id, "made", 0, "attempts", 1, "created", now, "nonce", "*")
+    why = why .. "; replaced by this failed job"
+  end
+  finish(p, id, key, "failed", "error", err_json(code or "EINPUT", why), now)
+end
+
+-- A set entry whose job is not in want_state: f, its fields read with
+-- job_fields (f[1] the state), or nil and why (its key is not a hash). ->
+-- "missing" (its hash is gone: counted), "stale" (the job is in another state:
+-- only the entry is dropped) or "bad" (failed with EINPUT here).
+local function classify(p, id, key, now, f, why)
+  if not f then
+    fail_entry(p, id, key, now, why, true)
+    return "bad"
+  end
+  local state = f[1]
+  if not state then
+    if redis.call("EXISTS", key) == 0 then return "missing" end
+    fail_entry(p, id, key, now, "the job's hash has no state (written around moonjob_add)")
+    return "bad"
+  end
+  if state == "waiting" or state == "delayed" or state == "active" or state == "completed"
+      or state == "failed" then
+    return "stale"
+  end
+  fail_entry(p, id, key, now, "the job's state '" .. tostring(state):sub(1, 64) .. "' is not one moonjob knows")
+  return "bad"
+end
+
+-- A set entry found by fetch's housekeeping: "ok" with the job's fields
+-- (state first, then the ones asked), or what classify says.
+local function look_at(p, id, key, want_state, now, ...)
+  local f, why = job_fields(key, "state", ...)
+  if f and f[1] == want_state then return "ok", f end
+  return classify(p, id, key, now, f, why)
+end
+-- Checks numeric arguments: each spec { index, what it must be, low, high,
+-- whole }; an empty or absent argument takes its default. -> an EINPUT error
+-- reply, or nil.
+local function check_numbers(fn, args, specs)
+  for _, s in ipairs(specs) do
+    local v = args[s[1]]
+    if v ~= nil and v ~= "" and not number_in(v, s[3], s[4], s[5]) then
+      return refuse(fn, s[2], v)
     end
   end
+end
+
+local FINITE = 1.7976931348623157e308 -- the largest double: inf and NaN are beyond it
+
+-- A job whose lease expired ran on a worker that stopped renewing (killed,
+-- cut off, paused): it runs again, counting an attempt (ESTALLED), or fails
+-- for good once its attempts are used up. f: state, made, attempts, worker,
+-- cancel, ran.
+local function recover_one(p, id, key, now, f)
+  local made, attempts = tonumber(f[2]) or 0, tonumber(f[3]) or 1
+  local e = err_json("ESTALLED", "the job's lease expired on worker " .. tostring(f[4])
+    .. " (killed, cut off or paused)")
+  if f[6] ~= "1" then -- its worker never said it started: the attempt is not counted
+    made = redis.call("HINCRBY", key, "made", -1)
+  end
+  if f[5] then
+    finish(p, id, key, "failed", "error", err_json("ECANCELED", f[5]), now)
+  elseif made >= attempts then
+    finish(p, id, key, "failed", "error", e, now)
+  else
+    redis.call("ZREM", p .. "active", id)
+    redis.call("HSET", key, "error", e, "token", "")
+    make_waiting(p, id, key, now)
+  end
+end
+
+local function recover_stalled(p, now)
+  local stalled = redis.call("ZRANGEBYSCORE", p .. "active", "-inf", now, "LIMIT", 0, 100)
+  local missing = 0
+  for _, id in ipairs(stalled) do
+    local key = job_key(p, id)
+    local kind, f = look_at(p, id, key, "active", now, "made", "attempts", "worker", "cancel", "ran")
+    if kind == "ok" then
+      recover_one(p, id, key, now, f)
+    elseif kind ~= "bad" then -- gone, or in another state: only the entry goes
+      redis.call("ZREM", p .. "active", id)
+      if kind == "missing" then missing = missing + 1 end
+    end
+  end
+  count_missing(p, missing)
   return #stalled
 end
 
 local function promote_delayed(p, now)
   local due = redis.call("ZRANGEBYSCORE", p .. "delayed", "-inf", now, "LIMIT", 0, 1000)
+  local missing = 0
   for _, id in ipairs(due) do
     redis.call("ZREM", p .. "delayed", id)
-    make_waiting(p, id, job_key(p, id), now)
+    local key = job_key(p, id)
+    local kind, f = look_at(p, id, key, "delayed", now, "priority")
+    if kind == "ok" then
+      make_waiting(p, id, key, now, f[2])
+    elseif kind == "missing" then
+      missing = missing + 1
+    end
+  end
+  count_missing(p, missing)
+end
+
+local ADD_NUMBERS = {
+  { 3, "PRIORITY must be a finite number (lower runs first)", -FINITE, FINITE },
+  { 4, "DELAY_MS must be a number of ms from 0 to 1e12", 0, DELAY_MS_MAX },
+  { 5, "ATTEMPTS must be a whole number from 1 to 2^31", 1, ATTEMPTS_MAX, true },
+  { 7, "TIMEOUT must be a number of seconds from 0 (none) to 1e9", 0, SECONDS_MAX },
+  { 8, "KILL_AFTER must be a number of seconds from 0 (the worker's) to 1e9", 0, SECONDS_MAX },
+  { 10, "CACHE must be a number of seconds from 0 to 1e9", 0, SECONDS_MAX },
+  { 11, "MAX_QUEUE must be a whole number from 0 (no bound) to 2^53", 0, COUNT_MAX, true },
+}
+
+-- add's arguments -> an EINPUT error reply, or nil.
+local function check_add(args)
+  local fn = "moonjob_add"
+  if #args < 12 then
+    return refuse(fn, "it takes 12 arguments after the key (ID DATA PRIORITY DELAY_MS ATTEMPTS BACKOFF TIMEOUT "
+      .. "KILL_AFTER NAME CACHE MAX_QUEUE NOTIFY [NONCE [EXISTING]]), got", #args)
+  end
+  if #args[1] > FIELD_MAX or #args[9] > FIELD_MAX or #args[6] > FIELD_MAX then
+    return redis.error_reply("EINPUT a job's id, name and backoff must each take at most "
+      .. FIELD_MAX .. " bytes")
+  end
+  if args[2] == "" then return refuse(fn, "DATA must be JSON text", "") end
+  local refused = check_numbers(fn, args, ADD_NUMBERS)
+  if refused then return refused end
+  if args[6] ~= "" then
+    local ok, spec = pcall(cjson.decode, args[6])
+    if not ok or type(spec) ~= "table" then
+      return refuse(fn, "BACKOFF must be empty or a JSON object such as {\"type\":\"fixed\",\"delay\":1}", args[6])
+    end
+  end
+  if args[12] ~= "" and args[12] ~= "0" and args[12] ~= "1" then
+    return refuse(fn, "NOTIFY must be 1 (publish the id on <prefix>done when the job ends) or 0", args[12])
+  end
+  if args[13] and #args[13] > NONCE_MAX then
+    return refuse(fn, "NONCE must take at most " .. NONCE_MAX .. " bytes", args[13])
+  end
+  if args[14] and args[14] ~= "" and args[14] ~= "replace" and args[14] ~= "join" then
+    return refuse(fn, "EXISTING must be replace (a finished job with the id is replaced) or join", args[14])
   end
 end
 
+-- add's reply: the nonce only to a caller that passed NONCE (an older one
+-- may take exactly three elements).
+local function added(args, id, state, joined, nonce)
+  if args[13] == nil then return { id, state, joined } end
+  return { id, state, joined, nonce or "" }
+end
+
+local function or_default(text, default)
+  if text == nil or text == "" then return default end
+  return text
+end
+
 -- add(p; id, data, priority, delay_ms, attempts, backoff, timeout, kill_after,
---     name, cache, max_queue, notify) -> { id, state, joined }
--- id "" draws a number; id "\0dedupe" is "d:" .. the SHA-1 of data. A job with that id waiting, delayed or running is
--- joined (joined = 1); a completed one whose cache has not ended is returned
--- as it is; otherwise the id starts a new job.
+--     name, cache, max_queue, notify [, nonce [, existing]]) -> { id, state, joined [, nonce] }
+-- id "" draws a number; id "\0dedupe" is "d:" .. the SHA-1 of data. A job with
+-- that id waiting, delayed or running is joined (joined = 1); a completed one
+-- whose cache has not ended is returned as it is, and with existing "join"
+-- any finished one still kept; otherwise the id starts a new job. nonce (""
+-- or absent: made here) is stored with the job; a call that passed one gets
+-- the job's nonce back (its own, or the joined job's): get and cancel given it
+-- answer only for this job, never for a later one with the same id (a data
+-- loss restarts the id counter).
 local function add(keys, args)
   local p = keys[1]
+  local refused = check_add(args)
+  if refused then return refused end
   local id, data = args[1], args[2]
-  local prio, delay = tonumber(args[3]) or 0, tonumber(args[4]) or 0
   local now = now_ms()
   if id == "" then -- a number no job holds (an explicit id may have taken it)
     repeat id = tostring(redis.call("INCR", p .. "ids")) until redis.call("EXISTS", job_key(p, id)) == 0
   elseif id == "\0dedupe" then id = "d:" .. redis.sha1hex(data) end
   local key = job_key(p, id)
-  local state = redis.call("HGET", key, "state")
-  if state == "waiting" or state == "delayed" or state == "active" then
-    if args[12] == "1" then redis.call("HSET", key, "notify", "1") end
-    return { id, state, 1 }
-  elseif state == "completed" and (tonumber(redis.call("HGET", key, "cache_until")) or 0) > now then
-    return { id, state, 1 }
+  local f, why = job_fields(key, "state", "cache_until", "nonce")
+  if not f then return redis.error_reply("EINPUT moonjob_add: " .. why .. "; delete it or choose another id") end
+  local state = f[1]
+  if state == "waiting" or state == "delayed" or state == "active"
+      or (state == "completed" and (tonumber(f[2]) or 0) > now)
+      or ((state == "completed" or state == "failed") and args[14] == "join") then
+    if args[12] == "1" and state ~= "completed" and state ~= "failed" then redis.call("HSET", key, "notify", "1") end
+    return added(args, id, state, 1, f[3])
   end
-  if #id > FIELD_MAX or #args[9] > FIELD_MAX or #args[6] > FIELD_MAX then
-    return redis.error_reply("EINPUT a job's id, name and backoff must each take at most "
-      .. FIELD_MAX .. " bytes")
-  end
-  local max_queue = tonumber(args[11]) or 0
+  local max_queue = tonumber(or_default(args[11], 0))
   if max_queue > 0 and redis.call("ZCARD", p .. "wait") + redis.call("ZCARD", p .. "delayed") >= max_queue then
     return redis.error_reply("EQUEUEFULL the queue holds max_queue (" .. max_queue .. ") waiting jobs")
   end
   if state then
     redis.call("ZREM", p .. "completed", id)
     redis.call("ZREM", p .. "failed", id)
-    redis.call("DEL", key)
   end
-  redis.call("HSET", key, "id", id, "data", data, "priority", prio, "attempts", args[5],
-    "made", 0, "backoff", args[6], "timeout", args[7], "kill_after", args[8], "name", args[9],
-    "cache", args[10], "notify", args[12], "created", now)
+  redis.call("DEL", key) -- a finished job, or a hash written around moonjob_add
+  local nonce = or_default(args[13], nil) or (now .. "." .. redis.call("INCR", p .. "seq"))
+  local prio = or_default(args[3], "0")
+  redis.call("HSET", key, "id", id, "data", data, "priority", prio, "attempts", or_default(args[5], "1"),
+    "made", 0, "backoff", args[6], "timeout", or_default(args[7], "0"), "kill_after", or_default(args[8], "0"),
+    "name", args[9], "cache", or_default(args[10], "0"), "notify", args[12], "created", now, "nonce", nonce)
+  local delay = math.floor(tonumber(or_default(args[4], 0)))
   if delay > 0 then
     make_delayed(p, id, key, now + delay)
-    return { id, "delayed", 0 }
+    return added(args, id, "delayed", 0, nonce)
   end
-  make_waiting(p, id, key, now)
-  return { id, "waiting", 0 }
+  make_waiting(p, id, key, now, prio)
+  return added(args, id, "waiting", 0, nonce)
+end
+
+local FETCH_NUMBERS = {
+  { 2, "N must be a whole number from 0 to 2^31", 0, ATTEMPTS_MAX, true },
+  { 3, "LEASE_MS must be a number of ms from 1 to 1e12", 1, DELAY_MS_MAX },
+  { 4, "KEEP_COUNT must be a whole number from 0 to 2^53", 0, COUNT_MAX, true },
+  { 5, "KEEP_AGE_MS must be a number of ms from 0 to 1e15", 0, 1e15 },
+  { 6, "MAX_PAYLOAD must be a whole number of bytes from 0 (no bound) to 2^53", 0, COUNT_MAX, true },
+}
+
+-- A field out of its range ("" or absent: its default) -> why, or nil.
+local function bad_field(name, v, low, high, whole, want)
+  if v and v ~= "" and not number_in(v, low, high, whole) then
+    return ("the job's %s '%s' is not %s (written around moonjob_add)"):format(name, tostring(v):sub(1, 64), want)
+  end
+end
+
+-- Why a waiting job's fields (fetch's HMGET: state, data, attempts, backoff,
+-- timeout, kill_after, name, made, priority) cannot be run, or nil.
+local function unfit(id, f)
+  if #id > FIELD_MAX or #(f[4] or "") > FIELD_MAX or #(f[7] or "") > FIELD_MAX then
+    return "the job's id, name or backoff takes more than " .. FIELD_MAX .. " bytes"
+  end
+  if not f[2] then return "the job has no data (written around moonjob_add)" end
+  -- the usual job: every number a plain one in range (checked at add)
+  local attempts, timeout, kill_after = tonumber(f[3]), tonumber(f[5]), tonumber(f[6])
+  local made, prio = tonumber(f[8] or 0), tonumber(f[9] or 0)
+  if attempts and attempts >= 1 and attempts <= ATTEMPTS_MAX and attempts % 1 == 0
+      and timeout and timeout >= 0 and timeout <= SECONDS_MAX
+      and kill_after and kill_after >= 0 and kill_after <= SECONDS_MAX
+      and made and made >= 0 and made <= ATTEMPTS_MAX and made % 1 == 0
+      and prio and prio >= -FINITE and prio <= FINITE then
+    return nil
+  end
+  return bad_field("attempts", f[3], 1, ATTEMPTS_MAX, true, "a whole number from 1 to 2^31")
+    or bad_field("timeout", f[5], 0, SECONDS_MAX, false, "a number of seconds from 0 to 1e9")
+    or bad_field("kill_after", f[6], 0, SECONDS_MAX, false, "a number of seconds from 0 to 1e9")
+    or bad_field("made", f[8], 0, ATTEMPTS_MAX, true, "a whole number from 0 to 2^31")
+    or bad_field("priority", f[9], -FINITE, FINITE, false, "a finite number")
 end
 
 -- fetch(p; worker, n, lease_ms, keep_count, keep_age_ms, max_payload) -> { next_due_ms, job, ... }; each job is
 -- { id, token, data, made, attempts, backoff, timeout, kill_after, name }.
 -- Recovers stalled jobs, makes due delayed jobs ready and trims finished
 -- jobs (keep_count, keep_age_ms; once per fetch, not per job) first. A job
--- whose data is over max_payload (0: no bound) fails with EPAYLOAD here, its
--- data never sent. next_due_ms:
+-- whose fields are out of range fails with EINPUT here, one whose data is
+-- over max_payload (0: no bound) with EPAYLOAD, their data never sent; an
+-- entry whose job is gone is counted in totals "missing". next_due_ms:
 -- when the earliest delayed job falls due (server ms from now), or -1.
 local function fetch(keys, args)
   local p, worker = keys[1], args[1]
+  if not worker or worker == "" then return refuse("moonjob_fetch", "WORKER must be a name", "") end
+  local refused = check_numbers("moonjob_fetch", args, FETCH_NUMBERS)
+  if refused then return refused end
   local n, lease = tonumber(args[2]) or 1, tonumber(args[3]) or 30000
   local max_payload = tonumber(args[6]) or 0
   local now = now_ms()
@@ -215,42 +441,54 @@ local function fetch(keys, args)
   -- tokens: one counter step per batch, one number per job (never reused)
   local last_token = #popped > 0 and redis.call("INCRBY", p .. "tokens", #popped / 2) or 0
   local next_token = last_token - #popped / 2
+  local missing = 0
   for i = 1, #popped, 2 do
-    local member = popped[i]
-    local id = string.sub(member, 18)
+    local id = string.sub(popped[i], 18)
     local key = job_key(p, id)
-    local f = redis.call("HMGET", key, "state", "data", "attempts", "backoff", "timeout", "kill_after",
-      "name", "made")
-    local made = (tonumber(f[8]) or 0) + 1
-    local too_long = f[1] and (#id > FIELD_MAX or #(f[4] or "") > FIELD_MAX or #(f[7] or "") > FIELD_MAX)
-    if too_long then -- written around moonjob_add: never sent, it fails here
-      redis.call("HSET", key, "made", made)
-      redis.call("ZADD", p .. "active", now, id)
-      finish(p, id, key, "failed", "error", err_json("EINPUT", "the job's id, name or backoff takes more than "
-        .. FIELD_MAX .. " bytes"), now)
-    elseif f[1] and max_payload > 0 and f[2] and #f[2] > max_payload then -- never sent: it fails here
-      redis.call("HSET", key, "made", made)
-      redis.call("ZADD", p .. "active", now, id)
-      finish(p, id, key, "failed", "error", err_json("EPAYLOAD", ("the job data is %d bytes, more than "
-        .. "the worker's max_payload (%d)"):format(#f[2], max_payload)), now)
-    elseif f[1] then
-      next_token = next_token + 1
-      local token = worker .. "/" .. next_token
-      redis.call("HSET", key, "state", "active", "token", token, "worker", worker, "started", now,
-        "ran", "0", "made", made)
-      redis.call("ZADD", p .. "active", now + lease, id)
-      out[#out + 1] = { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7] }
+    -- the hot path: one HMGET, no varargs (redis.pcall: a key of another type)
+    local f = redis.pcall("HMGET", key, "state", "data", "attempts", "backoff", "timeout", "kill_after",
+      "name", "made", "priority")
+    local kind = "ok"
+    if f.err or f[1] ~= "waiting" then
+      local why = f.err and ("the key %s holds a %s, not a job hash (written by another client)"):format(
+        key, redis.call("TYPE", key).ok)
+      kind = classify(p, id, key, now, not f.err and f or nil, why)
+    end
+    if kind == "ok" then
+      local made = (tonumber(f[8]) or 0) + 1
+      local why = unfit(id, f)
+      if why then -- never sent: it fails here
+        redis.call("HSET", key, "made", made)
+        fail_entry(p, id, key, now, why)
+      elseif max_payload > 0 and #f[2] > max_payload then -- never sent: it fails here
+        redis.call("HSET", key, "made", made)
+        fail_entry(p, id, key, now, ("the job data is %d bytes, more than the worker's max_payload (%d)")
+          :format(#f[2], max_payload), false, "EPAYLOAD")
+      else
+        next_token = next_token + 1
+        local token = worker .. "/" .. next_token
+        redis.call("HSET", key, "state", "active", "token", token, "worker", worker, "started", now,
+          "ran", "0", "made", made)
+        redis.call("ZADD", p .. "active", now + lease, id)
+        out[#out + 1] = { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7] }
+      end
+    elseif kind == "missing" then
+      missing = missing + 1
     end
   end
+  count_missing(p, missing)
   local first = redis.call("ZRANGE", p .. "delayed", 0, 0, "WITHSCORES")
   if first[2] then out[1] = math.max(0, tonumber(first[2]) - now) end
   return out
 end
 
-local function holds(key, token)
-  if token == "" then return false end
-  local f = redis.call("HMGET", key, "token", "state")
-  return f[1] == token and f[2] == "active"
+-- The job's fields when token holds its lease, else nil (a key of another
+-- type holds nothing).
+local function holds(key, token, ...)
+  if token == "" or token == nil then return nil end
+  local f = job_fields(key, "token", "state", ...)
+  if f and f[1] == token and f[2] == "active" then return f end
+  return nil
 end
 
 -- renew(p; lease_ms, id, token, ran, id, token, ran, ...) -> { id, code, reason, ... }
@@ -259,20 +497,27 @@ end
 -- lease_ms from now. ran = "1": the job has started on its worker (a job
 -- recovered after its lease counts an attempt only if it had).
 local function renew(keys, args)
-  local p, lease = keys[1], tonumber(args[1]) or 30000
+  local p = keys[1]
+  local refused = check_numbers("moonjob_renew", args,
+    { { 1, "LEASE_MS must be a number of ms from 1 to 1e12", 1, DELAY_MS_MAX } })
+  if refused then return refused end
+  if (#args - 1) % 3 ~= 0 then
+    return refuse("moonjob_renew", "it takes LEASE_MS then ID TOKEN RAN triples; the count of arguments was", #args)
+  end
+  local lease = tonumber(args[1]) or 30000
   local now = now_ms()
   local out = {}
   for i = 2, #args, 3 do
     local id, token = args[i], args[i + 1]
     local key = job_key(p, id)
-    if not holds(key, token) then
+    local f = holds(key, token, "cancel")
+    if not f then
       out[#out + 1] = id; out[#out + 1] = "ELOST"; out[#out + 1] = ""
     else
       if args[i + 2] == "1" then redis.call("HSET", key, "ran", "1") end
       redis.call("ZADD", p .. "active", "XX", now + lease, id)
-      local reason = redis.call("HGET", key, "cancel")
-      if reason then
-        out[#out + 1] = id; out[#out + 1] = "ECANCELED"; out[#out + 1] = reason
+      if f[3] then
+        out[#out + 1] = id; out[#out + 1] = "ECANCELED"; out[#out + 1] = f[3]
       end
     end
   end
@@ -283,15 +528,18 @@ end
 -- one answer per job, in order.
 local function complete(keys, args)
   local p = keys[1]
+  if #args == 0 or #args % 3 ~= 0 then
+    return refuse("moonjob_complete", "it takes ID TOKEN RESULT triples; the count of arguments was", #args)
+  end
   local now = now_ms()
   local out, done = {}, 0
   for i = 1, #args - 2, 3 do
     local id, token = args[i], args[i + 1]
     local key = job_key(p, id)
-    local f = redis.call("HMGET", key, "cache", "notify", "token", "state")
-    if token ~= "" and f[3] == token and f[4] == "active" then
-      f.batched = true -- totals counted once for the batch
-      finish(p, id, key, "completed", "result", args[i + 2], now, f)
+    local f = holds(key, token, "cache", "notify")
+    if f then
+      local fin = { f[3], f[4], batched = true } -- totals counted once for the batch
+      finish(p, id, key, "completed", "result", args[i + 2], now, fin)
       out[#out + 1] = "OK"
       done = done + 1
     else
@@ -307,16 +555,20 @@ end
 -- left (the worker computed the backoff); -1: it fails for good.
 local function fail(keys, args)
   local p, id, token = keys[1], args[1], args[2]
+  if #args < 3 then return refuse("moonjob_fail", "it takes ID TOKEN ERROR [RETRY_MS]; arguments given", #args) end
+  local refused = check_numbers("moonjob_fail", args,
+    { { 4, "RETRY_MS must be -1 (no retry) or a number of ms up to 1e12", -1, DELAY_MS_MAX } })
+  if refused then return refused end
   local key = job_key(p, id)
-  if not holds(key, token) then return "ESTALE" end
+  local f = holds(key, token, "made", "attempts", "cancel")
+  if not f then return "ESTALE" end
   local now = now_ms()
   local retry = tonumber(args[4]) or -1
-  local f = redis.call("HMGET", key, "made", "attempts", "cancel")
-  local made, attempts = tonumber(f[1]) or 0, tonumber(f[2]) or 1
-  if retry >= 0 and made < attempts and not f[3] then
+  local made, attempts = tonumber(f[3]) or 0, tonumber(f[4]) or 1
+  if retry >= 0 and made < attempts and not f[5] then
     redis.call("ZREM", p .. "active", id)
     redis.call("HSET", key, "error", args[3], "token", "")
-    if retry > 0 then make_delayed(p, id, key, now + retry) else make_waiting(p, id, key, now) end
+    if retry > 0 then make_delayed(p, id, key, now + math.floor(retry)) else make_waiting(p, id, key, now) end
     return redis.call("HGET", key, "state")
   end
   finish(p, id, key, "failed", "error", args[3], now)
@@ -327,33 +579,42 @@ end
 -- back unfinished (it stops): waiting again, its attempt not counted.
 local function release(keys, args)
   local p, id, token = keys[1], args[1], args[2]
+  if #args < 2 then return refuse("moonjob_release", "it takes ID TOKEN; arguments given", #args) end
   local key = job_key(p, id)
-  if not holds(key, token) then return "ESTALE" end
+  local f = holds(key, token, "cancel")
+  if not f then return "ESTALE" end
   local now = now_ms()
   redis.call("ZREM", p .. "active", id)
   redis.call("HINCRBY", key, "made", -1)
   redis.call("HSET", key, "token", "")
-  local reason = redis.call("HGET", key, "cancel")
-  if reason then
-    finish(p, id, key, "failed", "error", err_json("ECANCELED", reason), now)
+  if f[3] then
+    finish(p, id, key, "failed", "error", err_json("ECANCELED", f[3]), now)
   else
     make_waiting(p, id, key, now)
   end
   return "OK"
 end
 
--- cancel(p; id, reason) -> the state the job was in, or "ENOTFOUND". A
--- waiting or delayed job fails with ECANCELED at once; a running one is
--- interrupted by the worker that holds it ("cancel <id>" on the channel,
--- and the worker's next renew).
+-- A job's nonce answers to the one a caller gave ("" or none: any). "*": a
+-- job whose key another client overwrote, its nonce lost with it.
+local function nonce_fits(own, given)
+  return given == nil or given == "" or own == given or own == "*"
+end
+
+-- cancel(p; id, reason [, nonce]) -> the state the job was in, or "ENOTFOUND"
+-- (also when nonce is given and is not the job's). A waiting or delayed job
+-- fails with ECANCELED at once; a running one is interrupted by the worker
+-- that holds it ("cancel <id>" on the channel, and the worker's next renew).
 local function cancel(keys, args)
-  local p, id, reason = keys[1], args[1], args[2]
+  local p, id, reason, nonce = keys[1], args[1], args[2] or "canceled", args[3]
+  if not id or id == "" then return refuse("moonjob_cancel", "it takes ID [REASON [NONCE]]", "") end
   local key = job_key(p, id)
-  local state = redis.call("HGET", key, "state")
-  if not state then return "ENOTFOUND" end
+  local f = job_fields(key, "state", "member", "nonce")
+  if not f or not f[1] or not nonce_fits(f[3], nonce) then return "ENOTFOUND" end
+  local state = f[1]
   local now = now_ms()
   if state == "waiting" then
-    redis.call("ZREM", p .. "wait", redis.call("HGET", key, "member"))
+    if f[2] then redis.call("ZREM", p .. "wait", f[2]) end
   elseif state == "delayed" then
     redis.call("ZREM", p .. "delayed", id)
   elseif state == "active" then
@@ -367,25 +628,32 @@ local function cancel(keys, args)
   return state
 end
 
--- get(p; id) -> { state, result, error, made, attempts, name, created,
--- started, finished } or nil when no such job is kept.
+-- get(p; id [, nonce]) -> { state, result, error, made, attempts, name,
+-- created, started, finished } or nil when no such job is kept (also when
+-- nonce is given and is not the job's). A key of another type reads as the
+-- failed job (EINPUT) the next fetch makes of it.
 local function get(keys, args)
-  local f = redis.call("HMGET", job_key(keys[1], args[1]), "state", "result", "error", "made",
-    "attempts", "name", "created", "started", "finished")
-  if not f[1] then return nil end
+  if not args[1] then return refuse("moonjob_get", "it takes ID [NONCE]", "") end
+  local f, why = job_fields(job_key(keys[1], args[1]), "state", "result", "error", "made",
+    "attempts", "name", "created", "started", "finished", "nonce")
+  if not f then return { "failed", false, err_json("EINPUT", why), "0", "1", "" } end
+  if not f[1] or not nonce_fits(f[10], args[2]) then return nil end
+  f[10] = nil
   return f
 end
 
--- counts(p) -> { waiting, delayed, active, completed, failed }: completed and
--- failed count every job that ended so (not only the ones kept).
+-- counts(p) -> { waiting, delayed, active, completed, failed, missing }:
+-- completed and failed count every job that ended so (not only the ones
+-- kept); missing, the set entries found with their job gone (evicted).
 local function counts(keys)
   local p = keys[1]
-  local totals = redis.call("HMGET", p .. "totals", "completed", "failed")
+  local totals = redis.call("HMGET", p .. "totals", "completed", "failed", "missing")
   return { redis.call("ZCARD", p .. "wait"), redis.call("ZCARD", p .. "delayed"),
-    redis.call("ZCARD", p .. "active"), tonumber(totals[1]) or 0, tonumber(totals[2]) or 0 }
+    redis.call("ZCARD", p .. "active"), tonumber(totals[1]) or 0, tonumber(totals[2]) or 0,
+    tonumber(totals[3]) or 0 }
 end
 
-local function version() return "2" end
+local function version() return "3" end
 
 redis.register_function("moonjob_add", add)
 redis.register_function("moonjob_fetch", fetch)

@@ -13,11 +13,18 @@
 -- Data and results cross as exact JSON (moonjob.codec.json): numbers keep every
 -- digit, 64-bit integers stay integers. A backoff function cannot cross to
 -- another host; give the worker pool a `backoff` option instead.
+--
+-- A handle holds its job's nonce (random, given to moonjob_add): its wait,
+-- get and cancel answer only for that job, never for a later job that got
+-- the same id (Redis lost its data and its id counter restarted, or the id
+-- was reused): such a job is "no such job" (ENOTFOUND) to the handle.
 local Backoff = require "moonjob.backoff"
 local client = require "moonjob.redis.client"
 local errors = require "moonjob.errors"
 local json = require "moonjob.codec.json"
 local loop = require "moonjob.loop"
+
+local core = require "moonjob.core"
 
 local M = {}
 local Queue = {}
@@ -52,7 +59,22 @@ function M.new(url, name, opts)
   ok, err = c:wait_ready()
   if not ok then c:close(); return nil, err end
   return setmetatable({ client = c, name = name, prefix = M.prefix(name),
-    max_payload = opts.max_payload or 1024 * 1024, waiters = {} }, Queue)
+    max_payload = opts.max_payload or 1024 * 1024, waiters = {},
+    nonce_prefix = M.random_hex(8), nonces = 0 }, Queue)
+end
+
+-- n random bytes as hex (the clock and pid when /dev/urandom is not there).
+function M.random_hex(n)
+  local f = io.open("/dev/urandom", "rb")
+  local bytes = f and f:read(n) or (tostring(loop.now()) .. tostring(core.getpid())):sub(1, n)
+  if f then f:close() end
+  return (bytes:gsub(".", function(ch) return ("%02x"):format(ch:byte()) end))
+end
+
+-- A nonce no other add gives: this queue object's random prefix and a count.
+function Queue:_nonce()
+  self.nonces = self.nonces + 1
+  return self.nonce_prefix .. "." .. self.nonces
 end
 
 function Queue:__tostring()
@@ -74,8 +96,10 @@ end
 -- The FCALL arguments of an add; raises on a bad option (a bug of the caller).
 -- notify (default true): Redis says on the queue's "done" channel when the
 -- job ends (job:wait() listens there); moonjob add, whose jobs nobody here
--- waits for, passes false.
-function M.add_args(prefix, text, opts, notify)
+-- waits for, passes false. nonce: stored with a new job (see the header);
+-- existing "join": a finished job still kept with the id is returned, not
+-- replaced (a re-add of the same lines adds nothing twice).
+function M.add_args(prefix, text, opts, notify, nonce, existing)
   opts = opts or {}
   if type(opts) ~= "table" then error("queue:add(): options must be a table", 3) end
   for k in pairs(opts) do
@@ -122,7 +146,7 @@ function M.add_args(prefix, text, opts, notify)
   return { "FCALL", "moonjob_add", 1, prefix, id ~= nil and tostring(id) or "", text, prio,
     math.floor((seconds(opts, "delay") or 0) * 1000), attempts, backoff,
     seconds(opts, "timeout") or 0, seconds(opts, "kill_after") or 0, name or "",
-    seconds(opts, "cache") or 0, max_queue, notify == false and "0" or "1" }
+    seconds(opts, "cache") or 0, max_queue, notify == false and "0" or "1", nonce or "", existing or "" }
 end
 
 -- Encodes data for the queue: exact JSON, at most max_payload bytes.
@@ -152,9 +176,18 @@ function Queue:add(data, opts)
   local text, err = M.encode(data, self.max_payload)
   if not text then return nil, err end
   local reply
-  reply, err = self.client:call_wait(M.add_args(self.prefix, text, opts))
+  reply, err = self.client:call_wait(M.add_args(self.prefix, text, opts, true, self:_nonce()))
   if not reply then return nil, reply_error(err) end
-  return setmetatable({ id = reply[1], state = reply[2], joined = reply[3] == 1, queue = self }, Handle)
+  -- a job joined that was added before nonces existed has none: not checked
+  local nonce = reply[4] ~= "" and reply[4] or nil
+  return setmetatable({ id = reply[1], state = reply[2], joined = reply[3] == 1, nonce = nonce,
+    queue = self }, Handle)
+end
+
+-- An id, or a handle (its id and nonce).
+local function id_and_nonce(job)
+  if getmetatable(job) == Handle then return job.id, job.nonce or "" end
+  return tostring(job), ""
 end
 
 local function decode_error(text)
@@ -163,9 +196,11 @@ local function decode_error(text)
   return errors.wrap(t)
 end
 
--- queue:get(id) -> { id, state, result, error, attempts, ... } | nil (not kept), err
-function Queue:get(id)
-  local f, err = self.client:call_wait({ "FCALL", "moonjob_get", 1, self.prefix, tostring(id) })
+-- queue:get(id or job) -> { id, state, result, error, attempts, ... } | nil (not
+-- kept; for a handle also: another job holds its id now), err
+function Queue:get(job)
+  local id, nonce = id_and_nonce(job)
+  local f, err = self.client:call_wait({ "FCALL", "moonjob_get", 1, self.prefix, id, nonce })
   if err then return nil, reply_error(err) end
   if not f then return nil end
   local info = { id = tostring(id), state = f[1], attempts = tonumber(f[4]) or 0,
@@ -176,21 +211,24 @@ function Queue:get(id)
   return info
 end
 
--- queue:cancel(id [, reason]) -> state it was in | nil, err. A running job is
--- interrupted on the host that runs it and fails with ECANCELED.
-function Queue:cancel(id, reason)
-  local state, err = self.client:call_wait({ "FCALL", "moonjob_cancel", 1, self.prefix, tostring(id),
-    reason and tostring(reason) or "canceled" })
+-- queue:cancel(id or job [, reason]) -> state it was in | nil, err. A running
+-- job is interrupted on the host that runs it and fails with ECANCELED.
+function Queue:cancel(job, reason)
+  local id, nonce = id_and_nonce(job)
+  local state, err = self.client:call_wait({ "FCALL", "moonjob_cancel", 1, self.prefix, id,
+    reason and tostring(reason) or "canceled", nonce })
   if err then return nil, reply_error(err) end
   if state == "ENOTFOUND" then return nil, errors.new("ENOTFOUND", "no job " .. tostring(id) .. " in queue " .. self.name) end
   return state
 end
 
--- queue:counts() -> { waiting, delayed, active, completed, failed } | nil, err
+-- queue:counts() -> { waiting, delayed, active, completed, failed, missing } |
+-- nil, err. missing: jobs found gone from Redis (evicted, deleted by hand).
 function Queue:counts()
   local c, err = self.client:call_wait({ "FCALL", "moonjob_counts", 1, self.prefix })
   if not c then return nil, reply_error(err) end
-  return { waiting = c[1], delayed = c[2], active = c[3], completed = c[4], failed = c[5] }
+  return { waiting = c[1], delayed = c[2], active = c[3], completed = c[4], failed = c[5],
+    missing = c[6] or 0 }
 end
 
 -- Listening on the queue's "done" channel: one subscription per queue object.
@@ -221,7 +259,7 @@ function Handle:wait(timeout)
   local ok, raised = pcall(loop.wait_until, function()
     if w.check and loop.now() >= next_look then
       w.check, next_look = false, loop.now() + 1
-      info, err = q:get(self.id)
+      info, err = q:get(self)
       if err or not info or info.state == "completed" or info.state == "failed" then return true end
     end
     return deadline ~= nil and loop.now() >= deadline
@@ -230,15 +268,19 @@ function Handle:wait(timeout)
   q.waiters[self.id] = nil
   if not ok then error(raised, 0) end
   if err then return nil, err end
-  if not info then return nil, errors.new("ENOTFOUND", "job " .. self.id .. " is no longer kept (retention)") end
+  if not info then
+    return nil, errors.new("ENOTFOUND", ("job %s is not in queue %s: no longer kept (retention), or lost "
+      .. "by Redis (a restart without persistence, a failover) and its id may be another job's now")
+      :format(self.id, q.name))
+  end
   self.state = info.state
   if info.state == "completed" then return info.result end
   if info.state == "failed" then return nil, info.error end
   return nil, errors.new("ETIMEDOUT", ("job %s did not finish within %g s"):format(self.id, timeout))
 end
 
-function Handle:get() return self.queue:get(self.id) end
-function Handle:cancel(reason) return self.queue:cancel(self.id, reason) end
+function Handle:get() return self.queue:get(self) end
+function Handle:cancel(reason) return self.queue:cancel(self, reason) end
 
 function Queue:close()
   self.client:close()
