@@ -31,24 +31,35 @@
 --     a batch of lines that has run that long has its lines not started cut
 --     off (moonjob.pool.lines).
 --   * Priorities: a job added later with a better priority goes ahead of every
---     job still waiting in the pool, but not of the jobs already sent to a
---     child: at most (pipeline - 1) per child, plus the one it runs.
+--     job still waiting in the pool at once, and of the jobs already sent to
+--     a child once it has waited RANK_AFTER_MS (2 ms): then the jobs sent
+--     ahead that a better job waits behind, in the source or in a child's
+--     read-ahead, are taken back (those not started, by the gate) and the
+--     source hands them out again lowest priority first (rank). Ties keep
+--     their order of arrival (a job taken back keeps its id). The look is
+--     armed only when a job is sent ahead with a better priority than the
+--     worst sent ahead (worst_sent), or one waits in the source with it: jobs
+--     of one priority, or of rising ones (the CLI's lines), never arm it.
 --
 -- Owns: the number of prefetched jobs (those with job.prefetched), the moving
 -- average of recent run times (ms), budget_ms (PIPELINE_BUDGET_MS; the specs
 -- raise it so that timing on a loaded machine does not decide whether they
 -- pipeline), `saturated` (the last walk found every busy child full: pump
 -- skips the walk until a child is free or jobs are taken back; meanwhile
--- each child tops itself up when one of its jobs ends), the delay and steal
--- timers, the buffer the job's metadata is encoded in.
+-- each child tops itself up when one of its jobs ends), the delay, steal
+-- and rank timers, worst_sent (the highest priority sent ahead since none
+-- was held; an upper bound between two looks), ranked_back (jobs taken back
+-- to be reordered, for the specs), the buffer the job's metadata is encoded in.
 -- Exposes: dispatch:pump(), dispatch:job_started(w, job) (nactive),
 -- dispatch:worker_next(w), dispatch:take_back(w [, from]),
--- dispatch:take_back_prefetched(w), dispatch:unprefetch(job),
+-- dispatch:take_back_prefetched(w), dispatch:take_back_unstarted(w, from),
+-- dispatch:unprefetch(job),
 -- dispatch:note_run(ms), dispatch:depth(), dispatch:prefetched_count(),
 -- dispatch:has_started(job) (the gate, for a job not yet its child's head),
 -- dispatch:room_again(), dispatch:close().
--- Calls: pool.source, pool.children (next_idle, pop_idle, has_idle, free,
--- retire, ensure, array, snapshot), pool.breaker:check, pool.owner:want,
+-- Calls: pool.source (pop_ready, peek_ready, push, next_due), pool.children
+-- (next_idle, pop_idle, has_idle, free, retire, ensure, array, snapshot),
+-- pool.breaker:check, pool.owner:want,
 -- pool.endings:give_back, pool.lines (wire_first_line, cuttable, cut,
 -- hand_back), pool.tally:sample_wait, the `active` listeners.
 --
@@ -59,6 +70,7 @@
 local buffer = require "string.buffer"
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
+local Job = require "moonjob.job"
 local Lines = require "moonjob.pool.lines"
 
 local Dispatch = {}
@@ -68,7 +80,10 @@ local PIPELINE_BUDGET_MS = 2     -- how long the jobs prefetched in one child ma
 local PIPELINE_MAX_BYTES = 64 * 1024 -- larger job data is never prefetched behind another job
 local STEAL_AFTER_MS = 10        -- a head that ran this long gives up the jobs behind it
 local RUN_AVG_WEIGHT = 0.05      -- weight of the newest run time in the average
+local RANK_AFTER_MS = 2          -- how long a better job may wait behind worse ones sent ahead
 Dispatch.STEAL_AFTER_MS = STEAL_AFTER_MS
+
+local PRIORITY = Job.SLOT.priority -- read in the job's own slot (false for the default, 0)
 
 local wire_first_line = Lines.wire_first_line
 
@@ -78,10 +93,11 @@ function Dispatch.new(pool, pipeline)
   local self = setmetatable({
     pool = pool, listeners = pool.events.listeners,
     pipeline = pipeline, budget_ms = PIPELINE_BUDGET_MS,
-    nprefetched = 0, saturated = false,
+    nprefetched = 0, saturated = false, worst_sent = nil, rank_due = nil, ranked_back = 0,
     meta = buffer.new(),
   }, Dispatch)
   self.pump_later = function() self:pump() end -- for the timers: made once
+  self.rank_later = function() self:rank() end
   return self
 end
 
@@ -103,6 +119,9 @@ function Dispatch:send(w, job)
   if w.job == job then return self:job_started(w, job) end
   job.prefetched = true
   self.nprefetched = self.nprefetched + 1
+  local priority, worst = job[PRIORITY] or 0, self.worst_sent
+  if not worst or priority > worst then self.worst_sent = priority
+  elseif priority < worst then self:rank_soon() end -- a worse job may wait ahead of it
 end
 
 -- Wakes the pool when the earliest delayed job becomes due.
@@ -129,6 +148,11 @@ function Dispatch:pump()
     w = children:next_idle()
   end
   if not self.saturated and self.pipeline > 1 and not children:has_idle() then self:prefetch() end
+  local worst = self.worst_sent
+  if worst and not self.rank_due then
+    local best = source:peek_ready() -- it may wait while a worse one was sent ahead
+    if best and (best[PRIORITY] or 0) < worst then self:rank_soon() end
+  end
   self:arm_delay()
   children:ensure()
   pool.breaker:check()
@@ -173,7 +197,9 @@ end
 
 -- A prefetched job is not any more (it started, ended or came back).
 function Dispatch:unprefetch(job)
-  if job.prefetched then job.prefetched, self.nprefetched = nil, self.nprefetched - 1 end
+  if not job.prefetched then return end
+  job.prefetched, self.nprefetched = nil, self.nprefetched - 1
+  if self.nprefetched == 0 then self.worst_sent = nil end
 end
 
 -- A job became its child's head: it runs now. Its wait ends, its timeout (or,
@@ -222,8 +248,14 @@ end
 -- Takes back the jobs prefetched behind w's head that its child has not
 -- started (it may have moved on to the next ones before their frames reached us).
 function Dispatch:take_back_prefetched(w)
+  return self:take_back_unstarted(w, 2)
+end
+
+-- Takes back from w the jobs it holds from place `from` on that its child
+-- has not started (it may have moved past some before their ends reached us).
+function Dispatch:take_back_unstarted(w, from)
   local held = w.held
-  for i = 2, #held do
+  for i = from, #held do
     if not w:started(held[i]) then return self:take_back(w, held[i]) end
   end
   return 0
@@ -297,8 +329,109 @@ function Dispatch:steal()
   return took
 end
 
+--------------------------------------------- priorities of jobs sent ahead ---
+
+-- A job waits (in the source or in a child's read-ahead) while a worse one
+-- may wait ahead of it in a child: rank() looks RANK_AFTER_MS from now.
+function Dispatch:rank_soon()
+  if self.rank_due then return end
+  self.rank_due = loop.now() + RANK_AFTER_MS
+  if not self.rank_timer then self.rank_timer = core.timer(self.rank_later) end
+  self.rank_timer:start(RANK_AFTER_MS)
+end
+
+-- The lowest and the highest priority of the jobs w holds behind its head
+-- (nil when it holds none).
+local function priorities_behind(w)
+  local held, low, high = w.held, nil, nil
+  for i = 2, #held do
+    local priority = held[i][PRIORITY] or 0
+    if not low or priority < low then low = priority end
+    if not high or priority > high then high = priority end
+  end
+  return low, high
+end
+
+-- Where in `held` the first job behind the head is that a better job waiting
+-- after it (later in held, or `outside`: the lowest priority waiting
+-- elsewhere) should go before; nil when they are in order.
+local function first_out_of_rank(held, outside)
+  local cut, best = nil, outside
+  for i = #held, 2, -1 do
+    local priority = held[i][PRIORITY] or 0
+    if best and priority > best then cut = i
+    elseif not best or priority < best then best = priority end
+  end
+  return cut
+end
+
+-- The lowest priority waiting outside each child, by its place in
+-- `workers` (false for none): the source's best, and the jobs behind the
+-- other children's heads.
+local function outside_best(workers, source)
+  local best = source:peek_ready()
+  best = best and (best[PRIORITY] or 0)
+  local first_at, first, second = nil, nil, nil
+  for i, w in ipairs(workers) do
+    local low = priorities_behind(w)
+    if low and (not first or low < first) then first_at, first, second = i, low, first
+    elseif low and (not second or low < second) then second = low end
+  end
+  local outside = {}
+  for i = 1, #workers do
+    local other = i == first_at and second or first
+    if best and other then outside[i] = math.min(best, other) else outside[i] = best or other or false end
+  end
+  return outside
+end
+
+-- Where each busy child's read-ahead is to be taken back from (false: kept),
+-- by its place in `workers`: from the first job a better waiting one should
+-- go before; and, once such a job is found anywhere, from the first behind
+-- every head that has run RANK_AFTER_MS (no one knows when its read-ahead
+-- would start, so it waits in the source, where the first free child takes
+-- the best job). Nothing when every read-ahead is in order.
+local function rank_cuts(workers, source)
+  local outside, cuts, any = outside_best(workers, source), {}, false
+  for i, w in ipairs(workers) do
+    local held = w.held
+    cuts[i] = w.state == "busy" and #held > 1 and first_out_of_rank(held, outside[i] or nil) or false
+    any = any or cuts[i] ~= false
+  end
+  if not any then return cuts end
+  local long_ago = loop.now() - RANK_AFTER_MS
+  for i, w in ipairs(workers) do
+    local head = w.job
+    if w.state == "busy" and #w.held > 1 and head.started and head.started <= long_ago then cuts[i] = 2 end
+  end
+  return cuts
+end
+
+-- Jobs sent ahead to busy children that a better waiting job should go
+-- before (rank_cuts) are taken back, those their child has not started (the
+-- gate decides: never both), and wait in the source again, which hands them
+-- out lowest priority first; no attempt is counted. Then worst_sent is made
+-- exact again (it only grows between two looks).
+function Dispatch:rank()
+  self.rank_due = nil
+  local pool = self.pool
+  if pool.closing then return end
+  local workers = pool.children:snapshot() -- taking back may free a child: a copy
+  local cuts = rank_cuts(workers, pool.source)
+  for i, w in ipairs(workers) do
+    if cuts[i] then self.ranked_back = self.ranked_back + self:take_back_unstarted(w, cuts[i]) end
+  end
+  local worst = nil
+  for _, w in ipairs(workers) do
+    local _, high = priorities_behind(w)
+    if high and (not worst or high > worst) then worst = high end
+  end
+  self.worst_sent = self.nprefetched > 0 and worst or nil
+  self:pump()
+end
+
 function Dispatch:close()
-  for _, name in ipairs({ "delay_timer", "steal_timer" }) do
+  for _, name in ipairs({ "delay_timer", "steal_timer", "rank_timer" }) do
     if self[name] then self[name]:close(); self[name] = nil end
   end
 end
