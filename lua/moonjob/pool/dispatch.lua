@@ -353,8 +353,8 @@ local function priorities_behind(w)
 end
 
 -- Where in `held` the first job behind the head is that a better job waiting
--- after it (later in held, or `outside`: the lowest priority waiting
--- elsewhere) should go before; nil when they are in order.
+-- after it (later in held, or in the source: `outside`, its best priority)
+-- should go before; nil when they are in order.
 local function first_out_of_rank(held, outside)
   local cut, best = nil, outside
   for i = #held, 2, -1 do
@@ -365,37 +365,20 @@ local function first_out_of_rank(held, outside)
   return cut
 end
 
--- The lowest priority waiting outside each child, by its place in
--- `workers` (false for none): the source's best, and the jobs behind the
--- other children's heads.
-local function outside_best(workers, source)
-  local best = source:peek_ready()
-  best = best and (best[PRIORITY] or 0)
-  local first_at, first, second = nil, nil, nil
-  for i, w in ipairs(workers) do
-    local low = priorities_behind(w)
-    if low and (not first or low < first) then first_at, first, second = i, low, first
-    elseif low and (not second or low < second) then second = low end
-  end
-  local outside = {}
-  for i = 1, #workers do
-    local other = i == first_at and second or first
-    if best and other then outside[i] = math.min(best, other) else outside[i] = best or other or false end
-  end
-  return outside
-end
-
 -- Where each busy child's read-ahead is to be taken back from (false: kept),
 -- by its place in `workers`: from the first job a better waiting one should
 -- go before; and, once such a job is found anywhere, from the first behind
 -- every head that has run RANK_AFTER_MS (no one knows when its read-ahead
 -- would start, so it waits in the source, where the first free child takes
--- the best job). Nothing when every read-ahead is in order.
+-- the best job). Nothing when every read-ahead is in order. (Read-aheads of
+-- different children are not compared: each starts within about budget_ms,
+-- unless its head runs long, and then it goes back with the rest.)
 local function rank_cuts(workers, source)
-  local outside, cuts, any = outside_best(workers, source), {}, false
+  local best = source:peek_ready()
+  local outside, cuts, any = best and (best[PRIORITY] or 0), {}, false
   for i, w in ipairs(workers) do
     local held = w.held
-    cuts[i] = w.state == "busy" and #held > 1 and first_out_of_rank(held, outside[i] or nil) or false
+    cuts[i] = w.state == "busy" and #held > 1 and first_out_of_rank(held, outside) or false
     any = any or cuts[i] ~= false
   end
   if not any then return cuts end
