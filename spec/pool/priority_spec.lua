@@ -60,9 +60,11 @@ describe("priorities under pipelining", function()
     for _, job in ipairs(jobs) do assert.equal(1, job.attempts) end
   end)
 
-  it("orders them behind two long jobs (size 2)", function()
-    local pool = h.pool("ranked.lua", { size = 2 })
-    warm(pool)
+  it("orders them behind two long jobs (size 2, default budget)", function()
+    -- pipeline 3: each child gets two of the four behind its long job
+    local pool = h.pool("ranked.lua", { size = 2, pipeline = 3 })
+    for _ = 1, 50 do pool:add({ file = "/dev/null" }) end
+    pool:drain()
     pool:add({ file = file, seconds = 0.3 }, { name = "long-a" })
     pool:add({ file = file, seconds = 0.6 }, { name = "long-b" })
     local jobs = add_ranked(pool, file)
@@ -71,6 +73,7 @@ describe("priorities under pipelining", function()
     local names = names_in(file)
     assert.equal(6, #names)
     assert.same({ "p1-a", "p1-b", "p3", "p5" }, without(names, { ["long-a"] = true, ["long-b"] = true }))
+    for _, job in ipairs(jobs) do assert.equal(1, job.attempts) end
   end)
 
   it("puts a better job added later ahead of worse ones already sent to the child", function()
@@ -85,6 +88,22 @@ describe("priorities under pipelining", function()
     pool:add({ file = file }, { name = "p0", priority = 0 })
     pool:drain()
     assert.same({ "long", "p0", "p5-1", "p5-2", "p5-3" }, names_in(file))
+  end)
+
+  it("with the default budget, a better job waiting in the pool goes before worse ones sent ahead", function()
+    local pool = h.pool("ranked.lua", { size = 1 })
+    for _ = 1, 50 do pool:add({ file = "/dev/null" }) end
+    pool:drain()
+    local long = pool:add({ file = file, seconds = 0.3 }, { name = "long" })
+    local worse = {}
+    for i = 1, 2 do worse[i] = pool:add({ file = file }, { name = "p5-" .. i, priority = 5 }) end
+    assert.is_true(some_prefetched(worse), "the worse jobs were sent with the long one")
+    h.wait_for(function() return long.state == "active" end)
+    h.sleep(0.05)
+    local better = pool:add({ file = file }, { name = "p1", priority = 1 })
+    assert.is_nil(better.prefetched, "nothing is sent behind a job that has run that long")
+    pool:drain()
+    assert.same({ "long", "p1", "p5-1", "p5-2" }, names_in(file))
   end)
 
   it("orders a burst added to an idle pool once its first job runs long", function()
