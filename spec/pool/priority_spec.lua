@@ -26,6 +26,23 @@ local function warm(pool)
   for _ = 1, 50 do pool:add({ file = "/dev/null" }) end
   pool:drain()
   assert.is_true(pool.dispatch:depth() > 1, "the pool pipelines after short jobs")
+  h.wait_for(function() -- every child ready, so each takes one of the first jobs
+    local idle = 0
+    for _, w in ipairs(pool.children:array()) do if w.state == "idle" then idle = idle + 1 end end
+    return idle == pool.size
+  end)
+end
+
+-- Runs add() with the budget raised, then puts the default back: the jobs
+-- get sent behind the running ones whatever the machine's load, and the
+-- pool then works as it does for users (nothing more is sent behind a job
+-- that has run 2 ms).
+local function sending_ahead(pool, add)
+  local budget = pool.dispatch.budget_ms
+  warm(pool)
+  local jobs = add()
+  pool.dispatch.budget_ms = budget
+  return jobs
 end
 
 local RANKED = { { "p5", 5 }, { "p1-a", 1 }, { "p3", 3 }, { "p1-b", 1 } }
@@ -63,11 +80,11 @@ describe("priorities under pipelining", function()
   it("orders them behind two long jobs (size 2, default budget)", function()
     -- pipeline 3: each child gets two of the four behind its long job
     local pool = h.pool("ranked.lua", { size = 2, pipeline = 3 })
-    for _ = 1, 50 do pool:add({ file = "/dev/null" }) end
-    pool:drain()
-    pool:add({ file = file, seconds = 0.3 }, { name = "long-a" })
-    pool:add({ file = file, seconds = 0.6 }, { name = "long-b" })
-    local jobs = add_ranked(pool, file)
+    local jobs = sending_ahead(pool, function()
+      pool:add({ file = file, seconds = 0.3 }, { name = "long-a" })
+      pool:add({ file = file, seconds = 0.6 }, { name = "long-b" })
+      return add_ranked(pool, file)
+    end)
     assert.is_true(some_prefetched(jobs), "the jobs were sent behind the long ones")
     pool:drain()
     local names = names_in(file)
@@ -92,11 +109,11 @@ describe("priorities under pipelining", function()
 
   it("with the default budget, a better job waiting in the pool goes before worse ones sent ahead", function()
     local pool = h.pool("ranked.lua", { size = 1 })
-    for _ = 1, 50 do pool:add({ file = "/dev/null" }) end
-    pool:drain()
-    local long = pool:add({ file = file, seconds = 0.3 }, { name = "long" })
-    local worse = {}
-    for i = 1, 2 do worse[i] = pool:add({ file = file }, { name = "p5-" .. i, priority = 5 }) end
+    local long, worse = nil, {}
+    sending_ahead(pool, function()
+      long = pool:add({ file = file, seconds = 0.3 }, { name = "long" })
+      for i = 1, 2 do worse[i] = pool:add({ file = file }, { name = "p5-" .. i, priority = 5 }) end
+    end)
     assert.is_true(some_prefetched(worse), "the worse jobs were sent with the long one")
     h.wait_for(function() return long.state == "active" end)
     h.sleep(0.05)
@@ -104,6 +121,24 @@ describe("priorities under pipelining", function()
     assert.is_nil(better.prefetched, "nothing is sent behind a job that has run that long")
     pool:drain()
     assert.same({ "long", "p1", "p5-1", "p5-2" }, names_in(file))
+  end)
+
+  it("takes back a better job stuck behind a long job while another child runs worse ones", function()
+    -- pipeline 2: each child holds one job behind the one it runs
+    local pool = h.pool("ranked.lua", { size = 2, pipeline = 2 })
+    local better = sending_ahead(pool, function()
+      pool:add({ file = file, seconds = 0.4 }, { name = "long" })
+      pool:add({ file = file, seconds = 0.05 }, { name = "short" })
+      return { pool:add({ file = file }, { name = "p1-a", priority = 1 }),
+        pool:add({ file = file }, { name = "p1-b", priority = 1 }) }
+    end)
+    assert.is_true(better[1].prefetched and better[2].prefetched, "one sent behind each")
+    for i = 1, 20 do pool:add({ file = file }, { name = "p5-" .. i, priority = 5 }) end
+    pool:drain()
+    local names = without(names_in(file), { long = true, short = true })
+    assert.equal(22, #names)
+    assert.same({ "p1-a", "p1-b" }, { names[1] < names[2] and names[1] or names[2],
+      names[1] < names[2] and names[2] or names[1] }, "both better jobs ran before the worse ones")
   end)
 
   it("orders a burst added to an idle pool once its first job runs long", function()

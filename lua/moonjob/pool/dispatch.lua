@@ -29,7 +29,10 @@
 --     jobs prefetched behind a head that has run for STEAL_AFTER_MS are taken
 --     back and run elsewhere (a timer looks again when a head reaches it);
 --     a batch of lines that has run that long has its lines not started cut
---     off (moonjob.pool.lines).
+--     off (moonjob.pool.lines). So are jobs behind such a head when a child
+--     is about to be sent a worse job than they are (rescue: only when
+--     a job worse than best_sent is popped, and not before the oldest head
+--     can have run that long).
 --   * Priorities: a job added later with a better priority goes ahead of every
 --     job still waiting in the pool at once, and of the jobs already sent to
 --     a child once it has waited RANK_AFTER_MS (2 ms): then the jobs sent
@@ -47,9 +50,11 @@
 -- pipeline), `saturated` (the last walk found every busy child full: pump
 -- skips the walk until a child is free or jobs are taken back; meanwhile
 -- each child tops itself up when one of its jobs ends), the delay, steal
--- and rank timers, worst_sent (the highest priority sent ahead since none
--- was held; an upper bound between two looks), ranked_back (jobs taken back
--- to be reordered, for the specs), the buffer the job's metadata is encoded in.
+-- and rank timers, worst_sent and best_sent (the highest and lowest
+-- priority sent ahead since none was held; bounds between two looks),
+-- stuck_from (no head has run STEAL_AFTER_MS before), ranked_back (jobs
+-- taken back to be reordered, for the specs), the buffer the job's
+-- metadata is encoded in.
 -- Exposes: dispatch:pump(), dispatch:job_started(w, job) (nactive),
 -- dispatch:worker_next(w), dispatch:take_back(w [, from]),
 -- dispatch:take_back_prefetched(w), dispatch:take_back_unstarted(w, from),
@@ -93,7 +98,8 @@ function Dispatch.new(pool, pipeline)
   local self = setmetatable({
     pool = pool, listeners = pool.events.listeners,
     pipeline = pipeline, budget_ms = PIPELINE_BUDGET_MS,
-    nprefetched = 0, saturated = false, worst_sent = nil, rank_due = nil, ranked_back = 0,
+    nprefetched = 0, saturated = false, worst_sent = nil, best_sent = nil, rank_due = nil,
+    stuck_from = 0, ranked_back = 0,
     meta = buffer.new(),
   }, Dispatch)
   self.pump_later = function() self:pump() end -- for the timers: made once
@@ -119,7 +125,8 @@ function Dispatch:send(w, job)
   if w.job == job then return self:job_started(w, job) end
   job.prefetched = true
   self.nprefetched = self.nprefetched + 1
-  local priority, worst = job[PRIORITY] or 0, self.worst_sent
+  local priority, worst, best = job[PRIORITY] or 0, self.worst_sent, self.best_sent
+  if not best or priority < best then self.best_sent = priority end
   if not worst or priority > worst then self.worst_sent = priority
   elseif priority < worst then self:rank_soon() end -- a worse job may wait ahead of it
 end
@@ -140,8 +147,11 @@ function Dispatch:pump()
   while w do
     local job = source:pop_ready()
     if job then
-      children:pop_idle()
-      self:send(w, job)
+      local best = self.best_sent
+      if not (best and (job[PRIORITY] or 0) > best and self:rescue(job, w)) then
+        children:pop_idle()
+        self:send(w, job)
+      end -- else better jobs stuck behind a long one came back: pick again
     elseif not ((self.nprefetched > 0 or pool.batches) and self:steal()) then
       break
     end
@@ -199,7 +209,7 @@ end
 function Dispatch:unprefetch(job)
   if not job.prefetched then return end
   job.prefetched, self.nprefetched = nil, self.nprefetched - 1
-  if self.nprefetched == 0 then self.worst_sent = nil end
+  if self.nprefetched == 0 then self.worst_sent, self.best_sent = nil, nil end
 end
 
 -- A job became its child's head: it runs now. Its wait ends, its timeout (or,
@@ -270,18 +280,32 @@ function Dispatch:top_up(w, depth, recent)
     return true
   end
   local pool = self.pool
-  local source, room = pool.source, depth - #w.held
-  if pool.max_jobs_per_child then room = math.min(room, pool.max_jobs_per_child - w.jobs_done - #w.held) end
-  for _ = 1, room do
+  local source, room = pool.source, self:room_in(w, depth)
+  while room > 0 do
     local job = source:pop_ready()
     if not job then return false end
     if job.data_bytes and #job.data_bytes > PIPELINE_MAX_BYTES then
       source:push(job) -- it waits for an idle child
       return false
     end
-    self:send(w, job)
+    local best = self.best_sent
+    if not (best and (job[PRIORITY] or 0) > best and self:rescue(job, w)) then
+      self:send(w, job)
+      room = room - 1
+    elseif w.state == "busy" then -- better jobs stuck behind a long one came back: pick again
+      room = math.min(room, self:room_in(w, depth)) -- (a listener may have sent it more)
+    else
+      return true
+    end
   end
   return true
+end
+
+-- How many more jobs w may hold now (the depth, its max_jobs_per_child).
+function Dispatch:room_in(w, depth)
+  local pool, room = self.pool, depth - #w.held
+  if pool.max_jobs_per_child then room = math.min(room, pool.max_jobs_per_child - w.jobs_done - #w.held) end
+  return room
 end
 
 -- While jobs are ready beyond what idle children took, every busy child takes
@@ -396,21 +420,67 @@ end
 -- out lowest priority first; no attempt is counted. Then worst_sent is made
 -- exact again (it only grows between two looks).
 function Dispatch:rank()
+  local now, pool = loop.now(), self.pool
+  if now < self.rank_due then -- the timer counts whole ms of the loop's clock: not yet
+    return self.rank_timer:start(math.ceil(self.rank_due - now))
+  end
   self.rank_due = nil
-  local pool = self.pool
   if pool.closing then return end
   local workers = pool.children:snapshot() -- taking back may free a child: a copy
   local cuts = rank_cuts(workers, pool.source)
   for i, w in ipairs(workers) do
     if cuts[i] then self.ranked_back = self.ranked_back + self:take_back_unstarted(w, cuts[i]) end
   end
-  local worst = nil
-  for _, w in ipairs(workers) do
-    local _, high = priorities_behind(w)
-    if high and (not worst or high > worst) then worst = high end
-  end
-  self.worst_sent = self.nprefetched > 0 and worst or nil
+  self:measure_sent(workers)
   self:pump()
+end
+
+-- worst_sent and best_sent made exact again (between two looks, they only
+-- move outwards).
+function Dispatch:measure_sent(workers)
+  local worst, best = nil, nil
+  for _, w in ipairs(workers) do
+    local low, high = priorities_behind(w)
+    if high and (not worst or high > worst) then worst = high end
+    if low and (not best or low < best) then best = low end
+  end
+  if self.nprefetched == 0 then worst, best = nil, nil end
+  self.worst_sent, self.best_sent = worst, best
+end
+
+-- Child `to` is about to be sent `job` while a better one may be stuck in
+-- another child, behind a head that has run STEAL_AFTER_MS: such jobs are
+-- taken back and `job` goes back to the source with them. Returns true when
+-- some came back (the caller pops again: the best comes first), false when
+-- `job` is the one to send. (Every call that returns true takes jobs out of
+-- the other children, and `to` is never walked: a caller's loop ends.)
+-- Cheap when nothing can be stuck: no walk before the oldest head reaches
+-- that age (stuck_from), and best_sent is made exact after a walk.
+function Dispatch:rescue(job, to)
+  local now = loop.now()
+  if now < self.stuck_from then return false end
+  local workers = self.pool.children:array()
+  local priority, long_ago, stuck, soonest = job[PRIORITY] or 0, now - STEAL_AFTER_MS, nil, math.huge
+  for _, w in ipairs(workers) do
+    local head = w.job
+    if w.state == "busy" and head and head.started then
+      soonest = math.min(soonest, head.started + STEAL_AFTER_MS)
+      if w ~= to and head.started <= long_ago and #w.held > 1 and priorities_behind(w) < priority then
+        stuck = stuck or {}
+        stuck[#stuck + 1] = w
+      end
+    end
+  end
+  self.stuck_from = math.min(soonest, now + STEAL_AFTER_MS) -- heads started later are younger
+  local back = 0
+  if stuck then
+    for _, w in ipairs(stuck) do back = back + self:take_back_prefetched(w) end
+  end
+  self.ranked_back = self.ranked_back + back
+  self:measure_sent(workers)
+  if back == 0 then return false end
+  self.pool.source:push(job)
+  return true
 end
 
 function Dispatch:close()
