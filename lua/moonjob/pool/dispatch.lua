@@ -420,9 +420,9 @@ end
 -- out lowest priority first; no attempt is counted. Then worst_sent is made
 -- exact again (it only grows between two looks).
 function Dispatch:rank()
-  local now, pool = loop.now(), self.pool
-  if now < self.rank_due then -- the timer counts whole ms of the loop's clock: not yet
-    return self.rank_timer:start(math.ceil(self.rank_due - now))
+  local now, pool, due = loop.now(), self.pool, self.rank_due
+  if due and now < due then -- the timer counts whole ms of the loop's clock: not yet
+    return self.rank_timer:start(math.ceil(due - now))
   end
   self.rank_due = nil
   if pool.closing then return end
