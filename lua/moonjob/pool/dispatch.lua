@@ -99,11 +99,12 @@ function Dispatch.new(pool, pipeline)
     pool = pool, listeners = pool.events.listeners,
     pipeline = pipeline, budget_ms = PIPELINE_BUDGET_MS,
     nprefetched = 0, saturated = false, worst_sent = nil, best_sent = nil, rank_due = nil,
-    stuck_from = 0, ranked_back = 0,
+    stuck_from = 0, stuck_due = nil, ranked_back = 0,
     meta = buffer.new(),
   }, Dispatch)
   self.pump_later = function() self:pump() end -- for the timers: made once
   self.rank_later = function() self:rank() end
+  self.unstick_later = function() self:unstick() end
   return self
 end
 
@@ -129,6 +130,7 @@ function Dispatch:send(w, job)
   if not best or priority < best then self.best_sent = priority end
   if not worst or priority > worst then self.worst_sent = priority
   elseif priority < worst then self:rank_soon() end -- a worse job may wait ahead of it
+  if not self.stuck_due and self.best_sent ~= self.worst_sent then self:watch_stuck(w.job.started) end
 end
 
 -- Wakes the pool when the earliest delayed job becomes due.
@@ -483,8 +485,66 @@ function Dispatch:rescue(job, to)
   return true
 end
 
+-- Priorities differ among the jobs sent ahead: unstick() looks when the head
+-- that started at `started` has run STEAL_AFTER_MS.
+function Dispatch:watch_stuck(started)
+  local now = loop.now()
+  local due = (started or now) + STEAL_AFTER_MS
+  self.stuck_due = due
+  if not self.stuck_timer then self.stuck_timer = core.timer(self.unstick_later) end
+  self.stuck_timer:start(math.max(1, math.ceil(due - now)))
+end
+
+-- The highest priority behind each busy child's head, and the two highest
+-- of them (where the highest is), for "the worst job queued elsewhere".
+local function highs_behind(workers)
+  local highs, first_at, first, second = {}, nil, nil, nil
+  for i, w in ipairs(workers) do
+    local _, high = priorities_behind(w)
+    highs[i] = high or false
+    if high and (not first or high > first) then first_at, first, second = i, high, first
+    elseif high and (not second or high > second) then second = high end
+  end
+  return first_at, first, second
+end
+
+-- Jobs queued behind a head that has run STEAL_AFTER_MS, better than a job
+-- queued in another child or next in the source (either would start first),
+-- are taken back: the source hands them to the first free child. Looks again
+-- when the next head reaches that age, or RANK_AFTER_MS from now while jobs
+-- stay behind such a head, as long as priorities differ among jobs sent ahead.
+function Dispatch:unstick()
+  local now, pool, due = loop.now(), self.pool, self.stuck_due
+  if due and now < due then return self.stuck_timer:start(math.ceil(due - now)) end
+  self.stuck_due = nil
+  if pool.closing or self.nprefetched == 0 then return end
+  local workers = pool.children:snapshot() -- taking back may free a child: a copy
+  local next_best = pool.source:peek_ready()
+  next_best = next_best and (next_best[PRIORITY] or 0)
+  local first_at, first, second = highs_behind(workers)
+  local long_ago, back, soonest = now - STEAL_AFTER_MS, 0, nil
+  for i, w in ipairs(workers) do
+    local head = w.job
+    if w.state == "busy" and #w.held > 1 and head.started then
+      if head.started <= long_ago then
+        local worse = i == first_at and second or first
+        if next_best and (not worse or next_best > worse) then worse = next_best end
+        local low = priorities_behind(w)
+        if worse and low < worse then back = back + self:take_back_prefetched(w)
+        else soonest = math.min(soonest or math.huge, now + RANK_AFTER_MS) end
+      else
+        soonest = math.min(soonest or math.huge, head.started + STEAL_AFTER_MS)
+      end
+    end
+  end
+  self.ranked_back = self.ranked_back + back
+  self:measure_sent(workers)
+  if soonest and self.best_sent ~= self.worst_sent then self:watch_stuck(soonest - STEAL_AFTER_MS) end
+  if back > 0 then self:pump() end
+end
+
 function Dispatch:close()
-  for _, name in ipairs({ "delay_timer", "steal_timer", "rank_timer" }) do
+  for _, name in ipairs({ "delay_timer", "steal_timer", "rank_timer", "stuck_timer" }) do
     if self[name] then self[name]:close(); self[name] = nil end
   end
 end
