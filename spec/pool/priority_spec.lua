@@ -223,6 +223,6 @@ describe("priorities under pipelining", function()
       assert.equal(1, job.attempts)
     end
     assert.equal(#jobs, #names_in(file))
-    assert.is_true(pool.dispatch.ranked_back > 0, "some jobs were taken back to be reordered")
+    assert.is_true(pool.dispatch.ranks.ranked_back > 0, "some jobs were taken back to be reordered")
   end)
 end)

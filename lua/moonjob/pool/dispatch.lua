@@ -29,32 +29,21 @@
 --     jobs prefetched behind a head that has run for STEAL_AFTER_MS are taken
 --     back and run elsewhere (a timer looks again when a head reaches it);
 --     a batch of lines that has run that long has its lines not started cut
---     off (moonjob.pool.lines). So are jobs behind such a head when a child
---     is about to be sent a worse job than they are (rescue: only when
---     a job worse than best_sent is popped, and not before the oldest head
---     can have run that long).
+--     off (moonjob.pool.lines).
 --   * Priorities: a job added later with a better priority goes ahead of every
 --     job still waiting in the pool at once, and of the jobs already sent to
---     a child once it has waited RANK_AFTER_MS (2 ms): then the jobs sent
---     ahead that a better job waits behind, in the source or in a child's
---     read-ahead, are taken back (those not started, by the gate) and the
---     source hands them out again lowest priority first (rank). Ties keep
---     their order of arrival (a job taken back keeps its id). The look is
---     armed only when a job is sent ahead with a better priority than the
---     worst sent ahead (worst_sent), or one waits in the source with it: jobs
---     of one priority, or of rising ones (the CLI's lines), never arm it.
+--     a child once it has waited 2 ms: dispatch.ranks (moonjob.pool.ranks)
+--     takes back the jobs sent ahead that it should go before. The pump asks
+--     it (rescue) before it sends a job worse than the best sent ahead.
 --
 -- Owns: the number of prefetched jobs (those with job.prefetched), the moving
 -- average of recent run times (ms), budget_ms (PIPELINE_BUDGET_MS; the specs
 -- raise it so that timing on a loaded machine does not decide whether they
 -- pipeline), `saturated` (the last walk found every busy child full: pump
 -- skips the walk until a child is free or jobs are taken back; meanwhile
--- each child tops itself up when one of its jobs ends), the delay, steal
--- and rank timers, worst_sent and best_sent (the highest and lowest
--- priority sent ahead since none was held; bounds between two looks),
--- stuck_from (no head has run STEAL_AFTER_MS before), ranked_back (jobs
--- taken back to be reordered, for the specs), the buffer the job's
--- metadata is encoded in.
+-- each child tops itself up when one of its jobs ends), the delay and steal
+-- timers, `ranks` (moonjob.pool.ranks), the buffer the job's metadata is
+-- encoded in.
 -- Exposes: dispatch:pump(), dispatch:job_started(w, job) (nactive),
 -- dispatch:worker_next(w), dispatch:take_back(w [, from]),
 -- dispatch:take_back_prefetched(w), dispatch:take_back_unstarted(w, from),
@@ -62,11 +51,12 @@
 -- dispatch:note_run(ms), dispatch:depth(), dispatch:prefetched_count(),
 -- dispatch:has_started(job) (the gate, for a job not yet its child's head),
 -- dispatch:room_again(), dispatch:close().
--- Calls: pool.source (pop_ready, peek_ready, push, next_due), pool.children
+-- Calls: pool.source (pop_ready, push, next_due), pool.children
 -- (next_idle, pop_idle, has_idle, free, retire, ensure, array, snapshot),
 -- pool.breaker:check, pool.owner:want,
 -- pool.endings:give_back, pool.lines (wire_first_line, cuttable, cut,
--- hand_back), pool.tally:sample_wait, the `active` listeners.
+-- hand_back), pool.tally:sample_wait, the `active` listeners, ranks
+-- (sent_ahead, none_ahead, check_source, rescue, close).
 --
 -- Caveats: a job data over PIPELINE_MAX_BYTES is only given to an idle child
 -- (a child's read-ahead holds whole frames in memory). No closure is made in
@@ -77,6 +67,7 @@ local core = require "moonjob.core"
 local loop = require "moonjob.loop"
 local Job = require "moonjob.job"
 local Lines = require "moonjob.pool.lines"
+local Ranks = require "moonjob.pool.ranks"
 
 local Dispatch = {}
 Dispatch.__index = Dispatch
@@ -85,7 +76,6 @@ local PIPELINE_BUDGET_MS = 2     -- how long the jobs prefetched in one child ma
 local PIPELINE_MAX_BYTES = 64 * 1024 -- larger job data is never prefetched behind another job
 local STEAL_AFTER_MS = 10        -- a head that ran this long gives up the jobs behind it
 local RUN_AVG_WEIGHT = 0.05      -- weight of the newest run time in the average
-local RANK_AFTER_MS = 2          -- how long a better job may wait behind worse ones sent ahead
 Dispatch.STEAL_AFTER_MS = STEAL_AFTER_MS
 
 local PRIORITY = Job.SLOT.priority -- read in the job's own slot (false for the default, 0)
@@ -98,13 +88,11 @@ function Dispatch.new(pool, pipeline)
   local self = setmetatable({
     pool = pool, listeners = pool.events.listeners,
     pipeline = pipeline, budget_ms = PIPELINE_BUDGET_MS,
-    nprefetched = 0, saturated = false, worst_sent = nil, best_sent = nil, rank_due = nil,
-    stuck_from = 0, stuck_due = nil, ranked_back = 0,
+    nprefetched = 0, saturated = false,
     meta = buffer.new(),
   }, Dispatch)
   self.pump_later = function() self:pump() end -- for the timers: made once
-  self.rank_later = function() self:rank() end
-  self.unstick_later = function() self:unstick() end
+  self.ranks = Ranks.new(self, STEAL_AFTER_MS)
   return self
 end
 
@@ -126,11 +114,7 @@ function Dispatch:send(w, job)
   if w.job == job then return self:job_started(w, job) end
   job.prefetched = true
   self.nprefetched = self.nprefetched + 1
-  local priority, worst, best = job[PRIORITY] or 0, self.worst_sent, self.best_sent
-  if not best or priority < best then self.best_sent = priority end
-  if not worst or priority > worst then self.worst_sent = priority
-  elseif priority < worst then self:rank_soon() end -- a worse job may wait ahead of it
-  if not self.stuck_due and self.best_sent ~= self.worst_sent then self:watch_stuck(w.job.started) end
+  self.ranks:sent_ahead(job)
 end
 
 -- Wakes the pool when the earliest delayed job becomes due.
@@ -144,13 +128,13 @@ end
 -- The pool's heartbeat (see the top of this file).
 function Dispatch:pump()
   local pool = self.pool
-  local children, source = pool.children, pool.source
+  local children, source, ranks = pool.children, pool.source, self.ranks
   local w = children:next_idle()
   while w do
     local job = source:pop_ready()
     if job then
-      local best = self.best_sent
-      if not (best and (job[PRIORITY] or 0) > best and self:rescue(job, w)) then
+      local best = ranks.best_sent
+      if not (best and (job[PRIORITY] or 0) > best and ranks:rescue(job, w)) then
         children:pop_idle()
         self:send(w, job)
       end -- else better jobs stuck behind a long one came back: pick again
@@ -160,11 +144,7 @@ function Dispatch:pump()
     w = children:next_idle()
   end
   if not self.saturated and self.pipeline > 1 and not children:has_idle() then self:prefetch() end
-  local worst = self.worst_sent
-  if worst and not self.rank_due then
-    local best = source:peek_ready() -- it may wait while a worse one was sent ahead
-    if best and (best[PRIORITY] or 0) < worst then self:rank_soon() end
-  end
+  if ranks.worst_sent then ranks:check_source(source) end
   self:arm_delay()
   children:ensure()
   pool.breaker:check()
@@ -211,7 +191,7 @@ end
 function Dispatch:unprefetch(job)
   if not job.prefetched then return end
   job.prefetched, self.nprefetched = nil, self.nprefetched - 1
-  if self.nprefetched == 0 then self.worst_sent, self.best_sent = nil, nil end
+  if self.nprefetched == 0 then self.ranks:none_ahead() end
 end
 
 -- A job became its child's head: it runs now. Its wait ends, its timeout (or,
@@ -290,8 +270,8 @@ function Dispatch:top_up(w, depth, recent)
       source:push(job) -- it waits for an idle child
       return false
     end
-    local best = self.best_sent
-    if not (best and (job[PRIORITY] or 0) > best and self:rescue(job, w)) then
+    local best = self.ranks.best_sent
+    if not (best and (job[PRIORITY] or 0) > best and self.ranks:rescue(job, w)) then
       self:send(w, job)
       room = room - 1
     elseif w.state == "busy" then -- better jobs stuck behind a long one came back: pick again
@@ -355,198 +335,11 @@ function Dispatch:steal()
   return took
 end
 
---------------------------------------------- priorities of jobs sent ahead ---
-
--- A job waits (in the source or in a child's read-ahead) while a worse one
--- may wait ahead of it in a child: rank() looks RANK_AFTER_MS from now.
-function Dispatch:rank_soon()
-  if self.rank_due then return end
-  self.rank_due = loop.now() + RANK_AFTER_MS
-  if not self.rank_timer then self.rank_timer = core.timer(self.rank_later) end
-  self.rank_timer:start(RANK_AFTER_MS)
-end
-
--- The lowest and the highest priority of the jobs w holds behind its head
--- (nil when it holds none).
-local function priorities_behind(w)
-  local held, low, high = w.held, nil, nil
-  for i = 2, #held do
-    local priority = held[i][PRIORITY] or 0
-    if not low or priority < low then low = priority end
-    if not high or priority > high then high = priority end
-  end
-  return low, high
-end
-
--- Where in `held` the first job behind the head is that a better job waiting
--- after it (later in held, or in the source: `outside`, its best priority)
--- should go before; nil when they are in order.
-local function first_out_of_rank(held, outside)
-  local cut, best = nil, outside
-  for i = #held, 2, -1 do
-    local priority = held[i][PRIORITY] or 0
-    if best and priority > best then cut = i
-    elseif not best or priority < best then best = priority end
-  end
-  return cut
-end
-
--- Where each busy child's read-ahead is to be taken back from (false: kept),
--- by its place in `workers`: from the first job a better waiting one should
--- go before; and, once such a job is found anywhere, from the first behind
--- every head that has run RANK_AFTER_MS (no one knows when its read-ahead
--- would start, so it waits in the source, where the first free child takes
--- the best job). Nothing when every read-ahead is in order. (Read-aheads of
--- different children are not compared: each starts within about budget_ms,
--- unless its head runs long, and then it goes back with the rest.)
-local function rank_cuts(workers, source)
-  local best = source:peek_ready()
-  local outside, cuts, any = best and (best[PRIORITY] or 0), {}, false
-  for i, w in ipairs(workers) do
-    local held = w.held
-    cuts[i] = w.state == "busy" and #held > 1 and first_out_of_rank(held, outside) or false
-    any = any or cuts[i] ~= false
-  end
-  if not any then return cuts end
-  local long_ago = loop.now() - RANK_AFTER_MS
-  for i, w in ipairs(workers) do
-    local head = w.job
-    if w.state == "busy" and #w.held > 1 and head.started and head.started <= long_ago then cuts[i] = 2 end
-  end
-  return cuts
-end
-
--- Jobs sent ahead to busy children that a better waiting job should go
--- before (rank_cuts) are taken back, those their child has not started (the
--- gate decides: never both), and wait in the source again, which hands them
--- out lowest priority first; no attempt is counted. Then worst_sent is made
--- exact again (it only grows between two looks).
-function Dispatch:rank()
-  local now, pool, due = loop.now(), self.pool, self.rank_due
-  if due and now < due then -- the timer counts whole ms of the loop's clock: not yet
-    return self.rank_timer:start(math.ceil(due - now))
-  end
-  self.rank_due = nil
-  if pool.closing then return end
-  local workers = pool.children:snapshot() -- taking back may free a child: a copy
-  local cuts = rank_cuts(workers, pool.source)
-  for i, w in ipairs(workers) do
-    if cuts[i] then self.ranked_back = self.ranked_back + self:take_back_unstarted(w, cuts[i]) end
-  end
-  self:measure_sent(workers)
-  self:pump()
-end
-
--- worst_sent and best_sent made exact again (between two looks, they only
--- move outwards).
-function Dispatch:measure_sent(workers)
-  local worst, best = nil, nil
-  for _, w in ipairs(workers) do
-    local low, high = priorities_behind(w)
-    if high and (not worst or high > worst) then worst = high end
-    if low and (not best or low < best) then best = low end
-  end
-  if self.nprefetched == 0 then worst, best = nil, nil end
-  self.worst_sent, self.best_sent = worst, best
-end
-
--- Child `to` is about to be sent `job` while a better one may be stuck in
--- another child, behind a head that has run STEAL_AFTER_MS: such jobs are
--- taken back and `job` goes back to the source with them. Returns true when
--- some came back (the caller pops again: the best comes first), false when
--- `job` is the one to send. (Every call that returns true takes jobs out of
--- the other children, and `to` is never walked: a caller's loop ends.)
--- Cheap when nothing can be stuck: no walk before the oldest head reaches
--- that age (stuck_from), and best_sent is made exact after a walk.
-function Dispatch:rescue(job, to)
-  local now = loop.now()
-  if now < self.stuck_from then return false end
-  local workers = self.pool.children:array()
-  local priority, long_ago, stuck, soonest = job[PRIORITY] or 0, now - STEAL_AFTER_MS, nil, math.huge
-  for _, w in ipairs(workers) do
-    local head = w.job
-    if w.state == "busy" and head and head.started then
-      soonest = math.min(soonest, head.started + STEAL_AFTER_MS)
-      if w ~= to and head.started <= long_ago and #w.held > 1 and priorities_behind(w) < priority then
-        stuck = stuck or {}
-        stuck[#stuck + 1] = w
-      end
-    end
-  end
-  self.stuck_from = math.min(soonest, now + STEAL_AFTER_MS) -- heads started later are younger
-  local back = 0
-  if stuck then
-    for _, w in ipairs(stuck) do back = back + self:take_back_prefetched(w) end
-  end
-  self.ranked_back = self.ranked_back + back
-  self:measure_sent(workers)
-  if back == 0 then return false end
-  self.pool.source:push(job)
-  return true
-end
-
--- Priorities differ among the jobs sent ahead: unstick() looks when the head
--- that started at `started` has run STEAL_AFTER_MS.
-function Dispatch:watch_stuck(started)
-  local now = loop.now()
-  local due = (started or now) + STEAL_AFTER_MS
-  self.stuck_due = due
-  if not self.stuck_timer then self.stuck_timer = core.timer(self.unstick_later) end
-  self.stuck_timer:start(math.max(1, math.ceil(due - now)))
-end
-
--- The highest priority behind each busy child's head, and the two highest
--- of them (where the highest is), for "the worst job queued elsewhere".
-local function highs_behind(workers)
-  local highs, first_at, first, second = {}, nil, nil, nil
-  for i, w in ipairs(workers) do
-    local _, high = priorities_behind(w)
-    highs[i] = high or false
-    if high and (not first or high > first) then first_at, first, second = i, high, first
-    elseif high and (not second or high > second) then second = high end
-  end
-  return first_at, first, second
-end
-
--- Jobs queued behind a head that has run STEAL_AFTER_MS, better than a job
--- queued in another child or next in the source (either would start first),
--- are taken back: the source hands them to the first free child. Looks again
--- when the next head reaches that age, or RANK_AFTER_MS from now while jobs
--- stay behind such a head, as long as priorities differ among jobs sent ahead.
-function Dispatch:unstick()
-  local now, pool, due = loop.now(), self.pool, self.stuck_due
-  if due and now < due then return self.stuck_timer:start(math.ceil(due - now)) end
-  self.stuck_due = nil
-  if pool.closing or self.nprefetched == 0 then return end
-  local workers = pool.children:snapshot() -- taking back may free a child: a copy
-  local next_best = pool.source:peek_ready()
-  next_best = next_best and (next_best[PRIORITY] or 0)
-  local first_at, first, second = highs_behind(workers)
-  local long_ago, back, soonest = now - STEAL_AFTER_MS, 0, nil
-  for i, w in ipairs(workers) do
-    local head = w.job
-    if w.state == "busy" and #w.held > 1 and head.started then
-      if head.started <= long_ago then
-        local worse = i == first_at and second or first
-        if next_best and (not worse or next_best > worse) then worse = next_best end
-        local low = priorities_behind(w)
-        if worse and low < worse then back = back + self:take_back_prefetched(w)
-        else soonest = math.min(soonest or math.huge, now + RANK_AFTER_MS) end
-      else
-        soonest = math.min(soonest or math.huge, head.started + STEAL_AFTER_MS)
-      end
-    end
-  end
-  self.ranked_back = self.ranked_back + back
-  self:measure_sent(workers)
-  if soonest and self.best_sent ~= self.worst_sent then self:watch_stuck(soonest - STEAL_AFTER_MS) end
-  if back > 0 then self:pump() end
-end
-
 function Dispatch:close()
-  for _, name in ipairs({ "delay_timer", "steal_timer", "rank_timer", "stuck_timer" }) do
+  for _, name in ipairs({ "delay_timer", "steal_timer" }) do
     if self[name] then self[name]:close(); self[name] = nil end
   end
+  self.ranks:close()
 end
 
 return Dispatch
