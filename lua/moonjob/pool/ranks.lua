@@ -198,7 +198,7 @@ end
 -- reaches that age (stuck_from), and best_sent is made exact after a walk.
 function Ranks:rescue(job, to)
   local now = loop.now()
-  if now < self.stuck_from then return false end
+  if now < self.stuck_from or self.pool.closing then return false end
   local workers = self.pool.children:array()
   local priority, long_ago, stuck, soonest = job[PRIORITY] or 0, now - self.steal_after_ms, nil, math.huge
   for _, w in ipairs(workers) do
