@@ -1,4 +1,4 @@
--- Priorities among jobs that wait while children pipeline (moonjob.pool.dispatch):
+-- Priorities among jobs that wait while children pipeline (moonjob.pool.ranks):
 -- jobs sent to a busy child behind its running job still run lower priority
 -- first once they have waited a few milliseconds, ties in order of arrival,
 -- and every job runs exactly once. The processor (fixtures/ranked.lua) writes
