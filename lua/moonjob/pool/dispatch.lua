@@ -31,8 +31,10 @@
 --     a batch of lines that has run that long has its lines not started cut
 --     off (moonjob.pool.lines).
 --   * Priorities: a job added later with a better priority goes ahead of every
---     job still waiting in the pool, but not of the jobs already sent to a
---     child: at most (pipeline - 1) per child, plus the one it runs.
+--     job still waiting in the pool at once, and of the jobs already sent to
+--     a child once it has waited 2 ms: dispatch.ranks (moonjob.pool.ranks)
+--     takes back the jobs sent ahead that it should go before. The pump asks
+--     it (rescue) before it sends a job worse than the best sent ahead.
 --
 -- Owns: the number of prefetched jobs (those with job.prefetched), the moving
 -- average of recent run times (ms), budget_ms (PIPELINE_BUDGET_MS; the specs
@@ -40,17 +42,21 @@
 -- pipeline), `saturated` (the last walk found every busy child full: pump
 -- skips the walk until a child is free or jobs are taken back; meanwhile
 -- each child tops itself up when one of its jobs ends), the delay and steal
--- timers, the buffer the job's metadata is encoded in.
+-- timers, `ranks` (moonjob.pool.ranks), the buffer the job's metadata is
+-- encoded in.
 -- Exposes: dispatch:pump(), dispatch:job_started(w, job) (nactive),
 -- dispatch:worker_next(w), dispatch:take_back(w [, from]),
--- dispatch:take_back_prefetched(w), dispatch:unprefetch(job),
+-- dispatch:take_back_prefetched(w), dispatch:take_back_unstarted(w, from),
+-- dispatch:unprefetch(job),
 -- dispatch:note_run(ms), dispatch:depth(), dispatch:prefetched_count(),
 -- dispatch:has_started(job) (the gate, for a job not yet its child's head),
 -- dispatch:room_again(), dispatch:close().
--- Calls: pool.source, pool.children (next_idle, pop_idle, has_idle, free,
--- retire, ensure, array, snapshot), pool.breaker:check, pool.owner:want,
+-- Calls: pool.source (pop_ready, push, next_due), pool.children
+-- (next_idle, pop_idle, has_idle, free, retire, ensure, array, snapshot),
+-- pool.breaker:check, pool.owner:want,
 -- pool.endings:give_back, pool.lines (wire_first_line, cuttable, cut,
--- hand_back), pool.tally:sample_wait, the `active` listeners.
+-- hand_back), pool.tally:sample_wait, the `active` listeners, ranks
+-- (sent_ahead, none_ahead, check_source, rescue, close).
 --
 -- Caveats: a job data over PIPELINE_MAX_BYTES is only given to an idle child
 -- (a child's read-ahead holds whole frames in memory). No closure is made in
@@ -59,7 +65,9 @@
 local buffer = require "string.buffer"
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
+local Job = require "moonjob.job"
 local Lines = require "moonjob.pool.lines"
+local Ranks = require "moonjob.pool.ranks"
 
 local Dispatch = {}
 Dispatch.__index = Dispatch
@@ -69,6 +77,8 @@ local PIPELINE_MAX_BYTES = 64 * 1024 -- larger job data is never prefetched behi
 local STEAL_AFTER_MS = 10        -- a head that ran this long gives up the jobs behind it
 local RUN_AVG_WEIGHT = 0.05      -- weight of the newest run time in the average
 Dispatch.STEAL_AFTER_MS = STEAL_AFTER_MS
+
+local PRIORITY = Job.SLOT.priority -- read in the job's own slot (false for the default, 0)
 
 local wire_first_line = Lines.wire_first_line
 
@@ -82,6 +92,7 @@ function Dispatch.new(pool, pipeline)
     meta = buffer.new(),
   }, Dispatch)
   self.pump_later = function() self:pump() end -- for the timers: made once
+  self.ranks = Ranks.new(self, STEAL_AFTER_MS)
   return self
 end
 
@@ -103,6 +114,7 @@ function Dispatch:send(w, job)
   if w.job == job then return self:job_started(w, job) end
   job.prefetched = true
   self.nprefetched = self.nprefetched + 1
+  self.ranks:sent_ahead(job)
 end
 
 -- Wakes the pool when the earliest delayed job becomes due.
@@ -116,19 +128,23 @@ end
 -- The pool's heartbeat (see the top of this file).
 function Dispatch:pump()
   local pool = self.pool
-  local children, source = pool.children, pool.source
+  local children, source, ranks = pool.children, pool.source, self.ranks
   local w = children:next_idle()
   while w do
     local job = source:pop_ready()
     if job then
-      children:pop_idle()
-      self:send(w, job)
+      local best = ranks.best_sent
+      if not (best and (job[PRIORITY] or 0) > best and ranks:rescue(job, w)) then
+        children:pop_idle()
+        self:send(w, job)
+      end -- else better jobs stuck behind a long one came back: pick again
     elseif not ((self.nprefetched > 0 or pool.batches) and self:steal()) then
       break
     end
     w = children:next_idle()
   end
   if not self.saturated and self.pipeline > 1 and not children:has_idle() then self:prefetch() end
+  if ranks.worst_sent then ranks:check_source(source) end
   self:arm_delay()
   children:ensure()
   pool.breaker:check()
@@ -173,7 +189,9 @@ end
 
 -- A prefetched job is not any more (it started, ended or came back).
 function Dispatch:unprefetch(job)
-  if job.prefetched then job.prefetched, self.nprefetched = nil, self.nprefetched - 1 end
+  if not job.prefetched then return end
+  job.prefetched, self.nprefetched = nil, self.nprefetched - 1
+  if self.nprefetched == 0 then self.ranks:none_ahead() end
 end
 
 -- A job became its child's head: it runs now. Its wait ends, its timeout (or,
@@ -222,8 +240,14 @@ end
 -- Takes back the jobs prefetched behind w's head that its child has not
 -- started (it may have moved on to the next ones before their frames reached us).
 function Dispatch:take_back_prefetched(w)
+  return self:take_back_unstarted(w, 2)
+end
+
+-- Takes back from w the jobs it holds from place `from` on that its child
+-- has not started (it may have moved past some before their ends reached us).
+function Dispatch:take_back_unstarted(w, from)
   local held = w.held
-  for i = 2, #held do
+  for i = from, #held do
     if not w:started(held[i]) then return self:take_back(w, held[i]) end
   end
   return 0
@@ -238,18 +262,32 @@ function Dispatch:top_up(w, depth, recent)
     return true
   end
   local pool = self.pool
-  local source, room = pool.source, depth - #w.held
-  if pool.max_jobs_per_child then room = math.min(room, pool.max_jobs_per_child - w.jobs_done - #w.held) end
-  for _ = 1, room do
+  local source, room = pool.source, self:room_in(w, depth)
+  while room > 0 do
     local job = source:pop_ready()
     if not job then return false end
     if job.data_bytes and #job.data_bytes > PIPELINE_MAX_BYTES then
       source:push(job) -- it waits for an idle child
       return false
     end
-    self:send(w, job)
+    local best = self.ranks.best_sent
+    if not (best and (job[PRIORITY] or 0) > best and self.ranks:rescue(job, w)) then
+      self:send(w, job)
+      room = room - 1
+    elseif w.state == "busy" then -- better jobs stuck behind a long one came back: pick again
+      room = math.min(room, self:room_in(w, depth)) -- (a listener may have sent it more)
+    else
+      return true
+    end
   end
   return true
+end
+
+-- How many more jobs w may hold now (the depth, its max_jobs_per_child).
+function Dispatch:room_in(w, depth)
+  local pool, room = self.pool, depth - #w.held
+  if pool.max_jobs_per_child then room = math.min(room, pool.max_jobs_per_child - w.jobs_done - #w.held) end
+  return room
 end
 
 -- While jobs are ready beyond what idle children took, every busy child takes
@@ -301,6 +339,7 @@ function Dispatch:close()
   for _, name in ipairs({ "delay_timer", "steal_timer" }) do
     if self[name] then self[name]:close(); self[name] = nil end
   end
+  self.ranks:close()
 end
 
 return Dispatch

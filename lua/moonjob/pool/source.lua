@@ -1,7 +1,7 @@
 -- moonjob.pool.source -- the job source: where the pool keeps its waiting jobs.
 --
 -- The pool reaches its waiting jobs only through pool.source, an object with
--- the seven methods below; nothing else in the pool knows how or where jobs
+-- the eight methods below; nothing else in the pool knows how or where jobs
 -- wait. The source is the local one, a moonjob.pool.waiting (two heaps in this
 -- process). A pool on Redis keeps it: its moonjob.redis.remote fetches jobs
 -- from the durable queue in batches and pushes them here (a bounded buffer:
@@ -17,6 +17,9 @@
 --   source:pop_ready()    -> the next job that may run now, or nil: lowest
 --                         job.priority first (default 0), then lowest id; delayed
 --                         jobs whose run_at has passed count as ready
+--   source:peek_ready()   -> the job pop_ready would return, left waiting, or
+--                         nil (the pool compares its priority with the jobs
+--                         sent ahead to busy children)
 --   source:pop_any()      -> any waiting job, due or not, or nil (close and
 --                         cancel_all empty the source with it)
 --   source:remove(job)    -> true if the job was waiting here and is now out,
@@ -104,6 +107,7 @@ local Source = {}
 local Local = {
   push = Queue.push,
   pop_ready = Queue.pop,
+  peek_ready = Queue.peek,
   pop_any = Queue.pop_any,
   remove = Queue.remove,
   ready_count = Queue.ready_n,

@@ -120,6 +120,12 @@ function Queue:pop()
   return heap_remove(self.ready, 1)
 end
 
+-- queue:peek() -> the job pop() would return, left in place, or nil
+function Queue:peek()
+  self:promote()
+  return self.ready[1]
+end
+
 -- queue:remove(job) -> true if the job was waiting here
 function Queue:remove(job)
   local q = job[QINDEX]
