@@ -2,9 +2,10 @@
 -- paused while enough is in flight, so a file of millions of lines runs in
 -- bounded memory.
 --
--- The input pauses at a high mark and resumes at a low one, on three counts:
--- lines in flight (room for a few batches per child), bytes of batches in
--- flight, and, with --keep-order, the memory of the results that wait for an
+-- The input pauses at a high mark and resumes at a low one, on four counts:
+-- the result bytes stdout has not taken yet (a slow reader: the output's
+-- back-pressure), lines in flight (room for a few batches per child), bytes
+-- of batches in flight, and, with --keep-order, the memory of the results that wait for an
 -- earlier line still running, counting those the lines in flight will bring
 -- at the recent bytes per result line: a slow early line pauses the input at
 -- this bound rather than hold every later result. Each child keeps a line in
@@ -29,14 +30,22 @@ local BATCH_BUDGET_MS = 4 -- a batch of lines runs about this long in its child
 local BATCH_LINES_MAX = 4096 -- and holds at most this many lines
 local HOLD_BYTES_PER_CHILD = 8 * 1024 * 1024 -- --keep-order: results held, per child
 local BYTES_PER_CHILD = 4 * 1024 * 1024 -- batches in flight (blocks are at most 1 MiB: core/parent/stdio.c)
+local OUTPUT_HIGH, OUTPUT_LOW = 4 * 1024 * 1024, 1024 * 1024 -- result bytes stdout has not taken yet
 
 local Input = {}
 Input.__index = Input
 
 -- The input's descriptor: stdin for nil or "-", else file `path` opened; or
--- nil and a message.
+-- nil and a message (stdin was closed when the program started: reading it
+-- would read nothing, silently).
 function M.open(path)
-  if path == nil or path == "-" then return 0 end
+  if path == nil or path == "-" then
+    if core.closed_at_start(0) then
+      return nil, "standard input is closed and no INPUT file was given: "
+        .. "name the file (moonjob run PROCESSOR INPUT) or give the lines on stdin"
+    end
+    return 0
+  end
   local fd, err = core.open(path)
   if not fd then -- "EACCES: permission denied": the reason, as for the processor and the joblog
     return nil, ("cannot open input '%s': %s"):format(path, (err:gsub("^E%u+: ", "")))
@@ -58,8 +67,9 @@ function M.size(path)
 end
 
 -- The bounds for `pool_size` children, options `o` (keep_order, timeout,
--- attempts); `output` is asked for the results it holds (output:held()) and
--- whether its reader went (output.write_error).
+-- attempts); `output` is asked for the results it holds (output:held()),
+-- what stdout has not taken (output:backlog()) and whether it failed
+-- (output.write_error).
 function M.new(o, pool_size, output)
   local bytes_high, held_high = pool_size * BYTES_PER_CHILD, pool_size * HOLD_BYTES_PER_CHILD
   local self = setmetatable({
@@ -140,7 +150,8 @@ end
 
 function Input:pause_if_full()
   if self.paused or self.ended then return end
-  if self.inflight >= self.high or self.inflight_bytes >= self.bytes_high or self:results_past(self.held_high) then
+  if self.inflight >= self.high or self.inflight_bytes >= self.bytes_high or self:results_past(self.held_high)
+      or self.output:backlog() >= OUTPUT_HIGH then
     self.paused = true
     self.handle:pause()
   end
@@ -150,7 +161,7 @@ end
 function Input:resume_if_room()
   if not self.paused or self.ended or self.output.write_error then return end
   if self.inflight <= self.low and self.inflight_bytes <= self.bytes_low
-      and not self:results_past(self.held_low + 1) then
+      and not self:results_past(self.held_low + 1) and self.output:backlog() <= OUTPUT_LOW then
     self.paused = false
     self.handle:resume()
   end

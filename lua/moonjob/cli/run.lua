@@ -80,6 +80,10 @@ end
 
 -- A run ready to start, or nil and a usage message (nothing ran).
 function M.new(processor, input_path, o)
+  if core.closed_at_start(1) then -- (its results would go nowhere, and the joblog would say they went)
+    return nil, "standard output is closed: moonjob run writes its results there; "
+      .. "run it with stdout open (> FILE, or > /dev/null to drop the results)"
+  end
   local fd, err = Input.open(input_path)
   if not fd then return nil, err end
   local resumed, resumed_last = {}, 0 -- the lines --resume skips, and the last of them
@@ -247,8 +251,8 @@ function Run:wait()
   end)
   input:close()
   if not ok then self.stop = stops.stopped_by(why) end
-  if out.write_error and not self.stop then -- nobody reads the output any more: stop
-    self.stop = stops.closed_output()
+  if out.write_error and not self.stop then -- nobody reads the output any more, or it failed
+    self.stop = stops.output_failed(out.write_error)
   end
 end
 

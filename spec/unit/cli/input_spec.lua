@@ -9,7 +9,7 @@ local MIB = 1024 * 1024
 -- output that holds `held.bytes`.
 local function new_input(o, size, held)
   held = held or { bytes = 0 }
-  local output = { held = function() return held.bytes, 0 end }
+  local output = { held = function() return held.bytes, 0 end, backlog = function() return held.backlog or 0 end }
   local handle = { calls = {} }
   for _, name in ipairs({ "pause", "resume", "batch" }) do
     handle[name] = function(_, n) handle.calls[#handle.calls + 1] = n and name .. " " .. n or name end
