@@ -33,8 +33,9 @@ function M.new(run)
   local self = setmetatable({ run = run, is_resumed = function(line) return resumed[line] end }, BatchJobs)
   -- The pool's batch hook (moonjob.pool.lines): lines an idle child takes
   -- because a slow line held them up, and lines a running batch finished.
-  run.pool.on_lines_cut = function(job, kept) self:hand_back(job, kept + 1) end
-  run.pool.on_lines_kept = function(job, kept, text) self:lines_kept(job, kept, text) end
+  -- Guarded as the run's listeners are: one that raises stops the run.
+  run.pool.on_lines_cut = run:guard(function(job, kept) self:hand_back(job, kept + 1) end)
+  run.pool.on_lines_kept = run:guard(function(job, kept, text) self:lines_kept(job, kept, text) end)
   return self
 end
 

@@ -58,14 +58,19 @@ local function new_pool(processor, o, echo)
   return pool
 end
 
--- A listener that raises stops the run, saying why, instead of a hang.
-local function guarded(self, listener)
-  return function(job)
-    local ok, e = pcall(listener, self, job)
+-- A listener or batch hook fn(job, ...) that raises stops the run, saying
+-- why, instead of a hang.
+function Run:guard(fn)
+  return function(job, ...)
+    local ok, e = pcall(fn, job, ...)
     if not ok and not (self.stop and self.stop.internal) then
       self.stop = stops.internal_error(job.line, e)
     end
   end
+end
+
+local function guarded(self, listener)
+  return self:guard(function(job) return listener(self, job) end)
 end
 
 -- The progress line's counts, on a terminal.
