@@ -7,8 +7,9 @@
 -- back-pressure), lines in flight (room for a few batches per child), bytes
 -- of batches in flight, and, with --keep-order, the memory of the results that wait for an
 -- earlier line still running, counting those the lines in flight will bring
--- at the recent bytes per result line: a slow early line pauses the input at
--- this bound rather than hold every later result. Each child keeps a line in
+-- at the recent bytes per result line (the largest lately: a jump in sizes
+-- counts at once): a slow early line pauses the input at this bound rather
+-- than hold every later result. Each child keeps a line in
 -- flight whatever the size of results.
 --
 -- The input also sizes the batches it cuts (core.input's input:batch):
@@ -82,7 +83,7 @@ function M.new(o, pool_size, output)
     at_end = false, read_error = nil, -- read to its end, or failed reading (read_error)
     high = nil, low = nil, bytes_high = bytes_high, bytes_low = bytes_high / 4,
     held_high = held_high, held_low = held_high / 4,
-    result_line_bytes = 0, -- a moving average
+    result_line_bytes = 0, -- recent bytes per result line: up at once, down slowly
     batching = o.timeout == nil and (o.attempts or 1) == 1,
     batch_lines = 1, line_ms = nil, print_cap = BATCH_LINES_MAX,
   }, Input)
@@ -168,13 +169,15 @@ function Input:resume_if_room()
 end
 
 -- The results `text` of `count` lines were written (or held): they leave
--- the count in flight, and tell the bytes per result line.
+-- the count in flight, and tell the bytes per result line. The estimate
+-- follows a rise at once, so that a jump in result sizes pauses the input
+-- (-k) before more lines go out than the bound holds; it falls slowly.
 function Input:written(text, count)
   self.inflight = self.inflight - count
   if count > 0 and text ~= "" then
     local per_line = #text / count
-    local average = self.result_line_bytes
-    self.result_line_bytes = average == 0 and per_line or average * 0.8 + per_line * 0.2
+    local estimate = self.result_line_bytes
+    self.result_line_bytes = per_line >= estimate and per_line or estimate * 0.95 + per_line * 0.05
   end
 end
 
