@@ -329,6 +329,7 @@ int mj_output_append(mj_output_t *out, const char *data, size_t len);
 int mj_output_start(mj_output_t *out);
 size_t mj_output_pending(const mj_output_t *out);
 void mj_output_release(mj_output_t *out);
+void mj_output_close(mj_output_t *out);
 void mj__output_detach_all(mj_ctx_t *ctx);
 
 /* ----------------------------------------------------------- redis.c --- */

@@ -399,6 +399,15 @@ void mj_output_release(mj_output_t *out) {
   free_if_done(out);
 }
 
+/* The owner is done with the output: what is still pending is dropped (not
+ * written, not recorded), the record's reserved space is given back, and
+ * the output frees itself once no write is in flight. */
+void mj_output_close(mj_output_t *out) {
+  drop_pending(out);
+  if (!out->writing) unreserve_record(out);
+  mj_output_release(out);
+}
+
 /* The context's loop is closed (no request is in flight any more): outputs
  * still held by their owners no longer write, the orphaned ones are freed. */
 void mj__output_detach_all(mj_ctx_t *ctx) {

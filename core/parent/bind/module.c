@@ -183,7 +183,8 @@ int luaopen_moonjob_core(lua_State *L) {
     {"close", lmj_redis_close}, {"pending", lmj_redis_pending}, {NULL, NULL}};
   static const luaL_Reg output_methods[] = {
     {"write", lmj_output_write}, {"pending", lmj_output_pending},
-    {"record_error", lmj_output_record_error}, {"written", lmj_output_written}, {NULL, NULL}};
+    {"record_error", lmj_output_record_error}, {"written", lmj_output_written},
+    {"close", lmj_output_close}, {NULL, NULL}};
 
   lmj_fill_closed_stdio(); /* first: before the loop opens its descriptors */
   lmj_ignore_sigpipe();

@@ -3,9 +3,9 @@
  * core.input reads lines (or blocks of lines) from a descriptor, core.open
  * opens the file it reads, core.output writes in order without blocking the
  * loop and records what was written (the mechanism is the core's stdio.c and
- * output.c). An input is closed with
- * input:close(); an output is released by the garbage collector, and
- * finishes writing what it holds first.
+ * output.c). An input is closed with input:close(); an output with
+ * output:close() (what it still holds is dropped) or by the garbage
+ * collector (it finishes writing what it holds first, while the loop runs).
  */
 #include "bind.h"
 
@@ -200,6 +200,15 @@ static int lmj_output_record_error(lua_State *L) {
 static int lmj_output_written(lua_State *L) {
   lua_pushnumber(L, (lua_Number) lmj_check_output(L, 1)->written);
   return 1;
+}
+
+/* output:close(): nothing more is written; what is pending is dropped (not
+ * recorded either). Closing again does nothing. */
+static int lmj_output_close(lua_State *L) {
+  lmj_output_t *lo = luaL_checkudata(L, 1, LMJ_OUTPUT);
+  if (lo->out) mj_output_close(lo->out);
+  lo->out = NULL;
+  return 0;
 }
 
 static int lmj_output_gc(lua_State *L) {

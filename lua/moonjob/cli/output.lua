@@ -147,6 +147,12 @@ function Output:poll()
   return pending
 end
 
+-- Nothing more is written: what stdout has not taken is dropped (neither
+-- printed nor recorded), and the joblog's reserved space is given back.
+function Output:close()
+  if self.out.close then self.out:close() end
+end
+
 -- Runs the loop until what was written went out, for at most `ms`; a stop
 -- signal ends it early.
 function Output:drain(ms)

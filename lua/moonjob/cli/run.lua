@@ -284,11 +284,12 @@ function Run:finish()
     out:flush_held() -- with --keep-order, what finished after a line that never will
     out:drain(1000)
   end
-  if self.joblog then self.joblog:close() end
+  local write_error = out.write_error or select(2, out:pending())
+  if self.joblog then self.joblog:close() end -- (stdout's writer records through a descriptor of its own)
   if self.display then self.display.close(self.lines_over > 0) end -- the summary, once a line ended
+  out:close() -- what stdout did not take by now is neither printed nor recorded
   local _, unwritten = out:held()
-  return stops.outcome(self.stop, self.failed, unwritten, self.input.read_error,
-    out.write_error or select(2, out:pending()))
+  return stops.outcome(self.stop, self.failed, unwritten, self.input.read_error, write_error)
 end
 
 -- Runs `processor` over `input_path` (nil or "-": stdin) with parsed options
