@@ -307,6 +307,7 @@ struct mj_output_s {
   size_t carry_len, carry_cap, torn;   /* torn: bytes written since the last newline */
   double written;                      /* bytes the descriptor took, in all */
   off_t record_reserved;               /* the record's space is reserved up to here */
+  size_t pipe_size;                    /* a pipe's capacity (0: unknown) */
   size_t work_written;                 /* set by the thread pool's write, read when it is over */
   int work_error, work_record_error;
   int error, record_error;             /* first write error, first record error: sticky */

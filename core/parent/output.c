@@ -6,10 +6,11 @@
  *  - a pipe or a terminal is opened again, non-blocking, through
  *    /proc/self/fd (a description of our own: the one shared with the shell
  *    keeps its flags), and written on the loop whenever it has room; a socket
- *    is written with send(MSG_DONTWAIT). On a pipe each write is at most
- *    PIPE_BUF bytes ending at a newline, so it lands whole or not at all: a
- *    line is never cut by a reader that is slow, and nothing waits in a
- *    thread on a reader that never reads (the program ends when it wants to).
+ *    is written with send(MSG_DONTWAIT). On a pipe each write ends at a
+ *    newline and is no longer than the pipe surely takes whole (its free
+ *    pages, or PIPE_BUF, which lands whole or not at all): a line is never
+ *    cut by a reader that is slow, and nothing waits in a thread on a reader
+ *    that never reads (the program ends when it wants to).
  *  - anything else (a regular file, /dev/null; a pipe when /proc is missing)
  *    is written by blocking writes in libuv's thread pool, one at a time.
  * A reader that goes away (`| head`) is seen at once, not at the next write:
@@ -41,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -260,12 +262,27 @@ static void mj_output_poll_cb(uv_poll_t *poll, int status, int events) {
   if (!out->waiting) uv_poll_stop(poll); /* a socket's peer stopped sending: it may still read */
 }
 
-/* The length of the next write from `p` (`left` bytes wait): on a pipe, at
- * most PIPE_BUF bytes ending at a newline, or one longer line. */
+/* The bytes a pipe surely takes now without cutting a write: its free page
+ * slots (the unread bytes fill at most one page more than their size), at
+ * least PIPE_BUF (a write that small lands whole or not at all). */
+static size_t pipe_room(const mj_output_t *out) {
+  int unread;
+  long page_size = sysconf(_SC_PAGESIZE); /* a pipe's slot holds one page */
+  size_t page = page_size > 0 ? (size_t) page_size : PIPE_BUF, slots = out->pipe_size / page;
+  if (slots == 0 || ioctl(out->wfd, FIONREAD, &unread) != 0 || unread < 0) return PIPE_BUF;
+  size_t used = ((size_t) unread + page - 1) / page + 1;
+  return used < slots && (slots - used) * page > PIPE_BUF ? (slots - used) * page : PIPE_BUF;
+}
+
+/* The length of the next write from `p` (`left` bytes wait): on a pipe, what
+ * it surely takes whole, ending at a newline (or one longer line), so that a
+ * slow reader never gets a line cut by a stop. */
 static size_t next_piece(const mj_output_t *out, const char *p, size_t left) {
   if (!out->pipe || left <= PIPE_BUF) return left;
-  const char *nl = memrchr(p, '\n', PIPE_BUF);
-  if (nl == NULL) nl = memchr(p + PIPE_BUF, '\n', left - PIPE_BUF);
+  size_t room = pipe_room(out);
+  if (left <= room) return left;
+  const char *nl = memrchr(p, '\n', room);
+  if (nl == NULL) nl = memchr(p + room, '\n', left - room);
   return nl ? (size_t) (nl - p) + 1 : left;
 }
 
@@ -322,6 +339,10 @@ static void set_up(mj_output_t *out) {
     if (wfd == UV_EPIPE) out->error = UV_EPIPE;
     if (wfd < 0) return;
     out->wfd = wfd;
+    if (out->pipe) {
+      int size = fcntl(wfd, F_GETPIPE_SZ);
+      out->pipe_size = size > 0 ? (size_t) size : 0;
+    }
   } else if (!out->socket) {
     return;
   }
