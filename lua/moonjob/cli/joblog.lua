@@ -105,6 +105,7 @@ function M.open(path)
 end
 
 -- Appends result lines `text` (whole records): true, or nil and the error.
+-- (A run records through stdout's writer instead: Joblog:fd.)
 function Joblog:record(text)
   return self.file:write(text)
 end

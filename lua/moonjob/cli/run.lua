@@ -17,14 +17,15 @@
 --
 -- A run stops early on SIGINT, SIGTERM and SIGHUP (the children and
 -- everything they started are killed), on --halt's rule, on a processor that
--- fails to load before any job completed, on a joblog it cannot write and on
--- a closed output; each records what it should of the jobs that end
+-- fails to load before any job completed, on a joblog it cannot write, on
+-- an output that fails (a full disk) and on a closed output (| head); it
+-- does not start with stdout closed. Each records what it should of the jobs that end
 -- meanwhile (recorded_in_stop). `self.stop` is the first of these (a
 -- moonjob.cli.stops table), nil while the run goes on.
 --
--- Caveat: the pool's listeners run inside the loop; one that raises would
--- leave its line in flight for ever, so each is guarded and the run stops,
--- saying why.
+-- Caveat: the pool's listeners and batch hooks run inside the loop; one
+-- that raises would leave its line in flight for ever, so each is guarded
+-- and the run stops, saying why.
 local BatchJobs = require "moonjob.cli.batch_jobs"
 local core = require "moonjob.core"
 local Input = require "moonjob.cli.input"
@@ -132,9 +133,9 @@ function Run:written(line, text, count)
   input:resume_if_room()
 end
 
--- Records the result lines `text` of `count` lines from `line` on (the
--- joblog, then stdout), and judges --halt's rule. False when the joblog
--- cannot be written (the run stops).
+-- Records the result lines `text` of `count` lines from `line` on (stdout,
+-- and the joblog once stdout took them), and judges --halt's rule. False
+-- when the joblog cannot be written (the run stops).
 function Run:record(line, text, count, ok_n, failed_n)
   local out = self.output
   if out.joblog_failed then return false end
