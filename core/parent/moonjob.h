@@ -297,6 +297,7 @@ typedef struct mj_output_s mj_output_t;
 struct mj_output_s {
   uv_work_t work;                      /* a regular file: the write in libuv's thread pool */
   uv_poll_t poll;                      /* a pipe, socket or terminal: writable, reader gone */
+  uv_idle_t soon;                      /* and its flush at the end of the loop's turn */
   mj_ctx_t *ctx;
   int fd;                              /* the descriptor given */
   int wfd;                             /* the one written: fd, or a non-blocking opening of it */
@@ -315,7 +316,8 @@ struct mj_output_s {
   unsigned writing : 1, orphaned : 1,  /* orphaned: released, frees itself when done */
       watching : 1, waiting : 1,       /* poll is open; it waits for room */
       streaming : 1, socket : 1, pipe : 1, /* written on the loop; with send(); a pipe */
-      record_unreserved : 1;           /* the record cannot reserve space: only written */
+      record_unreserved : 1,           /* the record cannot reserve space: only written */
+      soon_open : 1;                   /* `soon` is open */
 };
 
 void mj_input_init(mj_ctx_t *ctx, mj_input_t *in, int fd, size_t max_line,

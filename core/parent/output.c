@@ -28,6 +28,10 @@
  * whole lines. After the first write error or record error nothing more is
  * written, and what was pending is dropped.
  *
+ * On the loop, what is appended during a turn goes out at the start of the
+ * next (an idle handle: the loop does not wait in between), as one write and
+ * one record, however many lines it holds.
+ *
  * An output released while bytes are still pending goes on writing them
  * while the loop runs, then frees itself; a loop closed first drops them.
  *
@@ -73,7 +77,7 @@ static void free_output(mj_output_t *out) {
 
 /* Frees an output that was released once nothing uses its memory any more. */
 static void free_if_done(mj_output_t *out) {
-  if (out->orphaned && !out->writing && !out->watching) free_output(out);
+  if (out->orphaned && !out->writing && !out->watching && !out->soon_open) free_output(out);
 }
 
 /* ------------------------------------------------------------ the record --- */
@@ -230,9 +234,26 @@ static void mj_output_poll_close_cb(uv_handle_t *h) {
   free_if_done(out);
 }
 
+static void mj_output_soon_close_cb(uv_handle_t *h) {
+  mj_output_t *out = h->data;
+  out->soon_open = 0;
+  free_if_done(out);
+}
+
+/* Closes the watch and the end-of-turn flush. */
 static void close_poll(mj_output_t *out) {
   if (out->watching && !uv_is_closing((uv_handle_t *) &out->poll))
     uv_close((uv_handle_t *) &out->poll, mj_output_poll_close_cb);
+  if (out->soon_open && !uv_is_closing((uv_handle_t *) &out->soon))
+    uv_close((uv_handle_t *) &out->soon, mj_output_soon_close_cb);
+}
+
+/* The turn's results go out together: one write (and one record) for all
+ * that was appended since the last, not one per line. */
+static void mj_output_soon_cb(uv_idle_t *soon) {
+  mj_output_t *out = soon->data;
+  uv_idle_stop(soon);
+  if (!out->waiting) stream_flush(out);
 }
 
 static void mj_output_poll_cb(uv_poll_t *poll, int status, int events);
@@ -355,6 +376,10 @@ static void set_up(mj_output_t *out) {
   if (out->socket) fcntl(out->wfd, F_SETFL, flags); /* shared with whoever started us */
   out->poll.data = out;
   out->watching = out->streaming = 1;
+  if (uv_idle_init(&out->ctx->loop, &out->soon) == 0) {
+    out->soon.data = out;
+    out->soon_open = 1;
+  }
   watch(out, 0);
 }
 
@@ -399,7 +424,9 @@ int mj_output_start(mj_output_t *out) {
   if (out->ctx == NULL) return UV_ECANCELED; /* its loop is closed */
   if (out->error || out->record_error || out->pending_len == out->pending_off) return out->error;
   if (out->streaming) {
-    if (!out->waiting) stream_flush(out);
+    if (out->waiting) return 0; /* the watch writes once there is room */
+    if (!out->soon_open) stream_flush(out);
+    else if (!uv_is_active((uv_handle_t *) &out->soon)) uv_idle_start(&out->soon, mj_output_soon_cb);
   } else if (!out->writing) {
     start_work(out);
   }
@@ -438,7 +465,7 @@ void mj__output_detach_all(mj_ctx_t *ctx) {
     out->next = out->prev = NULL;
     out->ctx = NULL;
     out->writing = 0;
-    out->watching = 0; /* closed with every other handle */
+    out->watching = out->soon_open = 0; /* closed with every other handle */
     out->streaming = 0;
     drop_pending(out);
     if (out->orphaned) free_output(out);
