@@ -102,6 +102,25 @@ describe("moonjob run at the edges #slow", function()
     stopped_under_a_slow_reader("KILL")
   end)
 
+  it("keeps a bounded buffer for a reader that does not read: the input waits", function()
+    local n = 1000000
+    local input = h.write_file(dir .. "/in", numbers(n))
+    local fifo, gate = dir .. "/fifo", dir .. "/gate"
+    assert.equal(0, os.execute("mkfifo " .. fifo))
+    -- the reader opens the FIFO at once, and reads once the gate file exists
+    local reader = tonumber(h.first_line(("(sh -c 'while [ ! -e %s ]; do sleep 0.05; done; wc -l > %s/count' < %s "
+      .. "& echo $!) 2>/dev/null"):format(gate, dir, fifo)))
+    local pid = tonumber(h.first_line(("(%s run -j 2 spec/fixtures/identity.lua %s > %s 2>%s/err & echo $!)")
+      :format(MOONJOB, input, fifo, dir)))
+    finally(function() os.execute("kill -KILL " .. pid .. " " .. reader .. " 2>/dev/null") end)
+    h.sleep(3) -- (unbounded, the whole output, about 70 MB, would be held by now)
+    local peak_kb = tonumber((read("/proc/" .. pid .. "/status") or ""):match("VmHWM:%s*(%d+)"))
+    assert.is_true(peak_kb < 48 * 1024, ("%d KB held for a reader that does not read"):format(peak_kb or -1))
+    h.write_file(gate, "")
+    h.wait_for(function() return not h.running(pid) and not h.running(reader) end, 60)
+    assert.equal(tostring(n), h.first_line("cat " .. dir .. "/count"))
+  end)
+
   it("with stdout on a full disk, says so, records only what was printed, and --resume ends the work", function()
     assert.is_true(h.AS_ROOT, "this spec mounts a small tmpfs: run the suite as root (as CI does)")
     local n = 5000
