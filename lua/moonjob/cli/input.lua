@@ -10,7 +10,8 @@
 -- at the recent bytes per result line (the largest lately: a jump in sizes
 -- counts at once): a slow early line pauses the input at this bound rather
 -- than hold every later result. Each child keeps a line in
--- flight whatever the size of results.
+-- flight whatever the size of results. The lines a batch hands back while
+-- past this bound are parked by moonjob.cli.batch_jobs (keep_order_full).
 --
 -- The input also sizes the batches it cuts (core.input's input:batch):
 -- batches are as long as BATCH_BUDGET_MS of recent lines (1 line each until
@@ -147,6 +148,12 @@ function Input:results_past(bound)
   if self.result_line_bytes == 0 then return inflight >= size * 4 end
   local bytes = self.output:held()
   return bytes >= bound or (inflight >= size and bytes + inflight * self.result_line_bytes >= bound)
+end
+
+-- With --keep-order, whether the results held (and those the lines in
+-- flight will bring) are past the bound (`low`: past its low mark).
+function Input:keep_order_full(low)
+  return self:results_past(low and self.held_low + 1 or self.held_high)
 end
 
 function Input:pause_if_full()

@@ -250,10 +250,11 @@ function Run:wait()
   local input, out = self.input, self.output
   input:start(self.fd, self.pool.max_payload, function(text, len, count) self:lines_read(text, len, count) end)
   local ok, why = pcall(loop.wait_until, function()
+    local parked = self.batches:unpark() -- (-k: lines a batch handed back past the bound)
     input:resume_if_room() -- a safety net: a path that frees room and misses resuming would hang the run
     local pending = out:poll()
     return (self.stop and not self.stop.soon) or out.write_error
-      or (input.ended and input.inflight == 0 and pending == 0)
+      or (input.ended and input.inflight == 0 and pending == 0 and not parked)
   end)
   input:close()
   if not ok then self.stop = stops.stopped_by(why) end
