@@ -7,10 +7,10 @@
  *    /proc/self/fd (a description of our own: the one shared with the shell
  *    keeps its flags), and written on the loop whenever it has room; a socket
  *    is written with send(MSG_DONTWAIT). On a pipe each write ends at a
- *    newline and is no longer than the pipe surely takes whole (its free
- *    pages, or PIPE_BUF, which lands whole or not at all): a line is never
- *    cut by a reader that is slow, and nothing waits in a thread on a reader
- *    that never reads (the program ends when it wants to).
+ *    newline and is no longer than the pipe surely takes whole (all of it
+ *    when it is empty, else PIPE_BUF, which lands whole or not at all): a
+ *    line is never cut by a reader that is slow, and nothing waits in a
+ *    thread on a reader that never reads (the program ends when it wants to).
  *  - anything else (a regular file, /dev/null; a pipe when /proc is missing)
  *    is written by blocking writes in libuv's thread pool, one at a time.
  * A reader that goes away (`| head`) is seen at once, not at the next write:
@@ -283,16 +283,14 @@ static void mj_output_poll_cb(uv_poll_t *poll, int status, int events) {
   if (!out->waiting) uv_poll_stop(poll); /* a socket's peer stopped sending: it may still read */
 }
 
-/* The bytes a pipe surely takes now without cutting a write: its free page
- * slots (the unread bytes fill at most one page more than their size), at
- * least PIPE_BUF (a write that small lands whole or not at all). */
+/* The bytes a pipe surely takes now without cutting a write: all of it when
+ * it is empty (every page slot is free), else PIPE_BUF (a write that small
+ * lands whole or not at all; how full its slots are is not known: pages may
+ * be partly filled). */
 static size_t pipe_room(const mj_output_t *out) {
   int unread;
-  long page_size = sysconf(_SC_PAGESIZE); /* a pipe's slot holds one page */
-  size_t page = page_size > 0 ? (size_t) page_size : PIPE_BUF, slots = out->pipe_size / page;
-  if (slots == 0 || ioctl(out->wfd, FIONREAD, &unread) != 0 || unread < 0) return PIPE_BUF;
-  size_t used = ((size_t) unread + page - 1) / page + 1;
-  return used < slots && (slots - used) * page > PIPE_BUF ? (slots - used) * page : PIPE_BUF;
+  if (out->pipe_size <= PIPE_BUF || ioctl(out->wfd, FIONREAD, &unread) != 0 || unread != 0) return PIPE_BUF;
+  return out->pipe_size;
 }
 
 /* The length of the next write from `p` (`left` bytes wait): on a pipe, what
