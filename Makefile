@@ -37,7 +37,7 @@ CHILD      = $(BUILD)/moonjob/moonjob-child
 # the dynamic symbol table a processor's code sees. Header dependencies,
 # included parts too, are the compiler's own (-MMD -MP: a .d beside each .o).
 CORE_SRC   = $(addprefix core/parent/,loop.c process.c channel.c send.c shared.c spawn.c reap.c \
-               stdio.c redis.c bind/module.c)
+               stdio.c output.c redis.c bind/module.c)
 CORE_OBJ   = $(CORE_SRC:core/%.c=$(BUILD)/obj/%.o)
 CHILD_OBJ  = $(BUILD)/obj/child/main.o
 C_DEPS     = $(CORE_OBJ:.o=.d) $(CHILD_OBJ:.o=.d)

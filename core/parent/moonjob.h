@@ -4,7 +4,7 @@
  * processes (process.c: a child's lifetime; spawn.c and reap.c start and
  * reap it; channel.c reads its frames and output, send.c writes to it,
  * shared.c reads and changes the page they share); line input and ordered
- * output on the parent's own descriptors for the CLI (stdio.c); connections
+ * output on the parent's own descriptors for the CLI (stdio.c, output.c); connections
  * to Redis (redis.c). The Lua bindings (bind/) turn the C events below into
  * calls of Lua functions; all policy (which job goes where, retries, events)
  * is Lua.
@@ -53,7 +53,7 @@ typedef struct mj_ctx_s {
   uv_prepare_t flush_before;           /* send.c's stages written before the loop waits */
   uv_check_t flush_after;              /* and once it handled its events */
   struct mj_input_s *inputs;           /* stdio.c: inputs not freed yet */
-  struct mj_output_s *outputs;         /* stdio.c: outputs not freed yet */
+  struct mj_output_s *outputs;         /* output.c: outputs not freed yet */
   struct mj_redis_s *redis;            /* redis.c: connections not freed yet */
   uv_async_t wakeup;                   /* wakes the loop from the SIGINT handler */
   volatile sig_atomic_t interrupted;   /* the stop signal caught, 0 for none */
@@ -293,17 +293,31 @@ struct mj_input_s {
 };
 
 typedef struct mj_output_s mj_output_t;
+/* output.c: ordered writes on one of the parent's own descriptors (stdout). */
 struct mj_output_s {
-  uv_fs_t req;
+  uv_work_t work;                      /* a regular file: the write in libuv's thread pool */
+  uv_poll_t poll;                      /* a pipe, socket or terminal: writable, reader gone */
+  uv_idle_t soon;                      /* and its flush at the end of the loop's turn */
   mj_ctx_t *ctx;
-  int fd;
-  char *pending, *inflight;            /* bytes waiting; bytes being written */
-  size_t pending_len, pending_cap, inflight_len, inflight_off, inflight_cap;
-  int error;                           /* first write error, sticky */
-  uv_poll_t reader_watch;              /* a pipe or socket: its reader going away */
+  int fd;                              /* the descriptor given */
+  int wfd;                             /* the one written: fd, or a non-blocking opening of it */
+  int record_fd;                       /* -1, or where each whole line written is copied */
+  char *pending, *inflight;            /* bytes waiting ([pending_off, pending_len)); in the pool */
+  size_t pending_len, pending_off, pending_cap, inflight_len, inflight_cap;
+  char *carry;                         /* the start of a line written, not its end: not recorded */
+  size_t carry_len, carry_cap, torn;   /* torn: bytes written since the last newline */
+  double written;                      /* bytes the descriptor took, in all */
+  off_t record_reserved;               /* the record's space is reserved up to here */
+  size_t pipe_size;                    /* a pipe's capacity (0: unknown) */
+  size_t work_written;                 /* set by the thread pool's write, read when it is over */
+  int work_error, work_record_error;
+  int error, record_error;             /* first write error, first record error: sticky */
   mj_output_t *next, *prev;            /* the context's list of outputs */
   unsigned writing : 1, orphaned : 1,  /* orphaned: released, frees itself when done */
-      watching : 1;                    /* reader_watch is open */
+      watching : 1, waiting : 1,       /* poll is open; it waits for room */
+      streaming : 1, socket : 1, pipe : 1, /* written on the loop; with send(); a pipe */
+      record_unreserved : 1,           /* the record cannot reserve space: only written */
+      soon_open : 1;                   /* `soon` is open */
 };
 
 void mj_input_init(mj_ctx_t *ctx, mj_input_t *in, int fd, size_t max_line,
@@ -313,10 +327,12 @@ void mj_input_pause(mj_input_t *in);
 void mj_input_free(mj_input_t *in);
 void mj__input_close_all(mj_ctx_t *ctx);
 
-mj_output_t *mj_output_new(mj_ctx_t *ctx, int fd);
+mj_output_t *mj_output_new(mj_ctx_t *ctx, int fd, int record_fd);
 int mj_output_append(mj_output_t *out, const char *data, size_t len);
 int mj_output_start(mj_output_t *out);
+size_t mj_output_pending(const mj_output_t *out);
 void mj_output_release(mj_output_t *out);
+void mj_output_close(mj_output_t *out);
 void mj__output_detach_all(mj_ctx_t *ctx);
 
 /* ----------------------------------------------------------- redis.c --- */

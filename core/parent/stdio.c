@@ -1,7 +1,6 @@
-/* stdio.c -- line input and ordered output on the parent's own descriptors.
+/* stdio.c -- line input on the parent's own descriptors (output: output.c).
  *
- * The CLI reads NDJSON from a file or stdin and writes result lines to stdout
- * without ever blocking the loop.
+ * The CLI reads NDJSON from a file or stdin without ever blocking the loop.
  *
  * Input is cut into lines here; the reader can be paused between lines, so the
  * caller bounds how much input is in memory (the CLI pauses while enough jobs
@@ -18,14 +17,8 @@
  * input's own callbacks: delivery stops, and the memory goes once nothing
  * uses it any more (then on_freed runs).
  *
- * Output keeps at most one write in flight, so bytes land in order; writes
- * made meanwhile are appended to a pending buffer that goes out next. An
- * output released while bytes are still going out finishes writing them, then
- * frees itself. On a pipe or socket, a reader that goes away (`| head`) is
- * seen at once, not at the next write: the output's error becomes EPIPE.
- *
- * Caveat: an input or output with a filesystem request in flight cannot be
- * freed until it returns; a regular file's read or write always does.
+ * Caveat: an input with a filesystem request in flight cannot be freed until
+ * it returns; a regular file's read always does.
  */
 #include <fcntl.h>
 #include <stdlib.h>
@@ -308,156 +301,4 @@ void mj__input_close_all(mj_ctx_t *ctx) {
     next = in->next; /* mj_input_free may unlink it */
     mj_input_free(in);
   }
-}
-
-/* --------------------------------------------------------------- output --- */
-
-static void start_write(mj_output_t *out);
-
-static void free_output(mj_output_t *out) {
-  if (out->ctx) {
-    if (out->prev) out->prev->next = out->next;
-    else out->ctx->outputs = out->next;
-    if (out->next) out->next->prev = out->prev;
-  }
-  free(out->pending);
-  free(out->inflight);
-  free(out);
-}
-
-/* Frees an output that was released once nothing uses its memory any more. */
-static void free_if_done(mj_output_t *out) {
-  if (out->orphaned && !out->writing && !out->watching) free_output(out);
-}
-
-/* The reader of the pipe or socket went away: the kernel flags the writing
- * end with an error (EPOLLERR), which a poll handle watching for nothing else
- * reports (as UV_EBADF). */
-static void mj_output_reader_cb(uv_poll_t *watch, int status, int events) {
-  mj_output_t *out = watch->data;
-  (void) events;
-  if (status < 0 && out->error == 0) out->error = UV_EPIPE;
-  uv_poll_stop(watch);
-}
-
-static void mj_output_watch_close_cb(uv_handle_t *h) {
-  mj_output_t *out = h->data;
-  out->watching = 0;
-  free_if_done(out);
-}
-
-/* Watches the reader of fd when it is a pipe or a socket. uv_poll_init makes
- * the descriptor non-blocking; its flags are put back (the writes here run in
- * libuv's thread pool and expect it as it was, and it is shared with whoever
- * started this program). Without a watch, a gone reader shows at the next
- * write. */
-static void watch_reader(mj_output_t *out) {
-  struct stat st;
-  if (fstat(out->fd, &st) != 0 || !(S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) return;
-  int flags = fcntl(out->fd, F_GETFL);
-  if (flags < 0 || uv_poll_init(&out->ctx->loop, &out->reader_watch, out->fd) != 0) return;
-  fcntl(out->fd, F_SETFL, flags);
-  out->reader_watch.data = out;
-  out->watching = 1;
-  uv_unref((uv_handle_t *) &out->reader_watch); /* it keeps no loop running */
-  if (uv_poll_start(&out->reader_watch, UV_DISCONNECT, mj_output_reader_cb) != 0)
-    uv_close((uv_handle_t *) &out->reader_watch, mj_output_watch_close_cb);
-}
-
-static void mj_output_write_cb(uv_fs_t *req) {
-  mj_output_t *out = req->data;
-  ssize_t result = req->result;
-  uv_fs_req_cleanup(req);
-  out->writing = 0;
-  if (result < 0) {
-    out->error = (int) result;
-    out->inflight_len = out->pending_len = 0;
-  } else {
-    out->inflight_off += (size_t) result;
-    if (out->inflight_off >= out->inflight_len) out->inflight_len = out->inflight_off = 0;
-    if (out->inflight_len > 0 || out->pending_len > 0) start_write(out); /* the rest goes next */
-  }
-  free_if_done(out);
-}
-
-/* Sends what is in flight (the rest of a short write) or, when nothing is, the
- * pending bytes: the two buffers trade places. */
-static void start_write(mj_output_t *out) {
-  if (out->inflight_len == 0) {
-    char *b = out->inflight;
-    size_t c = out->inflight_cap;
-    out->inflight = out->pending;
-    out->inflight_cap = out->pending_cap;
-    out->inflight_len = out->pending_len;
-    out->inflight_off = 0;
-    out->pending = b;
-    out->pending_cap = c;
-    out->pending_len = 0;
-  }
-  uv_buf_t buf = uv_buf_init(out->inflight + out->inflight_off,
-                             (unsigned) (out->inflight_len - out->inflight_off));
-  out->req.data = out;
-  int rc = uv_fs_write(&out->ctx->loop, &out->req, out->fd, &buf, 1, -1, mj_output_write_cb);
-  if (rc != 0) {
-    out->error = rc;
-    return;
-  }
-  out->writing = 1;
-}
-
-/* A new output on fd, or NULL when out of memory. Release it with
- * mj_output_release. */
-mj_output_t *mj_output_new(mj_ctx_t *ctx, int fd) {
-  mj_output_t *out = calloc(1, sizeof *out);
-  if (out == NULL) return NULL;
-  out->ctx = ctx;
-  out->fd = fd;
-  out->next = ctx->outputs;
-  if (ctx->outputs) ctx->outputs->prev = out;
-  ctx->outputs = out;
-  watch_reader(out);
-  return out;
-}
-
-/* Queues bytes without starting a write: several pieces can make one write. */
-int mj_output_append(mj_output_t *out, const char *data, size_t len) {
-  if (out->error) return out->error;
-  int rc = mj__grow(&out->pending, &out->pending_cap, out->pending_len + len, MJ_INPUT_CHUNK);
-  if (rc != 0) return rc;
-  memcpy(out->pending + out->pending_len, data, len);
-  out->pending_len += len;
-  return 0;
-}
-
-/* Starts writing what is pending, unless a write is in flight (its callback
- * picks the pending bytes up). Returns 0, or the first write error seen. */
-int mj_output_start(mj_output_t *out) {
-  if (out->ctx == NULL) return UV_ECANCELED; /* its loop is closed */
-  if (!out->error && !out->writing && out->pending_len > 0) start_write(out);
-  return out->error;
-}
-
-/* The owner lets go: bytes still pending are written first, then the output
- * frees itself. */
-void mj_output_release(mj_output_t *out) {
-  mj_output_start(out);
-  out->orphaned = 1;
-  if (out->watching && !uv_is_closing((uv_handle_t *) &out->reader_watch))
-    uv_close((uv_handle_t *) &out->reader_watch, mj_output_watch_close_cb);
-  free_if_done(out);
-}
-
-/* The context's loop is closed (no request is in flight any more): outputs
- * still held by their owners no longer write, the orphaned ones are freed. */
-void mj__output_detach_all(mj_ctx_t *ctx) {
-  mj_output_t *out = ctx->outputs, *next;
-  for (; out != NULL; out = next) {
-    next = out->next;
-    out->next = out->prev = NULL;
-    out->ctx = NULL;
-    out->writing = 0;
-    out->watching = 0; /* closed with every other handle */
-    if (out->orphaned) free_output(out);
-  }
-  ctx->outputs = NULL;
 }

@@ -8,6 +8,10 @@
  * freed when the state closes, the pin that keeps this module loaded, and
  * core.scrub_env (a secret read from the environment, wiped where it lies).
  *
+ * Loading the module first makes descriptors 0-2 valid (/dev/null) when the
+ * program started with one closed, before libuv opens anything
+ * (lmj_fill_closed_stdio; core.closed_at_start tells which were).
+ *
  * Caveat: loading the module sets SIGPIPE to "ignore" when it was left at its
  * default. A write to a child that just died must come back as EPIPE, not kill
  * the parent (libuv writes to sockets without MSG_NOSIGNAL). A handler the
@@ -68,6 +72,38 @@ static void lmj_push_frame_types(lua_State *L) {
   lua_setfield(L, -2, "MAX_INFLIGHT");
   lua_pushinteger(L, MJ_BATCH_AREA); /* a batch's kept results, at most */
   lua_setfield(L, -2, "BATCH_AREA");
+}
+
+/* Which of descriptors 0-2 were closed when this module was first loaded. */
+static int lmj_stdio_was_closed[3];
+
+/* Descriptors 0-2 closed when the program started (`<&-`, some daemon
+ * managers) are opened on /dev/null before libuv opens anything: else the
+ * loop's own descriptor lands on one, and a later use of it as stdin or
+ * stdout breaks libuv (it asserts). Each is opened the other way round (stdin
+ * write-only, stdout and stderr read-only), so that using it fails as using a
+ * closed descriptor does. Nothing else in the module opens a descriptor
+ * before this runs (the loader's and Lua's own opens are closed again). */
+static void lmj_fill_closed_stdio(void) {
+  for (int fd = 0; fd <= 2; fd++) {
+    if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    int got = open("/dev/null", (fd == 0 ? O_WRONLY : O_RDONLY) | O_NOCTTY);
+    if (got < 0) got = open("/", O_RDONLY | O_DIRECTORY); /* no /dev/null (a bare chroot) */
+    if (got < 0) continue;
+    if (got != fd) {
+      dup2(got, fd);
+      close(got);
+    }
+    lmj_stdio_was_closed[fd] = 1;
+  }
+}
+
+/* core.closed_at_start(fd) -> whether descriptor fd (0, 1 or 2) was closed
+ * when the program started (it is /dev/null now, unusable). */
+static int lmj_closed_at_start(lua_State *L) {
+  int fd = (int) lmj_check_range(L, 1, 0, 2);
+  lua_pushboolean(L, lmj_stdio_was_closed[fd]);
+  return 1;
 }
 
 static void lmj_ignore_sigpipe(void) {
@@ -149,7 +185,7 @@ int luaopen_moonjob_core(lua_State *L) {
   static const luaL_Reg functions[] = {
     {"run", lmj_run}, {"step", lmj_step}, {"backend_fd", lmj_backend_fd},
     {"backend_timeout", lmj_backend_timeout}, {"catch_sigint", lmj_catch_sigint}, {"hold_stop_signals", lmj_hold_stop_signals}, {"running", lmj_running}, {"hrtime", lmj_hrtime}, {"cpu_count", lmj_cpu_count},
-    {"getpid", lmj_getpid}, {"isatty", lmj_isatty}, {"child_path", lmj_child_path}, {"realpath", lmj_realpath},
+    {"getpid", lmj_getpid}, {"isatty", lmj_isatty}, {"closed_at_start", lmj_closed_at_start}, {"child_path", lmj_child_path}, {"realpath", lmj_realpath},
     {"spawn", lmj_spawn},
     {"timer", lmj_timer_new}, {"input", lmj_input_new}, {"open", lmj_open}, {"output", lmj_output_new},
     {"redis", lmj_redis_new},
@@ -172,8 +208,11 @@ int luaopen_moonjob_core(lua_State *L) {
     {"close", lmj_redis_close}, {"pending", lmj_redis_pending},
     {"ping", lmj_redis_ping}, {NULL, NULL}};
   static const luaL_Reg output_methods[] = {
-    {"write", lmj_output_write}, {"pending", lmj_output_pending}, {NULL, NULL}};
+    {"write", lmj_output_write}, {"pending", lmj_output_pending},
+    {"record_error", lmj_output_record_error}, {"written", lmj_output_written},
+    {"close", lmj_output_close}, {NULL, NULL}};
 
+  lmj_fill_closed_stdio(); /* first: before the loop opens its descriptors */
   lmj_ignore_sigpipe();
   lmj_pin_module();
   /* One loop per Lua state, created on first require, kept in the registry. */

@@ -2,9 +2,10 @@
  *
  * core.input reads lines (or blocks of lines) from a descriptor, core.open
  * opens the file it reads, core.output writes in order without blocking the
- * loop (the mechanism is the core's stdio.c). An input is closed with
- * input:close(); an output is released by the garbage collector, and
- * finishes writing what it holds first.
+ * loop and records what was written (the mechanism is the core's stdio.c and
+ * output.c). An input is closed with input:close(); an output with
+ * output:close() (what it still holds is dropped) or by the garbage
+ * collector (it finishes writing what it holds first, while the loop runs).
  */
 #include "bind.h"
 
@@ -135,17 +136,28 @@ static mj_output_t *lmj_check_output(lua_State *L, int idx) {
   return lo->out;
 }
 
-/* core.output(fd) -> output: ordered writes that never block the loop. The
- * output outlives its userdata until what was written to it is out. */
+/* core.output(fd [, record_fd]) -> output: ordered writes that never block
+ * the loop. With record_fd (a joblog), each whole line fd took is copied
+ * there right after (a duplicate of record_fd is kept: the caller still owns
+ * its own). The output outlives its userdata until what was written to it is
+ * out. */
 static int lmj_output_new(lua_State *L) {
   lmj_ctx_t *c = lmj_ctx(L);
   int fd = (int) lmj_check_range(L, 1, 0, INT_MAX);
+  int record_fd = -1;
+  if (!lua_isnoneornil(L, 2)) {
+    record_fd = fcntl((int) lmj_check_range(L, 2, 0, INT_MAX), F_DUPFD_CLOEXEC, 3);
+    if (record_fd < 0) return lmj_fail(L, -errno);
+  }
   lmj_output_t *lo = lua_newuserdata(L, sizeof *lo);
   lo->out = NULL;
   luaL_getmetatable(L, LMJ_OUTPUT);
   lua_setmetatable(L, -2);
-  lo->out = mj_output_new(&c->ctx, fd);
-  if (lo->out == NULL) return luaL_error(L, "not enough memory for an output");
+  lo->out = mj_output_new(&c->ctx, fd, record_fd);
+  if (lo->out == NULL) {
+    if (record_fd >= 0) close(record_fd);
+    return luaL_error(L, "not enough memory for an output");
+  }
   return 1;
 }
 
@@ -166,12 +178,37 @@ static int lmj_output_write(lua_State *L) {
   return 1;
 }
 
-/* output:pending() -> bytes not yet written */
+/* output:pending() -> bytes not yet written | nil, err, code (a write error) */
 static int lmj_output_pending(lua_State *L) {
   mj_output_t *o = lmj_check_output(L, 1);
   if (o->error) return lmj_fail(L, o->error);
-  lua_pushnumber(L, (lua_Number) (o->pending_len + o->inflight_len - o->inflight_off));
+  lua_pushnumber(L, (lua_Number) mj_output_pending(o));
   return 1;
+}
+
+/* output:record_error() -> nil | err, code: why the record could not be
+ * written (nothing more is written then). */
+static int lmj_output_record_error(lua_State *L) {
+  mj_output_t *o = lmj_check_output(L, 1);
+  if (o->record_error == 0) return 0;
+  lua_pushfstring(L, "%s: %s", uv_err_name(o->record_error), uv_strerror(o->record_error));
+  lua_pushstring(L, uv_err_name(o->record_error));
+  return 2;
+}
+
+/* output:written() -> the bytes the descriptor took, in all */
+static int lmj_output_written(lua_State *L) {
+  lua_pushnumber(L, (lua_Number) lmj_check_output(L, 1)->written);
+  return 1;
+}
+
+/* output:close(): nothing more is written; what is pending is dropped (not
+ * recorded either). Closing again does nothing. */
+static int lmj_output_close(lua_State *L) {
+  lmj_output_t *lo = luaL_checkudata(L, 1, LMJ_OUTPUT);
+  if (lo->out) mj_output_close(lo->out);
+  lo->out = NULL;
+  return 0;
 }
 
 static int lmj_output_gc(lua_State *L) {

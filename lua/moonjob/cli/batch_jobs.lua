@@ -10,6 +10,9 @@
 -- number), so that results held for --keep-order do not wait for them behind
 -- the whole queue.
 --
+-- With -k, lines handed back while the results held are past their bound
+-- are parked here, not added (unpark, asked by the run's main wait).
+--
 -- Fields a batch job carries: line (its first), count, text, handed_back
 -- (the first position handed back), printed and printed_bytes / _ok /
 -- _failed (what lines_kept recorded).
@@ -30,11 +33,13 @@ BatchJobs.__index = BatchJobs
 -- The batch jobs of `run`, hooked to its pool.
 function M.new(run)
   local resumed = run.resumed
-  local self = setmetatable({ run = run, is_resumed = function(line) return resumed[line] end }, BatchJobs)
+  local self = setmetatable({ run = run, is_resumed = function(line) return resumed[line] end,
+    parked = {} }, BatchJobs) -- lines handed back while -k's results are past their bound
   -- The pool's batch hook (moonjob.pool.lines): lines an idle child takes
   -- because a slow line held them up, and lines a running batch finished.
-  run.pool.on_lines_cut = function(job, kept) self:hand_back(job, kept + 1) end
-  run.pool.on_lines_kept = function(job, kept, text) self:lines_kept(job, kept, text) end
+  -- Guarded as the run's listeners are: one that raises stops the run.
+  run.pool.on_lines_cut = run:guard(function(job, kept) self:hand_back(job, kept + 1) end)
+  run.pool.on_lines_kept = run:guard(function(job, kept, text) self:lines_kept(job, kept, text) end)
   return self
 end
 
@@ -77,8 +82,18 @@ function BatchJobs:add(first, count, text)
   run.open_jobs[job] = true
 end
 
+-- Adds `count` lines `text` from line `first` on again: a line alone, or a batch.
+function BatchJobs:add_again(first, count, text)
+  if count == 1 then return self.run:add_line(first, text, #text) end
+  self:add(first, count, text)
+end
+
 -- The lines of batch `job` from position `from` on that it did not run go
--- out again (not once the run stops: --resume runs them).
+-- out again (not once the run stops: --resume runs them). While -k holds
+-- results past its bound they are parked instead: a batch ends when its
+-- results fill the child's area, and adding the rest at once would run
+-- every line past the bound when results are big (the input's pause does
+-- not hold them back).
 function BatchJobs:hand_back(job, from)
   local to = job.handed_back - 1
   if from > to then return end
@@ -87,8 +102,30 @@ function BatchJobs:hand_back(job, from)
   run.input:dropped(to - from + 1)
   if run.stop then return end -- a run that stops adds nothing more (--resume runs them)
   local text = batches.slice(job.text, from, to)
-  if from == to then return run:add_line(job.line + from - 1, text, #text) end
-  self:add(job.line + from - 1, to - from + 1, text)
+  if run.input:keep_order_full() then
+    self.parked[#self.parked + 1] = { job.line + from - 1, to - from + 1, text }
+    return
+  end
+  self:add_again(job.line + from - 1, to - from + 1, text)
+end
+
+-- The parked lines go out again once -k's held results are back under the
+-- bound's low mark, and the first parked piece at once when the output waits
+-- for a line of it (the results held wait for it: holding it back would
+-- never free them). The run's main wait asks; a run that stops drops them
+-- (--resume runs them). Whether lines are still parked.
+function BatchJobs:unpark()
+  local parked, run = self.parked, self.run
+  if #parked == 0 then return false end
+  self.parked = {}
+  if run.stop then return false end
+  table.sort(parked, function(a, b) return a[1] < b[1] end)
+  local room, waited_for = not run.input:keep_order_full(true), run.output.next_line
+  for _, p in ipairs(parked) do
+    if room or p[1] <= waited_for then self:add_again(p[1], p[2], p[3])
+    else self.parked[#self.parked + 1] = p end
+  end
+  return #self.parked > 0
 end
 
 -- A batch still running has finished its first `kept` lines (their result

@@ -2,13 +2,16 @@
 -- paused while enough is in flight, so a file of millions of lines runs in
 -- bounded memory.
 --
--- The input pauses at a high mark and resumes at a low one, on three counts:
--- lines in flight (room for a few batches per child), bytes of batches in
--- flight, and, with --keep-order, the memory of the results that wait for an
+-- The input pauses at a high mark and resumes at a low one, on four counts:
+-- the result bytes stdout has not taken yet (a slow reader: the output's
+-- back-pressure), lines in flight (room for a few batches per child), bytes
+-- of batches in flight, and, with --keep-order, the memory of the results that wait for an
 -- earlier line still running, counting those the lines in flight will bring
--- at the recent bytes per result line: a slow early line pauses the input at
--- this bound rather than hold every later result. Each child keeps a line in
--- flight whatever the size of results.
+-- at the recent bytes per result line (the largest lately: a jump in sizes
+-- counts at once): a slow early line pauses the input at this bound rather
+-- than hold every later result. Each child keeps a line in
+-- flight whatever the size of results. The lines a batch hands back while
+-- past this bound are parked by moonjob.cli.batch_jobs (keep_order_full).
 --
 -- The input also sizes the batches it cuts (core.input's input:batch):
 -- batches are as long as BATCH_BUDGET_MS of recent lines (1 line each until
@@ -29,14 +32,22 @@ local BATCH_BUDGET_MS = 4 -- a batch of lines runs about this long in its child
 local BATCH_LINES_MAX = 4096 -- and holds at most this many lines
 local HOLD_BYTES_PER_CHILD = 8 * 1024 * 1024 -- --keep-order: results held, per child
 local BYTES_PER_CHILD = 4 * 1024 * 1024 -- batches in flight (blocks are at most 1 MiB: core/parent/stdio.c)
+local OUTPUT_HIGH, OUTPUT_LOW = 4 * 1024 * 1024, 1024 * 1024 -- result bytes stdout has not taken yet
 
 local Input = {}
 Input.__index = Input
 
 -- The input's descriptor: stdin for nil or "-", else file `path` opened; or
--- nil and a message.
+-- nil and a message (stdin was closed when the program started: reading it
+-- would read nothing, silently).
 function M.open(path)
-  if path == nil or path == "-" then return 0 end
+  if path == nil or path == "-" then
+    if core.closed_at_start(0) then
+      return nil, "standard input is closed and no INPUT file was given: "
+        .. "name the file (moonjob run PROCESSOR INPUT) or give the lines on stdin"
+    end
+    return 0
+  end
   local fd, err = core.open(path)
   if not fd then -- "EACCES: permission denied": the reason, as for the processor and the joblog
     return nil, ("cannot open input '%s': %s"):format(path, (err:gsub("^E%u+: ", "")))
@@ -58,8 +69,9 @@ function M.size(path)
 end
 
 -- The bounds for `pool_size` children, options `o` (keep_order, timeout,
--- attempts); `output` is asked for the results it holds (output:held()) and
--- whether its reader went (output.write_error).
+-- attempts); `output` is asked for the results it holds (output:held()),
+-- what stdout has not taken (output:backlog()) and whether it failed
+-- (output.write_error).
 function M.new(o, pool_size, output)
   local bytes_high, held_high = pool_size * BYTES_PER_CHILD, pool_size * HOLD_BYTES_PER_CHILD
   local self = setmetatable({
@@ -72,7 +84,7 @@ function M.new(o, pool_size, output)
     at_end = false, read_error = nil, -- read to its end, or failed reading (read_error)
     high = nil, low = nil, bytes_high = bytes_high, bytes_low = bytes_high / 4,
     held_high = held_high, held_low = held_high / 4,
-    result_line_bytes = 0, -- a moving average
+    result_line_bytes = 0, -- recent bytes per result line: up at once, down slowly
     batching = o.timeout == nil and (o.attempts or 1) == 1,
     batch_lines = 1, line_ms = nil, print_cap = BATCH_LINES_MAX,
   }, Input)
@@ -138,9 +150,16 @@ function Input:results_past(bound)
   return bytes >= bound or (inflight >= size and bytes + inflight * self.result_line_bytes >= bound)
 end
 
+-- With --keep-order, whether the results held (and those the lines in
+-- flight will bring) are past the bound (`low`: past its low mark).
+function Input:keep_order_full(low)
+  return self:results_past(low and self.held_low + 1 or self.held_high)
+end
+
 function Input:pause_if_full()
   if self.paused or self.ended then return end
-  if self.inflight >= self.high or self.inflight_bytes >= self.bytes_high or self:results_past(self.held_high) then
+  if self.inflight >= self.high or self.inflight_bytes >= self.bytes_high or self:results_past(self.held_high)
+      or self.output:backlog() >= OUTPUT_HIGH then
     self.paused = true
     self.handle:pause()
   end
@@ -150,20 +169,22 @@ end
 function Input:resume_if_room()
   if not self.paused or self.ended or self.output.write_error then return end
   if self.inflight <= self.low and self.inflight_bytes <= self.bytes_low
-      and not self:results_past(self.held_low + 1) then
+      and not self:results_past(self.held_low + 1) and self.output:backlog() <= OUTPUT_LOW then
     self.paused = false
     self.handle:resume()
   end
 end
 
 -- The results `text` of `count` lines were written (or held): they leave
--- the count in flight, and tell the bytes per result line.
+-- the count in flight, and tell the bytes per result line. The estimate
+-- follows a rise at once, so that a jump in result sizes pauses the input
+-- (-k) before more lines go out than the bound holds; it falls slowly.
 function Input:written(text, count)
   self.inflight = self.inflight - count
   if count > 0 and text ~= "" then
     local per_line = #text / count
-    local average = self.result_line_bytes
-    self.result_line_bytes = average == 0 and per_line or average * 0.8 + per_line * 0.2
+    local estimate = self.result_line_bytes
+    self.result_line_bytes = per_line >= estimate and per_line or estimate * 0.95 + per_line * 0.05
   end
 end
 

@@ -1,13 +1,15 @@
 -- moonjob.cli.joblog -- `moonjob run --joblog FILE [--resume]`: the file
 -- that records each finished line's result line, as on stdout and in the
--- same order (moonjob.cli.output writes it, before stdout).
+-- same order. Stdout's writer (core.output, made by moonjob.cli.output)
+-- writes the records, from a duplicate of this file's descriptor, right
+-- after stdout took each line: the joblog holds only lines printed.
 --
--- Every record is one unbuffered write: the joblog is the record --resume
--- trusts. Only records ended by a newline count: a write cut short (a full
--- disk, a crash) leaves a last record without one, which --resume ignores
--- and which is cut off, with a note on stderr, when the joblog is next
--- opened (the next record would be glued to it). A last line that is not a
--- record (the file was not only a joblog) is left, and ended with a newline.
+-- Every record is unbuffered: the joblog is the record --resume trusts. Only
+-- records ended by a newline count: a write cut short (a full disk, a crash)
+-- leaves a last record without one, which --resume ignores and which is cut
+-- off, with a note on stderr, when the joblog is next opened (the next
+-- record would be glued to it). A last line that is not a record (the file
+-- was not only a joblog) is left, and ended with a newline.
 --
 -- Caveat: a joblog that cannot seek (a pipe, a terminal) is never read back:
 -- it is only appended to.
@@ -18,6 +20,7 @@ local M = {}
 ffi.cdef [[
 int truncate(const char *path, int64_t length);
 char *strerror(int errnum);
+int fileno(void *stream);
 ]]
 
 local RECORD_START = '{"line":'
@@ -102,8 +105,14 @@ function M.open(path)
 end
 
 -- Appends result lines `text` (whole records): true, or nil and the error.
+-- (A run records through stdout's writer instead: Joblog:fd.)
 function Joblog:record(text)
   return self.file:write(text)
+end
+
+-- The joblog's descriptor (stdout's writer appends the records through it).
+function Joblog:fd()
+  return ffi.C.fileno(self.file)
 end
 
 function Joblog:close()

@@ -2,16 +2,19 @@
 -- (and the joblog), and what processors print, tagged, on stderr.
 --
 -- Result lines go out through a writer that never blocks the loop and that
--- sees its reader go (| head) without writing (core.output). Every result
--- line goes to the joblog first (one unbuffered write), then to stdout: the
--- joblog holds what was printed, in the same order, also with --keep-order
--- (a result waiting for an earlier line is in neither). A joblog that cannot
--- be written, and a reader gone, are told to the run (hooks.joblog_failed,
--- hooks.closed): it stops.
+-- sees its reader go (| head) without writing (core.output). The joblog is
+-- that writer's record: each result line is copied to it right after stdout
+-- took it (written to the kernel), so the joblog holds what was printed, in
+-- the same order, also with --keep-order, whatever stops the run (SIGKILL
+-- included): --resume runs exactly the lines not printed. A joblog that
+-- cannot be written, and an output error, are told to the run
+-- (hooks.joblog_failed, seen by poll(); hooks.closed): it stops, and what was
+-- not printed is not recorded.
 --
 -- With --keep-order a finished job waits here until every earlier line was
 -- written; without it, lines go out as jobs finish. Lines that make no output
--- (blank, resumed) are emitted as "".
+-- (blank, resumed) are emitted as "". What waits for stdout is bounded by
+-- the input (moonjob.cli.input pauses while backlog() is over its bound).
 --
 -- What processors print goes to stderr as "[line N] text". A line of a batch
 -- that prints ends its batch (child/batch.lua), so what a batch printed is
@@ -19,7 +22,8 @@
 -- is the child's, else held until the batch ends (echo_held).
 --
 -- Caveat: the progress line (display) shares stderr, and stdout's terminal
--- when stdout is not a regular file: it is erased before each write there.
+-- when stdout is not a regular file: it is erased before each write there
+-- (the write itself may come later, when the terminal has room).
 local batches = require "moonjob.cli.batches"
 local core = require "moonjob.core"
 local lines = require "moonjob.codec.resultline"
@@ -48,12 +52,17 @@ function M.result_line(job)
   return lines.failed(job.line, job.error, job.attempts, job.ms or 0)
 end
 
--- An output on stdout (or `out`, a core.output-like writer), writing to
--- joblog `log` (a moonjob.cli.joblog, or nil) first.
+-- The joblog's descriptor, for the writer to copy what stdout took to it.
+local function record_fd(log)
+  return log and log.fd and log:fd()
+end
+
+-- An output on stdout (or `out`, a core.output-like writer), recording in
+-- joblog `log` (a moonjob.cli.joblog, or nil) what stdout took.
 -- hooks.joblog_failed(err), hooks.closed(): the run stops.
 function M.new(keep_order, log, hooks, out)
   return setmetatable({
-    out = out or core.output(1), keep_order = keep_order,
+    out = out or core.output(1, record_fd(log)), keep_order = keep_order,
     joblog = log, joblog_may_show = log and not M.regular_file(log.file), -- (--joblog /dev/stderr)
     display = nil, -- the progress line (moonjob.cli.progress), set by the run
     joblog_failed = false, write_error = nil, -- the reader went (EPIPE) or a write failed
@@ -62,23 +71,16 @@ function M.new(keep_order, log, hooks, out)
   }, Output)
 end
 
--- Writes result lines `text`: to the joblog, then to stdout.
+-- Writes result lines `text` to stdout (the writer records them once written).
 function Output:write(text)
-  if text == "" or self.joblog_failed then return end
+  if text == "" or self.joblog_failed or self.write_error then return end
   local display = self.display
-  if self.joblog then
-    if display and self.joblog_may_show then display.erase() end
-    local ok, e = self.joblog:record(text)
-    if not ok then
-      self.joblog_failed = true
-      self.on_joblog_failed(e)
-      return
-    end
+  if display then
+    if self.joblog_may_show then display.erase() end
+    display.before_stdout()
   end
-  if self.write_error then return end
-  if display then display.before_stdout() end
   local written, e = self.out:write(text)
-  if not written then -- nobody reads the output any more: stop
+  if not written then -- nobody reads the output any more, or it failed: stop
     self.write_error = e
     self.on_closed()
   end
@@ -125,12 +127,30 @@ function Output:pending()
   return self.out:pending()
 end
 
--- As pending(), and notes a write error: a reader gone shows here before any
--- write (core/parent/stdio.c).
+-- The bytes given to stdout that it has not taken yet (0 after an error).
+function Output:backlog()
+  return self.out:pending() or 0
+end
+
+-- As pending(), and notes a write error (a reader gone shows here before
+-- any write: core/parent/output.c) and a joblog that could not be written.
 function Output:poll()
   local pending, e = self.out:pending()
   self.write_error = self.write_error or e
+  if not self.joblog_failed and self.joblog and self.out.record_error then
+    local record_error = self.out:record_error()
+    if record_error then
+      self.joblog_failed = true
+      self.on_joblog_failed(record_error)
+    end
+  end
   return pending
+end
+
+-- Nothing more is written: what stdout has not taken is dropped (neither
+-- printed nor recorded), and the joblog's reserved space is given back.
+function Output:close()
+  if self.out.close then self.out:close() end
 end
 
 -- Runs the loop until what was written went out, for at most `ms`; a stop

@@ -17,14 +17,15 @@
 --
 -- A run stops early on SIGINT, SIGTERM and SIGHUP (the children and
 -- everything they started are killed), on --halt's rule, on a processor that
--- fails to load before any job completed, on a joblog it cannot write and on
--- a closed output; each records what it should of the jobs that end
+-- fails to load before any job completed, on a joblog it cannot write, on
+-- an output that fails (a full disk) and on a closed output (| head); it
+-- does not start with stdout closed. Each records what it should of the jobs that end
 -- meanwhile (recorded_in_stop). `self.stop` is the first of these (a
 -- moonjob.cli.stops table), nil while the run goes on.
 --
--- Caveat: the pool's listeners run inside the loop; one that raises would
--- leave its line in flight for ever, so each is guarded and the run stops,
--- saying why.
+-- Caveat: the pool's listeners and batch hooks run inside the loop; one
+-- that raises would leave its line in flight for ever, so each is guarded
+-- and the run stops, saying why.
 local BatchJobs = require "moonjob.cli.batch_jobs"
 local core = require "moonjob.core"
 local Input = require "moonjob.cli.input"
@@ -58,14 +59,19 @@ local function new_pool(processor, o, echo)
   return pool
 end
 
--- A listener that raises stops the run, saying why, instead of a hang.
-local function guarded(self, listener)
-  return function(job)
-    local ok, e = pcall(listener, self, job)
+-- A listener or batch hook fn(job, ...) that raises stops the run, saying
+-- why, instead of a hang.
+function Run:guard(fn)
+  return function(job, ...)
+    local ok, e = pcall(fn, job, ...)
     if not ok and not (self.stop and self.stop.internal) then
       self.stop = stops.internal_error(job.line, e)
     end
   end
+end
+
+local function guarded(self, listener)
+  return self:guard(function(job) return listener(self, job) end)
 end
 
 -- The progress line's counts, on a terminal.
@@ -80,6 +86,10 @@ end
 
 -- A run ready to start, or nil and a usage message (nothing ran).
 function M.new(processor, input_path, o)
+  if core.closed_at_start(1) then -- (its results would go nowhere, and the joblog would say they went)
+    return nil, "standard output is closed: moonjob run writes its results there; "
+      .. "run it with stdout open (> FILE, or > /dev/null to drop the results)"
+  end
   local fd, err = Input.open(input_path)
   if not fd then return nil, err end
   local resumed, resumed_last = {}, 0 -- the lines --resume skips, and the last of them
@@ -123,9 +133,9 @@ function Run:written(line, text, count)
   input:resume_if_room()
 end
 
--- Records the result lines `text` of `count` lines from `line` on (the
--- joblog, then stdout), and judges --halt's rule. False when the joblog
--- cannot be written (the run stops).
+-- Records the result lines `text` of `count` lines from `line` on (stdout,
+-- and the joblog once stdout took them), and judges --halt's rule. False
+-- when the joblog cannot be written (the run stops).
 function Run:record(line, text, count, ok_n, failed_n)
   local out = self.output
   if out.joblog_failed then return false end
@@ -240,15 +250,16 @@ function Run:wait()
   local input, out = self.input, self.output
   input:start(self.fd, self.pool.max_payload, function(text, len, count) self:lines_read(text, len, count) end)
   local ok, why = pcall(loop.wait_until, function()
+    local parked = self.batches:unpark() -- (-k: lines a batch handed back past the bound)
     input:resume_if_room() -- a safety net: a path that frees room and misses resuming would hang the run
     local pending = out:poll()
     return (self.stop and not self.stop.soon) or out.write_error
-      or (input.ended and input.inflight == 0 and pending == 0)
+      or (input.ended and input.inflight == 0 and pending == 0 and not parked)
   end)
   input:close()
   if not ok then self.stop = stops.stopped_by(why) end
-  if out.write_error and not self.stop then -- nobody reads the output any more: stop
-    self.stop = stops.closed_output()
+  if out.write_error and not self.stop then -- nobody reads the output any more, or it failed
+    self.stop = stops.output_failed(out.write_error)
   end
 end
 
@@ -275,11 +286,12 @@ function Run:finish()
     out:flush_held() -- with --keep-order, what finished after a line that never will
     out:drain(1000)
   end
-  if self.joblog then self.joblog:close() end
+  local write_error = out.write_error or select(2, out:pending())
+  if self.joblog then self.joblog:close() end -- (stdout's writer records through a descriptor of its own)
   if self.display then self.display.close(self.lines_over > 0) end -- the summary, once a line ended
+  out:close() -- what stdout did not take by now is neither printed nor recorded
   local _, unwritten = out:held()
-  return stops.outcome(self.stop, self.failed, unwritten, self.input.read_error,
-    out.write_error or select(2, out:pending()))
+  return stops.outcome(self.stop, self.failed, unwritten, self.input.read_error, write_error)
 end
 
 -- Runs `processor` over `input_path` (nil or "-": stdin) with parsed options

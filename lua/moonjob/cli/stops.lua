@@ -62,8 +62,32 @@ end
 -- The joblog `path` could not be written (error `e`).
 function M.joblog_failed(path, e)
   return { status = M.EXIT_USAGE, message = ("writing the joblog '%s' failed: %s; the run stopped "
-    .. "(the joblog records every line printed so far; --resume goes on from there)")
+    .. "(--resume goes on from its last record: the lines printed since run again)")
     :format(path, tostring(e)) }
+end
+
+-- What failed writes to stdout mean, by error name.
+local OUTPUT_ERRORS = {
+  ENOSPC = "no space left on the device that standard output writes to",
+  EDQUOT = "the disk quota of the file standard output writes to is used up",
+  EFBIG = "the file standard output writes to is too large",
+  EBADF = "standard output is closed",
+  EIO = "an I/O error on the device that standard output writes to",
+}
+
+-- The message for write error `e` ("ENOSPC: no space left on device").
+function M.output_error_message(e)
+  e = tostring(e)
+  local known = OUTPUT_ERRORS[e:match("^(E%u+)")]
+  return ("%s (%s); the run stopped: what was not printed is not in the joblog, and --resume runs it")
+    :format(known or "writing to standard output failed", e)
+end
+
+-- Writing stdout failed with `e`: a reader gone (EPIPE: | head) ends the run
+-- quietly; any other error stops it, saying what it was.
+function M.output_failed(e)
+  if tostring(e):find("^EPIPE") then return M.closed_output() end
+  return { status = M.EXIT_USAGE, message = M.output_error_message(e) }
 end
 
 -- The processor fails to load (ELOAD before any job completed): "ELOAD: ...",
@@ -92,7 +116,7 @@ function M.outcome(stop, failed, unwritten, read_error, write_error)
   if stop and stop.message then io.stderr:write("moonjob: ", stop.message, "\n") end
   if stop and stop.status then return stop.status end
   if write_error and not write_error:find("^EPIPE") then
-    io.stderr:write("moonjob: writing the output failed: ", write_error, "\n")
+    io.stderr:write("moonjob: ", M.output_error_message(write_error), "\n")
     return M.EXIT_USAGE
   end
   if stop then return jobs_status end -- the output closed

@@ -25,6 +25,10 @@
 --       sweep for batches running for STEAL_AFTER_MS or more, and by
 --       pool:publish_kept(min_ms).
 --
+-- Both are called as the pool's listeners are (moonjob.pool.events): an
+-- error in one is reported (the `error` listeners, or stderr) and the pool
+-- carries on; it never escapes into the dispatch or the sweep.
+--
 -- Owns: pool.batches (written only here) and, on each batch job,
 -- first_line, line_count, lines_end_on_failure and lines_cut (the worker
 -- sets job.batch_state at its child's exit, for the CLI).
@@ -32,8 +36,8 @@
 -- child reads), lines:add_option(job, spec), lines:cuttable(head),
 -- lines:cut(w, head), lines:hand_back(jobs), lines:publish_kept(min_ms)
 -- (pool:publish_kept).
--- Calls: pool.children:array(), and on workers expect_batches, batch_cut
--- and batch (moonjob.worker).
+-- Calls: pool.children:array(), pool.events:report (a hook's error), and on
+-- workers expect_batches, batch_cut and batch (moonjob.worker).
 local loop = require "moonjob.loop"
 
 local Lines = {}
@@ -79,12 +83,22 @@ function Lines:cut(w, head)
   return head.lines_cut
 end
 
+local function traceback(err)
+  return debug.traceback(tostring(err), 2)
+end
+
+-- Calls the owner's hook `name` (pool.on_lines_cut, pool.on_lines_kept) as
+-- a listener is called: protected, an error reported.
+function Lines:call_hook(name, ...)
+  local hook = self.pool[name]
+  if not hook then return end
+  local ok, err = xpcall(hook, traceback, ...)
+  if not ok then self.pool.events:report(name, err) end
+end
+
 -- The lines cut off go back to their owner, who adds them again.
 function Lines:hand_back(jobs)
-  local listener = self.pool.on_lines_cut
-  for i = 1, #jobs do
-    if listener then listener(jobs[i], jobs[i].lines_cut) end
-  end
+  for i = 1, #jobs do self:call_hook("on_lines_cut", jobs[i], jobs[i].lines_cut) end
 end
 
 -- pool:publish_kept([min_ms]): hands what long batches of lines have finished
@@ -106,7 +120,7 @@ function Lines:publish_kept(min_ms)
   end
   for _, h in ipairs(heads) do -- the listener may add jobs: not while walking the workers
     local head, kept, text = h[1], h[3], h[4] -- h[2]: the lines started
-    if kept and kept > 0 then listener(head, kept, text) end
+    if kept and kept > 0 then self:call_hook("on_lines_kept", head, kept, text) end
   end
 end
 

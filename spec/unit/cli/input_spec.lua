@@ -9,7 +9,7 @@ local MIB = 1024 * 1024
 -- output that holds `held.bytes`.
 local function new_input(o, size, held)
   held = held or { bytes = 0 }
-  local output = { held = function() return held.bytes, 0 end }
+  local output = { held = function() return held.bytes, 0 end, backlog = function() return held.backlog or 0 end }
   local handle = { calls = {} }
   for _, name in ipairs({ "pause", "resume", "batch" }) do
     handle[name] = function(_, n) handle.calls[#handle.calls + 1] = n and name .. " " .. n or name end
@@ -69,6 +69,30 @@ describe("moonjob.cli.input", function()
     held.bytes = 8 * MIB - 1500
     self:pause_if_full()
     assert.same({ "pause", "pause" }, calls)
+  end)
+
+  it("with --keep-order, counts a jump in result sizes at once for the lines in flight", function()
+    local held = { bytes = 0 }
+    local self, calls = new_input({ keep_order = true }, 2, held) -- 16 MiB held at most
+    for _ = 1, 100 do self:written(("x"):rep(100), 1) end -- 100 bytes per result line
+    self.inflight = 100
+    self:written(("x"):rep(400 * 1024), 1) -- then 400 KiB: the 99 in flight may bring as much
+    held.bytes = 400 * 1024
+    self:pause_if_full()
+    assert.same({ "pause" }, calls)
+  end)
+
+  it("pauses while stdout has 4 MiB it has not taken, and resumes at 1 MiB", function()
+    local held = { bytes = 0, backlog = 4 * MIB }
+    local self, calls = new_input({}, 1, held)
+    self:pause_if_full()
+    assert.same({ "pause" }, calls)
+    held.backlog = MIB + 1
+    self:resume_if_room()
+    assert.same({ "pause" }, calls)
+    held.backlog = MIB
+    self:resume_if_room()
+    assert.same({ "pause", "resume" }, calls)
   end)
 
   it("without --keep-order, ignores the size of results", function()
