@@ -264,7 +264,8 @@ function Ranks:unstick()
   for i, w in ipairs(workers) do
     local since = w.state == "busy" and queued_since(w)
     if since and since <= long_ago then
-      local worse = i == first_at and second or first
+      local worse = first -- the worst job queued in another child (nil: none)
+      if i == first_at then worse = second end -- (`and second or first` would give first for a nil second)
       if next_best and (not worse or next_best > worse) then worse = next_best end
       local low = priorities_behind(w)
       if worse and low < worse then back = back + self.dispatch:take_back_prefetched(w)
