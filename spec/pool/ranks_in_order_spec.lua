@@ -4,7 +4,8 @@
 -- job, never with its own worst job. The pool's time budget is raised
 -- (white box, as in priority_spec) so that jobs are sent behind the long
 -- one whatever the machine's load, and so that a read-ahead taken back
--- would be sent again at once (each time counted in ranked_back).
+-- would be sent again at once (each time counted in ranked_back). While
+-- such a read-ahead stays, the look comes back every 10 ms, not every 2.
 local h = require "helpers"
 
 describe("a read-ahead in priority order behind a long job", function()
@@ -30,5 +31,31 @@ describe("a read-ahead in priority order behind a long job", function()
     local names = {}
     for line in io.lines(file) do names[#names + 1] = line end
     assert.same({ "long", "p1", "p5" }, names)
+  end)
+end)
+
+describe("a long job with a read-ahead of mixed priorities behind it", function()
+  local file
+  before_each(function() file = os.tmpname() end)
+  after_each(function()
+    os.remove(file)
+    h.cleanup()
+  end)
+
+  it("does not wake the parent every few milliseconds while it runs", function()
+    local pool = h.pool("ranked.lua", { size = 1 })
+    pool.dispatch.budget_ms = 1000
+    for _ = 1, 50 do pool:add({ file = "/dev/null" }) end
+    pool:drain()
+    h.wait_for(function() return pool.children:array()[1].state == "idle" end)
+    local ranks, looks = pool.dispatch.ranks, 0
+    local unstick = ranks.unstick
+    ranks.unstick = function(self) looks = looks + 1 return unstick(self) end
+    pool:add({ file = file, seconds = 0.5 }, { name = "long" })
+    pool:add({ file = file }, { name = "p1", priority = 1 })
+    pool:add({ file = file }, { name = "p5", priority = 5 })
+    pool:drain()
+    -- one look every 10 ms at most is about 50; every 2 ms would be about 250
+    assert.is_true(looks < 120, looks .. " looks in 0.5 s")
   end)
 end)
