@@ -249,8 +249,9 @@ end
 -- better than one queued in another child or next in the source (either
 -- would start first), is taken back: the source hands its jobs to the first
 -- free child. Looks again when the next read-ahead reaches that age, or
--- RANK_AFTER_MS from now while one that old stays, as long as priorities
--- differ among the jobs sent ahead.
+-- steal_after_ms from now while one that old stays, as long as priorities
+-- differ among the jobs sent ahead (not sooner: a long job would wake the
+-- parent every few ms; a worse job sent meanwhile meets rescue).
 function Ranks:unstick()
   local now, pool, due = loop.now(), self.pool, self.stuck_due
   if due and now < due then return self.stuck_timer:start(math.ceil(due - now)) end
@@ -264,11 +265,12 @@ function Ranks:unstick()
   for i, w in ipairs(workers) do
     local since = w.state == "busy" and queued_since(w)
     if since and since <= long_ago then
-      local worse = i == first_at and second or first
+      local worse = first -- the worst job queued in another child (nil: none)
+      if i == first_at then worse = second end -- (`and second or first` would give first for a nil second)
       if next_best and (not worse or next_best > worse) then worse = next_best end
       local low = priorities_behind(w)
       if worse and low < worse then back = back + self.dispatch:take_back_prefetched(w)
-      else soonest = math.min(soonest or math.huge, now + RANK_AFTER_MS) end
+      else soonest = math.min(soonest or math.huge, now + self.steal_after_ms) end
     elseif since then
       soonest = math.min(soonest or math.huge, since + self.steal_after_ms)
     end
