@@ -95,13 +95,16 @@ void mj__process_exited(mj_process_t *p, int64_t exit_status, int term_signal) {
 }
 
 /* Signals the child, or its whole process group. Before the spawn is done the
- * signal is kept and sent as soon as the pid is known. Returns UV_ESRCH once
- * the child was reaped: its pid may belong to someone else by then. */
+ * signal is kept and sent as soon as the pid is known; a SIGKILL kept is
+ * never replaced by a milder signal asked later (a close's SIGTERM after a
+ * start timeout's SIGKILL), nor a whole group by the child alone. Returns
+ * UV_ESRCH once the child was reaped: its pid may belong to someone else by
+ * then. */
 int mj_process_kill(mj_process_t *p, int signum, int whole_group) {
   if (p->exited) return UV_ESRCH;
   if (!p->spawned) {
-    p->pending_signal = signum;
-    p->pending_group = whole_group;
+    if (p->pending_signal != SIGKILL) p->pending_signal = signum;
+    p->pending_group = p->pending_group || whole_group;
     return 0;
   }
   if (kill(whole_group ? -p->pid : p->pid, signum) != 0) return -errno;
