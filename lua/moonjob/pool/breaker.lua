@@ -166,6 +166,8 @@ end
 -- now, not at its exit, which a process it started in a session of its own
 -- (out of the group's reach) can hold back for as long as it holds the channel.
 function Breaker:child_broken(w, err)
+  -- once per child: a LOADERR read after start_timeout killed it is that same failure
+  if w.start_reported then return end
   w.start_reported = true
   self.pool.children:retire(w, true)
   self:failed(err)
