@@ -189,10 +189,11 @@ end
 
 -- Refusals about the server's state rather than the call: the same call can
 -- succeed later (memory freed, a script ended, the data loaded, the primary
--- found again, the library reloaded).
+-- found again, the library reloaded, replicas back for min-replicas-to-write,
+-- the disk able to take the snapshot again).
 local TRANSIENT = {
   OOM = true, BUSY = true, LOADING = true, READONLY = true, MASTERDOWN = true,
-  TRYAGAIN = true, CLUSTERDOWN = true, NOSCRIPT = true,
+  TRYAGAIN = true, CLUSTERDOWN = true, NOSCRIPT = true, NOREPLICAS = true, MISCONF = true,
 }
 
 -- M.refusal_kind(err) -> "transient" | "reply" for a server's error message.
