@@ -187,7 +187,7 @@ function Remote:want()
   self.fetching = true
   local sent_at = loop.now()
   self.client:call({ "FCALL", "moonjob_fetch", 1, self.prefix, self.worker_id, n, self.lease_ms,
-      self.keep_count, self.keep_age_ms, self.port.max_payload },
+      self.keep_count, self.keep_age_ms, math.floor(self.port.max_payload) }, -- MAX_PAYLOAD is whole
     function(reply, err, kind)
       self.fetching = false
       if not reply then return self:_fetch_failed(err, kind) end
