@@ -114,6 +114,12 @@ rq.describe(function()
           if kind == "resubscribed" then resubscribed = resubscribed + 1 end
           return cb(kind, ...)
         end
+        -- no call in flight (the fetch after the report): else its watchdog drops
+        -- the calls' link and the reconnect's fetch finds the job first
+        helpers.wait_for(function()
+          local c = p.owner.client
+          return not p.owner.fetching and c.conn ~= nil and c.conn:pending() == 0
+        end, 10)
         proxy:freeze() -- both links carry nothing from now on, and never close
         helpers.sleep(0.3)
         local job = assert(q:add({ log = log })) -- "added" is published into the dead link

@@ -37,6 +37,19 @@ local function run(server, queue, stall, w)
   return took, rf.lines(log), table.concat(stderr, "\n")
 end
 
+-- How many of a queue's jobs were taken back from a worker when their lease
+-- ran out (ESTALLED kept in the job's error though it completed later): a
+-- job left idle for a lease, or fenced, is; a job given back is not.
+local function recovered(server, queue)
+  return tonumber(server:cli("EVAL", [[
+    local n = 0
+    for _, key in ipairs(redis.call("KEYS", KEYS[1])) do
+      local e = redis.call("HGET", key, "error")
+      if e and e:find("ESTALLED", 1, true) then n = n + 1 end
+    end
+    return n]], "1", ("mj:{%s}:j:*"):format(queue)))
+end
+
 local function assert_ran_once_each(lines, jobs)
   local seen = {}
   for _, line in ipairs(lines) do
@@ -53,17 +66,17 @@ describe("a Redis stall #slow", function()
   for _, way in ipairs({ "CLIENT PAUSE", "DEBUG SLEEP" }) do
     it(way .. " of 1.2 s: no job runs twice, no refusal, no job idle for a lease", function()
       local server = rf.server("--enable-debug-command yes")
-      local plain = run(server, "plain")
-      local took, lines, stderr = run(server, "stalled", function()
+      local _, lines, stderr = run(server, "stalled", function()
         if way == "CLIENT PAUSE" then server:cli("CLIENT", "PAUSE", "1200")
         else server:cli("DEBUG", "SLEEP", "1.2") end
       end)
       assert_ran_once_each(lines)
       assert.not_matches("refused", stderr)
       assert.not_matches("ELEASE", stderr)
-      -- the stall costs about its own length; a fetched job left idle until
-      -- its lease ran out would cost a lease more
-      assert.is_true(took < plain + LEASE, ("%.1f s stalled, %.1f s plain"):format(took, plain))
+      -- the stall costs about its own length: no fetched job was left idle
+      -- until its lease ran out (a count, not a time: a busy machine's
+      -- slowness must not fail it)
+      assert.equal(0, recovered(server, "stalled"))
       local c = rf.producer(server, "stalled"):counts()
       assert.equal(JOBS, c.completed)
     end)
@@ -74,12 +87,11 @@ describe("a Redis stall #slow", function()
     -- 6.5 s then runs the commands the worker sent meanwhile, answering none
     local server = rf.server("--enable-debug-command yes")
     local w = { workers = 1, args = "-j 2 --prefetch 0 --lease 10", jobs = 30, sleep = 0.2 }
-    local plain = run(server, "plain", nil, w)
-    local took, lines, stderr = run(server, "stalled", function() server:cli("DEBUG", "SLEEP", "6.5") end, w)
+    local _, lines, stderr = run(server, "stalled", function() server:cli("DEBUG", "SLEEP", "6.5") end, w)
     assert_ran_once_each(lines, w.jobs)
     assert.matches("unreachable", stderr) -- the stall did drop the connection
     assert.not_matches("refused", stderr)
     -- jobs fetched by the lost fetch are given back at once, not left to their lease (10 s)
-    assert.is_true(took < plain + 6.5 + 5, ("%.1f s stalled, %.1f s plain"):format(took, plain))
+    assert.equal(0, recovered(server, "stalled"))
   end)
 end)

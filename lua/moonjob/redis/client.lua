@@ -99,6 +99,7 @@ function M.new(url, opts)
     subscriptions = {},  -- channel -> cb
     said = {},           -- why -> true: the reasons on_state heard since the last "up"
     backoff = 0,
+    sub_backoff = 0,     -- the subscription's own, as backoff
   }, Client)
   self.timer = core.timer(function() self:_tick() end)
   self.ping_timer = core.timer(function() self:_ping() end)
@@ -139,11 +140,12 @@ function Client:_connect()
     end)
   if not conn then return self:_down("cannot start connecting") end
   self.conn = conn
-  self:_resubscribe()
+  if not self.sub_pending or loop.now() >= (self.sub_retry_at or 0) then self:_resubscribe() end
 end
 
 function Client:_up()
   self.ready, self.why, self.backoff, self.said, self.refused = true, nil, 0, {}, nil
+  self.sub_retry_at = nil -- the server is back: the subscription need not wait its back-off
   self:_flush()
   if self.on_state then self.on_state(true) end
 end
@@ -182,15 +184,16 @@ function Client:_tick()
   end
   if not self.conn and not self.closed and now >= (self.reconnect_at or 0) then self:_connect() end
   if self.conn and #self.waiting == 0 and not self.sub_pending then self.timer:stop() end
-  if self.sub_pending then self:_resubscribe() end
+  if self.sub_pending and now >= (self.sub_retry_at or 0) then self:_resubscribe() end
 end
 
 -- Refusals about the server's state rather than the call: the same call can
 -- succeed later (memory freed, a script ended, the data loaded, the primary
--- found again, the library reloaded).
+-- found again, the library reloaded, replicas back for min-replicas-to-write,
+-- the disk able to take the snapshot again).
 local TRANSIENT = {
   OOM = true, BUSY = true, LOADING = true, READONLY = true, MASTERDOWN = true,
-  TRYAGAIN = true, CLUSTERDOWN = true, NOSCRIPT = true,
+  TRYAGAIN = true, CLUSTERDOWN = true, NOSCRIPT = true, NOREPLICAS = true, MISCONF = true,
 }
 
 -- M.refusal_kind(err) -> "transient" | "reply" for a server's error message.
@@ -320,7 +323,8 @@ end
 -- It waits for messages, so a link that died silently (a NAT or proxy that
 -- forgot it, a cut cable) would never be noticed: it is PINGed every
 -- sub_timeout_ms, and no answer within as long drops it (core/parent/redis.c);
--- it is then made again and cb hears "resubscribed". That timeout is
+-- it is then made again (after a back-off of its own, as the calls'
+-- connection's) and cb hears "resubscribed". That timeout is
 -- timeout_ms, at least 2 s: a busy server's slow answer costs a needless
 -- resubscription, not a lost call, but should stay rare.
 function Client:subscribe(channel, cb)
@@ -359,21 +363,29 @@ function Client:_resubscribe()
           if self.sub ~= sub then return end
           if err then -- refused (a password): try again later, as after a drop
             sub:close()
-            self.sub, self.sub_pending = nil, true
-            self.timer:start(200, 200)
-            return
+            self.sub = nil
+            return self:_sub_later()
           end
-          self.sub_up, self.sub_channels = true, {}
+          self.sub_up, self.sub_channels, self.sub_backoff = true, {}, 0
           self:_resubscribe()
         end)
       else
         sub:close()
         self.sub, self.sub_up = nil, false
-        self.sub_pending = true
-        self.timer:start(self.backoff > 0 and self.backoff or 200, 200)
+        self:_sub_later()
       end
     end)
   self.sub, self.sub_up = sub, false
+end
+
+-- The subscription's connection is made again after a back-off (100 ms
+-- doubling to 5 s, with jitter; back to 100 ms once it is set up): a server
+-- that refuses it (a wrong password) or is down is not hammered.
+function Client:_sub_later()
+  self.sub_pending = true
+  self.sub_backoff = math.min(math.max(self.sub_backoff * 2, 100), 5000)
+  self.sub_retry_at = loop.now() + self.sub_backoff * (0.5 + math.random())
+  self.timer:start(50, 50)
 end
 
 function Client:close()

@@ -1,8 +1,12 @@
 #!lua name=moonjob
 -- moonjob's queue, as a library of Redis Functions (Redis 7). This file runs
--- inside Redis, not in moonjob: workers load it with FUNCTION LOAD REPLACE
--- when they connect, and every change of a queue's state is one FCALL, so it
--- is atomic. docs/REDIS.md is the contract for other languages.
+-- inside Redis, not in moonjob: workers and producers load it (FUNCTION LOAD
+-- REPLACE) when they connect and the server's copy is not this text, or when
+-- a call meets "Function not found" (moonjob.redis.setup; an ACL user that
+-- may not load it uses an admin's copy at this version), and every change
+-- of a queue's state is one FCALL, so it is atomic. docs/REDIS.md is the
+-- contract for other languages. Bump version() below with any change of
+-- what a function takes or answers.
 --
 -- KEYS[1] of every call is the queue's prefix, "mj:{<queue>}:"; every key of
 -- the queue starts with it, so all of them share one hash tag (one cluster

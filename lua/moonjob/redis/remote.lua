@@ -187,7 +187,7 @@ function Remote:want()
   self.fetching = true
   local sent_at = loop.now()
   self.client:call({ "FCALL", "moonjob_fetch", 1, self.prefix, self.worker_id, n, self.lease_ms,
-      self.keep_count, self.keep_age_ms, self.port.max_payload },
+      self.keep_count, self.keep_age_ms, math.floor(self.port.max_payload) }, -- MAX_PAYLOAD is whole
     function(reply, err, kind)
       self.fetching = false
       if not reply then return self:_fetch_failed(err, kind) end
@@ -582,6 +582,16 @@ function Remote:_completed(job, result_bytes)
   batch.jobs[#batch.jobs + 1] = job
 end
 
+-- moonjob_fail's RETRY_MS: -1 (no retry), else whole ms up to 10^12 (the
+-- function refuses more, and a refused report would let the job run again
+-- once its lease ran out); a backoff may compute any number, math.huge too.
+local RETRY_MS_MAX = 1e12
+local function retry_arg(retry_ms)
+  if not retry_ms then return -1 end
+  if retry_ms ~= retry_ms or retry_ms < 0 then return 0 end
+  return math.floor(math.min(retry_ms, RETRY_MS_MAX))
+end
+
 -- retry_ms: the backoff before the next attempt, or nil for a final failure.
 function Remote:_failed(job, err, retry_ms)
   self:_forget(job)
@@ -590,7 +600,7 @@ function Remote:_failed(job, err, retry_ms)
   self.counts.failed = self.counts.failed + 1
   job.ran_here = true
   self:_report("fail", { "FCALL", "moonjob_fail", 1, self.prefix, job.remote_id, job.token,
-    encode_error(err), retry_ms and math.floor(retry_ms) or -1 }, { job })
+    encode_error(err), retry_arg(retry_ms) }, { job })
 end
 
 function Remote:_release(job)
