@@ -312,11 +312,13 @@ struct mj_output_s {
   size_t work_written;                 /* set by the thread pool's write, read when it is over */
   int work_error, work_record_error;
   int error, record_error;             /* first write error, first record error: sticky */
+  int record_unreserved;               /* the record cannot reserve space: only written (set
+                                          in the thread pool: not a bit beside the flags
+                                          the loop sets meanwhile) */
   mj_output_t *next, *prev;            /* the context's list of outputs */
   unsigned writing : 1, orphaned : 1,  /* orphaned: released, frees itself when done */
       watching : 1, waiting : 1,       /* poll is open; it waits for room */
       streaming : 1, socket : 1, pipe : 1, /* written on the loop; with send(); a pipe */
-      record_unreserved : 1,           /* the record cannot reserve space: only written */
       soon_open : 1;                   /* `soon` is open */
 };
 

@@ -11,8 +11,12 @@
  *    when it is empty, else PIPE_BUF, which lands whole or not at all): a
  *    line is never cut by a reader that is slow, and nothing waits in a
  *    thread on a reader that never reads (the program ends when it wants to).
- *  - anything else (a regular file, /dev/null; a pipe when /proc is missing)
- *    is written by blocking writes in libuv's thread pool, one at a time.
+ *    A pipe that cannot be opened again (no /proc; a pipe made by another
+ *    user, `sudo -u u moonjob ... | reader`) is written as it is, blocking,
+ *    on the loop too: never more than it surely takes, so no write waits.
+ *  - anything else (a regular file, /dev/null; a terminal that cannot be
+ *    opened again) is written by blocking writes in libuv's thread pool, one
+ *    at a time.
  * A reader that goes away (`| head`) is seen at once, not at the next write:
  * the output's error becomes EPIPE.
  *
@@ -43,6 +47,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -301,12 +306,24 @@ static size_t next_piece(const mj_output_t *out, const char *p, size_t left) {
   size_t room = pipe_room(out);
   if (left <= room) return left;
   const char *nl = memrchr(p, '\n', room);
+  if (nl == NULL && out->wfd == out->fd) return room; /* blocking: never more than it takes */
   if (nl == NULL) nl = memchr(p + room, '\n', left - room);
   return nl ? (size_t) (nl - p) + 1 : left;
 }
 
+/* Whether a pipe written as it is (blocking, shared) has a free slot now:
+ * then what next_piece gives it lands without waiting. */
+static int shared_pipe_has_room(const mj_output_t *out) {
+  struct pollfd p = {.fd = out->wfd, .events = POLLOUT};
+  int n;
+  do n = poll(&p, 1, 0);
+  while (n < 0 && errno == EINTR);
+  return n != 0; /* an error, or the reader gone, shows in the write */
+}
+
 static ssize_t write_some(const mj_output_t *out, const char *p, size_t n) {
   ssize_t r;
+  if (out->pipe && out->wfd == out->fd && !shared_pipe_has_room(out)) return -EAGAIN;
   do {
     r = out->socket ? send(out->wfd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL) : write(out->wfd, p, n);
   } while (r < 0 && errno == EINTR);
@@ -356,10 +373,10 @@ static void set_up(mj_output_t *out) {
   if (out->pipe || (S_ISCHR(st.st_mode) && isatty(out->fd))) {
     int wfd = open_nonblocking(out->fd);
     if (wfd == UV_EPIPE) out->error = UV_EPIPE;
-    if (wfd < 0) return;
-    out->wfd = wfd;
+    if (wfd == UV_EPIPE || (wfd < 0 && !out->pipe)) return;
+    if (wfd >= 0) out->wfd = wfd; /* else a pipe we may not open (another user's, no /proc) */
     if (out->pipe) {
-      int size = fcntl(wfd, F_GETPIPE_SZ);
+      int size = fcntl(out->wfd, F_GETPIPE_SZ);
       out->pipe_size = size > 0 ? (size_t) size : 0;
     }
   } else if (!out->socket) {
@@ -371,7 +388,7 @@ static void set_up(mj_output_t *out) {
     out->wfd = out->fd;
     return;
   }
-  if (out->socket) fcntl(out->wfd, F_SETFL, flags); /* shared with whoever started us */
+  if (out->wfd == out->fd) fcntl(out->wfd, F_SETFL, flags); /* shared with whoever started us */
   out->poll.data = out;
   out->watching = out->streaming = 1;
   if (uv_idle_init(&out->ctx->loop, &out->soon) == 0) {

@@ -38,6 +38,8 @@ local stops = require "moonjob.cli.stops"
 
 local M = {}
 
+local STOP_DRAIN_MS = 1000 -- what stdout gets, on a stop, to take what was written
+
 local Run = {}
 Run.__index = Run
 
@@ -271,7 +273,16 @@ function Run:end_children()
   for _ = 1, 100 do -- a wait cut short by a signal is resumed; the close itself is bounded
     if pcall(self.pool.close, self.pool, { force = true }) then break end
   end
-  self.output:drain(1000)
+  self:drain_output()
+end
+
+-- On a stop, stdout gets STOP_DRAIN_MS in all (across both waits of a stop)
+-- to take what was written; what it has not taken by then is neither
+-- printed nor recorded.
+function Run:drain_output()
+  self.drain_until = self.drain_until or core.hrtime() + STOP_DRAIN_MS * 1e6
+  local left = math.ceil((self.drain_until - core.hrtime()) / 1e6)
+  if left > 0 then self.output:drain(left) end
 end
 
 -- Closes the pool, the joblog and the progress line: the exit status.
@@ -284,7 +295,7 @@ function Run:finish()
   if self.stop then
     self:end_children()
     out:flush_held() -- with --keep-order, what finished after a line that never will
-    out:drain(1000)
+    self:drain_output()
   end
   local write_error = out.write_error or select(2, out:pending())
   if self.joblog then self.joblog:close() end -- (stdout's writer records through a descriptor of its own)
