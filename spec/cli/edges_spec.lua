@@ -6,19 +6,7 @@
 local h = require "helpers"
 local cli = require "cli"
 
-local MOONJOB, read, numbers = cli.MOONJOB, cli.read, cli.numbers
-
--- The line numbers of the whole result lines in `text` (a line cut short,
--- without its newline, is not printed), each counted in `seen`; a line seen
--- twice is an error.
-local function count_lines(text, seen, what)
-  for line in (text or ""):gmatch('{"line":(%d+),[^\n]*\n') do
-    line = tonumber(line)
-    assert.is_nil(seen[line], ("line %d printed twice (%s)"):format(line, what))
-    seen[line] = true
-  end
-  return seen
-end
+local MOONJOB, read, numbers, count_lines = cli.MOONJOB, cli.read, cli.numbers, cli.count_lines
 
 local function size_of(set)
   local n = 0

@@ -7,17 +7,7 @@
 local h = require "helpers"
 local cli = require "cli"
 
-local MOONJOB, read, numbers = cli.MOONJOB, cli.read, cli.numbers
-
--- The whole result lines of `text`, by line number; a line seen twice fails.
-local function count_lines(text, seen, what)
-  for line in (text or ""):gmatch('{"line":(%d+),[^\n]*\n') do
-    line = tonumber(line)
-    assert.is_nil(seen[line], ("line %d printed twice (%s)"):format(line, what))
-    seen[line] = true
-  end
-  return seen
-end
+local MOONJOB, read, numbers, count_lines = cli.MOONJOB, cli.read, cli.numbers, cli.count_lines
 
 -- Starts `command` in the background without /proc (a mount namespace of
 -- its own with an empty /proc): its pid.

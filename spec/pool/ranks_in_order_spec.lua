@@ -8,6 +8,17 @@
 -- such a read-ahead stays, the look comes back every 10 ms, not every 2.
 local h = require "helpers"
 
+-- A pool of one child that pipelines (its recent jobs short, its budget
+-- raised), the child idle.
+local function warm_pool()
+  local pool = h.pool("ranked.lua", { size = 1 })
+  pool.dispatch.budget_ms = 1000
+  for _ = 1, 50 do pool:add({ file = "/dev/null" }) end
+  pool:drain()
+  h.wait_for(function() return pool.children:array()[1].state == "idle" end)
+  return pool
+end
+
 describe("a read-ahead in priority order behind a long job", function()
   local file
   before_each(function() file = os.tmpname() end)
@@ -17,11 +28,7 @@ describe("a read-ahead in priority order behind a long job", function()
   end)
 
   it("is not taken back while nothing better waits elsewhere (size 1)", function()
-    local pool = h.pool("ranked.lua", { size = 1 })
-    pool.dispatch.budget_ms = 1000
-    for _ = 1, 50 do pool:add({ file = "/dev/null" }) end
-    pool:drain()
-    h.wait_for(function() return pool.children:array()[1].state == "idle" end)
+    local pool = warm_pool()
     pool:add({ file = file, seconds = 0.2 }, { name = "long" })
     local better = pool:add({ file = file }, { name = "p1", priority = 1 })
     local worse = pool:add({ file = file }, { name = "p5", priority = 5 })
@@ -43,11 +50,7 @@ describe("a long job with a read-ahead of mixed priorities behind it", function(
   end)
 
   it("does not wake the parent every few milliseconds while it runs", function()
-    local pool = h.pool("ranked.lua", { size = 1 })
-    pool.dispatch.budget_ms = 1000
-    for _ = 1, 50 do pool:add({ file = "/dev/null" }) end
-    pool:drain()
-    h.wait_for(function() return pool.children:array()[1].state == "idle" end)
+    local pool = warm_pool()
     local ranks, looks = pool.dispatch.ranks, 0
     local unstick = ranks.unstick
     ranks.unstick = function(self) looks = looks + 1 return unstick(self) end

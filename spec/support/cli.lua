@@ -1,11 +1,12 @@
 -- cli -- what the specs of the `moonjob` command share (spec/cli/*): the
--- command line to run it from the source tree, and small readers and
--- writers of NDJSON files.
+-- command line to run it from the source tree, small readers and writers of
+-- NDJSON files, and a counter of the result lines a run printed.
 --
 -- Caveat: MOONJOB runs scripts/moonjob with the tree's modules and build
 -- (helpers.LUAJIT): the specs run from the worktree's root.
 local h = require "helpers"
 local json = require "moonjob.codec.json"
+local luassert = require "luassert"
 
 local M = {}
 
@@ -40,6 +41,18 @@ function M.read(path)
   local s = f:read("*a")
   f:close()
   return s
+end
+
+-- The line numbers of the whole result lines in `text` (a line cut short,
+-- without its newline, is not printed), each counted in `seen`; a line seen
+-- twice fails the test (`what` names the output in the message).
+function M.count_lines(text, seen, what)
+  for line in (text or ""):gmatch('{"line":(%d+),[^\n]*\n') do
+    line = tonumber(line)
+    luassert.is_nil(seen[line], ("line %d printed twice (%s)"):format(line, what))
+    seen[line] = true
+  end
+  return seen
 end
 
 -- NDJSON input: the numbers 1..n, one per line.

@@ -8,20 +8,21 @@
 --   local pid, log = rf.worker(server, "q", "-j 2 --lease 2")
 --   rf.fill_memory(server) ... rf.free_memory(server)       -- OOM under noeviction
 --   after_each(rf.close_all)
+--
+-- What a test opened is kept in redis_queue's list (close_all ends it, last
+-- first), and files are read with cli's reader: one copy of each.
 local moonjob = require "moonjob"
 local helpers = require "helpers"
 local redis_server = require "redis_server"
+local redis_queue = require "redis_queue"
+local cli = require "cli"
 
 local M = {}
 
 M.PROCESSOR = helpers.abs(helpers.fixture("remote.lua"))
 
-local open = {} -- what close_all ends, last first
-
-local function close_after(obj)
-  open[#open + 1] = obj
-  return obj
-end
+local close_after = redis_queue.close_after
+M.close_all = redis_queue.close_all
 
 -- A redis-server (AOF on, noeviction) with `extra` arguments.
 function M.server(extra)
@@ -69,23 +70,16 @@ function M.free_memory(server)
   server:cli("CONFIG", "SET", "maxmemory", "0")
 end
 
+-- The whole of file `path`, or "" when it cannot be read (yet).
 function M.read(path)
-  local f = io.open(path)
-  if not f then return "" end
-  local text = f:read("*a")
-  f:close()
-  return text
+  return cli.read(path) or ""
 end
 
+-- The non-empty lines of file `path` (none when it cannot be read).
 function M.lines(path)
   local lines = {}
   for line in M.read(path):gmatch("[^\n]+") do lines[#lines + 1] = line end
   return lines
-end
-
-function M.close_all()
-  for i = #open, 1, -1 do pcall(open[i].close, open[i]) end
-  open = {}
 end
 
 return M
