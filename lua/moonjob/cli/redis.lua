@@ -162,7 +162,7 @@ function Adds:summary()
   say(("%d line(s) added, %d not added, %d unknown: sent, but Redis did not reply in time, so they may or "
     .. "may not have been added"):format(self.added, self.failed, self.unknown))
   if self.dedupe then
-    say("running the same lines again with --dedupe is safe: jobs already there are joined, not added twice")
+    say("running the same lines again with --dedupe is safe: jobs Redis still keeps are joined, not added twice")
   else
     say("adding them again may add some twice; with --dedupe (each job's id from its line) a re-add is safe")
   end
