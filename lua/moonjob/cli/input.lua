@@ -43,8 +43,8 @@ Input.__index = Input
 function M.open(path)
   if path == nil or path == "-" then
     if core.closed_at_start(0) then
-      return nil, "standard input is closed and no INPUT file was given: "
-        .. "name the file (moonjob run PROCESSOR INPUT) or give the lines on stdin"
+      return nil, "standard input is closed" .. (path and " (INPUT is -)" or " and no INPUT file was given")
+        .. ": name the file (moonjob run PROCESSOR INPUT) or give the lines on stdin"
     end
     return 0
   end

@@ -177,6 +177,11 @@ end
 function M.add(input_path, o)
   local WINDOW = 256
   local input = io.stdin
+  if (input_path == nil or input_path == "-") and core.closed_at_start(0) then
+    say("standard input is closed", input_path and " (INPUT is -)" or " and no INPUT file was given",
+      ": name the file (moonjob add --queue NAME INPUT) or give the lines on stdin")
+    return EXIT_USAGE
+  end
   if input_path and input_path ~= "-" then
     local err
     input, err = io.open(input_path, "rb")
