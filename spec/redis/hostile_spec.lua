@@ -217,4 +217,35 @@ rq.describe(function()
       assert(ok, err)
     end)
   end)
+
+  describe("moonjob add and status with a standard output that takes nothing", function()
+    local function run(command)
+      local err = os.tmpname()
+      local status = os.execute(command .. " 2>" .. err)
+      local said = table.concat(rq.read_lines(err), "\n")
+      os.remove(err)
+      return status / 256, said
+    end
+
+    for i, way in ipairs({ ">/dev/full", ">&-" }) do
+      local queue = "lost_ids" .. i
+      it("say that the ids were not printed, and fail (stdout " .. way .. ")", function()
+        local input = os.tmpname()
+        finally(function() os.remove(input) end)
+        local f = assert(io.open(input, "w"))
+        f:write('{"a":1}\n{"a":2}\n')
+        f:close()
+        local url = rq.server().url
+        local status, said = run(("%s scripts/moonjob add --redis %s --queue %s %s %s")
+          :format(helpers.LUAJIT, url, queue, input, way))
+        assert.equal(1, status, said)
+        assert.matches("the jobs were added but some ids were not printed", said, 1, true)
+        assert.equal("2", rq.server():cli("ZCARD", "mj:{" .. queue .. "}:wait"))
+        status, said = run(("%s scripts/moonjob status --redis %s --queue %s %s")
+          :format(helpers.LUAJIT, url, queue, way))
+        assert.equal(1, status, said)
+        assert.matches("writing to standard output failed", said, 1, true)
+      end)
+    end
+  end)
 end)

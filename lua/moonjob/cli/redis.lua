@@ -95,10 +95,30 @@ end
 function Adds:flush()
   local ids = self.ids
   while ids[self.next_print] ~= nil do
-    if ids[self.next_print] ~= false then io.stdout:write(ids[self.next_print], "\n") end
+    if ids[self.next_print] ~= false then self:print(ids[self.next_print]) end
     ids[self.next_print] = nil
     self.next_print = self.next_print + 1
   end
+end
+
+-- An id printed; the first write error is kept (the jobs stay added: what
+-- is lost is their ids, which the summary says).
+function Adds:print(id)
+  if self.output_error then return end
+  local ok, err = io.stdout:write(id, "\n")
+  if not ok then self.output_error = err end
+end
+
+-- Whether stdout took every id, else says what was lost.
+function Adds:printed()
+  if not self.output_error then
+    local ok, err = io.stdout:flush()
+    if not ok then self.output_error = err end
+  end
+  if not self.output_error then return true end
+  say(("writing the ids to standard output failed (%s): the jobs were added but some ids were not printed; "
+    .. "q:get or moonjob status shows them"):format(tostring(self.output_error)))
+  return false
 end
 
 function Adds:refused(n, why)
@@ -203,9 +223,10 @@ function M.add(input_path, o)
   loop.wait_until(function() return adds.inflight == 0 end)
   adds:flush()
   adds:summary()
+  local printed = adds:printed()
   if input ~= io.stdin then input:close() end
   q:close()
-  return (adds.failed == 0 and adds.unknown == 0) and EXIT_OK or EXIT_FAILED
+  return (adds.failed == 0 and adds.unknown == 0 and printed) and EXIT_OK or EXIT_FAILED
 end
 
 -- missing (jobs found gone from Redis: evicted, deleted) only once there are some.
@@ -224,8 +245,13 @@ function M.status(o)
   repeat
     local c, cerr = q:counts()
     if not c then say(tostring(cerr)) q:close() return EXIT_FAILED end
-    io.stdout:write(counts_line(c), "\n")
-    io.stdout:flush()
+    local ok, werr = io.stdout:write(counts_line(c), "\n")
+    if ok then ok, werr = io.stdout:flush() end
+    if not ok then
+      say("writing to standard output failed: ", tostring(werr))
+      q:close()
+      return EXIT_FAILED
+    end
     if o.watch then
       local fired = false
       local t = core.timer(function() fired = true end)
