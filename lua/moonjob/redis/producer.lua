@@ -63,10 +63,11 @@ function M.new(url, name, opts)
     nonce_prefix = M.random_hex(8), nonces = 0 }, Queue)
 end
 
--- n random bytes as hex (the clock and pid when /dev/urandom is not there).
+-- n random bytes as hex (the clock and pid, whole, when /dev/urandom is not
+-- there). Also the worker's id (moonjob.redis.remote).
 function M.random_hex(n)
   local f = io.open("/dev/urandom", "rb")
-  local bytes = f and f:read(n) or (tostring(loop.now()) .. tostring(core.getpid())):sub(1, n)
+  local bytes = f and f:read(n) or tostring(loop.now()) .. tostring(core.getpid())
   if f then f:close() end
   return (bytes:gsub(".", function(ch) return ("%02x"):format(ch:byte()) end))
 end
