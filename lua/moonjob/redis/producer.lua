@@ -32,7 +32,7 @@ Queue.__index = Queue
 local Handle = {}
 Handle.__index = Handle
 
-local SECONDS_MAX = 1e9
+local SECONDS_MAX = require("moonjob.pool.options").SECONDS_MAX
 
 -- The key prefix of a queue: every key shares the hash tag {name}.
 function M.prefix(name)

@@ -65,7 +65,7 @@ local RENEWALS_PER_LEASE = 12   -- a renewal every lease/12
 local FENCE_AT = 4 / 5          -- unconfirmed for this part of a lease: stopped
 local FENCE_STEPS = 30          -- fence checked every lease/30; its kill lease/30 later
 local RETRY_FIRST_MS, RETRY_MAX_MS = 100, 2000 -- reports and fetches refused for now
-local SECONDS_MAX = 1e9         -- a job's timeout and kill_after, as pool:add takes them
+local SECONDS_MAX = require("moonjob.pool.options").SECONDS_MAX -- as pool:add takes them
 
 -- Remote.new(port, opts) -> remote: `port` is the pool's moonjob.pool.port;
 -- opts (the pool's): redis, queue, lease
