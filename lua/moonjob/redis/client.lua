@@ -262,6 +262,12 @@ end
 -- never ran: it waits for that connection.
 function Client:_retire(conn, why, args, cb, tries)
   self:_wait(args, cb, tries)
+  self:_retire_conn(conn, why)
+end
+
+-- No more calls on conn (the current one: down, for why); closed once
+-- nothing is in flight on it.
+function Client:_retire_conn(conn, why)
   if self.conn == conn then
     self.retiring[conn] = true
     self:_down(why)
@@ -292,11 +298,7 @@ function Client:_reload(conn, args, cb, tries)
       local reloads = self.reloads
       self.reloads = {}
       for _, w in ipairs(reloads) do self:_wait(w[1], w[2], w[4]) end
-      if kind == "state" and self.conn == conn then
-        self.retiring[conn] = true
-        self:_down(err)
-        self:_settle(conn)
-      end
+      if kind == "state" and self.conn == conn then self:_retire_conn(conn, err) end
       return
     end
     self.ready = true
