@@ -70,7 +70,7 @@ error (the processor cannot load, the joblog cannot be written), 3 stopped by
 Ctrl-C, 143 SIGTERM, 129 SIGHUP)
 ]]
 
-local SECONDS_MAX = 1e9 -- the pool's own bound on its times
+local SECONDS_MAX = require("moonjob.pool.options").SECONDS_MAX -- the pool's own bound on its times
 
 local function positive_integer(text)
   local n = tonumber(text)

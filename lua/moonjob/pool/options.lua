@@ -47,6 +47,7 @@ local WHOLE = { size = true, max_jobs_per_child = true, min_size = true, max_pro
   pipeline = true }
 -- Upper bounds, so that no option reaches C as a number it cannot hold.
 local SECONDS_MAX = 1e9
+Options.SECONDS_MAX = SECONDS_MAX -- the bound on every time, also moonjob.redis's and the CLI's
 local MAXIMUM = { size = 1024, max_payload = 2 ^ 30, memory_limit = 2 ^ 46, max_procs = 2 ^ 31 - 1,
   max_log_bytes = 2 ^ 40, attempts = 2 ^ 31, cache_max = 2 ^ 31, max_queue = 2 ^ 53,
   min_size = 1024, max_jobs_per_child = 2 ^ 53, timeout = SECONDS_MAX, kill_after = SECONDS_MAX,

@@ -150,14 +150,20 @@ function Client:_up()
   if self.on_state then self.on_state(true) end
 end
 
+-- The next back-off after `ms` (100 ms doubling to 5 s) and when it ends
+-- (with jitter, so that clients cut off together do not come back together).
+local function back_off(ms)
+  ms = math.min(math.max(ms * 2, 100), 5000)
+  return ms, loop.now() + ms * (0.5 + math.random())
+end
+
 -- Down: waiting calls keep waiting until their deadline, a new connection
--- starts after a back-off (100 ms doubling to 5 s, with jitter).
+-- starts after a back-off (back_off).
 function Client:_down(why)
   local was_ready = self.ready
   self.ready, self.why, self.conn = false, why, nil
   if self.closed then return end
-  self.backoff = math.min(math.max(self.backoff * 2, 100), 5000)
-  self.reconnect_at = loop.now() + self.backoff * (0.5 + math.random())
+  self.backoff, self.reconnect_at = back_off(self.backoff)
   self.timer:start(50, 50)
   -- said once per reason while down: a server that refuses us (protected
   -- mode, a wrong password, a replica) must not look like a silent hang, nor
@@ -256,6 +262,12 @@ end
 -- never ran: it waits for that connection.
 function Client:_retire(conn, why, args, cb, tries)
   self:_wait(args, cb, tries)
+  self:_retire_conn(conn, why)
+end
+
+-- No more calls on conn (the current one: down, for why); closed once
+-- nothing is in flight on it.
+function Client:_retire_conn(conn, why)
   if self.conn == conn then
     self.retiring[conn] = true
     self:_down(why)
@@ -286,11 +298,7 @@ function Client:_reload(conn, args, cb, tries)
       local reloads = self.reloads
       self.reloads = {}
       for _, w in ipairs(reloads) do self:_wait(w[1], w[2], w[4]) end
-      if kind == "state" and self.conn == conn then
-        self.retiring[conn] = true
-        self:_down(err)
-        self:_settle(conn)
-      end
+      if kind == "state" and self.conn == conn then self:_retire_conn(conn, err) end
       return
     end
     self.ready = true
@@ -383,8 +391,7 @@ end
 -- that refuses it (a wrong password) or is down is not hammered.
 function Client:_sub_later()
   self.sub_pending = true
-  self.sub_backoff = math.min(math.max(self.sub_backoff * 2, 100), 5000)
-  self.sub_retry_at = loop.now() + self.sub_backoff * (0.5 + math.random())
+  self.sub_backoff, self.sub_retry_at = back_off(self.sub_backoff)
   self.timer:start(50, 50)
 end
 

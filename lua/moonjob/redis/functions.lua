@@ -449,15 +449,8 @@ local function fetch(keys, args)
   for i = 1, #popped, 2 do
     local id = string.sub(popped[i], 18)
     local key = job_key(p, id)
-    -- the hot path: one HMGET, no varargs (redis.pcall: a key of another type)
-    local f = redis.pcall("HMGET", key, "state", "data", "attempts", "backoff", "timeout", "kill_after",
-      "name", "made", "priority")
-    local kind = "ok"
-    if f.err or f[1] ~= "waiting" then
-      local why = f.err and ("the key %s holds a %s, not a job hash (written by another client)"):format(
-        key, redis.call("TYPE", key).ok)
-      kind = classify(p, id, key, now, not f.err and f or nil, why)
-    end
+    local kind, f = look_at(p, id, key, "waiting", now, "data", "attempts", "backoff", "timeout",
+      "kill_after", "name", "made", "priority")
     if kind == "ok" then
       local made = (tonumber(f[8]) or 0) + 1
       local why = unfit(id, f)

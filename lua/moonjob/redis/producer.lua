@@ -32,7 +32,7 @@ Queue.__index = Queue
 local Handle = {}
 Handle.__index = Handle
 
-local SECONDS_MAX = 1e9
+local SECONDS_MAX = require("moonjob.pool.options").SECONDS_MAX
 
 -- The key prefix of a queue: every key shares the hash tag {name}.
 function M.prefix(name)
@@ -63,10 +63,11 @@ function M.new(url, name, opts)
     nonce_prefix = M.random_hex(8), nonces = 0 }, Queue)
 end
 
--- n random bytes as hex (the clock and pid when /dev/urandom is not there).
+-- n random bytes as hex (the clock and pid, whole, when /dev/urandom is not
+-- there). Also the worker's id (moonjob.redis.remote).
 function M.random_hex(n)
   local f = io.open("/dev/urandom", "rb")
-  local bytes = f and f:read(n) or (tostring(loop.now()) .. tostring(core.getpid())):sub(1, n)
+  local bytes = f and f:read(n) or tostring(loop.now()) .. tostring(core.getpid())
   if f then f:close() end
   return (bytes:gsub(".", function(ch) return ("%02x"):format(ch:byte()) end))
 end

@@ -65,14 +65,7 @@ local RENEWALS_PER_LEASE = 12   -- a renewal every lease/12
 local FENCE_AT = 4 / 5          -- unconfirmed for this part of a lease: stopped
 local FENCE_STEPS = 30          -- fence checked every lease/30; its kill lease/30 later
 local RETRY_FIRST_MS, RETRY_MAX_MS = 100, 2000 -- reports and fetches refused for now
-local SECONDS_MAX = 1e9         -- a job's timeout and kill_after, as pool:add takes them
-
-local function random_id()
-  local f = io.open("/dev/urandom", "rb")
-  local bytes = f and f:read(8) or tostring(loop.now()) .. tostring(core.getpid())
-  if f then f:close() end
-  return (bytes:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
-end
+local SECONDS_MAX = require("moonjob.pool.options").SECONDS_MAX -- as pool:add takes them
 
 -- Remote.new(port, opts) -> remote: `port` is the pool's moonjob.pool.port;
 -- opts (the pool's): redis, queue, lease
@@ -85,7 +78,7 @@ function Remote.new(port, opts)
     prefetch = opts.prefetch or opts.size or 1,
     poll_ms = math.floor((opts.poll or 1) * 1000),
     keep_count = opts.keep or 1000, keep_age_ms = math.floor((opts.keep_age or 86400) * 1000),
-    worker_id = (opts.worker_name or "") .. random_id(),
+    worker_id = (opts.worker_name or "") .. Queue.random_hex(8),
     held = {},        -- remote id -> job (fetched, in the pool)
     reporting = {},   -- remote id -> job (ended here, its report not answered yet)
     retry = {},       -- reports to send again (refused for now, or the connection lost)
