@@ -38,6 +38,28 @@ end
 
 rq.describe(function()
   describe("foreign data in the queue", function()
+    it("a spoiled token counter stops a fetch before it pops; spoiled totals never stop a completion", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      local p = prefix(name)
+      local jobs = {}
+      for i = 1, 3 do jobs[i] = assert(q:add({ echo = i })) end
+      rq.server():cli("SET", p .. "tokens", "not a number")
+      local said = rq.server():cli("FCALL", "moonjob_fetch", 1, p, "w", 2, 30000, 100, 60000, 0)
+      assert.matches("tokens is not a counter", said, 1, true)
+      assert.equal("3", rq.server():cli("ZCARD", p .. "wait")) -- nothing popped
+      assert.equal("none", orphans(name))
+      rq.server():cli("DEL", p .. "tokens")
+      rq.server():cli("HSET", p .. "totals", "completed", "abc")
+      local pool = rq.pool(name, { size = 1 })
+      local refused = {}
+      pool:on("redis", function(kind, why) if kind == "error" then refused[#refused + 1] = why end end)
+      for i = 1, 3 do assert.equal(i, assert(jobs[i]:wait(20)).echo) end
+      assert.equal("3", rq.server():cli("ZCARD", p .. "completed"))
+      assert.same({}, refused)
+      assert.equal("none", orphans(name))
+    end)
+
     it("a key of the wrong type in the wait set fails alone with EINPUT; the jobs around it run", function()
       local name = rq.new_queue()
       local q = rq.new_producer(name)

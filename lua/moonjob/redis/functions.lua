@@ -93,8 +93,16 @@ local function job_fields(key, ...)
   return f
 end
 
+-- Adds n to a count of <p>totals. redis.pcall: the totals are statistics,
+-- and a totals key another client spoiled (a field that is not a number, a
+-- key of another type) must not stop the state change that counts in it
+-- half written.
+local function count_total(p, field, n)
+  redis.pcall("HINCRBY", p .. "totals", field, n)
+end
+
 local function count_missing(p, n)
-  if n > 0 then redis.call("HINCRBY", p .. "totals", "missing", n) end
+  if n > 0 then count_total(p, "missing", n) end
 end
 
 -- Finished jobs are kept by count and by age, a bounded amount of work per
@@ -162,7 +170,7 @@ local function finish(p, id, key, state, field, value, now, f)
     redis.call("HSET", key, "state", state, field, value, "finished", now, "token", "")
   end
   redis.call("ZADD", p .. state, now, id)
-  if not f.batched then redis.call("HINCRBY", p .. "totals", state, 1) end
+  if not f.batched then count_total(p, state, 1) end
   if f[2] == "1" then redis.call("PUBLISH", p .. "done", id) end
 end
 
@@ -441,6 +449,13 @@ local function fetch(keys, args)
   promote_delayed(p, now)
   retain(p, 4, args, now, n)
   local out = { -1 }
+  -- the token counter is checked before anything is popped (a pop is not
+  -- undone if the call then fails): a key another client spoiled is said
+  local counter = redis.pcall("INCRBY", p .. "tokens", 0)
+  if type(counter) == "table" and counter.err then
+    return redis.error_reply(("ERR %stokens is not a counter (%s): another client wrote it; delete it "
+      .. "(DEL %stokens) and restart the workers"):format(p, counter.err, p))
+  end
   local popped = n > 0 and redis.call("ZPOPMIN", p .. "wait", n) or {}
   -- tokens: one counter step per batch, one number per job (never reused)
   local last_token = #popped > 0 and redis.call("INCRBY", p .. "tokens", #popped / 2) or 0
@@ -543,7 +558,7 @@ local function complete(keys, args)
       out[#out + 1] = "ESTALE"
     end
   end
-  if done > 0 then redis.call("HINCRBY", p .. "totals", "completed", done) end
+  if done > 0 then count_total(p, "completed", done) end
   return out
 end
 
@@ -644,7 +659,8 @@ end
 -- kept); missing, the set entries found with their job gone (evicted).
 local function counts(keys)
   local p = keys[1]
-  local totals = redis.call("HMGET", p .. "totals", "completed", "failed", "missing")
+  local totals = redis.pcall("HMGET", p .. "totals", "completed", "failed", "missing")
+  if totals.err then totals = {} end -- a spoiled totals key: its counts read as 0
   return { redis.call("ZCARD", p .. "wait"), redis.call("ZCARD", p .. "delayed"),
     redis.call("ZCARD", p .. "active"), tonumber(totals[1]) or 0, tonumber(totals[2]) or 0,
     tonumber(totals[3]) or 0 }
