@@ -122,6 +122,7 @@ local codecs = {
   },
   json = {
     decode = function()
+      if options.raw then return decoder:tostring() end -- (moonjob run --raw: the line is the data)
       local value, err = json.decode(decoder:tostring())
       if err then error(encode.input_error(err)) end
       return value
@@ -239,7 +240,7 @@ function M.main()
     channel.send(channel.LOADERR, 0, encode_error(err))
     return 3
   end
-  batch.setup({ processor = processor, Job = Job, sent = sent, flush_output = flush_output })
+  batch.setup({ processor = processor, Job = Job, sent = sent, flush_output = flush_output, raw = options.raw })
   flush_output() -- what the file printed at load or in init() is counted in READY: it is no job's
   channel.send(channel.READY, 0)
   while true do
