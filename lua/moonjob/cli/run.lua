@@ -223,7 +223,8 @@ end
 function Run:note_not_json(text)
   if not text:find(NOT_JSON, 1, true) then return end
   for result_line in text:gmatch("[^\n]+") do
-    if result_line:find(NOT_JSON, 1, true) then
+    local at = result_line:find(NOT_JSON, 1, true) -- (not for bytes that are not UTF-8: not a sign of text)
+    if at and not result_line:find("^: invalid UTF%-8", at + #NOT_JSON) then
       local line = tonumber(result_line:match('^{"line":(%d+)'))
       self.not_json = (self.not_json or 0) + 1
       if line and line < (self.first_not_json or math.huge) then self.first_not_json = line end
