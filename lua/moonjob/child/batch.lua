@@ -2,7 +2,8 @@
 -- "json" codec; core/frame.h): the job's data is NDJSON text, and the
 -- processor runs once per line, each line a job of its own to it, with a
 -- job's fields (job.data, job.name "line N", job.attempt; job.id and
--- job.number are the batch's).
+-- job.number are the batch's). With the pool's raw option (moonjob run
+-- --raw) a line's text is its data, not decoded.
 --
 -- The child writes each line's result line itself (moonjob.codec.resultline)
 -- into the batch area it shares with the parent, so a child that dies

@@ -13,7 +13,8 @@
 --
 -- Every value crossing the channel is encoded with string.buffer (exact), except
 -- in the "json" codec where job data arrives as JSON text and results leave as
--- exact JSON text (see moonjob.codec.json), so the parent never parses payloads.
+-- exact JSON text (see moonjob.codec.json), so the parent never parses payloads;
+-- with the pool's raw option, the data is that text itself, not decoded.
 local channel = require "moonjob.channel"
 local batch = require "moonjob.child.batch" -- requires the channel itself: before it is hidden
 -- The channel is the child modules' alone: a processor cannot require it.

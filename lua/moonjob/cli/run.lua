@@ -13,7 +13,11 @@
 -- --timeout or --attempts above 1, one line per job. Input lines go to the
 -- children as JSON text and results come back as exact JSON text (the pool's
 -- "json" codec), so the parent never parses a payload: it only cuts lines
--- and writes result lines around the children's bytes.
+-- and writes result lines around the children's bytes. With --raw the
+-- children take each line's text as its data (the pool's raw option);
+-- without it, the first line that is not blank is checked here once, so that
+-- plain-text input stops before any line runs (moonjob.cli.input), and the
+-- lines that fail as not JSON are counted, to be said once at the end.
 --
 -- A run stops early on SIGINT, SIGTERM and SIGHUP (the children and
 -- everything they started are killed), on --halt's rule, on a processor that
