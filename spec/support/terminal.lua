@@ -42,6 +42,8 @@ end
 function M.moonjob(...)
   local argv = { "env", "LUA_PATH=lua/?.lua;lua/?/init.lua;;",
     "LUA_CPATH=" .. (h.BUILD or "build") .. "/?.so;;", "luajit", "scripts/moonjob" }
+  local preload = os.getenv("MOONJOB_PRELOAD") -- make sanitize: its runtime first (as helpers.LUAJIT)
+  if preload then table.insert(argv, 2, "LD_PRELOAD=" .. preload) end
   for _, word in ipairs({ ... }) do argv[#argv + 1] = word end
   return argv
 end
