@@ -102,7 +102,7 @@ function M.new(o, pool_size, output)
     result_line_bytes = 0, -- recent bytes per result line: up at once, down slowly
     batching = o.timeout == nil and (o.attempts or 1) == 1,
     batch_lines = 1, line_ms = nil, print_cap = BATCH_LINES_MAX,
-    raw = o.raw, checked = o.raw, -- the first line that is not blank was checked (or --raw: none is)
+    checked = o.raw, -- the first line that is not blank was checked (or --raw: none is)
     from_terminal = false, -- read from a terminal: no progress line until it ends
   }, Input)
   self:set_bounds()

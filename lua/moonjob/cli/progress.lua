@@ -100,9 +100,10 @@ end
 -- progress.new(state, opts) -> display.
 -- state() -> the table M.describe reads (elapsed is filled in here).
 -- opts.stdout_may_show: stdout is not a regular file, or the joblog is not
--- (what is written there may show on the terminal); opts.flush_output() writes out what stdout was
--- given and returns the bytes it has not taken yet; opts.hidden() -> true
--- while the line must not be drawn (the input is read from a terminal).
+-- (what is written there may show on the terminal); opts.flush_output()
+-- writes out what stdout was given and returns the bytes it has not taken
+-- yet; opts.hidden() -> true while the line must not be drawn (the input is
+-- read from a terminal).
 function M.new(state, opts)
   local started = loop.now()
   local stdout_may_show, flush_output = opts.stdout_may_show, opts.flush_output
