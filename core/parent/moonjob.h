@@ -332,6 +332,7 @@ void mj__input_close_all(mj_ctx_t *ctx);
 mj_output_t *mj_output_new(mj_ctx_t *ctx, int fd, int record_fd);
 int mj_output_append(mj_output_t *out, const char *data, size_t len);
 int mj_output_start(mj_output_t *out);
+int mj_output_flush(mj_output_t *out);
 size_t mj_output_pending(const mj_output_t *out);
 void mj_output_release(mj_output_t *out);
 void mj_output_close(mj_output_t *out);

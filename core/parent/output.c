@@ -34,7 +34,8 @@
  *
  * On the loop, what is appended during a turn goes out at the start of the
  * next (an idle handle: the loop does not wait in between), as one write and
- * one record, however many lines it holds.
+ * one record, however many lines it holds; or at once when the owner asks
+ * (mj_output_flush: the CLI draws its progress line after its results).
  *
  * An output released while bytes are still pending goes on writing them
  * while the loop runs, then frees itself; a loop closed first drops them.
@@ -445,6 +446,18 @@ int mj_output_start(mj_output_t *out) {
   } else if (!out->writing) {
     start_work(out);
   }
+  return out->error;
+}
+
+/* Writes what is pending now, on the caller's turn, instead of at the start
+ * of the next (the CLI's progress line is drawn right after its results are
+ * out): only on a pipe, terminal or socket with room; a full one goes on
+ * waiting for room, and a regular file keeps its thread pool's order. */
+int mj_output_flush(mj_output_t *out) {
+  if (out->ctx == NULL) return UV_ECANCELED;
+  if (!out->streaming || out->waiting || out->error || out->record_error) return out->error;
+  if (out->soon_open) uv_idle_stop(&out->soon);
+  if (out->pending_len > out->pending_off) stream_flush(out);
   return out->error;
 }
 

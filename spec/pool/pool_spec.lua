@@ -25,7 +25,7 @@ describe("moonjob.pool", function()
         "moonjob.pool: unknown option 'sise' (known: ack_timeout, attempts, backoff, cache, "
         .. "cache_max, child, codec, dedupe, echo, idle_timeout, jit, keep, keep_age, kill_after, lease, "
         .. "max_jobs_per_child, max_log_bytes, max_payload, max_procs, max_queue, memory_limit, min_size, "
-        .. "pipeline, poll, pools, prefetch, queue, redis, size, start_timeout, timeout, user, worker_name)")
+        .. "pipeline, poll, pools, prefetch, queue, raw, redis, size, start_timeout, timeout, user, worker_name)")
     end)
 
     it("raises on a size that is not a positive whole number", function()

@@ -208,7 +208,7 @@ int luaopen_moonjob_core(lua_State *L) {
     {"close", lmj_redis_close}, {"pending", lmj_redis_pending},
     {"ping", lmj_redis_ping}, {NULL, NULL}};
   static const luaL_Reg output_methods[] = {
-    {"write", lmj_output_write}, {"pending", lmj_output_pending},
+    {"write", lmj_output_write}, {"flush", lmj_output_flush}, {"pending", lmj_output_pending},
     {"record_error", lmj_output_record_error}, {"written", lmj_output_written},
     {"close", lmj_output_close}, {NULL, NULL}};
 

@@ -178,6 +178,17 @@ static int lmj_output_write(lua_State *L) {
   return 1;
 }
 
+/* output:flush() -> true | nil, err, code: what is pending is written now
+ * when the descriptor takes it (a pipe, terminal or socket), not at the
+ * start of the loop's next turn. */
+static int lmj_output_flush(lua_State *L) {
+  mj_output_t *out = lmj_check_output(L, 1);
+  int rc = mj_output_flush(out);
+  if (rc != 0) return lmj_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* output:pending() -> bytes not yet written | nil, err, code (a write error) */
 static int lmj_output_pending(lua_State *L) {
   mj_output_t *o = lmj_check_output(L, 1);

@@ -2,7 +2,8 @@
 -- "json" codec; core/frame.h): the job's data is NDJSON text, and the
 -- processor runs once per line, each line a job of its own to it, with a
 -- job's fields (job.data, job.name "line N", job.attempt; job.id and
--- job.number are the batch's).
+-- job.number are the batch's). With the pool's raw option (moonjob run
+-- --raw) a line's text is its data, not decoded.
 --
 -- The child writes each line's result line itself (moonjob.codec.resultline)
 -- into the batch area it shares with the parent, so a child that dies
@@ -36,10 +37,12 @@ local result_problem, failure_of, out_of_memory = encode.result_problem, encode.
 -- batch line that logs ends its batch, as one that prints), and its
 -- flush_output().
 local processor, Job, sent, flush_output = nil, nil, nil, nil
+local decode_line = json.decode -- a line's data from its text (--raw: the text itself)
 
 -- batch.setup(runner) with runner = { processor, Job, sent, flush_output }.
 function M.setup(runner)
   processor, Job, sent, flush_output = runner.processor, runner.Job, runner.sent, runner.flush_output
+  if runner.raw then decode_line = function(text) return text end end -- moonjob run --raw
 end
 
 local lines_format = nil -- moonjob.codec.resultline, loaded with the first batch
@@ -131,7 +134,7 @@ local function run_lines(b)
     record_buffer:reset()
     if #source > 0 and (c > 32 or find(source, "%S")) then -- not blank
       b.line, b.t0 = line, t0
-      local data, err = json.decode(source)
+      local data, err = decode_line(source)
       if err then
         lines_format.put_failed(record_buffer, line, input_error(err), b.attempt, now() - t0)
         completed = false

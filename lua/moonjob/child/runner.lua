@@ -13,7 +13,8 @@
 --
 -- Every value crossing the channel is encoded with string.buffer (exact), except
 -- in the "json" codec where job data arrives as JSON text and results leave as
--- exact JSON text (see moonjob.codec.json), so the parent never parses payloads.
+-- exact JSON text (see moonjob.codec.json), so the parent never parses payloads;
+-- with the pool's raw option, the data is that text itself, not decoded.
 local channel = require "moonjob.channel"
 local batch = require "moonjob.child.batch" -- requires the channel itself: before it is hidden
 -- The channel is the child modules' alone: a processor cannot require it.
@@ -122,6 +123,7 @@ local codecs = {
   },
   json = {
     decode = function()
+      if options.raw then return decoder:tostring() end -- (moonjob run --raw: the line is the data)
       local value, err = json.decode(decoder:tostring())
       if err then error(encode.input_error(err)) end
       return value
@@ -239,7 +241,7 @@ function M.main()
     channel.send(channel.LOADERR, 0, encode_error(err))
     return 3
   end
-  batch.setup({ processor = processor, Job = Job, sent = sent, flush_output = flush_output })
+  batch.setup({ processor = processor, Job = Job, sent = sent, flush_output = flush_output, raw = options.raw })
   flush_output() -- what the file printed at load or in init() is counted in READY: it is no job's
   channel.send(channel.READY, 0)
   while true do

@@ -11,7 +11,7 @@ local M = {}
 M.USAGE = [[
 usage: moonjob run PROCESSOR [INPUT] [options]
        moonjob worker PROCESSOR --redis URL --queue NAME [-j N] [--lease S] [--grace S]
-       moonjob add --redis URL --queue NAME [INPUT] [--dedupe] [--attempts N] [--priority P] [--delay S]
+       moonjob add --redis URL --queue NAME [INPUT] [--raw] [--dedupe] [--attempts N] [--priority P] [--delay S]
        moonjob status --redis URL --queue NAME [--watch]
 
 Runs the processor file PROCESSOR once per line of INPUT, an NDJSON file
@@ -20,8 +20,11 @@ of child processes. Prints one JSON line per finished line, as it finishes:
   {"line":1,"status":"completed","result":...,"attempts":1,"ms":0.4}
   {"line":2,"status":"failed","error":{"code":"...","message":"..."},"attempts":1,"ms":0.2}
 What the processor prints goes to standard error as "[line N] text".
+Plain-text lines (file names, words): --raw, e.g. ls *.log | moonjob run count.lua --raw
 
 options:
+  --raw                 each input line is a job's data as it is, a string
+                        (no JSON needed; blank lines still run nothing)
   -j, --concurrency N   children to run (default: the number of CPUs; also --jobs N)
   -k, --keep-order      print results in input order (default: as they finish)
   --halt WHEN,fail=N    stop after N failed lines: WHEN is now (running jobs
@@ -40,12 +43,14 @@ options:
   --start-timeout S     seconds a child may take to load the processor
                         (default 60); then the run stops with ELOAD
   --progress, --no-progress   show a progress line and a summary on stderr, or
-                        not (default: when stderr is a terminal)
+                        not (default: when stderr is a terminal; none is drawn
+                        while the input is typed on a terminal)
 
 durable queues on Redis (README "Durable queues on Redis"):
   worker                run jobs from the queue until SIGTERM or Ctrl-C, then
                         give back what was not started and exit 0
   add                   add one job per NDJSON line of INPUT; prints the ids
+                        (--raw: per line of text, its data a JSON string)
   status                print the queue's counts (--watch: every second)
   --redis URL           redis://[user:password@]host[:port][/db]; default:
                         $MOONJOB_REDIS (keeps a password out of `ps`)
@@ -159,7 +164,7 @@ local VALUED = {
 local FLAGS = {
   ["-h"] = "help", ["--help"] = "help", ["--version"] = "version",
   ["-k"] = "keep_order", ["--keep-order"] = "keep_order", ["--resume"] = "resume",
-  ["--watch"] = "watch", ["--progress"] = "progress", ["--dedupe"] = "dedupe",
+  ["--watch"] = "watch", ["--progress"] = "progress", ["--dedupe"] = "dedupe", ["--raw"] = "raw",
 }
 
 -- An option with its value in the same word: `--name=value`, `-jVALUE` or

@@ -1,7 +1,7 @@
 -- moonjob.cli -- the `moonjob` command: parses its arguments, runs the
 -- command they name, and returns its exit status.
 --
---   moonjob run PROCESSOR [INPUT] [-j N] [-k] [--halt WHEN,fail=N] [--timeout S]
+--   moonjob run PROCESSOR [INPUT] [--raw] [-j N] [-k] [--halt WHEN,fail=N] [--timeout S]
 --     [--attempts N] [--backoff SPEC] [--joblog FILE [--resume]] [--progress]
 --   moonjob worker | add | status ... (moonjob.cli.redis)
 --
@@ -39,6 +39,10 @@ local function remote_command(command, o)
   o.redis = o.redis or from_environment
   local bad = remote.check_target(o, usage_error)
   if bad then return bad end
+  if o.raw and command ~= "add" then
+    return usage_error(("--raw is for moonjob run and moonjob add (moonjob %s runs the jobs of the queue, "
+      .. "whose data is JSON already)"):format(command))
+  end
   if command == "worker" then
     local processor = o.positional[2]
     if not processor then return usage_error("missing PROCESSOR: moonjob worker PROCESSOR --redis URL --queue NAME") end

@@ -20,6 +20,19 @@
 -- print, batches are no longer than the lines run before one printed; the
 -- cap doubles with each job that printed nothing.
 --
+-- Input is NDJSON unless --raw: then each line's text is its job's data (the
+-- children get the pool's raw option). Without --raw, the first line that is
+-- not blank is checked in the parent (first_line_problem): input that is not
+-- JSON from its first line on (file names, words) stops the run before any
+-- line runs, saying to use --raw, rather than failing every line. A later
+-- line that is not JSON fails alone with EINPUT (the run says so once at its
+-- end, moonjob.cli.run). Blank lines (empty, or only whitespace) run as
+-- nothing, with or without --raw.
+--
+-- Input read from a terminal (INPUT is a terminal, or none is given and
+-- stdin is one) is said once on stderr, and no progress line is drawn over
+-- what is typed (from_terminal, read by the run's display).
+--
 -- Caveat: every path that frees room (a line written, handed back, skipped)
 -- must call resume_if_room(), or a paused input stays paused; the run's main
 -- wait calls it too, as a safety net. The counts in flight change only
@@ -33,6 +46,8 @@ local BATCH_LINES_MAX = 4096 -- and holds at most this many lines
 local HOLD_BYTES_PER_CHILD = 8 * 1024 * 1024 -- --keep-order: results held, per child
 local BYTES_PER_CHILD = 4 * 1024 * 1024 -- batches in flight (blocks are at most 1 MiB: core/parent/stdio.c)
 local OUTPUT_HIGH, OUTPUT_LOW = 4 * 1024 * 1024, 1024 * 1024 -- result bytes stdout has not taken yet
+local CHECK_WHOLE_MAX = 1024 * 1024 -- a longer first line is checked by its first character only
+local JSON_START = "^[%[{\"%-%dtfn]" -- how a JSON value begins
 
 local Input = {}
 Input.__index = Input
@@ -87,6 +102,8 @@ function M.new(o, pool_size, output)
     result_line_bytes = 0, -- recent bytes per result line: up at once, down slowly
     batching = o.timeout == nil and (o.attempts or 1) == 1,
     batch_lines = 1, line_ms = nil, print_cap = BATCH_LINES_MAX,
+    checked = o.raw, -- the first line that is not blank was checked (or --raw: none is)
+    from_terminal = false, -- read from a terminal: no progress line until it ends
   }, Input)
   self:set_bounds()
   return self
@@ -95,10 +112,53 @@ end
 -- Starts reading descriptor `fd`: on_line(text, len, count) for each line
 -- or batch of `count` lines (text nil: a line longer than max_line).
 function Input:start(fd, max_line, on_line)
+  self.from_terminal = core.isatty(fd)
+  if self.from_terminal then
+    io.stderr:write("moonjob: reading input from the terminal, one line per job; end it with Ctrl-D\n")
+  end
   self.handle = core.input(fd, max_line, on_line, function(e)
     self.ended, self.read_error, self.at_end = true, e, true
   end)
   self.handle:resume()
+end
+
+-- A short, printable view of line `text` for a message.
+local function quoted(text)
+  local shown = text:sub(1, 40):gsub("[%c\128-\255\"\\]", function(c) return ("\\x%02x"):format(c:byte()) end)
+  return '"' .. shown .. (#text > 40 and '..."' or '"')
+end
+
+-- Why the first line that is not blank, of the `count` lines `text` from
+-- line `first` on, shows that the input is not NDJSON (a message for the
+-- user), or nil. Until a line that is not blank was seen, each read is
+-- asked; then (and always with --raw) none is. A line's UTF-8, its numbers
+-- and its depth are the child's to judge (they fail that line alone).
+function Input:first_line_problem(first, text, count)
+  if self.checked or text == nil then -- (nil: a line longer than max_payload, which fails alone)
+    self.checked = self.checked or text == nil
+    return nil
+  end
+  local line_no, at = first, 1
+  for _ = 1, count do
+    local nl = text:find("\n", at, true) or #text + 1
+    local line = text:sub(at, nl - 1)
+    if line:find("%S") then
+      self.checked = true
+      local start = line:match("^%s*()")
+      local err = not line:find(JSON_START, start) and "it does not begin as a JSON value does"
+      if not err and #line <= CHECK_WHOLE_MAX then
+        local _, why = require("moonjob.codec.json").decode(line)
+        if why and not (why:find("^number ") or why:find("^nested deeper") or why:find("^invalid UTF%-8")) then
+          err = why
+        end
+      end
+      if not err then return nil end
+      return ("line %d is not JSON (%s: %s): moonjob run reads NDJSON, one JSON value per line; "
+        .. "for plain-text lines (file names, words) use --raw, which passes each line as a string "
+        .. "in job.data"):format(line_no, quoted(line), err)
+    end
+    line_no, at = line_no + 1, nl + 1
+  end
 end
 
 -- `count` lines of `len` bytes were read: returns the first one's number.

@@ -23,7 +23,8 @@
 --
 -- Caveat: the progress line (display) shares stderr, and stdout's terminal
 -- when stdout is not a regular file: it is erased before each write there
--- (the write itself may come later, when the terminal has room).
+-- (the write itself may come later, when the terminal has room), and drawn
+-- again once the turn's writes are out (flush_now, moonjob.cli.progress).
 local batches = require "moonjob.cli.batches"
 local core = require "moonjob.core"
 local lines = require "moonjob.codec.resultline"
@@ -125,6 +126,15 @@ end
 -- The bytes written and not yet gone out, and the write error if any.
 function Output:pending()
   return self.out:pending()
+end
+
+-- Writes out now what stdout was given (a pipe or terminal with room),
+-- rather than at the start of the loop's next turn: the bytes it has not
+-- taken yet (0 after an error). The progress line is drawn after them.
+function Output:flush_now()
+  local out = self.out
+  if out.flush then out:flush() end
+  return out:pending() or 0
 end
 
 -- The bytes given to stdout that it has not taken yet (0 after an error).

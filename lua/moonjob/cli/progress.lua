@@ -4,13 +4,23 @@
 --   1,679/~20,000 lines  8%  841/s  ETA 0:24  3 failed
 --   moonjob: 20,000 lines: 19,997 completed, 3 failed in 23.8 s (841 lines/s)
 --
--- The line is redrawn at most 10 times a second, on a timer of the loop, and
--- is erased ("\r", then erase to the end of the line) before anything else
--- is written to stderr, and before any write to stdout when stdout is not a
--- regular file (a terminal, or a pipe whose reader may print there): it is
--- redrawn only once the output written since has left (the output writer is
--- asynchronous), so it does not sit in the middle of a result line. Caveat:
--- a reader on a pipe prints when it likes; its lines can still meet a redraw.
+-- The line's text is made anew at most 10 times a second (on a timer of
+-- the loop, and at the end of each loop turn of the run when due), and the
+-- line is drawn again after anything else was written: it is erased ("\r",
+-- then erase to the end of the line) before anything else is written to
+-- stderr, and before any write to stdout when stdout is not a regular file (a
+-- terminal, or a pipe whose reader may print there). At the end of the loop
+-- turn that wrote results, what stdout was given is written out at once
+-- (output:flush), and the line is redrawn right after, so that it stays on
+-- the screen while results stream, instead of showing only between two
+-- bursts. When stdout has not taken everything (a full pipe, a terminal
+-- paused with Ctrl-S), the line waits for it: it never sits in the middle of
+-- a result line. Caveat: a reader on a pipe prints when it likes; its lines
+-- can still meet a redraw.
+--
+-- While the input is read from a terminal (the user types the lines), no
+-- line is drawn: it would glue itself to what is typed. It appears once the
+-- input ends (Ctrl-D).
 --
 -- With INPUT a file, the total is estimated from its size and
 -- the bytes per line read so far (shown with "~") until the input is read
@@ -87,12 +97,19 @@ function M.summary(s)
     lines_text(done), grouped(s.completed), grouped(s.failed), skipped, s.elapsed, rate_text(rate))
 end
 
--- progress.new(state, stdout_may_show, output_idle) -> display.
--- state() -> the table M.describe reads (elapsed is filled in here);
--- output_idle() -> true when nothing written to stdout is still on its way.
-function M.new(state, stdout_may_show, output_idle)
+-- progress.new(state, opts) -> display.
+-- state() -> the table M.describe reads (elapsed is filled in here).
+-- opts.stdout_may_show: stdout is not a regular file, or the joblog is not
+-- (what is written there may show on the terminal); opts.flush_output()
+-- writes out what stdout was given and returns the bytes it has not taken
+-- yet; opts.hidden() -> true while the line must not be drawn (the input is
+-- read from a terminal).
+function M.new(state, opts)
   local started = loop.now()
-  local shown = false
+  local stdout_may_show, flush_output = opts.stdout_may_show, opts.flush_output
+  local hidden = opts.hidden or function() return false end
+  local shown = false -- the line is on the screen
+  local text, made_at = nil, -math.huge -- its text, and when it was made
   local display = {}
 
   local function snapshot()
@@ -109,10 +126,10 @@ function M.new(state, stdout_may_show, output_idle)
     end
   end
 
-  -- Writes text to stderr, the line erased first (redrawn at the next tick).
-  function display.write_stderr(text)
+  -- Writes text to stderr, the line erased first (redrawn at the turn's end).
+  function display.write_stderr(text_out)
     display.erase()
-    io.stderr:write(text)
+    io.stderr:write(text_out)
   end
 
   -- Called before each write to stdout.
@@ -120,11 +137,21 @@ function M.new(state, stdout_may_show, output_idle)
     if stdout_may_show then display.erase() end
   end
 
-  local timer = core.timer(function()
-    if stdout_may_show and not output_idle() then return end
-    io.stderr:write(ERASE, M.describe(snapshot()))
+  -- Draws the line again when it was erased, or when its text is due (every
+  -- REFRESH_MS): called at the end of each loop turn of the run, and by the
+  -- timer. Results given to stdout go out first.
+  function display.refresh()
+    if hidden() then return end
+    local now = loop.now()
+    local due = now - made_at >= REFRESH_MS
+    if shown and not due then return end
+    if stdout_may_show and flush_output() > 0 then return end -- (drawn once stdout took them)
+    if due then text, made_at = M.describe(snapshot()), now end
+    io.stderr:write(ERASE, text)
     shown = true
-  end)
+  end
+
+  local timer = core.timer(function() display.refresh() end)
   timer:start(REFRESH_MS, REFRESH_MS)
   timer:unref()
 

@@ -1,7 +1,7 @@
 -- moonjob.cli.redis -- the command line's durable-queue commands:
 --
 --   moonjob worker PROCESSOR --redis URL --queue NAME [-j N] [--lease S] [--grace S]
---   moonjob add --redis URL --queue NAME [INPUT] [--dedupe] [--attempts N] [--backoff SPEC] ...
+--   moonjob add --redis URL --queue NAME [INPUT] [--raw] [--dedupe] [--attempts N] [--backoff SPEC] ...
 --   moonjob status --redis URL --queue NAME [--watch]
 --
 -- moonjob.cli parses the options (one table for every command) and calls
@@ -87,8 +87,8 @@ end
 local Adds = {}
 Adds.__index = Adds
 
-function Adds.new(q, opts, dedupe)
-  return setmetatable({ q = q, opts = opts, dedupe = dedupe, ids = {}, next_print = 1,
+function Adds.new(q, opts, dedupe, raw)
+  return setmetatable({ q = q, opts = opts, dedupe = dedupe, raw = raw, ids = {}, next_print = 1,
     inflight = 0, added = 0, failed = 0, unknown = 0 }, Adds)
 end
 
@@ -165,9 +165,15 @@ function Adds:line(n, line)
     self.ids[n] = false
     return
   end
-  local _, perr = json.decode(line) -- nil, message for a line that is not JSON
+  local perr
+  if self.raw then -- the line's text becomes a JSON string, the job's data
+    line, perr = json.encode(line)
+  else
+    perr = select(2, json.decode(line)) -- nil, message for a line that is not JSON
+  end
   if perr then
-    say(("line %d is not JSON (%s); skipped"):format(n, tostring(perr)))
+    say(("line %d is not %s (%s); skipped"):format(n, self.raw and "UTF-8 text, which a JSON string must be"
+      or "JSON", tostring(perr)) .. (self.raw and "" or " (for plain-text lines use --raw)"))
     self.failed, self.ids[n] = self.failed + 1, false
   elseif #line > self.q.max_payload then
     say(("line %d takes %d bytes, more than max_payload (%d); skipped"):format(n, #line, self.q.max_payload))
@@ -188,7 +194,8 @@ function Adds:summary()
   end
 end
 
--- moonjob add: one job per NDJSON line, sent with up to WINDOW calls in
+-- moonjob add: one job per NDJSON line (--raw: per line of text, its data
+-- the line as a JSON string), sent with up to WINDOW calls in
 -- flight; prints each job's id in input order. A line whose call was sent but
 -- got no reply is "unknown", never "failed" (the job may be in Redis). With
 -- --dedupe each line's id is "d:" .. the SHA-1 of the line and a finished job
@@ -212,7 +219,7 @@ function M.add(input_path, o)
   if not ok then say((tostring(why):gsub("^[^:]*:%d+: ", ""))) return EXIT_USAGE end
   local q, err = moonjob.queue(o.redis, o.queue)
   if not q then say(tostring(err)) return EXIT_FAILED end
-  local adds = Adds.new(q, opts, o.dedupe)
+  local adds = Adds.new(q, opts, o.dedupe, o.raw)
   local line_no = 0
   for line in input:lines() do
     line_no = line_no + 1

@@ -13,7 +13,11 @@
 -- --timeout or --attempts above 1, one line per job. Input lines go to the
 -- children as JSON text and results come back as exact JSON text (the pool's
 -- "json" codec), so the parent never parses a payload: it only cuts lines
--- and writes result lines around the children's bytes.
+-- and writes result lines around the children's bytes. With --raw the
+-- children take each line's text as its data (the pool's raw option);
+-- without it, the first line that is not blank is checked here once, so that
+-- plain-text input stops before any line runs (moonjob.cli.input), and the
+-- lines that fail as not JSON are counted, to be said once at the end.
 --
 -- A run stops early on SIGINT, SIGTERM and SIGHUP (the children and
 -- everything they started are killed), on --halt's rule, on a processor that
@@ -39,6 +43,7 @@ local stops = require "moonjob.cli.stops"
 local M = {}
 
 local STOP_DRAIN_MS = 1000 -- what stdout gets, on a stop, to take what was written
+local NOT_JSON = '"code":"EINPUT","message":"input is not valid JSON' -- (moonjob.child.encode's words)
 
 local Run = {}
 Run.__index = Run
@@ -46,7 +51,7 @@ Run.__index = Run
 -- The pool options of parsed options `o` (also for `moonjob worker`).
 function M.pool_options(o)
   return { size = o.concurrency, codec = "json", timeout = o.timeout, kill_after = o.kill_after,
-    start_timeout = o.start_timeout, attempts = o.attempts, backoff = o.backoff }
+    start_timeout = o.start_timeout, attempts = o.attempts, backoff = o.backoff, raw = o.raw or nil }
 end
 
 -- The pool, or nil and a usage message. Options were checked by parse(); a
@@ -76,13 +81,16 @@ local function guarded(self, listener)
   return self:guard(function(job) return listener(self, job) end)
 end
 
--- The progress line's counts, on a terminal.
+-- The progress line's counts, on a terminal; none drawn while the input is
+-- typed on a terminal.
 function Run:show_progress(input_path)
   local size, input = Input.size(input_path), self.input
   self.display = progress.new(function()
     return { completed = self.completed, failed = self.failed, skipped = self.lines_over - self.completed - self.failed,
       read = input.line_no, bytes = input.bytes_read, input_ended = input.at_end, size = size }
-  end, not Output.regular_file(io.stdout), function() return (self.output:pending() or 0) == 0 end)
+  end, { stdout_may_show = not Output.regular_file(io.stdout) or self.output.joblog_may_show,
+    flush_output = function() return self.output:flush_now() end,
+    hidden = function() return input.from_terminal and not input.at_end end })
   self.output.display = self.display
 end
 
@@ -142,6 +150,7 @@ function Run:record(line, text, count, ok_n, failed_n)
   local out = self.output
   if out.joblog_failed then return false end
   self.completed, self.failed, self.lines_over = self.completed + ok_n, self.failed + failed_n, self.lines_over + count
+  if failed_n > 0 and not self.o.raw then self:note_not_json(text) end
   self:written(line, text, count)
   if not self.stop and stops.halt_reached(self.o.halt, self.completed + self.failed, self.failed) then
     self.stop = stops.halted(self.o.halt, self.failed)
@@ -212,6 +221,29 @@ function Run:finished(job)
   end
 end
 
+-- Counts the lines of result lines `text` that failed as not JSON: the run
+-- says once, at its end, how many and which was first, and that --raw
+-- takes plain text (say_not_json).
+function Run:note_not_json(text)
+  if not text:find(NOT_JSON, 1, true) then return end
+  for result_line in text:gmatch("[^\n]+") do
+    local at = result_line:find(NOT_JSON, 1, true) -- (not for bytes that are not UTF-8: not a sign of text)
+    if at and not result_line:find("^: invalid UTF%-8", at + #NOT_JSON) then
+      local line = tonumber(result_line:match('^{"line":(%d+)'))
+      self.not_json = (self.not_json or 0) + 1
+      if line and line < (self.first_not_json or math.huge) then self.first_not_json = line end
+    end
+  end
+end
+
+function Run:say_not_json()
+  local n = self.not_json
+  if not n then return end
+  io.stderr:write(("moonjob: %d %s not valid JSON (the first: line %s), and failed with EINPUT; "
+    .. "for plain-text lines use --raw, which passes each line as a string in job.data\n")
+    :format(n, n == 1 and "line was" or "lines were", tostring(self.first_not_json)))
+end
+
 ---------------------------------------------------------------- adding ---
 
 -- Adds input line `line` (`text`, `len` bytes; text nil: longer than
@@ -240,6 +272,13 @@ function Run:lines_read(text, len, count)
   if self.stop then return end -- (--halt paused the input: lines read meanwhile do not run)
   local input = self.input
   local first = input:read(count, len)
+  if not input.checked then
+    local problem = input:first_line_problem(first, text, count)
+    if problem then -- plain text, not NDJSON: said once, and no line runs
+      self.stop = { status = stops.EXIT_USAGE, message = problem }
+      return input:stop_reading()
+    end
+  end
   if count > 1 then self.batches:add(first, count, text) else self:add_line(first, text, len) end
   input:pause_if_full()
 end
@@ -255,6 +294,7 @@ function Run:wait()
     local parked = self.batches:unpark() -- (-k: lines a batch handed back past the bound)
     input:resume_if_room() -- a safety net: a path that frees room and misses resuming would hang the run
     local pending = out:poll()
+    if self.display then self.display.refresh() end -- after the turn's results (moonjob.cli.progress)
     return (self.stop and not self.stop.soon) or out.write_error
       or (input.ended and input.inflight == 0 and pending == 0 and not parked)
   end)
@@ -300,6 +340,7 @@ function Run:finish()
   local write_error = out.write_error or select(2, out:pending())
   if self.joblog then self.joblog:close() end -- (stdout's writer records through a descriptor of its own)
   if self.display then self.display.close(self.lines_over > 0) end -- the summary, once a line ended
+  self:say_not_json()
   out:close() -- what stdout did not take by now is neither printed nor recorded
   local _, unwritten = out:held()
   return stops.outcome(self.stop, self.failed, unwritten, self.input.read_error, write_error)

@@ -141,6 +141,7 @@ function Pool.new(processor, opts)
   self.init_bytes = buffer.encode({
     processor = processor, codec = self.codec, max_payload = self.max_payload,
     jit = opts.jit ~= false, memory_limit = opts.memory_limit, dir = processor_dir(processor),
+    raw = opts.raw, -- the job's text is its data, not decoded (moonjob run --raw)
   })
   self.children:start()
   if opts.redis then -- a pool on Redis: loaded only then (moonjob.pool.source: the owner hook)

@@ -36,6 +36,7 @@ local OPTIONS = {
   pools = "table",
   redis = "string", queue = "string", lease = "number", prefetch = "number", poll = "number",
   keep = "number", keep_age = "number", worker_name = "string", pipeline = "number",
+  raw = "boolean",
 }
 local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout = true,
   start_timeout = true, attempts = true, pipeline = true,
@@ -105,6 +106,9 @@ function Options.check(opts)
   end
   if opts.codec and not CODECS[opts.codec] then
     error("moonjob.pool: option 'codec' must be \"lua\" or \"json\"", 4)
+  end
+  if opts.raw and opts.codec ~= "json" and not opts.redis then -- (the text is handed over as it is)
+    error("moonjob.pool: option 'raw' needs codec \"json\" (job data given as text)", 4)
   end
   Options.check_remote(opts)
   return opts
