@@ -1,0 +1,74 @@
+-- moonjob.tagged_output -- a batch of lines' output, in the parent: passed on
+-- in whole lines, as the child tagged it.
+--
+-- In a batch of lines (moonjob run), the child writes each output line of
+-- a line as "[line N] text" itself (core/child/output.c), and holds them to
+-- write many at once, so that printing on every line costs next to nothing.
+-- The parent must not cut that text into lines and tag them one by one (that
+-- cost is what it saves): while a worker's head job is a batch and the pool's
+-- owner set pool.on_lines_output, each chunk read from the child's stdout or
+-- stderr goes to it as it is, cut after its last newline (the rest waits for
+-- the next chunk, or the job's end), so that lines of two children never mix.
+--
+--   pool.on_lines_output(text, job)
+--       `text` is whole lines (each ending in "\n") batch `job`'s child
+--       wrote; lines the child tagged begin with "[line N] ", others (a
+--       command's output, a write(2)) are for the owner to tag.
+--
+-- Output past max_log_bytes times the batch's lines is dropped, as a job's
+-- past max_log_bytes is (moonjob.worker): what bounds a flood stays per line,
+-- about.
+local M = {}
+
+local byte, sub = string.byte, string.sub
+
+-- Where the last newline of `text` is, or nil.
+local function last_newline(text)
+  local n = #text
+  if byte(text, n) == 10 then return n end
+  for i = n - 1, 1, -1 do
+    if byte(text, i) == 10 then return i end
+  end
+end
+
+-- Whether worker `w` passes its output on whole (its head job is a batch and
+-- the owner takes it).
+function M.passes(w, job)
+  return job ~= nil and job.count ~= nil and w.pool.on_lines_output ~= nil
+end
+
+-- A chunk of batch `job`'s output read from stream `stream` of worker `w`.
+function M.chunk(w, stream, chunk, job)
+  local pool = w.pool
+  local limit = pool.max_log_bytes * job.count
+  w.log_bytes = w.log_bytes + #chunk
+  if w.log_bytes > limit then
+    w.partial[stream] = nil
+    if not w.truncated then
+      w.truncated = true
+      pool.on_lines_output(("[moonjob: output past max_log_bytes (%d) per line is dropped]\n")
+        :format(pool.max_log_bytes), job)
+    end
+    return
+  end
+  local rest = w.partial[stream]
+  if rest then chunk, w.partial[stream] = rest .. chunk, nil end
+  local nl = last_newline(chunk)
+  if nl == #chunk then return pool.on_lines_output(chunk, job) end
+  if nl then pool.on_lines_output(sub(chunk, 1, nl), job) end
+  w.partial[stream] = sub(chunk, (nl or 0) + 1)
+end
+
+-- The job ends: a line still without its newline (the child died in it, or
+-- a command wrote it) is its own.
+function M.flush(w, job)
+  for _, stream in ipairs({ "stdout", "stderr" }) do
+    local rest = w.partial[stream]
+    if rest then
+      w.partial[stream] = nil
+      w.pool.on_lines_output(rest .. "\n", job)
+    end
+  end
+end
+
+return M
