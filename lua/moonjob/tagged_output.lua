@@ -31,6 +31,27 @@ local function last_newline(text)
   end
 end
 
+local TAIL = 5 -- lines of stderr a worker keeps to explain a crash (moonjob.worker's STDERR_TAIL)
+
+-- Keeps the last lines of `text` (n: its last newline) in the worker's
+-- stderr tail (w.tail, which explains a crash), as moonjob.worker does for
+-- the lines it cuts.
+local function keep_tail(w, text, n)
+  local lines, stop = {}, n
+  for i = n - 1, 0, -1 do
+    if i == 0 or byte(text, i) == 10 then
+      table.insert(lines, 1, sub(text, i + 1, stop - 1))
+      stop = i
+      if #lines == TAIL then break end
+    end
+  end
+  local tail = w.tail
+  for _, line in ipairs(lines) do
+    tail[#tail + 1] = line
+    if #tail > TAIL then table.remove(tail, 1) end
+  end
+end
+
 -- Whether worker `w` passes its output on whole (its head job is a batch and
 -- the owner takes it).
 function M.passes(w, job)
@@ -54,6 +75,7 @@ function M.chunk(w, stream, chunk, job)
   local rest = w.partial[stream]
   if rest then chunk, w.partial[stream] = rest .. chunk, nil end
   local nl = last_newline(chunk)
+  if nl and stream == "stderr" then keep_tail(w, chunk, nl) end
   if nl == #chunk then return pool.on_lines_output(chunk, job) end
   if nl then pool.on_lines_output(sub(chunk, 1, nl), job) end
   w.partial[stream] = sub(chunk, (nl or 0) + 1)
