@@ -97,11 +97,13 @@ describe("moonjob run, what the lines of a batch print #slow", function()
     os.remove(record)
   end)
 
-  it("keeps the tag of what a line printed before its child was killed in it", function()
+  -- Runs a batch whose line `killed` prints "k<line>" and is killed as
+  -- `how` says: the output of each line is there once, with its tag.
+  local function killed_in_line(how)
     local record, n, killed = os.tmpname(), 1500, 1200
     local list = {}
     for i = 1, n do list[i] = { n = i, record = record, print = "p" .. i } end
-    list[killed] = { n = killed, record = record, kill = "k" .. killed }
+    list[killed] = { n = killed, record = record, [how] = "k" .. killed }
     local input = input_file(list)
     local out, err = h.sh(MOONJOB .. "run -j 2 " .. FIXTURE .. " " .. input)
     os.remove(input)
@@ -116,5 +118,13 @@ describe("moonjob run, what the lines of a batch print #slow", function()
     end
     assert.is_true(jobs_of(record, n) < n / 4, "batches ended when lines printed")
     os.remove(record)
+  end
+
+  it("keeps the tag of what a line printed before a command it ran killed its child", function()
+    killed_in_line("kill")
+  end)
+
+  it("writes what a line printed while it runs on, so that it outlives its child killed in it", function()
+    killed_in_line("spin_kill")
   end)
 end)
