@@ -13,7 +13,9 @@
 --   pool.on_lines_output(text, job)
 --       `text` is whole lines (each ending in "\n") batch `job`'s child
 --       wrote; lines the child tagged begin with "[line N] ", others (a
---       command's output, a write(2)) are for the owner to tag.
+--       command's output, a write(2)) are for the owner to tag. Called
+--       protected, as the pool's echo is: an error is reported (the `error`
+--       listeners, or stderr) and the pool carries on.
 --
 -- Output past max_log_bytes times the batch's lines is dropped, as a job's
 -- past max_log_bytes is (moonjob.worker): what bounds a flood stays per line,
@@ -29,6 +31,14 @@ local function last_newline(text)
   for i = n - 1, 1, -1 do
     if byte(text, i) == 10 then return i end
   end
+end
+
+local traceback = debug.traceback
+
+-- Gives `text` to the pool's owner, protected.
+local function pass(pool, text, job)
+  local ok, err = xpcall(pool.on_lines_output, traceback, text, job)
+  if not ok then pool.events:report("echo", err) end
 end
 
 local TAIL = 5 -- lines of stderr a worker keeps to explain a crash (moonjob.worker's STDERR_TAIL)
@@ -67,7 +77,7 @@ function M.chunk(w, stream, chunk, job)
     w.partial[stream] = nil
     if not w.truncated then
       w.truncated = true
-      pool.on_lines_output(("[moonjob: output past max_log_bytes (%d) per line is dropped]\n")
+      pass(pool, ("[moonjob: output past max_log_bytes (%d) per line is dropped]\n")
         :format(pool.max_log_bytes), job)
     end
     return
@@ -76,8 +86,8 @@ function M.chunk(w, stream, chunk, job)
   if rest then chunk, w.partial[stream] = rest .. chunk, nil end
   local nl = last_newline(chunk)
   if nl and stream == "stderr" then keep_tail(w, chunk, nl) end
-  if nl == #chunk then return pool.on_lines_output(chunk, job) end
-  if nl then pool.on_lines_output(sub(chunk, 1, nl), job) end
+  if nl == #chunk then return pass(pool, chunk, job) end
+  if nl then pass(pool, sub(chunk, 1, nl), job) end
   w.partial[stream] = sub(chunk, (nl or 0) + 1)
 end
 
@@ -88,7 +98,7 @@ function M.flush(w, job)
     local rest = w.partial[stream]
     if rest then
       w.partial[stream] = nil
-      w.pool.on_lines_output(rest .. "\n", job)
+      pass(w.pool, rest .. "\n", job)
     end
   end
 end
