@@ -501,7 +501,8 @@ static int open_channel(lua_State *L) {
     {"recv", channel_recv}, {"send", channel_send}, {"run", channel_run},
     {"interrupt_traceback", channel_interrupt_traceback}, {"strict", channel_strict},
     {"interrupt", channel_interrupt}, {"batch_next", channel_batch_next},
-    {"batch_keep", channel_batch_keep}, {"now", channel_now}, {"output_mark", channel_output_mark},
+    {"batch_keep", channel_batch_keep}, {"now", channel_now}, {"output_lines", channel_output_lines},
+    {"output_flush", channel_output_flush},
     {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, funcs);

@@ -93,6 +93,9 @@ static int channel_strict(lua_State *L);
 /* output.c */
 static FILE *counted_stream(int fd, int mode);
 static void output_written(uint64_t written[2]);
+static void output_line_starts(uint64_t now, int started);
+static void output_lines(uint64_t first);
+static void output_flush(void);
 
 /* channel.c */
 static int open_channel(lua_State *L);
@@ -109,6 +112,7 @@ static uint64_t monotonic_ns(void);
 static int channel_batch_next(lua_State *L);
 static int channel_batch_keep(lua_State *L);
 static int channel_now(lua_State *L);
-static int channel_output_mark(lua_State *L);
+static int channel_output_lines(lua_State *L);
+static int channel_output_flush(lua_State *L);
 
 #endif

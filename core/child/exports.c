@@ -21,18 +21,26 @@ static uint64_t monotonic_ns(void) {
 
 /* Starts the next line of the batch in hand. Returns when it started (ms on
  * the monotonic clock, also left in the shared page for the parent, should
- * the child die in it), or -1 when the parent took it back. */
+ * the child die in it), or -1 when the parent took it back. What the child
+ * prints from here on is tagged with this line (output.c). */
 double moonjob_batch_next(void) {
   uint64_t now = monotonic_ns();
-  if (shared == NULL) return (double) now / 1e6;
+  if (shared == NULL) {
+    output_line_starts(now, 1);
+    return (double) now / 1e6;
+  }
   uint64_t b = __atomic_load_n(&shared->batch, __ATOMIC_ACQUIRE), next;
   do {
     uint32_t started = MJ_BATCH_STARTED(b);
-    if (MJ_BATCH_SEQ(b) != job_seq || started >= MJ_BATCH_LIMIT(b)) return -1;
+    if (MJ_BATCH_SEQ(b) != job_seq || started >= MJ_BATCH_LIMIT(b)) {
+      output_line_starts(now, 0);
+      return -1;
+    }
     next = MJ_BATCH(job_seq, started + 1, MJ_BATCH_LIMIT(b));
   } while (!__atomic_compare_exchange_n(&shared->batch, &b, next, 0, __ATOMIC_ACQ_REL,
                                         __ATOMIC_ACQUIRE));
   __atomic_store_n(&shared->batch_line_started, now, __ATOMIC_RELAXED);
+  output_line_starts(now, 1);
   return (double) now / 1e6;
 }
 
@@ -70,17 +78,25 @@ size_t moonjob_line_end(const char *text, size_t from, size_t len) {
   return nl ? (size_t) (nl - text) : len;
 }
 
-/* A mark that changes whenever stdout or stderr was written: what stdout
- * holds unwritten (a partial line) is written first, so it counts as written
- * by the line that printed it. */
-uint32_t moonjob_output_mark(void) {
-  if (__fpending(stdout) > 0) fflush(stdout);
-  return output_writes;
+/* moonjob_output_lines(first): a batch whose first line is `first` begins,
+ * and what each of its lines prints is tagged with the line's number (each
+ * moonjob_batch_next starts the next); 0: the batch is over, what it printed
+ * is written, before the frame that ends it. */
+void moonjob_output_lines(double first) {
+  output_lines(first > 0 ? (uint64_t) first : 0);
 }
 
-static int channel_output_mark(lua_State *L) {
-  lua_pushnumber(L, moonjob_output_mark());
-  return 1;
+static int channel_output_lines(lua_State *L) {
+  moonjob_output_lines(luaL_checknumber(L, 1));
+  return 0;
+}
+
+/* channel.output_flush(): what the child holds of its output is written
+ * now (output.c: before a command runs). */
+static int channel_output_flush(lua_State *L) {
+  (void) L;
+  output_flush();
+  return 0;
 }
 
 /* channel.now() -> milliseconds on the monotonic clock (a batch times its

@@ -33,6 +33,7 @@ local buffer = require "string.buffer"
 local core = require "moonjob.core"
 local errors = require "moonjob.errors"
 local Job = require "moonjob.job"
+local tagged = require "moonjob.tagged_output"
 
 local frame = core.frame
 
@@ -186,8 +187,8 @@ function Worker:emit_line(stream, line)
 end
 
 -- Output past max_log_bytes for one job is dropped (and counted): a flood costs
--- the parent a length check per chunk, never memory. (A batch of lines too:
--- a line that prints ends its batch, child/batch.lua, so what it prints is one line's.)
+-- the parent a length check per chunk, never memory. (A batch of lines' output,
+-- tagged by the child, is passed on whole: moonjob.tagged_output.)
 local function over_budget(w, chunk)
   local limit = w.pool.max_log_bytes
   w.log_bytes = w.log_bytes + #chunk
@@ -200,6 +201,7 @@ local function over_budget(w, chunk)
 end
 
 function Worker:on_output(stream, chunk)
+  if tagged.passes(self, self.job) then return tagged.chunk(self, stream, chunk, self.job) end
   if over_budget(self, chunk) then
     self.partial[stream] = nil
     return
@@ -220,6 +222,7 @@ end
 function Worker:flush_partial_lines()
   local partial = self.partial
   if partial.stdout == nil and partial.stderr == nil then return end
+  if tagged.passes(self, self.job) then return tagged.flush(self, self.job) end
   for _, stream in ipairs({ "stdout", "stderr" }) do
     local rest = partial[stream]
     if rest then

@@ -372,18 +372,18 @@ describe("a batch of lines in a pool (pool:add's internal `lines` option)", func
     pool:close()
   end)
 
-  it("ends after a line that printed, so that what it printed is that line's, held to max_log_bytes", function()
+  it("runs on after a line that printed: the child tags each output line with its line", function()
     local pool = h.pool("prints_lines.lua", { size = 1, codec = "json", max_log_bytes = 1000 })
-    local job = add_batch(pool, 1, copies(20, '{"pad":500}'))
+    local job = add_batch(pool, 1, copies(20, '{"pad":10}'))
     local run, completed = batches.parse_done(assert(job:wait()))
-    assert.same({ 1, 1 }, { run, completed }) -- the 19 lines after it go back (the CLI sends them again)
-    assert.equal(1, #job.logs)
-    assert.matches(" line 1$", job.logs[1])
+    assert.same({ 20, 20 }, { run, completed })
+    assert.equal(20, #job.logs)
+    for i = 1, 20 do assert.equal(("[line %d] %s line %d"):format(i, ("x"):rep(10), i), job.logs[i]) end
     assert.is_nil(job.dropped_log_bytes)
-    -- the line's output past max_log_bytes is dropped, as a single job's
+    -- without an owner taking its lines whole, a batch's output is held to max_log_bytes, as a job's
     job = add_batch(pool, 21, copies(2, '{"pad":1500}'))
     run = batches.parse_done(assert(job:wait()))
-    assert.equal(1, run)
+    assert.equal(2, run)
     assert.is_true(job.dropped_log_bytes > 0)
     pool:close()
   end)

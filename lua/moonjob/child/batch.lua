@@ -33,8 +33,8 @@ local handler, message_of, input_error = encode.handler, encode.message_of, enco
 local result_problem, failure_of, out_of_memory = encode.result_problem, encode.failure_of, encode.out_of_memory
 
 -- What the runner hands over (batch.setup): the processor's job function,
--- the jobs' class, the runner's count of job:log() calls ({ logs = n }: a
--- batch line that logs ends its batch, as one that prints), and its
+-- the jobs' class, the runner's state its job:log() reads ({ batch = true }
+-- while a batch runs: a line's log is then a tagged line on stderr), and its
 -- flush_output().
 local processor, Job, sent, flush_output = nil, nil, nil, nil
 local decode_line = json.decode -- a line's data from its text (--raw: the text itself)
@@ -50,7 +50,7 @@ local lines_format = nil -- moonjob.codec.resultline, loaded with the first batc
 -- The child program's own functions through the FFI (the moonjob-child
 -- executable exports them as moonjob_*), so that the per-line loop stays
 -- compiled; channel's otherwise.
-local batch_next, now, output_mark = channel.batch_next, channel.now, channel.output_mark
+local batch_next, now, output_lines = channel.batch_next, channel.now, channel.output_lines
 -- batch_keep(buf): keeps string.buffer buf's bytes in the batch area; false when they do not fit
 local batch_keep = function(buf) return channel.batch_keep(buf:tostring()) end
 -- line_end(text, pos, len): where the line at pos ends (its newline, or len + 1)
@@ -64,18 +64,18 @@ double moonjob_batch_next(void);
 int moonjob_batch_keep(const void *text, size_t len);
 double moonjob_now_ms(void);
 size_t moonjob_line_end(const char *text, size_t from, size_t len);
-uint32_t moonjob_output_mark(void);
+void moonjob_output_lines(double first);
 ]]
     local C = ffi.C
     local _ = C.moonjob_batch_next, C.moonjob_batch_keep, C.moonjob_now_ms, C.moonjob_line_end,
-      C.moonjob_output_mark
+      C.moonjob_output_lines
   end)
   if found then
     local C = ffi.C
     batch_next = C.moonjob_batch_next
     batch_keep = function(buf) return C.moonjob_batch_keep(buf:ref()) ~= 0 end
     now = C.moonjob_now_ms
-    output_mark = C.moonjob_output_mark
+    output_lines = C.moonjob_output_lines
     line_end = function(text, pos, len) return tonumber(C.moonjob_line_end(text, pos - 1, len)) + 1 end
   end
 end
@@ -96,18 +96,17 @@ end
 
 -- Counts a line run (completed: true, false, or nil for a blank line) and
 -- keeps its result line, in record_buffer; false when the batch must end
--- here: the area is full (the DONE frame carries this line itself), the
--- line wrote output (to stdout or stderr, or job:log), which the parent then
--- tags with this line, the batch's last, or it failed in a batch that ends at a
--- failure (--halt decides before any later line runs). The lines after it
--- go out again.
+-- here: the area is full (the DONE frame carries this line itself), or it
+-- failed in a batch that ends at a failure (--halt decides before any later
+-- line runs). The lines after it go out again. What a line printed or
+-- logged does not end the batch: the child tagged it with the line
+-- (core/child/output.c).
 local function keep(b, completed)
   b.run = b.run + 1
   if completed == true then b.completed = b.completed + 1
   elseif completed == false then b.failed = b.failed + 1 end
   if batch_keep(record_buffer) then
-    return output_mark() == b.output_mark and sent.logs == b.logs_sent
-      and not (completed == false and b.end_on_failure)
+    return not (completed == false and b.end_on_failure)
   end
   b.extra = record_buffer:tostring()
   return false
@@ -178,8 +177,10 @@ end
 function M.run(number, meta, text)
   lines_format = lines_format or require "moonjob.codec.resultline"
   local b = { text = text, pos = 1, next_line = meta.first_line, id = meta.id, attempt = meta.attempt,
-    number = number, run = 0, completed = 0, failed = 0, extra = "", output_mark = output_mark(),
-    end_on_failure = meta.end_on_failure, logs_sent = sent.logs }
+    number = number, run = 0, completed = 0, failed = 0, extra = "",
+    end_on_failure = meta.end_on_failure }
+  output_lines(meta.first_line) -- each line's output tagged with its number
+  sent.batch = true
   local ok, value, interrupted, heap_full = channel.run(handler, run_batch_lines, b)
   if not ok and b.raised == nil and type(value) == "table" then b.raised = message_of(value.value) end
   b.text = nil
@@ -197,6 +198,8 @@ function M.run(number, meta, text)
     b.extra = lines_format.failed(b.line, err, b.attempt, now() - b.t0)
     b.run, b.failed = b.run + 1, b.failed + 1
   end
+  sent.batch = false
+  output_lines(0) -- what the lines printed is written before DONE counts it
   flush_output()
   channel.send(channel.DONE, number, ("%d %d %d\n"):format(b.run, b.completed, b.failed),
     channel.KEPT, b.extra)

@@ -44,6 +44,15 @@ local function flush_output()
   io.stderr:flush()
 end
 
+-- A command a processor runs writes to the child's stdout and stderr
+-- itself: what the child holds of its output (a batch's lines, tagged:
+-- core/child/output.c) is written first, so that the command's comes after.
+local function flushing_first(run)
+  local output_flush = channel.output_flush
+  return function(...) output_flush() return run(...) end
+end
+os.execute, io.popen = flushing_first(os.execute), flushing_first(io.popen)
+
 ---------------------------------------------------------------- loading ---
 
 local function add_to_package_path(dir)
@@ -88,7 +97,10 @@ end
 
 local Job = {}
 Job.__index = Job
-local sent = { logs = 0 } -- job:log() calls so far: a batch line that logs ends its batch, as one that prints
+-- batch: a batch of lines runs (moonjob.child.batch sets it): job:log() is
+-- then a line on stderr, which the child tags with the line running
+local sent = { batch = false }
+local stderr = io.stderr -- the child's own, whatever a processor does to io.stderr
 
 local function check_size(what, bytes)
   if #bytes > options.max_payload then
@@ -108,7 +120,10 @@ function Job:log(...)
   for i = 1, select("#", ...) do parts[i] = tostring(parts[i]) end
   local text = table.concat(parts, " ")
   check_size("job:log(): the text", text)
-  sent.logs = sent.logs + 1
+  if sent.batch then -- tagged with its line and written with its output: no frame per log
+    stderr:write(text, "\n")
+    return
+  end
   channel.send(channel.LOG, self.number, text)
 end
 

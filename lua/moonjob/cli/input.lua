@@ -16,9 +16,8 @@
 -- The input also sizes the batches it cuts (core.input's input:batch):
 -- batches are as long as BATCH_BUDGET_MS of recent lines (1 line each until
 -- lines are known to be short; with --timeout or --attempts above 1, always
--- 1). A line that prints ends its batch (the rest go out again): while lines
--- print, batches are no longer than the lines run before one printed; the
--- cap doubles with each job that printed nothing.
+-- 1). What lines print does not shorten batches (the child tags it with
+-- its line: core/child/output.c).
 --
 -- Input is NDJSON unless --raw: then each line's text is its job's data (the
 -- children get the pool's raw option). Without --raw, the first line that is
@@ -101,7 +100,7 @@ function M.new(o, pool_size, output)
     held_high = held_high, held_low = held_high / 4,
     result_line_bytes = 0, -- recent bytes per result line: up at once, down slowly
     batching = o.timeout == nil and (o.attempts or 1) == 1,
-    batch_lines = 1, line_ms = nil, print_cap = BATCH_LINES_MAX,
+    batch_lines = 1, line_ms = nil,
     checked = o.raw, -- the first line that is not blank was checked (or --raw: none is)
     from_terminal = false, -- read from a terminal: no progress line until it ends
   }, Input)
@@ -261,14 +260,13 @@ function Input:close()
 end
 
 -- Batches are as long as BATCH_BUDGET_MS of recent lines: the run time of
--- `n` lines was `ms`, and they `printed` or not.
-function Input:lines_took(ms, n, printed)
+-- `n` lines was `ms`.
+function Input:lines_took(ms, n)
   if not self.batching or n < 1 or self.ended then return end -- ended: the input is read (or closed)
   local per_line = math.max(ms / n, 1e-4)
   local line_ms = self.line_ms and self.line_ms * 0.8 + per_line * 0.2 or per_line
   self.line_ms = line_ms
-  self.print_cap = printed and n or math.min(BATCH_LINES_MAX, self.print_cap * 2)
-  local want = math.max(1, math.min(self.print_cap, math.floor(BATCH_BUDGET_MS / line_ms)))
+  local want = math.max(1, math.min(BATCH_LINES_MAX, math.floor(BATCH_BUDGET_MS / line_ms)))
   if want ~= self.batch_lines then
     self.batch_lines = want
     self.handle:batch(want)

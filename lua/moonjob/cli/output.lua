@@ -16,10 +16,16 @@
 -- (blank, resumed) are emitted as "". What waits for stdout is bounded by
 -- the input (moonjob.cli.input pauses while backlog() is over its bound).
 --
--- What processors print goes to stderr as "[line N] text". A line of a batch
--- that prints ends its batch (child/batch.lua), so what a batch printed is
--- from its last line started: read in the child's batch area while the batch
--- is the child's, else held until the batch ends (echo_held).
+-- What processors print goes to stderr as "[line N] text". A job of one line
+-- is tagged here (echo). In a batch the child tags each output line with the
+-- line that wrote it (core/child/output.c), job:log's included, and the
+-- batch's output comes here in whole lines (echo_lines, through
+-- moonjob.tagged_output), written as it is: printing does not end a batch.
+-- Lines in it the child could not tag (a command run by os.execute, a
+-- write(2): they bypass its stdio) are tagged here with the batch's last
+-- line started when they are read (the child's batch area), which may be
+-- later than the line that wrote them; once the batch is no longer the
+-- child's, with its last line run (echo_held).
 --
 -- Caveat: the progress line (display) shares stderr, and stdout's terminal
 -- when stdout is not a regular file: it is erased before each write there
@@ -200,7 +206,6 @@ end
 -- The pool's echo: what a child printed, with its job (nil between jobs).
 function Output:echo(text, job, pid)
   if not job then return self:to_stderr(("[child %d] %s\n"):format(pid, text)) end
-  job.wrote_output = true
   local line = not job.output_held and line_of_output(job)
   if line then return self:to_stderr(("[line %d] %s\n"):format(line, text)) end
   job.output_held = job.output_held or {}
@@ -214,6 +219,37 @@ function Output:echo_held(job)
   job.output_held = nil
   local line = last_line_run(job)
   for _, text in ipairs(held_output) do self:to_stderr(("[line %d] %s\n"):format(line, text)) end
+end
+
+local find, byte, sub = string.find, string.byte, string.sub
+
+-- Where the first line of `text` from `pos` on that the child did not tag
+-- (it does not begin with "[line ") begins, or nil.
+local function untagged_at(text, pos)
+  local len = #text
+  while pos <= len do
+    local a, b, c, d, e, f = byte(text, pos, pos + 5)
+    if not (a == 91 and b == 108 and c == 105 and d == 110 and e == 101 and f == 32) then return pos end
+    pos = (find(text, "\n", pos, true) or len) + 1
+  end
+end
+
+-- What batch `job`'s child wrote: whole lines, most tagged by the child
+-- (pool.on_lines_output, moonjob.tagged_output). Tagged lines go out as
+-- they are, in one write; the others are tagged as echo does.
+function Output:echo_lines(text, job)
+  local pos = 1
+  while true do
+    local at = untagged_at(text, pos)
+    if not at then
+      if pos > #text then return end
+      return self:to_stderr(pos == 1 and text or sub(text, pos))
+    end
+    if at > pos then self:to_stderr(sub(text, pos, at - 1)) end
+    local nl = find(text, "\n", at, true)
+    self:echo(sub(text, at, nl - 1), job)
+    pos = nl + 1
+  end
 end
 
 return M

@@ -122,6 +122,7 @@ function M.new(processor, input_path, o)
     joblog_failed = function(e) self.stop = stops.joblog_failed(o.joblog, e) end,
     closed = function() self.input:stop_reading() end,
   })
+  self.pool.on_lines_output = function(text, job) self.output:echo_lines(text, job) end -- tagged by the child
   self.input = Input.new(o, self.pool.size, self.output)
   if o.progress then self:show_progress(input_path) end
   self.batches = BatchJobs.new(self)
@@ -217,7 +218,7 @@ function Run:finished(job)
   if job.count then return self.batches:finished(job) end
   local ok_n = job.state == "completed" and 1 or 0
   if self:record(job.line, Output.result_line(job), 1, ok_n, 1 - ok_n) and job.ms then
-    self.input:lines_took(job.ms, 1, job.wrote_output)
+    self.input:lines_took(job.ms, 1)
   end
 end
 

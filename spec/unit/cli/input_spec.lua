@@ -104,22 +104,16 @@ describe("moonjob.cli.input", function()
 
   it("grows batches to about 4 ms of lines, and its bounds with them", function()
     local self, calls = new_input({}, 2)
-    self:lines_took(1, 100, false) -- 0.01 ms a line: 400 lines
+    self:lines_took(1, 100) -- 0.01 ms a line: 400 lines
     assert.same({ "batch 400" }, calls)
     assert.equal(2400, self.high)
     assert.equal(600, self.low)
   end)
 
-  it("keeps batches no longer than the lines run before one printed", function()
-    local self, calls = new_input({}, 1)
-    self:lines_took(1, 100, true)
-    assert.same({ "batch 100" }, calls)
-  end)
-
   it("runs one line per job with --timeout or --attempts", function()
     for _, o in ipairs({ { timeout = 5 }, { attempts = 3 } }) do
       local self, calls = new_input(o, 1)
-      self:lines_took(1, 100, false)
+      self:lines_took(1, 100)
       assert.same({}, calls)
     end
   end)

@@ -107,7 +107,18 @@ describe("moonjob.cli.output", function()
     self:echo("hello", job, 42)
     self:echo("idle", nil, 42)
     assert.same({ "[line 7] hello\n", "[child 42] idle\n" }, said)
-    assert.is_true(job.wrote_output)
+  end)
+
+  it("writes what a batch's child tagged as it is, and tags the lines it could not", function()
+    local self = new_output(false)
+    local said = {}
+    self.display = { write_stderr = function(text) said[#said + 1] = text end }
+    local job = { line = 10, count = 5, worker = { batch_started = function() return 2 end } }
+    self:echo_lines("[line 10] a\n[line 11] b\n", job)
+    assert.same({ "[line 10] a\n[line 11] b\n" }, said) -- one write
+    said = {}
+    self:echo_lines("[line 11] c\nfrom a command\n[line 11] d\n[lin\n", job)
+    assert.same({ "[line 11] c\n", "[line 11] from a command\n", "[line 11] d\n", "[line 11] [lin\n" }, said)
   end)
 
   it("holds what a batch printed until it ended, then tags it with the last line it ran", function()

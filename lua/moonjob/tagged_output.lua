@@ -1,0 +1,106 @@
+-- moonjob.tagged_output -- a batch of lines' output, in the parent: passed on
+-- in whole lines, as the child tagged it.
+--
+-- In a batch of lines (moonjob run), the child writes each output line of
+-- a line as "[line N] text" itself (core/child/output.c), and holds them to
+-- write many at once, so that printing on every line costs next to nothing.
+-- The parent must not cut that text into lines and tag them one by one (that
+-- cost is what it saves): while a worker's head job is a batch and the pool's
+-- owner set pool.on_lines_output, each chunk read from the child's stdout or
+-- stderr goes to it as it is, cut after its last newline (the rest waits for
+-- the next chunk, or the job's end), so that lines of two children never mix.
+--
+--   pool.on_lines_output(text, job)
+--       `text` is whole lines (each ending in "\n") batch `job`'s child
+--       wrote; lines the child tagged begin with "[line N] ", others (a
+--       command's output, a write(2)) are for the owner to tag. Called
+--       protected, as the pool's echo is: an error is reported (the `error`
+--       listeners, or stderr) and the pool carries on.
+--
+-- Output past max_log_bytes times the batch's lines is dropped, as a job's
+-- past max_log_bytes is (moonjob.worker): what bounds a flood stays per line,
+-- about.
+local M = {}
+
+local byte, sub = string.byte, string.sub
+
+-- Where the last newline of `text` is, or nil.
+local function last_newline(text)
+  local n = #text
+  if byte(text, n) == 10 then return n end
+  for i = n - 1, 1, -1 do
+    if byte(text, i) == 10 then return i end
+  end
+end
+
+local traceback = debug.traceback
+
+-- Gives `text` to the pool's owner, protected.
+local function pass(pool, text, job)
+  local ok, err = xpcall(pool.on_lines_output, traceback, text, job)
+  if not ok then pool.events:report("echo", err) end
+end
+
+local TAIL = 5 -- lines of stderr a worker keeps to explain a crash (moonjob.worker's STDERR_TAIL)
+
+-- Keeps the last lines of `text` (n: its last newline) in the worker's
+-- stderr tail (w.tail, which explains a crash), as moonjob.worker does for
+-- the lines it cuts.
+local function keep_tail(w, text, n)
+  local lines, stop = {}, n
+  for i = n - 1, 0, -1 do
+    if i == 0 or byte(text, i) == 10 then
+      table.insert(lines, 1, sub(text, i + 1, stop - 1))
+      stop = i
+      if #lines == TAIL then break end
+    end
+  end
+  local tail = w.tail
+  for _, line in ipairs(lines) do
+    tail[#tail + 1] = line
+    if #tail > TAIL then table.remove(tail, 1) end
+  end
+end
+
+-- Whether worker `w` passes its output on whole (its head job is a batch and
+-- the owner takes it).
+function M.passes(w, job)
+  return job ~= nil and job.count ~= nil and w.pool.on_lines_output ~= nil
+end
+
+-- A chunk of batch `job`'s output read from stream `stream` of worker `w`.
+function M.chunk(w, stream, chunk, job)
+  local pool = w.pool
+  local limit = pool.max_log_bytes * job.count
+  w.log_bytes = w.log_bytes + #chunk
+  if w.log_bytes > limit then
+    w.partial[stream] = nil
+    if not w.truncated then
+      w.truncated = true
+      pass(pool, ("[moonjob: output past max_log_bytes (%d) per line is dropped]\n")
+        :format(pool.max_log_bytes), job)
+    end
+    return
+  end
+  local rest = w.partial[stream]
+  if rest then chunk, w.partial[stream] = rest .. chunk, nil end
+  local nl = last_newline(chunk)
+  if nl and stream == "stderr" then keep_tail(w, chunk, nl) end
+  if nl == #chunk then return pass(pool, chunk, job) end
+  if nl then pass(pool, sub(chunk, 1, nl), job) end
+  w.partial[stream] = sub(chunk, (nl or 0) + 1)
+end
+
+-- The job ends: a line still without its newline (the child died in it, or
+-- a command wrote it) is its own.
+function M.flush(w, job)
+  for _, stream in ipairs({ "stdout", "stderr" }) do
+    local rest = w.partial[stream]
+    if rest then
+      w.partial[stream] = nil
+      pass(w.pool, rest .. "\n", job)
+    end
+  end
+end
+
+return M
