@@ -4,10 +4,11 @@
 -- Loaded on both sides of the channel: in the parent (moonjob.cli,
 -- moonjob.pool, moonjob.redis.*, moonjob.codec.resultline) and in the child
 -- (moonjob.child.runner, .batch and .encode), and by processors as
--- moonjob.json. In the child it uses a C function of the child executable,
--- moonjob_utf8_error_at (exported for the FFI), for its UTF-8 check; where
--- that symbol is absent (the parent, any other program) the same check runs
--- in Lua (see utf8_error_at below).
+-- moonjob.json. Its C half, core/json_scan.c (the UTF-8 check and the
+-- scanner below), is called through the FFI: in the child program's own
+-- symbols, elsewhere in core.so (opened with ffi.load, which runs no luaopen).
+-- Where neither is found (a plain luajit without moonjob's build) the same
+-- work is done in Lua, slower (see "Without the C half").
 --
 -- Debian's lua-cjson 2.1.0 prints numbers with at most 14 significant digits,
 -- which silently changes users' data (2^53 comes out as 9.007199254741e+15).
@@ -22,12 +23,22 @@
 -- beyond a double's range (1e400), or too small for one and not zero (1e-400),
 -- is an error, as are NaN and Infinity (not JSON).
 --
--- decode() uses cjson (strtod, invalid numbers refused) for most texts. A
--- small Lua decoder runs instead when the text holds an empty array, so that
--- `[]` comes back as an empty table marked with json.array_mt and is written
--- back as `[]`, not `{}`; or a run of 16 digits or an exponent of 3 digits,
--- the only ways to write a number cjson would change (a big integer, an
--- overflow, an underflow).
+-- decode() is one C pass, then cjson, then, rarely, a Lua walk. The scan
+-- (core/json_scan.c) checks the UTF-8 and finds what cjson would change: an
+-- integer beyond ±2^53, a number beyond a double's range (an error, with its
+-- position), an empty array (which must come back as a table marked with
+-- json.array_mt, written back as `[]`, not `{}`), a number token outside
+-- JSON's grammar (`1.`: an error). Most texts hold none, and cjson decodes
+-- them as they are. Otherwise cjson decodes a copy where each such token is
+-- a marker, a string beginning with byte 0xFF (never in UTF-8 text, so never
+-- in a string of the text), and a walk over the result turns the markers back
+-- into 64-bit integer cdata and marked empty tables, stopping once it found
+-- them all. An error found in the copy is reported from cjson reading the
+-- text itself, so that its position is the text's.
+--
+-- encode() writes object keys sorted by their bytes, as `jq -S` (for UTF-8,
+-- code point order); a number key by its text. The same value is the same
+-- text in every run, whatever order its keys were made in.
 --
 -- Text is UTF-8 both ways (RFC 8259): decode() refuses a text that is not
 -- (an invalid byte, an overlong form, a surrogate, past U+10FFFF), and
@@ -342,10 +353,11 @@ function M.encode(value)
   return text
 end
 
--------------------------------------------------------------- decoding ---
+--------------------------------------------------- Without the C half ---
 
--- The Lua decoder, used only for texts with an empty array or a number that
--- cjson would change in them.
+-- The Lua decoder: where the C half is not there, for texts with an empty
+-- array or a number that cjson would change in them (the specs also compare
+-- decode with it).
 local parse_value, parse_number
 
 local function fail_at(s, i, what)
@@ -532,7 +544,6 @@ local function lua_only_decode(text)
   if not ok then return nil, cjson_message(value) end
   return value
 end
-M.lua_decode = lua_only_decode -- (the specs compare it with decode)
 
 ------------------------------------------------- decoding with the C half ---
 
@@ -623,12 +634,20 @@ local function c_decode(text)
   return nil, ("number %s at character %d %s"):format(number, at, NUMBER_ERRORS[status])
 end
 
+local function top_level(value, err)
+  if value == cjson.null then return nil end
+  return value, err
+end
+
 -- json.decode(text) -> value | nil, message
 function M.decode(text)
-  local value, err
-  if C then value, err = c_decode(text) else value, err = lua_only_decode(text) end
-  if value == cjson.null then value = nil end
-  return value, err
+  if C then return top_level(c_decode(text)) end
+  return top_level(lua_only_decode(text))
+end
+
+-- The same without the C half (the specs compare the two).
+function M.lua_decode(text)
+  return top_level(lua_only_decode(text))
 end
 
 return M
