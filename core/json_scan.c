@@ -211,6 +211,7 @@ typedef struct {
 } mj_scan_t;
 
 static void mj_put(mj_scan_t *st, const void *bytes, size_t n) {
+  if (n == 0) return;
   if (st->written + n <= st->room) memcpy(st->out + st->written, bytes, n);
   st->written += n;
 }

@@ -149,6 +149,33 @@ describe("moonjob.codec.json's exact decoding", function()
     end
   end)
 
+  it("agrees with the Lua code on 20,000 texts made of JSON's pieces, or is stricter", function()
+    local PIECES = { "[", "]", "{", "}", '"', ",", ":", " ", "-", "0", "1", "9", ".", "e", "+", "[]",
+      "12345678901234567890", "-9223372036854775809", "9007199254740993", "1e400", "1e-400", "0.1234567890123456",
+      '"k"', '"\\u00ffi1"', "\195\169", "\255", "true", "null" }
+    local describe_value = decode_each
+    math.randomseed(7)
+    local both_ok = 0
+    for _ = 1, 20000 do
+      local parts = {}
+      for i = 1, math.random(1, 12) do parts[i] = PIECES[math.random(#PIECES)] end
+      local text = table.concat(parts)
+      local mine = describe_value({ data = { text } })[1]
+      local c_path = json.decode
+      json.decode = json.lua_decode
+      local lua = describe_value({ data = { text } })[1]
+      json.decode = c_path
+      if mine.value then
+        assert.same(lua, mine, text)
+        both_ok = both_ok + 1
+      else
+        assert.is_string(mine.error, text)
+        if lua.value then assert.matches("invalid number", mine.error, 1, true) end -- (`1.`: cjson takes it)
+      end
+    end
+    assert.is_true(both_ok > 500, "texts that decoded: " .. both_ok)
+  end)
+
   it("decodes the same texts to the same values in the child and in the parent", function()
     local pool = h.pool("json_decode_each.lua", { size = 1 })
     local texts = { "[1.]", "1.e400", unpack(TEXTS) } -- (outside JSON's grammar: cjson alone would take them)
