@@ -109,6 +109,16 @@ describe("moonjob.codec.json's exact decoding", function()
       { json.decode('[12345678901234567890, [], "\255["]') })
   end)
 
+  it("rewrites texts with more markers than its first guess of room holds", function()
+    local items = {}
+    for i = 1, 1000 do items[i] = i % 2 == 0 and "[]" or tostring(9007199254740992LL + i):gsub("LL$", "") end
+    local v = assert(json.decode("[" .. table.concat(items, ",") .. "]"))
+    assert.equal(1000, #v)
+    assert_cdata("int64_t", "9007199254740993", v[1])
+    assert_cdata("int64_t", "9007199254741991", v[999])
+    assert.equal(json.array_mt, getmetatable(v[1000]))
+  end)
+
   it("refuses a number or [] as an object's key, and lets a repeated key stand", function()
     local v, err = json.decode("{12345678901234567890:1}")
     assert.is_nil(v)

@@ -617,16 +617,14 @@ local function c_decode(text)
     room = scan.written
     status = C.moonjob_json_scan(text, len, out:reserve(room), room, M.MAX_DEPTH, scan)
   end
+  local copy = status == REWRITTEN and out:commit(scan.written):tostring()
+  if room > 1024 * 1024 then out:free() end -- no big buffer kept for ever
   if status == PLAIN then
     local ok, value = pcall(decode_safe.decode, text)
     if ok then return value end
     return nil, cjson_message(value)
   end
-  if status == REWRITTEN then
-    local copy = out:commit(scan.written):tostring()
-    if room > 1024 * 1024 then out:free() end -- no big buffer kept for ever
-    return decode_copy(text, copy, scan.markers)
-  end
+  if copy then return decode_copy(text, copy, scan.markers) end
   local at = scan.at
   if status == BAD_UTF8 then return nil, ("invalid UTF-8 at byte %d (JSON text is UTF-8)"):format(at) end
   if status == BAD_NUMBER then return nil, why_not_json(text, ("invalid number at character %d"):format(at)) end
