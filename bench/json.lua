@@ -8,9 +8,9 @@
 -- microseconds per text, the best of ROUNDS runs, and codec / cjson (above 1:
 -- the codec is slower). CODEC_FILE, when given, is a copy of the codec to time
 -- instead of lua/moonjob/codec/json.lua (an older version, to compare). The
--- records are those of /work/tools/dataset/records.ndjson when it is there
--- (BENCH_RECORDS names another file), else generated alike: a 19-digit id, a
--- user, a time stamp and ~400 bytes of words.
+-- records are the first BENCH_LINES lines of the NDJSON file BENCH_RECORDS
+-- names, else generated: a 19-digit id, a user, a time stamp and ~400 bytes
+-- of words.
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 package.cpath = "build/?.so;" .. package.cpath
 
@@ -21,9 +21,9 @@ local ROUNDS = tonumber(os.getenv("BENCH_ROUNDS")) or 7
 local LINES = tonumber(os.getenv("BENCH_LINES")) or 20000
 
 local function records()
-  local path = os.getenv("BENCH_RECORDS") or "/work/tools/dataset/records.ndjson"
+  local path = os.getenv("BENCH_RECORDS")
   local lines = {}
-  local f = io.open(path, "rb")
+  local f = path and assert(io.open(path, "rb"))
   if f then
     for line in f:lines() do
       lines[#lines + 1] = line
