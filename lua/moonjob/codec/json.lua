@@ -598,8 +598,11 @@ end
 local function decode_copy(text, copy, markers)
   local ok, value = pcall(decode_safe.decode, copy)
   if not ok then return nil, why_not_json(text, cjson_message(value)) end
-  if type(value) == "string" then return marker_value(value) end -- (the whole text was one)
-  if restore(value, markers) > 0 then
+  if type(value) == "string" and byte(value) == MARKER and markers == 1 then
+    return marker_value(value) -- (the whole text was one)
+  end
+  local left = type(value) == "table" and restore(value, markers) or markers
+  if left > 0 then
     -- A marker where the text had an object's key (not JSON: cjson says
     -- why), or a repeated key took its place (JSON: the value stands).
     local message = why_not_json(text, nil)
