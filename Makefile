@@ -26,8 +26,12 @@ BUILD      = build
 CORE_SO    = $(BUILD)/moonjob/core.so
 CHILD      = $(BUILD)/moonjob/moonjob-child
 
-# The C sources: core/parent/ makes core.so, core/child/ the child program.
-# The core's files are compiled and linked as objects, in $(BUILD)/obj/parent/.
+# The C sources: core/parent/ makes core.so, core/child/ the child program,
+# and core/json_scan.c (the JSON codec's C half) goes into both: linked into
+# core.so as an object, #included by the child's main.c. Its moonjob_*
+# functions are the codec's through the FFI on both sides (ffi.load of
+# core.so in the parent, which runs no luaopen; ffi.C in the child).
+# The core's files are compiled and linked as objects, in $(BUILD)/obj/.
 # Its Lua bindings and the child program are each one translation unit, whose
 # root file #includes its parts as luv includes its binding files, so that
 # their internal functions stay static: the bindings (core/parent/bind/
@@ -37,7 +41,7 @@ CHILD      = $(BUILD)/moonjob/moonjob-child
 # the dynamic symbol table a processor's code sees. Header dependencies,
 # included parts too, are the compiler's own (-MMD -MP: a .d beside each .o).
 CORE_SRC   = $(addprefix core/parent/,loop.c process.c channel.c send.c shared.c spawn.c reap.c \
-               stdio.c output.c redis.c bind/module.c)
+               stdio.c output.c redis.c bind/module.c) core/json_scan.c
 CORE_OBJ   = $(CORE_SRC:core/%.c=$(BUILD)/obj/%.o)
 CHILD_OBJ  = $(BUILD)/obj/child/main.o
 C_DEPS     = $(CORE_OBJ:.o=.d) $(CHILD_OBJ:.o=.d)

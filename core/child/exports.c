@@ -3,12 +3,12 @@
  * The batch functions and the clock below are also exported for the
  * runner's FFI (moonjob_*: the program is linked with -rdynamic), so that the
  * per-line loop of a batch stays compiled; the channel.* versions are the
- * same for a build without the export. utf8.c's moonjob_utf8_error_at is the
- * other export.
+ * same for a build without the export. The JSON codec's C half,
+ * ../json_scan.c (moonjob_utf8_error_at, moonjob_json_*), is the other export.
  *
  * Caveat: the names and signatures are a contract with the ffi.cdef of
- * lua/moonjob/child/batch.lua (lua/moonjob/codec/json.lua's for utf8.c's
- * function); the batch's state is the shared page's batch
+ * lua/moonjob/child/batch.lua (lua/moonjob/codec/json.lua's for json_scan.c's
+ * functions); the batch's state is the shared page's batch
  * word and area (frame.h), which the parent reads (core/parent/shared.c).
  */
 #include "child.h"

@@ -21,7 +21,8 @@
  * counting allocator behind --memory-limit), output.c (the counted stdout
  * and stderr), channel.c (reading the channel ahead, the shared gate, the
  * moonjob.channel module), interrupt.c (stopping a running job), exports.c
- * and utf8.c (the functions the FFI calls).
+ * and ../json_scan.c (the functions the FFI calls; json_scan.c is core.so's
+ * too).
  */
 #include "child.h"
 
@@ -31,7 +32,7 @@
 #include "channel.c"
 #include "interrupt.c"
 #include "exports.c"
-#include "utf8.c"
+#include "../json_scan.c"
 
 /* A whole number in decimal digits only, at most max. Returns 0 or -1. */
 static int parse_whole(const char *text, unsigned long long max, unsigned long long *out) {

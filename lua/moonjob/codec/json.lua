@@ -4,10 +4,11 @@
 -- Loaded on both sides of the channel: in the parent (moonjob.cli,
 -- moonjob.pool, moonjob.redis.*, moonjob.codec.resultline) and in the child
 -- (moonjob.child.runner, .batch and .encode), and by processors as
--- moonjob.json. In the child it uses a C function of the child executable,
--- moonjob_utf8_error_at (exported for the FFI), for its UTF-8 check; where
--- that symbol is absent (the parent, any other program) the same check runs
--- in Lua (see utf8_error_at below).
+-- moonjob.json. Its C half, core/json_scan.c (the UTF-8 check and the
+-- scanner below), is called through the FFI: in the child program's own
+-- symbols, elsewhere in core.so (opened with ffi.load, which runs no luaopen).
+-- Where neither is found (a plain luajit without moonjob's build) the same
+-- work is done in Lua, slower (see "Without the C half").
 --
 -- Debian's lua-cjson 2.1.0 prints numbers with at most 14 significant digits,
 -- which silently changes users' data (2^53 comes out as 9.007199254741e+15).
@@ -22,12 +23,22 @@
 -- beyond a double's range (1e400), or too small for one and not zero (1e-400),
 -- is an error, as are NaN and Infinity (not JSON).
 --
--- decode() uses cjson (strtod, invalid numbers refused) for most texts. A
--- small Lua decoder runs instead when the text holds an empty array, so that
--- `[]` comes back as an empty table marked with json.array_mt and is written
--- back as `[]`, not `{}`; or a run of 16 digits or an exponent of 3 digits,
--- the only ways to write a number cjson would change (a big integer, an
--- overflow, an underflow).
+-- decode() is one C pass, then cjson, then, rarely, a Lua walk. The scan
+-- (core/json_scan.c) checks the UTF-8 and finds what cjson would change: an
+-- integer beyond ±2^53, a number beyond a double's range (an error, with its
+-- position), an empty array (which must come back as a table marked with
+-- json.array_mt, written back as `[]`, not `{}`), a number token outside
+-- JSON's grammar (`1.`: an error). Most texts hold none, and cjson decodes
+-- them as they are. Otherwise cjson decodes a copy where each such token is
+-- a marker, a string beginning with byte 0xFF (never in UTF-8 text, so never
+-- in a string of the text), and a walk over the result turns the markers back
+-- into 64-bit integer cdata and marked empty tables, stopping once it found
+-- them all. An error found in the copy is reported from cjson reading the
+-- text itself, so that its position is the text's.
+--
+-- encode() writes object keys sorted by their bytes, as `jq -S` (for UTF-8,
+-- code point order); a number key by its text. The same value is the same
+-- text in every run, whatever order its keys were made in.
 --
 -- Text is UTF-8 both ways (RFC 8259): decode() refuses a text that is not
 -- (an invalid byte, an overlong form, a surrogate, past U+10FFFF), and
@@ -95,27 +106,53 @@ local function lua_utf8_error_at(s, init)
     i = find(s, NON_ASCII, i + n + 1)
   end
 end
--- In the child program, its C function moonjob_utf8_error_at does it,
--- through the FFI (the executable exports it: linked with -rdynamic): Lua's
--- pattern matching cost 12% of a batch line's time there. Elsewhere the
--- symbol is not found and the Lua scan above runs.
-local utf8_error_at = lua_utf8_error_at
+
+-- The C half of the codec (core/json_scan.c): the child program's own
+-- functions (ffi.C: it is linked -rdynamic), or in any other program those of
+-- core.so, found on package.cpath and opened with ffi.load, which runs no
+-- luaopen (no event loop, nothing changed in the process). Without either (a
+-- plain luajit without moonjob's build) the Lua code here does it all.
+local C, C_FROM = nil, nil
 do
-  local found = pcall(function()
-    ffi.cdef "size_t moonjob_utf8_error_at(const char *text, size_t len);"
-    local _ = ffi.C.moonjob_utf8_error_at
-  end)
-  if found then
-    local c_error_at = ffi.C.moonjob_utf8_error_at
-    utf8_error_at = function(s, init)
-      if not init then -- (every line and string: no cast)
-        local at = tonumber(c_error_at(s, #s))
-        if at > 0 then return at end
-        return nil
-      end
-      local at = tonumber(c_error_at(ffi.cast("const char *", s) + (init - 1), #s - init + 1))
-      if at > 0 then return init + at - 1 end
+  if not pcall(ffi.typeof, "moonjob_json_scan_t") then -- (once per state: the module may load again)
+    ffi.cdef [[
+typedef struct moonjob_json_scan_s {
+  int32_t status; uint32_t markers; double at; double length; double written;
+} moonjob_json_scan_t;
+size_t moonjob_utf8_error_at(const char *text, size_t len);
+int moonjob_json_scan(const char *text, size_t len, char *out, size_t room, int max_depth,
+                      moonjob_json_scan_t *r);
+int64_t moonjob_json_int64(const char *marker);
+uint64_t moonjob_json_uint64(const char *marker);
+]]
+  end
+  local function has_scanner(lib)
+    return pcall(function() return lib.moonjob_json_scan, lib.moonjob_json_uint64 end)
+  end
+  if has_scanner(ffi.C) then
+    C, C_FROM = ffi.C, "the program"
+  else
+    local path = package.searchpath and package.searchpath("moonjob.core", package.cpath)
+    local ok, lib = false, nil
+    if path then ok, lib = pcall(ffi.load, path) end
+    if ok and has_scanner(lib) then C, C_FROM = lib, "core.so" end
+  end
+end
+M.c_from = C_FROM -- where the C half was found, or nil (the specs check it)
+
+-- Every line and string, through the FFI when the C half is there: Lua's
+-- pattern matching cost 12% of a batch line's time.
+local utf8_error_at = lua_utf8_error_at
+if C then
+  local c_error_at = C.moonjob_utf8_error_at
+  utf8_error_at = function(s, init)
+    if not init then -- (every line and string: no cast)
+      local at = tonumber(c_error_at(s, #s))
+      if at > 0 then return at end
+      return nil
     end
+    local at = tonumber(c_error_at(ffi.cast("const char *", s) + (init - 1), #s - init + 1))
+    if at > 0 then return init + at - 1 end
   end
 end
 M.utf8_error_at = utf8_error_at
@@ -181,6 +218,84 @@ end
 
 local write_value
 
+local function write_string(out, v)
+  local bad = utf8_error_at(v)
+  if bad then
+    error(("cannot write a string that is not UTF-8 (byte %d) in JSON; send bytes as base64 or hex")
+      :format(bad), 0)
+  end
+  if find(v, '[%c"\\]') then v = v:gsub('[%c"\\]', escapes) end
+  out:put('"', v, '"')
+end
+
+-- Object keys are written sorted by their bytes, as `jq -S` writes them (for
+-- UTF-8 that is code point order), so that the same value is the same text
+-- in every run. Each depth has a list of keys it reuses (no table per
+-- object); a list is emptied as its keys are written, and all of them when
+-- encode fails half way. Short lists are sorted here (a loop LuaJIT
+-- compiles), longer ones by table.sort.
+local keys_at = {}
+
+local function sort_keys(keys, n)
+  if n > 12 then return table.sort(keys) end
+  for i = 2, n do
+    local k, j = keys[i], i - 1
+    while j > 0 and keys[j] > k do
+      keys[j + 1] = keys[j]
+      j = j - 1
+    end
+    keys[j + 1] = k
+  end
+end
+
+-- The keys of object t, sorted, in the list of depth `depth`, and how many;
+-- nil when one is a number (see write_numbered_object).
+local function sorted_keys(t, depth)
+  local keys = keys_at[depth]
+  if not keys then
+    keys = {}
+    keys_at[depth] = keys
+  end
+  local n = 0
+  for k in next, t do
+    local kt = type(k)
+    if kt ~= "string" then
+      for i = n, 1, -1 do keys[i] = nil end
+      if kt == "number" then return nil end
+      error("cannot write a " .. kt .. " key in JSON", 0)
+    end
+    n = n + 1
+    keys[n] = k
+  end
+  if n > 1 then sort_keys(keys, n) end
+  return keys, n
+end
+
+-- An object with a number key ({ [10] = "a", b = 1 }): keys sorted by their
+-- text ("10" before "9"), a number before a string of the same text.
+local function key_order(a, b)
+  if a[1] ~= b[1] then return a[1] < b[1] end
+  return type(a[2]) == "number" and type(b[2]) ~= "number"
+end
+
+local function write_numbered_object(out, t, depth)
+  local entries = {}
+  for k in next, t do
+    local kt = type(k)
+    if kt ~= "string" and kt ~= "number" then error("cannot write a " .. kt .. " key in JSON", 0) end
+    entries[#entries + 1] = { kt == "number" and number_text(k) or k, k }
+  end
+  table.sort(entries, key_order)
+  out:put("{")
+  for i, entry in ipairs(entries) do
+    if i > 1 then out:put(",") end
+    write_string(out, entry[1])
+    out:put(":")
+    write_value(out, t[entry[2]], depth + 1)
+  end
+  out:put("}")
+end
+
 local function write_table(out, t, depth) -- depth: the tables around t
   if depth >= M.MAX_DEPTH then error("cannot write JSON " .. TOO_DEEP, 0) end
   local n = array_length(t)
@@ -192,18 +307,16 @@ local function write_table(out, t, depth) -- depth: the tables around t
     end
     return out:put("]")
   end
+  local keys, count = sorted_keys(t, depth)
+  if not keys then return write_numbered_object(out, t, depth) end
   out:put("{")
-  local first = true
-  for k, v in pairs(t) do
-    local kt = type(k)
-    if kt ~= "string" and kt ~= "number" then
-      error("cannot write a " .. kt .. " key in JSON", 0)
-    end
-    if not first then out:put(",") end
-    first = false
-    write_value(out, kt == "number" and number_text(k) or k, depth + 1)
+  for i = 1, count do
+    local k = keys[i]
+    keys[i] = nil
+    if i > 1 then out:put(",") end
+    write_string(out, k)
     out:put(":")
-    write_value(out, v, depth + 1)
+    write_value(out, t[k], depth + 1)
   end
   out:put("}")
 end
@@ -211,12 +324,7 @@ end
 write_value = function(out, v, depth)
   local t = type(v)
   if t == "string" then
-    local bad = utf8_error_at(v)
-    if bad then
-      error(("cannot write a string that is not UTF-8 (byte %d) in JSON; send bytes as base64 or hex")
-        :format(bad), 0)
-    end
-    out:put('"', (v:gsub('[%c"\\]', escapes)), '"')
+    write_string(out, v)
   elseif t == "number" then
     out:put(number_text(v))
   elseif t == "boolean" then
@@ -238,16 +346,18 @@ local encoded = buffer.new() -- reused: encode never runs inside itself
 function M.encode(value)
   local out = encoded:reset()
   local ok, err = pcall(write_value, out, value, 0)
+  if not ok then keys_at = {} end -- (lists left half full)
   local text = ok and out:tostring()
   if #out > 1024 * 1024 then out:free() else out:reset() end -- no big buffer kept for ever
   if not ok then return nil, err end
   return text
 end
 
--------------------------------------------------------------- decoding ---
+--------------------------------------------------- Without the C half ---
 
--- The Lua decoder, used only for texts with an empty array or a number that
--- cjson would change in them.
+-- The Lua decoder: where the C half is not there, for texts with an empty
+-- array or a number that cjson would change in them (the specs also compare
+-- decode with it).
 local parse_value, parse_number
 
 local function fail_at(s, i, what)
@@ -405,31 +515,140 @@ parse_value = function(s, i, depth) -- depth: the arrays and objects around it
   fail_at(s, i, "invalid token")
 end
 
-local function lua_decode(s)
+local function lua_decode(s) -- (in cjson's place only: its caller checks UTF-8)
   local value, i = parse_value(s, skip(s, 1), 0)
   if skip(s, i) <= #s then fail_at(s, skip(s, i), "trailing characters") end
   return value
 end
 
--- What sends a text to the Lua decoder (see the top of the file).
+-- What the Lua decoder must read when the C half is not there: a text with
+-- an empty array, or a number cjson could change (16 digits in a row, an
+-- exponent of 3 digits).
 local function needs_lua_decoder(text)
   return text:find("%[%s*%]") or text:find("%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d")
     or text:find("[eE][-+]?%d%d%d")
 end
 
--- json.decode(text) -> value | nil, message
-function M.decode(text)
-  local bad = utf8_error_at(text)
+-- cjson's message, in our words.
+local function cjson_message(err)
+  return (tostring(err):gsub("^Expected", "expected")
+    :gsub("^Found too many nested data structures %(%d+%)", TOO_DEEP))
+end
+
+-- Without the C half: the UTF-8 check in Lua, then cjson or the Lua decoder.
+local function lua_only_decode(text)
+  local bad = lua_utf8_error_at(text)
   if bad then return nil, ("invalid UTF-8 at byte %d (JSON text is UTF-8)"):format(bad) end
   local decode = needs_lua_decoder(text) and lua_decode or decode_safe.decode
   local ok, value = pcall(decode, text)
-  if not ok then
-    local message = tostring(value):gsub("^Expected", "expected")
-      :gsub("^Found too many nested data structures %(%d+%)", TOO_DEEP) -- cjson's words, made ours
-    return nil, message
-  end
-  if value == cjson.null then value = nil end
+  if not ok then return nil, cjson_message(value) end
   return value
+end
+
+------------------------------------------------- decoding with the C half ---
+
+-- core/json_scan.c's statuses (core/json_scan.h).
+local PLAIN, REWRITTEN, ROOM, BAD_UTF8, BAD_NUMBER = 0, 1, 2, 3, 7
+local NUMBER_ERRORS = {
+  [4] = "is an integer beyond 64 bits; write it as a string",
+  [5] = "is beyond the range of a double (about 1.8e308)",
+  [6] = "is too small for a double (it would read as 0)",
+}
+local MARKER, INT64, EMPTY_ARRAY = 255, byte("i"), byte("[")
+
+local scan = C and ffi.new("moonjob_json_scan_t")
+local rewritten = buffer.new() -- reused: decode never runs inside itself
+
+-- A marker's value: "\255[" an empty array, "\255i" and "\255u" then digits
+-- an int64_t or uint64_t.
+local function marker_value(s)
+  local kind = byte(s, 2)
+  if kind == EMPTY_ARRAY then return setmetatable({}, M.array_mt) end
+  if kind == INT64 then return C.moonjob_json_int64(s) end
+  return C.moonjob_json_uint64(s)
+end
+
+-- Turns the markers in table t back into values; returns how many of `left`
+-- it did not find. Stops as soon as all are found.
+local function restore(t, left)
+  for k, v in next, t do
+    if type(v) == "string" then
+      if byte(v) == MARKER then
+        t[k] = marker_value(v)
+        left = left - 1
+        if left == 0 then return 0 end
+      end
+    elseif type(v) == "table" then
+      left = restore(v, left)
+      if left == 0 then return 0 end
+    end
+  end
+  return left
+end
+
+-- Why text is not JSON, in cjson's words: for errors found in the copy, whose
+-- positions are not the text's, or in a text the scanner took for wrong.
+local function why_not_json(text, otherwise)
+  local ok, err = pcall(decode_safe.decode, text)
+  if ok then return otherwise end
+  return cjson_message(err)
+end
+
+-- The rewritten copy decoded, its markers turned back into values.
+local function decode_copy(text, copy, markers)
+  local ok, value = pcall(decode_safe.decode, copy)
+  if not ok then return nil, why_not_json(text, cjson_message(value)) end
+  if type(value) == "string" and byte(value) == MARKER and markers == 1 then
+    return marker_value(value) -- (the whole text was one)
+  end
+  local left = type(value) == "table" and restore(value, markers) or markers
+  if left > 0 then
+    -- A marker where the text had an object's key (not JSON: cjson says
+    -- why), or a repeated key took its place (JSON: the value stands).
+    local message = why_not_json(text, nil)
+    if message then return nil, message end
+  end
+  return value
+end
+
+local function c_decode(text)
+  local len = #text
+  local out = rewritten:reset()
+  local room = len + 64 -- (a few markers' worth)
+  local status = C.moonjob_json_scan(text, len, out:reserve(room), room, M.MAX_DEPTH, scan)
+  if status == ROOM then -- (it says how much it needs)
+    room = scan.written
+    status = C.moonjob_json_scan(text, len, out:reserve(room), room, M.MAX_DEPTH, scan)
+  end
+  local copy = status == REWRITTEN and out:commit(scan.written):tostring()
+  if room > 1024 * 1024 then out:free() end -- no big buffer kept for ever
+  if status == PLAIN then
+    local ok, value = pcall(decode_safe.decode, text)
+    if ok then return value end
+    return nil, cjson_message(value)
+  end
+  if copy then return decode_copy(text, copy, scan.markers) end
+  local at = scan.at
+  if status == BAD_UTF8 then return nil, ("invalid UTF-8 at byte %d (JSON text is UTF-8)"):format(at) end
+  if status == BAD_NUMBER then return nil, why_not_json(text, ("invalid number at character %d"):format(at)) end
+  local number = text:sub(at, at + scan.length - 1)
+  return nil, ("number %s at character %d %s"):format(number, at, NUMBER_ERRORS[status])
+end
+
+local function top_level(value, err)
+  if value == cjson.null then return nil end
+  return value, err
+end
+
+-- json.decode(text) -> value | nil, message
+function M.decode(text)
+  if C then return top_level(c_decode(text)) end
+  return top_level(lua_only_decode(text))
+end
+
+-- The same without the C half (the specs compare the two).
+function M.lua_decode(text)
+  return top_level(lua_only_decode(text))
 end
 
 return M

@@ -64,8 +64,8 @@ local function publish(p, message)
   redis.call("PUBLISH", p .. "events", message)
 end
 
-local function err_json(code, message)
-  return cjson.encode({ code = code, message = message })
+local function err_json(code, message) -- (keys in sorted order, as moonjob.codec.json writes them)
+  return '{"code":' .. cjson.encode(code) .. ',"message":' .. cjson.encode(message) .. "}"
 end
 
 -- text as a number from low to high (whole: no fraction), or nil. tonumber
