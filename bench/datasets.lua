@@ -21,8 +21,8 @@
 -- Every contender's output goes to /dev/null. They take turns, round after
 -- round, and each keeps its best wall time (a shared machine's drift slows
 -- them alike). Printed: wall seconds, CPU per line (all processes; for
--- moonjob the parent's share too, from bench/datasets/moonjob.lua), the idle
--- share of the two cores, then the ratios the targets name. Then the start:
+-- moonjob the parent's and the children's, from bench/datasets/moonjob.lua),
+-- the idle share of the two cores (of the best run), then the ratios the targets name. Then the start:
 -- a one-line input, moonjob run -j 2 against the plain loop.
 --
 -- Environment: BENCH_RECORDS, BENCH_TINY (lines), BENCH_DS_ROUNDS (rounds).
@@ -117,12 +117,13 @@ end
 
 local function report(title, lines, list, best)
   print(("%s: %d lines, best of %d rounds"):format(title, lines, ROUNDS))
-  print(("  %-32s %8s %11s %11s %6s"):format("", "wall s", "CPU us/line", "parent", "idle"))
+  print(("  %-32s %8s %11s %8s %9s %6s"):format("", "wall s", "CPU us/line", "parent", "children", "idle"))
   for _, c in ipairs(list) do
     local b = best[c.name]
     local idle = math.max(0, 1 - b.cpu / 1e3 / (2 * b.wall))
-    print(("  %-32s %8.3f %11.2f %11s %5.0f%%"):format(c.label, b.wall, b.cpu * 1e3 / lines,
-      b.parent and ("%.2f"):format(b.parent * 1e3 / lines) or "", idle * 100))
+    local per_line = function(ms) return ms and ("%.2f"):format(ms * 1e3 / lines) or "" end
+    print(("  %-32s %8.3f %11.2f %8s %9s %5.0f%%"):format(c.label, b.wall, b.cpu * 1e3 / lines,
+      per_line(b.parent), per_line(b.parent and b.cpu - b.parent), idle * 100))
   end
   local w = function(name) return best[name].wall end
   print(("  ratios: plain/j2 %.2f (goal >= 1.6)  parallel/j2 %.2f  xargs/j2 %.2f (goal > 1)"):format(
