@@ -8,7 +8,7 @@
 -- Lua, parses the timestamp), and TINY tiny lines {"i":N,"s":"abc","f":0.5}
 -- run by bench/datasets/tiny.lua. On each, the contenders:
 --   plain     one LuaJIT process: bench/datasets/plain.lua (cjson decodes,
---             moonjob's encoder writes the same result lines as moonjob)
+--             moonjob's encoder writes the result lines as moonjob does)
 --   j2        moonjob run -j 2 PROCESSOR FILE
 --   parallel  parallel --pipepart --block -10 -j 2 -a FILE, each job the
 --             plain loop on its stdin (Debian's GNU parallel)

@@ -6,11 +6,13 @@
 -- Usage: luajit bench/datasets/plain.lua PROCESSOR [FILE]  (stdin without FILE)
 --
 -- The result is encoded with moonjob's own encoder (moonjob.codec.json), not
--- cjson's: so the loop writes the very bytes moonjob run writes (cjson
--- writes numbers and escapes otherwise and would make a different,
--- shorter output), and the only difference left is the decoder, which is the
--- user's choice the comparison is about. Caveat: cjson reads the 19-digit
--- ids as doubles, so this loop's ids are not exact; moonjob's are.
+-- cjson's: so the loop writes its results as moonjob run does, the same
+-- code making the same bytes for the same value (cjson writes numbers and
+-- escapes otherwise, and its cost would differ), and the difference left
+-- is the decoder, the user's choice the comparison is about. What still
+-- differs: "ms" is 0 here; cjson reads the 19-digit ids as doubles, so this
+-- loop's ids are not exact (1.7000000017234716e+18, moonjob's
+-- 1700000001723471715); and key order, which follows each table.
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 package.path = here .. "../../lua/?.lua;" .. here .. "../../lua/?/init.lua;" .. package.path
 
