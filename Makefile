@@ -55,7 +55,7 @@ DEB_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev libuv1-dev lu
                iproute2 git
 DEB_PACKAGES += lua-luv rlwrap   # luv: the spec of a host event loop; rlwrap: make repl's line editing
 
-.PHONY: all deps spec-host test test-fast sanitize chaos demo repl bench install uninstall clean
+.PHONY: all deps bench-deps spec-host test test-fast sanitize chaos demo repl bench install uninstall clean
 
 IN_TREE = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="$(BUILD)/?.so;;"
 
@@ -86,9 +86,12 @@ $(FLAGS_STAMP): flags-check
 	@mkdir -p $(dir $@)
 	@printf '%s\n' '$(BUILD_FLAGS)' | cmp -s - $@ || printf '%s\n' '$(BUILD_FLAGS)' > $@
 
-# Installs the Debian packages moonjob needs, when some are missing.
-deps:
-	@missing=""; for p in $(DEB_PACKAGES); do \
+# Installs the Debian packages moonjob needs, when some are missing; the
+# bench's own (BENCH_PACKAGES: GNU parallel, which bench/datasets.lua runs
+# against) only for make bench.
+BENCH_PACKAGES = parallel
+define install_missing
+	@missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -96,6 +99,11 @@ deps:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
+endef
+deps:
+	$(call install_missing,$(DEB_PACKAGES))
+bench-deps:
+	$(call install_missing,$(BENCH_PACKAGES))
 
 # Programs the specs need: a C program embedding LuaJIT (the spec that closes
 # many Lua states) and a library that makes one set-up call of the child fail
@@ -170,9 +178,10 @@ $(BUILD)/bench-floor: bench/floor.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(WARN) -o $@ bench/floor.c
 
-bench: deps all $(BUILD)/bench-floor
+bench: deps bench-deps all $(BUILD)/bench-floor
 	$(LUA) bench/run.lua
 	$(LUA) bench/cli.lua
+	$(LUA) bench/datasets.lua
 	$(LUA) bench/redis.lua
 
 # Modules an older layout installed and this one has not, removed by

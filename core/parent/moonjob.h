@@ -289,7 +289,8 @@ struct mj_input_s {
   int skipping;                        /* inside a line longer than max_line */
   mj_input_t *next, *prev;             /* the context's list of inputs */
   unsigned reading : 1, paused : 1, ended : 1, closing : 1, delivering : 1, stream_open : 1,
-      fd_in_stream : 1, bom_checked : 1; /* bom_checked: the start was looked at (skip_bom) */
+      fd_in_stream : 1, bom_checked : 1, /* bom_checked: the start was looked at (skip_bom) */
+      end_pending : 1;                 /* ended, with whole lines a pause held back (finish) */
 };
 
 typedef struct mj_output_s mj_output_t;

@@ -17,6 +17,13 @@
  * input's own callbacks: delivery stops, and the memory goes once nothing
  * uses it any more (then on_freed runs).
  *
+ * Blocks of lines (batch_lines > 1, what the CLI sends as one batch) from a
+ * regular file are never cut at the end of what a read brought: the block
+ * waits for the next read, which always returns (reads are 256 KiB, so
+ * that a batch of long lines takes few round trips to the thread pool).
+ * From a pipe or terminal a block holds what has arrived: a slow writer's
+ * lines are not held back.
+ *
  * Caveat: an input with a filesystem request in flight cannot be freed until
  * it returns; a regular file's read always does.
  */
@@ -28,7 +35,7 @@
 
 #include "moonjob.h"
 
-#define MJ_INPUT_CHUNK (64 * 1024)
+#define MJ_INPUT_CHUNK (256 * 1024)
 #define MJ_INPUT_BLOCK (1024 * 1024) /* a block of lines holds at most this many bytes */
 
 /* ---------------------------------------------------------------- input --- */
@@ -70,26 +77,39 @@ static void release_if_done(mj_input_t *in) {
  * lines and MJ_INPUT_BLOCK (or max_line) bytes in all, so that blocks in
  * flight stay small whatever the lines' size; a line that would pass either
  * stays for the next delivery. Returns the block's length without its last
- * newline. */
+ * newline. *short_read is set when the buffered bytes ran out first in a
+ * regular file not read to its end: its next read always returns, so the
+ * caller waits for it rather than cut the block short (a block cut at every
+ * read's end would make batches half their size, twice as many). */
 static size_t gather_lines(mj_input_t *in, const char *start, size_t n, size_t *off,
-                           unsigned *count) {
+                           unsigned *count, int *short_read) {
   size_t most = in->max_line < MJ_INPUT_BLOCK ? in->max_line : MJ_INPUT_BLOCK;
+  int ran_out = 1;
   while (*count < in->batch_lines && *off < in->len) {
     const char *next = in->buf + *off;
     char *nl = memchr(next, '\n', in->len - *off);
-    if (nl == NULL || (size_t) (nl - start) > most) break;
+    if (nl == NULL) break;
+    if ((size_t) (nl - start) > most) {
+      ran_out = 0;
+      break;
+    }
     n = (size_t) (nl - start);
     *off += (size_t) (nl - next) + 1;
     (*count)++;
   }
+  *short_read = ran_out && *count < in->batch_lines && in->mode == MJ_INPUT_FILE && !in->ended;
   return n;
 }
 
 /* Delivers complete lines while not paused; keeps the partial rest. Stops at
- * once when a callback freed the input. */
+ * once when a callback freed the input. Not while a file's read is in
+ * flight: it writes past the buffer's end, which moving the rest down would
+ * misplace (a block waiting for that read may be whole again after a
+ * change of batch size); the read's callback delivers. */
 static void deliver_lines(mj_input_t *in) {
   size_t off = 0;
   int partial = 0; /* stopped at a line with no newline yet */
+  if (in->reading) return;
   in->delivering = 1;
   while (!in->paused && !in->closing && off < in->len) {
     char *start = in->buf + off;
@@ -105,7 +125,14 @@ static void deliver_lines(mj_input_t *in) {
       continue;
     }
     unsigned count = 1;
-    if (n <= in->max_line && in->batch_lines > 1) n = gather_lines(in, start, n, &off, &count);
+    if (n <= in->max_line && in->batch_lines > 1) {
+      int short_read = 0;
+      n = gather_lines(in, start, n, &off, &count, &short_read);
+      if (short_read) {
+        off = (size_t) (start - in->buf); /* the whole block waits for the next read */
+        break;
+      }
+    }
     in->on_line(in, start, n, n > in->max_line, count);
   }
   if (!in->closing) {
@@ -120,10 +147,18 @@ static void deliver_lines(mj_input_t *in) {
   in->delivering = 0;
 }
 
+/* The end of the input (error 0) or a read error: the lines buffered are
+ * delivered, then the last one without a newline, then on_end. A callback
+ * that pauses the input while whole lines are still buffered (a block that
+ * waited for the read that found the end) holds the end back: the next
+ * mj_input_resume delivers them and ends. */
 static void finish(mj_input_t *in, int error) {
   in->ended = 1; /* a resume from the last lines' callbacks reads no more */
   in->paused = 0;
   deliver_lines(in); /* nothing more will come: flush */
+  in->end_pending = !in->closing && error == 0 && in->paused && !in->skipping && in->len > 0
+                    && memchr(in->buf, '\n', in->len) != NULL;
+  if (in->end_pending) return;
   if (!in->closing && error == 0 && in->len > 0 && !in->skipping) {
     size_t n = in->len;
     in->len = 0;
@@ -267,7 +302,15 @@ void mj_input_init(mj_ctx_t *ctx, mj_input_t *in, int fd, size_t max_line,
  * (its next bytes come on a later loop turn). An input closed by a callback
  * during this call is released before it returns. */
 int mj_input_resume(mj_input_t *in) {
-  if (in->ended || in->closing) return 0;
+  if (in->closing) return 0;
+  if (in->ended) { /* nothing more is read; lines a pause held at the end go on */
+    in->paused = 0;
+    if (in->end_pending && !in->delivering) {
+      finish(in, 0);
+      release_if_done(in);
+    }
+    return 0;
+  }
   in->paused = 0;
   if (in->delivering) return in->mode == MJ_INPUT_FILE ? 0 : issue_read(in);
   if (in->len > 0) deliver_lines(in);
