@@ -35,6 +35,11 @@ local errors = require "moonjob.errors"
 local Job = require "moonjob.job"
 
 local frame = core.frame
+-- Fields read or written for every job are in the job's slots (Job.SLOT,
+-- false for nil), not behind its metatable.
+local SLOT = Job.SLOT
+local ID, DATA_BYTES, CPU_MS, MAX_RSS_KB, MS = SLOT.id, SLOT.data_bytes, SLOT.cpu_ms,
+  SLOT.max_rss_kb, SLOT.ms
 
 local Worker = {}
 Worker.__index = Worker
@@ -96,7 +101,7 @@ end
 -- gone (the job never reached it; the worker is "lost" until its exit event).
 -- The job joins the jobs the worker holds; the first one is its head (w.job).
 function Worker:run(job, meta_bytes)
-  if not self.process:send(frame.JOB, job.id, meta_bytes, job.data_bytes) then
+  if not self.process:send(frame.JOB, job[ID], meta_bytes, job[DATA_BYTES]) then
     self.state = "lost" -- a frame may be cut short in the channel: the child must go
     self:kill()
     return false
@@ -242,7 +247,7 @@ end
 -- Returns the worker's job when the frame is about it, else nil (a stale frame).
 function Worker:current(number)
   local job = self.job
-  if job and job.id == number then return job end
+  if job and job[ID] == number then return job end
   return nil
 end
 
@@ -266,7 +271,7 @@ end
 -- pool keeps; the parent's own clock would count the time its loop was not
 -- run, a REPL at its prompt), CPU time and peak RSS.
 local function record_usage(job, cpu_ms, max_rss_kb, ms)
-  job.cpu_ms, job.max_rss_kb, job.ms = cpu_ms, max_rss_kb, ms
+  job[CPU_MS], job[MAX_RSS_KB], job[MS] = cpu_ms, max_rss_kb, ms
 end
 
 local on_frame = {}

@@ -78,7 +78,14 @@ local STEAL_AFTER_MS = 10        -- a head that ran this long gives up the jobs 
 local RUN_AVG_WEIGHT = 0.05      -- weight of the newest run time in the average
 Dispatch.STEAL_AFTER_MS = STEAL_AFTER_MS
 
-local PRIORITY = Job.SLOT.priority -- read in the job's own slot (false for the default, 0)
+-- The job's fields the pool sets or reads for every job are read and written
+-- in the job's own slots (Job.SLOT: false for nil), and its other fields with
+-- rawget: a call of the job's metatable for each would cost more than the
+-- rest of the pump, and keep these paths from being compiled.
+local SLOT = Job.SLOT
+local ID, STATE, DATA_BYTES, ADDED, PRIORITY = SLOT.id, SLOT.state, SLOT.data_bytes, SLOT.added, SLOT.priority
+local ATTEMPTS, WORKER, PREFETCHED, PID, STARTED, MS = SLOT.attempts, SLOT.worker, SLOT.prefetched,
+  SLOT.pid, SLOT.started, SLOT.ms
 
 local wire_first_line = Lines.wire_first_line
 
@@ -103,16 +110,17 @@ end
 -- job goes back to the source at once (it never left the parent).
 function Dispatch:send(w, job)
   local pool = self.pool
-  local attempt = job.attempts + 1
-  local meta = self.meta:reset():encode(job.remote_id or job.id):encode(attempt):encode(job.name)
-    :encode(wire_first_line(job))
+  Job.grow(job)
+  local attempt = (job[ATTEMPTS] or 0) + 1
+  local meta = self.meta:reset():encode(rawget(job, "remote_id") or job[ID]):encode(attempt)
+    :encode(rawget(job, "name")):encode(rawget(job, "first_line") and wire_first_line(job) or false)
   if not w:run(job, meta:tostring()) then -- the child is gone: it holds no place either
     pool.children:retire(w, true)
     return pool.source:push(job)
   end
-  job.attempts, job.worker = attempt, w
+  job[ATTEMPTS], job[WORKER] = attempt, w
   if w.job == job then return self:job_started(w, job) end
-  job.prefetched = true
+  job[PREFETCHED] = true
   self.nprefetched = self.nprefetched + 1
   self.ranks:sent_ahead(job)
 end
@@ -189,8 +197,8 @@ end
 
 -- A prefetched job is not any more (it started, ended or came back).
 function Dispatch:unprefetch(job)
-  if not job.prefetched then return end
-  job.prefetched, self.nprefetched = nil, self.nprefetched - 1
+  if not job[PREFETCHED] then return end
+  job[PREFETCHED], self.nprefetched = false, self.nprefetched - 1
   if self.nprefetched == 0 then self.ranks:none_ahead() end
 end
 
@@ -200,15 +208,15 @@ function Dispatch:job_started(w, job)
   local pool = self.pool
   self:unprefetch(job)
   local now = loop.now()
-  job.state, job.pid, job.started = "active", w.pid, now
-  job.ms = nil -- this attempt's run time comes with its end (the child's measure)
-  pool.tally:sample_wait(now - (job.run_at or job.added))
+  job[STATE], job[PID], job[STARTED] = "active", w.pid, now
+  job[MS] = false -- this attempt's run time comes with its end (the child's measure)
+  pool.tally:sample_wait(now - (rawget(job, "run_at") or job[ADDED]))
   w.dispatched_at, w.acked = now, false
   pool.nactive = pool.nactive + 1
-  if job.interrupt then
-    w:arm(job.kill_after or pool.kill_after)
+  if rawget(job, "interrupt") then
+    w:arm(rawget(job, "kill_after") or pool.kill_after)
   else
-    local timeout = job.timeout or pool.timeout
+    local timeout = rawget(job, "timeout") or pool.timeout
     if timeout then w:arm(timeout) end
   end
   if self.listeners.active then pool.events:emit("active", job) end
@@ -220,7 +228,7 @@ end
 function Dispatch:worker_next(w)
   local head = w.job
   if not head then return self.pool.children:free(w) end
-  if head.state ~= "active" then self:job_started(w, head) end
+  if head[STATE] ~= "active" then self:job_started(w, head) end
   self:top_up(w, self:depth(), loop.now() - self.budget_ms)
   self:pump()
 end
@@ -258,7 +266,7 @@ end
 -- when the source ran out of jobs it may prefetch.
 function Dispatch:top_up(w, depth, recent)
   local head = w.job -- not started yet while a listener of its predecessor's end runs (worker_next)
-  if depth <= 1 or w.state ~= "busy" or w.retiring or w.recycle or not head.started or head.started < recent then
+  if depth <= 1 or w.state ~= "busy" or w.retiring or w.recycle or not head[STARTED] or head[STARTED] < recent then
     return true
   end
   local pool = self.pool
@@ -266,7 +274,8 @@ function Dispatch:top_up(w, depth, recent)
   while room > 0 do
     local job = source:pop_ready()
     if not job then return false end
-    if job.data_bytes and #job.data_bytes > PIPELINE_MAX_BYTES then
+    local data = job[DATA_BYTES]
+    if data and #data > PIPELINE_MAX_BYTES then
       source:push(job) -- it waits for an idle child
       return false
     end

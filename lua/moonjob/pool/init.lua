@@ -63,6 +63,7 @@ local Pool = {}
 Pool.__index = Pool
 
 local DEFAULTS = Options.DEFAULTS
+local DATA_BYTES = Job.SLOT.data_bytes
 
 local next_seq = 0 -- job numbers are unique across the pools of a program
 
@@ -219,7 +220,7 @@ function Pool:add(data, opts)
       .. "some to finish (pool:drain(), the drained event) and add again"):format(self.source:count()))
   end
   if key then self.by_key[key] = job end
-  job.data_bytes = bytes
+  job[DATA_BYTES] = bytes -- its slot (Job.SLOT)
   self.source:push(job)
   self.dispatch:pump()
   return job
