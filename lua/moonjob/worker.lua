@@ -97,11 +97,13 @@ function Worker.max_frame(pool)
   return pool.max_payload + 4096 + (pool.batches and frame.BATCH_AREA or 0)
 end
 
--- worker:run(job, meta_bytes) -> true, or false when the child is already
--- gone (the job never reached it; the worker is "lost" until its exit event).
--- The job joins the jobs the worker holds; the first one is its head (w.job).
-function Worker:run(job, meta_bytes)
-  if not self.process:send(frame.JOB, job[ID], meta_bytes, job[DATA_BYTES]) then
+-- worker:run(job, meta_bytes, meta_rest) -> true, or false when the child is
+-- already gone (the job never reached it; the worker is "lost" until its exit
+-- event). The frame's payload is meta_bytes, meta_rest (the rest of the
+-- metadata, maybe ""), then the job's data. The job joins the jobs the worker
+-- holds; the first one is its head (w.job).
+function Worker:run(job, meta_bytes, meta_rest)
+  if not self.process:send(frame.JOB, job[ID], meta_bytes, meta_rest, job[DATA_BYTES]) then
     self.state = "lost" -- a frame may be cut short in the channel: the child must go
     self:kill()
     return false

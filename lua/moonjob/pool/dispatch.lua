@@ -88,6 +88,13 @@ local ATTEMPTS, WORKER, PREFETCHED, PID, STARTED, MS = SLOT.attempts, SLOT.worke
   SLOT.pid, SLOT.started, SLOT.ms
 
 local wire_first_line = Lines.wire_first_line
+local encode = buffer.encode
+
+-- The metadata the child reads before a job's data (child/runner.lua's
+-- decode_meta): the job's id, attempt, name and first line, encoded one after
+-- the other. For a first attempt without a name or lines, the common case, it
+-- is sent as two parts: the id's encoding and these bytes, made once.
+local PLAIN_FIRST_ATTEMPT = buffer.new():encode(1):encode(nil):encode(false):tostring()
 
 -- Dispatch.new(pool, pipeline) -> the dispatch of a pool whose children hold
 -- at most `pipeline` jobs each.
@@ -112,9 +119,15 @@ function Dispatch:send(w, job)
   local pool = self.pool
   Job.grow(job)
   local attempt = (job[ATTEMPTS] or 0) + 1
-  local meta = self.meta:reset():encode(rawget(job, "remote_id") or job[ID]):encode(attempt)
-    :encode(rawget(job, "name")):encode(rawget(job, "first_line") and wire_first_line(job) or false)
-  if not w:run(job, meta:tostring()) then -- the child is gone: it holds no place either
+  local id, name, first = rawget(job, "remote_id") or job[ID], rawget(job, "name"), rawget(job, "first_line")
+  local meta, rest = nil, PLAIN_FIRST_ATTEMPT
+  if attempt == 1 and name == nil and not first then
+    meta = encode(id)
+  else
+    meta, rest = self.meta:reset():encode(id):encode(attempt):encode(name)
+      :encode(first and wire_first_line(job) or false):tostring(), ""
+  end
+  if not w:run(job, meta, rest) then -- the child is gone: it holds no place either
     pool.children:retire(w, true)
     return pool.source:push(job)
   end
@@ -263,33 +276,50 @@ end
 
 -- A busy child takes ready jobs up to the depth (and its max_jobs_per_child),
 -- unless its head started before `recent` (it is not short). Returns false
--- when the source ran out of jobs it may prefetch.
+-- when the source ran out of jobs it may prefetch. The common case, one
+-- place free (the job that just ended), takes one job without a loop: a
+-- loop here would end the compiled trace of every job's ending.
 function Dispatch:top_up(w, depth, recent)
   local head = w.job -- not started yet while a listener of its predecessor's end runs (worker_next)
   if depth <= 1 or w.state ~= "busy" or w.retiring or w.recycle or not head[STARTED] or head[STARTED] < recent then
     return true
   end
-  local pool = self.pool
-  local source, room = pool.source, self:room_in(w, depth)
-  while room > 0 do
-    local job = source:pop_ready()
-    if not job then return false end
-    local data = job[DATA_BYTES]
-    if data and #data > PIPELINE_MAX_BYTES then
-      source:push(job) -- it waits for an idle child
-      return false
-    end
-    local best = self.ranks.best_sent
-    if not (best and (job[PRIORITY] or 0) > best and self.ranks:rescue(job, w)) then
-      self:send(w, job)
-      room = room - 1
-    elseif w.state == "busy" then -- better jobs stuck behind a long one came back: pick again
-      room = math.min(room, self:room_in(w, depth)) -- (a listener may have sent it more)
-    else
-      return true
-    end
+  local room = self:room_in(w, depth)
+  if room <= 0 then return true end
+  local took = self:take_one(w, depth)
+  if took == "sent" and room == 1 then return true end
+  return self:top_up_more(w, depth, room, took)
+end
+
+-- top_up's loop, after the first take_one answered `took`.
+function Dispatch:top_up_more(w, depth, room, took)
+  while true do
+    if took == "sent" then room = room - 1
+    elseif took == "again" then room = math.min(room, self:room_in(w, depth)) -- (a listener may have sent it more)
+    else return took ~= "none" end
+    if room <= 0 then return true end
+    took = self:take_one(w, depth)
   end
-  return true
+end
+
+-- Sends w the next ready job: "sent"; "none" when the source has none it
+-- may prefetch; "again" when better jobs stuck behind a long one came back
+-- instead (pick again); "stop" when w is no longer busy.
+function Dispatch:take_one(w, depth)
+  local source = self.pool.source
+  local job = source:pop_ready()
+  if not job then return "none" end
+  local data = job[DATA_BYTES]
+  if data and #data > PIPELINE_MAX_BYTES then
+    source:push(job) -- it waits for an idle child
+    return "none"
+  end
+  local best = self.ranks.best_sent
+  if not (best and (job[PRIORITY] or 0) > best and self.ranks:rescue(job, w)) then
+    self:send(w, job)
+    return "sent"
+  end
+  return w.state == "busy" and "again" or "stop"
 end
 
 -- How many more jobs w may hold now (the depth, its max_jobs_per_child).
