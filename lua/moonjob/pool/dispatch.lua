@@ -114,8 +114,9 @@ end
 
 -- Sends a job to a child: an idle one runs it now; a busy one holds it
 -- behind the jobs it has (prefetched). A child found gone is retired and the
--- job goes back to the source at once (it never left the parent).
-function Dispatch:send(w, job)
+-- job goes back to the source at once (it never left the parent). now: the
+-- loop.now() of the caller's pass, if it has one (a clock read less per job).
+function Dispatch:send(w, job, now)
   local pool = self.pool
   Job.grow(job)
   local attempt = (job[ATTEMPTS] or 0) + 1
@@ -132,10 +133,10 @@ function Dispatch:send(w, job)
     return pool.source:push(job)
   end
   job[ATTEMPTS], job[WORKER] = attempt, w
-  if w.job == job then return self:job_started(w, job) end
+  if w.job == job then return self:job_started(w, job, now) end
   job[PREFETCHED] = true
   self.nprefetched = self.nprefetched + 1
-  self.ranks:sent_ahead(job)
+  self.ranks:sent_ahead(job, now)
 end
 
 -- Wakes the pool when the earliest delayed job becomes due.
@@ -217,10 +218,10 @@ end
 
 -- A job became its child's head: it runs now. Its wait ends, its timeout (or,
 -- interrupted while it was prefetched, its hard deadline) starts, `active` fires.
-function Dispatch:job_started(w, job)
+function Dispatch:job_started(w, job, now)
   local pool = self.pool
   self:unprefetch(job)
-  local now = loop.now()
+  now = now or loop.now()
   job[STATE], job[PID], job[STARTED] = "active", w.pid, now
   job[MS] = false -- this attempt's run time comes with its end (the child's measure)
   pool.tally:sample_wait(now - (rawget(job, "run_at") or job[ADDED]))
@@ -241,8 +242,9 @@ end
 function Dispatch:worker_next(w)
   local head = w.job
   if not head then return self.pool.children:free(w) end
-  if head[STATE] ~= "active" then self:job_started(w, head) end
-  self:top_up(w, self:depth(), loop.now() - self.budget_ms)
+  local now = loop.now()
+  if head[STATE] ~= "active" then self:job_started(w, head, now) end
+  self:top_up(w, self:depth(), now - self.budget_ms, now)
   self:pump()
 end
 
@@ -279,33 +281,33 @@ end
 -- when the source ran out of jobs it may prefetch. The common case, one
 -- place free (the job that just ended), takes one job without a loop: a
 -- loop here would end the compiled trace of every job's ending.
-function Dispatch:top_up(w, depth, recent)
+function Dispatch:top_up(w, depth, recent, now)
   local head = w.job -- not started yet while a listener of its predecessor's end runs (worker_next)
   if depth <= 1 or w.state ~= "busy" or w.retiring or w.recycle or not head[STARTED] or head[STARTED] < recent then
     return true
   end
   local room = self:room_in(w, depth)
   if room <= 0 then return true end
-  local took = self:take_one(w, depth)
+  local took = self:take_one(w, depth, now)
   if took == "sent" and room == 1 then return true end
-  return self:top_up_more(w, depth, room, took)
+  return self:top_up_more(w, depth, room, took, now)
 end
 
 -- top_up's loop, after the first take_one answered `took`.
-function Dispatch:top_up_more(w, depth, room, took)
+function Dispatch:top_up_more(w, depth, room, took, now)
   while true do
     if took == "sent" then room = room - 1
     elseif took == "again" then room = math.min(room, self:room_in(w, depth)) -- (a listener may have sent it more)
     else return took ~= "none" end
     if room <= 0 then return true end
-    took = self:take_one(w, depth)
+    took = self:take_one(w, depth, now)
   end
 end
 
 -- Sends w the next ready job: "sent"; "none" when the source has none it
 -- may prefetch; "again" when better jobs stuck behind a long one came back
 -- instead (pick again); "stop" when w is no longer busy.
-function Dispatch:take_one(w, depth)
+function Dispatch:take_one(w, depth, now)
   local source = self.pool.source
   local job = source:pop_ready()
   if not job then return "none" end
@@ -316,7 +318,7 @@ function Dispatch:take_one(w, depth)
   end
   local best = self.ranks.best_sent
   if not (best and (job[PRIORITY] or 0) > best and self.ranks:rescue(job, w)) then
-    self:send(w, job)
+    self:send(w, job, now)
     return "sent"
   end
   return w.state == "busy" and "again" or "stop"
@@ -335,9 +337,9 @@ end
 function Dispatch:prefetch()
   local depth = self:depth()
   if depth <= 1 then return end
-  local recent, workers = loop.now() - self.budget_ms, self.pool.children:array()
+  local now, workers = loop.now(), self.pool.children:array()
   for i = 1, #workers do
-    if not self:top_up(workers[i], depth, recent) then return end
+    if not self:top_up(workers[i], depth, now - self.budget_ms, now) then return end
   end
   self.saturated = true
 end

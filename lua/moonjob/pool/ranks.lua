@@ -67,9 +67,10 @@ function Ranks.new(dispatch, steal_after_ms)
   return self
 end
 
--- Job was sent ahead to a busy child: it waits there from now (ahead_since).
-function Ranks:sent_ahead(job)
-  local now = loop.now()
+-- Job was sent ahead to a busy child: it waits there from now (ahead_since;
+-- now: the sender's loop.now(), if it has one).
+function Ranks:sent_ahead(job, now)
+  now = now or loop.now()
   job[AHEAD_SINCE] = now -- in its slot (Job.SLOT): this runs for every job sent ahead
   local priority, worst, best = job[PRIORITY] or 0, self.worst_sent, self.best_sent
   if not best or priority < best then self.best_sent = priority end
