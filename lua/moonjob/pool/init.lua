@@ -15,7 +15,8 @@
 --   options.lua    option checking and defaults (plain functions)
 --   source.lua     the job source (pool.source: the waiting jobs) and the
 --                  owner hook a second source (Redis) plugs into (pool.owner)
---   waiting.lua    the local source's two heaps (ready, delayed)
+--   waiting.lua    the local source: a run queue of jobs in order, a ready
+--                  heap for the others, a delayed heap
 --   port.lua       what the owner of a second source may do to the pool
 --   sink.lua       the worker sink: how a worker reports to its pool
 --                  (pool:on_worker_*, the only Pool methods defined elsewhere)

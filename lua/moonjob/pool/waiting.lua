@@ -205,7 +205,7 @@ function Queue:push(job)
   self.n = self.n + 1
 end
 
--- Moves the delayed jobs that are due to the ready heap.
+-- Moves the delayed jobs that are due to the run queue or the ready heap.
 function Queue:promote()
   local delayed = self.delayed
   if delayed.n == 0 then return end
