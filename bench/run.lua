@@ -19,6 +19,9 @@
 -- 5. A million waiting jobs: time to add 1,000,000 no-op jobs, the parent's
 --    Lua memory per waiting job (payload included, and without it), and the
 --    time to drain them with 2 children.
+--
+-- BENCH_ONLY=throughput runs section 1 alone; BENCH_ONLY=waiting runs
+-- section 5 alone (quick rounds while working on the pool's per-job cost).
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 package.cpath = "build/?.so;" .. package.cpath
 
@@ -27,6 +30,7 @@ local core = require "moonjob.core"
 
 local JOBS = tonumber(os.getenv("BENCH_JOBS")) or 100000
 local ROUNDS = tonumber(os.getenv("BENCH_ROUNDS")) or 3
+local ONLY = os.getenv("BENCH_ONLY")
 
 local ffi = require "ffi"
 ffi.cdef [[
@@ -151,10 +155,11 @@ print(("moonjob bench: %d no-op jobs per round, best of %d rounds, %d logical CP
   :format(JOBS, ROUNDS, core.cpu_count()))
 print(("%-9s %12s %12s %12s %12s %9s"):format("children", "pool jobs/s", "parent us/job",
   "floor 1/child", "floor 8/child", "pool/fl8"))
-for _, size in ipairs({ 1, 2 }) do
+for _, size in ipairs(ONLY == "waiting" and {} or { 1, 2 }) do
   local pool, cpu, floor1, floor8 = throughput(size)
   print(("%-9d %12.0f %12.2f %12.0f %12.0f %9.2f"):format(size, pool, cpu, floor1, floor8, pool / floor8))
 end
+if ONLY == "throughput" then return end
 
 -- Adds `n` no-op jobs, measures the memory they hold while waiting, drains them.
 local function million(n)
@@ -180,6 +185,15 @@ local function million(n)
   pool:close()
   return add_s, per_job, payload / n, drain_s
 end
+
+local MILLION = tonumber(os.getenv("BENCH_WAITING")) or 1000000
+local function report_million()
+  local add_s, per_job, payload, drain_s = million(MILLION)
+  print(("\n%d waiting no-op jobs: added in %.2f s, %.0f bytes each in the parent (%.0f without the "
+    .. "%.0f-byte payload string's bytes), drained by 2 children in %.1f s")
+    :format(MILLION, add_s, per_job, per_job - payload, payload, drain_s))
+end
+if ONLY == "waiting" then return report_million() end
 
 local median, max, n = kill_latency(100)
 print(("\nhard deadline -> child reaped, %d JIT-loop jobs: median %.2f ms, max %.2f ms")
@@ -231,8 +245,4 @@ for _, direction in ipairs({ "results", "data", "results, completed listener" })
     :format(direction, p99, lag_max, (core.hrtime() - t0) / 1e9, s.failed))
 end
 
-local MILLION = tonumber(os.getenv("BENCH_WAITING")) or 1000000
-local add_s, per_job, payload, drain_s = million(MILLION)
-print(("\n%d waiting no-op jobs: added in %.2f s, %.0f bytes each in the parent (%.0f without the "
-  .. "%.0f-byte payload string's bytes), drained by 2 children in %.1f s")
-  :format(MILLION, add_s, per_job, per_job - payload, payload, drain_s))
+report_million()

@@ -20,11 +20,35 @@ local methods = {}
 
 -- A waiting job must stay small (a million may wait): its hot fields live in
 -- the table's array part, colocated with the table header (64 + 6 x 8 bytes),
--- and are reached by name through the metatable. Every other field is a plain
--- named field, set only when it has a value; `pool` comes from the pool's own
--- metatable, `attempts` reads 0 until set, `logs` is made on first use.
-local SLOTS = { id = 1, data_bytes = 2, state = 3, added = 4, qindex = 5, priority = 6 }
-Job.SLOT = SLOTS -- for moonjob.pool.waiting, which reads and writes them directly (false for nil)
+-- and are reached by name through the metatable. The fields every run sets
+-- (attempts, worker, pid, started, ms, ...) have slots too, after those: the
+-- array part grows to them in one step when the job is first sent
+-- (Job.grow), which costs a fraction of what growing a hash part key by key
+-- does (a rehash at each power of two), and nothing while the job waits.
+-- Every other field is a plain named field, set only when it has a value;
+-- `pool` comes from the pool's own metatable, `attempts` reads 0 until set,
+-- `logs` is made on first use. A slot holds false for nil.
+local SLOTS = { id = 1, data_bytes = 2, state = 3, added = 4, qindex = 5, priority = 6,
+  attempts = 7, worker = 8, prefetched = 9, ahead_since = 10, pid = 11, started = 12, ms = 13,
+  cpu_ms = 14, max_rss_kb = 15, result_bytes = 16 }
+local RUN_SLOTS = 16 -- the last one (Job.grow makes 7 to 16)
+Job.SLOT = SLOTS -- for the pool's hot paths, which read and write them directly (false for nil)
+local ATTEMPTS, RESULT_BYTES = SLOTS.attempts, SLOTS.result_bytes
+
+-- Job.grow(job): the slots of a run, made at once (see above); the pool
+-- calls it before it first sends the job.
+function Job.grow(job)
+  if rawget(job, RUN_SLOTS) ~= nil then return end
+  -- in order, without a loop (a loop here would abort the callers' traces)
+  rawset(job, 7, false); rawset(job, 8, false); rawset(job, 9, false); rawset(job, 10, false)
+  rawset(job, 11, false); rawset(job, 12, false); rawset(job, 13, false); rawset(job, 14, false)
+  rawset(job, 15, false); rawset(job, 16, false)
+end
+
+-- The result's bytes, or nil.
+local function result_bytes(job)
+  return rawget(job, RESULT_BYTES) or nil
+end
 
 -- Job.bytes(payload) -> string. A payload larger than the core's piece size
 -- (256 KiB, MJ_PIECE) arrives as a list of pieces, so that no loop callback
@@ -43,13 +67,15 @@ local function index(pool, job, key)
   local slot = SLOTS[key]
   if slot then
     local v = rawget(job, slot)
-    if v == false then return nil end
+    if v == false or v == nil then
+      if slot == ATTEMPTS then return 0 end
+      return nil
+    end
     return v
   end
   local m = methods[key]
   if m ~= nil then return m end
   if key == "pool" then return pool end
-  if key == "attempts" then return 0 end
   if key == "logs" then
     local logs = {}
     rawset(job, "logs", logs)
@@ -57,7 +83,7 @@ local function index(pool, job, key)
   end
   if key == "result" then
     if rawget(job, "decoded") then return rawget(job, "result_value") end
-    local bytes = rawget(job, "result_bytes")
+    local bytes = result_bytes(job)
     if bytes == nil then return nil end
     local ok, value = pcall(decoders[pool.codec], bytes)
     return ok and value or nil
@@ -103,7 +129,7 @@ end
 -- Job.decode(pool, job) -> true | false, why. Decodes the result once (kept
 -- for later reads of job.result); false when the bytes do not decode.
 function Job.decode(pool, job)
-  local ok, value = pcall(decoders[pool.codec], rawget(job, "result_bytes"))
+  local ok, value = pcall(decoders[pool.codec], result_bytes(job))
   if not ok then return false, tostring(value) end
   rawset(job, "result_value", value)
   rawset(job, "decoded", true)
@@ -116,7 +142,7 @@ end
 
 local function outcome(job)
   if job.state ~= "completed" then return nil, job.error end
-  if not rawget(job, "decoded") and rawget(job, "result_bytes") ~= nil then
+  if not rawget(job, "decoded") and result_bytes(job) ~= nil then
     local ok, why = Job.decode(job.pool, job)
     if not ok then return nil, errors.new("EPROTO", "the child's result cannot be decoded: " .. why) end
   end

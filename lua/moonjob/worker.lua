@@ -36,6 +36,11 @@ local Job = require "moonjob.job"
 local tagged = require "moonjob.tagged_output"
 
 local frame = core.frame
+-- Fields read or written for every job are in the job's slots (Job.SLOT,
+-- false for nil), not behind its metatable.
+local SLOT = Job.SLOT
+local ID, DATA_BYTES, CPU_MS, MAX_RSS_KB, MS = SLOT.id, SLOT.data_bytes, SLOT.cpu_ms,
+  SLOT.max_rss_kb, SLOT.ms
 
 local Worker = {}
 Worker.__index = Worker
@@ -93,11 +98,13 @@ function Worker.max_frame(pool)
   return pool.max_payload + 4096 + (pool.batches and frame.BATCH_AREA or 0)
 end
 
--- worker:run(job, meta_bytes) -> true, or false when the child is already
--- gone (the job never reached it; the worker is "lost" until its exit event).
--- The job joins the jobs the worker holds; the first one is its head (w.job).
-function Worker:run(job, meta_bytes)
-  if not self.process:send(frame.JOB, job.id, meta_bytes, job.data_bytes) then
+-- worker:run(job, meta_bytes, meta_rest) -> true, or false when the child is
+-- already gone (the job never reached it; the worker is "lost" until its exit
+-- event). The frame's payload is meta_bytes, meta_rest (the rest of the
+-- metadata, maybe ""), then the job's data. The job joins the jobs the worker
+-- holds; the first one is its head (w.job).
+function Worker:run(job, meta_bytes, meta_rest)
+  if not self.process:send(frame.JOB, job[ID], meta_bytes, meta_rest, job[DATA_BYTES]) then
     self.state = "lost" -- a frame may be cut short in the channel: the child must go
     self:kill()
     return false
@@ -245,7 +252,7 @@ end
 -- Returns the worker's job when the frame is about it, else nil (a stale frame).
 function Worker:current(number)
   local job = self.job
-  if job and job.id == number then return job end
+  if job and job[ID] == number then return job end
   return nil
 end
 
@@ -269,7 +276,7 @@ end
 -- pool keeps; the parent's own clock would count the time its loop was not
 -- run, a REPL at its prompt), CPU time and peak RSS.
 local function record_usage(job, cpu_ms, max_rss_kb, ms)
-  job.cpu_ms, job.max_rss_kb, job.ms = cpu_ms, max_rss_kb, ms
+  job[CPU_MS], job[MAX_RSS_KB], job[MS] = cpu_ms, max_rss_kb, ms
 end
 
 local on_frame = {}

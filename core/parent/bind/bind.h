@@ -86,9 +86,24 @@ static int lmj_traceback(lua_State *L) {
 /* Calls the function below its nargs arguments on the loop's thread, in
  * protected mode. On error the traceback goes to stderr; nothing propagates
  * into libuv. */
+static char lmj_traceback_key; /* its address keys the handler in the registry */
+
+/* Pushes the traceback handler, made once per Lua state: a C function pushed
+ * anew is a new object, and lmj_call runs for every frame a child sends. */
+static void lmj_push_traceback(lua_State *L) {
+  lua_pushlightuserdata(L, &lmj_traceback_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  if (!lua_isnil(L, -1)) return;
+  lua_pop(L, 1);
+  lua_pushcfunction(L, lmj_traceback);
+  lua_pushlightuserdata(L, &lmj_traceback_key);
+  lua_pushvalue(L, -2);
+  lua_rawset(L, LUA_REGISTRYINDEX);
+}
+
 static void lmj_call(lua_State *L, int nargs) {
   int base = lua_gettop(L) - nargs;
-  lua_pushcfunction(L, lmj_traceback);
+  lmj_push_traceback(L);
   lua_insert(L, base);
   if (lua_pcall(L, nargs, 0, base) != 0) {
     fprintf(stderr, "moonjob: internal error in a callback: %s\n", lua_tostring(L, -1));

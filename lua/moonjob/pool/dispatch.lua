@@ -78,9 +78,23 @@ local STEAL_AFTER_MS = 10        -- a head that ran this long gives up the jobs 
 local RUN_AVG_WEIGHT = 0.05      -- weight of the newest run time in the average
 Dispatch.STEAL_AFTER_MS = STEAL_AFTER_MS
 
-local PRIORITY = Job.SLOT.priority -- read in the job's own slot (false for the default, 0)
+-- The job's fields the pool sets or reads for every job are read and written
+-- in the job's own slots (Job.SLOT: false for nil), and its other fields with
+-- rawget: a call of the job's metatable for each would cost more than the
+-- rest of the pump, and keep these paths from being compiled.
+local SLOT = Job.SLOT
+local ID, STATE, DATA_BYTES, ADDED, PRIORITY = SLOT.id, SLOT.state, SLOT.data_bytes, SLOT.added, SLOT.priority
+local ATTEMPTS, WORKER, PREFETCHED, PID, STARTED, MS = SLOT.attempts, SLOT.worker, SLOT.prefetched,
+  SLOT.pid, SLOT.started, SLOT.ms
 
 local wire_first_line = Lines.wire_first_line
+local encode = buffer.encode
+
+-- The metadata the child reads before a job's data (child/runner.lua's
+-- decode_meta): the job's id, attempt, name and first line, encoded one after
+-- the other. For a first attempt without a name or lines, the common case, it
+-- is sent as two parts: the id's encoding and these bytes, made once.
+local PLAIN_FIRST_ATTEMPT = buffer.new():encode(1):encode(nil):encode(false):tostring()
 
 -- Dispatch.new(pool, pipeline) -> the dispatch of a pool whose children hold
 -- at most `pipeline` jobs each.
@@ -100,21 +114,29 @@ end
 
 -- Sends a job to a child: an idle one runs it now; a busy one holds it
 -- behind the jobs it has (prefetched). A child found gone is retired and the
--- job goes back to the source at once (it never left the parent).
-function Dispatch:send(w, job)
+-- job goes back to the source at once (it never left the parent). now: the
+-- loop.now() of the caller's pass, if it has one (a clock read less per job).
+function Dispatch:send(w, job, now)
   local pool = self.pool
-  local attempt = job.attempts + 1
-  local meta = self.meta:reset():encode(job.remote_id or job.id):encode(attempt):encode(job.name)
-    :encode(wire_first_line(job))
-  if not w:run(job, meta:tostring()) then -- the child is gone: it holds no place either
+  Job.grow(job)
+  local attempt = (job[ATTEMPTS] or 0) + 1
+  local id, name, first = rawget(job, "remote_id") or job[ID], rawget(job, "name"), rawget(job, "first_line")
+  local meta, rest = nil, PLAIN_FIRST_ATTEMPT
+  if attempt == 1 and name == nil and not first then
+    meta = encode(id)
+  else
+    meta, rest = self.meta:reset():encode(id):encode(attempt):encode(name)
+      :encode(first and wire_first_line(job) or false):tostring(), ""
+  end
+  if not w:run(job, meta, rest) then -- the child is gone: it holds no place either
     pool.children:retire(w, true)
     return pool.source:push(job)
   end
-  job.attempts, job.worker = attempt, w
-  if w.job == job then return self:job_started(w, job) end
-  job.prefetched = true
+  job[ATTEMPTS], job[WORKER] = attempt, w
+  if w.job == job then return self:job_started(w, job, now) end
+  job[PREFETCHED] = true
   self.nprefetched = self.nprefetched + 1
-  self.ranks:sent_ahead(job)
+  self.ranks:sent_ahead(job, now)
 end
 
 -- Wakes the pool when the earliest delayed job becomes due.
@@ -189,26 +211,26 @@ end
 
 -- A prefetched job is not any more (it started, ended or came back).
 function Dispatch:unprefetch(job)
-  if not job.prefetched then return end
-  job.prefetched, self.nprefetched = nil, self.nprefetched - 1
+  if not job[PREFETCHED] then return end
+  job[PREFETCHED], self.nprefetched = false, self.nprefetched - 1
   if self.nprefetched == 0 then self.ranks:none_ahead() end
 end
 
 -- A job became its child's head: it runs now. Its wait ends, its timeout (or,
 -- interrupted while it was prefetched, its hard deadline) starts, `active` fires.
-function Dispatch:job_started(w, job)
+function Dispatch:job_started(w, job, now)
   local pool = self.pool
   self:unprefetch(job)
-  local now = loop.now()
-  job.state, job.pid, job.started = "active", w.pid, now
-  job.ms = nil -- this attempt's run time comes with its end (the child's measure)
-  pool.tally:sample_wait(now - (job.run_at or job.added))
+  now = now or loop.now()
+  job[STATE], job[PID], job[STARTED] = "active", w.pid, now
+  job[MS] = false -- this attempt's run time comes with its end (the child's measure)
+  pool.tally:sample_wait(now - (rawget(job, "run_at") or job[ADDED]))
   w.dispatched_at, w.acked = now, false
   pool.nactive = pool.nactive + 1
-  if job.interrupt then
-    w:arm(job.kill_after or pool.kill_after)
+  if rawget(job, "interrupt") then
+    w:arm(rawget(job, "kill_after") or pool.kill_after)
   else
-    local timeout = job.timeout or pool.timeout
+    local timeout = rawget(job, "timeout") or pool.timeout
     if timeout then w:arm(timeout) end
   end
   if self.listeners.active then pool.events:emit("active", job) end
@@ -220,8 +242,9 @@ end
 function Dispatch:worker_next(w)
   local head = w.job
   if not head then return self.pool.children:free(w) end
-  if head.state ~= "active" then self:job_started(w, head) end
-  self:top_up(w, self:depth(), loop.now() - self.budget_ms)
+  local now = loop.now()
+  if head[STATE] ~= "active" then self:job_started(w, head, now) end
+  self:top_up(w, self:depth(), now - self.budget_ms, now)
   self:pump()
 end
 
@@ -255,32 +278,50 @@ end
 
 -- A busy child takes ready jobs up to the depth (and its max_jobs_per_child),
 -- unless its head started before `recent` (it is not short). Returns false
--- when the source ran out of jobs it may prefetch.
-function Dispatch:top_up(w, depth, recent)
+-- when the source ran out of jobs it may prefetch. The common case, one
+-- place free (the job that just ended), takes one job without a loop: a
+-- loop here would end the compiled trace of every job's ending.
+function Dispatch:top_up(w, depth, recent, now)
   local head = w.job -- not started yet while a listener of its predecessor's end runs (worker_next)
-  if depth <= 1 or w.state ~= "busy" or w.retiring or w.recycle or not head.started or head.started < recent then
+  if depth <= 1 or w.state ~= "busy" or w.retiring or w.recycle or not head[STARTED] or head[STARTED] < recent then
     return true
   end
-  local pool = self.pool
-  local source, room = pool.source, self:room_in(w, depth)
-  while room > 0 do
-    local job = source:pop_ready()
-    if not job then return false end
-    if job.data_bytes and #job.data_bytes > PIPELINE_MAX_BYTES then
-      source:push(job) -- it waits for an idle child
-      return false
-    end
-    local best = self.ranks.best_sent
-    if not (best and (job[PRIORITY] or 0) > best and self.ranks:rescue(job, w)) then
-      self:send(w, job)
-      room = room - 1
-    elseif w.state == "busy" then -- better jobs stuck behind a long one came back: pick again
-      room = math.min(room, self:room_in(w, depth)) -- (a listener may have sent it more)
-    else
-      return true
-    end
+  local room = self:room_in(w, depth)
+  if room <= 0 then return true end
+  local took = self:take_one(w, depth, now)
+  if took == "sent" and room == 1 then return true end
+  return self:top_up_more(w, depth, room, took, now)
+end
+
+-- top_up's loop, after the first take_one answered `took`.
+function Dispatch:top_up_more(w, depth, room, took, now)
+  while true do
+    if took == "sent" then room = room - 1
+    elseif took == "again" then room = math.min(room, self:room_in(w, depth)) -- (a listener may have sent it more)
+    else return took ~= "none" end
+    if room <= 0 then return true end
+    took = self:take_one(w, depth, now)
   end
-  return true
+end
+
+-- Sends w the next ready job: "sent"; "none" when the source has none it
+-- may prefetch; "again" when better jobs stuck behind a long one came back
+-- instead (pick again); "stop" when w is no longer busy.
+function Dispatch:take_one(w, depth, now)
+  local source = self.pool.source
+  local job = source:pop_ready()
+  if not job then return "none" end
+  local data = job[DATA_BYTES]
+  if data and #data > PIPELINE_MAX_BYTES then
+    source:push(job) -- it waits for an idle child
+    return "none"
+  end
+  local best = self.ranks.best_sent
+  if not (best and (job[PRIORITY] or 0) > best and self.ranks:rescue(job, w)) then
+    self:send(w, job, now)
+    return "sent"
+  end
+  return w.state == "busy" and "again" or "stop"
 end
 
 -- How many more jobs w may hold now (the depth, its max_jobs_per_child).
@@ -296,9 +337,9 @@ end
 function Dispatch:prefetch()
   local depth = self:depth()
   if depth <= 1 then return end
-  local recent, workers = loop.now() - self.budget_ms, self.pool.children:array()
+  local now, workers = loop.now(), self.pool.children:array()
   for i = 1, #workers do
-    if not self:top_up(workers[i], depth, recent) then return end
+    if not self:top_up(workers[i], depth, now - self.budget_ms, now) then return end
   end
   self.saturated = true
 end

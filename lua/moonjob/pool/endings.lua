@@ -33,6 +33,12 @@
 local errors = require "moonjob.errors"
 local loop = require "moonjob.loop"
 local Backoff = require "moonjob.backoff"
+local Job = require "moonjob.job"
+
+-- finish runs for every job: it reads and writes the job's slots (Job.SLOT,
+-- false for nil) and other fields with rawget, not through its metatable.
+local SLOT = Job.SLOT
+local STATE, WORKER, STARTED, MS = SLOT.state, SLOT.worker, SLOT.started, SLOT.ms
 
 local Endings = {}
 Endings.__index = Endings
@@ -102,13 +108,13 @@ end
 -- its ending frame came), else, for an attempt that ended without one (a
 -- crash, a kill), from its start to now on the parent's clock.
 function Endings:run_ms(job)
-  return job.ms or (loop.now() - job.started)
+  return job[MS] or (loop.now() - job[STARTED])
 end
 
 -- A job with a key (id or dedupe) leaves pool.by_key when it ends; a
 -- completed one leaves its result in the cache (failures are never cached).
 function Endings:release_key(job, state)
-  local key = job.key
+  local key = rawget(job, "key")
   if not key then return end
   local pool = self.pool
   if pool.by_key[key] == job then pool.by_key[key] = nil end
@@ -122,17 +128,18 @@ end
 -- left to do.
 function Endings:finish(job, state)
   local pool = self.pool
-  local owner = job.owner
+  local owner = rawget(job, "owner")
   if owner and owner:ending(job, state) then return self:leave(job) end
-  local was_active = job.state == "active"
+  local was_active = job[STATE] == "active"
   pool.dispatch:unprefetch(job)
-  job.state, job.worker = state, nil
+  job[STATE], job[WORKER] = state, false
   self:release_key(job, state)
-  if job.started then job.ms = self:run_ms(job) end
+  if job[STARTED] then job[MS] = self:run_ms(job) end
   if was_active then
+    local ms = job[MS]
     pool.nactive = pool.nactive - 1
-    pool.tally:sample_run(job.ms)
-    pool.dispatch:note_run(job.ms)
+    pool.tally:sample_run(ms)
+    pool.dispatch:note_run(ms)
   end
   pool.tally:bump(state)
   local listeners = self.listeners

@@ -15,7 +15,8 @@
 --   options.lua    option checking and defaults (plain functions)
 --   source.lua     the job source (pool.source: the waiting jobs) and the
 --                  owner hook a second source (Redis) plugs into (pool.owner)
---   waiting.lua    the local source's two heaps (ready, delayed)
+--   waiting.lua    the local source: a run queue of jobs in order, a ready
+--                  heap for the others, a delayed heap
 --   port.lua       what the owner of a second source may do to the pool
 --   sink.lua       the worker sink: how a worker reports to its pool
 --                  (pool:on_worker_*, the only Pool methods defined elsewhere)
@@ -63,6 +64,7 @@ local Pool = {}
 Pool.__index = Pool
 
 local DEFAULTS = Options.DEFAULTS
+local DATA_BYTES = Job.SLOT.data_bytes
 
 local next_seq = 0 -- job numbers are unique across the pools of a program
 
@@ -220,7 +222,7 @@ function Pool:add(data, opts)
       .. "some to finish (pool:drain(), the drained event) and add again"):format(self.source:count()))
   end
   if key then self.by_key[key] = job end
-  job.data_bytes = bytes
+  job[DATA_BYTES] = bytes -- its slot (Job.SLOT)
   self.source:push(job)
   self.dispatch:pump()
   return job

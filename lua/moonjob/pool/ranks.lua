@@ -54,6 +54,7 @@ Ranks.__index = Ranks
 
 local RANK_AFTER_MS = 2 -- how long a better job may wait behind worse ones sent ahead
 local PRIORITY = Job.SLOT.priority -- (false for the default, 0)
+local AHEAD_SINCE = Job.SLOT.ahead_since
 
 -- Ranks.new(dispatch, steal_after_ms) -> the dispatch's ranks; steal_after_ms
 -- is the age at which a head is deemed stuck (the dispatch's steal's).
@@ -66,10 +67,11 @@ function Ranks.new(dispatch, steal_after_ms)
   return self
 end
 
--- Job was sent ahead to a busy child: it waits there from now (ahead_since).
-function Ranks:sent_ahead(job)
-  local now = loop.now()
-  job.ahead_since = now
+-- Job was sent ahead to a busy child: it waits there from now (ahead_since;
+-- now: the sender's loop.now(), if it has one).
+function Ranks:sent_ahead(job, now)
+  now = now or loop.now()
+  job[AHEAD_SINCE] = now -- in its slot (Job.SLOT): this runs for every job sent ahead
   local priority, worst, best = job[PRIORITY] or 0, self.worst_sent, self.best_sent
   if not best or priority < best then self.best_sent = priority end
   if not worst or priority > worst then self.worst_sent = priority

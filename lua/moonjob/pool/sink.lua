@@ -76,6 +76,8 @@
 local errors = require "moonjob.errors"
 local Job = require "moonjob.job"
 
+local RESULT_BYTES = Job.SLOT.result_bytes
+
 local Pool = {}
 
 ----------------------------------------------------------- the child ---
@@ -159,7 +161,8 @@ end
 ------------------------------------------------------------- its job ---
 
 function Pool:on_worker_done(w, job, result_bytes)
-  job.result_bytes, job.error = result_bytes, nil
+  job[RESULT_BYTES] = result_bytes -- in its slot (Job.SLOT): this runs for every job
+  if rawget(job, "error") ~= nil then job.error = nil end
   if self.events.listeners.completed then -- decoded once for them; bytes that do not decode fail the job
     local ok, why = Job.decode(self, job)
     if not ok then

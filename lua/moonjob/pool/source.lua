@@ -2,7 +2,7 @@
 --
 -- The pool reaches its waiting jobs only through pool.source, an object with
 -- the eight methods below; nothing else in the pool knows how or where jobs
--- wait. The source is the local one, a moonjob.pool.waiting (two heaps in this
+-- wait. The source is the local one, a moonjob.pool.waiting (a queue and heaps in this
 -- process). A pool on Redis keeps it: its moonjob.redis.remote fetches jobs
 -- from the durable queue in batches and pushes them here (a bounded buffer:
 -- `size` + `prefetch` jobs), so dispatch, priorities among fetched jobs,
