@@ -30,7 +30,7 @@ local function read_blocks(path, batch, pause_every)
     blocks[#blocks + 1], counts[#counts + 1] = text, count
     if pause_every and #blocks % pause_every == 0 then
       input:pause()
-      core.timer(function() input:resume() end):start(0)
+      core.timer(function() if not ended then input:resume() end end):start(0) -- (none once closed)
     end
   end, function() ended = true end)
   input:batch(batch)
@@ -71,7 +71,7 @@ describe("core.input's blocks of lines from a regular file", function()
       if #blocks == 2 then core.timer(function() input:batch(50) end):start(0) end
       if #blocks > 2 then
         input:pause()
-        core.timer(function() input:resume() end):start(1)
+        core.timer(function() if not ended then input:resume() end end):start(1)
       end
     end, function() ended = true end)
     input:batch(400)
