@@ -24,7 +24,10 @@ static uint64_t monotonic_ns(void) {
  * the child die in it), or -1 when the parent took it back. */
 double moonjob_batch_next(void) {
   uint64_t now = monotonic_ns();
-  if (shared == NULL) return (double) now / 1e6;
+  if (shared == NULL) {
+    line_began(now);
+    return (double) now / 1e6;
+  }
   uint64_t b = __atomic_load_n(&shared->batch, __ATOMIC_ACQUIRE), next;
   do {
     uint32_t started = MJ_BATCH_STARTED(b);
@@ -33,6 +36,7 @@ double moonjob_batch_next(void) {
   } while (!__atomic_compare_exchange_n(&shared->batch, &b, next, 0, __ATOMIC_ACQ_REL,
                                         __ATOMIC_ACQUIRE));
   __atomic_store_n(&shared->batch_line_started, now, __ATOMIC_RELAXED);
+  line_began(now); /* its own deadline (interrupt.c) */
   return (double) now / 1e6;
 }
 

@@ -85,7 +85,7 @@ function M.new(o, pool_size, output)
     high = nil, low = nil, bytes_high = bytes_high, bytes_low = bytes_high / 4,
     held_high = held_high, held_low = held_high / 4,
     result_line_bytes = 0, -- recent bytes per result line: up at once, down slowly
-    batching = o.timeout == nil and (o.attempts or 1) == 1,
+    batching = true, -- (--timeout and --attempts keep batches: moonjob.cli.batch_jobs)
     batch_lines = 1, line_ms = nil, print_cap = BATCH_LINES_MAX,
   }, Input)
   self:set_bounds()
