@@ -15,8 +15,9 @@
 --
 -- The input also sizes the batches it cuts (core.input's input:batch):
 -- batches are as long as BATCH_BUDGET_MS of recent lines (1 line each until
--- lines are known to be short; with --timeout or --attempts above 1, always
--- 1). A line that prints ends its batch (the rest go out again): while lines
+-- lines are known to be short; also under --timeout and --attempts, but a
+-- batch whose line ran to its deadline does not size them: see
+-- moonjob.cli.batch_jobs). A line that prints ends its batch (the rest go out again): while lines
 -- print, batches are no longer than the lines run before one printed; the
 -- cap doubles with each job that printed nothing.
 --
