@@ -29,7 +29,8 @@
 -- _failed (what lines_kept recorded).
 --
 -- Caveat: this is a part of the run (moonjob.cli.run), not a thing of its
--- own: it records through run:record and adds lines through run:add_line,
+-- own: it records through run:record and adds lines through run:add_line
+-- (a line run again: through the pool, as add_line does, with its attempt),
 -- and keeps the run's counts of lines in flight (run.input).
 local batches = require "moonjob.cli.batches"
 local json = require "moonjob.codec.json"
@@ -148,9 +149,9 @@ end
 -- order.
 function BatchJobs:to_retry(text)
   local found, pool = {}, self.run.pool
-  local from = 1
+  local from, lined = 1, "\n" .. text -- (a record starts each line)
   while true do
-    local at, line = ("\n" .. text):match('\n(){"line":(%d+),"status":"failed"', from)
+    local at, line = lined:match('\n(){"line":(%d+),"status":"failed"', from)
     if not at then break end
     at = at - 1 -- in text itself
     local to = text:find("\n", at, true) or #text + 1
