@@ -26,8 +26,12 @@
  * lines is never interrupted. The hard deadline stays the parent's
  * (pool/deadlines.lua reads the line's start in the shared page).
  *
- * Caveat: hooks do not run in JIT-compiled loops nor inside C functions:
- * there the parent's hard kill is what ends the job (or the line).
+ * Caveats: hooks do not run in JIT-compiled loops nor inside C functions:
+ * there the parent's hard kill is what ends the job (or the line). The line
+ * timer signals only a batch that runs longer than the timeout, and then may
+ * do so during a line still within its deadline (it re-arms there): a
+ * processor's system call that does not restart after a handled signal
+ * (poll, nanosleep) may see EINTR then, as at any signal.
  */
 #include "child.h"
 
