@@ -124,6 +124,19 @@ describe("moonjob run: batches under --timeout and --attempts #slow", function()
     assert_others_once(by_line, runs, { [250] = true, [300] = true })
   end)
 
+  it("times each line from its own start: a batch longer than timeout + kill-after is not killed", function()
+    local slow = {}
+    for i = 250, 253 do slow[i] = { sleep = 0.4 } end -- one child: they run in one batch, one after another
+    input = write_input(N, log, slow)
+    local out, err, status = run("-j 1 --timeout 0.7 --kill-after 0.3", input)
+    assert.equal(0, status, err)
+    local by_line = read_output(out)
+    local runs, per_id = read_runs(log)
+    assert_in_batch(runs, per_id, 250)
+    assert.equal(runs[250][1].id, runs[253][1].id)
+    assert_others_once(by_line, runs, {})
+  end)
+
   it("runs a failed line again alone, its attempts going on, the others once", function()
     local mark = os.tmpname()
     os.remove(mark)
