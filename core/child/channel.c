@@ -7,8 +7,8 @@
  * tells it which ones the parent took back. INTERRUPT frames are kept aside
  * for the job they name (interrupt.c acts on them). The module's functions
  * are registered here; some are defined in the parts they belong to
- * (channel.run in interrupt.c, channel.strict in alloc.c, the batch functions
- * and the clock in exports.c).
+ * (channel.run, channel.protect and the per-line deadlines in interrupt.c,
+ * channel.strict in alloc.c, the batch functions and the clock in exports.c).
  *
  * Caveats: writes to a closed channel raise a Lua error (SIGPIPE is ignored)
  * and the runner exits. An end of file the parent did not announce in the
@@ -502,8 +502,8 @@ static int open_channel(lua_State *L) {
     {"interrupt_traceback", channel_interrupt_traceback}, {"strict", channel_strict},
     {"interrupt", channel_interrupt}, {"batch_next", channel_batch_next},
     {"batch_keep", channel_batch_keep}, {"now", channel_now}, {"output_lines", channel_output_lines},
-    {"output_flush", channel_output_flush},
-    {NULL, NULL}};
+    {"output_flush", channel_output_flush}, {"line_timeout", channel_line_timeout},
+    {"protect", channel_protect}, {"batch_line_done", channel_batch_line_done}, {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, funcs);
 #define MJ_SET_TYPE(name)               \

@@ -106,6 +106,10 @@ static void look_for_interrupts(void);
 static void on_interrupt_signal(int signum, siginfo_t *info, void *context);
 static int channel_run(lua_State *L);
 static int channel_interrupt_traceback(lua_State *L);
+static void line_began(uint64_t now);
+static int channel_line_timeout(lua_State *L);
+static int channel_protect(lua_State *L);
+static int channel_batch_line_done(lua_State *L);
 
 /* exports.c */
 static uint64_t monotonic_ns(void);

@@ -27,6 +27,7 @@ double moonjob_batch_next(void) {
   uint64_t now = monotonic_ns();
   if (shared == NULL) {
     output_line_starts(now, 1);
+    line_began(now);
     return (double) now / 1e6;
   }
   uint64_t b = __atomic_load_n(&shared->batch, __ATOMIC_ACQUIRE), next;
@@ -41,6 +42,7 @@ double moonjob_batch_next(void) {
                                         __ATOMIC_ACQUIRE));
   __atomic_store_n(&shared->batch_line_started, now, __ATOMIC_RELAXED);
   output_line_starts(now, 1);
+  line_began(now); /* its own deadline (interrupt.c) */
   return (double) now / 1e6;
 }
 

@@ -14,6 +14,16 @@
 -- still counts. Lines after one that filled the heap (ENOMEM) or was
 -- interrupted are not run: the parent sends them again.
 --
+-- With a timeout (the batch's meta: line_timeout, seconds), each line has
+-- its own soft deadline, enforced here (channel.line_timeout arms one timer
+-- for the batch, core/child/interrupt.c): a line past it fails as a job of
+-- its own would (ETIMEDOUT, "the job ran past its timeout (N s)", reason
+-- "timeout", after the processor's cleanup(job, "timeout")), and the batch
+-- goes on with the next line. The hard deadline is the parent's
+-- (moonjob.pool.deadlines). A failed line is written as failed here; the
+-- command line decides whether it runs again alone (--attempts,
+-- moonjob.cli.batch_jobs).
+--
 -- The per-line loop runs at about 200,000 lines/s: it makes no closure and
 -- no string beyond the line's own, and calls the child program's C functions
 -- through the FFI so that it stays compiled.
@@ -34,15 +44,16 @@ local result_problem, failure_of, out_of_memory = encode.result_problem, encode.
 
 -- What the runner hands over (batch.setup): the processor's job function,
 -- the jobs' class, the runner's state its job:log() reads ({ batch = true }
--- while a batch runs: a line's log is then a tagged line on stderr), and its
--- flush_output().
-local processor, Job, sent, flush_output = nil, nil, nil, nil
+-- while a batch runs: a line's log is then a tagged line on stderr), its
+-- flush_output(), and the processor's cleanup(job, reason) or nil.
+local processor, Job, sent, flush_output, cleanup = nil, nil, nil, nil, nil
 local decode_line = json.decode -- a line's data from its text (--raw: the text itself)
 
--- batch.setup(runner) with runner = { processor, Job, sent, flush_output }.
+-- batch.setup(runner) with runner = { processor, Job, sent, flush_output, cleanup }.
 function M.setup(runner)
   processor, Job, sent, flush_output = runner.processor, runner.Job, runner.sent, runner.flush_output
   if runner.raw then decode_line = function(text) return text end end -- moonjob run --raw
+  cleanup = runner.cleanup
 end
 
 local lines_format = nil -- moonjob.codec.resultline, loaded with the first batch
@@ -51,6 +62,7 @@ local lines_format = nil -- moonjob.codec.resultline, loaded with the first batc
 -- executable exports them as moonjob_*), so that the per-line loop stays
 -- compiled; channel's otherwise.
 local batch_next, now, output_lines = channel.batch_next, channel.now, channel.output_lines
+local line_done = channel.batch_line_done -- the line ended: no deadline until the next starts
 -- batch_keep(buf): keeps string.buffer buf's bytes in the batch area; false when they do not fit
 local batch_keep = function(buf) return channel.batch_keep(buf:tostring()) end
 -- line_end(text, pos, len): where the line at pos ends (its newline, or len + 1)
@@ -65,10 +77,11 @@ int moonjob_batch_keep(const void *text, size_t len);
 double moonjob_now_ms(void);
 size_t moonjob_line_end(const char *text, size_t from, size_t len);
 void moonjob_output_lines(double first);
+void moonjob_batch_line_done(void);
 ]]
     local C = ffi.C
     local _ = C.moonjob_batch_next, C.moonjob_batch_keep, C.moonjob_now_ms, C.moonjob_line_end,
-      C.moonjob_output_lines
+      C.moonjob_output_lines, C.moonjob_batch_line_done
   end)
   if found then
     local C = ffi.C
@@ -76,6 +89,7 @@ void moonjob_output_lines(double first);
     batch_keep = function(buf) return C.moonjob_batch_keep(buf:ref()) ~= 0 end
     now = C.moonjob_now_ms
     output_lines = C.moonjob_output_lines
+    line_done = C.moonjob_batch_line_done
     line_end = function(text, pos, len) return tonumber(C.moonjob_line_end(text, pos - 1, len)) + 1 end
   end
 end
@@ -132,7 +146,7 @@ local function run_lines(b)
     local completed = nil -- a blank line: no result line
     record_buffer:reset()
     if #source > 0 and (c > 32 or find(source, "%S")) then -- not blank
-      b.line, b.t0 = line, t0
+      b.line, b.t0, b.job = line, t0, nil
       local data, err = decode_line(source)
       if err then
         lines_format.put_failed(record_buffer, line, input_error(err), b.attempt, now() - t0)
@@ -143,30 +157,60 @@ local function run_lines(b)
         local line_text = tostring(line)
         local job = setmetatable({ id = b.id, attempt = b.attempt, name = "line " .. line_text,
           number = b.number, data = data }, Job)
-        completed = completed_line(line_text, b.attempt, processor(job), now() - t0)
+        b.job = job -- (for cleanup, should its deadline pass)
+        local result = processor(job)
+        line_done()
+        completed = completed_line(line_text, b.attempt, result, now() - t0)
       end
       b.line = nil
     end
+    line_done()
     if not keep(b, completed) then return true end
   end
   return true
 end
 
--- Runs the lines of batch `b` (under channel.run). A line that raises fails
--- with its error, and the lines after it go on; an interrupt or a full heap
--- (the message handler did not run) ends the batch there, b.line says where.
+-- The error of a line that passed its deadline, once the processor's
+-- cleanup(job, "timeout") ran (not interruptible: the parent's hard kill
+-- bounds it): what a job of its own that timed out fails with.
+local function timed_out_error(b)
+  local err = { code = "ETIMEDOUT", reason = "timeout",
+    message = ("the job ran past its timeout (%s s)"):format(tostring(b.line_timeout)) }
+  local job = b.job
+  b.job = nil
+  if cleanup and job then
+    local ok, failure = xpcall(cleanup, handler, job, "timeout")
+    if not ok then
+      if type(failure) ~= "table" then failure = { value = failure } end -- a memory error
+      err.cleanup_error = tostring(encode.to_error(failure.value, nil, "EPROCESSOR").message)
+    end
+  end
+  return err
+end
+
+-- Runs the lines of batch `b` (under channel.run). A line that raises, or
+-- passes its deadline, fails with its error, and the lines after it go on;
+-- an interrupt or a full heap (the message handler did not run) ends the
+-- batch there, b.line says where. channel.protect is xpcall that also says
+-- whether the line's own deadline made it fail (core/child/interrupt.c).
 local function run_batch_lines(b)
+  local protect = channel.protect
   while true do
-    local ok, result = xpcall(run_lines, handler, b)
+    local ok, result, timed_out = protect(handler, run_lines, b)
     if ok then return end
     if b.line == nil then error(result, 0) end -- not inside a line: the runner's own failure
-    if type(result) ~= "table" or result.value == "not enough memory" then
+    local err
+    if timed_out then
+      err = timed_out_error(b)
+    elseif type(result) ~= "table" or result.value == "not enough memory" then
       b.raised = result
       return
+    else
+      err = failure_of(result, false)
     end
     local line = b.line
-    b.line = nil
-    lines_format.put_failed(record_buffer:reset(), line, failure_of(result, false), b.attempt, now() - b.t0)
+    b.line, b.job = nil, nil
+    lines_format.put_failed(record_buffer:reset(), line, err, b.attempt, now() - b.t0)
     if not keep(b, false) then return end
   end
 end
@@ -178,10 +222,12 @@ function M.run(number, meta, text)
   lines_format = lines_format or require "moonjob.codec.resultline"
   local b = { text = text, pos = 1, next_line = meta.first_line, id = meta.id, attempt = meta.attempt,
     number = number, run = 0, completed = 0, failed = 0, extra = "",
-    end_on_failure = meta.end_on_failure }
+    end_on_failure = meta.end_on_failure, line_timeout = meta.line_timeout }
   output_lines(meta.first_line) -- each line's output tagged with its number
   sent.batch = true
+  if b.line_timeout then channel.line_timeout(b.line_timeout) end
   local ok, value, interrupted, heap_full = channel.run(handler, run_batch_lines, b)
+  if b.line_timeout then channel.line_timeout(0) end
   if not ok and b.raised == nil and type(value) == "table" then b.raised = message_of(value.value) end
   b.text = nil
   if b.line then -- it stopped inside a line: that line fails, the rest go back

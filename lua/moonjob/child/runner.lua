@@ -189,8 +189,10 @@ local function decode_meta()
   local attempt = decoder:decode()
   local name = decoder:decode()
   local first = decoder:decode() -- negative: the batch ends at its first failed line (--halt)
+  local line_timeout = nil -- { first, seconds }: each line's timeout (moonjob.pool.lines)
+  if type(first) == "table" then first, line_timeout = first[1], first[2] end
   return { id = id, attempt = attempt, name = name, first_line = first and math.abs(first),
-    end_on_failure = first and first < 0 }
+    end_on_failure = first and first < 0, line_timeout = line_timeout }
 end
 
 -- Decodes the job's data (a batch's lines stay text); false and an error
@@ -214,7 +216,7 @@ local function run_job(number, payload)
   local meta, data = decode_job(payload)
   if not meta then return fail(number, data) end
   if meta.first_line then return batch.run(number, meta, data) end
-  meta.first_line, meta.end_on_failure = nil, nil -- not fields of the job's
+  meta.first_line, meta.end_on_failure, meta.line_timeout = nil, nil, nil -- not fields of the job's
   local job = setmetatable(meta, Job)
   job.number = number
   job.data = data
@@ -256,7 +258,8 @@ function M.main()
     channel.send(channel.LOADERR, 0, encode_error(err))
     return 3
   end
-  batch.setup({ processor = processor, Job = Job, sent = sent, flush_output = flush_output, raw = options.raw })
+  batch.setup({ processor = processor, Job = Job, sent = sent, flush_output = flush_output,
+    cleanup = cleanup, raw = options.raw })
   flush_output() -- what the file printed at load or in init() is counted in READY: it is no job's
   channel.send(channel.READY, 0)
   while true do

@@ -13,14 +13,27 @@
 -- With -k, lines handed back while the results held are past their bound
 -- are parked here, not added (unpark, asked by the run's main wait).
 --
+-- --attempts: a batch job is never retried as a whole (attempts = 1 to the
+-- pool). A line of it that fails with attempts left (the pool's rule,
+-- pool:line_retry_delay: --attempts, --backoff, errors no attempt can fix)
+-- is not recorded: it runs again alone, as a job of its own whose attempts
+-- go on from 2 (pool:add's first_attempt) after its backoff, so that its
+-- result line says how many attempts it took, exactly as without batches,
+-- and --halt counts it only once its last attempt failed. This holds for a
+-- line that failed in the child and for the line a batch's child died in
+-- (a crash, or killed at the line's hard deadline, moonjob.pool.deadlines).
+-- The lines around it are recorded as they are (-k holds those after it).
+--
 -- Fields a batch job carries: line (its first), count, text, handed_back
 -- (the first position handed back), printed and printed_bytes / _ok /
 -- _failed (what lines_kept recorded).
 --
 -- Caveat: this is a part of the run (moonjob.cli.run), not a thing of its
--- own: it records through run:record and adds lines through run:add_line,
+-- own: it records through run:record and adds lines through run:add_line
+-- (a line run again: through the pool, as add_line does, with its attempt),
 -- and keeps the run's counts of lines in flight (run.input).
 local batches = require "moonjob.cli.batches"
+local json = require "moonjob.codec.json"
 local lines = require "moonjob.codec.resultline"
 local moonjob = require "moonjob"
 local moonjob_job = require "moonjob.job"
@@ -34,7 +47,8 @@ BatchJobs.__index = BatchJobs
 function M.new(run)
   local resumed = run.resumed
   local self = setmetatable({ run = run, is_resumed = function(line) return resumed[line] end,
-    parked = {} }, BatchJobs) -- lines handed back while -k's results are past their bound
+    parked = {}, -- lines handed back while -k's results are past their bound
+    retries = (run.o.attempts or 1) > 1 }, BatchJobs)
   -- The pool's batch hook (moonjob.pool.lines): lines an idle child takes
   -- because a slow line held them up, and lines a running batch finished.
   -- Guarded as the run's listeners are: one that raises stops the run.
@@ -77,7 +91,8 @@ function BatchJobs:add(first, count, text)
   if first <= run.resumed_last then text = batches.blank(text, first, count, self.is_resumed) end
   input:sent(count, #text)
   local job = run.pool:add(text, { name = ("lines %d-%d"):format(first, first + count - 1),
-    lines = { first, count, run.o.halt and true or nil }, priority = first }) -- (--halt: ends at a failure)
+    lines = { first, count, run.o.halt and true or nil }, priority = first, -- (--halt: ends at a failure)
+    attempts = 1 }) -- (a failed line runs again alone: retry)
   job.line, job.count, job.text, job.handed_back = first, count, text, count + 1
   run.open_jobs[job] = true
 end
@@ -128,6 +143,65 @@ function BatchJobs:unpark()
   return #self.parked > 0
 end
 
+-- The failed lines among result lines `text` that run again (the pool's
+-- rule for their attempt and error): a list of { line, from, to, error,
+-- attempt, delay } (from, to: the bytes of the line's result in text), in
+-- order.
+function BatchJobs:to_retry(text)
+  local found, pool = {}, self.run.pool
+  local from, lined = 1, "\n" .. text -- (a record starts each line)
+  while true do
+    local at, line = lined:match('\n(){"line":(%d+),"status":"failed"', from)
+    if not at then break end
+    at = at - 1 -- in text itself
+    local to = text:find("\n", at, true) or #text + 1
+    local record = json.decode(text:sub(at, to - 1))
+    local err = type(record) == "table" and record.error
+    local attempt = type(record) == "table" and tonumber(record.attempts) or 1
+    local delay = type(err) == "table" and pool:line_retry_delay(attempt, err)
+    if delay then found[#found + 1] = { tonumber(line), at, to, err, attempt, delay } end
+    from = to + 1
+  end
+  return found
+end
+
+-- Line `line` (`text`) of a batch failed on attempt `attempt`: it runs
+-- again alone after `delay` seconds (not once the run stops: --resume runs
+-- it).
+function BatchJobs:retry(line, text, attempt, delay)
+  local run = self.run
+  run.input:dropped(1) -- (sent again below, or left to --resume)
+  if run.stop then return end
+  run.input:sent(1, 0)
+  local job = run.pool:add(text, { name = "line " .. line, priority = line, delay = delay,
+    first_attempt = attempt + 1 })
+  job.line = line
+  run.open_jobs[job] = true
+end
+
+-- Records result lines `text` of batch `job` from position `pos` on,
+-- covering `count` positions, ok_n completed and failed_n failed: the
+-- failed lines that run again (retry) are left out, the rest recorded as
+-- the pieces between them. False when the joblog cannot be written.
+function BatchJobs:record(job, pos, text, count, ok_n, failed_n)
+  local run = self.run
+  local line = job.line + pos - 1
+  local retried = failed_n > 0 and self.retries and self:to_retry(text)
+  if not retried or #retried == 0 then return run:record(line, text, count, ok_n, failed_n) end
+  local last, at = line + count - 1, 1
+  for _, r in ipairs(retried) do
+    local piece = text:sub(at, r[2] - 1)
+    local piece_ok, piece_failed = batches.count(piece)
+    if not run:record(line, piece, r[1] - line, piece_ok, piece_failed) then return false end
+    local n = r[1] - job.line + 1
+    self:retry(r[1], batches.slice(job.text, n, n), r[5], r[6])
+    line, at = r[1] + 1, r[3] + 1
+  end
+  local piece = text:sub(at)
+  local piece_ok, piece_failed = batches.count(piece)
+  return run:record(line, piece, last - line + 1, piece_ok, piece_failed)
+end
+
 -- A batch still running has finished its first `kept` lines (their result
 -- lines are `text`): the ones not recorded yet are recorded now, so that a
 -- slow line holds up no output of the lines before it, and a run stopped by
@@ -139,7 +213,7 @@ function BatchJobs:lines_kept(job, kept, text)
   local ok_n, failed_n = batches.count(new)
   job.printed, job.printed_bytes = kept, #text
   job.printed_ok, job.printed_failed = (job.printed_ok or 0) + ok_n, (job.printed_failed or 0) + failed_n
-  self.run:record(job.line + done, new, kept - done, ok_n, failed_n)
+  self:record(job, done + 1, new, kept - done, ok_n, failed_n)
 end
 
 -- Batch `job` ended: what it ran and lines_kept did not record is recorded,
@@ -154,8 +228,12 @@ function BatchJobs:finished(job)
     ok_n, failed_n = ok_n - job.printed_ok, failed_n - job.printed_failed
   end
   run.input:batch_ended(#job.text)
-  if not run:record(job.line + done, text, covered - done, ok_n, failed_n) then return end
-  if job.ms and covered > 0 and not run.stop then run.input:lines_took(job.ms, covered, job.wrote_output) end
+  if not self:record(job, done + 1, text, covered - done, ok_n, failed_n) then return end
+  -- (a line that ran to its deadline says nothing of how long lines take)
+  local timed_out = failed_n > 0 and text:find('"code":"ETIMEDOUT"', 1, true)
+  if job.ms and covered > 0 and not run.stop and not timed_out then
+    run.input:lines_took(job.ms, covered)
+  end
   self:hand_back(job, covered + 1)
 end
 

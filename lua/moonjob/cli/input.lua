@@ -15,9 +15,10 @@
 --
 -- The input also sizes the batches it cuts (core.input's input:batch):
 -- batches are as long as BATCH_BUDGET_MS of recent lines (1 line each until
--- lines are known to be short; with --timeout or --attempts above 1, always
--- 1). What lines print does not shorten batches (the child tags it with
--- its line: core/child/output.c).
+-- lines are known to be short; also under --timeout and --attempts, but a
+-- batch whose line ran to its deadline does not size them: see
+-- moonjob.cli.batch_jobs). What lines print does not shorten batches (the
+-- child tags it with its line: core/child/output.c).
 --
 -- Input is NDJSON unless --raw: then each line's text is its job's data (the
 -- children get the pool's raw option). Without --raw, the first line that is
@@ -99,7 +100,7 @@ function M.new(o, pool_size, output)
     high = nil, low = nil, bytes_high = bytes_high, bytes_low = bytes_high / 4,
     held_high = held_high, held_low = held_high / 4,
     result_line_bytes = 0, -- recent bytes per result line: up at once, down slowly
-    batching = o.timeout == nil and (o.attempts or 1) == 1,
+    batching = true, -- (--timeout and --attempts keep batches: moonjob.cli.batch_jobs)
     batch_lines = 1, line_ms = nil,
     checked = o.raw, -- the first line that is not blank was checked (or --raw: none is)
     from_terminal = false, -- read from a terminal: no progress line until it ends

@@ -9,8 +9,9 @@
 -- (moonjob.cli.stops), and the progress line (moonjob.cli.progress).
 --
 -- Tiny lines go to the children in batches (many lines per job, see
--- docs/guide/cli.md), once lines are known to be short; with
--- --timeout or --attempts above 1, one line per job. Input lines go to the
+-- docs/guide/cli.md), once lines are known to be short, also with
+-- --timeout (each line's own) and --attempts (a failed line runs again
+-- alone: moonjob.cli.batch_jobs). Input lines go to the
 -- children as JSON text and results come back as exact JSON text (the pool's
 -- "json" codec), so the parent never parses a payload: it only cuts lines
 -- and writes result lines around the children's bytes. With --raw the

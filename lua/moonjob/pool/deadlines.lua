@@ -11,6 +11,15 @@
 -- shared with the parent, see core/frame.h). A child not ready within
 -- start_timeout is a start failure (moonjob.pool.breaker).
 --
+-- A batch of lines (moonjob.pool.lines) is the exception: its timeout is
+-- each line's, whose soft deadline the child enforces itself; when the
+-- batch's timer fires the parent looks at the line running (the shared
+-- page) and kills the child's group once that line has run timeout +
+-- kill_after, else re-arms for that line's hard deadline. The killed batch
+-- keeps what its finished lines wrote (job.batch_state): the line running
+-- fails ETIMEDOUT (killed), as a job of its own would, and the lines after
+-- go back to their owner.
+--
 -- Each worker has one timer (moonjob.worker): armed for start_timeout until
 -- the child is ready, then for the running job's timeout, then for
 -- kill_after once the job was interrupted; when it fires, the sink tells from
@@ -52,12 +61,21 @@ function Deadlines:hasten_kill(job, seconds)
   return true
 end
 
--- The soft deadline: the job ran past its timeout; it is interrupted.
+-- The soft deadline: the job ran past its timeout; it is interrupted. A
+-- batch of lines: its line running is killed at its hard deadline.
 function Deadlines:job_timed_out(w, job)
   local pool = self.pool
+  local fields = { code = "ETIMEDOUT", reason = "timeout",
+    message = ("the job ran past its timeout (%s s)"):format(tostring(job.timeout or pool.timeout)) }
+  if job.first_line then
+    local overdue, seconds = pool.lines:line_overdue(w, job)
+    if not overdue then return w:arm(math.max(seconds, 0.001)) end
+    pool.tally:bump("timeouts")
+    job.interrupt = fields
+    return self:kill_job(w, job)
+  end
   pool.tally:bump("timeouts")
-  self:interrupt(w, job, { code = "ETIMEDOUT", reason = "timeout",
-    message = ("the job ran past its timeout (%s s)"):format(tostring(job.timeout or pool.timeout)) })
+  self:interrupt(w, job, fields)
 end
 
 -- The hard deadline: the child's process group is killed now and the job
@@ -66,7 +84,10 @@ function Deadlines:kill_job(w, job)
   local pool = self.pool
   local f = job.interrupt
   w.killed_for = job
+  local batch = job.first_line
+  if batch then w:batch_cut(job) end -- it starts no more lines: what it did stays as read below
   local killed = pool.children:retire(w, true)
+  if batch then job.batch_state = pool.lines.state_of(w, job) end
   w:end_job()
   pool.dispatch:take_back(w) -- the jobs it held behind this one run elsewhere
   local how = "its child had already exited"

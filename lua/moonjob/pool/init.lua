@@ -197,6 +197,7 @@ function Pool:add(data, opts)
     job.timeout, job.kill_after, job.priority = opts.timeout, opts.kill_after, opts.priority
     job.max_attempts, job.backoff = opts.attempts, opts.backoff
     if opts.lines then self.lines:add_option(job, opts.lines) end
+    if opts.first_attempt then job.attempts = opts.first_attempt - 1 end -- (the attempts before it ran in a batch)
     if opts.delay and opts.delay > 0 then job.run_at = loop.now() + opts.delay * 1000 end
   end
   local endings = self.endings
@@ -317,6 +318,11 @@ end
 -- pool:publish_kept([min_ms]): see moonjob.pool.lines.
 function Pool:publish_kept(min_ms)
   return self.lines:publish_kept(min_ms)
+end
+
+-- pool:line_retry_delay(attempt, err): see moonjob.pool.lines.
+function Pool:line_retry_delay(attempt, err)
+  return self.lines:retry_delay(attempt, err)
 end
 
 -- pool:cancel_unstarted(job [, reason]) -> true when canceled: a job no child

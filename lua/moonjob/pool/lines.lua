@@ -30,10 +30,21 @@
 -- carries on; it never escapes into the dispatch or the sweep.
 --
 -- Owns: pool.batches (written only here) and, on each batch job,
--- first_line, line_count, lines_end_on_failure and lines_cut (the worker
--- sets job.batch_state at its child's exit, for the CLI).
+-- first_line, line_count, lines_end_on_failure, line_timeout and lines_cut
+-- (the worker sets job.batch_state at its child's exit, for the CLI; so do
+-- the deadlines when they kill its child).
+--
+-- Deadlines: a batch job's timeout is each of its lines' (line_timeout, in
+-- its metadata): the child enforces each line's soft deadline itself and
+-- goes on with the next line (child/batch.lua); the parent keeps the hard
+-- one, timeout + kill_after from the start of the line running, read in the
+-- shared page when the job's timer fires (line_overdue, called by
+-- moonjob.pool.deadlines). A batch job itself is never retried: the owner
+-- runs a failed line again alone (pool:line_retry_delay).
 -- Exposes: Lines.wire_first_line(job) (a plain function: the metadata the
--- child reads), lines:add_option(job, spec), lines:cuttable(head),
+-- child reads), lines:add_option(job, spec), lines:line_overdue(w, job),
+-- Lines.state_of(w, job), lines:retry_delay(attempt, err)
+-- (pool:line_retry_delay), lines:cuttable(head),
 -- lines:cut(w, head), lines:hand_back(jobs), lines:publish_kept(min_ms)
 -- (pool:publish_kept).
 -- Calls: pool.children:array(), pool.events:report (a hook's error), and on
@@ -50,18 +61,58 @@ function Lines.new(pool, steal_after_ms)
 end
 
 -- What the child's metadata says of a job's lines: its first line's number
--- (negative: the batch ends at its first failure), or false for a job that
+-- (negative: the batch ends at its first failure), or, when each line has
+-- a timeout, { that number, the timeout in seconds }; false for a job that
 -- is not a batch.
 function Lines.wire_first_line(job)
   local first = job.first_line
   if not first then return false end
-  return job.lines_end_on_failure and -first or first
+  if job.lines_end_on_failure then first = -first end
+  local timeout = job.line_timeout
+  if timeout then return { first, timeout } end
+  return first
 end
 
--- pool:add's `lines` option: job is a batch of lines.
+-- pool:add's `lines` option: job is a batch of lines. The job's timeout
+-- (its own, or the pool's) is each line's (see the top of this file).
 function Lines:add_option(job, spec)
   job.first_line, job.line_count, job.lines_end_on_failure = spec[1], spec[2], spec[3]
+  job.line_timeout = job.timeout or self.pool.timeout
   if not self.pool.batches then self:expect() end
+end
+
+-- The hard deadline of batch `job`, which w's child runs: the job's
+-- timeout timer (moonjob.pool.deadlines) calls this instead of interrupting
+-- the batch, since each line's soft deadline is the child's own. The line
+-- running started `line_ms` ago (the shared page, core/frame.h): once it has
+-- run timeout + kill_after, true (the child is killed for it); else false
+-- and the seconds until that line's hard deadline.
+function Lines:line_overdue(w, job)
+  local pool = self.pool
+  local timeout = job.line_timeout or job.timeout or pool.timeout
+  local hard_ms = (timeout + (job.kill_after or pool.kill_after)) * 1000
+  local started, _, _, line_ms = w:batch(job)
+  if not (started and started > 0 and line_ms) then return false, timeout end -- not (or no longer) running it
+  if line_ms >= hard_ms then return true end
+  return false, (hard_ms - line_ms) / 1000
+end
+
+-- What w's child has done of batch `job` (its lines started, kept, their
+-- result text, how long its last line ran), for the owner once the batch
+-- ends without its DONE (job.batch_state), or nil.
+function Lines.state_of(w, job)
+  local started, kept, text, line_ms = w:batch(job)
+  return started and { started = started, kept = kept, text = text, line_ms = line_ms }
+end
+
+-- pool:line_retry_delay(attempt, err): the seconds before a line of a batch
+-- that failed with err on attempt `attempt` runs again alone, or nil when
+-- it fails for good: the pool's own rule for a job's retries (attempts,
+-- backoff, codes no attempt can fix, err.retry == false).
+function Lines:retry_delay(attempt, err)
+  local pool = self.pool
+  if pool.closing then return nil end
+  return pool.endings:retry_delay({ attempts = attempt }, err)
 end
 
 -- The first batch: idle children may cut batches from now on (the steal),

@@ -185,7 +185,8 @@ end
 
 local ADD_OPTIONS = { name = true, timeout = "number", kill_after = "number", delay = "number",
   priority = "priority", attempts = "attempts", backoff = "backoff", id = "id", dedupe = "dedupe",
-  lines = "lines" } -- lines: moonjob.cli's batches (child/batch.lua), not for users
+  lines = "lines", first_attempt = "attempts" } -- lines, first_attempt: moonjob.cli's batches
+  -- (child/batch.lua; a line of a batch that runs again alone), not for users
 
 -- Options.check_add(opts): raises on a bad option of pool:add (nil is fine).
 function Options.check_add(opts)
@@ -206,7 +207,7 @@ function Options.check_add(opts)
       error("pool:add(): option 'priority' must be a finite number (lower runs first)", 3)
     elseif want == "attempts" and not (type(v) == "number" and v >= 1 and v <= 2 ^ 31
         and v == math.floor(v)) then
-      error("pool:add(): option 'attempts' must be a whole number, 1 or more", 3)
+      error(("pool:add(): option '%s' must be a whole number, 1 or more"):format(k), 3)
     elseif want == "backoff" then
       local ok, why = Backoff.check(v)
       if not ok then error("pool:add(): option 'backoff' " .. why, 3) end

@@ -110,11 +110,14 @@ describe("moonjob.cli.input", function()
     assert.equal(600, self.low)
   end)
 
-  it("runs one line per job with --timeout or --attempts", function()
+  it("sizes batches with --timeout or --attempts as without them", function()
+    local base, plain = new_input({}, 1)
+    base:lines_took(1, 100)
+    assert.is_true(#plain > 0)
     for _, o in ipairs({ { timeout = 5 }, { attempts = 3 } }) do
       local self, calls = new_input(o, 1)
       self:lines_took(1, 100)
-      assert.same({}, calls)
+      assert.same(plain, calls)
     end
   end)
 end)
