@@ -39,8 +39,10 @@ local ATTEMPTS, RESULT_BYTES = SLOTS.attempts, SLOTS.result_bytes
 -- calls it before it first sends the job.
 function Job.grow(job)
   if rawget(job, RUN_SLOTS) ~= nil then return end
-  -- in order, without a loop (a loop here would abort the callers' traces)
-  rawset(job, 7, false); rawset(job, 8, false); rawset(job, 9, false); rawset(job, 10, false)
+  -- in order, without a loop (a loop here would abort the callers' traces);
+  -- attempts may be set already (pool:add's first_attempt: a line that
+  -- failed in a batch goes on counting)
+  rawset(job, 7, rawget(job, 7) or false); rawset(job, 8, false); rawset(job, 9, false); rawset(job, 10, false)
   rawset(job, 11, false); rawset(job, 12, false); rawset(job, 13, false); rawset(job, 14, false)
   rawset(job, 15, false); rawset(job, 16, false)
 end
