@@ -125,15 +125,24 @@ describe("moonjob run: batches under --timeout and --attempts #slow", function()
   end)
 
   it("times each line from its own start: a batch longer than timeout + kill-after is not killed", function()
+    -- Eight slow lines in a row, one child: wherever the input's blocks are
+    -- cut, one batch holds at least four of them, 1.6 s or more in all,
+    -- past the 1 s of timeout + kill-after, while no line runs past 0.7 s.
     local slow = {}
-    for i = 250, 253 do slow[i] = { sleep = 0.4 } end -- one child: they run in one batch, one after another
+    for i = 250, 257 do slow[i] = { sleep = 0.4 } end
     input = write_input(N, log, slow)
     local out, err, status = run("-j 1 --timeout 0.7 --kill-after 0.3", input)
     assert.equal(0, status, err)
     local by_line = read_output(out)
     local runs, per_id = read_runs(log)
-    assert_in_batch(runs, per_id, 250)
-    assert.equal(runs[250][1].id, runs[253][1].id)
+    local in_batch = {} -- slow lines per batch job
+    for i = 250, 257 do
+      local id = runs[i][1].id
+      in_batch[id] = (in_batch[id] or 0) + 1
+    end
+    local most = 0
+    for _, n in pairs(in_batch) do most = math.max(most, n) end
+    assert.is_true(most >= 3, ("at most %d slow lines shared a batch"):format(most))
     assert_others_once(by_line, runs, {})
   end)
 
