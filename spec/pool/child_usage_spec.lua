@@ -12,7 +12,7 @@ end
 describe("job usage", function()
   after_each(h.cleanup)
 
-  it("counts the CPU of threads a job starts through the FFI, after a few jobs at most #slow", function()
+  it("counts the CPU of threads a job starts through the FFI, after a few jobs at most", function()
     local pool = h.pool("thread_cpu.lua", { size = 1 })
     -- each job: 16 x 32 MB scanned in threads while the main thread waits
     local work = { how = "threads", bytes = 32 * 1024 * 1024, threads = 16 }
