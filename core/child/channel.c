@@ -19,10 +19,11 @@
 
 static const char kept_marker;                 /* channel.KEPT: the batch area's results */
 static double job_number;                      /* what Lua sees for it: 1, 2, 3... */
-static struct rusage job_start_usage;          /* taken when the job starts */
+static double job_start_cpu_ms;                /* the child's CPU time when the job started */
 static uint64_t job_start_ns;                  /* and when, on the monotonic clock */
-static struct rusage last_usage;               /* taken when the last job ended */
-static int last_usage_valid;
+static double last_cpu_ms;                     /* the child's CPU time when the last job ended */
+static int last_cpu_valid;
+static int child_cpu_ms(double *cpu_ms, double *max_rss_kb);
 
 /* The channel ended (end of file, or a write found it closed). The parent
  * marks the shared page before it ends the channel on purpose; otherwise it
@@ -359,10 +360,9 @@ static void start_arriving_job(void) {
 }
 
 /* The next INIT or JOB frame, reading (and waiting) as needed; NULL at end
- * of file. Raises on a read error. Sets *waited when it had to wait. */
-static queued_t *next_frame(lua_State *L, int *waited) {
+ * of file. Raises on a read error. */
+static queued_t *next_frame(lua_State *L) {
   while (nqueued == 0) {
-    *waited = 1;
     start_arriving_job();
     int r = pull(1);
     if (r == 0 || (r < 0 && errno != ENOMEM)) channel_ended();
@@ -385,17 +385,17 @@ static void drop_first_frame(void) {
 static int channel_recv(lua_State *L) {
   queued_t *q;
   for (;;) {
-    int waited = 0;
-    q = next_frame(L, &waited);
+    q = next_frame(L);
     if (q == NULL) return 0;
     if (q->type != MJ_FRAME_JOB) break;
     if (start_job(q->seq)) {
       job_token = q->token;
       job_seq = q->seq;
       job_number += 1;
-      /* CPU time counts from here: measured anew after a wait, else from the end of the last job */
-      if (waited || !last_usage_valid) getrusage(RUSAGE_SELF, &job_start_usage);
-      else job_start_usage = last_usage;
+      /* CPU time counts from the end of the last job: a wait for this one
+         blocked, so it added next to nothing (measured anew before any job ended) */
+      if (!last_cpu_valid) child_cpu_ms(&job_start_cpu_ms, NULL);
+      else job_start_cpu_ms = last_cpu_ms;
       job_start_ns = monotonic_ns(); /* its run time too: the parent's clock would count its own idle time */
       break;
     }
@@ -414,18 +414,54 @@ static double ms_of(struct timeval tv) {
   return tv.tv_sec * 1e3 + tv.tv_usec / 1e3;
 }
 
+/* The child's CPU time (ms) and peak RSS (KB). getrusage(RUSAGE_SELF) sums
+ * every thread under each one's run-queue lock, about twice the cost of
+ * RUSAGE_THREAD (the main thread alone, with the same peak RSS) on a
+ * per-job path: so the main thread's is read, and the other threads' CPU
+ * (the parent watcher, which only blocks; the output flusher; threads a C
+ * library started through the FFI) is taken from RUSAGE_SELF every
+ * USAGE_SELF_EVERY readings. Once it is seen to grow, or once the flusher
+ * runs (batches, output.c), every reading is RUSAGE_SELF: a child whose
+ * other threads work gets all its threads' CPU from then on, at worst
+ * USAGE_SELF_EVERY job endings late (what they spent before that is left
+ * out, given to no job). Returns -1 when getrusage fails. */
+#define USAGE_SELF_EVERY 16
+static int child_cpu_ms(double *cpu_ms, double *max_rss_kb) {
+  static unsigned readings;
+  static int others_work;      /* other threads' CPU was seen to grow */
+  static double others_ms = -1; /* their CPU at the last RUSAGE_SELF reading */
+  static double unseen_ms;      /* what they spent while only the main thread was read */
+  struct rusage self, thread;
+  if (others_work || output_flusher_started()) {
+    if (getrusage(RUSAGE_SELF, &self) != 0) return -1;
+    *cpu_ms = ms_of(self.ru_utime) + ms_of(self.ru_stime) - unseen_ms;
+    if (max_rss_kb) *max_rss_kb = (double) self.ru_maxrss;
+    return 0;
+  }
+  if (getrusage(RUSAGE_THREAD, &thread) != 0) return -1;
+  double mine = ms_of(thread.ru_utime) + ms_of(thread.ru_stime);
+  if (readings++ % USAGE_SELF_EVERY == 0 && getrusage(RUSAGE_SELF, &self) == 0) {
+    double others = ms_of(self.ru_utime) + ms_of(self.ru_stime) - mine;
+    /* (1 ms of slack: the two readings are not taken at one instant) */
+    if (others_ms >= 0 && others > others_ms + 1) {
+      others_work = 1; /* from now on; what they spent since the last look is no job's */
+      unseen_ms = others - others_ms;
+    }
+    if (others > others_ms) others_ms = others; /* (never back: a job's CPU stays >= 0) */
+  }
+  if (others_work) others_ms -= unseen_ms; /* (this reading is then SELF's less unseen_ms) */
+  *cpu_ms = mine + (others_ms > 0 ? others_ms : 0);
+  if (max_rss_kb) *max_rss_kb = (double) thread.ru_maxrss;
+  return 0;
+}
+
 /* The job's run time and CPU time since it started, and the peak RSS so
- * far. The reading is kept as the next job's start when that one starts
- * without waiting. */
+ * far. The reading is kept as the next job's start. */
 static mj_job_usage_t job_usage(void) {
   mj_job_usage_t u = {0, 0, 0, {0, 0}};
   if (job_start_ns != 0) u.wall_ms = (double) (monotonic_ns() - job_start_ns) / 1e6;
-  last_usage_valid = 0;
-  if (getrusage(RUSAGE_SELF, &last_usage) != 0) return u;
-  last_usage_valid = 1;
-  u.cpu_ms = ms_of(last_usage.ru_utime) + ms_of(last_usage.ru_stime) -
-             ms_of(job_start_usage.ru_utime) - ms_of(job_start_usage.ru_stime);
-  u.max_rss_kb = (double) last_usage.ru_maxrss;
+  last_cpu_valid = child_cpu_ms(&last_cpu_ms, &u.max_rss_kb) == 0;
+  if (last_cpu_valid && last_cpu_ms > job_start_cpu_ms) u.cpu_ms = last_cpu_ms - job_start_cpu_ms;
   return u;
 }
 

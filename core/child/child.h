@@ -96,6 +96,7 @@ static void output_written(uint64_t written[2]);
 static void output_line_starts(uint64_t now, int started);
 static void output_lines(uint64_t first);
 static void output_flush(void);
+static int output_flusher_started(void);
 
 /* channel.c */
 static int open_channel(lua_State *L);

@@ -89,6 +89,12 @@ static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t held_started = PTHREAD_COND_INITIALIZER; /* held_since went from 0 */
 static int flusher = 0; /* 1: the flusher runs; -1: it could not start */
 
+/* True once the flusher runs: the child's CPU time is then read over all
+ * its threads (channel.c, child_cpu_ms). */
+static int output_flusher_started(void) {
+  return flusher > 0;
+}
+
 static void write_fully(int fd, const char *buf, size_t size) {
   size_t done = 0;
   while (done < size) {
