@@ -341,11 +341,27 @@ write_value = function(out, v, depth)
 end
 
 -- json.encode(value) -> text | nil, message
-local encoded = buffer.new() -- reused: encode never runs inside itself
+local encoded = buffer.new() -- reused, unless encode runs inside itself
+local encoding = false
+
+-- encode called from a metamethod that encode itself runs (an __index read
+-- for an array's hole): its own buffer and key lists, the outer ones intact.
+local function encode_inside(value)
+  local outer_keys = keys_at
+  keys_at = {}
+  local out = buffer.new()
+  local ok, err = pcall(write_value, out, value, 0)
+  keys_at = outer_keys
+  if not ok then return nil, err end
+  return out:tostring()
+end
 
 function M.encode(value)
+  if encoding then return encode_inside(value) end
+  encoding = true
   local out = encoded:reset()
   local ok, err = pcall(write_value, out, value, 0)
+  encoding = false
   if not ok then keys_at = {} end -- (lists left half full)
   local text = ok and out:tostring()
   if #out > 1024 * 1024 then out:free() else out:reset() end -- no big buffer kept for ever
