@@ -538,11 +538,12 @@ local function lua_decode(s) -- (in cjson's place only: its caller checks UTF-8)
 end
 
 -- What the Lua decoder must read when the C half is not there: a text with
--- an empty array, or a number cjson could change (16 digits in a row, an
--- exponent of 3 digits).
+-- an empty array, a number cjson could change (16 digits in a row, an
+-- exponent of 3 digits), or a point with no digit after it (`1.`: cjson
+-- takes it, JSON does not; the C scan refuses it too).
 local function needs_lua_decoder(text)
   return text:find("%[%s*%]") or text:find("%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d")
-    or text:find("[eE][-+]?%d%d%d")
+    or text:find("[eE][-+]?%d%d%d") or text:find("%d%.%D") or text:find("%d%.$")
 end
 
 -- cjson's message, in our words.
