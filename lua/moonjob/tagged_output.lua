@@ -8,7 +8,9 @@
 -- cost is what it saves): while a worker's head job is a batch and the pool's
 -- owner set pool.on_lines_output, each chunk read from the child's stdout or
 -- stderr goes to it as it is, cut after its last newline (the rest waits for
--- the next chunk, or the job's end), so that lines of two children never mix.
+-- the next chunk, or the job's end, up to max_log_bytes: a longer line
+-- without its newline is passed on cut there), so that lines of two children
+-- never mix.
 --
 --   pool.on_lines_output(text, job)
 --       `text` is whole lines (each ending in "\n") batch `job`'s child
@@ -62,6 +64,19 @@ local function keep_tail(w, text, n)
   end
 end
 
+-- A line still without its newline waits for the next chunk, up to
+-- max_log_bytes: a longer one is passed on cut there (ended with a newline,
+-- its rest a line of its own), as holding it would cost memory and copying
+-- without bound (a line printing megabytes with no newline).
+local function hold_partial(w, stream, text, job)
+  if #text < w.pool.max_log_bytes then
+    w.partial[stream] = text
+    return
+  end
+  w.partial[stream] = nil
+  pass(w.pool, text .. "\n", job)
+end
+
 -- Whether worker `w` passes its output on whole (its head job is a batch and
 -- the owner takes it).
 function M.passes(w, job)
@@ -82,13 +97,13 @@ function M.chunk(w, stream, chunk, job)
     end
     return
   end
-  local rest = w.partial[stream]
-  if rest then chunk, w.partial[stream] = rest .. chunk, nil end
-  local nl = last_newline(chunk)
-  if nl and stream == "stderr" then keep_tail(w, chunk, nl) end
+  local nl, rest = last_newline(chunk), w.partial[stream]
+  if not nl then return hold_partial(w, stream, rest and rest .. chunk or chunk, job) end
+  if rest then chunk, nl, w.partial[stream] = rest .. chunk, nl + #rest, nil end
+  if stream == "stderr" then keep_tail(w, chunk, nl) end
   if nl == #chunk then return pass(pool, chunk, job) end
-  if nl then pass(pool, sub(chunk, 1, nl), job) end
-  w.partial[stream] = sub(chunk, (nl or 0) + 1)
+  pass(pool, sub(chunk, 1, nl), job)
+  hold_partial(w, stream, sub(chunk, nl + 1), job)
 end
 
 -- The job ends: a line still without its newline (the child died in it, or

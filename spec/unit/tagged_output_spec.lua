@@ -41,4 +41,19 @@ describe("moonjob.tagged_output", function()
     assert.equal(2, #got)
     assert.matches("^%[moonjob: output past max_log_bytes %(10%) per line is dropped%]\n$", got[2])
   end)
+
+  it("passes a line without its newline on, cut, once it reaches max_log_bytes", function()
+    local w, got = new_worker(16)
+    local job = { count = 100 }
+    tagged.chunk(w, "stdout", "[line 1] ", job)
+    tagged.chunk(w, "stdout", "abcd", job)
+    assert.same({}, got) -- held: its newline may come
+    tagged.chunk(w, "stdout", "efghij", job) -- 19 bytes, no newline: not held any more
+    assert.same({ "[line 1] abcdefghij\n" }, got)
+    assert.is_nil(w.partial.stdout)
+    tagged.chunk(w, "stdout", "klm\n[line 2] n", job)
+    assert.same("klm\n", got[2])
+    tagged.chunk(w, "stdout", ("o"):rep(20), job)
+    assert.same("[line 2] n" .. ("o"):rep(20) .. "\n", got[3])
+  end)
 end)
