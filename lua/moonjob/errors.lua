@@ -27,6 +27,11 @@ function M.wrap(t)
   return setmetatable(t, Error)
 end
 
+-- The start of the EINPUT message of a line that is not JSON: written by
+-- the child (moonjob.child.encode), counted by `moonjob run` in result
+-- lines to say once that --raw takes plain text (moonjob.cli.run).
+M.NOT_JSON = "input is not valid JSON: "
+
 ---------------------------------------------------------- interrupted ---
 
 -- What a blocking call (wait, run, map, drain, close) raises when a stop

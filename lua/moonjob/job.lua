@@ -40,11 +40,13 @@ local ATTEMPTS, RESULT_BYTES = SLOTS.attempts, SLOTS.result_bytes
 function Job.grow(job)
   if rawget(job, RUN_SLOTS) ~= nil then return end
   -- in order, without a loop (a loop here would abort the callers' traces);
-  -- attempts may be set already (pool:add's first_attempt: a line that
-  -- failed in a batch goes on counting)
-  rawset(job, 7, rawget(job, 7) or false); rawset(job, 8, false); rawset(job, 9, false); rawset(job, 10, false)
-  rawset(job, 11, false); rawset(job, 12, false); rawset(job, 13, false); rawset(job, 14, false)
-  rawset(job, 15, false); rawset(job, 16, false)
+  -- a slot set before keeps its value (pool:add's first_attempt sets
+  -- attempts: a line that failed in a batch goes on counting)
+  rawset(job, 7, rawget(job, 7) or false); rawset(job, 8, rawget(job, 8) or false)
+  rawset(job, 9, rawget(job, 9) or false); rawset(job, 10, rawget(job, 10) or false)
+  rawset(job, 11, rawget(job, 11) or false); rawset(job, 12, rawget(job, 12) or false)
+  rawset(job, 13, rawget(job, 13) or false); rawset(job, 14, rawget(job, 14) or false)
+  rawset(job, 15, rawget(job, 15) or false); rawset(job, 16, rawget(job, 16) or false)
 end
 
 -- The result's bytes, or nil.

@@ -43,11 +43,10 @@ local function pass(pool, text, job)
   if not ok then pool.events:report("echo", err) end
 end
 
-local TAIL = 5 -- lines of stderr a worker keeps to explain a crash (moonjob.worker's STDERR_TAIL)
+local TAIL = 5 -- at most the lines a worker keeps (moonjob.worker's STDERR_TAIL)
 
 -- Keeps the last lines of `text` (n: its last newline) in the worker's
--- stderr tail (w.tail, which explains a crash), as moonjob.worker does for
--- the lines it cuts.
+-- stderr tail, which explains a crash (worker:keep_stderr_line).
 local function keep_tail(w, text, n)
   local lines, stop = {}, n
   for i = n - 1, 0, -1 do
@@ -57,11 +56,7 @@ local function keep_tail(w, text, n)
       if #lines == TAIL then break end
     end
   end
-  local tail = w.tail
-  for _, line in ipairs(lines) do
-    tail[#tail + 1] = line
-    if #tail > TAIL then table.remove(tail, 1) end
-  end
+  for _, line in ipairs(lines) do w:keep_stderr_line(line) end
 end
 
 -- A line still without its newline waits for the next chunk, up to

@@ -183,13 +183,17 @@ end
 
 ---------------------------------------------------------------- output ---
 
-local function push_tail(tail, line)
+-- Keeps stderr line `line` among the last STDERR_TAIL (w.tail), which
+-- explain a crash; also for a batch's output passed on whole
+-- (moonjob.tagged_output).
+function Worker:keep_stderr_line(line)
+  local tail = self.tail
   tail[#tail + 1] = line
   if #tail > STDERR_TAIL then table.remove(tail, 1) end
 end
 
 function Worker:emit_line(stream, line)
-  if stream == "stderr" then push_tail(self.tail, line) end
+  if stream == "stderr" then self:keep_stderr_line(line) end
   self.pool:on_worker_output(self, self.job, stream, line)
 end
 

@@ -2,12 +2,15 @@
 -- whole lines, a line cut across chunks joined, the rest ended at the job's
 -- end, the stderr tail kept, and a flood dropped past max_log_bytes per line.
 local tagged = require "moonjob.tagged_output"
+local Worker = require "moonjob.worker"
 
--- A stand-in worker whose pool's owner keeps what it is given.
+-- A stand-in worker (the worker's own methods, no child) whose pool's owner
+-- keeps what it is given.
 local function new_worker(max_log_bytes)
   local got = {}
-  local w = { partial = {}, tail = {}, log_bytes = 0,
-    pool = { max_log_bytes = max_log_bytes or 1000, on_lines_output = function(text) got[#got + 1] = text end } }
+  local w = setmetatable({ partial = {}, tail = {}, log_bytes = 0,
+    pool = { max_log_bytes = max_log_bytes or 1000, on_lines_output = function(text) got[#got + 1] = text end } },
+    Worker)
   return w, got
 end
 

@@ -188,7 +188,7 @@ end
 -- The EINPUT error of JSON text that did not decode (json.decode's message).
 function M.input_error(err)
   local what = err:find("^number ") and "input cannot cross exactly: "
-    or err:find("^nested deeper") and "input cannot be decoded: " or "input is not valid JSON: "
+    or err:find("^nested deeper") and "input cannot be decoded: " or errors.NOT_JSON
   return errors.new("EINPUT", what .. err) -- (EINPUT is never retried: pool/endings.lua's FINAL)
 end
 

@@ -140,7 +140,7 @@ end
 function Output:flush_now()
   local out = self.out
   if out.flush then out:flush() end
-  return out:pending() or 0
+  return self:backlog()
 end
 
 -- The bytes given to stdout that it has not taken yet (0 after an error).

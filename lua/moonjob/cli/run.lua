@@ -44,7 +44,7 @@ local stops = require "moonjob.cli.stops"
 local M = {}
 
 local STOP_DRAIN_MS = 1000 -- what stdout gets, on a stop, to take what was written
-local NOT_JSON = '"code":"EINPUT","message":"input is not valid JSON' -- (moonjob.child.encode's words)
+local NOT_JSON = '"code":"EINPUT","message":"' .. moonjob.errors.NOT_JSON -- (as result lines write it)
 
 local Run = {}
 Run.__index = Run
@@ -230,7 +230,7 @@ function Run:note_not_json(text)
   if not text:find(NOT_JSON, 1, true) then return end
   for result_line in text:gmatch("[^\n]+") do
     local at = result_line:find(NOT_JSON, 1, true) -- (not for bytes that are not UTF-8: not a sign of text)
-    if at and not result_line:find("^: invalid UTF%-8", at + #NOT_JSON) then
+    if at and not result_line:find("^invalid UTF%-8", at + #NOT_JSON) then
       local line = tonumber(result_line:match('^{"line":(%d+)'))
       self.not_json = (self.not_json or 0) + 1
       if line and line < (self.first_not_json or math.huge) then self.first_not_json = line end

@@ -89,7 +89,7 @@ end
 -- and the seconds until that line's hard deadline.
 function Lines:line_overdue(w, job)
   local pool = self.pool
-  local timeout = job.line_timeout or job.timeout or pool.timeout
+  local timeout = job.line_timeout -- (set by add_option: the timer fires only when there is one)
   local hard_ms = (timeout + (job.kill_after or pool.kill_after)) * 1000
   local started, _, _, line_ms = w:batch(job)
   if not (started and started > 0 and line_ms) then return false, timeout end -- not (or no longer) running it
