@@ -44,10 +44,10 @@ local function read_runs(log)
     if name then
       cleanups[#cleanups + 1] = name .. " " .. reason
     else
-      local line, id, attempt = text:match("^line (%d+) (%S+) (%d+)$")
+      local line, id, attempt, at = text:match("^line (%d+) (%S+) (%d+) ([%d.]+)$")
       line = assert(tonumber(line), text)
       runs[line] = runs[line] or {}
-      table.insert(runs[line], { id = id, attempt = tonumber(attempt) })
+      table.insert(runs[line], { id = id, attempt = tonumber(attempt), at = tonumber(at) })
       if not seen[id .. " " .. line] then
         seen[id .. " " .. line] = true
         per_id[id] = (per_id[id] or 0) + 1
@@ -190,6 +190,10 @@ describe("moonjob run: batches under --timeout and --attempts #slow", function()
     assert.equal(N, i)
     local runs, per_id = read_runs(log)
     assert_in_batch(runs, per_id, 220)
+    for k = 2, 3 do -- each attempt waited its backoff after the one before (a lower bound: never flaky)
+      local waited = runs[220][k].at - runs[220][k - 1].at
+      assert.is_true(waited >= 0.19, ("attempt %d of line 220 began %.3f s after attempt %d"):format(k, waited, k - 1))
+    end
   end)
 
   it("--halt counts a line as failed only once its last attempt failed", function()
