@@ -16,9 +16,15 @@
  *     zero but too small for one: an error (their decimal exponent decides;
  *     strtod in the C locale decides the few near the edges);
  *   - number tokens outside JSON's grammar (cjson takes `1.`): an error.
- * When nothing is found (most texts) cjson decodes the text itself; else it
- * decodes the copy, and the codec turns each marker back into its value (a
- * 64-bit integer cdata, an empty table marked as an array). Valid UTF-8 never
+ * When nothing is found (most texts) cjson decodes the text itself. When
+ * every marker is the value of a member of the top object whose key has no
+ * escape (records with big ids), the scan says FIXUPS and lists those members
+ * (key and token, at most MOONJOB_JSON_MAX_FIXUPS): cjson decodes the text
+ * itself and the codec sets them by key, with no copy to decode and walk. A
+ * key met again after a fixup for it, or a key with an escape after one, may
+ * take the member's place (cjson keeps a repeated key's last value): the copy
+ * then. Else cjson decodes the copy, and the codec turns each marker back into
+ * its value (a 64-bit integer cdata, an empty table marked as an array). Valid UTF-8 never
  * holds byte 0xFF and cjson writes every \u escape as UTF-8, so no string of
  * the text can be taken for a marker.
  *
@@ -208,12 +214,52 @@ typedef struct {
   size_t written;   /* bytes of the copy so far (written, or counted past room) */
   size_t copied;    /* the text before this offset is in the copy */
   uint32_t markers;
+  moonjob_json_scan_t *r;
+  int top_object;   /* the text is an object: its members' markers may be fixups */
+  int fixable;      /* every marker so far is a fixup */
+  size_t member_at; /* where the value of the top object's member last keyed starts */
+  size_t key_at, key_length;
 } mj_scan_t;
 
 static void mj_put(mj_scan_t *st, const void *bytes, size_t n) {
   if (n == 0) return;
   if (st->written + n <= st->room) memcpy(st->out + st->written, bytes, n);
   st->written += n;
+}
+
+/* A marker at text[start], `depth` containers deep, of kind `kind`: a fixup
+ * when it is the value of a member of the top object (its key just read), and
+ * there is room for one more; else the codec needs the copy. */
+static void mj_note_marker(mj_scan_t *st, size_t start, long depth, char kind) {
+  moonjob_json_scan_t *r = st->r;
+  if (!st->fixable) return;
+  if (depth != 1 || !st->top_object || start != st->member_at || r->fixups == MOONJOB_JSON_MAX_FIXUPS ||
+      start > UINT32_MAX) {
+    st->fixable = 0;
+    return;
+  }
+  uint32_t k = r->fixups++;
+  r->key_at[k] = (uint32_t) st->key_at;
+  r->key_length[k] = (uint32_t) st->key_length;
+  r->value_at[k] = (uint32_t) start;
+  r->kind[k] = (uint8_t) kind;
+  st->member_at = SIZE_MAX;
+}
+
+/* The top object's member whose key is text[at, at + n) (its quotes
+ * excluded) has its value at value_at. cjson keeps a repeated key's last
+ * value: a key met again after a fixup for it, or any key written with an
+ * escape after one (it may be the same key), leaves it to the copy. */
+static void mj_member_key(mj_scan_t *st, size_t at, size_t n, size_t value_at) {
+  moonjob_json_scan_t *r = st->r;
+  const unsigned char *key = st->s + at;
+  int escaped = memchr(key, '\\', n) != NULL;
+  if (escaped && r->fixups > 0) st->fixable = 0;
+  for (uint32_t k = 0; st->fixable && k < r->fixups; k++)
+    if (r->key_length[k] == n && memcmp(st->s + r->key_at[k], key, n) == 0) st->fixable = 0;
+  st->member_at = escaped || at > UINT32_MAX || n > UINT32_MAX ? SIZE_MAX : value_at;
+  st->key_at = at;
+  st->key_length = n;
 }
 
 /* Writes text[start, end) into the copy as a marker: kind, then `digits`. */
@@ -293,7 +339,7 @@ static int mj_stop(const mj_scan_t *st, size_t i, int status, moonjob_json_scan_
 
 /* The number token at s[i]: its end, after writing a marker for it when it
  * needs one, or 0 when it is an error (in r). */
-static size_t mj_scan_number(mj_scan_t *st, size_t i, moonjob_json_scan_t *r) {
+static size_t mj_scan_number(mj_scan_t *st, size_t i, long depth, moonjob_json_scan_t *r) {
   size_t end = i;
   while (end < st->len && (MJ_IS_DIGIT(st->s[end]) || st->s[end] == '-' || st->s[end] == '+' ||
                            st->s[end] == '.' || st->s[end] == 'e' || st->s[end] == 'E'))
@@ -305,8 +351,10 @@ static size_t mj_scan_number(mj_scan_t *st, size_t i, moonjob_json_scan_t *r) {
   if (mj_number_parts(token, n, &num) != 0) kind = MOONJOB_JSON_BAD_NUMBER;
   else if (num.frac_start == NULL && !num.has_exponent) kind = mj_integer_kind(&num);
   else kind = mj_double_range(&num, token, n);
-  if (kind == 'i' || kind == 'u') mj_marker(st, i, end, (char) kind, token, n);
-  else if (kind != 0) {
+  if (kind == 'i' || kind == 'u') {
+    mj_note_marker(st, i, depth, (char) kind);
+    mj_marker(st, i, end, (char) kind, token, n);
+  } else if (kind != 0) {
     r->at = (double) (i + 1);
     r->length = (double) n;
     r->status = kind;
@@ -326,28 +374,35 @@ static size_t mj_skip_blanks(const unsigned char *s, size_t i, size_t len) {
  * max_depth stop the rewriting: cjson says so. */
 int moonjob_json_scan(const char *text, size_t len, char *out, size_t room, int max_depth,
                       moonjob_json_scan_t *r) {
-  mj_scan_t st = {(const unsigned char *) text, len, out, room, 0, 0, 0};
+  mj_scan_t st = {(const unsigned char *) text, len, out, room, 0, 0, 0, r, 0, 1, SIZE_MAX, 0, 0};
   const unsigned char *s = st.s;
   long depth = 0;
-  size_t i = 0;
+  size_t i = mj_skip_blanks(s, 0, len);
   memset(r, 0, sizeof *r);
+  st.top_object = i < len && s[i] == '{';
   while (i < len) {
     unsigned c = s[i];
     if (c == '"') {
-      size_t bad = 0;
-      i = mj_skip_string(s, i + 1, len, &bad);
+      size_t bad = 0, body = i + 1;
+      i = mj_skip_string(s, body, len, &bad);
       if (i == 0) {
         r->at = (double) (bad + 1);
         return mj_finish(r, MOONJOB_JSON_BAD_UTF8);
       }
+      size_t colon = depth == 1 && st.top_object ? mj_skip_blanks(s, i, len) : len;
+      if (colon < len && s[colon] == ':') { /* a key of the top object */
+        mj_member_key(&st, body, i - 1 - body, mj_skip_blanks(s, colon + 1, len));
+        i = colon + 1;
+      }
     } else if (c == '-' || MJ_IS_DIGIT(c)) {
-      size_t end = mj_scan_number(&st, i, r);
+      size_t end = mj_scan_number(&st, i, depth, r);
       if (end == 0) return mj_stop(&st, i, r->status, r);
       i = end;
     } else if (c == '[' || c == '{') {
       if (++depth > max_depth) return mj_stop(&st, i, MOONJOB_JSON_PLAIN, r);
       size_t close = c == '[' ? mj_skip_blanks(s, i + 1, len) : len;
       if (close < len && s[close] == ']') {
+        mj_note_marker(&st, i, depth - 1, '[');
         mj_marker(&st, i, close + 1, '[', NULL, 0);
         depth--;
         i = close + 1;
@@ -369,8 +424,10 @@ int moonjob_json_scan(const char *text, size_t len, char *out, size_t room, int 
     }
   }
   if (st.markers == 0) return mj_finish(r, MOONJOB_JSON_PLAIN);
-  mj_put(&st, s + st.copied, len - st.copied);
   r->markers = st.markers;
+  if (st.fixable) return mj_finish(r, MOONJOB_JSON_FIXUPS);
+  r->fixups = 0;
+  mj_put(&st, s + st.copied, len - st.copied);
   r->written = (double) st.written;
   return mj_finish(r, st.written <= room ? MOONJOB_JSON_REWRITTEN : MOONJOB_JSON_ROOM);
 }
@@ -391,5 +448,17 @@ uint64_t moonjob_json_uint64(const char *marker) {
 int64_t moonjob_json_int64(const char *marker) {
   if (marker[2] != '-') return (int64_t) mj_digits_value(marker + 2);
   uint64_t v = mj_digits_value(marker + 3);
+  return v == (uint64_t) 1 << 63 ? INT64_MIN : -(int64_t) v;
+}
+
+/* The integer token at text[at] (an optional '-', then digits that the scan
+ * found to fit), for a fixup. */
+uint64_t moonjob_json_uint64_at(const char *text, size_t at) {
+  return mj_digits_value(text + at);
+}
+
+int64_t moonjob_json_int64_at(const char *text, size_t at) {
+  if (text[at] != '-') return (int64_t) mj_digits_value(text + at);
+  uint64_t v = mj_digits_value(text + at + 1);
   return v == (uint64_t) 1 << 63 ? INT64_MIN : -(int64_t) v;
 }

@@ -24,8 +24,13 @@ enum {
   MOONJOB_JSON_BEYOND_64 = 4,  /* the integer at r->at (r->length bytes) needs more than 64 bits */
   MOONJOB_JSON_OVERFLOW = 5,   /* the number at r->at is beyond a double's range */
   MOONJOB_JSON_UNDERFLOW = 6,  /* the number at r->at is not zero but would read as 0 */
-  MOONJOB_JSON_BAD_NUMBER = 7  /* the token at r->at is not a JSON number */
+  MOONJOB_JSON_BAD_NUMBER = 7, /* the token at r->at is not a JSON number */
+  MOONJOB_JSON_FIXUPS = 8      /* every marker is a member of the top object: decode the text
+                                  as is, then set the r->fixups members (no copy to walk) */
 };
+
+/* The members a text's top object may have fixed up after cjson (more: a copy). */
+#define MOONJOB_JSON_MAX_FIXUPS 8
 
 /* Sizes are doubles (exact up to 2^53): the FFI hands a double to Lua as a
  * number, where a 64-bit integer would come as a cdata box to allocate. */
@@ -35,6 +40,14 @@ typedef struct moonjob_json_scan_s {
   double at;                   /* 1-based byte position the status is about */
   double length;               /* its length in bytes (a number) */
   double written;              /* bytes of the rewritten text (or the room it needs) */
+  /* FIXUPS: member k's key is the text's bytes [key_at[k], +key_length[k]) (no
+   * escape in it), its value the token at value_at[k], of kind kind[k] ('i',
+   * 'u' or '['); offsets 0-based. */
+  uint32_t fixups;
+  uint32_t key_at[MOONJOB_JSON_MAX_FIXUPS];
+  uint32_t key_length[MOONJOB_JSON_MAX_FIXUPS];
+  uint32_t value_at[MOONJOB_JSON_MAX_FIXUPS];
+  uint8_t kind[MOONJOB_JSON_MAX_FIXUPS];
 } moonjob_json_scan_t;
 
 size_t moonjob_utf8_error_at(const char *text, size_t len);
@@ -42,5 +55,7 @@ int moonjob_json_scan(const char *text, size_t len, char *out, size_t room, int 
                       moonjob_json_scan_t *r);
 int64_t moonjob_json_int64(const char *marker);
 uint64_t moonjob_json_uint64(const char *marker);
+int64_t moonjob_json_int64_at(const char *text, size_t at);
+uint64_t moonjob_json_uint64_at(const char *text, size_t at);
 
 #endif

@@ -29,12 +29,16 @@
 -- position), an empty array (which must come back as a table marked with
 -- json.array_mt, written back as `[]`, not `{}`), a number token outside
 -- JSON's grammar (`1.`: an error). Most texts hold none, and cjson decodes
--- them as they are. Otherwise cjson decodes a copy where each such token is
--- a marker, a string beginning with byte 0xFF (never in UTF-8 text, so never
--- in a string of the text), and a walk over the result turns the markers back
--- into 64-bit integer cdata and marked empty tables, stopping once it found
--- them all. An error found in the copy is reported from cjson reading the
--- text itself, so that its position is the text's.
+-- them as they are. When each such token is a member of the top object
+-- under a key without escapes ({"id":1700000001875161649,...}: records with
+-- ids, the commonest case), cjson decodes the text as it is too, and the
+-- scan's "fixups" set those members by key (decode_fixed). Otherwise cjson
+-- decodes a copy where each such token is a marker, a string beginning with
+-- byte 0xFF (never in UTF-8 text, so never in a string of the text), and a
+-- walk over the result turns the markers back into 64-bit integer cdata and
+-- marked empty tables, stopping once it found them all. An error found in
+-- the copy is reported from cjson reading the text itself, so that its
+-- position is the text's.
 --
 -- encode() writes object keys sorted by their bytes, as `jq -S` (for UTF-8,
 -- code point order); a number key by its text. The same value is the same
@@ -73,7 +77,7 @@ decode_safe.decode_invalid_numbers(false) -- NaN, Infinity, hex: not JSON
 
 ------------------------------------------------------------------ UTF-8 ---
 
-local find, byte = string.find, string.byte
+local find, byte, sub = string.find, string.byte, string.sub
 local NON_ASCII = "[\128-\255]"
 
 -- The bytes a lead byte `c` takes after it, and the range of the first of
@@ -118,16 +122,19 @@ do
     ffi.cdef [[
 typedef struct moonjob_json_scan_s {
   int32_t status; uint32_t markers; double at; double length; double written;
+  uint32_t fixups; uint32_t key_at[8]; uint32_t key_length[8]; uint32_t value_at[8]; uint8_t kind[8];
 } moonjob_json_scan_t;
 size_t moonjob_utf8_error_at(const char *text, size_t len);
 int moonjob_json_scan(const char *text, size_t len, char *out, size_t room, int max_depth,
                       moonjob_json_scan_t *r);
 int64_t moonjob_json_int64(const char *marker);
 uint64_t moonjob_json_uint64(const char *marker);
+int64_t moonjob_json_int64_at(const char *text, size_t at);
+uint64_t moonjob_json_uint64_at(const char *text, size_t at);
 ]]
   end
   local function has_scanner(lib)
-    return pcall(function() return lib.moonjob_json_scan, lib.moonjob_json_uint64 end)
+    return pcall(function() return lib.moonjob_json_scan, lib.moonjob_json_uint64_at end)
   end
   if has_scanner(ffi.C) then
     C, C_FROM = ffi.C, "the program"
@@ -565,7 +572,7 @@ end
 ------------------------------------------------- decoding with the C half ---
 
 -- core/json_scan.c's statuses (core/json_scan.h).
-local PLAIN, REWRITTEN, ROOM, BAD_UTF8, BAD_NUMBER = 0, 1, 2, 3, 7
+local PLAIN, REWRITTEN, ROOM, BAD_UTF8, BAD_NUMBER, FIXUPS = 0, 1, 2, 3, 7, 8
 local NUMBER_ERRORS = {
   [4] = "is an integer beyond 64 bits; write it as a string",
   [5] = "is beyond the range of a double (about 1.8e308)",
@@ -628,11 +635,46 @@ local function decode_copy(text, copy, markers)
   return value
 end
 
+-- The text decoded by cjson as it is, then the scan's fixups set: the
+-- members of its top object whose values are big integers or `[]`, found
+-- by their keys (most texts with big integers hold them so: ids). No copy
+-- to decode, no walk. A member not as the scan saw it (it cannot be, for a
+-- text cjson takes) leaves the text to the Lua decoder.
+-- Sets the scan's fixup k in value, the text's top object; false when the
+-- member is not as the scan saw it.
+local function fix_member(text, value, k)
+  local r = scan
+  local from = r.key_at[k]
+  local key, kind = sub(text, from + 1, from + r.key_length[k]), r.kind[k]
+  local v = value[key]
+  if kind == EMPTY_ARRAY then
+    if type(v) ~= "table" or next(v) ~= nil then return false end
+    setmetatable(v, M.array_mt)
+  elseif type(v) ~= "number" then
+    return false
+  elseif kind == INT64 then
+    value[key] = C.moonjob_json_int64_at(text, r.value_at[k])
+  else
+    value[key] = C.moonjob_json_uint64_at(text, r.value_at[k])
+  end
+  return true
+end
+
+local function decode_fixed(text)
+  local ok, value = pcall(decode_safe.decode, text)
+  if not ok then return nil, cjson_message(value) end
+  local fixed = type(value) == "table" and fix_member(text, value, 0) -- (no loop for one: it compiles)
+  for k = 1, scan.fixups - 1 do fixed = fixed and fix_member(text, value, k) end
+  if not fixed then return lua_only_decode(text) end
+  return value
+end
+
 local function c_decode(text)
   local len = #text
   local out = rewritten:reset()
   local room = len + 64 -- (a few markers' worth)
   local status = C.moonjob_json_scan(text, len, out:reserve(room), room, M.MAX_DEPTH, scan)
+  if status == FIXUPS then return decode_fixed(text) end
   if status == ROOM then -- (it says how much it needs)
     room = scan.written
     status = C.moonjob_json_scan(text, len, out:reserve(room), room, M.MAX_DEPTH, scan)
