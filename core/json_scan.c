@@ -217,8 +217,6 @@ typedef struct {
   moonjob_json_scan_t *r;
   int top_object;   /* the text is an object: its members' markers may be fixups */
   int fixable;      /* every marker so far is a fixup */
-  size_t member_at; /* where the value of the top object's member last keyed starts */
-  size_t key_at, key_length;
 } mj_scan_t;
 
 static void mj_put(mj_scan_t *st, const void *bytes, size_t n) {
@@ -227,39 +225,56 @@ static void mj_put(mj_scan_t *st, const void *bytes, size_t n) {
   st->written += n;
 }
 
+/* The key of the top object's member whose value starts at text[start]:
+ * its body's offset and length, found backwards (blanks, ':', blanks, a
+ * string without a backslash); 0 when the text is not so (then the copy). */
+static int mj_key_before(const mj_scan_t *st, size_t start, size_t *at, size_t *n) {
+  const unsigned char *s = st->s;
+  size_t i = start;
+  while (i > 0 && (s[i - 1] == ' ' || s[i - 1] == '\t' || s[i - 1] == '\n' || s[i - 1] == '\r')) i--;
+  if (i == 0 || s[--i] != ':') return 0;
+  while (i > 0 && (s[i - 1] == ' ' || s[i - 1] == '\t' || s[i - 1] == '\n' || s[i - 1] == '\r')) i--;
+  if (i == 0 || s[--i] != '"') return 0;
+  size_t end = i;
+  while (i > 0 && s[i - 1] != '"') {
+    if (s[i - 1] == '\\') return 0;
+    i--;
+  }
+  if (i == 0) return 0;
+  *at = i;
+  *n = end - i;
+  return 1;
+}
+
 /* A marker at text[start], `depth` containers deep, of kind `kind`: a fixup
- * when it is the value of a member of the top object (its key just read), and
- * there is room for one more; else the codec needs the copy. */
+ * when it is the value of a member of the top object, under a key without
+ * escapes, and there is room for one more; else the codec needs the copy. */
 static void mj_note_marker(mj_scan_t *st, size_t start, long depth, char kind) {
   moonjob_json_scan_t *r = st->r;
+  size_t key_at = 0, key_length = 0;
   if (!st->fixable) return;
-  if (depth != 1 || !st->top_object || start != st->member_at || r->fixups == MOONJOB_JSON_MAX_FIXUPS ||
-      start > UINT32_MAX) {
+  if (depth != 1 || !st->top_object || r->fixups == MOONJOB_JSON_MAX_FIXUPS || start > UINT32_MAX ||
+      !mj_key_before(st, start, &key_at, &key_length)) {
     st->fixable = 0;
     return;
   }
   uint32_t k = r->fixups++;
-  r->key_at[k] = (uint32_t) st->key_at;
-  r->key_length[k] = (uint32_t) st->key_length;
+  r->key_at[k] = (uint32_t) key_at;
+  r->key_length[k] = (uint32_t) key_length;
   r->value_at[k] = (uint32_t) start;
   r->kind[k] = (uint8_t) kind;
-  st->member_at = SIZE_MAX;
 }
 
-/* The top object's member whose key is text[at, at + n) (its quotes
- * excluded) has its value at value_at. cjson keeps a repeated key's last
- * value: a key met again after a fixup for it, or any key written with an
- * escape after one (it may be the same key), leaves it to the copy. */
-static void mj_member_key(mj_scan_t *st, size_t at, size_t n, size_t value_at) {
+/* A key of the top object, text[at, at + n) (its quotes excluded), after a
+ * fixup. cjson keeps a repeated key's last value: a key met again after a
+ * fixup for it, or any key written with an escape (it may be the same key),
+ * leaves the text to the copy. */
+static void mj_later_key(mj_scan_t *st, size_t at, size_t n) {
   moonjob_json_scan_t *r = st->r;
   const unsigned char *key = st->s + at;
-  int escaped = memchr(key, '\\', n) != NULL;
-  if (escaped && r->fixups > 0) st->fixable = 0;
+  if (memchr(key, '\\', n) != NULL) st->fixable = 0;
   for (uint32_t k = 0; st->fixable && k < r->fixups; k++)
     if (r->key_length[k] == n && memcmp(st->s + r->key_at[k], key, n) == 0) st->fixable = 0;
-  st->member_at = escaped || at > UINT32_MAX || n > UINT32_MAX ? SIZE_MAX : value_at;
-  st->key_at = at;
-  st->key_length = n;
 }
 
 /* Writes text[start, end) into the copy as a marker: kind, then `digits`. */
@@ -374,11 +389,12 @@ static size_t mj_skip_blanks(const unsigned char *s, size_t i, size_t len) {
  * max_depth stop the rewriting: cjson says so. */
 int moonjob_json_scan(const char *text, size_t len, char *out, size_t room, int max_depth,
                       moonjob_json_scan_t *r) {
-  mj_scan_t st = {(const unsigned char *) text, len, out, room, 0, 0, 0, r, 0, 1, SIZE_MAX, 0, 0};
+  mj_scan_t st = {(const unsigned char *) text, len, out, room, 0, 0, 0, r, 0, 1};
   const unsigned char *s = st.s;
   long depth = 0;
   size_t i = mj_skip_blanks(s, 0, len);
-  memset(r, 0, sizeof *r);
+  r->status = 0, r->markers = 0, r->fixups = 0;
+  r->at = r->length = r->written = 0;
   st.top_object = i < len && s[i] == '{';
   while (i < len) {
     unsigned c = s[i];
@@ -389,10 +405,9 @@ int moonjob_json_scan(const char *text, size_t len, char *out, size_t room, int 
         r->at = (double) (bad + 1);
         return mj_finish(r, MOONJOB_JSON_BAD_UTF8);
       }
-      size_t colon = depth == 1 && st.top_object ? mj_skip_blanks(s, i, len) : len;
-      if (colon < len && s[colon] == ':') { /* a key of the top object */
-        mj_member_key(&st, body, i - 1 - body, mj_skip_blanks(s, colon + 1, len));
-        i = colon + 1;
+      if (r->fixups > 0 && depth == 1 && st.fixable) { /* (a key of the top object?) */
+        size_t colon = mj_skip_blanks(s, i, len);
+        if (colon < len && s[colon] == ':') mj_later_key(&st, body, i - 1 - body);
       }
     } else if (c == '-' || MJ_IS_DIGIT(c)) {
       size_t end = mj_scan_number(&st, i, depth, r);
