@@ -246,12 +246,13 @@ describe("start_timeout", function()
     -- is already waiting in the channel
     local pool = h.pool("identity.lua", { size = 2, start_timeout = 0.1 })
     -- both started (spawns run on libuv's thread pool, which a spec before
-    -- may keep busy a while): from here each is ready within milliseconds
+    -- may keep busy a while): from here each is ready within milliseconds,
+    -- a few hundred under the sanitizers on a loaded machine
     h.wait_for(function()
       local workers = pool.children:array()
       return #workers == 2 and workers[1].pid ~= nil and workers[2].pid ~= nil
     end)
-    os.execute("sleep 0.4")
+    os.execute(h.SANITIZED and "sleep 1.5" or "sleep 0.6")
     local result, err = pool:run(7)
     assert.is_nil(err)
     assert.equal(7, result)
