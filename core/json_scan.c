@@ -240,7 +240,7 @@ static int mj_key_before(const mj_scan_t *st, size_t start, size_t *at, size_t *
     if (s[i - 1] == '\\') return 0;
     i--;
   }
-  if (i == 0) return 0;
+  if (i < 2 || s[i - 2] == '\\') return 0; /* (that quote was escaped: the key is longer) */
   *at = i;
   *n = end - i;
   return 1;
@@ -435,6 +435,7 @@ int moonjob_json_scan(const char *text, size_t len, char *out, size_t room, int 
       }
       i += n;
     } else {
+      if (c == 0) st.fixable = 0; /* cjson stops at a NUL: what follows is not in its value */
       i++;
     }
   }

@@ -60,16 +60,25 @@ describe("moonjob.codec.json's members fixed up after cjson", function()
       '{"a":{"id":1700000001875161649}}', -- nested
       '[1700000001875161649]', '1700000001875161649', -- no top object
       '{"a":[],"a":[1]}',
+      '{"b":1,"a\\"b":12345678901234567890}', -- a key ending in an escaped quote
+      '{"a":1}\0{"a":12345678901234567890}', -- cjson reads up to the NUL
       '{"a":1700000001875161649,"b":[],"c":[],"d":[],"e":[],"f":[],"g":[],"h":[],"i":[]}', -- past 8
     }) do
       assert.equal(REWRITTEN, status_of(text), text)
     end
     assert.same({ id = 1 }, json.decode('{"id":1700000001875161649,"i\\u0064":1}'))
     assert.same({ a = { 1 } }, json.decode('{"a":[],"a":[1]}'))
+    local v = json.decode('{"b":1,"a\\"b":12345678901234567890}')
+    assert.equal(1, v.b)
+    assert.equal("12345678901234567890ULL", tostring(v['a"b']))
+    v = json.decode('{"b":{},"a\\"b":[]}')
+    assert.is_nil(getmetatable(v.b))
+    assert.equal(json.array_mt, getmetatable(v['a"b']))
+    assert.equal(1, (json.decode('{"a":1}\0{"a":12345678901234567890}') or {}).a)
   end)
 
   it("decode as the Lua decoder does, on 5,000 generated records", function()
-    local KEYS = { '"a"', '"b"', '"a"', '"\\u0061"', '"\195\169"', '"id"' }
+    local KEYS = { '"a"', '"b"', '"a"', '"\\u0061"', '"\195\169"', '"id"', '"a\\"b"', '"\\""', '""' }
     local VALUES = { "1700000001875161649", "-9223372036854775808", "18446744073709551615", "[]", "[ ]",
       "1", '"s"', "null", '{"a":1700000001875161649}', "[1700000001875161649]", "[[]]", "2.5", "{}" }
     local BLANKS = { "", "", " ", "\n " }

@@ -635,13 +635,11 @@ local function decode_copy(text, copy, markers)
   return value
 end
 
--- The text decoded by cjson as it is, then the scan's fixups set: the
--- members of its top object whose values are big integers or `[]`, found
--- by their keys (most texts with big integers hold them so: ids). No copy
--- to decode, no walk. A member not as the scan saw it (it cannot be, for a
--- text cjson takes) leaves the text to the Lua decoder.
--- Sets the scan's fixup k in value, the text's top object; false when the
--- member is not as the scan saw it.
+-- Sets the scan's fixup k in value, the text's top object (decoded by
+-- cjson): its member under that key becomes the 64-bit integer of the token
+-- the scan found, or, for `[]`, is marked as an array. False when the member
+-- is not the double or the empty table cjson makes of such a token: the scan
+-- misread the text, and the Lua decoder decides.
 local function fix_member(text, value, k)
   local r = scan
   local from = r.key_at[k]
@@ -660,10 +658,16 @@ local function fix_member(text, value, k)
   return true
 end
 
+-- The text decoded by cjson as it is, then the scan's fixups set: the
+-- members of its top object whose values are big integers or `[]`, found by
+-- their keys (most texts with big integers hold them so: ids). No copy to
+-- decode, no walk.
 local function decode_fixed(text)
   local ok, value = pcall(decode_safe.decode, text)
   if not ok then return nil, cjson_message(value) end
-  local fixed = type(value) == "table" and fix_member(text, value, 0) -- (no loop for one: it compiles)
+  -- (the first outside the loop: a loop run once per call keeps LuaJIT
+  -- from compiling this function, and one fixup is the common case)
+  local fixed = type(value) == "table" and fix_member(text, value, 0)
   for k = 1, scan.fixups - 1 do fixed = fixed and fix_member(text, value, k) end
   if not fixed then return lua_only_decode(text) end
   return value
