@@ -448,27 +448,16 @@ int moonjob_json_scan(const char *text, size_t len, char *out, size_t room, int 
   return mj_finish(r, st.written <= room ? MOONJOB_JSON_REWRITTEN : MOONJOB_JSON_ROOM);
 }
 
-/* The value of a marker's digits: the digits after its two bytes ("\xFFi" or
- * "\xFFu"), an optional '-' then digits that the scan found to fit. The FFI
- * hands it back as int64_t or uint64_t cdata. */
+/* The value of a run of digits (a sign is the caller's). The FFI hands the
+ * functions below back as int64_t or uint64_t cdata. */
 static uint64_t mj_digits_value(const char *digits) {
   uint64_t v = 0;
   for (; MJ_IS_DIGIT(*digits); digits++) v = v * 10 + (uint64_t) (*digits - '0');
   return v;
 }
 
-uint64_t moonjob_json_uint64(const char *marker) {
-  return mj_digits_value(marker + 2);
-}
-
-int64_t moonjob_json_int64(const char *marker) {
-  if (marker[2] != '-') return (int64_t) mj_digits_value(marker + 2);
-  uint64_t v = mj_digits_value(marker + 3);
-  return v == (uint64_t) 1 << 63 ? INT64_MIN : -(int64_t) v;
-}
-
 /* The integer token at text[at] (an optional '-', then digits that the scan
- * found to fit), for a fixup. */
+ * found to fit): a fixup's value. */
 uint64_t moonjob_json_uint64_at(const char *text, size_t at) {
   return mj_digits_value(text + at);
 }
@@ -477,4 +466,13 @@ int64_t moonjob_json_int64_at(const char *text, size_t at) {
   if (text[at] != '-') return (int64_t) mj_digits_value(text + at);
   uint64_t v = mj_digits_value(text + at + 1);
   return v == (uint64_t) 1 << 63 ? INT64_MIN : -(int64_t) v;
+}
+
+/* A marker's value: its token after the two bytes "\xFFi" or "\xFFu". */
+uint64_t moonjob_json_uint64(const char *marker) {
+  return moonjob_json_uint64_at(marker, 2);
+}
+
+int64_t moonjob_json_int64(const char *marker) {
+  return moonjob_json_int64_at(marker, 2);
 }
