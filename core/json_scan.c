@@ -24,9 +24,9 @@
  * key met again after a fixup for it, or a key with an escape after one, may
  * take the member's place (cjson keeps a repeated key's last value): the copy
  * then. Else cjson decodes the copy, and the codec turns each marker back into
- * its value (a 64-bit integer cdata, an empty table marked as an array). Valid UTF-8 never
- * holds byte 0xFF and cjson writes every \u escape as UTF-8, so no string of
- * the text can be taken for a marker.
+ * its value (a 64-bit integer cdata, an empty table marked as an array).
+ * Valid UTF-8 never holds byte 0xFF and cjson writes every \u escape as
+ * UTF-8, so no string of the text can be taken for a marker.
  *
  * What the scanner does not judge (syntax, escapes, nesting past max_depth) is
  * left to cjson. Past max_depth it stops rewriting and says "plain": cjson then
