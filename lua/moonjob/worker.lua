@@ -146,6 +146,14 @@ function Worker:batch(job)
   return self.process:batch(job.id)
 end
 
+-- The same as a table, { started, kept, text, line_ms }, or nil: what the
+-- owner gets as job.batch_state when the batch ends without its DONE (the
+-- child's exit, or its kill at a line's hard deadline).
+function Worker:batch_state(job)
+  local started, kept, text, line_ms = self:batch(job)
+  return started and { started = started, kept = kept, text = text, line_ms = line_ms }
+end
+
 -- How many lines of batch `job` the child has started; nil when it is not
 -- the child's batch (the area holds another's, or none yet).
 function Worker:batch_started(job)
@@ -384,9 +392,7 @@ local on_event = {
       started[i] = w:started(job)
       running = running or started[i]
       if started[i] and job.first_line then -- a batch of lines: what ran, from the shared area
-        local lines_started, kept, text, line_ms = w:batch(job)
-        job.batch_state = lines_started and { started = lines_started, kept = kept, text = text,
-          line_ms = line_ms }
+        job.batch_state = w:batch_state(job)
       end
     end
     local err = w.failure

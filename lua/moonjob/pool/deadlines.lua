@@ -87,7 +87,7 @@ function Deadlines:kill_job(w, job)
   local batch = job.first_line
   if batch then w:batch_cut(job) end -- it starts no more lines: what it did stays as read below
   local killed = pool.children:retire(w, true)
-  if batch then job.batch_state = pool.lines.state_of(w, job) end
+  if batch then job.batch_state = w:batch_state(job) end
   w:end_job()
   pool.dispatch:take_back(w) -- the jobs it held behind this one run elsewhere
   local how = "its child had already exited"

@@ -43,7 +43,7 @@
 -- runs a failed line again alone (pool:line_retry_delay).
 -- Exposes: Lines.wire_first_line(job) (a plain function: the metadata the
 -- child reads), lines:add_option(job, spec), lines:line_overdue(w, job),
--- Lines.state_of(w, job), lines:retry_delay(attempt, err)
+-- lines:retry_delay(attempt, err)
 -- (pool:line_retry_delay), lines:cuttable(head),
 -- lines:cut(w, head), lines:hand_back(jobs), lines:publish_kept(min_ms)
 -- (pool:publish_kept).
@@ -95,14 +95,6 @@ function Lines:line_overdue(w, job)
   if not (started and started > 0 and line_ms) then return false, timeout end -- not (or no longer) running it
   if line_ms >= hard_ms then return true end
   return false, (hard_ms - line_ms) / 1000
-end
-
--- What w's child has done of batch `job` (its lines started, kept, their
--- result text, how long its last line ran), for the owner once the batch
--- ends without its DONE (job.batch_state), or nil.
-function Lines.state_of(w, job)
-  local started, kept, text, line_ms = w:batch(job)
-  return started and { started = started, kept = kept, text = text, line_ms = line_ms }
 end
 
 -- pool:line_retry_delay(attempt, err): the seconds before a line of a batch
