@@ -38,6 +38,16 @@ local function jobs_of(record, n)
   return jobs
 end
 
+-- moonjob run -j 2 over the lines of `list` (their data): the results by
+-- line, how many, stderr and the exit status.
+local function run_list(list)
+  local input = input_file(list)
+  local out, err, status = h.sh(MOONJOB .. "run -j 2 " .. FIXTURE .. " " .. input)
+  os.remove(input)
+  local results, count = by_line(out)
+  return results, count, err, status
+end
+
 describe("moonjob run, what the lines of a batch print #slow", function()
   after_each(function() h.cleanup() end)
 
@@ -57,11 +67,8 @@ describe("moonjob run, what the lines of a batch print #slow", function()
       elseif i % 80 == 0 then d.exec = "x" .. i end -- a command's output: tagged by the parent
       list[i] = d
     end
-    local input = input_file(list)
-    local out, err, status = h.sh(MOONJOB .. "run -j 2 " .. FIXTURE .. " " .. input)
-    os.remove(input)
+    local results, count, err, status = run_list(list)
     assert.equal(0, status, err)
-    local results, count = by_line(out)
     assert.equal(n, count)
     for i = 1, n do assert.equal("completed", results[i].status) end
     local seen, order = tagged_lines(err)
@@ -84,11 +91,8 @@ describe("moonjob run, what the lines of a batch print #slow", function()
     local record, n = os.tmpname(), 3000
     local list = {}
     for i = 1, n do list[i] = { n = i, record = record, print = "p" .. i } end
-    local input = input_file(list)
-    local out, err, status = h.sh(MOONJOB .. "run -j 2 " .. FIXTURE .. " " .. input)
-    os.remove(input)
+    local results, count, err, status = run_list(list)
     assert.equal(0, status, err)
-    local results, count = by_line(out)
     assert.equal(n, count)
     for i = 1, n do assert.equal(i, results[i].result) end
     local seen = tagged_lines(err)
@@ -104,10 +108,7 @@ describe("moonjob run, what the lines of a batch print #slow", function()
     local list = {}
     for i = 1, n do list[i] = { n = i, record = record, print = "p" .. i } end
     list[killed] = { n = killed, record = record, [how] = "k" .. killed }
-    local input = input_file(list)
-    local out, err = h.sh(MOONJOB .. "run -j 2 " .. FIXTURE .. " " .. input)
-    os.remove(input)
-    local results, count = by_line(out)
+    local results, count, err = run_list(list)
     assert.equal(n, count)
     assert.equal("failed", results[killed].status)
     assert.equal("ECRASH", results[killed].error.code)

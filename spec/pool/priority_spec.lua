@@ -5,11 +5,7 @@
 -- each job's name to a file as it starts, so the order is the children's own.
 local h = require "helpers"
 
-local function names_in(path)
-  local names = {}
-  for line in io.lines(path) do names[#names + 1] = line end
-  return names
-end
+local names_in = h.lines -- (the processor writes one name a line)
 
 local function without(names, skip)
   local kept = {}

@@ -152,6 +152,13 @@ function M.open_fds()
   return set
 end
 
+-- The lines of file `path`, in a list.
+function M.lines(path)
+  local list = {}
+  for line in io.lines(path) do list[#list + 1] = line end
+  return list
+end
+
 function M.write_file(path, text)
   local f = assert(io.open(path, "wb"))
   f:write(text)
