@@ -98,6 +98,21 @@ describe("moonjob.codec.json's members fixed up after cjson", function()
     assert.is_true(fixups > 300, "texts fixed up: " .. fixups)
   end)
 
+  it("keep no big scratch buffer once a big record is decoded", function()
+    local text = '{"id":1700000001875161649,"text":"' .. ("x"):rep(20 * 1024 * 1024) .. '"}'
+    assert.equal(FIXUPS, status_of(text))
+    collectgarbage()
+    collectgarbage()
+    local before = collectgarbage("count")
+    local v = json.decode(text)
+    assert.equal("1700000001875161649LL", tostring(v.id))
+    v = nil -- luacheck: ignore
+    collectgarbage()
+    collectgarbage()
+    local kept_kb = collectgarbage("count") - before
+    assert.is_true(kept_kb < 4 * 1024, ("%.0f KiB kept after the decode"):format(kept_kb))
+  end)
+
   it("say what is wrong with a text that is not JSON, in cjson's words", function()
     local v, err = json.decode('{"a":1700000001875161649 "b":2}')
     assert.is_nil(v)

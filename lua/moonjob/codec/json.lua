@@ -678,13 +678,13 @@ local function c_decode(text)
   local out = rewritten:reset()
   local room = len + 64 -- (a few markers' worth)
   local status = C.moonjob_json_scan(text, len, out:reserve(room), room, M.MAX_DEPTH, scan)
-  if status == FIXUPS then return decode_fixed(text) end
   if status == ROOM then -- (it says how much it needs)
     room = scan.written
     status = C.moonjob_json_scan(text, len, out:reserve(room), room, M.MAX_DEPTH, scan)
   end
   local copy = status == REWRITTEN and out:commit(scan.written):tostring()
   if room > 1024 * 1024 then out:free() end -- no big buffer kept for ever
+  if status == FIXUPS then return decode_fixed(text) end
   if status == PLAIN then
     local ok, value = pcall(decode_safe.decode, text)
     if ok then return value end
