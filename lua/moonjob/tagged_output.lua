@@ -75,20 +75,20 @@ end
 -- Whether worker `w` passes its output on whole (its head job is a batch and
 -- the owner takes it).
 function M.passes(w, job)
-  return job ~= nil and job.count ~= nil and w.pool.on_lines_output ~= nil
+  return job ~= nil and job.line_count ~= nil and w.pool.on_lines_output ~= nil
 end
 
 -- A chunk of batch `job`'s output read from stream `stream` of worker `w`.
 function M.chunk(w, stream, chunk, job)
   local pool = w.pool
-  local limit = pool.max_log_bytes * job.count
+  local limit = pool.max_log_bytes * job.line_count
   w.log_bytes = w.log_bytes + #chunk
   if w.log_bytes > limit then
     w.partial[stream] = nil
     if not w.truncated then
       w.truncated = true
-      pass(pool, ("[moonjob: output past max_log_bytes (%d) per line is dropped]\n")
-        :format(pool.max_log_bytes), job)
+      pass(pool, ("[moonjob: output past %d bytes (max_log_bytes, %d, for each of its %d lines) is dropped]\n")
+        :format(limit, pool.max_log_bytes, job.line_count), job)
     end
     return
   end

@@ -273,7 +273,9 @@ end
 function Worker:end_job()
   local job = self.job
   self:flush_partial_lines()
-  if job and self.truncated then job.dropped_log_bytes = self.log_bytes - self.pool.max_log_bytes end
+  if job and self.truncated then -- (a batch of lines may write max_log_bytes a line)
+    job.dropped_log_bytes = self.log_bytes - self.pool.max_log_bytes * (job.line_count or 1)
+  end
   self.log_bytes, self.truncated = 0, false
   local held = self.held
   if job then table.remove(held, 1) end

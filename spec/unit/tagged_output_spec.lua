@@ -17,7 +17,7 @@ end
 describe("moonjob.tagged_output", function()
   it("passes whole lines on at once, and joins a line cut across chunks", function()
     local w, got = new_worker()
-    local job = { count = 2 }
+    local job = { line_count = 2 }
     assert.is_true(tagged.passes(w, job))
     assert.is_false(tagged.passes(w, { line = 3 })) -- a job of one line: cut and tagged by the parent
     tagged.chunk(w, "stdout", "[line 1] a\n[line 1] b\n", job)
@@ -31,23 +31,23 @@ describe("moonjob.tagged_output", function()
   it("keeps the last stderr lines in the worker's tail, to explain a crash", function()
     local w = new_worker()
     w.tail[1] = "before"
-    tagged.chunk(w, "stderr", "1\n2\n3\n4\n5\n6\n7", { count = 1 })
+    tagged.chunk(w, "stderr", "1\n2\n3\n4\n5\n6\n7", { line_count = 1 })
     assert.same({ "2", "3", "4", "5", "6" }, w.tail)
   end)
 
   it("drops output past max_log_bytes times the batch's lines, and says so once", function()
     local w, got = new_worker(10)
-    local job = { count = 2 }
+    local job = { line_count = 2 }
     tagged.chunk(w, "stderr", ("x"):rep(15) .. "\n", job)
     tagged.chunk(w, "stderr", ("y"):rep(15) .. "\n", job)
     tagged.chunk(w, "stderr", "z\n", job)
     assert.equal(2, #got)
-    assert.matches("^%[moonjob: output past max_log_bytes %(10%) per line is dropped%]\n$", got[2])
+    assert.matches("^%[moonjob: output past 20 bytes %(max_log_bytes, 10, for each of its 2 lines%) is dropped%]\n$", got[2])
   end)
 
   it("passes a line without its newline on, cut, once it reaches max_log_bytes", function()
     local w, got = new_worker(16)
-    local job = { count = 100 }
+    local job = { line_count = 100 }
     tagged.chunk(w, "stdout", "[line 1] ", job)
     tagged.chunk(w, "stdout", "abcd", job)
     assert.same({}, got) -- held: its newline may come
