@@ -159,12 +159,12 @@ local function run_lines(b)
           number = b.number, data = data }, Job)
         b.job = job -- (for cleanup, should its deadline pass)
         local result = processor(job)
-        line_done()
+        line_done() -- (its deadline does not run while its result is written)
         completed = completed_line(line_text, b.attempt, result, now() - t0)
       end
       b.line = nil
     end
-    line_done()
+    line_done() -- (again for a completed line: the other ways end here)
     if not keep(b, completed) then return true end
   end
   return true
