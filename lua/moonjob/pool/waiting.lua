@@ -223,14 +223,19 @@ local function next_ready(self)
   return head, true
 end
 
--- queue:pop() -> the next job that may run now, or nil
-function Queue:pop()
-  self:promote()
+-- The next ready job taken out (the run queue's or the heap's), or nil.
+local function take_ready(self)
   local job, in_run = next_ready(self)
   if not job then return nil end
   self.n = self.n - 1
   if in_run then return run_remove(self.run, self.run.first) end
   return heap_remove(self.ready, 1)
+end
+
+-- queue:pop() -> the next job that may run now, or nil
+function Queue:pop()
+  self:promote()
+  return take_ready(self)
 end
 
 -- queue:peek() -> the job pop() would return, left in place, or nil
@@ -258,12 +263,8 @@ end
 
 -- queue:pop_any() -> a waiting job, due or not (to empty the queue), or nil
 function Queue:pop_any()
-  local job, in_run = next_ready(self)
-  if job then
-    self.n = self.n - 1
-    if in_run then return run_remove(self.run, self.run.first) end
-    return heap_remove(self.ready, 1)
-  end
+  local job = take_ready(self)
+  if job then return job end
   if self.delayed.n == 0 then return nil end
   self.n = self.n - 1
   return heap_remove(self.delayed, 1)
