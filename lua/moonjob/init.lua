@@ -34,6 +34,12 @@ function M.queue(url, name, opts)
   return require("moonjob.redis.producer").new(url, name, opts)
 end
 
+-- moonjob.queues(redis_url [, opts]) -> { { name, waiting, ..., paused }, ... } | nil, err:
+-- the queues on a server, with their counts (moonjob.redis.operate).
+function M.queues(url, opts)
+  return require("moonjob.redis.producer").queues(url, opts)
+end
+
 -- Inside another event loop (luv, cqueues, ...): watch moonjob.fd() for
 -- reading; call moonjob.step() when it is readable and when
 -- moonjob.timeout() milliseconds have passed (nil: no timer), then read

@@ -35,17 +35,18 @@ local OPTIONS = {
   dedupe = "dedupe", cache = "number", cache_max = "number", max_queue = "number",
   pools = "table",
   redis = "string", queue = "string", lease = "number", prefetch = "number", poll = "number",
-  keep = "number", keep_age = "number", worker_name = "string", pipeline = "number",
+  keep = "number", keep_age = "number", keep_failed_age = "number", keep_logs = "number",
+  worker_name = "string", pipeline = "number",
   raw = "boolean",
 }
 local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout = true,
   start_timeout = true, attempts = true, pipeline = true,
   cache = true, cache_max = true, max_queue = true,
   max_jobs_per_child = true, memory_limit = true, idle_timeout = true, max_procs = true,
-  max_log_bytes = true, lease = true, poll = true, keep_age = true }
+  max_log_bytes = true, lease = true, poll = true, keep_age = true, keep_failed_age = true }
 local WHOLE = { size = true, max_jobs_per_child = true, min_size = true, max_procs = true,
   attempts = true, cache_max = true, max_queue = true, prefetch = true, keep = true,
-  pipeline = true }
+  keep_logs = true, pipeline = true }
 -- Upper bounds, so that no option reaches C as a number it cannot hold.
 local SECONDS_MAX = 1e9
 Options.SECONDS_MAX = SECONDS_MAX -- the bound on every time, also moonjob.redis's and the CLI's
@@ -54,7 +55,7 @@ local MAXIMUM = { size = 1024, max_payload = 2 ^ 30, memory_limit = 2 ^ 46, max_
   min_size = 1024, max_jobs_per_child = 2 ^ 53, timeout = SECONDS_MAX, kill_after = SECONDS_MAX,
   ack_timeout = SECONDS_MAX, start_timeout = SECONDS_MAX, idle_timeout = SECONDS_MAX,
   cache = SECONDS_MAX, lease = SECONDS_MAX, poll = 3600, keep_age = SECONDS_MAX, prefetch = 1e6,
-  keep = 2 ^ 31, pipeline = require("moonjob.core").frame.MAX_INFLIGHT }
+  keep_failed_age = SECONDS_MAX, keep_logs = 10000, keep = 2 ^ 31, pipeline = require("moonjob.core").frame.MAX_INFLIGHT }
 local CODECS = { lua = true, json = true }
 
 ------------------------------------------------------- pool options ---
@@ -121,7 +122,8 @@ end
 -- redis option: the queue name's rule is moonjob.redis.producer's, the URL's
 -- moonjob.redis.client's (one definition each); a local pool loads neither.
 function Options.check_remote(opts)
-  local remote_only = { "lease", "prefetch", "poll", "keep", "keep_age", "worker_name" }
+  local remote_only = { "lease", "prefetch", "poll", "keep", "keep_age", "keep_failed_age", "keep_logs",
+    "worker_name" }
   if not opts.redis then
     if opts.queue then error("moonjob.pool: option 'queue' needs option 'redis' (a redis:// URL)", 5) end
     for _, k in ipairs(remote_only) do

@@ -27,7 +27,9 @@ function Port:accept(job) self.pool.source:push(job) end
 function Port:pump() self.pool.dispatch:pump() end
 function Port:emit_event(event, ...) self.pool.events:emit(event, ...) end
 function Port:fail_job(job, err) self.pool.endings:fail(job, err) end
-function Port:cancel_job(job, reason, code) return self.pool.endings:cancel(job, reason, code) end
+function Port:cancel_job(job, reason, code, unstarted_only)
+  return self.pool.endings:cancel(job, reason, code, unstarted_only)
+end
 function Port:finish_job(job, state) self.pool.endings:finish(job, state) end
 function Port:leave_job(job) self.pool.endings:leave(job) end
 function Port:retry_delay(job, err) return self.pool.endings:retry_delay(job, err) end

@@ -185,11 +185,17 @@ end
 
 function Pool:on_worker_progress(w, job, bytes)
   job.progress_bytes = bytes
+  local owner = job.owner
+  if owner and owner.progress then owner:progress(job, bytes) end
   if self.events.listeners.progress then self.events:emit("progress", job, job.progress) end
 end
 
 function Pool:on_worker_output(w, job, stream, line)
-  if job then job.logs[#job.logs + 1] = line end
+  if job then
+    job.logs[#job.logs + 1] = line
+    local owner = job.owner
+    if owner and owner.output then owner:output(job, stream, line) end
+  end
   if self.echo == true then
     local who = job and ("job " .. tostring(job.id)) or ("child " .. tostring(w.pid))
     io.stderr:write("[" .. who .. "] " .. line .. "\n") -- one write: lines never interleave mid-line

@@ -62,6 +62,10 @@
 --   owner:close()               the pool closed: flush and close (may run the
 --                               loop, bounded)
 --   owner:stats()               -> a table of its own counts (pool:stats().redis)
+--   owner:progress(job, bytes)  (optional) a running job reported progress
+--                               (the encoded value)
+--   owner:output(job, stream, line)
+--                               (optional) a line its job printed or logged
 --
 -- What an owner calls on its port (moonjob.pool.port: Pool.new hands the
 -- owner a port, never the pool, so none of this is on the pool users hold):
@@ -72,10 +76,11 @@
 --   port:accept(job)            the job joins the waiting jobs (no pump)
 --   port:pump()                 dispatch what can run now
 --   port:fail_job(job, err)     an attempt failed without running (bad input)
---   port:cancel_job(job, reason [, code])
+--   port:cancel_job(job, reason [, code [, unstarted_only]])
 --                               stop it: waiting, it ends now; running, it is
 --                               interrupted (code: ECANCELED, or the owner's
---                               own, like ELEASE or ELOST)
+--                               own, like ELEASE or ELOST); unstarted_only:
+--                               only if no child started it (-> false if one did)
 --   port:hasten_kill(job, s)    -> true if the job was running and already
 --                               interrupted: its hard kill comes in s seconds
 --   port:has_started(job)       -> whether a child started it

@@ -105,6 +105,56 @@ local function count_missing(p, n)
   if n > 0 then count_total(p, "missing", n) end
 end
 
+-- Run-time metrics, kept by the calls that end jobs: per minute (<p>m:<minute
+-- number>, a hash kept METRICS_TTL seconds) and since ever (<p>m:all). Fields:
+-- c (completed), f (failed), n (runs with a run time), s (their run ms
+-- summed), h1..h15 (runs per bucket: run ms <= RUN_BUCKETS[i]; h15 above the last).
+local RUN_BUCKETS = { 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000 }
+local METRICS_TTL = 90000 -- 25 hours: the last day, whole
+
+local function run_bucket(ms)
+  for i, bound in ipairs(RUN_BUCKETS) do
+    if ms <= bound then return i end
+  end
+  return #RUN_BUCKETS + 1
+end
+
+-- completed, failed: jobs that ended so; runs: the run ms of those that ran
+-- (a list). A spoiled metrics key (another type) is skipped, never raised.
+local function record_metrics(p, now, completed, failed, runs)
+  local fields = {}
+  if completed > 0 then fields.c = completed end
+  if failed > 0 then fields.f = failed end
+  if #runs > 0 then
+    local sum = 0
+    for _, ms in ipairs(runs) do
+      sum = sum + ms
+      local h = "h" .. run_bucket(ms)
+      fields[h] = (fields[h] or 0) + 1
+    end
+    fields.n, fields.s = #runs, sum
+  end
+  local minute = p .. "m:" .. math.floor(now / 60000)
+  for _, key in ipairs({ minute, p .. "m:all" }) do
+    for field, n in pairs(fields) do redis.pcall("HINCRBY", key, field, n) end
+  end
+  redis.pcall("EXPIRE", minute, METRICS_TTL, "NX")
+end
+
+-- The run ms of a job that ran from `started` (text) to now, or nil.
+local function run_ms(started, now)
+  local t = tonumber(started)
+  if t and t <= now then return now - t end
+end
+
+-- A job's log lines (job:log() and its output on a worker): a list.
+local function log_key(p, id) return p .. "log:" .. id end
+
+-- A job and its log, deleted.
+local function delete_job(p, id, key)
+  redis.call("DEL", key, log_key(p, id))
+end
+
 -- Finished jobs are kept by count and by age, a bounded amount of work per
 -- call (so a backlog is removed over the next calls). A completed job whose
 -- result is cached stays readable until its cache ends.
@@ -112,7 +162,7 @@ local function trim(p, set, keep_count, keep_age_ms, now, most)
   local removed = {}
   local old = redis.call("ZRANGEBYSCORE", p .. set, "-inf", now - keep_age_ms, "LIMIT", 0, most)
   for _, id in ipairs(old) do removed[#removed + 1] = id end
-  local extra = redis.call("ZCARD", p .. set) - #removed - keep_count
+  local extra = keep_count < math.huge and redis.call("ZCARD", p .. set) - #removed - keep_count or 0
   if extra > 0 then
     local oldest = redis.call("ZRANGE", p .. set, #removed, #removed + math.min(extra, most) - 1)
     for _, id in ipairs(oldest) do removed[#removed + 1] = id end
@@ -124,8 +174,9 @@ local function trim(p, set, keep_count, keep_age_ms, now, most)
     local cache_until = f and tonumber(f[1]) or 0
     if cache_until > now then
       redis.call("PEXPIREAT", key, cache_until)
+      redis.call("PEXPIREAT", log_key(p, id), cache_until)
     else
-      redis.call("DEL", key)
+      delete_job(p, id, key)
     end
   end
 end
@@ -133,12 +184,15 @@ end
 -- keep_count and keep_age_ms come in args[args_at], args[args_at + 1].
 -- At most max(100, 2 x the fetch's batch) per state and call: more than the
 -- batch can finish, so retention keeps up under any load.
+-- An empty keep_count keeps any number (by age only); keep_failed_age_ms
+-- (args[args_at + 3]) is failed jobs' age, keep_age_ms when absent.
 local function retain(p, args_at, args, now, batch)
-  local keep_count = tonumber(args[args_at]) or 1000
+  local keep_count = tonumber(args[args_at]) or math.huge
   local keep_age = tonumber(args[args_at + 1]) or 86400000
+  local keep_failed_age = tonumber(args[args_at + 3] or "") or keep_age
   local most = math.max(100, 2 * batch)
   trim(p, "completed", keep_count, keep_age, now, most)
-  trim(p, "failed", keep_count, keep_age, now, most)
+  trim(p, "failed", keep_count, keep_failed_age, now, most)
 end
 
 -- prio: the job's priority when the caller read it already. One that is not
@@ -158,9 +212,10 @@ local function make_delayed(p, id, key, run_at)
   redis.call("ZADD", p .. "delayed", run_at, id)
 end
 
--- f: the job's cache and notify fields when the caller read them already.
+-- f: the job's cache, notify and started fields when the caller read them
+-- already; f.batched: the caller records metrics and totals for the batch.
 local function finish(p, id, key, state, field, value, now, f)
-  f = f or redis.call("HMGET", key, "cache", "notify")
+  f = f or redis.call("HMGET", key, "cache", "notify", "started")
   local cache = state == "completed" and number_in(f[1], 0, SECONDS_MAX) or 0
   redis.call("ZREM", p .. "active", id)
   if cache > 0 then
@@ -170,7 +225,11 @@ local function finish(p, id, key, state, field, value, now, f)
     redis.call("HSET", key, "state", state, field, value, "finished", now, "token", "")
   end
   redis.call("ZADD", p .. state, now, id)
-  if not f.batched then count_total(p, state, 1) end
+  if not f.batched then
+    count_total(p, state, 1)
+    local ms = f.ran and run_ms(f[3], now)
+    record_metrics(p, now, state == "completed" and 1 or 0, state == "failed" and 1 or 0, { ms })
+  end
   if f[2] == "1" then redis.call("PUBLISH", p .. "done", id) end
 end
 
@@ -375,7 +434,7 @@ local function add(keys, args)
     redis.call("ZREM", p .. "completed", id)
     redis.call("ZREM", p .. "failed", id)
   end
-  redis.call("DEL", key) -- a finished job, or a hash written around moonjob_add
+  delete_job(p, id, key) -- a finished job, or a hash written around moonjob_add
   local nonce = or_default(args[13], nil) or (now .. "." .. redis.call("INCR", p .. "seq"))
   local prio = or_default(args[3], "0")
   redis.call("HSET", key, "id", id, "data", data, "priority", prio, "attempts", or_default(args[5], "1"),
@@ -396,6 +455,7 @@ local FETCH_NUMBERS = {
   { 4, "KEEP_COUNT must be a whole number from 0 to 2^53", 0, COUNT_MAX, true },
   { 5, "KEEP_AGE_MS must be a number of ms from 0 to 1e15", 0, 1e15 },
   { 6, "MAX_PAYLOAD must be a whole number of bytes from 0 (no bound) to 2^53", 0, COUNT_MAX, true },
+  { 7, "KEEP_FAILED_AGE_MS must be a number of ms from 0 to 1e15", 0, 1e15 },
 }
 
 -- A field out of its range ("" or absent: its default) -> why, or nil.
@@ -429,7 +489,11 @@ local function unfit(id, f)
     or bad_field("priority", f[9], -FINITE, FINITE, false, "a finite number")
 end
 
--- fetch(p; worker, n, lease_ms, keep_count, keep_age_ms, max_payload) -> { next_due_ms, job, ... }; each job is
+-- A fetch's first element while the queue is paused: no job comes with it.
+local PAUSED = -2
+
+-- fetch(p; worker, n, lease_ms, keep_count, keep_age_ms, max_payload [, keep_failed_age_ms])
+-- -> { next_due_ms, job, ... } ({ -2 } while the queue is paused); each job is
 -- { id, token, data, made, attempts, backoff, timeout, kill_after, name }.
 -- Recovers stalled jobs, makes due delayed jobs ready and trims finished
 -- jobs (keep_count, keep_age_ms; once per fetch, not per job) first. A job
@@ -448,6 +512,7 @@ local function fetch(keys, args)
   recover_stalled(p, now)
   promote_delayed(p, now)
   retain(p, 4, args, now, n)
+  if redis.call("EXISTS", p .. "paused") == 1 then return { PAUSED } end
   local out = { -1 }
   -- the token counter is checked before anything is popped (a pop is not
   -- undone if the call then fails): a key another client spoiled is said
@@ -544,21 +609,25 @@ local function complete(keys, args)
     return refuse("moonjob_complete", "it takes ID TOKEN RESULT triples; the count of arguments was", #args)
   end
   local now = now_ms()
-  local out, done = {}, 0
+  local out, runs, done = {}, {}, 0
   for i = 1, #args - 2, 3 do
     local id, token = args[i], args[i + 1]
     local key = job_key(p, id)
-    local f = holds(key, token, "cache", "notify")
+    local f = holds(key, token, "cache", "notify", "started")
     if f then
-      local fin = { f[3], f[4], batched = true } -- totals counted once for the batch
+      local fin = { f[3], f[4], batched = true } -- totals and metrics counted once for the batch
       finish(p, id, key, "completed", "result", args[i + 2], now, fin)
       out[#out + 1] = "OK"
       done = done + 1
+      runs[#runs + 1] = run_ms(f[5], now)
     else
       out[#out + 1] = "ESTALE"
     end
   end
-  if done > 0 then count_total(p, "completed", done) end
+  if done > 0 then
+    count_total(p, "completed", done)
+    record_metrics(p, now, done, 0, runs)
+  end
   return out
 end
 
@@ -572,7 +641,7 @@ local function fail(keys, args)
     { { 4, "RETRY_MS must be -1 (no retry) or a number of ms up to 1e12", -1, DELAY_MS_MAX } })
   if refused then return refused end
   local key = job_key(p, id)
-  local f = holds(key, token, "made", "attempts", "cancel")
+  local f = holds(key, token, "made", "attempts", "cancel", "cache", "notify", "started")
   if not f then return "ESTALE" end
   local now = now_ms()
   local retry = tonumber(args[4]) or -1
@@ -583,7 +652,7 @@ local function fail(keys, args)
     if retry > 0 then make_delayed(p, id, key, now + math.floor(retry)) else make_waiting(p, id, key, now) end
     return redis.call("HGET", key, "state")
   end
-  finish(p, id, key, "failed", "error", args[3], now)
+  finish(p, id, key, "failed", "error", args[3], now, { f[6], f[7], f[8], ran = true })
   return "failed"
 end
 
@@ -654,19 +723,424 @@ local function get(keys, args)
   return f
 end
 
--- counts(p) -> { waiting, delayed, active, completed, failed, missing }:
--- completed and failed count every job that ended so (not only the ones
--- kept); missing, the set entries found with their job gone (evicted).
+------------------------------------------------------------- operating ---
+-- Seeing and acting on a queue's jobs (moonjob.redis.operate, the CLI, the
+-- dashboard). Listings are paged in Redis (ZRANGE with offset and count):
+-- never a walk over every job. Calls that may touch many jobs (retry_all,
+-- clean, drain, obliterate) do at most LIMIT (<= BULK_MAX) per call and say
+-- how many are left, so one call never blocks the server for long; the
+-- caller calls again.
+
+local BULK_MAX = 10000
+local LIST_MAX = 1000
+local LOG_KEEP_MAX = 10000
+
+-- A job's fields as listings give them, after its id, in this order
+-- (docs/REDIS.md); absent ones are false.
+local VIEW_FIELDS = { "state", "name", "data", "result", "error", "made", "attempts", "progress",
+  "created", "started", "finished", "worker", "run_at", "priority", "cancel", "ran" }
+
+local SETS = { waiting = "wait", delayed = "delayed", active = "active", completed = "completed",
+  failed = "failed" }
+
+local function state_error(fn, id, state, wanted)
+  return redis.error_reply(("ESTATE %s: job %s is %s; %s"):format(fn, id, state, wanted))
+end
+
+local function not_found(fn, id)
+  return redis.error_reply(("ENOTFOUND %s: no job %s in this queue (never added, or no longer kept)")
+    :format(fn, tostring(id):sub(1, 200)))
+end
+
+-- The id in a set's member (wait's members are "<arrival>:<id>").
+local function member_id(set, member)
+  if set == "wait" then return string.sub(member, 18) end
+  return member
+end
+
+-- One job as listings give it: { id, fields... [, cut] }. preview > 0: data,
+-- result and error longer than preview bytes are cut to it, and the last
+-- element names the fields cut ("data,result"). A key of another type reads
+-- as state "invalid"; a hash that is gone as "missing".
+local function view(p, id, preview)
+  local f = redis.pcall("HMGET", job_key(p, id), unpack(VIEW_FIELDS))
+  local out = { id }
+  if f.err then
+    out[2] = "invalid"
+    for i = 2, #VIEW_FIELDS do out[i + 1] = false end
+    return out
+  end
+  local cut = {}
+  for i, v in ipairs(VIEW_FIELDS) do
+    local value = f[i]
+    if preview > 0 and value and (v == "data" or v == "result" or v == "error") and #value > preview then
+      value = string.sub(value, 1, preview)
+      cut[#cut + 1] = v
+    end
+    out[i + 1] = value or false
+  end
+  if not f[1] then out[2] = "missing" end
+  out[#VIEW_FIELDS + 2] = table.concat(cut, ",")
+  return out
+end
+
+local JOBS_NUMBERS = {
+  { 2, "OFFSET must be a whole number from 0 to 2^53", 0, COUNT_MAX, true },
+  { 3, "LIMIT must be a whole number from 1 to " .. LIST_MAX, 1, LIST_MAX, true },
+  { 5, "PREVIEW must be a whole number of bytes from 0 (whole) to 2^31", 0, ATTEMPTS_MAX, true },
+}
+
+local function set_of(fn, state)
+  local set = SETS[state or ""]
+  if set then return set end
+  return nil, refuse(fn, "STATE must be waiting, delayed, active, completed or failed", state or "")
+end
+
+-- jobs(p; state, offset, limit, order, preview) -> { total, job, ... }: a page
+-- of one state's jobs (each as view gives it). order: "asc" or "desc"; by
+-- default the next to run first (waiting: priority then arrival; delayed:
+-- run time; active: lease end) and finished jobs newest first.
+local function jobs(keys, args)
+  local p, fn = keys[1], "moonjob_jobs"
+  local set, refused = set_of(fn, args[1])
+  if not set then return refused end
+  refused = check_numbers(fn, args, JOBS_NUMBERS)
+  if refused then return refused end
+  local order = args[4] or ""
+  if order == "" then order = (set == "completed" or set == "failed") and "desc" or "asc" end
+  if order ~= "asc" and order ~= "desc" then return refuse(fn, "ORDER must be asc or desc", order) end
+  local offset, limit = tonumber(args[2]) or 0, tonumber(args[3]) or 20
+  local preview = tonumber(args[5]) or 0
+  local total = redis.call("ZCARD", p .. set)
+  local out = { total }
+  if offset >= total then return out end
+  local members
+  if order == "asc" then
+    members = redis.call("ZRANGE", p .. set, offset, offset + limit - 1)
+  else
+    members = redis.call("ZRANGE", p .. set, offset, offset + limit - 1, "REV")
+  end
+  for _, m in ipairs(members) do out[#out + 1] = view(p, member_id(set, m), preview) end
+  return out
+end
+
+-- job(p; id [, log_lines]) -> { view..., log } (log: its last log_lines
+-- lines, default all kept) or nil when no such job is kept.
+local function job(keys, args)
+  local p, id = keys[1], args[1]
+  if not id or id == "" then return refuse("moonjob_job", "it takes ID [LOG_LINES]", "") end
+  local refused = check_numbers("moonjob_job", args,
+    { { 2, "LOG_LINES must be a whole number from 0 to " .. LOG_KEEP_MAX, 0, LOG_KEEP_MAX, true } })
+  if refused then return refused end
+  local v = view(p, id, 0)
+  if v[2] == "missing" then return nil end
+  local n = tonumber(args[2] or "")
+  local log = {}
+  if n ~= 0 then
+    local got = redis.pcall("LRANGE", log_key(p, id), n and -n or 0, -1)
+    if not got.err then log = got end
+  end
+  v[#v + 1] = log
+  return v
+end
+
+-- A finished job made to wait again, as new: its attempts, result, error,
+-- progress and log are cleared (its data, options and nonce kept).
+local function run_again(p, id, key, state, now)
+  redis.call("ZREM", p .. state, id)
+  redis.call("PERSIST", key) -- a cached result's expiry
+  redis.call("HDEL", key, "result", "error", "finished", "cancel", "progress", "cache_until", "ran",
+    "started", "worker")
+  redis.call("HSET", key, "made", 0, "token", "")
+  redis.call("DEL", log_key(p, id))
+  make_waiting(p, id, key, now)
+end
+
+-- The job's state, or nil and the refusal: ENOTFOUND, or its key is not a
+-- job hash (EINPUT).
+local function state_of(fn, p, id)
+  if not id or id == "" then return nil, refuse(fn, "it takes ID", "") end
+  local f, why = job_fields(job_key(p, id), "state")
+  if not f then return nil, redis.error_reply("EINPUT " .. fn .. ": " .. why .. "; remove it") end
+  if not f[1] then return nil, not_found(fn, id) end
+  return f[1]
+end
+
+-- retry(p; id) -> the state it was in: a failed or completed job runs again.
+local function retry(keys, args)
+  local p, id, fn = keys[1], args[1], "moonjob_retry"
+  local state, refused = state_of(fn, p, id)
+  if not state then return refused end
+  if state ~= "failed" and state ~= "completed" then
+    return state_error(fn, id, state, "only a failed or completed job can be retried")
+  end
+  run_again(p, id, job_key(p, id), state, now_ms())
+  return state
+end
+
+local BULK_NUMBERS = { { 2, "LIMIT must be a whole number from 1 to " .. BULK_MAX, 1, BULK_MAX, true } }
+
+-- retry_all(p; state, limit) -> { retried, left }: up to limit jobs of state
+-- (failed or completed; oldest first) run again.
+local function retry_all(keys, args)
+  local p, fn = keys[1], "moonjob_retry_all"
+  local state = args[1] or "failed"
+  if state ~= "failed" and state ~= "completed" then
+    return refuse(fn, "STATE must be failed or completed", state)
+  end
+  local refused = check_numbers(fn, args, BULK_NUMBERS)
+  if refused then return refused end
+  local now = now_ms()
+  local ids = redis.call("ZRANGE", p .. state, 0, (tonumber(args[2]) or 1000) - 1)
+  local retried = 0
+  for _, id in ipairs(ids) do
+    local key = job_key(p, id)
+    local f = job_fields(key, "state")
+    if f and f[1] == state then
+      run_again(p, id, key, state, now)
+      retried = retried + 1
+    else -- gone or elsewhere: only the entry goes
+      redis.call("ZREM", p .. state, id)
+    end
+  end
+  return { retried, redis.call("ZCARD", p .. state) }
+end
+
+-- A job out of its set and deleted. member: its wait member, if waiting.
+local function drop(p, id, key, state, member)
+  local set = SETS[state]
+  if set == "wait" then
+    if member then redis.call("ZREM", p .. "wait", member) end
+  elseif set then
+    redis.call("ZREM", p .. set, id)
+  end
+  delete_job(p, id, key)
+end
+
+-- remove(p; id) -> the state it was in. A running job is refused (cancel it
+-- first: its worker would report into a job that is gone).
+local function remove(keys, args)
+  local p, id, fn = keys[1], args[1], "moonjob_remove"
+  if not id or id == "" then return refuse(fn, "it takes ID", "") end
+  local key = job_key(p, id)
+  local f = job_fields(key, "state", "member")
+  if not f then -- a key of another type: it holds no job, it goes
+    redis.call("DEL", key)
+    return "invalid"
+  end
+  if not f[1] then return not_found(fn, id) end
+  if f[1] == "active" then
+    return state_error(fn, id, "active", "cancel it first (moonjob_cancel), then remove it")
+  end
+  drop(p, id, key, f[1], f[2])
+  return f[1]
+end
+
+-- promote(p; id) -> "waiting": a delayed job may run now.
+local function promote(keys, args)
+  local p, id, fn = keys[1], args[1], "moonjob_promote"
+  local state, refused = state_of(fn, p, id)
+  if not state then return refused end
+  if state ~= "delayed" then return state_error(fn, id, state, "only a delayed job can be promoted") end
+  redis.call("ZREM", p .. "delayed", id)
+  make_waiting(p, id, job_key(p, id), now_ms())
+  return "waiting"
+end
+
+-- clean(p; state, older_than_ms, limit) -> { removed, left }: finished jobs
+-- (completed or failed) that ended more than older_than_ms ago, oldest
+-- first; left: how many of them remain.
+local function clean(keys, args)
+  local p, fn = keys[1], "moonjob_clean"
+  local state = args[1]
+  if state ~= "failed" and state ~= "completed" then
+    return refuse(fn, "STATE must be completed or failed (waiting and delayed jobs: moonjob_drain)",
+      state or "")
+  end
+  local refused = check_numbers(fn, args, {
+    { 2, "OLDER_THAN_MS must be a number of ms from 0 to 1e15", 0, 1e15 },
+    { 3, "LIMIT must be a whole number from 1 to " .. BULK_MAX, 1, BULK_MAX, true } })
+  if refused then return refused end
+  local before = now_ms() - (tonumber(args[2]) or 0)
+  local ids = redis.call("ZRANGEBYSCORE", p .. state, "-inf", before, "LIMIT", 0, tonumber(args[3]) or 1000)
+  for _, id in ipairs(ids) do
+    redis.call("ZREM", p .. state, id)
+    local key = job_key(p, id)
+    local f = job_fields(key, "state")
+    if not f or f[1] == state then delete_job(p, id, key) end -- one that ran again is kept
+  end
+  return { #ids, redis.call("ZCOUNT", p .. state, "-inf", before) }
+end
+
+-- Up to limit jobs of set removed (wait: from its members); -> how many.
+local function empty_set(p, set, limit)
+  local members = redis.call("ZRANGE", p .. set, 0, limit - 1)
+  for _, m in ipairs(members) do
+    local id = member_id(set, m)
+    redis.call("ZREM", p .. set, m)
+    local key = job_key(p, id)
+    local f = job_fields(key, "state")
+    local here = f and f[1] and SETS[f[1]] == set
+    if here or not f then delete_job(p, id, key) end
+  end
+  return #members
+end
+
+-- drain(p; limit [, with_delayed]) -> { removed, left }: jobs that wait
+-- (with_delayed "1": delayed ones too) removed; running and finished jobs stay.
+local function drain(keys, args)
+  local p, fn = keys[1], "moonjob_drain"
+  local refused = check_numbers(fn, args,
+    { { 1, "LIMIT must be a whole number from 1 to " .. BULK_MAX, 1, BULK_MAX, true } })
+  if refused then return refused end
+  local limit = tonumber(args[1]) or 1000
+  local removed = empty_set(p, "wait", limit)
+  local delayed = args[2] == "1"
+  if delayed and removed < limit then removed = removed + empty_set(p, "delayed", limit - removed) end
+  local left = redis.call("ZCARD", p .. "wait") + (delayed and redis.call("ZCARD", p .. "delayed") or 0)
+  return { removed, left }
+end
+
+-- The keys of a queue that are not jobs (obliterate deletes them last).
+local QUEUE_KEYS = { "seq", "ids", "totals", "tokens", "paused", "m:all" }
+
+-- obliterate(p; limit [, force]) -> { removed, left }: every job and key of
+-- the queue, limit jobs per call; refused (EBUSY) while jobs run, unless
+-- force "1" (their workers' reports are then refused). Per-minute metrics
+-- keys expire by themselves (METRICS_TTL) and are deleted for the last day.
+local function obliterate(keys, args)
+  local p, fn = keys[1], "moonjob_obliterate"
+  local refused = check_numbers(fn, args,
+    { { 1, "LIMIT must be a whole number from 1 to " .. BULK_MAX, 1, BULK_MAX, true } })
+  if refused then return refused end
+  local running = redis.call("ZCARD", p .. "active")
+  if running > 0 and args[2] ~= "1" then
+    return redis.error_reply(("EBUSY %s: %d job(s) are running; stop the workers, or force"):format(fn, running))
+  end
+  local limit, removed = tonumber(args[1]) or 1000, 0
+  for _, set in ipairs({ "wait", "delayed", "active", "completed", "failed" }) do
+    if removed < limit then removed = removed + empty_set(p, set, limit - removed) end
+  end
+  local left = 0
+  for _, set in ipairs({ "wait", "delayed", "active", "completed", "failed" }) do
+    left = left + redis.call("ZCARD", p .. set)
+  end
+  if left == 0 then
+    for _, k in ipairs(QUEUE_KEYS) do redis.call("DEL", p .. k) end
+    local minute = math.floor(now_ms() / 60000)
+    for m = minute - METRICS_TTL / 60, minute do redis.call("DEL", p .. "m:" .. m) end
+  end
+  return { removed, left }
+end
+
+-- pause(p) / resume(p) -> "OK": while <p>paused exists, fetch hands out no
+-- job (running jobs go on); workers hear "paused" / "resumed" on <p>events.
+local function pause(keys)
+  redis.call("SET", keys[1] .. "paused", "1")
+  publish(keys[1], "paused")
+  return "OK"
+end
+
+local function resume(keys)
+  if redis.call("DEL", keys[1] .. "paused") == 1 then publish(keys[1], "resumed") end
+  return "OK"
+end
+
+-- progress(p; id, token, json) -> "OK" | "ESTALE": a running job's progress
+-- (the last one wins), published on <p>updates as {"id":..,"progress":..}.
+local function progress(keys, args)
+  local p, id, token = keys[1], args[1], args[2]
+  if #args < 3 then return refuse("moonjob_progress", "it takes ID TOKEN PROGRESS; arguments given", #args) end
+  local key = job_key(p, id)
+  if not holds(key, token) then return "ESTALE" end
+  redis.call("HSET", key, "progress", args[3])
+  redis.call("PUBLISH", p .. "updates", '{"id":' .. cjson.encode(id) .. ',"progress":' .. args[3] .. "}")
+  return "OK"
+end
+
+-- log(p; id, token, keep, line...) -> "OK" | "ESTALE": lines appended to a
+-- running job's log, of which the last keep are kept; each published on
+-- <p>updates as {"id":..,"log":"<line>"}.
+local function log(keys, args)
+  local p, id, token, fn = keys[1], args[1], args[2], "moonjob_log"
+  if #args < 4 then return refuse(fn, "it takes ID TOKEN KEEP LINE...; arguments given", #args) end
+  local refused = check_numbers(fn, args,
+    { { 3, "KEEP must be a whole number from 1 to " .. LOG_KEEP_MAX, 1, LOG_KEEP_MAX, true } })
+  if refused then return refused end
+  if not holds(job_key(p, id), token) then return "ESTALE" end
+  local lk = log_key(p, id)
+  for i = 4, #args do
+    redis.call("RPUSH", lk, args[i])
+    redis.call("PUBLISH", p .. "updates", '{"id":' .. cjson.encode(id) .. ',"log":' .. cjson.encode(args[i]) .. "}")
+  end
+  redis.call("LTRIM", lk, -tonumber(args[3]), -1)
+  return "OK"
+end
+
+local METRIC_FIELDS = { "c", "f", "n", "s" }
+for i = 1, #RUN_BUCKETS + 1 do METRIC_FIELDS[#METRIC_FIELDS + 1] = "h" .. i end
+
+local function metric_row(key)
+  local row = redis.pcall("HMGET", key, unpack(METRIC_FIELDS))
+  if row.err then row = {} end
+  local out = {}
+  for i = 1, #METRIC_FIELDS do out[i] = tonumber(row[i]) or 0 end
+  return out
+end
+
+-- metrics(p; minutes) -> { first_minute, bounds, all, row, ... }: the last
+-- `minutes` minutes (the current one last), each row { completed, failed,
+-- runs, run_ms_sum, h1..h15 }; all: the same since ever; bounds: the
+-- buckets' upper bounds in ms (the last bucket has none). A minute is
+-- floor(server ms / 60000).
+local function metrics(keys, args)
+  local p = keys[1]
+  local refused = check_numbers("moonjob_metrics", args,
+    { { 1, "MINUTES must be a whole number from 0 to 1500", 0, 1500, true } })
+  if refused then return refused end
+  local n = tonumber(args[1]) or 60
+  local last = math.floor(now_ms() / 60000)
+  local out = { last - n + 1, RUN_BUCKETS, metric_row(p .. "m:all") }
+  for m = last - n + 1, last do out[#out + 1] = metric_row(p .. "m:" .. m) end
+  return out
+end
+
+-- held(p) -> active jobs whose worker has not said they started (counted
+-- among the first 10,000 active jobs).
+local function held_count(p)
+  local ids = redis.call("ZRANGE", p .. "active", 0, 9999)
+  local held = 0
+  for _, id in ipairs(ids) do
+    local ran = redis.pcall("HGET", job_key(p, id), "ran")
+    if ran ~= "1" then held = held + 1 end
+  end
+  return held
+end
+
+-- Whether the queue has any key at all (a queue that does not exist has none).
+local function exists(p)
+  for _, k in ipairs({ "wait", "delayed", "active", "completed", "failed", "totals", "seq", "ids", "paused",
+      "tokens" }) do
+    if redis.call("EXISTS", p .. k) == 1 then return 1 end
+  end
+  return 0
+end
+
+-- counts(p) -> { waiting, delayed, active, completed, failed, missing,
+-- paused, held, exists }: completed and failed count every job that ended so
+-- (not only the ones kept); missing, the set entries found with their job
+-- gone (evicted); paused 1 while the queue is paused; held, the active jobs
+-- not started yet (held_count); exists 0 when the queue has no key at all.
 local function counts(keys)
   local p = keys[1]
   local totals = redis.pcall("HMGET", p .. "totals", "completed", "failed", "missing")
   if totals.err then totals = {} end -- a spoiled totals key: its counts read as 0
   return { redis.call("ZCARD", p .. "wait"), redis.call("ZCARD", p .. "delayed"),
     redis.call("ZCARD", p .. "active"), tonumber(totals[1]) or 0, tonumber(totals[2]) or 0,
-    tonumber(totals[3]) or 0 }
+    tonumber(totals[3]) or 0, redis.call("EXISTS", p .. "paused"), held_count(p), exists(p) }
 end
 
-local function version() return "3" end
+local function version() return "4" end
 
 redis.register_function("moonjob_add", add)
 redis.register_function("moonjob_fetch", fetch)
@@ -677,6 +1151,20 @@ redis.register_function("moonjob_complete", complete)
 redis.register_function("moonjob_fail", fail)
 redis.register_function("moonjob_release", release)
 redis.register_function("moonjob_cancel", cancel)
+redis.register_function("moonjob_retry", retry)
+redis.register_function("moonjob_retry_all", retry_all)
+redis.register_function("moonjob_remove", remove)
+redis.register_function("moonjob_promote", promote)
+redis.register_function("moonjob_clean", clean)
+redis.register_function("moonjob_drain", drain)
+redis.register_function("moonjob_obliterate", obliterate)
+redis.register_function("moonjob_pause", pause)
+redis.register_function("moonjob_resume", resume)
+redis.register_function("moonjob_progress", progress)
+redis.register_function("moonjob_log", log)
+redis.register_function{ function_name = "moonjob_jobs", callback = jobs, flags = { "no-writes" } }
+redis.register_function{ function_name = "moonjob_job", callback = job, flags = { "no-writes" } }
+redis.register_function{ function_name = "moonjob_metrics", callback = metrics, flags = { "no-writes" } }
 redis.register_function{ function_name = "moonjob_get", callback = get, flags = { "no-writes" } }
 redis.register_function{ function_name = "moonjob_counts", callback = counts, flags = { "no-writes" } }
 redis.register_function{ function_name = "moonjob_version", callback = version, flags = { "no-writes" } }

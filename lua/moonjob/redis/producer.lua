@@ -25,6 +25,7 @@ local json = require "moonjob.codec.json"
 local loop = require "moonjob.loop"
 
 local core = require "moonjob.core"
+local Operate = require "moonjob.redis.operate"
 
 local M = {}
 local Queue = {}
@@ -58,9 +59,67 @@ function M.new(url, name, opts)
   if not c then return nil, err end
   ok, err = c:wait_ready()
   if not ok then c:close(); return nil, err end
-  return setmetatable({ client = c, name = name, prefix = M.prefix(name),
-    max_payload = opts.max_payload or 1024 * 1024, waiters = {},
+  local q = setmetatable({ client = c, name = name, prefix = M.prefix(name),
+    max_payload = opts.max_payload or 1024 * 1024, waiters = {}, listeners = {},
     nonce_prefix = M.random_hex(8), nonces = 0 }, Queue)
+  if opts.register ~= false then M.register(c, name) end
+  return q
+end
+
+-- The queue's name in the registry moonjob.queues() reads (best effort: a
+-- user the ACL keeps to its own keys may not write it; docs/REDIS.md).
+function M.register(c, name)
+  c:call({ "SADD", Operate.REGISTRY, name }, function() end)
+end
+
+-- moonjob.queues(url [, opts]) -> { { name, counts... }, ... } sorted by
+-- name | nil, err: the queues moonjob programs registered on the server
+-- (obliterated ones are not), each with its counts.
+function M.queues(url, opts)
+  local c, err = client.new(url, { timeout_ms = ((opts or {}).timeout or 5) * 1000 })
+  if not c then return nil, err end
+  local ok
+  ok, err = c:wait_ready()
+  if not ok then c:close(); return nil, err end
+  local names
+  names, err = c:call_wait({ "SMEMBERS", Operate.REGISTRY })
+  if not names then c:close(); return nil, M.reply_error(err) end
+  table.sort(names)
+  local out = {}
+  for _, name in ipairs(names) do
+    local q = setmetatable({ client = c, name = name, prefix = M.prefix(name) }, Queue)
+    local counts, cerr = q:counts()
+    if not counts then c:close(); return nil, cerr end
+    counts.name = name
+    out[#out + 1] = counts
+  end
+  c:close()
+  return out
+end
+
+-- queue:on(event, fn): "progress" fn(id, value) when a running job reports
+-- progress on its worker, "log" fn(id, line) for each line it logs (what
+-- it prints and job:log()). Heard while this program runs its loop; lines
+-- sent while the connection was down are not heard again (q:job() reads them).
+function Queue:on(event, fn)
+  if event ~= "progress" and event ~= "log" then
+    error(("queue:on(): unknown event '%s' (progress, log)"):format(tostring(event)), 2)
+  end
+  if type(fn) ~= "function" then error("queue:on(): the listener must be a function", 2) end
+  self.listeners[event] = fn
+  if self.updating then return end
+  self.updating = true
+  self.client:subscribe(self.prefix .. "updates", function(kind, message)
+    if kind ~= "message" then return end
+    local m = json.decode(message)
+    if type(m) ~= "table" or m.id == nil then return end
+    local name = m.log ~= nil and "log" or "progress"
+    local listener = self.listeners[name]
+    if listener then
+      local ok, why = xpcall(listener, debug.traceback, m.id, m[name])
+      if not ok then io.stderr:write("moonjob: error in a queue '", name, "' listener: ", tostring(why), "\n") end
+    end
+  end)
 end
 
 -- n random bytes as hex (the clock and pid, whole, when /dev/urandom is not
@@ -223,13 +282,17 @@ function Queue:cancel(job, reason)
   return state
 end
 
--- queue:counts() -> { waiting, delayed, active, completed, failed, missing } |
--- nil, err. missing: jobs found gone from Redis (evicted, deleted by hand).
+-- queue:counts() -> { waiting, delayed, active, completed, failed, missing,
+-- paused, held, exists } | nil, err. missing: jobs found gone from Redis
+-- (evicted, deleted by hand); paused: true while the queue is paused; held:
+-- active jobs whose worker has not said yet that they started (workers say
+-- so at their next lease renewal, within lease/12); exists: false when the
+-- queue has no key at all (a name never used, or obliterated).
 function Queue:counts()
   local c, err = self.client:call_wait({ "FCALL", "moonjob_counts", 1, self.prefix })
   if not c then return nil, reply_error(err) end
   return { waiting = c[1], delayed = c[2], active = c[3], completed = c[4], failed = c[5],
-    missing = c[6] or 0 }
+    missing = c[6] or 0, paused = c[7] == 1, held = c[8] or 0, exists = c[9] ~= 0 }
 end
 
 -- Listening on the queue's "done" channel: one subscription per queue object.
@@ -286,5 +349,7 @@ function Handle:cancel(reason) return self.queue:cancel(self, reason) end
 function Queue:close()
   self.client:close()
 end
+
+Operate.extend(Queue, M)
 
 return M

@@ -10,6 +10,14 @@
 --     `prefetch` waiting in the pool (default: the `size` option, else 1), each
 --     fetched job holding a lease (`lease` seconds) and a token; a fetch
 --     refused for now (OOM, LOADING, ...) is tried again after a back-off;
+--   * fetches nothing while the queue is paused (moonjob_pause: fetch answers
+--     -2, and "paused" on the queue's channel), gives back the jobs it holds
+--     that no child started, says so once (`redis` "paused", then "resumed")
+--     and fetches again once fetch hands out jobs (a poll, or "resumed");
+--   * sends a running job's progress and output lines to Redis (the last
+--     `keep_logs` lines of each job are kept there), gathered for 100 ms and
+--     sent before the job's end is reported; best effort: an update that
+--     fails is not sent again;
 --   * fetches nothing while the processor cannot load (the pool's breaker
 --     is open: healthy workers elsewhere get the jobs), says so once per
 --     cause (`redis` event "broken", then "mended"), and keeps probing (the
@@ -61,23 +69,35 @@ local Queue = require "moonjob.redis.producer"
 local Remote = {}
 Remote.__index = Remote
 
+-- Retention's defaults: finished jobs are kept by age, any number of them
+-- (a count bound, `keep`, is the user's choice): completed ones a day,
+-- failed ones a week (to be looked at and retried); the last 100 log lines
+-- of each job.
+Remote.KEEP_AGE, Remote.KEEP_FAILED_AGE, Remote.KEEP_LOGS = 86400, 7 * 86400, 100
+
 local RENEWALS_PER_LEASE = 12   -- a renewal every lease/12
 local FENCE_AT = 4 / 5          -- unconfirmed for this part of a lease: stopped
 local FENCE_STEPS = 30          -- fence checked every lease/30; its kill lease/30 later
 local RETRY_FIRST_MS, RETRY_MAX_MS = 100, 2000 -- reports and fetches refused for now
+local UPDATES_MS = 100          -- progress and output lines gathered this long
+local PAUSED = -2               -- fetch's answer while the queue is paused
 local SECONDS_MAX = require("moonjob.pool.options").SECONDS_MAX -- as pool:add takes them
 
 -- Remote.new(port, opts) -> remote: `port` is the pool's moonjob.pool.port;
 -- opts (the pool's): redis, queue, lease
--- (seconds), prefetch, poll (seconds between looks at an empty queue), keep
--- and keep_age (retention), worker_name; docs/reference/options.md.
+-- (seconds), prefetch, poll (seconds between looks at an empty queue), keep,
+-- keep_age and keep_failed_age (retention), keep_logs, worker_name;
+-- docs/reference/options.md.
 function Remote.new(port, opts)
   local self = setmetatable({
     port = port, name = opts.queue, prefix = Queue.prefix(opts.queue),
     lease_ms = math.floor((opts.lease or 30) * 1000),
     prefetch = opts.prefetch or opts.size or 1,
     poll_ms = math.floor((opts.poll or 1) * 1000),
-    keep_count = opts.keep or 1000, keep_age_ms = math.floor((opts.keep_age or 86400) * 1000),
+    keep_count = opts.keep or "", keep_age_ms = math.floor((opts.keep_age or Remote.KEEP_AGE) * 1000),
+    keep_failed_age_ms = math.floor((opts.keep_failed_age or Remote.KEEP_FAILED_AGE) * 1000),
+    keep_logs = opts.keep_logs or Remote.KEEP_LOGS,
+    updates = {},     -- job -> { progress = bytes, lines = { ... } } not sent yet
     worker_id = (opts.worker_name or "") .. Queue.random_hex(8),
     held = {},        -- remote id -> job (fetched, in the pool)
     reporting = {},   -- remote id -> job (ended here, its report not answered yet)
@@ -120,6 +140,10 @@ function Remote:_state(up, why)
   self.up = up
   self.port:emit_event("redis", up and "up" or "down", why)
   if not up then return end
+  if not self.registered then
+    self.registered = true
+    Queue.register(self.client, self.name)
+  end
   self:_send_again()
   self:_renew()
   self:want()
@@ -127,6 +151,8 @@ end
 
 function Remote:_message(kind, message)
   if kind == "resubscribed" or message == "added" then return self:want() end
+  if message == "paused" then return self:_paused(true) end
+  if message == "resumed" then return self:want() end -- fetch says whether it is
   -- a cancel: channels are shared by every database of the server, so the
   -- message only says "look now"; the renewal asks Redis which of ours it is
   local id = message and message:match("^cancel (.*)$")
@@ -180,7 +206,8 @@ function Remote:want()
   self.fetching = true
   local sent_at = loop.now()
   self.client:call({ "FCALL", "moonjob_fetch", 1, self.prefix, self.worker_id, n, self.lease_ms,
-      self.keep_count, self.keep_age_ms, math.floor(self.port.max_payload) }, -- MAX_PAYLOAD is whole
+      self.keep_count, self.keep_age_ms, math.floor(self.port.max_payload), -- MAX_PAYLOAD is whole
+      self.keep_failed_age_ms },
     function(reply, err, kind)
       self.fetching = false
       if not reply then return self:_fetch_failed(err, kind) end
@@ -209,6 +236,8 @@ function Remote:_fetch_failed(err, kind)
 end
 
 function Remote:_fetched(reply, n, sent_at)
+  if reply[1] == PAUSED then return self:_paused(true) end
+  if self.paused then self:_paused(false) end
   local got = 0
   for i = 2, #reply do
     if self.stopping then -- the pool closed while the fetch was in flight: give them back
@@ -557,6 +586,7 @@ end
 function Remote:_completed(job, result_bytes)
   self:_forget(job)
   if job.abandoned then return self:want() end
+  self:_send_updates(job)
   self.counts.completed = self.counts.completed + 1
   job.ran_here = true
   local batch = self.completions
@@ -590,6 +620,7 @@ function Remote:_failed(job, err, retry_ms)
   self:_forget(job)
   if job.abandoned then return self:want() end
   if err.code == "ECLOSED" then return self:_release(job) end
+  self:_send_updates(job)
   self.counts.failed = self.counts.failed + 1
   job.ran_here = true
   self:_report("fail", { "FCALL", "moonjob_fail", 1, self.prefix, job.remote_id, job.token,
@@ -600,6 +631,92 @@ function Remote:_release(job)
   self:_forget(job)
   self.counts.released = self.counts.released + 1
   self:_report("release", { "FCALL", "moonjob_release", 1, self.prefix, job.remote_id, job.token }, { job })
+end
+
+------------------------------------------------------------ pausing ---
+
+-- The queue is paused (on), or fetch handed out jobs again (not on): said
+-- once each way. Paused, the jobs held here that no child started go back
+-- to the queue (running ones finish).
+function Remote:_paused(on)
+  if on == self.paused then return end
+  self.paused = on
+  if not on then
+    return self.port:emit_event("redis", "resumed", "the queue was resumed: fetching again")
+  end
+  local given = 0
+  for _, job in pairs(self.held) do
+    if not job.abandoned and self.port:cancel_job(job, "the queue was paused", "ECLOSED", true) then
+      given = given + 1
+    end
+  end
+  self.port:emit_event("redis", "paused", ("the queue is paused: fetching nothing until it is resumed; "
+    .. "%d job(s) not started given back, running ones finish"):format(given))
+end
+
+------------------------------------------------------------ updates ---
+-- A running job's progress and output, on their way to Redis.
+
+function Remote:_update_of(job)
+  if job.abandoned or self.held[job.remote_id] ~= job then return nil end
+  local u = self.updates[job]
+  if not u then
+    u = { lines = {} }
+    self.updates[job] = u
+    if not self.updates_armed then
+      self.updates_armed = true
+      if not self.updates_timer then
+        self.updates_timer = core.timer(function()
+          self.updates_armed = false
+          for j in pairs(self.updates) do self:_send_updates(j) end
+        end)
+      end
+      self.updates_timer:start(UPDATES_MS)
+    end
+  end
+  return u
+end
+
+-- The value crosses the channel in LuaJIT's serialisation; Redis holds JSON.
+function Remote:progress(job)
+  local u = self:_update_of(job)
+  if not u then return end
+  local text = json.encode(job.progress)
+  if text then u.progress = text end -- a value JSON cannot hold (a function) is not sent
+end
+
+-- Only the last keep_logs lines are kept in Redis: fewer are sent.
+function Remote:output(job, _, line)
+  if self.keep_logs == 0 then return end
+  local u = self:_update_of(job)
+  if not u then return end
+  local lines = u.lines
+  lines[#lines + 1] = line
+  if #lines > 2 * self.keep_logs then
+    local kept = {}
+    for i = #lines - self.keep_logs + 1, #lines do kept[#kept + 1] = lines[i] end
+    u.lines = kept
+  end
+end
+
+-- The job's gathered updates, sent (before its end's report: one
+-- connection keeps their order). Answers are not looked at: ESTALE only
+-- means the job is no longer this worker's.
+function Remote:_send_updates(job)
+  local u = self.updates[job]
+  if not u then return end
+  self.updates[job] = nil
+  if not self.up then return end
+  local lines = u.lines
+  if #lines > 0 then
+    local args = { "FCALL", "moonjob_log", 1, self.prefix, job.remote_id, job.token, self.keep_logs }
+    for i = math.max(1, #lines - self.keep_logs + 1), #lines do args[#args + 1] = lines[i] end
+    self.client:call(args, function() end)
+  end
+  if u.progress then
+    self.client:call({ "FCALL", "moonjob_progress", 1, self.prefix, job.remote_id, job.token, u.progress },
+      function() end)
+  end
 end
 
 ------------------------------------------------------- the owner hook ---

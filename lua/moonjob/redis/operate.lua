@@ -1,0 +1,317 @@
+-- moonjob.redis.operate -- seeing and acting on a durable queue: the
+-- operating methods of `moonjob.queue(url, name)` and `moonjob.queues(url)`.
+--
+--   local q = assert(moonjob.queue(url, "images"))
+--   for _, job in ipairs(assert(q:jobs("failed", { limit = 10 }))) do print(job.id, job.error) end
+--   q:retry_all()             -- every failed job runs again
+--   q:pause(); q:resume()     -- every worker, on every host
+--
+-- Each method is one FCALL of functions.lua (moonjob_jobs, moonjob_retry,
+-- ...), or a few for the bulk ones (retry_all, clean, drain, obliterate),
+-- which Redis does LIMIT jobs at a time so that no call blocks the server
+-- for long: they are not atomic as a whole (a job that fails meanwhile may
+-- be retried by the same retry_all). Methods block their caller for their
+-- round trips, as q:add does (the loop keeps running).
+--
+-- Errors are returned, never raised, for what a user may mistype (an
+-- unknown id: ENOTFOUND; a job in the wrong state: ESTATE; a queue with no
+-- key at all: ENOQUEUE; a page past the end: ERANGE; a bad state or
+-- number: EINPUT). Nothing is changed by a call that returns an error.
+--
+-- Times are the Redis server's, in ms since the epoch; run times in ms.
+local errors = require "moonjob.errors"
+local json = require "moonjob.codec.json"
+
+local M = {}
+
+-- The set of queue names moonjob programs register when they connect (the
+-- one key outside a queue's prefix; docs/REDIS.md).
+M.REGISTRY = "mj:queues"
+
+local STATES = { waiting = true, delayed = true, active = true, completed = true, failed = true }
+local STATE_LIST = "waiting, delayed, active, completed or failed"
+local VIEW_FIELDS = { "state", "name", "data", "result", "error", "made", "attempts", "progress",
+  "created", "started", "finished", "worker", "run_at", "priority", "cancel", "ran" }
+local BULK = 1000 -- jobs per call of the bulk functions
+
+local function decode(text)
+  if not text then return nil end
+  local v = json.decode(text)
+  return v
+end
+
+local function decode_error(text)
+  if not text then return nil end
+  local t = json.decode(text)
+  if type(t) ~= "table" then return errors.new("EREMOTE", tostring(text)) end
+  return errors.wrap(t)
+end
+
+-- One job of a listing (functions.lua's view) as a table.
+local function job_of(row)
+  local f = {}
+  for i, name in ipairs(VIEW_FIELDS) do f[name] = row[i + 1] or nil end
+  local cut = {}
+  for name in (row[#VIEW_FIELDS + 2] or ""):gmatch("[^,]+") do cut[name] = true end
+  local job = { id = row[1], state = f.state, name = f.name ~= "" and f.name or nil,
+    attempts = tonumber(f.made) or 0, max_attempts = tonumber(f.attempts),
+    created = tonumber(f.created), started = tonumber(f.started), finished = tonumber(f.finished),
+    worker = f.worker, run_at = tonumber(f.run_at), priority = tonumber(f.priority),
+    cancel = f.cancel, running = f.state == "active" and f.ran == "1" or nil }
+  for _, name in ipairs({ "data", "result", "error", "progress" }) do
+    if cut[name] then job[name .. "_preview"] = f[name]
+    elseif name == "error" then job.error = decode_error(f.error)
+    else job[name] = decode(f[name]) end
+  end
+  if job.started and job.finished then job.ms = job.finished - job.started end
+  return job
+end
+M.job_of = job_of
+
+local function check_state(fn, state, allowed, list)
+  if not (allowed or STATES)[state] then
+    return errors.new("EINPUT", ("%s: state must be %s, not '%s'"):format(fn, list or STATE_LIST,
+      tostring(state)))
+  end
+end
+
+local function whole(fn, opts, name, low, high)
+  local v = opts[name]
+  if v == nil then return nil end
+  if type(v) ~= "number" or v % 1 ~= 0 or v < low or v > high then
+    error(("%s: option '%s' must be a whole number from %d to %.0f"):format(fn, name, low, high), 4)
+  end
+  return v
+end
+
+local function check_options(fn, opts, known)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then error(fn .. ": options must be a table", 4) end
+  for k in pairs(opts) do
+    if not known[k] then
+      local names = {}
+      for n in pairs(known) do names[#names + 1] = n end
+      table.sort(names)
+      error(("%s: unknown option '%s' (known: %s)"):format(fn, tostring(k), table.concat(names, ", ")), 4)
+    end
+  end
+  return opts
+end
+
+function M.extend(Queue, producer)
+  local reply_error = producer.reply_error
+
+  function Queue:_call(...)
+    local reply, err = self.client:call_wait({ "FCALL", ... })
+    if err then return nil, reply_error(err) end
+    return reply
+  end
+
+  -- An error for a queue that has no key at all, else the one given.
+  function Queue:_no_queue_or(err)
+    local c = self:counts()
+    if c and not c.exists then
+      return errors.new("ENOQUEUE", ("no queue '%s' on this server: nothing was ever added to it "
+        .. "(moonjob queues lists the queues)"):format(self.name))
+    end
+    return err
+  end
+
+  -- q:jobs(state [, { offset, limit, order, preview }]) -> jobs, total | nil, err.
+  -- order "asc" or "desc" (default: next to run first; finished: newest
+  -- first); limit 1 to 1000 (default 20); preview: bytes of data, result and
+  -- error beyond which they come cut, as text in data_preview, ... (default:
+  -- whole). A page past the end is ERANGE.
+  function Queue:jobs(state, opts)
+    local fn = "queue:jobs()"
+    opts = check_options(fn, opts, { offset = true, limit = true, order = true, preview = true })
+    local bad = check_state(fn, state)
+    if bad then return nil, bad end
+    if opts.order ~= nil and opts.order ~= "asc" and opts.order ~= "desc" then
+      error(fn .. ": option 'order' must be \"asc\" or \"desc\"", 2)
+    end
+    local offset = whole(fn, opts, "offset", 0, 2 ^ 53) or 0
+    local reply, err = self:_call("moonjob_jobs", 1, self.prefix, state, offset,
+      whole(fn, opts, "limit", 1, 1000) or 20, opts.order or "", whole(fn, opts, "preview", 0, 2 ^ 31) or 0)
+    if not reply then return nil, err end
+    local total = reply[1]
+    if offset > 0 and offset >= total then
+      return nil, errors.new("ERANGE", ("offset %d is past the end: queue %s holds %d %s job(s)")
+        :format(offset, self.name, total, state))
+    end
+    if total == 0 then
+      local missing = self:_no_queue_or(nil)
+      if missing then return nil, missing end
+    end
+    local out = {}
+    for i = 2, #reply do out[#out + 1] = job_of(reply[i]) end
+    return out, total
+  end
+
+  -- q:job(id [, { log = n }]) -> job (with job.log, its last n log lines;
+  -- default every line kept) | nil, err (ENOTFOUND, ENOQUEUE).
+  function Queue:job(id, opts)
+    local fn = "queue:job()"
+    opts = check_options(fn, opts, { log = true })
+    local reply, err = self:_call("moonjob_job", 1, self.prefix, tostring(id), whole(fn, opts, "log", 0, 10000) or "")
+    if err then return nil, err end
+    if not reply then
+      return nil, self:_no_queue_or(errors.new("ENOTFOUND", ("no job %s in queue %s (never added, or no "
+        .. "longer kept)"):format(tostring(id), self.name)))
+    end
+    local job = job_of(reply)
+    local log = reply[#reply]
+    job.log = {}
+    for i = 1, #log do job.log[i] = log[i] end -- without the reply's n
+    return job
+  end
+
+  -- An action on one job (retry, remove, promote): the state it was in.
+  local function act(self, fname, id)
+    local state, err = self:_call(fname, 1, self.prefix, tostring(id))
+    if state then return state end
+    if err.code == "ENOTFOUND" then return nil, self:_no_queue_or(err) end
+    return nil, err
+  end
+
+  -- q:retry(id) -> the state it was in ("failed" or "completed") | nil, err:
+  -- the job runs again, its attempts counted anew.
+  function Queue:retry(id) return act(self, "moonjob_retry", id) end
+  -- q:remove(id) -> the state it was in | nil, err; a running job is ESTATE
+  -- (cancel it first).
+  function Queue:remove(id) return act(self, "moonjob_remove", id) end
+  -- q:promote(id) -> "waiting" | nil, err: a delayed job may run now.
+  function Queue:promote(id) return act(self, "moonjob_promote", id) end
+
+  -- Calls a bulk function until nothing is left or limit jobs are done: ->
+  -- how many | nil, err (after some may have been done: the count so far in
+  -- err.done).
+  local function bulk(self, limit, call)
+    local done = 0
+    while not limit or done < limit do
+      local n = limit and math.min(BULK, limit - done) or BULK
+      local reply, err = call(n)
+      if not reply then
+        err.done = done
+        return nil, err
+      end
+      done = done + reply[1]
+      if reply[2] == 0 or reply[1] == 0 then break end
+    end
+    return done
+  end
+
+  -- q:retry_all([{ state = "failed" | "completed", limit }]) -> how many ran again | nil, err
+  function Queue:retry_all(opts)
+    local fn = "queue:retry_all()"
+    opts = check_options(fn, opts, { state = true, limit = true })
+    local state = opts.state or "failed"
+    local bad = check_state(fn, state, { failed = true, completed = true }, "failed or completed")
+    if bad then return nil, bad end
+    local limit = whole(fn, opts, "limit", 1, 2 ^ 53)
+    return bulk(self, limit, function(n) return self:_call("moonjob_retry_all", 1, self.prefix, state, n) end)
+  end
+
+  -- q:clean(state [, { older_than = seconds, limit }]) -> how many removed | nil, err:
+  -- completed or failed jobs that ended more than older_than seconds ago (default 0: all).
+  function Queue:clean(state, opts)
+    local fn = "queue:clean()"
+    opts = check_options(fn, opts, { older_than = true, limit = true })
+    local bad = check_state(fn, state, { failed = true, completed = true },
+      "completed or failed (jobs that wait: queue:drain())")
+    if bad then return nil, bad end
+    local older = opts.older_than or 0
+    if type(older) ~= "number" or not (older >= 0 and older <= 1e12) then
+      error(fn .. ": option 'older_than' must be a number of seconds, 0 or more", 2)
+    end
+    local limit = whole(fn, opts, "limit", 1, 2 ^ 53)
+    return bulk(self, limit, function(n)
+      return self:_call("moonjob_clean", 1, self.prefix, state, math.floor(older * 1000), n)
+    end)
+  end
+
+  -- q:drain([{ delayed = false }]) -> how many removed | nil, err: the jobs
+  -- that wait (and, unless delayed = false, the delayed ones); running and
+  -- finished jobs stay.
+  function Queue:drain(opts)
+    opts = check_options("queue:drain()", opts, { delayed = true })
+    local delayed = opts.delayed ~= false and "1" or "0"
+    return bulk(self, nil, function(n) return self:_call("moonjob_drain", 1, self.prefix, n, delayed) end)
+  end
+
+  -- q:obliterate([{ force = true }]) -> how many jobs removed | nil, err:
+  -- the whole queue, every job and key. EBUSY while jobs run, unless force
+  -- (their workers' reports are then refused and the jobs stopped there).
+  function Queue:obliterate(opts)
+    opts = check_options("queue:obliterate()", opts, { force = true })
+    local force = opts.force and "1" or "0"
+    local n, err = bulk(self, nil, function(limit)
+      return self:_call("moonjob_obliterate", 1, self.prefix, limit, force)
+    end)
+    if n then self.client:call_wait({ "SREM", M.REGISTRY, self.name }) end
+    return n, err
+  end
+
+  -- q:pause() / q:resume() -> true | nil, err. While paused, no worker on
+  -- any host fetches a job (they ask at least once a second, and hear the
+  -- pause at once); running jobs finish; counts().paused is true.
+  function Queue:pause()
+    local ok, err = self:_call("moonjob_pause", 1, self.prefix)
+    return ok and true, err
+  end
+
+  function Queue:resume()
+    local ok, err = self:_call("moonjob_resume", 1, self.prefix)
+    return ok and true, err
+  end
+
+  -- q:metrics([{ minutes = 60 }]) -> { minutes = { row, ... }, total = row, buckets } | nil, err.
+  -- Each row: at (ms, the minute's start), completed, failed, runs, and the
+  -- run time's mean_ms, p50_ms, p90_ms, p99_ms (nil without runs; read from
+  -- buckets, so as exact as the bucket), and counts (runs per bucket). Kept
+  -- in Redis for 25 hours.
+  function Queue:metrics(opts)
+    local fn = "queue:metrics()"
+    opts = check_options(fn, opts, { minutes = true })
+    local minutes = whole(fn, opts, "minutes", 1, 1500) or 60
+    local reply, err = self:_call("moonjob_metrics", 1, self.prefix, minutes)
+    if not reply then return nil, err end
+    local bounds = reply[2]
+    local out = { buckets = bounds, total = M.metric_row(reply[3], bounds), minutes = {} }
+    for i = 4, #reply do
+      local row = M.metric_row(reply[i], bounds)
+      row.at = (reply[1] + i - 4) * 60000
+      out.minutes[#out.minutes + 1] = row
+    end
+    return out
+  end
+end
+
+-- The q-th quantile of a run-time histogram, interpolated in its bucket.
+local function quantile(counts, bounds, n, q)
+  local want, seen = q * n, 0
+  for i, c in ipairs(counts) do
+    if c > 0 and seen + c >= want then
+      local low, high = bounds[i - 1] or 0, bounds[i]
+      if not high then return low end -- above the last bound: that bound, at least
+      return low + (high - low) * (want - seen) / c
+    end
+    seen = seen + c
+  end
+end
+
+-- A metrics row of functions.lua { c, f, n, s, h1..h15 } as a table.
+function M.metric_row(r, bounds)
+  local counts = {}
+  for i = 5, #r do counts[#counts + 1] = r[i] end
+  local row = { completed = r[1], failed = r[2], runs = r[3], counts = counts }
+  if r[3] > 0 then
+    row.mean_ms = r[4] / r[3]
+    row.p50_ms = quantile(counts, bounds, r[3], 0.5)
+    row.p90_ms = quantile(counts, bounds, r[3], 0.9)
+    row.p99_ms = quantile(counts, bounds, r[3], 0.99)
+  end
+  return row
+end
+
+return M
