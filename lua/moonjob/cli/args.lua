@@ -8,11 +8,12 @@
 -- and WHEN,fail=P% (WHEN: now or soon), or never.
 local M = {}
 
-M.USAGE = [[
+M.USAGE = [=[
 usage: moonjob run PROCESSOR [INPUT] [options]
        moonjob worker PROCESSOR --redis URL --queue NAME [-j N] [--lease S] [--grace S]
        moonjob add --redis URL --queue NAME [INPUT] [--raw] [--dedupe] [--attempts N] [--priority P] [--delay S]
-       moonjob status --redis URL --queue NAME [--watch]
+       moonjob status --redis URL --queue NAME [--watch [--until-empty]]
+       moonjob queues | jobs | job | retry | remove | promote | clean | pause | resume ...
 
 Runs the processor file PROCESSOR once per line of INPUT, an NDJSON file
 (one job's data per line, any JSON value; default: standard input), in a pool
@@ -51,7 +52,27 @@ durable queues on Redis (README "Durable queues on Redis"):
                         give back what was not started and exit 0
   add                   add one job per NDJSON line of INPUT; prints the ids
                         (--raw: per line of text, its data a JSON string)
-  status                print the queue's counts (--watch: every second)
+  status                print the queue's counts (--watch: every second, with
+                        the rate and an ETA; --until-empty: end when nothing
+                        waits or runs)
+  --keep-logs N         log lines kept in Redis per job (default 100)
+  --quiet, --verbose    for worker: no line per failed or retried job; a
+                        line per job, completed ones too
+
+operating a queue (each prints NDJSON, or a table on a terminal; --json:
+NDJSON there too):
+  queues                the server's queues with their counts
+  jobs [--state S] [--limit N] [--offset N]
+                        a page of the jobs in state S: waiting (default),
+                        delayed, active, completed or failed
+  job ID                one job: data, result or error, log, attempts, times
+  retry ID... | --all [--state completed]
+                        run failed (or completed) jobs again
+  remove ID...          remove jobs that are not running
+  promote ID...         run delayed jobs now
+  clean --state S [--older-than SECONDS] [--limit N]
+                        remove completed or failed jobs (older than SECONDS)
+  pause, resume         stop every worker fetching from the queue, or resume
   --redis URL           redis://[user:password@]host[:port][/db]; default:
                         $MOONJOB_REDIS (keeps a password out of `ps`)
   --queue NAME          the queue's name
@@ -61,7 +82,9 @@ durable queues on Redis (README "Durable queues on Redis"):
                         stops (default 30)
   --prefetch N          jobs held beyond the running ones (default: -j)
   --keep N, --keep-age S  finished jobs kept in Redis, by count per state
-                        (default 1000) and age (default 86400 s)
+                        (default: any number) and age (default 86400 s:
+                        a day; failed ones: --keep-failed-age, a week)
+  --keep-failed-age S   seconds failed jobs are kept (default 604800)
   --priority P, --delay S   for add: lower runs first; seconds before it may run
   --dedupe              for add: each job's id from its line (SHA-1), so adding
                         the same lines again adds nothing twice
@@ -73,7 +96,7 @@ exit status: 0 every job completed, 1 some job failed, 2 usage, set-up or I/O
 error (the processor cannot load, the joblog cannot be written), 3 stopped by
 --halt now, 4 stopped by --halt soon, 128+N when stopped by signal N (130
 Ctrl-C, 143 SIGTERM, 129 SIGHUP)
-]]
+]=]
 
 local SECONDS_MAX = require("moonjob.pool.options").SECONDS_MAX -- the pool's own bound on its times
 
@@ -155,6 +178,22 @@ local VALUED = {
   ["--keep-age"] = { "keep_age", positive_seconds, "a number", SECONDS_POSITIVE },
   ["--prefetch"] = { "prefetch", whole_up_to_million, "a number", "a whole number from 0 to 1e6" },
   ["--delay"] = { "delay", seconds, "a number", SECONDS_ANY },
+  ["--keep-failed-age"] = { "keep_failed_age", positive_seconds, "a number", SECONDS_POSITIVE },
+  ["--keep-logs"] = { "keep_logs", function(text)
+    local n = tonumber(text)
+    if n and n >= 0 and n <= 10000 and n % 1 == 0 then return n end
+  end, "a number", "a whole number from 0 to 10000" },
+  ["--state"] = { "state", function(text)
+    if text == "waiting" or text == "delayed" or text == "active" or text == "completed" or text == "failed" then
+      return text
+    end
+  end, "a state", "waiting, delayed, active, completed or failed" },
+  ["--limit"] = { "limit", positive_integer, "a number", WHOLE_2_31 },
+  ["--offset"] = { "offset", function(text)
+    local n = tonumber(text)
+    if n and n >= 0 and n <= 2 ^ 53 and n % 1 == 0 then return n end
+  end, "a number", "a whole number, 0 or more" },
+  ["--older-than"] = { "older_than", seconds, "a number", SECONDS_ANY },
   ["--priority"] = { "priority", function(text) -- finite: "nan" and "inf" read as numbers
     local n = tonumber(text)
     if n and n > -math.huge and n < math.huge then return n end
@@ -165,6 +204,8 @@ local FLAGS = {
   ["-h"] = "help", ["--help"] = "help", ["--version"] = "version",
   ["-k"] = "keep_order", ["--keep-order"] = "keep_order", ["--resume"] = "resume",
   ["--watch"] = "watch", ["--progress"] = "progress", ["--dedupe"] = "dedupe", ["--raw"] = "raw",
+  ["--until-empty"] = "until_empty", ["--quiet"] = "quiet", ["--verbose"] = "verbose", ["--json"] = "json",
+  ["--all"] = "all",
 }
 
 -- An option with its value in the same word: `--name=value`, `-jVALUE` or

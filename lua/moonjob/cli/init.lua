@@ -3,7 +3,9 @@
 --
 --   moonjob run PROCESSOR [INPUT] [--raw] [-j N] [-k] [--halt WHEN,fail=N] [--timeout S]
 --     [--attempts N] [--backoff SPEC] [--joblog FILE [--resume]] [--progress]
---   moonjob worker | add | status ... (moonjob.cli.redis)
+--   moonjob worker | add ... (moonjob.cli.redis)
+--   moonjob status | queues | jobs | job | retry | remove | promote | clean | pause | resume
+--     (moonjob.cli.status, moonjob.cli.operate)
 --
 -- Its options and help text: moonjob.cli.args; `moonjob run`: moonjob.cli.run
 -- and the parts it names; what a terminal shows: moonjob.cli.progress.
@@ -32,17 +34,59 @@ local function redis_from_environment()
   return url
 end
 
--- moonjob worker | add | status (moonjob.cli.redis).
+-- The commands that look at and act on a queue, and the positional
+-- arguments each takes: "ids" one or more job ids, "id" exactly one.
+local OPERATE = { status = "none", queues = "none", jobs = "none", job = "id", retry = "ids",
+  remove = "ids", promote = "ids", clean = "none", pause = "none", resume = "none" }
+
+local function operate_command(command, o)
+  local operate = require "moonjob.cli.operate"
+  local rest = { unpack(o.positional, 2) }
+  local takes = OPERATE[command]
+  if command == "retry" and o.all then
+    if #rest > 0 then return usage_error("moonjob retry takes job ids or --all, not both") end
+    return operate.retry_all(o)
+  end
+  if takes == "none" and rest[1] then return usage_error(("unexpected argument '%s'"):format(rest[1])) end
+  if takes == "id" and #rest ~= 1 then
+    return usage_error(("moonjob %s takes one job id: moonjob %s --queue NAME ID"):format(command, command))
+  end
+  if takes == "ids" and #rest == 0 then
+    return usage_error(("moonjob %s takes job ids: moonjob %s --queue NAME ID...%s"):format(command, command,
+      command == "retry" and " (or --all: every failed job)" or ""))
+  end
+  if command == "status" then return require("moonjob.cli.status").run(o, operate.existing_queue) end
+  if command == "queues" then return operate.queues(o) end
+  if command == "jobs" then
+    if (o.limit or 0) > 1000 then return usage_error("--limit for moonjob jobs is at most 1000 (a page; --offset for the next)") end
+    return operate.jobs(o)
+  end
+  if command == "job" then return operate.job(rest[1], o) end
+  if command == "clean" then
+    if o.state ~= "completed" and o.state ~= "failed" then
+      return usage_error("moonjob clean needs --state completed or --state failed (jobs that wait: none)")
+    end
+    return operate.clean(o)
+  end
+  if command == "pause" or command == "resume" then return operate.pause(o, command == "resume") end
+  return operate.each(command, rest, o)
+end
+
+-- moonjob worker | add and the operating commands (moonjob.cli.redis,
+-- moonjob.cli.operate): --redis and --queue checked first.
 local function remote_command(command, o)
   local remote = require "moonjob.cli.redis"
   local from_environment = redis_from_environment() -- wiped even when --redis is given
   o.redis = o.redis or from_environment
+  if command == "queues" then o.queue = o.queue or "-" end -- needs none
   local bad = remote.check_target(o, usage_error)
   if bad then return bad end
+  if o.until_empty and not o.watch then return usage_error("--until-empty goes with --watch") end
   if o.raw and command ~= "add" then
-    return usage_error(("--raw is for moonjob run and moonjob add (moonjob %s runs the jobs of the queue, "
-      .. "whose data is JSON already)"):format(command))
+    return usage_error(("--raw is for moonjob run and moonjob add, not moonjob %s (a queue's data is "
+      .. "JSON already)"):format(command))
   end
+  if OPERATE[command] then return operate_command(command, o) end
   if command == "worker" then
     local processor = o.positional[2]
     if not processor then return usage_error("missing PROCESSOR: moonjob worker PROCESSOR --redis URL --queue NAME") end
@@ -52,8 +96,7 @@ local function remote_command(command, o)
     if o.positional[3] then return usage_error(("unexpected argument '%s'"):format(o.positional[3])) end
     return remote.add(o.positional[2], o)
   end
-  if o.positional[2] then return usage_error(("unexpected argument '%s'"):format(o.positional[2])) end
-  return remote.status(o)
+  return usage_error("unknown command '" .. command .. "'")
 end
 
 -- cli.main(args) -> exit status
@@ -64,9 +107,10 @@ function M.main(arguments)
   if o.version then io.stdout:write(moonjob._VERSION, "\n") return stops.EXIT_OK end
   local command = o.positional[1]
   if command == nil then return usage_error("missing command: moonjob run PROCESSOR [INPUT]") end
-  if command == "worker" or command == "add" or command == "status" then return remote_command(command, o) end
+  if command == "worker" or command == "add" or OPERATE[command] then return remote_command(command, o) end
   if command ~= "run" then
-    return usage_error(("unknown command '%s'; the commands are run, worker, add and status"):format(command))
+    return usage_error(("unknown command '%s'; the commands are run, worker, add, status, queues, jobs, job, "
+      .. "retry, remove, promote, clean, pause and resume"):format(command))
   end
   local processor, input_path = o.positional[2], o.positional[3]
   if not processor then return usage_error("missing PROCESSOR: moonjob run PROCESSOR [INPUT]") end

@@ -2,15 +2,17 @@
 --
 --   moonjob worker PROCESSOR --redis URL --queue NAME [-j N] [--lease S] [--grace S]
 --   moonjob add --redis URL --queue NAME [INPUT] [--raw] [--dedupe] [--attempts N] [--backoff SPEC] ...
---   moonjob status --redis URL --queue NAME [--watch]
 --
--- moonjob.cli parses the options (one table for every command) and calls
--- these. A worker runs until SIGTERM, SIGINT or SIGHUP, then stops fetching,
--- gives back the jobs it holds but has not started, lets running jobs finish
--- within --grace seconds (default 30; then they are stopped and given back),
--- and exits 0. Its lines on stderr say when Redis goes down and comes back,
--- every `redis` event of the pool (refusals, a processor that cannot load,
--- jobs fenced or lost), and at the end what it did.
+-- (status and the commands that act on a queue: moonjob.cli.status and
+-- moonjob.cli.operate.) moonjob.cli parses the options (one table for every
+-- command) and calls these. A worker runs until SIGTERM, SIGINT or SIGHUP,
+-- then stops fetching, gives back the jobs it holds but has not started,
+-- lets running jobs finish within --grace seconds (default 30; then they are
+-- stopped and given back), and exits 0. Its lines on stderr say when Redis
+-- goes down and comes back, every `redis` event of the pool (refusals, a
+-- processor that cannot load, a pause and a resume, jobs fenced or lost),
+-- one line per job that failed or will be retried (--quiet: none;
+-- --verbose: every job), and at the end what it did.
 local core = require "moonjob.core"
 local json = require "moonjob.codec.json"
 local loop = require "moonjob.loop"
@@ -37,6 +39,35 @@ function M.check_target(o, usage_error)
   if not ok then return usage_error(why) end
 end
 
+-- A job as a worker's log line names it: its id in the queue, its name.
+local function job_text(job)
+  local id = tostring(job.remote_id or job.id)
+  return job.name and ("job %s (%s)"):format(id, job.name) or ("job " .. id)
+end
+
+local function error_text(err)
+  return ("%s: %s"):format(tostring(err and err.code), (tostring(err and err.message):gsub("\n.*", "")))
+end
+
+-- One stderr line per job that failed for good or will be retried (and,
+-- verbose, per completed job), attempt n of max.
+local function log_jobs(pool, verbose)
+  local function attempt(job) return ("attempt %d/%d"):format(job.attempts or 0, job.max_attempts or 1) end
+  pool:on("failed", function(job, err)
+    if err and err.code == "ECLOSED" then return end -- given back to the queue: not a failure
+    say(("%s failed, %s: %s"):format(job_text(job), attempt(job), error_text(err)))
+  end)
+  pool:on("retrying", function(job, err, delay)
+    say(("%s failed, %s: %s; retried in %.3g s"):format(job_text(job), attempt(job), error_text(err), delay or 0))
+  end)
+  if verbose then
+    pool:on("completed", function(job)
+      local ms = job.finished and job.started and (" in %.1f ms"):format(job.finished - job.started) or ""
+      say(("%s completed, %s%s"):format(job_text(job), attempt(job), ms))
+    end)
+  end
+end
+
 -- Runs the loop until a stop signal; returns its number.
 local function until_signal()
   core.hold_stop_signals()
@@ -48,6 +79,7 @@ function M.worker(processor, o, pool_options)
   local opts = pool_options(o)
   opts.redis, opts.queue, opts.lease, opts.echo = o.redis, o.queue, o.lease, true
   opts.keep, opts.keep_age, opts.prefetch = o.keep, o.keep_age, o.prefetch
+  opts.keep_failed_age, opts.keep_logs = o.keep_failed_age, o.keep_logs
   local ok, pool, err = pcall(moonjob.pool, processor, opts)
   if not ok or not pool then
     say((tostring(ok and err or pool):gsub("^[^:]*:%d+: ", ""))) -- the message only, not gsub's count
@@ -59,6 +91,7 @@ function M.worker(processor, o, pool_options)
     elseif kind == "down" then say("Redis unreachable (", tostring(why), "); running jobs go on, fetching resumes when it is back")
     else say(tostring(why)) end -- stale, error, broken, mended, fenced, lost: each says what and why
   end)
+  if not o.quiet then log_jobs(pool, o.verbose) end
   local size = pool.size -- without -j: one per CPU
   say(("worker %s: %d %s on queue %s"):format(processor, size, size == 1 and "child" or "children", o.queue))
   local signum = until_signal()
@@ -234,43 +267,6 @@ function M.add(input_path, o)
   if input ~= io.stdin then input:close() end
   q:close()
   return (adds.failed == 0 and adds.unknown == 0 and printed) and EXIT_OK or EXIT_FAILED
-end
-
--- missing (jobs found gone from Redis: evicted, deleted) only once there are some.
-local function counts_line(c)
-  local line = ("waiting %d, delayed %d, active %d, completed %d, failed %d"):format(
-    c.waiting, c.delayed, c.active, c.completed, c.failed)
-  if (c.missing or 0) > 0 then
-    line = line .. (", missing %d (gone from Redis: evicted or deleted)"):format(c.missing)
-  end
-  return line
-end
-
-function M.status(o)
-  local q, err = moonjob.queue(o.redis, o.queue)
-  if not q then say(tostring(err)) return EXIT_FAILED end
-  repeat
-    local c, cerr = q:counts()
-    if not c then say(tostring(cerr)) q:close() return EXIT_FAILED end
-    local ok, werr = io.stdout:write(counts_line(c), "\n")
-    if ok then ok, werr = io.stdout:flush() end
-    if not ok then
-      say("writing to standard output failed: ", tostring(werr))
-      q:close()
-      return EXIT_FAILED
-    end
-    if o.watch then
-      local fired = false
-      local t = core.timer(function() fired = true end)
-      t:start(1000)
-      core.hold_stop_signals()
-      local ok = pcall(loop.wait_until, function() return fired end)
-      t:close()
-      if not ok then break end
-    end
-  until not o.watch
-  q:close()
-  return EXIT_OK
 end
 
 return M

@@ -161,7 +161,7 @@ function M.extend(Queue, producer)
     end
     local job = job_of(reply)
     local log = reply[#reply]
-    job.log = {}
+    job.log = setmetatable({}, json.array_mt) -- written as [] when empty
     for i = 1, #log do job.log[i] = log[i] end -- without the reply's n
     return job
   end

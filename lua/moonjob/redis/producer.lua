@@ -74,7 +74,8 @@ end
 
 -- moonjob.queues(url [, opts]) -> { { name, counts... }, ... } sorted by
 -- name | nil, err: the queues moonjob programs registered on the server
--- (obliterated ones are not), each with its counts.
+-- that hold any key (a name only connected to, or obliterated, is not
+-- listed), each with its counts.
 function M.queues(url, opts)
   local c, err = client.new(url, { timeout_ms = ((opts or {}).timeout or 5) * 1000 })
   if not c then return nil, err end
@@ -91,7 +92,7 @@ function M.queues(url, opts)
     local counts, cerr = q:counts()
     if not counts then c:close(); return nil, cerr end
     counts.name = name
-    out[#out + 1] = counts
+    if counts.exists then out[#out + 1] = counts end
   end
   c:close()
   return out

@@ -1,0 +1,269 @@
+-- moonjob.cli.operate -- the command line's commands that look at and act
+-- on a durable queue (moonjob.redis.operate does the work):
+--
+--   moonjob queues                                   the queues, with counts
+--   moonjob jobs --queue Q [--state S] [--limit N] [--offset N]
+--   moonjob job --queue Q ID
+--   moonjob retry --queue Q ID... | --all [--state completed]
+--   moonjob remove | promote --queue Q ID...
+--   moonjob clean --queue Q --state S [--older-than SECONDS] [--limit N]
+--   moonjob pause | resume --queue Q
+--   moonjob status --queue Q [--watch [--until-empty]]
+--
+-- All take --redis URL (or MOONJOB_REDIS). What they print goes to stdout:
+-- one JSON object per line (NDJSON: keys sorted, for jq and scripts), or,
+-- when stdout is a terminal, a table (--json asks for NDJSON there too).
+-- Errors go to stderr, one line each. Exit status: 0 when everything asked
+-- was done, 1 when something was refused (an unknown id, a job in another
+-- state, no such queue: each said), 2 for usage errors.
+local core = require "moonjob.core"
+local json = require "moonjob.codec.json"
+local loop = require "moonjob.loop"
+local moonjob = require "moonjob"
+local stops = require "moonjob.cli.stops"
+
+local M = {}
+local EXIT_OK, EXIT_FAILED = stops.EXIT_OK, stops.EXIT_FAILED
+
+local function say(...)
+  io.stderr:write("moonjob: ", ...)
+  io.stderr:write("\n")
+end
+
+-- Output: NDJSON lines or a table, and the first write error.
+local Out = {}
+Out.__index = Out
+
+local function new_out(o)
+  return setmetatable({ table = core.isatty(1) and not o.json, rows = {} }, Out)
+end
+
+function Out:write(...)
+  if self.err then return end
+  local ok, err = io.stdout:write(...)
+  if not ok then self.err = err end
+end
+
+function Out:object(t)
+  if self.table then self.rows[#self.rows + 1] = t return end
+  self:write(assert(json.encode(t)), "\n")
+end
+
+local function cell(v)
+  if v == nil then return "" end
+  if type(v) == "table" then v = json.encode(v) or "?" end
+  return (tostring(v):gsub("%c", " "))
+end
+
+-- The rows gathered, as a table of `columns`; the last column is cut to the
+-- terminal's width.
+function Out:flush(columns)
+  if not self.table then return self:done() end
+  local width = tonumber(os.getenv("COLUMNS")) or 120
+  local widths = {}
+  for i, c in ipairs(columns) do widths[i] = #c end
+  local cells = {}
+  for r, row in ipairs(self.rows) do
+    cells[r] = {}
+    for i, c in ipairs(columns) do
+      cells[r][i] = cell(row[c])
+      if i < #columns then widths[i] = math.min(40, math.max(widths[i], #cells[r][i])) end
+    end
+  end
+  local function line(values)
+    local parts, used = {}, 0
+    for i, v in ipairs(values) do
+      if i < #values then
+        v = v:sub(1, widths[i])
+        parts[i] = v .. string.rep(" ", widths[i] - #v + 2)
+        used = used + widths[i] + 2
+      else
+        parts[i] = v:sub(1, math.max(10, width - used))
+      end
+    end
+    self:write(table.concat(parts):gsub("%s+$", ""), "\n")
+  end
+  local head = {}
+  for i, c in ipairs(columns) do head[i] = c:upper() end
+  line(head)
+  for _, r in ipairs(cells) do line(r) end
+  self.rows = {}
+  return self:done()
+end
+
+function Out:done()
+  if not self.err then
+    local ok, err = io.stdout:flush()
+    if not ok then self.err = err end
+  end
+  if self.err then say("writing to standard output failed: ", tostring(self.err)) end
+  return not self.err
+end
+
+local function open_queue(o)
+  local q, err = moonjob.queue(o.redis, o.queue, { register = false })
+  if not q then say(tostring(err)) end
+  return q
+end
+
+-- The queue and its counts, or nil after saying it does not exist (naming
+-- those that do).
+local function existing_queue(o)
+  local q = open_queue(o)
+  if not q then return nil end
+  local c, err = q:counts()
+  if not c then say(tostring(err)) q:close() return nil end
+  if c.exists then return q, c end
+  q:close()
+  local names = {}
+  for _, info in ipairs(moonjob.queues(o.redis) or {}) do names[#names + 1] = info.name end
+  say(("no such queue: '%s' has no key on this server (nothing was ever added to it). %s"):format(o.queue,
+    #names > 0 and "The queues there: " .. table.concat(names, ", ") or "The server holds no queue."))
+  return nil
+end
+
+local function when(ms)
+  if not ms then return nil end
+  return os.date("!%Y-%m-%dT%H:%M:%SZ", math.floor(ms / 1000))
+end
+
+-- A job as printed: every field of moonjob.redis.operate's, times as ms;
+-- in a table also an outcome column.
+local function job_row(job, table_form)
+  local row = {}
+  for k, v in pairs(job) do row[k] = v end
+  if job.error then row.error = { code = job.error.code, message = job.error.message } end
+  if job.error then
+    for k, v in pairs(job.error) do if type(k) == "string" then row.error[k] = v end end
+  end
+  if table_form then
+    row.outcome = job.error and (tostring(job.error.code) .. ": " .. tostring(job.error.message))
+      or (job.result ~= nil and json.encode(job.result)) or job.result_preview
+      or (job.data ~= nil and "data " .. (json.encode(job.data) or "?")) or job.data_preview
+    row.attempts = ("%d/%d"):format(job.attempts or 0, job.max_attempts or 1)
+    row.at = when(job.finished or job.started or job.created)
+  end
+  return row
+end
+
+M.existing_queue = existing_queue
+
+function M.queues(o)
+  local list, err = moonjob.queues(o.redis)
+  if not list then say(tostring(err)) return EXIT_FAILED end
+  local out = new_out(o)
+  for _, q in ipairs(list) do
+    out:object({ name = q.name, waiting = q.waiting, delayed = q.delayed, active = q.active,
+      completed = q.completed, failed = q.failed, paused = q.paused })
+  end
+  if out.table and #list == 0 then say("no queue on this server (a queue appears once a moonjob program used it)") end
+  return out:flush({ "name", "waiting", "delayed", "active", "completed", "failed", "paused" })
+    and EXIT_OK or EXIT_FAILED
+end
+
+function M.jobs(o)
+  local q = existing_queue(o)
+  if not q then return EXIT_FAILED end
+  local out = new_out(o)
+  local jobs, err = q:jobs(o.state or "waiting", { limit = o.limit or 20, offset = o.offset,
+    preview = out.table and 200 or nil })
+  q:close()
+  if not jobs then say(tostring(err)) return EXIT_FAILED end
+  for _, job in ipairs(jobs) do out:object(job_row(job, out.table)) end
+  return out:flush({ "id", "state", "name", "attempts", "at", "outcome" }) and EXIT_OK or EXIT_FAILED
+end
+
+function M.job(id, o)
+  local q = open_queue(o)
+  if not q then return EXIT_FAILED end
+  local job, err = q:job(id)
+  q:close()
+  if not job then say(tostring(err)) return EXIT_FAILED end
+  local out = new_out(o)
+  if not out.table then
+    out:object(job_row(job))
+    return out:done() and EXIT_OK or EXIT_FAILED
+  end
+  local row = job_row(job, true)
+  for _, k in ipairs({ "id", "state", "name", "attempts", "priority", "worker", "progress" }) do
+    if row[k] ~= nil then out:write(("%-9s %s\n"):format(k, cell(row[k]))) end
+  end
+  for _, k in ipairs({ "created", "started", "finished" }) do
+    if job[k] then out:write(("%-9s %s\n"):format(k, when(job[k]))) end
+  end
+  if job.ms then out:write(("%-9s %d ms\n"):format("ran", job.ms)) end
+  out:write("data      ", json.encode(job.data) or "?", "\n")
+  if job.result ~= nil then out:write("result    ", json.encode(job.result) or "?", "\n") end
+  if job.error then
+    out:write("error     ", tostring(job.error.code), ": ", tostring(job.error.message), "\n")
+    if job.error.traceback then out:write(tostring(job.error.traceback), "\n") end
+  end
+  if #job.log > 0 then out:write("log\n  ", table.concat(job.log, "\n  "), "\n") end
+  return out:done() and EXIT_OK or EXIT_FAILED
+end
+
+-- retry, remove, promote: each id in turn; one line per id done, one
+-- message per id refused.
+function M.each(action, ids, o)
+  local q = existing_queue(o)
+  if not q then return EXIT_FAILED end
+  local out, failed = new_out(o), 0
+  for _, id in ipairs(ids) do
+    local was, err = q[action](q, id)
+    if was then
+      out:object({ id = id, action = action, was = was })
+    else
+      failed = failed + 1
+      say(("%s %s: %s"):format(action, id, tostring(err)))
+    end
+  end
+  q:close()
+  local printed = out:flush({ "id", "action", "was" })
+  return (failed == 0 and printed) and EXIT_OK or EXIT_FAILED
+end
+
+-- moonjob retry --all [--state completed] [--limit N]; moonjob clean;
+-- moonjob pause / resume: one line saying what was done.
+local function report(o, fields)
+  local out = new_out(o)
+  if out.table then
+    local parts = {}
+    for _, k in ipairs({ "queue", "action", "state", "count", "paused" }) do
+      if fields[k] ~= nil then parts[#parts + 1] = k .. " " .. tostring(fields[k]) end
+    end
+    out:write(table.concat(parts, ", "), "\n")
+    return out:done() and EXIT_OK or EXIT_FAILED
+  end
+  out:object(fields)
+  return out:done() and EXIT_OK or EXIT_FAILED
+end
+
+function M.retry_all(o)
+  local q = existing_queue(o)
+  if not q then return EXIT_FAILED end
+  local n, err = q:retry_all({ state = o.state or "failed", limit = o.limit })
+  q:close()
+  if not n then say(tostring(err)) return EXIT_FAILED end
+  return report(o, { queue = o.queue, action = "retry", state = o.state or "failed", count = n })
+end
+
+function M.clean(o)
+  local q = existing_queue(o)
+  if not q then return EXIT_FAILED end
+  local n, err = q:clean(o.state, { older_than = o.older_than or 0, limit = o.limit })
+  q:close()
+  if not n then say(tostring(err)) return EXIT_FAILED end
+  return report(o, { queue = o.queue, action = "clean", state = o.state, count = n })
+end
+
+function M.pause(o, resume)
+  local q = existing_queue(o)
+  if not q then return EXIT_FAILED end
+  local ok, err
+  if resume then ok, err = q:resume() else ok, err = q:pause() end
+  q:close()
+  if not ok then say(tostring(err)) return EXIT_FAILED end
+  return report(o, { queue = o.queue, action = resume and "resume" or "pause", paused = not resume })
+end
+
+return M

@@ -1,0 +1,119 @@
+-- moonjob.cli.status -- `moonjob status --queue Q [--watch [--until-empty]] [--json]`:
+-- a queue's counts, once or every second.
+--
+--   waiting 120, delayed 0, running 4, held 2, completed 880, failed 3
+--
+-- running: jobs a worker has started; held: jobs fetched by a worker that
+-- has not started them yet (prefetched; workers say a job started at their
+-- next lease renewal, so a job may show as held for lease/12 after its
+-- start). completed and failed count every job that ever ended so.
+-- `paused` ends the line while the queue is paused, `missing N` once jobs
+-- were found gone from Redis. A queue with no key at all is "no such
+-- queue" (exit 1), not a line of zeros.
+--
+-- --watch: every second; on a terminal the line is redrawn in place with the
+-- rate (jobs ended per second over the last 10 s) and an ETA for what waits
+-- and runs; elsewhere one line per second. --until-empty: ends (exit 0) once
+-- nothing waits, is delayed or runs. Ctrl-C ends a watch with exit 0.
+-- --json: one JSON object per look instead of the line.
+local core = require "moonjob.core"
+local json = require "moonjob.codec.json"
+local loop = require "moonjob.loop"
+local moonjob = require "moonjob"
+local stops = require "moonjob.cli.stops"
+
+local M = {}
+local EXIT_OK, EXIT_FAILED = stops.EXIT_OK, stops.EXIT_FAILED
+
+local function say(...)
+  io.stderr:write("moonjob: ", ...)
+  io.stderr:write("\n")
+end
+
+function M.counts_line(c)
+  local line = ("waiting %d, delayed %d, running %d, held %d, completed %d, failed %d"):format(
+    c.waiting, c.delayed, c.active - c.held, c.held, c.completed, c.failed)
+  if (c.missing or 0) > 0 then
+    line = line .. (", missing %d (gone from Redis: evicted or deleted)"):format(c.missing)
+  end
+  if c.paused then line = line .. "; paused" end
+  return line
+end
+
+-- Jobs ended per second over the last samples (up to 10 s), or nil.
+local Rate = {}
+Rate.__index = Rate
+
+local function new_rate() return setmetatable({ samples = {} }, Rate) end
+
+function Rate:add(c)
+  local s = self.samples
+  s[#s + 1] = { at = loop.now(), ended = c.completed + c.failed }
+  if #s > 11 then table.remove(s, 1) end
+  if #s < 2 then return nil end
+  local first, last = s[1], s[#s]
+  return (last.ended - first.ended) * 1000 / math.max(1, last.at - first.at)
+end
+
+local function eta_text(left, rate)
+  if left == 0 then return "done" end
+  if not rate or rate <= 0 then return "ETA -" end
+  local s = math.floor(left / rate + 0.5)
+  return ("ETA %d:%02d:%02d"):format(math.floor(s / 3600), math.floor(s % 3600 / 60), s % 60)
+end
+
+local function write(...)
+  local ok, err = io.stdout:write(...)
+  if ok then ok, err = io.stdout:flush() end
+  if not ok then say("writing to standard output failed: ", tostring(err)) end
+  return ok
+end
+
+-- One look's output; false when stdout failed.
+local function show(c, rate, o, in_place)
+  if o.json then
+    local t = { waiting = c.waiting, delayed = c.delayed, running = c.active - c.held, held = c.held,
+      completed = c.completed, failed = c.failed, missing = c.missing, paused = c.paused, rate = rate }
+    return write(json.encode(t), "\n")
+  end
+  local line = M.counts_line(c)
+  if o.watch and rate then
+    line = line .. (" | %.1f jobs/s, %s"):format(rate, eta_text(c.waiting + c.active, rate))
+  end
+  if in_place then return write("\r\27[K", line) end
+  return write(line, "\n")
+end
+
+-- Sleeps a second; false when a stop signal came.
+local function second()
+  local fired = false
+  local t = core.timer(function() fired = true end)
+  t:start(1000)
+  core.hold_stop_signals()
+  local ok = pcall(loop.wait_until, function() return fired end)
+  t:close()
+  return ok
+end
+
+function M.run(o, existing_queue)
+  local q, c = existing_queue(o)
+  if not q then return EXIT_FAILED end
+  local in_place = o.watch and core.isatty(1) and not o.json
+  local rate_of = new_rate()
+  local status = EXIT_OK
+  while true do
+    local rate = rate_of:add(c)
+    if not show(c, rate, o, in_place) then status = EXIT_FAILED break end
+    if not o.watch then break end
+    if o.until_empty and c.waiting + c.delayed + c.active == 0 then break end
+    if not second() then break end
+    local err
+    c, err = q:counts()
+    if not c then say(tostring(err)) status = EXIT_FAILED break end
+  end
+  if in_place then io.stdout:write("\n") end
+  q:close()
+  return status
+end
+
+return M
