@@ -62,7 +62,7 @@ local function log_jobs(pool, verbose)
   end)
   if verbose then
     pool:on("completed", function(job)
-      local ms = job.finished and job.started and (" in %.1f ms"):format(job.finished - job.started) or ""
+      local ms = job.ms and (" in %.1f ms"):format(job.ms) or ""
       say(("%s completed, %s%s"):format(job_text(job), attempt(job), ms))
     end)
   end

@@ -233,6 +233,8 @@ function Dispatch:job_started(w, job, now)
     local timeout = rawget(job, "timeout") or pool.timeout
     if timeout then w:arm(timeout) end
   end
+  local owner = rawget(job, "owner") -- a plain field: nil for a local job
+  if owner then owner:started(job) end
   if self.listeners.active then pool.events:emit("active", job) end
 end
 

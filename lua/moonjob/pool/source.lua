@@ -62,6 +62,7 @@
 --   owner:close()               the pool closed: flush and close (may run the
 --                               loop, bounded)
 --   owner:stats()               -> a table of its own counts (pool:stats().redis)
+--   owner:started(job)          a child started one of its jobs
 --   owner:progress(job, bytes)  (optional) a running job reported progress
 --                               (the encoded value)
 --   owner:output(job, stream, line)

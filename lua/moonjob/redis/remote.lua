@@ -80,6 +80,7 @@ local FENCE_AT = 4 / 5          -- unconfirmed for this part of a lease: stopped
 local FENCE_STEPS = 30          -- fence checked every lease/30; its kill lease/30 later
 local RETRY_FIRST_MS, RETRY_MAX_MS = 100, 2000 -- reports and fetches refused for now
 local UPDATES_MS = 100          -- progress and output lines gathered this long
+local STARTED_MS = 200          -- jobs that started are told to Redis within this
 local PAUSED = -2               -- fetch's answer while the queue is paused
 local SECONDS_MAX = require("moonjob.pool.options").SECONDS_MAX -- as pool:add takes them
 
@@ -677,6 +678,22 @@ function Remote:_update_of(job)
   return u
 end
 
+-- A child started the job: Redis hears it with the next renewal, sent
+-- within STARTED_MS (not later, so that counts tell running from held),
+-- one renewal for every job that started meanwhile.
+function Remote:started()
+  if self.started_armed then return end
+  self.started_armed = true
+  if not self.started_timer then
+    self.started_timer = core.timer(function()
+      if self.renewing then return self.started_timer:start(STARTED_MS) end -- after this one
+      self.started_armed = false
+      self:_renew()
+    end)
+  end
+  self.started_timer:start(STARTED_MS)
+end
+
 -- The value crosses the channel in LuaJIT's serialisation; Redis holds JSON.
 function Remote:progress(job)
   local u = self:_update_of(job)
@@ -796,7 +813,9 @@ function Remote:close()
       self.fetch_timer }) do
     t:close()
   end
-  if self.due_timer then self.due_timer:close() end
+  for _, name in ipairs({ "due_timer", "updates_timer", "started_timer" }) do -- made when first needed
+    if self[name] then self[name]:close() end
+  end
   self.client:close()
 end
 

@@ -1,0 +1,174 @@
+-- The command line's operating commands on a real Redis: queues, jobs,
+-- job, retry, remove, promote, clean, pause, resume, status, and what a
+-- worker says on stderr. Output is NDJSON off a terminal; each refusal is
+-- one line on stderr and exit 1; usage errors exit 2.
+local helpers = require "helpers"
+local json = require "moonjob.codec.json"
+local loop = require "moonjob.loop"
+local rq = require "redis_queue"
+
+local function moonjob(args, stdin)
+  return helpers.sh(("%s scripts/moonjob %s --redis %s"):format(helpers.LUAJIT, args, rq.server().url), stdin)
+end
+
+local function ndjson(out)
+  local rows = {}
+  for line in out:gmatch("[^\n]+") do rows[#rows + 1] = assert(json.decode(line)) end
+  return rows
+end
+
+local function wait_for(cond, seconds)
+  local deadline = loop.now() + (seconds or 20) * 1000
+  local t = require("moonjob.core").timer(function() end)
+  t:start(20, 20)
+  loop.wait_until(function() return cond() or loop.now() > deadline end)
+  t:close()
+  return cond()
+end
+
+rq.describe(function()
+  describe("the operating commands", function()
+    it("list queues and jobs as NDJSON, page them, and show one job with its error", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      for i = 1, 5 do assert(q:add({ n = i }, { id = "w" .. i })) end
+      local bad = assert(q:add({ fail = true }, { id = "bad" }))
+      rq.pool(name, { size = 1 }) -- runs everything; w1..w5 complete
+      bad:wait(20)
+      assert(wait_for(function() return q:counts().completed == 5 end))
+      local out, err, status = moonjob("queues")
+      assert.equal(0, status, err)
+      local found
+      for _, row in ipairs(ndjson(out)) do if row.name == name then found = row end end
+      assert.same({ name = name, waiting = 0, delayed = 0, active = 0, completed = 5, failed = 1, paused = false },
+        found)
+      out, err, status = moonjob("jobs --queue " .. name .. " --state completed --limit 2 --offset 1 --order x")
+      assert.equal(2, status)
+      assert.matches("unknown option '%-%-order'", err)
+      out, err, status = moonjob("jobs --queue " .. name .. " --state completed --limit 2 --offset 1")
+      assert.equal(0, status, err)
+      local rows = ndjson(out)
+      assert.equal(2, #rows)
+      assert.equal("completed", rows[1].state)
+      out, err, status = moonjob("jobs --queue " .. name .. " --state completed --offset 5")
+      assert.equal(1, status)
+      assert.equal("", out)
+      assert.matches("ERANGE: offset 5 is past the end: queue " .. name .. " holds 5 completed job%(s%)", err)
+      out, err, status = moonjob("job --queue " .. name .. " bad")
+      assert.equal(0, status, err)
+      local job = ndjson(out)[1]
+      assert.equal("EBAD", job.error.code)
+      assert.equal("A-1", job.error.sku)
+      assert.same({ fail = true }, job.data)
+      out, err, status = moonjob("job --queue " .. name .. " nope")
+      assert.equal(1, status)
+      assert.matches("ENOTFOUND: no job nope in queue " .. name, err)
+      out, err, status = moonjob("job --queue " .. name)
+      assert.equal(2, status)
+      assert.matches("moonjob job takes one job id", err)
+    end)
+
+    it("retry, remove and promote each id, say each refusal, and exit 1 when any was refused", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      for i = 1, 3 do assert(q:add({ n = i }, { id = "d" .. i, delay = 600 })) end
+      local out, err, status = moonjob("promote --queue " .. name .. " d1 d2")
+      assert.equal(0, status, err)
+      assert.same({ { action = "promote", id = "d1", was = "waiting" }, { action = "promote", id = "d2", was = "waiting" } },
+        ndjson(out))
+      out, err, status = moonjob("remove --queue " .. name .. " d1 zz d3")
+      assert.equal(1, status)
+      assert.equal(2, #ndjson(out))
+      assert.matches("remove zz: ENOTFOUND", err)
+      assert.same({ 1, 0 }, { q:counts().waiting, q:counts().delayed })
+      out, err, status = moonjob("retry --queue " .. name .. " d2")
+      assert.equal(1, status)
+      assert.matches("retry d2: ESTATE: .*job d2 is waiting; only a failed or completed job can be retried", err)
+      out, err, status = moonjob("retry --queue " .. name)
+      assert.equal(2, status)
+      assert.matches("or %-%-all", err)
+      out, err, status = moonjob("retry --queue " .. name .. " --all")
+      assert.equal(0, status, err)
+      assert.same({ action = "retry", count = 0, queue = name, state = "failed" }, ndjson(out)[1])
+      out, err, status = moonjob("clean --queue " .. name)
+      assert.equal(2, status)
+      assert.matches("needs %-%-state completed or %-%-state failed", err)
+      out, err, status = moonjob("clean --queue " .. name .. " --state failed --older-than 60")
+      assert.equal(0, status, err)
+      assert.equal(0, ndjson(out)[1].count)
+    end)
+
+    it("say 'no such queue' naming the queues there, for status and every command", function()
+      local name = rq.new_queue()
+      assert(rq.new_producer(name):add({ n = 1 }))
+      for _, command in ipairs({ "status", "jobs", "pause", "retry --all", "remove x" }) do
+        local out, err, status = moonjob(command .. " --queue no-such-q")
+        assert.equal(1, status, command)
+        assert.equal("", out)
+        assert.matches("no such queue: 'no%-such%-q' has no key on this server", err)
+        assert.matches("The queues there: .*" .. name, err)
+      end
+    end)
+
+    it("pause and resume a queue that workers run: status says paused, then it empties", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      local _, werr = rq.start_worker(name, "-j 1")
+      assert(wait_for(function() return q:counts().exists end)) -- the worker's first fetch made it
+      local out, err, status = moonjob("pause --queue " .. name)
+      assert.equal(0, status, err)
+      assert.same({ action = "pause", paused = true, queue = name }, ndjson(out)[1])
+      for i = 1, 20 do assert(q:add({ n = i, sleep = 0.1 })) end
+      helpers.sleep(1.5)
+      out = moonjob("status --queue " .. name)
+      assert.matches("^waiting 20, delayed 0, running 0, held 0, completed 0, failed 0; paused", out)
+      out, err, status = moonjob("resume --queue " .. name)
+      assert.equal(0, status, err)
+      out, err, status = moonjob("status --queue " .. name .. " --watch --until-empty")
+      assert.equal(0, status, err)
+      assert.matches("completed 20, failed 0 | [%d.]+ jobs/s, done\n$", out) -- the last of several looks
+      assert.matches("^waiting %d+, delayed 0, running [0-2], held [0-2], completed %d+, failed 0\n", out)
+      local said = table.concat(rq.read_lines(werr), "\n")
+      assert.matches("the queue is paused: fetching nothing until it is resumed", said)
+      assert.matches("the queue was resumed", said)
+      out, err, status = moonjob("status --queue " .. name .. " --until-empty")
+      assert.equal(2, status)
+      assert.matches("%-%-until%-empty goes with %-%-watch", err)
+    end)
+
+    it("has workers say each failed and retried job on stderr, every job with --verbose, none with --quiet", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      local bad = assert(q:add({ fail = true }, { id = "bad", name = "charge" }))
+      local flaky = assert(q:add({ fail_until = 2 }, { id = "flaky", attempts = 2 }))
+      local fine = assert(q:add({ n = 1 }, { id = "fine" }))
+      local pid, werr = rq.start_worker(name, "-j 1 --verbose")
+      bad:wait(20); flaky:wait(20); fine:wait(20)
+      rq.stop_worker(pid, "TERM")
+      local said = table.concat(rq.read_lines(werr), "\n")
+      assert.matches("job bad %(charge%) failed, attempt 1/1: EBAD: refused bad", said)
+      assert.matches("job flaky failed, attempt 1/2: [^\n]*not yet: attempt 1; retried in", said)
+      assert.matches("job fine completed, attempt 1/1 in [%d.]+ ms", said)
+      local again = assert(q:add({ fail = true }, { id = "again" }))
+      pid, werr = rq.start_worker(name, "-j 1 --quiet")
+      again:wait(20)
+      rq.stop_worker(pid, "TERM")
+      said = table.concat(rq.read_lines(werr), "\n")
+      assert.not_matches("job again", said)
+    end)
+
+    it("keeps every result of a 2,000-job run by default (kept by age, not count)", function()
+      local name = rq.new_queue()
+      local lines = {}
+      for i = 1, 2000 do lines[i] = ('{"n":%d}'):format(i) end
+      local out, err, status = moonjob("add --queue " .. name, table.concat(lines, "\n") .. "\n")
+      assert.equal(0, status, err)
+      assert.equal(2000, select(2, out:gsub("\n", "")))
+      rq.start_worker(name, "-j 2")
+      local q = rq.new_producer(name)
+      assert(wait_for(function() return q:counts().completed == 2000 end, 60))
+      helpers.sleep(1.2) -- a poll's fetch, which trims
+      assert.equal("2000", rq.server():cli("ZCARD", "mj:{" .. name .. "}:completed"))
+    end)
+  end)
+end)
