@@ -27,13 +27,21 @@
 --   <p>done        pub/sub channel for producers: "<id>" of a job added with
 --                  notify that ended
 --   <p>tokens      counter: the tokens of runs
+--   <p>paused      string: present while the queue is paused (fetch hands
+--                  out nothing)
+--   <p>log:<id>    list: a job's last log lines (moonjob_log)
+--   <p>m:<minute>  hash: one minute's metrics (record_metrics), kept 25 h
+--   <p>m:all       hash: the same since ever
+--   <p>updates     pub/sub channel for producers: a running job's progress
+--                  and log lines, as JSON
 -- Job fields: data (JSON text), priority, attempts (allowed), made (attempts
 -- started), backoff (JSON text or ""), timeout, kill_after, name, cache (s),
 -- state (waiting, delayed, active, completed, failed), token (of the run
 -- holding the lease), worker, result (JSON text), error (JSON text), cancel
 -- (the reason, once asked while active), created, started, finished, run_at
 -- (ms), member (its wait member), notify ("1": publish its id on <p>done),
--- cache_until (ms), nonce (tells this job from a later one with its id).
+-- cache_until (ms), nonce (tells this job from a later one with its id),
+-- progress (JSON text, the last reported).
 --
 -- Time is always the server's (TIME), never a worker's clock. Results and
 -- failures carrying a token that is not the job's current one are refused:
