@@ -236,12 +236,17 @@ function Remote:_fetch_failed(err, kind)
   end
 end
 
+-- A fetch sent before this worker heard of a pause may bring jobs Redis
+-- handed out just before it: they go back at once, and a new fetch asks
+-- whether the queue is still paused. Jobs from a fetch sent later mean it
+-- was resumed.
 function Remote:_fetched(reply, n, sent_at)
   if reply[1] == PAUSED then return self:_paused(true) end
-  if self.paused then self:_paused(false) end
+  local before_pause = self.paused and sent_at <= self.paused_at
+  if self.paused and not before_pause then self:_paused(false) end
   local got = 0
   for i = 2, #reply do
-    if self.stopping then -- the pool closed while the fetch was in flight: give them back
+    if self.stopping or before_pause then -- the pool closed meanwhile, or paused: give them back
       local f = reply[i]
       self.counts.released = self.counts.released + 1
       self:_report("release", { "FCALL", "moonjob_release", 1, self.prefix, f[1], f[2] }, {})
@@ -254,6 +259,7 @@ function Remote:_fetched(reply, n, sent_at)
     self.port:pump()
     if got >= n then self:want() end
   end
+  if before_pause and #reply > 1 then loop.defer(function() self:want() end) end
   self:_arm_delayed(reply[1])
 end
 
@@ -641,7 +647,7 @@ end
 -- to the queue (running ones finish).
 function Remote:_paused(on)
   if on == self.paused then return end
-  self.paused = on
+  self.paused, self.paused_at = on, on and loop.now() or nil
   if not on then
     return self.port:emit_event("redis", "resumed", "the queue was resumed: fetching again")
   end
