@@ -47,7 +47,8 @@ CHILD_OBJ  = $(BUILD)/obj/child/main.o
 C_DEPS     = $(CORE_OBJ:.o=.d) $(CHILD_OBJ:.o=.d)
 $(CORE_OBJ): INCLUDES = -Icore -Icore/parent
 $(CHILD_OBJ): INCLUDES = -Icore
-LUA_FILES  = $(shell find lua/moonjob -name '*.lua')
+# The modules, and the dashboard's page (static/: HTML, JS, CSS), installed beside them.
+LUA_FILES  = $(shell find lua/moonjob -name '*.lua') $(wildcard lua/moonjob/dashboard/static/*)
 FLAGS_STAMP = $(BUILD)/flags
 
 DEB_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev libuv1-dev lua-cjson \

@@ -61,6 +61,50 @@ function M.wait_until(done)
   if not ok then error(err, 0) end
 end
 
+------------------------------------------------------ async tasks ---
+-- A task started with loop.async runs in a coroutine of its own; inside it,
+-- loop.await yields until a callback comes instead of running the loop, so
+-- blocking-style calls (a queue's methods, which wait with await) work from
+-- inside loop callbacks (the dashboard's request handlers). Anywhere else
+-- await runs the loop as wait_until does. Only coroutines made by
+-- loop.async yield: a user's own coroutines keep the blocking behaviour.
+
+local async_tasks = setmetatable({}, { __mode = "k" })
+
+local function resume(co, ...)
+  local ok, err = coroutine.resume(co, ...)
+  if not ok then
+    io.stderr:write("moonjob: error in an async task: ", debug.traceback(co, tostring(err)), "\n")
+  end
+end
+
+-- loop.async(fn, ...): fn(...) runs now, as a task, until its first await.
+function M.async(fn, ...)
+  local co = coroutine.create(fn)
+  async_tasks[co] = true
+  resume(co, ...)
+end
+
+-- loop.await(start) -> what start's callback was given: start(cb) begins
+-- something that calls cb(...) once, now or on a later turn.
+function M.await(start)
+  local co = coroutine.running()
+  if co and async_tasks[co] then
+    local waiting, early = false, nil
+    start(function(...)
+      if waiting then return resume(co, ...) end
+      early = { n = select("#", ...), ... }
+    end)
+    if early then return unpack(early, 1, early.n) end
+    waiting = true
+    return coroutine.yield()
+  end
+  local values
+  start(function(...) values = { n = select("#", ...), ... } end)
+  M.wait_until(function() return values ~= nil end)
+  return unpack(values, 1, values.n)
+end
+
 ------------------------------------------------- inside another loop ---
 
 -- loop.fd() -> the descriptor a host loop watches for reading (libuv's

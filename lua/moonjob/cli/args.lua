@@ -14,6 +14,7 @@ usage: moonjob run PROCESSOR [INPUT] [options]
        moonjob add --redis URL --queue NAME [INPUT] [--raw] [--dedupe] [--attempts N] [--priority P] [--delay S]
        moonjob status --redis URL --queue NAME [--watch [--until-empty]]
        moonjob queues | jobs | job | retry | remove | promote | clean | pause | resume ...
+       moonjob dashboard --redis URL [--listen 127.0.0.1:7411] [--token T]
 
 Runs the processor file PROCESSOR once per line of INPUT, an NDJSON file
 (one job's data per line, any JSON value; default: standard input), in a pool
@@ -73,6 +74,13 @@ NDJSON there too):
   clean --state S [--older-than SECONDS] [--limit N]
                         remove completed or failed jobs (older than SECONDS)
   pause, resume         stop every worker fetching from the queue, or resume
+
+the web dashboard (docs/guide/dashboard.md):
+  dashboard             serve it until Ctrl-C: queues, jobs, actions, /metrics
+  --listen HOST:PORT    default 127.0.0.1:7411 (loopback); another address
+                        needs a token
+  --token T             what every visitor must give (?token=T); default:
+                        $MOONJOB_DASHBOARD_TOKEN (keeps it out of `ps`)
   --redis URL           redis://[user:password@]host[:port][/db]; default:
                         $MOONJOB_REDIS (keeps a password out of `ps`)
   --queue NAME          the queue's name
@@ -194,6 +202,8 @@ local VALUED = {
     if n and n >= 0 and n <= 2 ^ 53 and n % 1 == 0 then return n end
   end, "a number", "a whole number, 0 or more" },
   ["--older-than"] = { "older_than", seconds, "a number", SECONDS_ANY },
+  ["--listen"] = { "listen", path, "an address", "HOST:PORT, such as 127.0.0.1:7411" },
+  ["--token"] = { "token", path, "a token", "a text that the dashboard's users must give" },
   ["--priority"] = { "priority", function(text) -- finite: "nan" and "inf" read as numbers
     local n = tonumber(text)
     if n and n > -math.huge and n < math.huge then return n end

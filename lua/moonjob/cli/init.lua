@@ -78,7 +78,7 @@ local function remote_command(command, o)
   local remote = require "moonjob.cli.redis"
   local from_environment = redis_from_environment() -- wiped even when --redis is given
   o.redis = o.redis or from_environment
-  if command == "queues" then o.queue = o.queue or "-" end -- needs none
+  if command == "queues" or command == "dashboard" then o.queue = o.queue or "-" end -- needs none
   local bad = remote.check_target(o, usage_error)
   if bad then return bad end
   if o.until_empty and not o.watch then return usage_error("--until-empty goes with --watch") end
@@ -87,6 +87,10 @@ local function remote_command(command, o)
       .. "JSON already)"):format(command))
   end
   if OPERATE[command] then return operate_command(command, o) end
+  if command == "dashboard" then
+    if o.positional[2] then return usage_error(("unexpected argument '%s'"):format(o.positional[2])) end
+    return require("moonjob.cli.dashboard").run(o)
+  end
   if command == "worker" then
     local processor = o.positional[2]
     if not processor then return usage_error("missing PROCESSOR: moonjob worker PROCESSOR --redis URL --queue NAME") end
@@ -107,10 +111,12 @@ function M.main(arguments)
   if o.version then io.stdout:write(moonjob._VERSION, "\n") return stops.EXIT_OK end
   local command = o.positional[1]
   if command == nil then return usage_error("missing command: moonjob run PROCESSOR [INPUT]") end
-  if command == "worker" or command == "add" or OPERATE[command] then return remote_command(command, o) end
+  if command == "worker" or command == "add" or command == "dashboard" or OPERATE[command] then
+    return remote_command(command, o)
+  end
   if command ~= "run" then
     return usage_error(("unknown command '%s'; the commands are run, worker, add, status, queues, jobs, job, "
-      .. "retry, remove, promote, clean, pause and resume"):format(command))
+      .. "retry, remove, promote, clean, pause, resume and dashboard"):format(command))
   end
   local processor, input_path = o.positional[2], o.positional[3]
   if not processor then return usage_error("missing PROCESSOR: moonjob run PROCESSOR [INPUT]") end

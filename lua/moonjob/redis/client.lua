@@ -311,11 +311,10 @@ function Client:_reload(conn, args, cb, tries)
   end)
 end
 
--- client:call_wait(args) -> reply | nil, err: a blocking call (the REPL, a script).
+-- client:call_wait(args) -> reply | nil, err: a blocking call (the REPL, a
+-- script), or, inside a loop.async task, one that yields to the loop.
 function Client:call_wait(args)
-  local done, value, err = false, nil, nil
-  self:call(args, function(v, e) done, value, err = true, v, e end)
-  loop.wait_until(function() return done end)
+  local value, err = loop.await(function(cb) self:call(args, cb) end)
   return value, err
 end
 

@@ -66,6 +66,13 @@ function M.new(url, name, opts)
   return q
 end
 
+-- A queue handle on a client of the caller's (the dashboard: one connection
+-- for every queue); closing it closes that client.
+function M.attach(c, name)
+  return setmetatable({ client = c, name = name, prefix = M.prefix(name), max_payload = 1024 * 1024,
+    waiters = {}, listeners = {}, nonce_prefix = M.random_hex(8), nonces = 0 }, Queue)
+end
+
 -- The queue's name in the registry moonjob.queues() reads (best effort: a
 -- user the ACL keeps to its own keys may not write it; docs/REDIS.md).
 function M.register(c, name)
@@ -82,19 +89,24 @@ function M.queues(url, opts)
   local ok
   ok, err = c:wait_ready()
   if not ok then c:close(); return nil, err end
-  local names
-  names, err = c:call_wait({ "SMEMBERS", Operate.REGISTRY })
-  if not names then c:close(); return nil, M.reply_error(err) end
+  local list
+  list, err = M.list_queues(c)
+  c:close()
+  return list, err
+end
+
+-- The registered queues that exist, with their counts, on client c.
+function M.list_queues(c)
+  local names, err = c:call_wait({ "SMEMBERS", Operate.REGISTRY })
+  if not names then return nil, M.reply_error(err) end
   table.sort(names)
   local out = {}
   for _, name in ipairs(names) do
-    local q = setmetatable({ client = c, name = name, prefix = M.prefix(name) }, Queue)
-    local counts, cerr = q:counts()
-    if not counts then c:close(); return nil, cerr end
+    local counts, cerr = M.attach(c, name):counts()
+    if not counts then return nil, cerr end
     counts.name = name
     if counts.exists then out[#out + 1] = counts end
   end
-  c:close()
   return out
 end
 

@@ -1,0 +1,194 @@
+-- moonjob.dashboard.api -- the JSON API the dashboard's page polls and
+-- posts to (docs/guide/dashboard.md lists it). Each handler runs in a
+-- loop.async task (moonjob.dashboard), so the queue methods of
+-- moonjob.redis.operate it calls yield to the loop while Redis answers.
+--
+--   GET  /api/queues                         every queue, counts, a 30-minute sparkline
+--   GET  /api/queues/NAME                    counts and the last hour's metrics
+--   GET  /api/queues/NAME/jobs?state=&offset=&limit=   a page of jobs (previews)
+--   GET  /api/queues/NAME/jobs/ID            one job, whole, with its log
+--   POST /api/queues/NAME/pause | resume | retry-all | clean
+--   POST /api/queues/NAME/jobs/ID/retry | remove | promote | cancel
+--
+-- Errors are {"error":{"code","message"}} with a status that says the kind:
+-- 400 bad input, 404 no such queue or job, 409 a job in another state or a
+-- busy queue, 502 Redis failed.
+local json = require "moonjob.codec.json"
+local producer = require "moonjob.redis.producer"
+
+local Api = {}
+Api.__index = Api
+
+local M = {}
+
+local SPARK_MINUTES, CHART_MINUTES, PREVIEW = 30, 60, 300
+local STATUS = { ENOTFOUND = 404, ENOQUEUE = 404, ESTATE = 409, EBUSY = 409, EINPUT = 400, ERANGE = 400 }
+
+function M.new(c)
+  return setmetatable({ client = c }, Api)
+end
+
+local function array(t) return setmetatable(t, json.array_mt) end
+
+local function decode_uri(s)
+  return (s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
+end
+
+local function query_arg(query, name)
+  local v = query and query:match("[?&]?" .. name .. "=([^&]*)")
+  return v and decode_uri(v)
+end
+
+-- The path after /api/ as decoded segments.
+local function segments(path)
+  local out = {}
+  for s in path:sub(6):gmatch("[^/]+") do out[#out + 1] = decode_uri(s) end
+  return out
+end
+
+local function reply(server, req, status, t)
+  server:respond(req, status, assert(json.encode(t)))
+end
+
+local function fail(server, req, err)
+  local code = type(err) == "table" and err.code or "EINTERNAL"
+  reply(server, req, STATUS[code] or 502, { error = { code = code,
+    message = type(err) == "table" and tostring(err.message) or tostring(err) } })
+end
+
+local function counts_of(c)
+  return { waiting = c.waiting, delayed = c.delayed, active = c.active, held = c.held,
+    completed = c.completed, failed = c.failed, paused = c.paused, missing = c.missing }
+end
+
+local function minute_row(row)
+  return { at = row.at, completed = row.completed, failed = row.failed, runs = row.runs,
+    mean_ms = row.mean_ms, p50_ms = row.p50_ms, p90_ms = row.p90_ms, p99_ms = row.p99_ms }
+end
+
+-- A job as the page gets it: its error as a plain object (code, message,
+-- then its other fields), lists as arrays.
+local function job_out(job)
+  local out = {}
+  for k, v in pairs(job) do out[k] = v end
+  if job.error then
+    local e = { code = job.error.code, message = job.error.message }
+    for k, v in pairs(job.error) do if type(k) == "string" then e[k] = v end end
+    out.error = e
+  end
+  if job.log then out.log = array(job.log) end
+  return out
+end
+
+function Api:queue(name)
+  if not producer.check_name(name) then return nil end
+  return producer.attach(self.client, name)
+end
+
+function Api:queues(server, req)
+  local list, err = producer.list_queues(self.client)
+  if not list then return fail(server, req, err) end
+  local out = {}
+  for _, c in ipairs(list) do
+    local row = counts_of(c)
+    row.name = c.name
+    local m = producer.attach(self.client, c.name):metrics({ minutes = SPARK_MINUTES })
+    local spark = {}
+    for i, minute in ipairs(m and m.minutes or {}) do spark[i] = minute.completed end
+    row.spark = array(spark)
+    out[#out + 1] = row
+  end
+  reply(server, req, 200, { queues = array(out) })
+end
+
+function Api:overview(server, req, q)
+  local c, err = q:counts()
+  if not c then return fail(server, req, err) end
+  if not c.exists then return fail(server, req, q:_no_queue_or(nil)) end
+  local m
+  m, err = q:metrics({ minutes = CHART_MINUTES })
+  if not m then return fail(server, req, err) end
+  local minutes = {}
+  for i, row in ipairs(m.minutes) do minutes[i] = minute_row(row) end
+  reply(server, req, 200, { name = q.name, counts = counts_of(c),
+    metrics = { minutes = array(minutes), total = minute_row(m.total) } })
+end
+
+function Api:jobs(server, req, q)
+  local offset = tonumber(query_arg(req.query, "offset") or "0")
+  local limit = tonumber(query_arg(req.query, "limit") or "20")
+  if not offset or offset < 0 or offset % 1 ~= 0 or not limit or limit < 1 or limit > 1000 or limit % 1 ~= 0 then
+    return fail(server, req, { code = "EINPUT", message = "offset must be a whole number, 0 or more, and limit one from 1 to 1000" })
+  end
+  local jobs, total = q:jobs(query_arg(req.query, "state") or "waiting",
+    { offset = offset, limit = limit, preview = PREVIEW })
+  if not jobs then return fail(server, req, total) end
+  local out = {}
+  for i, job in ipairs(jobs) do out[i] = job_out(job) end
+  reply(server, req, 200, { total = total, jobs = array(out) })
+end
+
+function Api:job(server, req, q, id)
+  local job, err = q:job(id)
+  if not job then return fail(server, req, err) end
+  reply(server, req, 200, job_out(job))
+end
+
+local QUEUE_ACTIONS = {
+  pause = function(q) return q:pause() end,
+  resume = function(q) return q:resume() end,
+  ["retry-all"] = function(q, body) return q:retry_all({ state = body.state or "failed" }) end,
+  clean = function(q, body)
+    if type(body.older_than) ~= "number" and body.older_than ~= nil then
+      return nil, { code = "EINPUT", message = "older_than must be a number of seconds" }
+    end
+    return q:clean(body.state, { older_than = body.older_than or 0 })
+  end,
+}
+
+local JOB_ACTIONS = {
+  retry = function(q, id) return q:retry(id) end,
+  remove = function(q, id) return q:remove(id) end,
+  promote = function(q, id) return q:promote(id) end,
+  cancel = function(q, id) return q:cancel(id, "canceled from the dashboard") end,
+}
+
+function Api:act(server, req, q, action, id)
+  local body = {}
+  if req.body and req.body ~= "" then
+    body = json.decode(req.body)
+    if type(body) ~= "table" then return fail(server, req, { code = "EINPUT", message = "the body must be a JSON object" }) end
+  end
+  local c = q:counts()
+  if c and not c.exists then return fail(server, req, q:_no_queue_or(nil)) end
+  local ok, result, err
+  if id then
+    ok, result, err = pcall(JOB_ACTIONS[action], q, id)
+  else
+    ok, result, err = pcall(QUEUE_ACTIONS[action], q, body)
+  end
+  if not ok then return fail(server, req, { code = "EINPUT", message = tostring(result):gsub("^[^:]*:%d+: ", "") }) end
+  if result == nil then return fail(server, req, err) end
+  if id then return reply(server, req, 200, { ok = true, was = result }) end
+  reply(server, req, 200, { ok = true, count = type(result) == "number" and result or nil })
+end
+
+-- Routes a request under /api/.
+function Api:handle(server, req)
+  local s = segments(req.path)
+  if s[1] ~= "queues" then return fail(server, req, { code = "ENOTFOUND", message = "no such API path" }) end
+  if #s == 1 and req.method == "GET" then return self:queues(server, req) end
+  local q = s[2] and self:queue(s[2])
+  if not q then return fail(server, req, { code = "EINPUT", message = "not a queue name" }) end
+  if req.method == "GET" then
+    if #s == 2 then return self:overview(server, req, q) end
+    if #s == 3 and s[3] == "jobs" then return self:jobs(server, req, q) end
+    if #s == 4 and s[3] == "jobs" then return self:job(server, req, q, s[4]) end
+  elseif req.method == "POST" then
+    if #s == 3 and QUEUE_ACTIONS[s[3]] then return self:act(server, req, q, s[3]) end
+    if #s == 5 and s[3] == "jobs" and JOB_ACTIONS[s[5]] then return self:act(server, req, q, s[5], s[4]) end
+  end
+  fail(server, req, { code = "ENOTFOUND", message = ("no API for %s %s"):format(req.method, req.path) })
+end
+
+return M
