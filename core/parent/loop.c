@@ -229,6 +229,7 @@ int mj_ctx_close(mj_ctx_t *ctx) {
   mj__process_close_all(ctx);
   mj__input_close_all(ctx);
   mj__redis_close_all(ctx);
+  mj__http_close_all(ctx);
   uv_walk(&ctx->loop, mj_close_walk_cb, NULL);
   while (uv_run(&ctx->loop, UV_RUN_NOWAIT) != 0 && uv_hrtime() < deadline) {
     const struct timespec pause = {0, 1000000};

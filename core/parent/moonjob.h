@@ -5,7 +5,7 @@
  * reap it; channel.c reads its frames and output, send.c writes to it,
  * shared.c reads and changes the page they share); line input and ordered
  * output on the parent's own descriptors for the CLI (stdio.c, output.c); connections
- * to Redis (redis.c). The Lua bindings (bind/) turn the C events below into
+ * to Redis (redis.c); an HTTP/1.1 server (http.c, http_response.c). The Lua bindings (bind/) turn the C events below into
  * calls of Lua functions; all policy (which job goes where, retries, events)
  * is Lua.
  *
@@ -55,6 +55,7 @@ typedef struct mj_ctx_s {
   struct mj_input_s *inputs;           /* stdio.c: inputs not freed yet */
   struct mj_output_s *outputs;         /* output.c: outputs not freed yet */
   struct mj_redis_s *redis;            /* redis.c: connections not freed yet */
+  struct mj_http_server_s *http;       /* http.c: servers not freed yet */
   uv_async_t wakeup;                   /* wakes the loop from the SIGINT handler */
   volatile sig_atomic_t interrupted;   /* the stop signal caught, 0 for none */
   int stop_signal;                     /* the signal that stopped the last run */
@@ -394,5 +395,104 @@ int mj_redis_command(mj_redis_t *r, int argc, const char **argv, const size_t *l
 int mj_redis_ping(mj_redis_t *r);
 void mj_redis_close(mj_redis_t *r);
 void mj__redis_close_all(mj_ctx_t *ctx);
+
+/* ------------------------------------------------ http.c, http_response.c --- */
+
+#include <http_parser.h>
+
+typedef struct mj_http_server_s mj_http_server_t;
+typedef struct mj_http_conn_s mj_http_conn_t;
+
+/* Bounds a client cannot exceed (0 in mj_http_listen: the default). */
+typedef struct {
+  size_t max_header;          /* request line and header bytes (431 past it): 16 KiB */
+  size_t max_body;            /* request body bytes (413 past it): 1 MiB */
+  unsigned max_connections;   /* open at once; more are closed as soon as accepted: 256 */
+  uint64_t idle_timeout_ms;   /* a request not whole by then, or a response the
+                                 client takes nothing of for that long: closed. 10 s */
+  size_t max_unsent;          /* response bytes queued and not yet taken by the
+                                 client; a write past them drops it: 1 MiB */
+} mj_http_limits_t;
+
+/* A header of the request: its name lower-cased, offsets into conn->head. */
+typedef struct {
+  uint32_t name_off, name_len, value_off, value_len;
+} mj_http_field_t;
+
+/* A whole request, handed to on_request (c->data is the owner's from then
+ * on); it is answered with mj_http_respond, or mj_http_start, mj_http_write
+ * and mj_http_finish, at once or on a later loop turn. on_gone comes when the
+ * connection ends before the answer was finished: the owner lets go of c. */
+typedef void (*mj_http_request_cb)(mj_http_conn_t *c);
+typedef void (*mj_http_gone_cb)(mj_http_conn_t *c, const char *why);
+typedef void (*mj_http_freed_cb)(mj_http_server_t *s);
+
+typedef enum {
+  MJ_HTTP_READING,   /* waiting for a whole request */
+  MJ_HTTP_HANDLING,  /* one delivered: the owner answers it */
+  MJ_HTTP_CLOSING    /* answered for the last time, or gone */
+} mj_http_conn_state_t;
+
+struct mj_http_conn_s {
+  uv_tcp_t tcp;
+  uv_timer_t timer;                    /* the idle deadline, or the next request's turn */
+  uv_shutdown_t shutdown;
+  http_parser parser;
+  mj_http_server_t *server;
+  mj_http_conn_state_t state;
+  char *in;                            /* bytes read, not parsed yet: [in_off, in_len) */
+  size_t in_off, in_len, in_cap;
+  char *head;                          /* the URL, then header names and values */
+  size_t head_len, head_cap, url_len;
+  mj_http_field_t *fields;
+  size_t nfields, fields_cap;
+  char *body;
+  size_t body_len, body_cap;
+  int reject;                          /* a status to answer at once (400, 413, 431) */
+  int open_handles;
+  char peer[64];                       /* the client's address */
+  int peer_port;
+  void *data;                          /* owner's, while it holds the request */
+  mj_http_conn_t *next, *prev;         /* the server's connections */
+  unsigned keep_alive : 1, in_field_value : 1, complete : 1, started : 1, finished : 1,
+      chunked : 1, head_only : 1, resume_due : 1, lingering : 1, reading : 1, closing : 1,
+      delivered : 1, continue_sent : 1;
+};
+
+struct mj_http_server_s {
+  mj_ctx_t *ctx;
+  uv_tcp_t listener;
+  mj_http_limits_t limits;
+  mj_http_conn_t *conns;
+  unsigned nconns;
+  int open_handles;                    /* the listener and every connection */
+  mj_http_request_cb on_request;
+  mj_http_gone_cb on_gone;
+  mj_http_freed_cb on_freed;
+  void *data;                          /* owner's */
+  mj_http_server_t *next, *prev;       /* the context's servers */
+  unsigned closed : 1;
+};
+
+/* http.c */
+int mj_http_listen(mj_ctx_t *ctx, mj_http_server_t *s, const char *host, int port,
+                   const mj_http_limits_t *limits, char *why, size_t why_len);
+int mj_http_port(mj_http_server_t *s);
+void mj_http_close(mj_http_server_t *s);
+void mj__http_close_all(mj_ctx_t *ctx);
+void mj__http_drop(mj_http_conn_t *c, const char *why);
+void mj__http_arm(mj_http_conn_t *c);
+void mj__http_next(mj_http_conn_t *c);
+void mj__http_linger(mj_http_conn_t *c);
+
+/* http_response.c */
+int mj_http_respond(mj_http_conn_t *c, int status, const char *headers, size_t headers_len,
+                    const char *body, size_t body_len, int close_after);
+int mj_http_start(mj_http_conn_t *c, int status, const char *headers, size_t headers_len,
+                  int close_after);
+int mj_http_write(mj_http_conn_t *c, const char *data, size_t len);
+int mj_http_finish(mj_http_conn_t *c);
+void mj__http_reject(mj_http_conn_t *c, int status);
+void mj__http_continue(mj_http_conn_t *c);
 
 #endif

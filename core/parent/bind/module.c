@@ -3,7 +3,7 @@
  * The module's functions and one class per userdata type, registered from
  * the binding files this file #includes, one per type (luv's cut): loop.c
  * (the module's functions), process.c, timer.c, stdio.c (inputs and
- * outputs), redis.c; bind.h has what they share. Also here: the loop context
+ * outputs), redis.c, http.c (the HTTP server); bind.h has what they share. Also here: the loop context
  * (one per Lua state, created on first require and kept in the registry),
  * freed when the state closes, the pin that keeps this module loaded, and
  * core.scrub_env (a secret read from the environment, wiped where it lies).
@@ -24,6 +24,7 @@
 #include "timer.c"
 #include "stdio.c"
 #include "redis.c"
+#include "http.c"
 
 static void lmj_new_class(lua_State *L, const char *name, const luaL_Reg *methods,
                           lua_CFunction tostring, lua_CFunction gc) {
@@ -188,7 +189,7 @@ int luaopen_moonjob_core(lua_State *L) {
     {"getpid", lmj_getpid}, {"isatty", lmj_isatty}, {"closed_at_start", lmj_closed_at_start}, {"child_path", lmj_child_path}, {"realpath", lmj_realpath},
     {"spawn", lmj_spawn},
     {"timer", lmj_timer_new}, {"input", lmj_input_new}, {"open", lmj_open}, {"output", lmj_output_new},
-    {"redis", lmj_redis_new},
+    {"redis", lmj_redis_new}, {"http_listen", lmj_http_listen},
     {"scrub_env", lmj_scrub_env},
     {NULL, NULL}};
   static const luaL_Reg process_methods[] = {
@@ -232,6 +233,7 @@ int luaopen_moonjob_core(lua_State *L) {
   lmj_set_name(L, LMJ_OUTPUT);
   lmj_new_class(L, LMJ_REDIS, redis_methods, lmj_generic_tostring, NULL);
   lmj_set_name(L, LMJ_REDIS);
+  lmj_http_register(L, lmj_new_class, lmj_generic_tostring);
 
   lua_newtable(L);
   for (const luaL_Reg *f = functions; f->name; f++) {
