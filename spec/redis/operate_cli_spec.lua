@@ -74,7 +74,7 @@ rq.describe(function()
       for i = 1, 3 do assert(q:add({ n = i }, { id = "d" .. i, delay = 600 })) end
       local out, err, status = moonjob("promote --queue " .. name .. " d1 d2")
       assert.equal(0, status, err)
-      assert.same({ { action = "promote", id = "d1", was = "waiting" }, { action = "promote", id = "d2", was = "waiting" } },
+      assert.same({ { action = "promote", id = "d1", was = "delayed" }, { action = "promote", id = "d2", was = "delayed" } },
         ndjson(out))
       out, err, status = moonjob("remove --queue " .. name .. " d1 zz d3")
       assert.equal(1, status)

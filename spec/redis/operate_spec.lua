@@ -121,7 +121,7 @@ rq.describe(function()
       _, err = q:promote("w2")
       assert.equal("ESTATE", err.code)
       assert.matches("only a delayed job can be promoted", err.message)
-      assert.equal("waiting", assert(q:promote("d2")))
+      assert.equal("delayed", assert(q:promote("d2")))
       assert.same({ 5, 1, 0, 0, 0 }, counts(q))
       local page = assert(q:jobs("waiting"))
       assert.equal("d2", page[#page].id) -- it waits behind those there before it

@@ -766,9 +766,19 @@ local function member_id(set, member)
   return member
 end
 
--- One job as listings give it: { id, fields... [, cut] }. preview > 0: data,
--- result and error longer than preview bytes are cut to it, and the last
--- element names the fields cut ("data,result"). A key of another type reads
+-- An error cut for a listing: still JSON, its code and the start of its
+-- message (its other fields, a traceback, dropped), or its text cut when
+-- it is not an object.
+local function short_error(text, preview)
+  local ok, e = pcall(cjson.decode, text)
+  if not ok or type(e) ~= "table" then return string.sub(text, 1, preview) end
+  return cjson.encode({ code = tostring(e.code), message = string.sub(tostring(e.message), 1, preview) })
+end
+
+-- One job as listings give it: { id, fields... [, cut] }. preview > 0: data
+-- and result longer than preview bytes are cut to it, an error to its code
+-- and message (short_error), and the last element names the fields cut
+-- ("data,error"). A key of another type reads
 -- as state "invalid"; a hash that is gone as "missing".
 local function view(p, id, preview)
   local f = redis.pcall("HMGET", job_key(p, id), unpack(VIEW_FIELDS))
@@ -782,7 +792,7 @@ local function view(p, id, preview)
   for i, v in ipairs(VIEW_FIELDS) do
     local value = f[i]
     if preview > 0 and value and (v == "data" or v == "result" or v == "error") and #value > preview then
-      value = string.sub(value, 1, preview)
+      value = v == "error" and short_error(value, preview) or string.sub(value, 1, preview)
       cut[#cut + 1] = v
     end
     out[i + 1] = value or false
@@ -944,7 +954,8 @@ local function remove(keys, args)
   return f[1]
 end
 
--- promote(p; id) -> "waiting": a delayed job may run now.
+-- promote(p; id) -> "delayed" (the state it was in, as retry and remove
+-- answer): a delayed job may run now.
 local function promote(keys, args)
   local p, id, fn = keys[1], args[1], "moonjob_promote"
   local state, refused = state_of(fn, p, id)
@@ -952,7 +963,7 @@ local function promote(keys, args)
   if state ~= "delayed" then return state_error(fn, id, state, "only a delayed job can be promoted") end
   redis.call("ZREM", p .. "delayed", id)
   make_waiting(p, id, job_key(p, id), now_ms())
-  return "waiting"
+  return "delayed"
 end
 
 -- clean(p; state, older_than_ms, limit) -> { removed, left }: finished jobs

@@ -59,8 +59,10 @@ local function job_of(row)
     worker = f.worker, run_at = tonumber(f.run_at), priority = tonumber(f.priority),
     cancel = f.cancel, running = f.state == "active" and f.ran == "1" or nil }
   for _, name in ipairs({ "data", "result", "error", "progress" }) do
-    if cut[name] then job[name .. "_preview"] = f[name]
-    elseif name == "error" then job.error = decode_error(f.error)
+    if name == "error" then
+      job.error = decode_error(f.error)
+      job.error_cut = cut.error -- only its code and the start of its message
+    elseif cut[name] then job[name .. "_preview"] = f[name]
     else job[name] = decode(f[name]) end
   end
   if job.started and job.finished then job.ms = job.finished - job.started end
@@ -119,9 +121,10 @@ function M.extend(Queue, producer)
 
   -- q:jobs(state [, { offset, limit, order, preview }]) -> jobs, total | nil, err.
   -- order "asc" or "desc" (default: next to run first; finished: newest
-  -- first); limit 1 to 1000 (default 20); preview: bytes of data, result and
-  -- error beyond which they come cut, as text in data_preview, ... (default:
-  -- whole). A page past the end is ERANGE.
+  -- first); limit 1 to 1000 (default 20); preview: bytes of data and result
+  -- beyond which they come cut, as text in data_preview and result_preview,
+  -- and an error keeps only its code and message's start (error_cut)
+  -- (default: whole). A page past the end is ERANGE.
   function Queue:jobs(state, opts)
     local fn = "queue:jobs()"
     opts = check_options(fn, opts, { offset = true, limit = true, order = true, preview = true })
@@ -180,7 +183,8 @@ function M.extend(Queue, producer)
   -- q:remove(id) -> the state it was in | nil, err; a running job is ESTATE
   -- (cancel it first).
   function Queue:remove(id) return act(self, "moonjob_remove", id) end
-  -- q:promote(id) -> "waiting" | nil, err: a delayed job may run now.
+  -- q:promote(id) -> "delayed" (the state it was in) | nil, err: a delayed
+  -- job may run now.
   function Queue:promote(id) return act(self, "moonjob_promote", id) end
 
   -- Calls a bulk function until nothing is left or limit jobs are done: ->
