@@ -34,6 +34,10 @@ function M.queue(url, name, opts)
   return require("moonjob.redis.producer").new(url, name, opts)
 end
 
+-- moonjob.metrics() -> every open pool's metrics, and the process's, in
+-- Prometheus' text format, each metric once (moonjob.pool.metrics).
+M.metrics = require("moonjob.pool.metrics").all_text
+
 -- Inside another event loop (luv, cqueues, ...): watch moonjob.fd() for
 -- reading; call moonjob.step() when it is readable and when
 -- moonjob.timeout() milliseconds have passed (nil: no timer), then read

@@ -37,6 +37,7 @@ local OPTIONS = {
   redis = "string", queue = "string", lease = "number", prefetch = "number", poll = "number",
   keep = "number", keep_age = "number", worker_name = "string", pipeline = "number",
   raw = "boolean",
+  name = "string", -- the pool's label in its metrics (moonjob.pool.metrics)
 }
 local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout = true,
   start_timeout = true, attempts = true, pipeline = true,
