@@ -354,6 +354,7 @@ function Pool:close(opts)
   local children, owner = self.children, self.owner
   if not self.closing then
     self.closing = true
+    Metrics.untrack(self) -- out of moonjob.metrics(); the last one stops the lag sampler
     if owner then owner:stop() end
     while self.source:count() > 0 do
       local job = self.source:pop_any()
@@ -376,7 +377,6 @@ function Pool:close(opts)
   if not ok then error(err, 0) end
   if owner then ok, err = pcall(owner.close, owner) end
   children:close()
-  Metrics.untrack(self)
   self.breaker:close()
   self.dispatch:close()
   if self.close_timer then self.close_timer:close(); self.close_timer = nil end

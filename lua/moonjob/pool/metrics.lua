@@ -15,7 +15,7 @@
 -- Exposes: Metrics.new_histogram(), Metrics.observe(h, ms) (the tally
 -- records each run time there: pool/stats.lua), Metrics.track(pool),
 -- Metrics.untrack(pool), Metrics.pool_text(pool), Metrics.all_text(),
--- Metrics.LAG_INTERVAL_MS, Metrics.DURATION_BOUNDS.
+-- Metrics.LAG_INTERVAL_MS, Metrics.DURATION_BOUNDS, Metrics.sampling().
 --
 -- Caveats: the lag is seen only at the sampler's ticks: a block shorter
 -- than LAG_INTERVAL_MS that ends before the next tick is due goes unseen.
@@ -81,6 +81,11 @@ end
 local function lag_stop()
   lag.timer:close()
   lag.timer, lag.last_ms, lag.n, lag.recent = nil, 0, 0, {}
+end
+
+-- Metrics.sampling() -> whether the lag sampler's timer is open (specs).
+function Metrics.sampling()
+  return lag.timer ~= nil
 end
 
 local function lag_max_ms()
