@@ -17,8 +17,9 @@
 -- Metrics.untrack(pool), Metrics.pool_text(pool), Metrics.all_text(),
 -- Metrics.LAG_INTERVAL_MS, Metrics.DURATION_BOUNDS, Metrics.sampling().
 --
--- Caveats: the lag is seen only at the sampler's ticks: a block shorter
--- than LAG_INTERVAL_MS that ends before the next tick is due goes unseen.
+-- Caveats: the lag is seen only at the sampler's ticks (and, when read, as
+-- how overdue the next one is): a block shorter than LAG_INTERVAL_MS that
+-- ends before the next tick is due goes unseen.
 -- Memory is resident set size from /proc/<pid>/statm: the children's sum
 -- counts pages they share (the LuaJIT library) once per child; a child whose
 -- statm cannot be read (gone meanwhile) is left out.
@@ -88,8 +89,16 @@ function Metrics.sampling()
   return lag.timer ~= nil
 end
 
+-- The lag now: the last tick's lateness, or how overdue the next tick is
+-- when that is more (a loop not run for a while, read from inside a long
+-- callback or from a host loop that has not stepped it).
+local function lag_now_ms()
+  local overdue = lag.timer and (loop.now() - lag.due) or 0
+  return math.max(lag.last_ms, overdue)
+end
+
 local function lag_max_ms()
-  local max = 0
+  local max = lag_now_ms()
   for i = 1, math.min(lag.n, LAG_KEPT) do
     if lag.recent[i] > max then max = lag.recent[i] end
   end
@@ -180,8 +189,8 @@ end
 local function process_families()
   return {
     family("event_loop_lag_seconds", "gauge",
-      "How late the event loop's lag timer fired last (it fires every 0.5 s).",
-      { { value = lag.last_ms / 1000 } }),
+      "How late the event loop's lag timer fired last (every 0.5 s), or is overdue now.",
+      { { value = lag_now_ms() / 1000 } }),
     family("event_loop_lag_max_seconds", "gauge",
       "The largest event loop lag seen over the last 30 s.", { { value = lag_max_ms() / 1000 } }),
     family("process_resident_bytes", "gauge",
