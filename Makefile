@@ -56,6 +56,7 @@ DEB_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev libuv1-dev lu
                iproute2 git
 DEB_PACKAGES += lua-luv rlwrap   # luv: the spec of a host event loop; rlwrap: make repl's line editing
 DEB_PACKAGES += libhttp-parser-dev curl # the core's HTTP server (http.c); curl: its spec's client
+DEB_PACKAGES += prometheus      # promtool: the metrics specs check pool:metrics()'s text with it
 
 .PHONY: all deps bench-deps spec-host test test-fast sanitize chaos demo repl bench install uninstall clean
 

@@ -40,6 +40,10 @@ function M.queues(url, opts)
   return require("moonjob.redis.producer").queues(url, opts)
 end
 
+-- moonjob.metrics() -> every open pool's metrics, and the process's, in
+-- Prometheus' text format, each metric once (moonjob.pool.metrics).
+M.metrics = require("moonjob.pool.metrics").all_text
+
 -- Inside another event loop (luv, cqueues, ...): watch moonjob.fd() for
 -- reading; call moonjob.step() when it is readable and when
 -- moonjob.timeout() milliseconds have passed (nil: no timer), then read

@@ -33,7 +33,8 @@ function Router.new(files, opts)
     if type(name) ~= "string" or type(file) ~= "string" then
       error("moonjob.pool: a table of processors maps names to file paths", 3)
     end
-    local pool, err = Pool.new(file, merged(opts, opts.pools and opts.pools[name]))
+    -- each pool is named as routed (its metrics' label), unless opts.pools[name] says otherwise
+    local pool, err = Pool.new(file, merged(merged(opts, { name = name }), opts.pools and opts.pools[name]))
     if not pool then
       self:close({ force = true })
       err.message = name .. ": " .. err.message

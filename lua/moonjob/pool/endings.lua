@@ -146,7 +146,9 @@ function Endings:finish(job, state)
   if state == "completed" then
     if listeners.completed then pool.events:emit("completed", job, job.result) end
   else
-    if listeners.failed then pool.events:emit("failed", job, job.error) end
+    local err = job.error
+    if err and err.code == "ECANCELED" then pool.tally:bump("canceled") end
+    if listeners.failed then pool.events:emit("failed", job, err) end
   end
   if listeners.drained and pool:is_idle() then
     pool.events:emit("drained")

@@ -59,6 +59,7 @@ local Dispatch = require "moonjob.pool.dispatch"
 local Endings = require "moonjob.pool.endings"
 local Lines = require "moonjob.pool.lines"
 local Port = require "moonjob.pool.port"
+local Metrics = require "moonjob.pool.metrics"
 
 local Pool = {}
 Pool.__index = Pool
@@ -111,6 +112,7 @@ function Pool.new(processor, opts)
 
   local self = setmetatable({
     processor = processor,
+    name = opts.name, -- its label in pool:metrics() (moonjob.pool.metrics)
     size = opts.size or core.cpu_count(),
     min_size = opts.min_size or 0,
     idle_timeout = opts.idle_timeout,
@@ -146,6 +148,7 @@ function Pool.new(processor, opts)
     raw = opts.raw, -- the job's text is its data, not decoded (moonjob run --raw)
   })
   self.children:start()
+  Metrics.track(self)
   if opts.redis then -- a pool on Redis: loaded only then (moonjob.pool.source: the owner hook)
     local port = Port.new(self, function() return new_job(self) end)
     self.owner = require("moonjob.redis.remote").new(port, opts)
@@ -291,6 +294,12 @@ function Pool:stats()
   return self.tally:report()
 end
 
+-- pool:metrics() -> the pool's metrics (and the process's) in Prometheus'
+-- text format: moonjob.pool.metrics.
+function Pool:metrics()
+  return Metrics.pool_text(self)
+end
+
 -- pool:cancel_all([reason]) -> number of jobs canceled (waiting and running)
 function Pool:cancel_all(reason)
   local n = 0
@@ -345,6 +354,7 @@ function Pool:close(opts)
   local children, owner = self.children, self.owner
   if not self.closing then
     self.closing = true
+    Metrics.untrack(self) -- out of moonjob.metrics(); the last one stops the lag sampler
     if owner then owner:stop() end
     while self.source:count() > 0 do
       local job = self.source:pop_any()

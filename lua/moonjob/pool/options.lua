@@ -38,6 +38,7 @@ local OPTIONS = {
   keep = "number", keep_age = "number", keep_failed_age = "number", keep_logs = "number",
   worker_name = "string", pipeline = "number",
   raw = "boolean",
+  name = "string", -- the pool's label in its metrics (moonjob.pool.metrics)
 }
 local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout = true,
   start_timeout = true, attempts = true, pipeline = true,

@@ -4,9 +4,10 @@
 -- is the public method).
 --
 -- Owns: tally.counts (completed, failed, spawned, crashed, timeouts, killed,
--- retries, cache_hits), bumped by the parts where each thing happens, and
--- two rings of recent times (wait: from added, or due, to started; run:
--- started to ended).
+-- retries, cache_hits, canceled), bumped by the parts where each thing
+-- happens, two rings of recent times (wait: from added, or due, to started;
+-- run: started to ended) and tally.run_histogram, every run time since the
+-- pool was made (pool:metrics(), moonjob.pool.metrics).
 -- Exposes: tally:bump(name), tally:sample_wait(ms), tally:sample_run(ms),
 -- tally:report() (pool:stats()).
 -- Reads, for report: the pool's source, size and nactive, the dispatch's
@@ -17,6 +18,8 @@
 -- Caveat: the percentiles cover the last SAMPLES jobs only, and sorting them
 -- costs O(SAMPLES log SAMPLES) per stats() call: fine for a progress line,
 -- not for every job.
+local Metrics = require "moonjob.pool.metrics"
+
 local Tally = {}
 Tally.__index = Tally
 
@@ -27,8 +30,9 @@ function Tally.new(pool)
   return setmetatable({
     pool = pool,
     counts = { completed = 0, failed = 0, spawned = 0, crashed = 0, timeouts = 0, killed = 0,
-      retries = 0, cache_hits = 0 },
+      retries = 0, cache_hits = 0, canceled = 0 },
     wait_ms = { n = 0 }, run_ms = { n = 0 },
+    run_histogram = Metrics.new_histogram(),
   }, Tally)
 end
 
@@ -51,6 +55,7 @@ end
 -- A job's run ended after `ms`.
 function Tally:sample_run(ms)
   sample(self.run_ms, ms)
+  Metrics.observe(self.run_histogram, ms)
 end
 
 local STATS_FORMAT = "waiting %d, active %d, completed %d, failed %d, children %d/%d, "
@@ -74,7 +79,7 @@ local function format_stats(s)
 end
 
 -- pool:stats() -> { waiting, active, completed, failed, children, size, spawned,
--- restarts, crashed, timeouts, killed, retries, cache_hits, wait_p50, wait_p99,
+-- restarts, crashed, timeouts, killed, retries, cache_hits, canceled, wait_p50, wait_p99,
 -- run_p50, run_p99 (ms, over the last 1024 jobs), workers = { { pid, jobs,
 -- state } ... }, redis (a pool on Redis: owner:stats()) }
 function Tally:report()
@@ -91,7 +96,7 @@ function Tally:report()
     failed = c.failed, children = pool.children:count_all(), size = pool.size,
     spawned = c.spawned, restarts = math.max(0, c.spawned - pool.size),
     crashed = c.crashed, timeouts = c.timeouts, killed = c.killed,
-    retries = c.retries, cache_hits = c.cache_hits,
+    retries = c.retries, cache_hits = c.cache_hits, canceled = c.canceled,
     wait_p50 = wait_p50, wait_p99 = wait_p99, run_p50 = run_p50, run_p99 = run_p99,
     workers = workers,
     redis = pool.owner and pool.owner:stats() or nil, -- a pool on Redis: its remote's counts
