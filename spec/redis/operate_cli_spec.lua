@@ -157,6 +157,34 @@ rq.describe(function()
       assert.not_matches("job again", said)
     end)
 
+    it("serves a worker's metrics for Prometheus with --metrics, in a text promtool accepts", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      local jobs = {}
+      for i = 1, 3 do jobs[i] = assert(q:add({ n = i })) end
+      jobs[4] = assert(q:add({ fail = true }))
+      local port = assert(tonumber(helpers.first_line([[python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()']])))
+      local pid, werr = rq.start_worker(name, "-j 2 --metrics 127.0.0.1:" .. port)
+      for _, j in ipairs(jobs) do j:wait(20) end
+      local text, err, status = helpers.sh(("curl -s http://127.0.0.1:%d/metrics"):format(port))
+      assert.equal(0, status, err)
+      assert.matches('moonjob_pool_children{[^}]*} 2\n', text)
+      assert.matches('moonjob_jobs_completed_total{[^}]*} 3\n', text)
+      assert.matches('moonjob_jobs_failed_total{[^}]*} 1\n', text)
+      assert.matches("moonjob_event_loop_lag_seconds", text, 1, true)
+      local file = os.tmpname()
+      helpers.write_file(file, text)
+      local out, perr, code = helpers.sh("promtool check metrics < " .. file)
+      os.remove(file)
+      assert.equal(0, code, out .. perr)
+      rq.stop_worker(pid, "TERM")
+      assert.matches("metrics for Prometheus: http://127.0.0.1:" .. port .. "/metrics",
+        table.concat(rq.read_lines(werr), "\n"), 1, true)
+      local _, said, bad = moonjob("worker " .. rq.PROCESSOR .. " --queue " .. name .. " --metrics nowhere")
+      assert.equal(2, bad)
+      assert.matches("%-%-metrics needs HOST:PORT", said)
+    end)
+
     it("keeps every result of a 2,000-job run by default (kept by age, not count)", function()
       local name = rq.new_queue()
       local lines = {}

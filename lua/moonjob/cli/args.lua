@@ -59,6 +59,7 @@ durable queues on Redis (README "Durable queues on Redis"):
   --keep-logs N         log lines kept in Redis per job (default 100)
   --quiet, --verbose    for worker: no line per failed or retried job; a
                         line per job, completed ones too
+  --metrics HOST:PORT   for worker: serve /metrics for Prometheus there
 
 operating a queue (each prints NDJSON, or a table on a terminal; --json:
 NDJSON there too):
@@ -202,6 +203,7 @@ local VALUED = {
     if n and n >= 0 and n <= 2 ^ 53 and n % 1 == 0 then return n end
   end, "a number", "a whole number, 0 or more" },
   ["--older-than"] = { "older_than", seconds, "a number", SECONDS_ANY },
+  ["--metrics"] = { "metrics", path, "an address", "HOST:PORT to serve /metrics on, such as 127.0.0.1:9464" },
   ["--listen"] = { "listen", path, "an address", "HOST:PORT, such as 127.0.0.1:7411" },
   ["--token"] = { "token", path, "a token", "a text that the dashboard's users must give" },
   ["--priority"] = { "priority", function(text) -- finite: "nan" and "inf" read as numbers

@@ -68,6 +68,25 @@ local function log_jobs(pool, verbose)
   end
 end
 
+-- --metrics HOST:PORT: GET /metrics answers pool:metrics() (children, busy,
+-- jobs, restarts, the loop's lag, memory) for Prometheus. Any address may
+-- be given (a scraper is usually on another host); the text names the
+-- queue and counts, nothing more. -> the server | nil, why.
+local function serve_metrics(pool, listen)
+  local host, port = require("moonjob.dashboard").parse_listen(listen)
+  if not host then return nil, (port:gsub("^%-%-listen", "--metrics")) end
+  local server, err = core.http_listen(host, port, function(req)
+    if req.method == "GET" and req.path == "/metrics" then
+      return req:respond(200, { ["Content-Type"] = "text/plain; version=0.0.4; charset=utf-8" }, pool:metrics())
+    end
+    req:respond(404, { ["Content-Type"] = "text/plain" }, "moonjob worker serves /metrics only\n")
+  end)
+  if not server then return nil, ("--metrics %s: %s"):format(listen, tostring(err)) end
+  say(("metrics for Prometheus: http://%s:%d/metrics"):format(host:find(":") and "[" .. host .. "]" or host,
+    server:port()))
+  return server
+end
+
 -- Runs the loop until a stop signal; returns its number.
 local function until_signal()
   core.hold_stop_signals()
@@ -92,11 +111,21 @@ function M.worker(processor, o, pool_options)
     else say(tostring(why)) end -- stale, error, broken, mended, fenced, lost: each says what and why
   end)
   if not o.quiet then log_jobs(pool, o.verbose) end
+  local metrics
+  if o.metrics then
+    metrics, err = serve_metrics(pool, o.metrics)
+    if not metrics then
+      say(err)
+      pcall(pool.close, pool, { force = true })
+      return EXIT_USAGE
+    end
+  end
   local size = pool.size -- without -j: one per CPU
   say(("worker %s: %d %s on queue %s"):format(processor, size, size == 1 and "child" or "children", o.queue))
   local signum = until_signal()
   say(("stopping (%s): no more fetching; running jobs have %g s to finish"):format(
     signum == 15 and "SIGTERM" or signum == 1 and "SIGHUP" or "SIGINT", o.grace or 30))
+  if metrics then metrics:close() end
   local stopped = pcall(pool.close, pool, { timeout = o.grace or 30 })
   for _ = 1, 3 do -- another signal: no more grace; running jobs are stopped and given back
     if stopped then break end
