@@ -187,6 +187,7 @@ bench: deps bench-deps all $(BUILD)/bench-floor
 	$(LUA) bench/cli.lua
 	$(LUA) bench/datasets.lua
 	$(LUA) bench/redis.lua
+	$(LUA) bench/dashboard.lua
 
 # Modules an older layout installed and this one has not, removed by
 # install: pool.lua and cli.lua would be found before pool/init.lua and
