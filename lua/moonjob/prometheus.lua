@@ -155,7 +155,9 @@ local function check_histogram(family, s)
   end
   for i = 1, #counts do check_value(family, counts[i], "a bucket's count") end
   check_value(family, s.sum, "a histogram's sum")
-  if s.labels and s.labels.le ~= nil then fail(family, "a histogram's labels cannot include le") end
+  if type(s.labels) == "table" and s.labels.le ~= nil then
+    fail(family, "a histogram's labels cannot include le")
+  end
 end
 
 -- Writes a histogram sample's lines: cumulative buckets, +Inf, _sum, _count.

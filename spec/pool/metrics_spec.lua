@@ -151,6 +151,25 @@ describe("moonjob.metrics()", function()
   end)
 end)
 
+describe("Metrics.all_families()", function()
+  after_each(h.cleanup)
+
+  it("lets a program render the pools' metrics and its own in one text", function()
+    local pool = h.pool("echo.lua", { size = 1, name = "metrics_own" })
+    pool:run("x")
+    local families = Metrics.all_families()
+    families[#families + 1] = { name = "app_requests_total", help = "Requests served.", type = "counter",
+      samples = { { labels = { path = "/metrics" }, value = 7 } } }
+    local text = prometheus.render(families)
+    local m = prom.parse(text)
+    assert.equal(7, prom.value(m, "app_requests_total", { path = "/metrics" }))
+    assert.equal(1, prom.value(m, "moonjob_jobs_completed_total", { pool = "metrics_own" }))
+    local status, out = prom.promtool_check(text)
+    assert.equal("", out)
+    assert.equal(0, status)
+  end)
+end)
+
 describe("the event loop's lag", function()
   after_each(h.cleanup)
 

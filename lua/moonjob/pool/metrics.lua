@@ -14,7 +14,8 @@
 -- fired (a loop busy with something else fires it late).
 -- Exposes: Metrics.new_histogram(), Metrics.observe(h, ms) (the tally
 -- records each run time there: pool/stats.lua), Metrics.track(pool),
--- Metrics.untrack(pool), Metrics.pool_text(pool), Metrics.all_text(),
+-- Metrics.untrack(pool), Metrics.pool_text(pool), Metrics.all_families(),
+-- Metrics.all_text(),
 -- Metrics.LAG_INTERVAL_MS, Metrics.DURATION_BOUNDS, Metrics.sampling().
 --
 -- Caveats: the lag is seen only at the sampler's ticks (and, when read, as
@@ -251,9 +252,10 @@ function Metrics.pool_text(pool)
   return prometheus.render(families)
 end
 
--- Metrics.all_text() -> the text of every open pool and the process, each
--- family once (the pools in the order they were made).
-function Metrics.all_text()
+-- Metrics.all_families() -> the families of the process and of every open
+-- pool (in the order they were made), for moonjob.prometheus.render: a
+-- program adds its own families to the list and renders them all at once.
+function Metrics.all_families()
   local pools = {}
   for pool in pairs(open) do pools[#pools + 1] = pool end
   table.sort(pools, function(a, b) return open[a].order < open[b].order end)
@@ -261,7 +263,13 @@ function Metrics.all_text()
   for _, pool in ipairs(pools) do
     for _, f in ipairs(pool_families(pool, open[pool].label)) do families[#families + 1] = f end
   end
-  return prometheus.render(families)
+  return families
+end
+
+-- Metrics.all_text() -> the text of every open pool and the process, each
+-- family once (render writes a family given by several pools once).
+function Metrics.all_text()
+  return prometheus.render(Metrics.all_families())
 end
 
 return Metrics
