@@ -172,6 +172,25 @@ describe("core.http_listen", function()
     assert.equal(0, called)
   end)
 
+  it("answers HTTP/1.0 and HEAD requests as they expect", function()
+    local _, url = listen(function(req)
+      if req.path == "/stream" then
+        req:start(200)
+        req:write("streamed")
+        req:finish()
+      else
+        req:respond(200, { ["X-Method"] = req.method }, "whole")
+      end
+    end)
+    local out, err, rc = finished(clients.curl(dir, ("-i --http1.0 %s/stream"):format(url)))
+    assert.equal(0, rc, err)
+    assert.matches("\r\nConnection: close\r\n\r\nstreamed$", out) -- ended by the close
+    assert.not_matches("chunked", out)
+    out, err, rc = finished(clients.curl(dir, ("-I %s/whole"):format(url)))
+    assert.equal(0, rc, err)
+    assert.matches("X%-Method: HEAD\r\nContent%-Length: 5\r\n\r\n$", out) -- no body
+  end)
+
   it("answers 400 to what is not HTTP", function()
     local server = listen(function(req) req:respond(200) end)
     local out = finished(clients.raw(dir, server:port(), "HELLO THERE\r\n\r\n"))
@@ -264,6 +283,8 @@ describe("core.http_listen", function()
     assert.matches("not an IPv4 or IPv6 address", err)
     assert.has_error(function() core.http_listen("127.0.0.1", 70000, function() end) end)
     assert.has_error(function() core.http_listen("127.0.0.1", 0, function() end, { max_body = -1 }) end)
+    assert.has_error(function() core.http_listen("127.0.0.1", 0, function() end, { max_header = 65536 }) end,
+      "core.http_listen: option max_header must be a number from 256 to 65535")
   end)
 
   it("closes connections past max_connections as soon as they come", function()
