@@ -320,6 +320,16 @@ describe("core.http_listen", function()
     server:close() -- again: nothing
   end)
 
+  it("runs handlers inside the loop, where a blocking wait refuses", function()
+    local refused
+    local _, url = listen(function(req)
+      refused = select(2, pcall(require("moonjob.loop").wait_until, function() return false end))
+      req:respond(200)
+    end)
+    finished(clients.curl(dir, url))
+    assert.matches("cannot wait inside a moonjob event callback", refused)
+  end)
+
   it("refuses misuse of a request with a clear error", function()
     local errors = {}
     local _, url = listen(function(req)
