@@ -188,7 +188,9 @@ describe("core.http_listen", function()
     assert.not_matches("chunked", out)
     out, err, rc = finished(clients.curl(dir, ("-I %s/whole"):format(url)))
     assert.equal(0, rc, err)
-    assert.matches("X%-Method: HEAD\r\nContent%-Length: 5\r\n\r\n$", out) -- no body
+    assert.matches("\r\nX%-Method: HEAD\r\n", out)
+    assert.matches("\r\nDate: %a%a%a, %d%d %a%a%a %d%d%d%d %d%d:%d%d:%d%d GMT\r\n", out)
+    assert.matches("\r\nContent%-Length: 5\r\n\r\n$", out) -- no body
   end)
 
   it("answers 400 to what is not HTTP", function()
