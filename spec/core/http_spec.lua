@@ -231,6 +231,34 @@ describe("core.http_listen", function()
     h.wait_for(function() return server:connections() == 0 end)
   end)
 
+  it("drops a client that takes nothing of a queued answer within idle_timeout_ms", function()
+    local wrote, why
+    local server = listen(function(req)
+      req:on_close(function(w) why = w end)
+      req:start(200)
+      wrote = req:write(("w"):rep(32 * 1024 * 1024)) -- more than the socket holds; then nothing
+    end, { idle_timeout_ms = 300 })
+    clients.raw(dir, server:port(), "GET / HTTP/1.1\r\nHost: x\r\n\r\n", "exec sleep 8")
+    h.wait_for(function() return why ~= nil end, 5) -- the client still sleeps
+    assert.is_true(wrote)
+    assert.matches("took nothing of the answer within the idle timeout", why)
+    h.wait_for(function() return server:connections() == 0 end)
+  end)
+
+  it("says 100 Continue to a client that waits for it before its body", function()
+    local size
+    local _, url = listen(function(req)
+      size = #req.body
+      req:respond(200)
+    end, { max_body = 4 * 1024 * 1024 })
+    local body = h.write_file(dir .. "/body", ("c"):rep(2 * 1024 * 1024))
+    local _, err, rc = finished(clients.curl(dir, ("-v -H 'Expect: 100-continue' --data-binary @%s %s/")
+      :format(body, url)))
+    assert.equal(0, rc, err)
+    assert.matches("< HTTP/1.1 100 Continue", err)
+    assert.equal(2 * 1024 * 1024, size)
+  end)
+
   it("answers 500 to a handler that raises and reports the error", function()
     local reported
     local _, url = listen(function(req)
