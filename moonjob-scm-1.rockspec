@@ -27,6 +27,7 @@ external_dependencies = {
   LIBUV = { header = "uv.h", library = "uv" },
   LUAJIT = { header = "luajit-2.1/luajit.h", library = "luajit-5.1" },
   HIREDIS = { header = "hiredis/async.h", library = "hiredis" },
+  HTTP_PARSER = { header = "http_parser.h", library = "http_parser" },
 }
 -- The Makefile builds into build-luarocks/, never into the build/ of `make`,
 -- and rebuilds when the flags change (it records them in build-luarocks/flags).

@@ -306,6 +306,7 @@ static void pump(mj_http_conn_t *c) {
   while (c->state == MJ_HTTP_READING && !c->closing && c->in_off < c->in_len) {
     size_t n = http_parser_execute(&c->parser, &settings, c->in + c->in_off, c->in_len - c->in_off);
     c->in_off += n;
+    if (c->closing) return; /* a write in a callback (100 Continue) found the client gone */
     if (c->complete) {
       deliver(c);
       return;

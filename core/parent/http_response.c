@@ -3,8 +3,8 @@
  * An answer is whole (mj_http_respond: Content-Length set here) or streamed
  * (mj_http_start, mj_http_write, mj_http_finish: chunked for an HTTP/1.1
  * client, to the connection's end for HTTP/1.0), for server-sent events.
- * The status line, Content-Length, Transfer-Encoding and Connection are
- * written here; the owner's other headers come as one block of
+ * The status line, Date, Content-Length, Transfer-Encoding and Connection
+ * are written here; the owner's other headers come as one block of
  * "Name: value\r\n" lines it has checked. After the last answer of a
  * connection (Connection: close, an HTTP/1.0 client, a rejected request),
  * the socket is shut down for writing and left to the client to close
@@ -19,6 +19,7 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "moonjob.h"
 
@@ -78,6 +79,20 @@ static int send_parts(mj_http_conn_t *c, const uv_buf_t *parts, int nparts) {
   return 0;
 }
 
+/* The Date header HTTP/1.1 asks for, "Date: Sun, 06 Nov 1994 08:49:37 GMT\r\n"
+ * (names written here: strftime's would follow the program's locale). */
+static size_t date_line(char *to, size_t size) {
+  static const char days[7][4] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
+  static const char months[12][4] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                     "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+  time_t now = time(NULL);
+  struct tm t;
+  if (gmtime_r(&now, &t) == NULL) return 0;
+  int n = snprintf(to, size, "Date: %s, %02d %s %04d %02d:%02d:%02d GMT\r\n", days[t.tm_wday],
+                   t.tm_mday, months[t.tm_mon], t.tm_year + 1900, t.tm_hour, t.tm_min, t.tm_sec);
+  return n > 0 && (size_t) n < size ? (size_t) n : 0;
+}
+
 /* The status line, the owner's headers, framing and Connection, and for a
  * whole answer its body, in one write. */
 static int send_head(mj_http_conn_t *c, int status, const char *headers, size_t headers_len,
@@ -85,16 +100,16 @@ static int send_head(mj_http_conn_t *c, int status, const char *headers, size_t 
   int http11 = c->parser.http_major == 1 && c->parser.http_minor >= 1;
   int bodiless = status == 204 || status == 304 || (status >= 100 && status < 200);
   if (close_after || c->server->closed) c->keep_alive = 0;
-  char line[128], tail[128];
+  char line[128], tail[192];
   const char *reason = http_status_str((enum http_status) status);
   if (strcmp(reason, "<unknown>") == 0) reason = "Status";
   snprintf(line, sizeof line, "HTTP/1.1 %d %s\r\n", status, reason);
-  size_t used = 0;
+  size_t used = date_line(tail, sizeof tail);
   if (bodiless) body_len = 0;
-  else if (!streaming) used = snprintf(tail, sizeof tail, "Content-Length: %zu\r\n", body_len);
+  else if (!streaming) used += snprintf(tail + used, sizeof tail - used, "Content-Length: %zu\r\n", body_len);
   else if (http11 && !c->head_only) {
     c->chunked = 1;
-    used = snprintf(tail, sizeof tail, "Transfer-Encoding: chunked\r\n");
+    used += snprintf(tail + used, sizeof tail - used, "Transfer-Encoding: chunked\r\n");
   } else c->keep_alive = 0; /* HTTP/1.0: the stream ends with the connection */
   if (!c->keep_alive) used += snprintf(tail + used, sizeof tail - used, "Connection: close\r\n");
   else if (!http11) used += snprintf(tail + used, sizeof tail - used, "Connection: keep-alive\r\n");

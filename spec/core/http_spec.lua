@@ -172,6 +172,27 @@ describe("core.http_listen", function()
     assert.equal(0, called)
   end)
 
+  it("answers HTTP/1.0 and HEAD requests as they expect", function()
+    local _, url = listen(function(req)
+      if req.path == "/stream" then
+        req:start(200)
+        req:write("streamed")
+        req:finish()
+      else
+        req:respond(200, { ["X-Method"] = req.method }, "whole")
+      end
+    end)
+    local out, err, rc = finished(clients.curl(dir, ("-i --http1.0 %s/stream"):format(url)))
+    assert.equal(0, rc, err)
+    assert.matches("\r\nConnection: close\r\n\r\nstreamed$", out) -- ended by the close
+    assert.not_matches("chunked", out)
+    out, err, rc = finished(clients.curl(dir, ("-I %s/whole"):format(url)))
+    assert.equal(0, rc, err)
+    assert.matches("\r\nX%-Method: HEAD\r\n", out)
+    assert.matches("\r\nDate: %a%a%a, %d%d %a%a%a %d%d%d%d %d%d:%d%d:%d%d GMT\r\n", out)
+    assert.matches("\r\nContent%-Length: 5\r\n\r\n$", out) -- no body
+  end)
+
   it("answers 400 to what is not HTTP", function()
     local server = listen(function(req) req:respond(200) end)
     local out = finished(clients.raw(dir, server:port(), "HELLO THERE\r\n\r\n"))
@@ -208,6 +229,34 @@ describe("core.http_listen", function()
     assert.matches("not reading", why)
     assert.matches("not reading", closed)
     h.wait_for(function() return server:connections() == 0 end)
+  end)
+
+  it("drops a client that takes nothing of a queued answer within idle_timeout_ms", function()
+    local wrote, why
+    local server = listen(function(req)
+      req:on_close(function(w) why = w end)
+      req:start(200)
+      wrote = req:write(("w"):rep(32 * 1024 * 1024)) -- more than the socket holds; then nothing
+    end, { idle_timeout_ms = 300 })
+    clients.raw(dir, server:port(), "GET / HTTP/1.1\r\nHost: x\r\n\r\n", "exec sleep 8")
+    h.wait_for(function() return why ~= nil end, 5) -- the client still sleeps
+    assert.is_true(wrote)
+    assert.matches("took nothing of the answer within the idle timeout", why)
+    h.wait_for(function() return server:connections() == 0 end)
+  end)
+
+  it("says 100 Continue to a client that waits for it before its body", function()
+    local size
+    local _, url = listen(function(req)
+      size = #req.body
+      req:respond(200)
+    end, { max_body = 4 * 1024 * 1024 })
+    local body = h.write_file(dir .. "/body", ("c"):rep(2 * 1024 * 1024))
+    local _, err, rc = finished(clients.curl(dir, ("-v -H 'Expect: 100-continue' --data-binary @%s %s/")
+      :format(body, url)))
+    assert.equal(0, rc, err)
+    assert.matches("< HTTP/1.1 100 Continue", err)
+    assert.equal(2 * 1024 * 1024, size)
   end)
 
   it("answers 500 to a handler that raises and reports the error", function()
@@ -264,6 +313,8 @@ describe("core.http_listen", function()
     assert.matches("not an IPv4 or IPv6 address", err)
     assert.has_error(function() core.http_listen("127.0.0.1", 70000, function() end) end)
     assert.has_error(function() core.http_listen("127.0.0.1", 0, function() end, { max_body = -1 }) end)
+    assert.has_error(function() core.http_listen("127.0.0.1", 0, function() end, { max_header = 65536 }) end,
+      "core.http_listen: option max_header must be a number from 256 to 65535")
   end)
 
   it("closes connections past max_connections as soon as they come", function()
@@ -297,6 +348,16 @@ describe("core.http_listen", function()
     assert.is_false(ok)
     assert.matches("the server is closed", err)
     server:close() -- again: nothing
+  end)
+
+  it("runs handlers inside the loop, where a blocking wait refuses", function()
+    local refused
+    local _, url = listen(function(req)
+      refused = select(2, pcall(require("moonjob.loop").wait_until, function() return false end))
+      req:respond(200)
+    end)
+    finished(clients.curl(dir, url))
+    assert.matches("cannot wait inside a moonjob event callback", refused)
   end)
 
   it("refuses misuse of a request with a clear error", function()

@@ -104,7 +104,8 @@ static void lmj_http_push_fields(lua_State *L, mj_http_conn_t *c) {
   lua_setfield(L, -2, "url");
   struct http_parser_url u;
   http_parser_url_init(&u);
-  int parsed = http_parser_parse_url(c->head, c->url_len, c->parser.method == HTTP_CONNECT, &u) == 0;
+  int parsed = c->url_len <= UINT16_MAX /* its offsets are 16 bits (max_header's bound) */
+               && http_parser_parse_url(c->head, c->url_len, c->parser.method == HTTP_CONNECT, &u) == 0;
   if (parsed && (u.field_set & (1 << UF_PATH)))
     lua_pushlstring(L, c->head + u.field_data[UF_PATH].off, u.field_data[UF_PATH].len);
   else lua_pushlstring(L, c->head, parsed ? 0 : c->url_len);
@@ -391,7 +392,7 @@ static int lmj_http_listen(lua_State *L) {
   int on_error = 0;
   if (!lua_isnoneornil(L, 4)) {
     luaL_checktype(L, 4, LUA_TTABLE);
-    limits.max_header = (size_t) lmj_http_option(L, 4, "max_header", 256, 1024 * 1024);
+    limits.max_header = (size_t) lmj_http_option(L, 4, "max_header", 256, UINT16_MAX); /* URL offsets: 16 bits */
     limits.max_body = (size_t) lmj_http_option(L, 4, "max_body", 1, 1e12);
     limits.max_connections = (unsigned) lmj_http_option(L, 4, "max_connections", 1, 1e6);
     limits.idle_timeout_ms = (uint64_t) lmj_http_option(L, 4, "idle_timeout_ms", 1, 1e12);
