@@ -61,7 +61,7 @@ local function read_static()
   local files = {}
   for url, f in pairs(STATIC) do
     local h = dir and io.open(dir .. f[1], "rb")
-    if not h then return nil, ("the dashboard's page %sstatic/%s is missing: reinstall moonjob"):format(dir or "", f[1]) end
+    if not h then return nil, ("the dashboard's page %s%s is missing: reinstall moonjob"):format(dir or "static/", f[1]) end
     files[url] = { h:read("*a"), f[2] }
     h:close()
   end
