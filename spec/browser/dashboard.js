@@ -4,9 +4,13 @@
 // queue and runs it:
 //
 //   node spec/browser/dashboard.js URL QUEUE FAILED_ID ERROR_CODE
+//   node spec/browser/dashboard.js --token URL TOKEN QUEUE
 //
 // URL is the dashboard's address; QUEUE has one worker process, and its job
-// FAILED_ID failed with ERROR_CODE but passes when run again. Environment:
+// FAILED_ID failed with ERROR_CODE but passes when run again. With --token,
+// the dashboard has TOKEN: the page without it says EAUTH; opened once with
+// ?token=TOKEN it shows QUEUE, and still does after a reload without it
+// (the tab keeps it). Environment:
 //   MOONJOB_ADD_JOB       a shell command that adds one job to QUEUE and
 //                         prints its id (the job added while paused)
 //   MOONJOB_SCREENSHOTS   a directory: the three pages saved there as PNG
@@ -26,9 +30,13 @@ const WAIT_MS = 20000; // for anything the page should show: only catches hangs
 const RUN_LIMIT_MS = 150000;
 const PAUSED_WATCH_MS = 3000; // how long a job added while paused must stay waiting
 
-const [url, queue, failedId, errorCode] = process.argv.slice(2);
-if (!url || !queue || !failedId || !errorCode) {
-  console.error("usage: node spec/browser/dashboard.js URL QUEUE FAILED_ID ERROR_CODE");
+const tokenMode = process.argv[2] === "--token";
+const [url, queue, failedId, errorCode] = tokenMode
+  ? [process.argv[3], process.argv[5], "-", "-"] : process.argv.slice(2);
+const token = tokenMode ? process.argv[4] : "";
+if (!url || !queue || !failedId || !errorCode || (tokenMode && !token)) {
+  console.error("usage: node spec/browser/dashboard.js URL QUEUE FAILED_ID ERROR_CODE\n" +
+    "       node spec/browser/dashboard.js --token URL TOKEN QUEUE");
   process.exit(2);
 }
 
@@ -162,6 +170,20 @@ async function pauseAndResume(page) {
   await expectText(page, '[data-test="job-state"]', { is: "completed" }, "the job ran after Resume");
 }
 
+// The token: refused without it, kept by the tab once given.
+async function tokenChecks(page) {
+  await page.goto(url, { waitUntil: "load" });
+  await expectText(page, '[data-test="error-banner"]', { has: "EAUTH" }, "EAUTH in the banner without the token");
+  await page.goto(`${url}?token=${encodeURIComponent(token)}`, { waitUntil: "load" });
+  await expectShown(page, `[data-test="queue-row"][data-queue=${css(queue)}]`, "the queue listed with ?token=");
+  await page.goto(`${url}#/queue/${encodeURIComponent(queue)}`, { waitUntil: "load" });
+  await expectShown(page, '[data-test="chart"]', "the queue's page after a reload without ?token=");
+  await click(page, '[data-test="pause"]', "Pause button");
+  await expectText(page, '[data-test="queue-status"]', { is: "paused" }, "an action with the kept token");
+  await click(page, '[data-test="resume"]', "Resume button");
+  await expectText(page, '[data-test="queue-status"]', { is: "running" }, "the queue running again");
+}
+
 async function main() {
   const browser = await puppeteer.launch({
     executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
@@ -173,12 +195,18 @@ async function main() {
   try {
     const page = await browser.newPage();
     page.on("pageerror", (e) => problems.push("script error: " + e.message));
-    page.on("console", (m) => m.type() === "error" && problems.push("console: " + m.text()));
+    page.on("console", (m) => { // a refused request is the banner's to say, not a script's error
+      if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) problems.push("console: " + m.text());
+    });
     page.on("dialog", (d) => d.accept());
-    await seeQueues(page);
-    await seeFailed(page);
-    await retryJob(page);
-    await pauseAndResume(page);
+    if (tokenMode) {
+      await tokenChecks(page);
+    } else {
+      await seeQueues(page);
+      await seeFailed(page);
+      await retryJob(page);
+      await pauseAndResume(page);
+    }
     if (problems.length) throw new Error("the page reported errors: " + problems.join("; "));
     ok("no script errors");
   } finally {

@@ -10,23 +10,23 @@
 local helpers = require "helpers"
 local rq = require "redis_queue"
 
-local PROCESSOR = helpers.abs(helpers.fixture("dashboard_gate.lua"))
+local PROCESSOR = helpers.fixture("dashboard_gate.lua") -- relative: tracebacks in the screenshots say so
 local DRIVER = "spec/browser/dashboard.js"
 
 -- A `moonjob` process of this tree in the background, ended after the test;
 -- -> its pid and the path of its stderr.
-local function start(args)
+local function start(args, env)
   local log = os.tmpname()
-  local pid = assert(tonumber(helpers.first_line(("%s scripts/moonjob %s >/dev/null 2>%s & echo $!")
-    :format(helpers.LUAJIT, args, log))))
+  local pid = assert(tonumber(helpers.first_line(("%s %s scripts/moonjob %s >/dev/null 2>%s & echo $!")
+    :format(env or "", helpers.LUAJIT, args, log))))
   rq.close_after({ close = function() os.execute(("kill -KILL %d 2>/dev/null"):format(pid)) end })
   return pid, log
 end
 
 -- `moonjob dashboard` on a free loopback port; -> its URL, read from the
--- line it says on stderr once it listens.
-local function start_dashboard()
-  local pid, log = start(("dashboard --redis %s --listen 127.0.0.1:0"):format(rq.server().url))
+-- line it says on stderr once it listens. env: set before the command.
+local function start_dashboard(env)
+  local pid, log = start(("dashboard --redis %s --listen 127.0.0.1:0"):format(rq.server().url), env)
   local url
   helpers.wait_for(function()
     assert(helpers.process_exists(pid), "moonjob dashboard exited: " .. table.concat(rq.read_lines(log), "\n"))
@@ -37,6 +37,11 @@ local function start_dashboard()
   return url
 end
 
+local function need_driver()
+  assert(os.execute("test -d spec/browser/node_modules/puppeteer-core") == 0,
+    "puppeteer-core is not installed: run make browser-deps (npm ci --prefix spec/browser)")
+end
+
 local function shell_quote(text)
   return "'" .. text:gsub("'", "'\\''") .. "'"
 end
@@ -44,16 +49,16 @@ end
 rq.describe(function()
   describe("the dashboard in chromium", function()
     it("shows a failed job with its error, retries it to completion, pauses and resumes the queue", function()
-      assert(os.execute("test -d spec/browser/node_modules/puppeteer-core") == 0,
-        "puppeteer-core is not installed: run make browser-deps (npm ci --prefix spec/browser)")
-      local name = rq.new_queue()
+      need_driver()
+      local name = "payments" -- names of a queue as a user would have, for the screenshots
       local q = rq.new_producer(name)
-      local gate = helpers.write_file(os.tmpname(), "declined\n")
+      local dir = helpers.tmpdir()
+      local gate = helpers.write_file(dir .. "/declined", "the card is declined while this file is here\n")
       local done = {}
       for i = 1, 12 do done[i] = assert(q:add({ order = 1000 + i, sleep = 0.02 * (i % 4) }, { name = "charge" })) end
       local bad = assert(q:add({ order = 1042, gate = gate }, { id = "order-1042", name = "charge <b>card</b>" }))
       -- a second queue, with delayed jobs, for the list of queues
-      local later = rq.new_producer(rq.new_queue())
+      local later = rq.new_producer("reports")
       for i = 1, 3 do assert(later:add({ report = i }, { delay = 3600 })) end
 
       start(("worker %s --redis %s --queue %s -j 2 --quiet"):format(PROCESSOR, rq.server().url, name))
@@ -61,6 +66,7 @@ rq.describe(function()
       local _, err = bad:wait(30)
       assert.equal("ECARD", err and err.code)
       os.remove(gate) -- from now on the job passes: the page's Retry completes it
+      os.remove(dir)
 
       local url = start_dashboard()
       local add = ("echo '{\"order\":2001}' | %s scripts/moonjob add --redis %s --queue %s")
@@ -78,6 +84,20 @@ rq.describe(function()
       helpers.wait_for(function() return true end) -- a new bound: the browser took a while
       local job = assert(q:job("order-1042"))
       assert.equal("completed", job.state)
+      assert.is_false(q:counts().paused)
+    end)
+
+    it("needs its token: EAUTH without it; opened once with ?token=, the tab keeps it", function()
+      need_driver()
+      local q = rq.new_producer("tokens")
+      assert(q:add({ order = 1 }, { delay = 3600 }))
+      local url = start_dashboard("MOONJOB_DASHBOARD_TOKEN=s3cret-t0ken")
+      local out, errout, status = helpers.sh(("timeout 120 node %s --token %s s3cret-t0ken tokens"):format(DRIVER, url))
+      local said = out .. errout
+      assert.equal(0, status, said)
+      assert.matches("ok: EAUTH in the banner without the token", said)
+      assert.matches("ok: an action with the kept token", said)
+      helpers.wait_for(function() return true end) -- a new bound: the browser took a while
       assert.is_false(q:counts().paused)
     end)
   end)

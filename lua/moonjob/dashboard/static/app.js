@@ -57,9 +57,8 @@ async function api(method, path, body) {
   try { answer = await response.json(); } catch (e) { /* not JSON: said below */ }
   if (!response.ok) {
     const err = (answer && answer.error) || {};
-    const hint = response.status === 401 ? " (open the page with ?token=TOKEN)" : "";
     throw new ApiError(response.status, err.code || "HTTP " + response.status,
-      (err.message || response.statusText || "the request failed") + hint);
+      err.message || response.statusText || "the request failed");
   }
   return answer;
 }
@@ -350,8 +349,7 @@ function jobTable(route, jobs) {
 
 function pager(route, total) {
   const first = route.offset + 1, last = Math.min(route.offset + PAGE_SIZE, total);
-  const info = total === 0 ? "none" : first > total ? `past the end (${num(total)} in all)` :
-    `${num(first)}–${num(last)} of ${num(total)}`;
+  const info = total === 0 ? "none" : `${num(first)}–${num(last)} of ${num(total)}`;
   const go = (offset, label, test, enabled) => enabled
     ? h("a", { class: "btn btn-plain", href: link.queue(route.name, route.state, offset), test }, label)
     : h("span", { class: "btn btn-plain disabled", test }, label);
@@ -378,7 +376,12 @@ const queuePage = {
   async load(route) {
     const [overview, page] = await Promise.all([
       api("GET", queuePath(route.name)),
-      api("GET", `${queuePath(route.name)}/jobs?state=${route.state}&offset=${route.offset}&limit=${PAGE_SIZE}`),
+      api("GET", `${queuePath(route.name)}/jobs?state=${route.state}&offset=${route.offset}&limit=${PAGE_SIZE}`)
+        .catch((e) => {
+          if (e.code !== "ERANGE" || route.offset === 0) throw e;
+          location.replace(link.queue(route.name, route.state)); // the page emptied: back to the first
+          return { total: 0, jobs: [] };
+        }),
     ]);
     return { overview, page };
   },
@@ -514,6 +517,10 @@ async function refresh() {
   } catch (e) {
     if (mine !== generation) return;
     showError(e, "poll");
+    if (shown === null) { // nothing of this route drawn yet: say why not
+      document.getElementById("main").replaceChildren(h("p", { class: "empty", test: "page-error" },
+        "This page cannot be shown: " + e.message));
+    }
   }
   schedule();
 }
@@ -523,6 +530,7 @@ function routeChanged() {
   shown = null;
   const route = parseRoute();
   crumbs(route);
+  document.getElementById("main").replaceChildren(h("p", { class: "muted" }, "Loading…"));
   document.title = route.id ? `job ${route.id} · ${route.name} · moonjob` : route.name ? `${route.name} · moonjob` : "moonjob";
   refresh();
 }
