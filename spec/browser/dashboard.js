@@ -10,7 +10,8 @@
 // FAILED_ID failed with ERROR_CODE but passes when run again. With --token,
 // the dashboard has TOKEN: the page without it says EAUTH; opened once with
 // ?token=TOKEN it shows QUEUE, and still does after a reload without it
-// (the tab keeps it). Environment:
+// (the tab keeps it); and it asks the server nothing while its tab is
+// hidden. Environment:
 //   MOONJOB_ADD_JOB       a shell command that adds one job to QUEUE and
 //                         prints its id (the job added while paused)
 //   MOONJOB_SCREENSHOTS   a directory: the three pages saved there as PNG
@@ -184,6 +185,32 @@ async function tokenChecks(page) {
   await expectText(page, '[data-test="queue-status"]', { is: "running" }, "the queue running again");
 }
 
+// Polling: the page asks again while visible, not while its tab is hidden,
+// and at once when it is shown again.
+async function pollingChecks(browser, page) {
+  let asked = 0;
+  page.on("request", (r) => { if (r.url().includes("/api/")) asked += 1; });
+  const askedAgain = async (what) => {
+    const deadline = Date.now() + WAIT_MS;
+    const before = asked;
+    while (asked === before && Date.now() < deadline) await sleep(50);
+    if (asked === before) throw new Error(`expected the page to ask the server again ${what}`);
+    ok(`the page asked again ${what}`);
+  };
+  await askedAgain("while visible");
+  const other = await browser.newPage();
+  await other.bringToFront();
+  await sleep(300); // a request already sent may still end
+  if (!(await page.evaluate(() => document.hidden))) throw new Error("the first tab is not hidden behind another");
+  asked = 0;
+  await sleep(PAUSED_WATCH_MS + 2000);
+  if (asked !== 0) throw new Error(`the page asked the server ${asked} times while its tab was hidden`);
+  ok("no requests while the tab was hidden");
+  await page.bringToFront();
+  await askedAgain("once shown");
+  await other.close();
+}
+
 async function main() {
   const browser = await puppeteer.launch({
     executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
@@ -201,6 +228,7 @@ async function main() {
     page.on("dialog", (d) => d.accept());
     if (tokenMode) {
       await tokenChecks(page);
+      await pollingChecks(browser, page);
     } else {
       await seeQueues(page);
       await seeFailed(page);
