@@ -114,7 +114,7 @@ rq.describe(function()
       local name = rq.new_queue()
       local q = rq.new_producer(name)
       local _, werr = rq.start_worker(name, "-j 1")
-      assert(wait_for(function() return q:counts().exists end)) -- the worker's first fetch made it
+      assert(wait_for(function() return q:exists() end)) -- the worker registered it
       local out, err, status = moonjob("pause --queue " .. name)
       assert.equal(0, status, err)
       assert.same({ action = "pause", paused = true, queue = name }, ndjson(out)[1])

@@ -151,8 +151,18 @@ rq.describe(function()
       pool:close()
       for i = 1, 30 do assert(q:add({ n = i })) end
       assert.equal(31, assert(q:obliterate()))
-      assert.equal("", rq.server():cli("KEYS", "mj:{" .. name .. "}:*"))
+      -- the token counter stays: a run of a job added now never shares a token with one before
+      assert.equal("mj:{" .. name .. "}:tokens", rq.server():cli("KEYS", "mj:{" .. name .. "}:*"))
       assert.is_false(q:counts().exists)
+      assert.is_false(q:exists())
+      local again = assert(q:add({ echo = "new" }))
+      local tokens = tonumber(rq.server():cli("GET", "mj:{" .. name .. "}:tokens"))
+      rq.pool(name, { size = 1 })
+      assert.same({ id = again.id, attempt = 1, echo = "new" }, again:wait(20))
+      assert.equal(tokens + 1, tonumber(rq.server():cli("GET", "mj:{" .. name .. "}:tokens")))
+      local listed = false
+      for _, info in ipairs(assert(moonjob.queues(rq.server().url))) do listed = listed or info.name == name end
+      assert.is_true(listed) -- an add registers the queue again
     end)
 
     it("cleans finished jobs by age and says ENOQUEUE for a queue that does not exist", function()
@@ -276,6 +286,94 @@ rq.describe(function()
       assert.equal("0", rq.server():cli("EXISTS", "mj:{" .. name .. "}:j:spoiled"))
       local _, err = q:retry("fine")
       assert.equal("ESTATE", err.code)
+    end)
+  end)
+end)
+
+rq.describe(function()
+  describe("operating a queue, the hard cases", function()
+    it("keeps the metrics' run time to the run itself, not the time a job waited prefetched", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      local jobs = {}
+      for i = 1, 8 do jobs[i] = assert(q:add({ sleep = 0.05 })) end
+      rq.pool(name, { size = 1, prefetch = 4 })
+      for _, j in ipairs(jobs) do assert(j:wait(20)) end
+      local t = assert(q:metrics({ minutes = 2 })).total
+      assert.equal(8, t.runs)
+      -- 50 ms sleeps: in the 50 or 100 ms bucket; counted from the fetch, most would be 100-250 ms
+      assert.truthy(t.p90_ms <= 100, "p90 " .. tostring(t.p90_ms))
+      local done = assert(q:jobs("completed", { limit = 8 }))
+      for _, j in ipairs(done) do assert.truthy(j.ms < 150, "run time " .. j.ms) end
+    end)
+
+    it("retries every failed job once, even while a worker fails them again", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      local jobs = {}
+      for i = 1, 300 do jobs[i] = assert(q:add({ fail = true })) end
+      rq.pool(name, { size = 2 })
+      for _, j in ipairs(jobs) do j:wait(20) end
+      assert.equal(300, q:counts().failed)
+      local n = assert(q:retry_all()) -- the pool fails them again at once
+      assert.equal(300, n)
+    end)
+
+    it("cuts previews at a character, and writes text that is not UTF-8 as U+FFFD", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      local data = string.rep("é", 200) -- 400 bytes
+      assert(q:add(data, { id = "utf" }))
+      local job = assert(q:jobs("waiting", { preview = 300 }))[1] -- '"' then 2-byte characters
+      assert.equal(299, #job.data_preview) -- not 300: that would end inside a character
+      assert.is_nil(require("moonjob.codec.json").utf8_error_at(job.data_preview))
+      local out = require("moonjob.redis.operate").encode({ line = "caf\233" })
+      assert.equal('{"line":"caf\239\191\189"}', out)
+    end)
+
+    it("keeps a job's output and error that are not UTF-8, as U+FFFD, and shows them", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      local job = assert(q:add({ latin1 = true }, { id = "latin1" }))
+      rq.pool(name, { size = 1 })
+      local _, err = job:wait(20)
+      assert.matches("na\239\191\189ve error", err.message)
+      local seen = assert(q:job("latin1"))
+      assert.same({ "caf\239\191\189 latin-1" }, seen.log)
+      local text = require("moonjob.redis.operate").encode(seen)
+      assert.is_nil(require("moonjob.codec.json").utf8_error_at(text))
+    end)
+
+    it("hears a pause whose message was lost, even with no room to fetch, and gives held jobs back", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      local log = os.tmpname()
+      local first = assert(q:add({ sleep = 3, log = log }, { id = "long" }))
+      for i = 1, 2 do assert(q:add({ log = log }, { id = "held" .. i })) end
+      rq.pool(name, { size = 1, prefetch = 2 }) -- full: 1 running, 2 held
+      assert(wait_for(function() return #rq.read_lines(log) == 1 end))
+      rq.server():cli("SET", "mj:{" .. name .. "}:paused", "1") -- a pause with no message
+      assert(wait_for(function() return q:counts().waiting == 2 end, 10))
+      assert(first:wait(20))
+      assert.equal(1, #rq.read_lines(log))
+      os.remove(log)
+    end)
+
+    it("takes no pause of a queue of the same name in another database", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      local other = assert(moonjob.queue(rq.server().url:gsub("/0$", "/1"), name))
+      local pool = rq.pool(name, { size = 1 })
+      local said = {}
+      pool:on("redis", function(kind) said[#said + 1] = kind end)
+      assert(wait_for(function() return q:exists() end))
+      assert(other:add({ n = 1 }))
+      assert(other:pause())
+      helpers.sleep(1.5)
+      assert.is_nil(table.concat(said, " "):find("paused"))
+      assert(q:add({ echo = 1 }):wait(20)) -- db 0's queue runs
+      other:obliterate()
+      other:close()
     end)
   end)
 end)

@@ -45,6 +45,9 @@ local function operate_command(command, o)
   local takes = OPERATE[command]
   if command == "retry" and o.all then
     if #rest > 0 then return usage_error("moonjob retry takes job ids or --all, not both") end
+    if o.state and o.state ~= "failed" and o.state ~= "completed" then
+      return usage_error("moonjob retry --all takes --state failed (the default) or --state completed")
+    end
     return operate.retry_all(o)
   end
   if takes == "none" and rest[1] then return usage_error(("unexpected argument '%s'"):format(rest[1])) end

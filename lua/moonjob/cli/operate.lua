@@ -17,10 +17,10 @@
 -- was done, 1 when something was refused (an unknown id, a job in another
 -- state, no such queue: each said), 2 for usage errors.
 local core = require "moonjob.core"
-local json = require "moonjob.codec.json"
 local loop = require "moonjob.loop"
 local moonjob = require "moonjob"
 local stops = require "moonjob.cli.stops"
+local Operate = require "moonjob.redis.operate"
 
 local M = {}
 local EXIT_OK, EXIT_FAILED = stops.EXIT_OK, stops.EXIT_FAILED
@@ -46,12 +46,30 @@ end
 
 function Out:object(t)
   if self.table then self.rows[#self.rows + 1] = t return end
-  self:write(assert(json.encode(t)), "\n")
+  self:write(Operate.encode(t), "\n")
+end
+
+-- Text for a terminal: control characters (an escape sequence a job
+-- printed) shown as "?", lines and tabs kept.
+local function clean(s)
+  return (tostring(s):gsub("[%z\1-\8\11-\31\127]", "?"))
+end
+
+-- The terminal's width in columns (stdout's), else COLUMNS, else 120.
+local ffi = require "ffi"
+pcall(ffi.cdef, [[
+struct moonjob_winsize { unsigned short rows, cols, xpixel, ypixel; };
+int ioctl(int fd, unsigned long request, ...);
+]])
+function M.terminal_width()
+  local ws = ffi.new("struct moonjob_winsize")
+  if ffi.C.ioctl(1, 0x5413, ws) == 0 and ws.cols > 0 then return ws.cols end -- TIOCGWINSZ
+  return tonumber(os.getenv("COLUMNS")) or 120
 end
 
 local function cell(v)
   if v == nil then return "" end
-  if type(v) == "table" then v = json.encode(v) or "?" end
+  if type(v) == "table" then v = Operate.encode(v) end
   return (tostring(v):gsub("%c", " "))
 end
 
@@ -59,7 +77,7 @@ end
 -- terminal's width.
 function Out:flush(columns)
   if not self.table then return self:done() end
-  local width = tonumber(os.getenv("COLUMNS")) or 120
+  local width = M.terminal_width()
   local widths = {}
   for i, c in ipairs(columns) do widths[i] = #c end
   local cells = {}
@@ -101,7 +119,7 @@ function Out:done()
 end
 
 local function open_queue(o)
-  local q, err = moonjob.queue(o.redis, o.queue, { register = false })
+  local q, err = moonjob.queue(o.redis, o.queue)
   if not q then say(tostring(err)) end
   return q
 end
@@ -113,7 +131,7 @@ local function existing_queue(o)
   if not q then return nil end
   local c, err = q:counts()
   if not c then say(tostring(err)) q:close() return nil end
-  if c.exists then return q, c end
+  if c.exists or q:exists() then return q, c end
   q:close()
   local names = {}
   for _, info in ipairs(moonjob.queues(o.redis) or {}) do names[#names + 1] = info.name end
@@ -138,8 +156,8 @@ local function job_row(job, table_form)
   end
   if table_form then
     row.outcome = job.error and (tostring(job.error.code) .. ": " .. tostring(job.error.message))
-      or (job.result ~= nil and json.encode(job.result)) or job.result_preview
-      or (job.data ~= nil and "data " .. (json.encode(job.data) or "?")) or job.data_preview
+      or (job.result ~= nil and Operate.encode(job.result)) or job.result_preview
+      or (job.data ~= nil and "data " .. Operate.encode(job.data)) or job.data_preview
     row.attempts = ("%d/%d"):format(job.attempts or 0, job.max_attempts or 1)
     row.at = when(job.finished or job.started or job.created)
   end
@@ -192,13 +210,13 @@ function M.job(id, o)
     if job[k] then out:write(("%-9s %s\n"):format(k, when(job[k]))) end
   end
   if job.ms then out:write(("%-9s %d ms\n"):format("ran", job.ms)) end
-  out:write("data      ", json.encode(job.data) or "?", "\n")
-  if job.result ~= nil then out:write("result    ", json.encode(job.result) or "?", "\n") end
+  out:write("data      ", clean(Operate.encode(job.data)), "\n")
+  if job.result ~= nil then out:write("result    ", clean(Operate.encode(job.result)), "\n") end
   if job.error then
-    out:write("error     ", tostring(job.error.code), ": ", tostring(job.error.message), "\n")
-    if job.error.traceback then out:write(tostring(job.error.traceback), "\n") end
+    out:write("error     ", clean(job.error.code), ": ", clean(job.error.message), "\n")
+    if job.error.traceback then out:write(clean(job.error.traceback), "\n") end
   end
-  if #job.log > 0 then out:write("log\n  ", table.concat(job.log, "\n  "), "\n") end
+  if #job.log > 0 then out:write("log\n  ", clean(table.concat(job.log, "\n  ")), "\n") end
   return out:done() and EXIT_OK or EXIT_FAILED
 end
 

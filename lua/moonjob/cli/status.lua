@@ -4,9 +4,8 @@
 --   waiting 120, delayed 0, running 4, held 2, completed 880, failed 3
 --
 -- running: jobs a worker has started; held: jobs fetched by a worker that
--- has not started them yet (prefetched; workers say a job started at their
--- next lease renewal, so a job may show as held for lease/12 after its
--- start). completed and failed count every job that ever ended so.
+-- has not started them yet (prefetched; workers say a job started within
+-- 200 ms, so a job may show as held that long after its start). completed and failed count every job that ever ended so.
 -- `paused` ends the line while the queue is paused, `missing N` once jobs
 -- were found gone from Redis. A queue with no key at all is "no such
 -- queue" (exit 1), not a line of zeros.
@@ -80,7 +79,9 @@ local function show(c, rate, o, in_place)
   if o.watch and rate then
     line = line .. (" | %.1f jobs/s, %s"):format(rate, eta_text(c.waiting + c.active, rate))
   end
-  if in_place then return write("\r\27[K", line) end
+  if in_place then -- one row, so that \r and erase-line redraw all of it
+    return write("\r\27[K", line:sub(1, require("moonjob.cli.operate").terminal_width() - 1))
+  end
   return write(line, "\n")
 end
 

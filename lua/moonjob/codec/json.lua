@@ -163,6 +163,23 @@ if C then
   end
 end
 M.utf8_error_at = utf8_error_at
+
+-- json.to_utf8(s) -> s, with each byte that is not part of UTF-8 text
+-- replaced by U+FFFD: text from a processor's output or an error message,
+-- made fit to be written as JSON (encode refuses what is not UTF-8).
+function M.to_utf8(s)
+  local at = utf8_error_at(s)
+  if not at then return s end
+  local parts, from = {}, 1
+  while at do
+    parts[#parts + 1] = sub(s, from, at - 1)
+    parts[#parts + 1] = "\239\191\189"
+    from = at + 1
+    at = utf8_error_at(s, from)
+  end
+  parts[#parts + 1] = sub(s, from)
+  return table.concat(parts)
+end
 M.lua_utf8_error_at = lua_utf8_error_at -- (the specs compare the two)
 
 -- json.valid_text(s) -> s, with each byte where it stops being UTF-8

@@ -15,6 +15,7 @@
 -- busy queue, 502 Redis failed.
 local json = require "moonjob.codec.json"
 local producer = require "moonjob.redis.producer"
+local Operate = require "moonjob.redis.operate"
 
 local Api = {}
 Api.__index = Api
@@ -47,7 +48,7 @@ local function segments(path)
 end
 
 local function reply(server, req, status, t)
-  server:respond(req, status, assert(json.encode(t)))
+  server:respond(req, status, Operate.encode(t))
 end
 
 local function fail(server, req, err)
@@ -117,7 +118,8 @@ end
 function Api:jobs(server, req, q)
   local offset = tonumber(query_arg(req.query, "offset") or "0")
   local limit = tonumber(query_arg(req.query, "limit") or "20")
-  if not offset or offset < 0 or offset % 1 ~= 0 or not limit or limit < 1 or limit > 1000 or limit % 1 ~= 0 then
+  if not offset or offset < 0 or offset > 2 ^ 53 or offset % 1 ~= 0 or not limit or limit < 1 or limit > 1000
+      or limit % 1 ~= 0 then
     return fail(server, req, { code = "EINPUT", message = "offset must be a whole number, 0 or more, and limit one from 1 to 1000" })
   end
   local jobs, total = q:jobs(query_arg(req.query, "state") or "waiting",

@@ -1,8 +1,9 @@
 -- moonjob.dashboard.metrics -- the dashboard's /metrics: every queue of the
 -- server in Prometheus' text format (moonjob.prometheus writes it).
 --
---   moonjob_queue_jobs{queue,state}              gauge: jobs by state now
---                                                (waiting, delayed, active, held)
+--   moonjob_queue_jobs{queue,state}              gauge: jobs by state now (waiting,
+--                                                delayed, running, held: a partition,
+--                                                running + held = active)
 --   moonjob_queue_paused{queue}                  gauge: 1 while paused
 --   moonjob_queue_completed_total{queue}         counter: jobs that ever completed
 --   moonjob_queue_failed_total{queue}            counter: jobs that ever failed for good
@@ -22,33 +23,47 @@ local function family(name, type, help)
   return { name = name, type = type, help = help, samples = {} }
 end
 
--- The queues' families, or nil and why.
+-- One queue's samples added to the families f. -> true | nil, err.
+local function add_queue(f, server, c)
+  local q = c.name
+  local values = { waiting = c.waiting, delayed = c.delayed, running = c.active - c.held, held = c.held }
+  for _, state in ipairs({ "waiting", "delayed", "running", "held" }) do
+    f.jobs.samples[#f.jobs.samples + 1] = { labels = { queue = q, state = state }, value = values[state] }
+  end
+  f.paused.samples[#f.paused.samples + 1] = { labels = { queue = q }, value = c.paused and 1 or 0 }
+  f.completed.samples[#f.completed.samples + 1] = { labels = { queue = q }, value = c.completed }
+  f.failed.samples[#f.failed.samples + 1] = { labels = { queue = q }, value = c.failed }
+  local m, err = producer.attach(server.client, q):metrics({ minutes = 1 })
+  if not m then return nil, err end
+  local bounds = {}
+  for i, ms in ipairs(m.buckets) do bounds[i] = ms / 1000 end
+  local t = m.total
+  f.runs.samples[#f.runs.samples + 1] = prometheus.histogram({ queue = q }, bounds, t.counts,
+    (t.mean_ms or 0) * t.runs / 1000)
+  return true
+end
+
+-- The text of every queue's families, or nil and why. A queue whose keys
+-- another client spoiled (its counts cannot be read) is left out.
 function M.render(server)
   local list, err = producer.list_queues(server.client)
   if not list then return nil, err end
-  local jobs = family("moonjob_queue_jobs", "gauge", "Jobs in the queue by state (held: active but not started).")
-  local paused = family("moonjob_queue_paused", "gauge", "1 while the queue is paused.")
-  local completed = family("moonjob_queue_completed_total", "counter", "Jobs of the queue that ever completed.")
-  local failed = family("moonjob_queue_failed_total", "counter", "Jobs of the queue that ever failed for good.")
-  local runs = family("moonjob_queue_job_duration_seconds", "histogram",
-    "Run time of the queue's jobs (from start to end, on the Redis server's clock).")
+  local f = {
+    jobs = family("moonjob_queue_jobs", "gauge",
+      "Jobs in the queue by state (running: started on a worker; held: fetched, not started)."),
+    paused = family("moonjob_queue_paused", "gauge", "1 while the queue is paused."),
+    completed = family("moonjob_queue_completed_total", "counter", "Jobs of the queue that ever completed."),
+    failed = family("moonjob_queue_failed_total", "counter", "Jobs of the queue that ever failed for good."),
+    runs = family("moonjob_queue_job_duration_seconds", "histogram",
+      "Run time of the queue's jobs, as their workers measured it."),
+  }
   for _, c in ipairs(list) do
-    local q = c.name
-    for _, state in ipairs({ "waiting", "delayed", "active", "held" }) do
-      jobs.samples[#jobs.samples + 1] = { labels = { queue = q, state = state }, value = c[state] }
+    if not c.error then
+      local ok, aerr = add_queue(f, server, c)
+      if not ok then return nil, aerr end
     end
-    paused.samples[#paused.samples + 1] = { labels = { queue = q }, value = c.paused and 1 or 0 }
-    completed.samples[#completed.samples + 1] = { labels = { queue = q }, value = c.completed }
-    failed.samples[#failed.samples + 1] = { labels = { queue = q }, value = c.failed }
-    local m, merr = producer.attach(server.client, q):metrics({ minutes = 1 })
-    if not m then return nil, merr end
-    local bounds = {}
-    for i, ms in ipairs(m.buckets) do bounds[i] = ms / 1000 end
-    local t = m.total
-    runs.samples[#runs.samples + 1] = prometheus.histogram({ queue = q }, bounds, t.counts,
-      (t.mean_ms or 0) * t.runs / 1000)
   end
-  return prometheus.render({ jobs, paused, completed, failed, runs })
+  return prometheus.render({ f.jobs, f.paused, f.completed, f.failed, f.runs })
 end
 
 return M

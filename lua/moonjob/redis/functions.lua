@@ -55,6 +55,7 @@
 
 -- A job's id, name and backoff are small: a fetch reply's bound counts on it.
 local FIELD_MAX = 1024
+local REGISTRY = "mj:queues"   -- the names of the queues (moonjob.queues); see add
 local SECONDS_MAX = 1e9        -- timeout, kill_after, cache: the pool's own bound
 local DELAY_MS_MAX = 1e12      -- SECONDS_MAX in ms
 local ATTEMPTS_MAX = 2 ^ 31
@@ -206,10 +207,13 @@ end
 -- prio: the job's priority when the caller read it already. One that is not
 -- a finite number (written around moonjob_add) waits with 0: ZADD refuses NaN,
 -- and the fetch that takes the job fails it with EINPUT.
-local function make_waiting(p, id, key, now, prio)
+-- member: its place in line to keep (a job given back goes where it was).
+local function make_waiting(p, id, key, now, prio, member)
   if prio == nil then prio = redis.call("HGET", key, "priority") end
   prio = number_in(prio, -math.huge, math.huge) or 0
-  local member = string.format("%016d", redis.call("INCR", p .. "seq")) .. ":" .. id
+  if not (member and string.sub(member, 18) == id) then
+    member = string.format("%016d", redis.call("INCR", p .. "seq")) .. ":" .. id
+  end
   redis.call("HSET", key, "state", "waiting", "member", member, "run_at", now)
   if redis.call("ZCARD", p .. "wait") == 0 then publish(p, "added") end
   redis.call("ZADD", p .. "wait", prio, member)
@@ -221,21 +225,22 @@ local function make_delayed(p, id, key, run_at)
 end
 
 -- f: the job's cache, notify and started fields when the caller read them
--- already; f.batched: the caller records metrics and totals for the batch.
+-- already; f.batched: the caller records metrics and totals for the batch;
+-- f.run_ms: the run time its worker measured (then it began run_ms ago).
 local function finish(p, id, key, state, field, value, now, f)
   f = f or redis.call("HMGET", key, "cache", "notify", "started")
   local cache = state == "completed" and number_in(f[1], 0, SECONDS_MAX) or 0
   redis.call("ZREM", p .. "active", id)
+  local fields = { "HSET", key, "state", state, field, value, "finished", now, "token", "" }
   if cache > 0 then
-    redis.call("HSET", key, "state", state, field, value, "finished", now, "token", "",
-      "cache_until", now + math.floor(cache * 1000))
-  else
-    redis.call("HSET", key, "state", state, field, value, "finished", now, "token", "")
+    fields[#fields + 1] = "cache_until"; fields[#fields + 1] = now + math.floor(cache * 1000)
   end
+  if f.run_ms then fields[#fields + 1] = "began"; fields[#fields + 1] = now - f.run_ms end
+  redis.call(unpack(fields))
   redis.call("ZADD", p .. state, now, id)
   if not f.batched then
     count_total(p, state, 1)
-    local ms = f.ran and run_ms(f[3], now)
+    local ms = f.ran and (f.run_ms or run_ms(f[3], now))
     record_metrics(p, now, state == "completed" and 1 or 0, state == "failed" and 1 or 0, { ms })
   end
   if f[2] == "1" then redis.call("PUBLISH", p .. "done", id) end
@@ -448,6 +453,9 @@ local function add(keys, args)
   redis.call("HSET", key, "id", id, "data", data, "priority", prio, "attempts", or_default(args[5], "1"),
     "made", 0, "backoff", args[6], "timeout", or_default(args[7], "0"), "kill_after", or_default(args[8], "0"),
     "name", args[9], "cache", or_default(args[10], "0"), "notify", args[12], "created", now, "nonce", nonce)
+  -- the registry moonjob.queues() reads; pcall: the one key outside the
+  -- queue's prefix, which an ACL user kept to its own keys may not write
+  redis.pcall("SADD", REGISTRY, string.sub(p, 5, -3))
   local delay = math.floor(tonumber(or_default(args[4], 0)))
   if delay > 0 then
     make_delayed(p, id, key, now + delay)
@@ -595,11 +603,16 @@ local function renew(keys, args)
   for i = 2, #args, 3 do
     local id, token = args[i], args[i + 1]
     local key = job_key(p, id)
-    local f = holds(key, token, "cancel")
+    local f = holds(key, token, "cancel", "ran")
     if not f then
       out[#out + 1] = id; out[#out + 1] = "ELOST"; out[#out + 1] = ""
     else
-      if args[i + 2] == "1" then redis.call("HSET", key, "ran", "1") end
+      local ran = args[i + 2]
+      if ran ~= "0" and ran ~= "" and f[4] ~= "1" then -- "1", or "1:<ms since it started>"
+        local ago = tonumber(string.match(ran, "^1:(%d+)$") or "")
+        if ago then redis.call("HSET", key, "ran", "1", "began", now - ago)
+        else redis.call("HSET", key, "ran", "1") end
+      end
       redis.call("ZADD", p .. "active", "XX", now + lease, id)
       if f[3] then
         out[#out + 1] = id; out[#out + 1] = "ECANCELED"; out[#out + 1] = f[3]
@@ -609,25 +622,36 @@ local function renew(keys, args)
   return out
 end
 
+-- The first argument of a moonjob_complete whose jobs come with their run
+-- time measured by the worker (the child's own: its time prefetched is not
+-- counted, as started, set at fetch, would).
+local RUN_MS_MARK = "\0ms"
+
 -- complete(p; id, token, result [, id, token, result ...]) -> { "OK" | "ESTALE", ... }
--- one answer per job, in order.
+-- one answer per job, in order; complete(p; "\0ms", id, token, result,
+-- run_ms, ...) the same with each job's run time (for the metrics).
 local function complete(keys, args)
   local p = keys[1]
-  if #args == 0 or #args % 3 ~= 0 then
-    return refuse("moonjob_complete", "it takes ID TOKEN RESULT triples; the count of arguments was", #args)
+  local timed = args[1] == RUN_MS_MARK -- then quads: id, token, result, run ms
+  local first, step = timed and 2 or 1, timed and 4 or 3
+  if #args < first + step - 1 or (#args - first + 1) % step ~= 0 then
+    return refuse("moonjob_complete", "it takes ID TOKEN RESULT triples (or, after \\0ms, ID TOKEN RESULT "
+      .. "RUN_MS quads); the count of arguments was", #args)
   end
   local now = now_ms()
   local out, runs, done = {}, {}, 0
-  for i = 1, #args - 2, 3 do
+  for i = first, #args - step + 1, step do
     local id, token = args[i], args[i + 1]
     local key = job_key(p, id)
     local f = holds(key, token, "cache", "notify", "started")
     if f then
-      local fin = { f[3], f[4], batched = true } -- totals and metrics counted once for the batch
+      local ms = timed and number_in(args[i + 3], 0, 1e15) or nil
+      -- totals and metrics counted once for the batch
+      local fin = { f[3], f[4], batched = true, run_ms = ms }
       finish(p, id, key, "completed", "result", args[i + 2], now, fin)
       out[#out + 1] = "OK"
       done = done + 1
-      runs[#runs + 1] = run_ms(f[5], now)
+      runs[#runs + 1] = ms or run_ms(f[5], now)
     else
       out[#out + 1] = "ESTALE"
     end
@@ -639,7 +663,8 @@ local function complete(keys, args)
   return out
 end
 
--- fail(p; id, token, error, retry_ms) -> state | "ESTALE"
+-- fail(p; id, token, error, retry_ms [, run_ms]) -> state | "ESTALE"; run_ms:
+-- the attempt's run time as the worker measured it (for the metrics).
 -- retry_ms >= 0: the job runs again after that many ms if it has attempts
 -- left (the worker computed the backoff); -1: it fails for good.
 local function fail(keys, args)
@@ -660,7 +685,8 @@ local function fail(keys, args)
     if retry > 0 then make_delayed(p, id, key, now + math.floor(retry)) else make_waiting(p, id, key, now) end
     return redis.call("HGET", key, "state")
   end
-  finish(p, id, key, "failed", "error", args[3], now, { f[6], f[7], f[8], ran = true })
+  local fin = { f[6], f[7], f[8], ran = true, run_ms = number_in(args[5], 0, 1e15) }
+  finish(p, id, key, "failed", "error", args[3], now, fin)
   return "failed"
 end
 
@@ -670,7 +696,7 @@ local function release(keys, args)
   local p, id, token = keys[1], args[1], args[2]
   if #args < 2 then return refuse("moonjob_release", "it takes ID TOKEN; arguments given", #args) end
   local key = job_key(p, id)
-  local f = holds(key, token, "cancel")
+  local f = holds(key, token, "cancel", "member")
   if not f then return "ESTALE" end
   local now = now_ms()
   redis.call("ZREM", p .. "active", id)
@@ -679,7 +705,7 @@ local function release(keys, args)
   if f[3] then
     finish(p, id, key, "failed", "error", err_json("ECANCELED", f[3]), now)
   else
-    make_waiting(p, id, key, now)
+    make_waiting(p, id, key, now, nil, f[4]) -- given back: its place in line kept
   end
   return "OK"
 end
@@ -746,7 +772,7 @@ local LOG_KEEP_MAX = 10000
 -- A job's fields as listings give them, after its id, in this order
 -- (docs/REDIS.md); absent ones are false.
 local VIEW_FIELDS = { "state", "name", "data", "result", "error", "made", "attempts", "progress",
-  "created", "started", "finished", "worker", "run_at", "priority", "cancel", "ran" }
+  "created", "started", "finished", "worker", "run_at", "priority", "cancel", "ran", "began" }
 
 local SETS = { waiting = "wait", delayed = "delayed", active = "active", completed = "completed",
   failed = "failed" }
@@ -766,13 +792,25 @@ local function member_id(set, member)
   return member
 end
 
+-- s cut to at most n bytes, never inside a UTF-8 character (a cut there
+-- would not be text).
+local function cut_text(s, n)
+  if #s <= n then return s end
+  local b = string.byte(s, n + 1)
+  while n > 0 and b and b >= 0x80 and b <= 0xBF do -- s[n + 1] continues a character
+    n = n - 1
+    b = string.byte(s, n + 1)
+  end
+  return string.sub(s, 1, n)
+end
+
 -- An error cut for a listing: still JSON, its code and the start of its
 -- message (its other fields, a traceback, dropped), or its text cut when
 -- it is not an object.
 local function short_error(text, preview)
   local ok, e = pcall(cjson.decode, text)
-  if not ok or type(e) ~= "table" then return string.sub(text, 1, preview) end
-  return cjson.encode({ code = tostring(e.code), message = string.sub(tostring(e.message), 1, preview) })
+  if not ok or type(e) ~= "table" then return cut_text(text, preview) end
+  return cjson.encode({ code = tostring(e.code), message = cut_text(tostring(e.message), preview) })
 end
 
 -- One job as listings give it: { id, fields... [, cut] }. preview > 0: data
@@ -792,7 +830,7 @@ local function view(p, id, preview)
   for i, v in ipairs(VIEW_FIELDS) do
     local value = f[i]
     if preview > 0 and value and (v == "data" or v == "result" or v == "error") and #value > preview then
-      value = v == "error" and short_error(value, preview) or string.sub(value, 1, preview)
+      value = v == "error" and short_error(value, preview) or cut_text(value, preview)
       cut[#cut + 1] = v
     end
     out[i + 1] = value or false
@@ -898,18 +936,23 @@ end
 
 local BULK_NUMBERS = { { 2, "LIMIT must be a whole number from 1 to " .. BULK_MAX, 1, BULK_MAX, true } }
 
--- retry_all(p; state, limit) -> { retried, left }: up to limit jobs of state
--- (failed or completed; oldest first) run again.
+-- retry_all(p; state, limit [, before_ms]) -> { retried, left, before_ms }:
+-- up to limit jobs of state (failed or completed; oldest first) that ended
+-- at before_ms or earlier (default: now) run again; left counts those that
+-- remain. A caller that calls again passes the before_ms answered, so jobs
+-- that end again meanwhile (retried, failed anew) are not taken twice.
 local function retry_all(keys, args)
   local p, fn = keys[1], "moonjob_retry_all"
   local state = args[1] or "failed"
   if state ~= "failed" and state ~= "completed" then
     return refuse(fn, "STATE must be failed or completed", state)
   end
-  local refused = check_numbers(fn, args, BULK_NUMBERS)
+  local refused = check_numbers(fn, args, { BULK_NUMBERS[1],
+    { 3, "BEFORE_MS must be a number of ms (server time)", 0, 1e15 } })
   if refused then return refused end
   local now = now_ms()
-  local ids = redis.call("ZRANGE", p .. state, 0, (tonumber(args[2]) or 1000) - 1)
+  local before = tonumber(args[3] or "") or now
+  local ids = redis.call("ZRANGEBYSCORE", p .. state, "-inf", before, "LIMIT", 0, tonumber(args[2]) or 1000)
   local retried = 0
   for _, id in ipairs(ids) do
     local key = job_key(p, id)
@@ -921,7 +964,7 @@ local function retry_all(keys, args)
       redis.call("ZREM", p .. state, id)
     end
   end
-  return { retried, redis.call("ZCARD", p .. state) }
+  return { retried, redis.call("ZCOUNT", p .. state, "-inf", before), before }
 end
 
 -- A job out of its set and deleted. member: its wait member, if waiting.
@@ -966,9 +1009,11 @@ local function promote(keys, args)
   return "delayed"
 end
 
--- clean(p; state, older_than_ms, limit) -> { removed, left }: finished jobs
--- (completed or failed) that ended more than older_than_ms ago, oldest
--- first; left: how many of them remain.
+-- clean(p; state, older_than_ms, limit [, before_ms]) -> { removed, left,
+-- before_ms }: finished jobs (completed or failed) that ended more than
+-- older_than_ms ago (or, given, at before_ms or earlier: a caller that calls
+-- again passes the before_ms answered), oldest first; left: how many of
+-- them remain.
 local function clean(keys, args)
   local p, fn = keys[1], "moonjob_clean"
   local state = args[1]
@@ -978,9 +1023,10 @@ local function clean(keys, args)
   end
   local refused = check_numbers(fn, args, {
     { 2, "OLDER_THAN_MS must be a number of ms from 0 to 1e15", 0, 1e15 },
-    { 3, "LIMIT must be a whole number from 1 to " .. BULK_MAX, 1, BULK_MAX, true } })
+    { 3, "LIMIT must be a whole number from 1 to " .. BULK_MAX, 1, BULK_MAX, true },
+    { 4, "BEFORE_MS must be a number of ms (server time)", 0, 1e15 } })
   if refused then return refused end
-  local before = now_ms() - (tonumber(args[2]) or 0)
+  local before = tonumber(args[4] or "") or (now_ms() - (tonumber(args[2]) or 0))
   local ids = redis.call("ZRANGEBYSCORE", p .. state, "-inf", before, "LIMIT", 0, tonumber(args[3]) or 1000)
   for _, id in ipairs(ids) do
     redis.call("ZREM", p .. state, id)
@@ -988,7 +1034,7 @@ local function clean(keys, args)
     local f = job_fields(key, "state")
     if not f or f[1] == state then delete_job(p, id, key) end -- one that ran again is kept
   end
-  return { #ids, redis.call("ZCOUNT", p .. state, "-inf", before) }
+  return { #ids, redis.call("ZCOUNT", p .. state, "-inf", before), before }
 end
 
 -- Up to limit jobs of set removed (wait: from its members); -> how many.
@@ -1021,11 +1067,15 @@ local function drain(keys, args)
 end
 
 -- The keys of a queue that are not jobs (obliterate deletes them last).
-local QUEUE_KEYS = { "seq", "ids", "totals", "tokens", "paused", "m:all" }
+-- tokens stays: a run of a job obliterated must never share its token with a
+-- run of a job added after (its late report would land in the new job).
+local QUEUE_KEYS = { "seq", "ids", "totals", "paused", "m:all" }
 
 -- obliterate(p; limit [, force]) -> { removed, left }: every job and key of
--- the queue, limit jobs per call; refused (EBUSY) while jobs run, unless
--- force "1" (their workers' reports are then refused). Per-minute metrics
+-- the queue (but its token counter), limit jobs per call; refused (EBUSY)
+-- while jobs run, unless force "1" (their workers' reports are then
+-- refused). It pauses the queue until it is gone, so no worker takes a job
+-- between two calls (and a later call is not refused). Per-minute metrics
 -- keys expire by themselves (METRICS_TTL) and are deleted for the last day.
 local function obliterate(keys, args)
   local p, fn = keys[1], "moonjob_obliterate"
@@ -1036,6 +1086,7 @@ local function obliterate(keys, args)
   if running > 0 and args[2] ~= "1" then
     return redis.error_reply(("EBUSY %s: %d job(s) are running; stop the workers, or force"):format(fn, running))
   end
+  redis.call("SET", p .. "paused", "obliterating")
   local limit, removed = tonumber(args[1]) or 1000, 0
   for _, set in ipairs({ "wait", "delayed", "active", "completed", "failed" }) do
     if removed < limit then removed = removed + empty_set(p, set, limit - removed) end
@@ -1056,6 +1107,7 @@ end
 -- job (running jobs go on); workers hear "paused" / "resumed" on <p>events.
 local function pause(keys)
   redis.call("SET", keys[1] .. "paused", "1")
+  redis.pcall("SADD", REGISTRY, string.sub(keys[1], 5, -3)) -- listed, though nothing was added yet
   publish(keys[1], "paused")
   return "OK"
 end
@@ -1070,6 +1122,9 @@ end
 local function progress(keys, args)
   local p, id, token = keys[1], args[1], args[2]
   if #args < 3 then return refuse("moonjob_progress", "it takes ID TOKEN PROGRESS; arguments given", #args) end
+  if not pcall(cjson.decode, args[3]) then
+    return refuse("moonjob_progress", "PROGRESS must be JSON text", args[3])
+  end
   local key = job_key(p, id)
   if not holds(key, token) then return "ESTALE" end
   redis.call("HSET", key, "progress", args[3])
@@ -1125,9 +1180,9 @@ local function metrics(keys, args)
 end
 
 -- held(p) -> active jobs whose worker has not said they started (counted
--- among the first 10,000 active jobs).
+-- among the first 2,000 active jobs: counts() stays cheap).
 local function held_count(p)
-  local ids = redis.call("ZRANGE", p .. "active", 0, 9999)
+  local ids = redis.call("ZRANGE", p .. "active", 0, 1999)
   local held = 0
   for _, id in ipairs(ids) do
     local ran = redis.pcall("HGET", job_key(p, id), "ran")
@@ -1138,8 +1193,7 @@ end
 
 -- Whether the queue has any key at all (a queue that does not exist has none).
 local function exists(p)
-  for _, k in ipairs({ "wait", "delayed", "active", "completed", "failed", "totals", "seq", "ids", "paused",
-      "tokens" }) do
+  for _, k in ipairs({ "wait", "delayed", "active", "completed", "failed", "totals", "seq", "ids", "paused" }) do
     if redis.call("EXISTS", p .. k) == 1 then return 1 end
   end
   return 0

@@ -31,7 +31,7 @@ M.REGISTRY = "mj:queues"
 local STATES = { waiting = true, delayed = true, active = true, completed = true, failed = true }
 local STATE_LIST = "waiting, delayed, active, completed or failed"
 local VIEW_FIELDS = { "state", "name", "data", "result", "error", "made", "attempts", "progress",
-  "created", "started", "finished", "worker", "run_at", "priority", "cancel", "ran" }
+  "created", "started", "finished", "worker", "run_at", "priority", "cancel", "ran", "began" }
 local BULK = 1000 -- jobs per call of the bulk functions
 
 local function decode(text)
@@ -63,8 +63,14 @@ local function job_of(row)
       job.error = decode_error(f.error)
       job.error_cut = cut.error -- only its code and the start of its message
     elseif cut[name] then job[name .. "_preview"] = f[name]
-    else job[name] = decode(f[name]) end
+    else
+      job[name] = decode(f[name])
+      -- not JSON (written by another client): its text, rather than nothing
+      if job[name] == nil and f[name] and f[name] ~= "null" then job[name .. "_preview"] = f[name] end
+    end
   end
+  -- when its child started it (the worker says so); started is when it was fetched
+  job.started = tonumber(f.began) or job.started
   if job.started and job.finished then job.ms = job.finished - job.started end
   return job
 end
@@ -109,10 +115,19 @@ function M.extend(Queue, producer)
     return reply
   end
 
-  -- An error for a queue that has no key at all, else the one given.
+  -- Whether the queue exists: it has a key, or a worker or producer has
+  -- registered it (a worker waits on it, though nothing was added yet).
+  function Queue:exists()
+    local c, err = self:counts()
+    if not c then return nil, err end
+    if c.exists then return true end
+    local member = self.client:call_wait({ "SISMEMBER", M.REGISTRY, self.name })
+    return member == 1
+  end
+
+  -- An error for a queue that does not exist, else the one given.
   function Queue:_no_queue_or(err)
-    local c = self:counts()
-    if c and not c.exists then
+    if self:exists() == false then
       return errors.new("ENOQUEUE", ("no queue '%s' on this server: nothing was ever added to it "
         .. "(moonjob queues lists the queues)"):format(self.name))
     end
@@ -138,13 +153,13 @@ function M.extend(Queue, producer)
       whole(fn, opts, "limit", 1, 1000) or 20, opts.order or "", whole(fn, opts, "preview", 0, 2 ^ 31) or 0)
     if not reply then return nil, err end
     local total = reply[1]
-    if offset > 0 and offset >= total then
-      return nil, errors.new("ERANGE", ("offset %d is past the end: queue %s holds %d %s job(s)")
-        :format(offset, self.name, total, state))
-    end
     if total == 0 then
       local missing = self:_no_queue_or(nil)
       if missing then return nil, missing end
+    end
+    if offset > 0 and offset >= total then
+      return nil, errors.new("ERANGE", ("offset %.0f is past the end: queue %s holds %d %s job(s)")
+        :format(offset, self.name, total, state))
     end
     local out = {}
     for i = 2, #reply do out[#out + 1] = job_of(reply[i]) end
@@ -187,20 +202,24 @@ function M.extend(Queue, producer)
   -- job may run now.
   function Queue:promote(id) return act(self, "moonjob_promote", id) end
 
-  -- Calls a bulk function until nothing is left or limit jobs are done: ->
-  -- how many | nil, err (after some may have been done: the count so far in
-  -- err.done).
+  -- Calls a bulk function until nothing is left, limit jobs are done, or
+  -- as many as its first answer saw (done + left): a queue fed faster than
+  -- it is emptied never keeps it going. call(n, before) gets the cut the
+  -- first answer gave (retry_all, clean). -> how many | nil, err (some may
+  -- have been done: their count in err.done).
   local function bulk(self, limit, call)
-    local done = 0
+    local done, before, total = 0, nil, nil
     while not limit or done < limit do
       local n = limit and math.min(BULK, limit - done) or BULK
-      local reply, err = call(n)
+      local reply, err = call(n, before)
       if not reply then
         err.done = done
         return nil, err
       end
       done = done + reply[1]
-      if reply[2] == 0 or reply[1] == 0 then break end
+      before = before or reply[3]
+      total = total or (reply[1] + reply[2])
+      if reply[2] == 0 or reply[1] == 0 or done >= total then break end
     end
     return done
   end
@@ -213,7 +232,9 @@ function M.extend(Queue, producer)
     local bad = check_state(fn, state, { failed = true, completed = true }, "failed or completed")
     if bad then return nil, bad end
     local limit = whole(fn, opts, "limit", 1, 2 ^ 53)
-    return bulk(self, limit, function(n) return self:_call("moonjob_retry_all", 1, self.prefix, state, n) end)
+    return bulk(self, limit, function(n, before)
+      return self:_call("moonjob_retry_all", 1, self.prefix, state, n, before or "")
+    end)
   end
 
   -- q:clean(state [, { older_than = seconds, limit }]) -> how many removed | nil, err:
@@ -229,8 +250,8 @@ function M.extend(Queue, producer)
       error(fn .. ": option 'older_than' must be a number of seconds, 0 or more", 2)
     end
     local limit = whole(fn, opts, "limit", 1, 2 ^ 53)
-    return bulk(self, limit, function(n)
-      return self:_call("moonjob_clean", 1, self.prefix, state, math.floor(older * 1000), n)
+    return bulk(self, limit, function(n, before)
+      return self:_call("moonjob_clean", 1, self.prefix, state, math.floor(older * 1000), n, before or "")
     end)
   end
 
@@ -289,6 +310,27 @@ function M.extend(Queue, producer)
     end
     return out
   end
+end
+
+-- A copy of v whose strings (keys too) are UTF-8 (json.to_utf8).
+local function to_utf8(v, depth)
+  if type(v) == "string" then return json.to_utf8(v) end
+  if type(v) ~= "table" or depth > 100 then return v end
+  local out = setmetatable({}, getmetatable(v))
+  for k, x in pairs(v) do out[to_utf8(k, depth + 1)] = to_utf8(x, depth + 1) end
+  return out
+end
+
+-- operate.encode(v) -> JSON text of a job, a row, anything read from a
+-- queue: text that is not UTF-8 (a processor's output, data another client
+-- wrote) is written with U+FFFD rather than refused.
+function M.encode(v)
+  local text = json.encode(v)
+  if text then return text end
+  local err
+  text, err = json.encode(to_utf8(v, 0))
+  if text then return text end
+  return assert(json.encode({ error = { code = "EINTERNAL", message = "cannot write as JSON: " .. tostring(err) } }))
 end
 
 -- The q-th quantile of a run-time histogram, interpolated in its bucket.

@@ -62,7 +62,7 @@ function M.new(url, name, opts)
   local q = setmetatable({ client = c, name = name, prefix = M.prefix(name),
     max_payload = opts.max_payload or 1024 * 1024, waiters = {}, listeners = {},
     nonce_prefix = M.random_hex(8), nonces = 0 }, Queue)
-  if opts.register ~= false then M.register(c, name) end
+
   return q
 end
 
@@ -95,7 +95,9 @@ function M.queues(url, opts)
   return list, err
 end
 
--- The registered queues that exist, with their counts, on client c.
+-- The registered queues that exist, with their counts, on client c. A
+-- queue whose counts cannot be read (a key another client spoiled) is
+-- listed with its error (counts.error), never failing the whole list.
 function M.list_queues(c)
   local names, err = c:call_wait({ "SMEMBERS", Operate.REGISTRY })
   if not names then return nil, M.reply_error(err) end
@@ -103,9 +105,13 @@ function M.list_queues(c)
   local out = {}
   for _, name in ipairs(names) do
     local counts, cerr = M.attach(c, name):counts()
-    if not counts then return nil, cerr end
-    counts.name = name
-    if counts.exists then out[#out + 1] = counts end
+    if not counts then
+      out[#out + 1] = { name = name, error = cerr, waiting = 0, delayed = 0, active = 0, held = 0,
+        completed = 0, failed = 0, missing = 0, paused = false }
+    elseif counts.exists then
+      counts.name = name
+      out[#out + 1] = counts
+    end
   end
   return out
 end
@@ -299,8 +305,9 @@ end
 -- paused, held, exists } | nil, err. missing: jobs found gone from Redis
 -- (evicted, deleted by hand); paused: true while the queue is paused; held:
 -- active jobs whose worker has not said yet that they started (workers say
--- so at their next lease renewal, within lease/12); exists: false when the
--- queue has no key at all (a name never used, or obliterated).
+-- so within 200 ms of a start); exists: false when the queue has no key at
+-- all (a name never used, or obliterated; q:exists() also counts a queue a
+-- worker registered).
 function Queue:counts()
   local c, err = self.client:call_wait({ "FCALL", "moonjob_counts", 1, self.prefix })
   if not c then return nil, reply_error(err) end

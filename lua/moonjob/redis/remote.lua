@@ -82,6 +82,7 @@ local RETRY_FIRST_MS, RETRY_MAX_MS = 100, 2000 -- reports and fetches refused fo
 local UPDATES_MS = 100          -- progress and output lines gathered this long
 local STARTED_MS = 200          -- jobs that started are told to Redis within this
 local PAUSED = -2               -- fetch's answer while the queue is paused
+local RUN_MS_MARK = "\0ms"       -- moonjob_complete's first argument: quads, each with its run ms
 local SECONDS_MAX = require("moonjob.pool.options").SECONDS_MAX -- as pool:add takes them
 
 -- Remote.new(port, opts) -> remote: `port` is the pool's moonjob.pool.port;
@@ -128,7 +129,7 @@ function Remote:_start_timers()
   self.fence_timer = core.timer(function() self:_fence() end)
   local step = math.max(10, math.floor(self.lease_ms / FENCE_STEPS))
   self.fence_timer:start(step, step)
-  self.poll_timer = core.timer(function() self:want() end)
+  self.poll_timer = core.timer(function() self:want(true) end)
   self.poll_timer:start(self.poll_ms, self.poll_ms)
   self.retry_timer = core.timer(function()
     self.retry_armed = false
@@ -152,8 +153,7 @@ end
 
 function Remote:_message(kind, message)
   if kind == "resubscribed" or message == "added" then return self:want() end
-  if message == "paused" then return self:_paused(true) end
-  if message == "resumed" then return self:want() end -- fetch says whether it is
+  if message == "paused" or message == "resumed" then return self:want(true) end -- a fetch says
   -- a cancel: channels are shared by every database of the server, so the
   -- message only says "look now"; the renewal asks Redis which of ours it is
   local id = message and message:match("^cancel (.*)$")
@@ -199,11 +199,21 @@ function Remote:_broken(err)
 end
 
 -- want(): fetch if there is room and no fetch is in flight.
-function Remote:want()
-  if self.stopping or self.fetching or not self.up then return end
+-- probe: fetch even without room (N = 0: nothing taken), to learn whether
+-- the queue is paused: the poll does, so that a worker too busy to fetch
+-- still hears of a pause whose message was lost, and so does the "paused"
+-- message (channels are shared by every database of a server: a message
+-- only says "look").
+function Remote:want(probe)
+  if self.stopping or not self.up then return end
+  if self.fetching then
+    if probe then self.probe_pending = true end
+    return
+  end
   if self.lost_fetch then return self:_recover_lost_fetch() end
   local n = self:room()
-  if n <= 0 then return end
+  if n <= 0 and not probe then return end
+  n = math.max(n, 0)
   self.fetching = true
   local sent_at = loop.now()
   self.client:call({ "FCALL", "moonjob_fetch", 1, self.prefix, self.worker_id, n, self.lease_ms,
@@ -215,6 +225,10 @@ function Remote:want()
       self:_fine("fetch")
       self.fetch_retry_ms = RETRY_FIRST_MS
       self:_fetched(reply, n, sent_at)
+      if self.probe_pending then
+        self.probe_pending = false
+        self:want(true)
+      end
     end)
 end
 
@@ -236,17 +250,14 @@ function Remote:_fetch_failed(err, kind)
   end
 end
 
--- A fetch sent before this worker heard of a pause may bring jobs Redis
--- handed out just before it: they go back at once, and a new fetch asks
--- whether the queue is still paused. Jobs from a fetch sent later mean it
--- was resumed.
+-- Only a fetch's answer says the queue is paused ([-2]) or not (anything
+-- else): one fetch is in flight at a time, so answers come in order.
 function Remote:_fetched(reply, n, sent_at)
   if reply[1] == PAUSED then return self:_paused(true) end
-  local before_pause = self.paused and sent_at <= self.paused_at
-  if self.paused and not before_pause then self:_paused(false) end
+  if self.paused then self:_paused(false) end
   local got = 0
   for i = 2, #reply do
-    if self.stopping or before_pause then -- the pool closed meanwhile, or paused: give them back
+    if self.stopping then -- the pool closed while the fetch was in flight: give them back
       local f = reply[i]
       self.counts.released = self.counts.released + 1
       self:_report("release", { "FCALL", "moonjob_release", 1, self.prefix, f[1], f[2] }, {})
@@ -259,7 +270,6 @@ function Remote:_fetched(reply, n, sent_at)
     self.port:pump()
     if got >= n then self:want() end
   end
-  if before_pause and #reply > 1 then loop.defer(function() self:want() end) end
   self:_arm_delayed(reply[1])
 end
 
@@ -399,6 +409,16 @@ function Remote:_cancel_here(job, code, reason)
   self.port:cancel_job(job, reason, code)
 end
 
+-- RAN of a renewal: "0", or "1:<ms since its child started it>" (Redis
+-- keeps when it began: its run time on the dashboard leaves out its time
+-- prefetched).
+function Remote:_ran(job)
+  if not self.port:has_started(job) then return "0" end
+  local started = job.started
+  if not started then return "1" end
+  return ("1:%d"):format(math.max(0, math.floor(loop.now() - started)))
+end
+
 -- Every lease we hold, renewed in one call (one in flight at a time): the
 -- jobs in the pool, and those whose report has not landed yet.
 function Remote:_renew()
@@ -409,7 +429,7 @@ function Remote:_renew()
     if not job.abandoned then
       args[#args + 1] = id
       args[#args + 1] = job.token
-      args[#args + 1] = self.port:has_started(job) and "1" or "0"
+      args[#args + 1] = self:_ran(job)
       sent[#sent + 1] = job
     end
   end
@@ -468,10 +488,18 @@ end
 
 local function encode_error(err)
   local text = json.encode(err)
-  if not text then
-    text = json.encode({ code = tostring(err.code), message = tostring(err.message) })
+  if not text then -- a field JSON cannot hold, or text that is not UTF-8
+    text = json.encode({ code = json.to_utf8(tostring(err.code)), message = json.to_utf8(tostring(err.message)) })
   end
   return text
+end
+
+-- The run time of a job's attempt, whole ms, as its child measured it (the
+-- parent's clock when the child said nothing).
+local function run_ms(job)
+  local ms = job.ms
+  if not ms and job.started then ms = loop.now() - job.started end
+  return math.floor(math.max(0, ms or 0))
 end
 
 function Remote:_forget(job)
@@ -562,7 +590,7 @@ end
 -- What a landed report leaves in the job's hash: the field to read and the
 -- value it must hold (the result, or the error, sent).
 local function trace_of(report, i)
-  if report.what == "complete" then return "result", report.args[4 + 3 * i] end
+  if report.what == "complete" then return "result", report.args[4 + 4 * i] end -- after RUN_MS_MARK, quads
   if report.what == "fail" then return "error", report.args[7] end
 end
 
@@ -598,7 +626,7 @@ function Remote:_completed(job, result_bytes)
   job.ran_here = true
   local batch = self.completions
   if not batch then
-    batch = { args = { "FCALL", "moonjob_complete", 1, self.prefix }, jobs = {} }
+    batch = { args = { "FCALL", "moonjob_complete", 1, self.prefix, RUN_MS_MARK }, jobs = {} }
     self.completions = batch
     loop.defer(function()
       self.completions = nil
@@ -609,6 +637,7 @@ function Remote:_completed(job, result_bytes)
   args[#args + 1] = job.remote_id
   args[#args + 1] = job.token
   args[#args + 1] = Job.bytes(result_bytes)
+  args[#args + 1] = run_ms(job)
   batch.jobs[#batch.jobs + 1] = job
 end
 
@@ -631,7 +660,7 @@ function Remote:_failed(job, err, retry_ms)
   self.counts.failed = self.counts.failed + 1
   job.ran_here = true
   self:_report("fail", { "FCALL", "moonjob_fail", 1, self.prefix, job.remote_id, job.token,
-    encode_error(err), retry_arg(retry_ms) }, { job })
+    encode_error(err), retry_arg(retry_ms), run_ms(job) }, { job })
 end
 
 function Remote:_release(job)
@@ -647,7 +676,7 @@ end
 -- to the queue (running ones finish).
 function Remote:_paused(on)
   if on == self.paused then return end
-  self.paused, self.paused_at = on, on and loop.now() or nil
+  self.paused = on
   if not on then
     return self.port:emit_event("redis", "resumed", "the queue was resumed: fetching again")
   end
@@ -714,7 +743,7 @@ function Remote:output(job, _, line)
   local u = self:_update_of(job)
   if not u then return end
   local lines = u.lines
-  lines[#lines + 1] = line
+  lines[#lines + 1] = json.to_utf8(line) -- a reader decodes it as JSON text
   if #lines > 2 * self.keep_logs then
     local kept = {}
     for i = #lines - self.keep_logs + 1, #lines do kept[#kept + 1] = lines[i] end
