@@ -287,7 +287,9 @@ const queuesPage = {
     const body = queues.map((q) =>
       h("tr", { test: "queue-row", "data-queue": q.name },
         h("td", {}, h("a", { href: link.queue(q.name), class: "queue-name", test: "queue-link" }, q.name),
-          q.paused ? badge("paused", "paused", "paused-badge") : null),
+          q.paused ? badge("paused", "paused", "paused-badge") : null,
+          q.error ? h("div", { class: "err small", test: "queue-error" }, // its counts could not be read
+            `${q.error.code || "ERROR"}: ${q.error.message || ""}`) : null),
         h("td", { class: "n" }, num(q.waiting)),
         h("td", { class: "n" }, num(q.delayed)),
         h("td", { class: "n" }, num(q.active), q.held ? h("span", { class: "muted small" }, ` (${num(q.held)} held)`) : null),
