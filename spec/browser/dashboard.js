@@ -3,11 +3,12 @@
 // dashboard, as a person would. spec/browser/dashboard_spec.lua sets up the
 // queue and runs it:
 //
-//   node spec/browser/dashboard.js URL QUEUE FAILED_ID ERROR_CODE
+//   node spec/browser/dashboard.js URL QUEUE FAILED_ID ERROR_CODE [PAGED_QUEUE TOTAL]
 //   node spec/browser/dashboard.js --token URL TOKEN QUEUE
 //
 // URL is the dashboard's address; QUEUE has one worker process, and its job
-// FAILED_ID failed with ERROR_CODE but passes when run again. With --token,
+// FAILED_ID failed with ERROR_CODE but passes when run again; PAGED_QUEUE
+// holds TOTAL waiting jobs (over 1,000), paged through. With --token,
 // the dashboard has TOKEN: the page without it says EAUTH; opened once with
 // ?token=TOKEN it shows QUEUE, and still does after a reload without it
 // (the tab keeps it); and it asks the server nothing while its tab is
@@ -35,6 +36,7 @@ const tokenMode = process.argv[2] === "--token";
 const [url, queue, failedId, errorCode] = tokenMode
   ? [process.argv[3], process.argv[5], "-", "-"] : process.argv.slice(2);
 const token = tokenMode ? process.argv[4] : "";
+const [pagedQueue, pagedTotal] = tokenMode ? [] : [process.argv[6], Number(process.argv[7])];
 if (!url || !queue || !failedId || !errorCode || (tokenMode && !token)) {
   console.error("usage: node spec/browser/dashboard.js URL QUEUE FAILED_ID ERROR_CODE\n" +
     "       node spec/browser/dashboard.js --token URL TOKEN QUEUE");
@@ -146,6 +148,22 @@ async function retryJob(page) {
   if (banner) throw new Error("the error banner shows after a retry that worked: " + banner);
 }
 
+// Paging through the waiting jobs of a queue of more than a thousand.
+async function paging(page) {
+  const fmt = (n) => n.toLocaleString("en-US");
+  await page.goto(`${url}#/queue/${encodeURIComponent(pagedQueue)}?state=waiting`, { waitUntil: "load" });
+  await expectText(page, '[data-test="state-tab-waiting"] .count', { is: fmt(pagedTotal) },
+    `the waiting tab counting ${fmt(pagedTotal)} jobs`);
+  await expectText(page, '[data-test="page-info"]', { is: `1–20 of ${fmt(pagedTotal)}` }, "the first page of 20");
+  const rows = await page.$$eval('[data-test="job-row"]', (r) => r.length);
+  if (rows !== 20) throw new Error(`expected 20 jobs on a page, saw ${rows}`);
+  await click(page, 'a[data-test="page-next"]', "Next link");
+  await expectText(page, '[data-test="page-info"]', { is: `21–40 of ${fmt(pagedTotal)}` }, "the second page");
+  await click(page, 'a[data-test="page-prev"]', "Prev link");
+  await expectText(page, '[data-test="page-info"]', { is: `1–20 of ${fmt(pagedTotal)}` }, "back on the first page");
+  if (await page.$('a[data-test="page-prev"]')) throw new Error("the first page offers a Prev link");
+}
+
 // Pause: the queue says so on both pages, a job added stays waiting; Resume runs it.
 async function pauseAndResume(page) {
   await page.goto(`${url}#/queue/${encodeURIComponent(queue)}`, { waitUntil: "load" });
@@ -215,7 +233,7 @@ async function main() {
   const browser = await puppeteer.launch({
     executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
     headless: true,
-    args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"],
+    args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--lang=en-US"],
     defaultViewport: { width: 1280, height: 800 },
   });
   const problems = [];
@@ -233,6 +251,7 @@ async function main() {
       await seeQueues(page);
       await seeFailed(page);
       await retryJob(page);
+      if (pagedQueue) await paging(page);
       await pauseAndResume(page);
     }
     if (problems.length) throw new Error("the page reported errors: " + problems.join("; "));

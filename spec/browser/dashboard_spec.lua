@@ -2,8 +2,10 @@
 -- puppeteer-core (spec/browser/dashboard.js; `make browser-deps` installs
 -- them) through a `moonjob dashboard` process, on a real redis-server with a
 -- real `moonjob worker` process. The page shows a failed job with its error;
--- Retry there runs it again and it completes; Pause stops the worker (a job
--- added then stays waiting) and Resume runs it.
+-- Retry there runs it again and it completes; it pages through 1,234 jobs;
+-- Pause stops the worker (a job added then stays waiting) and Resume runs
+-- it. With a token: refused without it, kept by the tab once given; and no
+-- polling while the tab is hidden.
 --
 -- MOONJOB_SCREENSHOTS=DIR saves the three pages there (docs/images/ holds
 -- the ones the guide shows: MOONJOB_SCREENSHOTS=docs/images busted <this file>).
@@ -57,9 +59,14 @@ rq.describe(function()
       local done = {}
       for i = 1, 12 do done[i] = assert(q:add({ order = 1000 + i, sleep = 0.02 * (i % 4) }, { name = "charge" })) end
       local bad = assert(q:add({ order = 1042, gate = gate }, { id = "order-1042", name = "charge <b>card</b>" }))
-      -- a second queue, with delayed jobs, for the list of queues
+      -- a second queue, no worker: 1,234 jobs waiting to page through, 3 delayed
       local later = rq.new_producer("reports")
       for i = 1, 3 do assert(later:add({ report = i }, { delay = 3600 })) end
+      local lines = {}
+      for i = 1, 1234 do lines[i] = ('{"report":%d}'):format(i) end
+      local _, adderr, added = helpers.sh(("%s scripts/moonjob add --redis %s --queue reports >/dev/null")
+        :format(helpers.LUAJIT, rq.server().url), table.concat(lines, "\n") .. "\n")
+      assert.equal(0, added, adderr)
 
       start(("worker %s --redis %s --queue %s -j 2 --quiet"):format(PROCESSOR, rq.server().url, name))
       for i = 1, 12 do assert(done[i]:wait(30)) end
@@ -71,13 +78,14 @@ rq.describe(function()
       local url = start_dashboard()
       local add = ("echo '{\"order\":2001}' | %s scripts/moonjob add --redis %s --queue %s")
         :format(helpers.LUAJIT, rq.server().url, name)
-      local out, errout, status = helpers.sh(("MOONJOB_ADD_JOB=%s timeout 180 node %s %s %s order-1042 ECARD")
+      local out, errout, status = helpers.sh(("MOONJOB_ADD_JOB=%s timeout 180 node %s %s %s order-1042 ECARD reports 1234")
         :format(shell_quote(add), DRIVER, url, name))
       local said = out .. errout
       assert.equal(0, status, said)
       assert.matches("ok: the failed job order%-1042 with its error code ECARD", said)
       assert.matches("ok: the retried job completed", said)
       assert.matches("ok: the job stayed waiting for %d+ s: the workers stopped", said)
+      assert.matches("ok: the second page", said)
       assert.matches("ok: the job ran after Resume", said)
       assert.matches("PASSED", said)
 

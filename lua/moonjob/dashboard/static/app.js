@@ -297,8 +297,11 @@ const queuesPage = {
         h("td", { class: "n" + (q.failed ? " bad" : "") },
           q.failed ? h("a", { href: link.queue(q.name, "failed") }, num(q.failed)) : num(q.failed)),
         h("td", { class: "spark-cell" }, sparkline(q.spark || []))));
+    const sum = (key) => queues.reduce((a, q) => a + (q[key] || 0), 0);
     return h("section", {},
-      h("h1", {}, "Queues"),
+      h("div", { class: "title" }, h("h1", {}, "Queues"),
+        h("span", { class: "muted", test: "queues-summary" }, `${num(queues.length)} on this server · ` +
+          `${num(sum("waiting"))} waiting · ${num(sum("active"))} active · ${num(sum("failed"))} failed`)),
       queues.length === 0
         ? h("p", { class: "empty" }, "No queue on this Redis server yet: add a job (moonjob add) and its queue shows here.")
         : h("table", { class: "data", test: "queues" },
