@@ -327,6 +327,7 @@ function jobSummary(job) {
     return h("span", { class: "err" }, h("code", { class: "code", test: "error-code" }, job.error.code || "ERROR"),
       " ", preview(job.error.message || ""));
   }
+  if (job.error_preview != null) return h("span", { class: "err" }, preview(job.error_preview));
   if (job.state === "completed") return h("code", { class: "preview" }, preview(job.result, job.result_preview));
   if (job.state === "active") {
     return h("span", {}, job.running ? badge("running", "running") : badge("held", "held"),
