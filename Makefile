@@ -57,8 +57,9 @@ DEB_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev libuv1-dev lu
 DEB_PACKAGES += lua-luv rlwrap   # luv: the spec of a host event loop; rlwrap: make repl's line editing
 DEB_PACKAGES += libhttp-parser-dev curl # the core's HTTP server (http.c); curl: its spec's client
 DEB_PACKAGES += prometheus      # promtool: the metrics specs check pool:metrics()'s text with it
+DEB_PACKAGES += chromium        # the dashboard's browser spec (spec/browser/; Node: browser-deps)
 
-.PHONY: all deps bench-deps spec-host test test-fast sanitize chaos demo repl bench install uninstall clean
+.PHONY: all deps bench-deps browser-deps spec-host test test-fast sanitize chaos demo repl bench install uninstall clean
 
 IN_TREE = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="$(BUILD)/?.so;;"
 
@@ -105,6 +106,17 @@ define install_missing
 endef
 deps:
 	$(call install_missing,$(DEB_PACKAGES))
+
+# The dashboard's browser spec (spec/browser/): Node and npm, Debian's unless
+# a node and npm are there already (a nodejs package from elsewhere conflicts
+# with Debian's npm), and puppeteer-core at the version package-lock.json
+# pins (npm ci: it downloads no browser; Debian's chromium is in DEB_PACKAGES).
+NODE_PACKAGES = nodejs npm
+browser-deps: deps
+	@command -v npm >/dev/null 2>&1 || { echo "installing Debian packages: $(NODE_PACKAGES)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(NODE_PACKAGES); }
+	@test -d spec/browser/node_modules/puppeteer-core || npm ci --prefix spec/browser --no-audit --no-fund
 bench-deps:
 	$(call install_missing,$(BENCH_PACKAGES))
 
@@ -120,7 +132,7 @@ $(BUILD)/spec-failing.so: spec/support/host/failing.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(WARN) -fPIC -shared $(LDFLAGS) -o $@ spec/support/host/failing.c -ldl
 
-test: deps all spec-host
+test: deps browser-deps all spec-host
 	$(BUSTED)
 
 # The inner loop: every spec but those tagged #slow (Redis, the REPL,
@@ -155,7 +167,7 @@ SAN_ENV    = ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:log_path=$(SAN_LOGS)/as
              UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$(SAN_LOGS)/ubsan \
              MOONJOB_CPATH="$(SAN_BUILD)/?.so" MOONJOB_PRELOAD=$(SAN_RT)
 
-sanitize: deps
+sanitize: deps browser-deps
 	$(MAKE) BUILD=$(SAN_BUILD) CFLAGS="$(SAN_FLAGS)" LDFLAGS="-fsanitize=address,undefined" all spec-host
 	rm -rf $(SAN_LOGS) && mkdir -p $(SAN_LOGS)
 	$(SAN_ENV) LD_PRELOAD=$(SAN_RT) $(LUA) /usr/bin/busted --cpath="$(SAN_BUILD)/?.so"; \

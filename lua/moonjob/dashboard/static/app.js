@@ -1,0 +1,547 @@
+// moonjob dashboard: the page's script, served by `moonjob dashboard`.
+//
+// One page, plain JavaScript, no build step and nothing from the network.
+// Hash routes:
+//   #/                                every queue: counts, a 30-minute sparkline
+//   #/queue/NAME?state=S&offset=N     a queue: the last hour's chart, tabs per
+//                                     state, a page of jobs, queue actions
+//   #/queue/NAME/job/ID               one job: data, result or error, log, actions
+// It asks the JSON API (lua/moonjob/dashboard/api.lua) again every 2 s while
+// the tab is visible, and redraws only when an answer changed.
+//
+// Caveats: job data, results, errors and names are untrusted, so text goes
+// into the page only as text nodes (textContent, append of strings), never
+// through innerHTML. Every request carries the X-Moonjob-Token header: the
+// page's ?token=, kept in sessionStorage; the server wants the header on
+// every action even when it has no token. Times are the server's clock, shown
+// in the browser's time zone.
+"use strict";
+
+const POLL_MS = 2000;
+const PAGE_SIZE = 20;
+const STATES = ["waiting", "delayed", "active", "completed", "failed"];
+const SVG_NS = "http://www.w3.org/2000/svg";
+const NUMBER = new Intl.NumberFormat();
+
+// ---------------------------------------------------------------- requests
+
+const TOKEN = (() => {
+  const given = new URLSearchParams(location.search).get("token");
+  if (given !== null) sessionStorage.setItem("moonjob-token", given);
+  return sessionStorage.getItem("moonjob-token") || "";
+})();
+
+class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+// api("GET", "queues") -> the decoded answer; throws ApiError with the
+// server's {"error":{"code","message"}} on any other status than 2xx.
+async function api(method, path, body) {
+  const init = { method, cache: "no-store", headers: { "X-Moonjob-Token": TOKEN } };
+  if (method === "POST") {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body || {});
+  }
+  let response;
+  try {
+    response = await fetch("/api/" + path, init);
+  } catch (e) {
+    throw new ApiError(0, "ENETWORK", "the dashboard does not answer: is `moonjob dashboard` still running?");
+  }
+  let answer = null;
+  try { answer = await response.json(); } catch (e) { /* not JSON: said below */ }
+  if (!response.ok) {
+    const err = (answer && answer.error) || {};
+    throw new ApiError(response.status, err.code || "HTTP " + response.status,
+      err.message || response.statusText || "the request failed");
+  }
+  return answer;
+}
+
+const enc = encodeURIComponent;
+const queuePath = (name) => "queues/" + enc(name);
+const jobPath = (name, id) => queuePath(name) + "/jobs/" + enc(id);
+
+// ------------------------------------------------------------ the banner
+
+// An error stays until dismissed, or, when a poll said it, until a poll works;
+// a notice (origin "info": what an action did) for a few seconds.
+function showError(err, origin) {
+  const banner = document.getElementById("banner");
+  document.getElementById("banner-text").textContent =
+    (err.code ? err.code + ": " : "") + (err.message || String(err));
+  banner.dataset.origin = origin;
+  banner.hidden = false;
+  if (origin === "info") setTimeout(() => clearError("info"), 6000);
+}
+
+function clearError(origin) {
+  const banner = document.getElementById("banner");
+  if (!origin || banner.dataset.origin === origin) banner.hidden = true;
+}
+
+// ------------------------------------------------------------ formatting
+
+const num = (n) => (n == null ? "–" : NUMBER.format(n));
+const localTime = (ms) => (ms ? new Date(ms).toLocaleString() : "–");
+const clock = (ms) => new Date(ms).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+
+function duration(ms) {
+  if (ms == null) return "–";
+  if (ms < 1000) return NUMBER.format(Math.round(ms * 10) / 10) + " ms";
+  if (ms < 60000) return (ms / 1000).toFixed(2) + " s";
+  return Math.floor(ms / 60000) + " min " + Math.round((ms % 60000) / 1000) + " s";
+}
+
+// A value (or the server's cut text of it) as one short line.
+function preview(value, cutText, max = 100) {
+  let text = cutText != null ? cutText : value === undefined ? "" : value;
+  if (typeof text !== "string") text = JSON.stringify(text);
+  return text.length > max ? text.slice(0, max) + "…" : text;
+}
+
+const pretty = (value) => (typeof value === "string" ? value : JSON.stringify(value, null, 2));
+
+// ------------------------------------------------------------ DOM helpers
+
+// h("a", { href, class, test, onclick }, child...) -> element. Strings become
+// text nodes; props "text" sets textContent, "test" data-test.
+function h(tag, props, ...kids) {
+  return fill(document.createElement(tag), props, kids);
+}
+
+function s(tag, props, ...kids) {
+  return fill(document.createElementNS(SVG_NS, tag), props, kids);
+}
+
+function fill(node, props, kids) {
+  for (const [key, value] of Object.entries(props || {})) {
+    if (value == null || value === false) continue;
+    if (key === "text") node.textContent = value;
+    else if (key === "test") node.dataset.test = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key === "className" ? "class" : key, value === true ? "" : String(value));
+  }
+  for (const kid of kids.flat(Infinity)) {
+    if (kid != null && kid !== false) node.append(kid);
+  }
+  return node;
+}
+
+const badge = (text, kind, test) => h("span", { class: "badge badge-" + kind, test }, text);
+
+// A button that posts an action, disabled while it runs; then() gets the answer.
+function actionButton(label, test, kind, run, then) {
+  const button = h("button", { type: "button", class: "btn btn-" + kind, test }, label);
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    try {
+      const answer = await run();
+      if (answer === undefined) return; // not confirmed
+      clearError("action");
+      if (then) then(answer);
+    } catch (e) {
+      showError(e, "action");
+    } finally {
+      button.disabled = false;
+      refresh();
+    }
+  });
+  return button;
+}
+
+// ------------------------------------------------------------ routes
+
+const link = {
+  queues: () => "#/",
+  queue: (name, state, offset) =>
+    "#/queue/" + enc(name) + (state ? "?state=" + state + (offset ? "&offset=" + offset : "") : ""),
+  job: (name, id) => "#/queue/" + enc(name) + "/job/" + enc(id),
+};
+
+function parseRoute() {
+  const [path, query] = (location.hash.replace(/^#/, "") || "/").split("?");
+  const params = new URLSearchParams(query || "");
+  let parts;
+  try {
+    parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  } catch (e) {
+    return { page: "missing" };
+  }
+  if (parts.length === 0) return { page: "queues" };
+  if (parts[0] === "queue" && parts.length === 2) {
+    const state = STATES.includes(params.get("state")) ? params.get("state") : "waiting";
+    const offset = Math.max(0, parseInt(params.get("offset"), 10) || 0);
+    return { page: "queue", name: parts[1], state, offset };
+  }
+  if (parts[0] === "queue" && parts.length === 4 && parts[2] === "job") {
+    return { page: "job", name: parts[1], id: parts[3] };
+  }
+  return { page: "missing" };
+}
+
+function crumbs(route) {
+  const items = [h("a", { href: link.queues() }, "Queues")];
+  if (route.name) items.push(h("a", { href: link.queue(route.name), test: "crumb-queue" }, route.name));
+  if (route.id) items.push(h("span", {}, "job " + route.id));
+  const nav = document.getElementById("crumbs");
+  nav.replaceChildren(...items.flatMap((item, i) => (i ? [h("span", { class: "sep" }, "/"), item] : [item])));
+}
+
+// ------------------------------------------------------------ charts (SVG)
+
+// The smallest of 1, 2, 5 times a power of ten that is at least v.
+function niceMax(v) {
+  if (!(v > 0)) return 1;
+  const power = Math.pow(10, Math.floor(Math.log10(v)));
+  for (const m of [1, 2, 5, 10]) if (m * power >= v) return m * power;
+  return 10 * power;
+}
+
+function sparkline(values) {
+  const w = 120, hgt = 28, top = Math.max(1, ...values);
+  const x = (i) => (i * w) / Math.max(1, values.length - 1);
+  const y = (v) => hgt - 2 - (v / top) * (hgt - 4);
+  const line = values.map((v, i) => x(i).toFixed(1) + "," + y(v).toFixed(1)).join(" ");
+  const total = values.reduce((a, b) => a + b, 0);
+  return s("svg", { class: "spark", viewBox: `0 0 ${w} ${hgt}`, width: w, height: hgt, role: "img",
+    "aria-label": num(total) + " completed in the last 30 minutes", test: "sparkline" },
+    s("title", { text: num(total) + " completed in the last 30 minutes (per minute, oldest first)" }),
+    s("polygon", { class: "spark-area", points: `0,${hgt} ${line} ${w},${hgt}` }),
+    s("polyline", { class: "spark-line", points: line }));
+}
+
+// A line through the points whose value is not null (gaps break it), with
+// a dot on each, so that a lone minute shows too.
+function gapLine(kind, values, x, y) {
+  const group = s("g", { class: "line-" + kind });
+  let d = "", pen = false;
+  values.forEach((v, i) => {
+    if (v == null) { pen = false; return; }
+    d += (pen ? "L" : "M") + x(i).toFixed(1) + "," + y(v).toFixed(1);
+    pen = true;
+    group.append(s("circle", { cx: x(i).toFixed(1), cy: y(v).toFixed(1), r: 2.5 }));
+  });
+  group.prepend(s("path", { d }));
+  return group;
+}
+
+// The last hour per minute: completed and failed as stacked bars (left
+// axis, jobs), p50 and p99 run time as lines (right axis, ms).
+function hourChart(minutes) {
+  const W = 860, H = 240, L = 56, R = 64, T = 14, B = 40;
+  const iw = W - L - R, ih = H - T - B, n = Math.max(1, minutes.length), step = iw / n;
+  const jobsTop = niceMax(Math.max(0, ...minutes.map((m) => (m.completed || 0) + (m.failed || 0))));
+  const msTop = niceMax(Math.max(0, ...minutes.map((m) => m.p99_ms || m.p50_ms || 0)));
+  const yJobs = (v) => T + ih - (v / jobsTop) * ih;
+  const yMs = (v) => T + ih - (v / msTop) * ih;
+  const xMid = (i) => L + step * (i + 0.5);
+  const svg = s("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, role: "img", test: "chart",
+    "aria-label": "the last hour per minute: completed and failed jobs, p50 and p99 run time" });
+  for (const f of [0, 0.5, 1]) {
+    const y = T + ih - f * ih;
+    svg.append(s("line", { class: "grid", x1: L, x2: L + iw, y1: y, y2: y }),
+      s("text", { class: "tick", x: L - 6, y: y + 4, "text-anchor": "end", text: num(jobsTop * f) }),
+      s("text", { class: "tick tick-ms", x: L + iw + 6, y: y + 4, text: duration(msTop * f) }));
+  }
+  minutes.forEach((m, i) => {
+    const done = m.completed || 0, failed = m.failed || 0, x = L + step * i + 1, w = Math.max(1, step - 2);
+    const tip = `${clock(m.at)}: ${num(done)} completed, ${num(failed)} failed` +
+      (m.p50_ms != null ? `, p50 ${duration(m.p50_ms)}, p99 ${duration(m.p99_ms)}` : "");
+    svg.append(s("g", { class: "minute" }, s("title", { text: tip }),
+      s("rect", { class: "hit", x: L + step * i, y: T, width: step, height: ih }),
+      s("rect", { class: "bar-completed", x, y: yJobs(done), width: w, height: yJobs(0) - yJobs(done) }),
+      s("rect", { class: "bar-failed", x, y: yJobs(done + failed), width: w, height: yJobs(done) - yJobs(done + failed) })));
+    if (i % 10 === 0 || i === minutes.length - 1) {
+      svg.append(s("text", { class: "tick", x: xMid(i), y: T + ih + 16, "text-anchor": "middle", text: clock(m.at) }));
+    }
+  });
+  svg.append(gapLine("p50", minutes.map((m) => m.p50_ms), xMid, yMs),
+    gapLine("p99", minutes.map((m) => m.p99_ms), xMid, yMs),
+    s("line", { class: "axis", x1: L, x2: L + iw, y1: T + ih, y2: T + ih }),
+    s("text", { class: "axis-title", x: 14, y: T + ih / 2, transform: `rotate(-90 14 ${T + ih / 2})`,
+      "text-anchor": "middle", text: "jobs per minute" }),
+    s("text", { class: "axis-title", x: W - 8, y: T + ih / 2, transform: `rotate(90 ${W - 8} ${T + ih / 2})`,
+      "text-anchor": "middle", text: "run time" }),
+    s("text", { class: "axis-title", x: L + iw / 2, y: H - 4, "text-anchor": "middle", text: "time (per minute)" }));
+  return svg;
+}
+
+function legend() {
+  const key = (kind, label) => h("span", { class: "key" }, h("i", { class: "swatch swatch-" + kind }), label);
+  return h("div", { class: "legend" }, key("completed", "completed"), key("failed", "failed"),
+    key("p50", "p50 run time"), key("p99", "p99 run time"));
+}
+
+// ------------------------------------------------------------ #/ the queues
+
+const queuesPage = {
+  load: () => api("GET", "queues"),
+  render(route, data) {
+    const queues = data.queues || [];
+    const body = queues.map((q) =>
+      h("tr", { test: "queue-row", "data-queue": q.name },
+        h("td", {}, h("a", { href: link.queue(q.name), class: "queue-name", test: "queue-link" }, q.name),
+          q.paused ? badge("paused", "paused", "paused-badge") : null,
+          q.error ? h("div", { class: "err small", test: "queue-error" }, // its counts could not be read
+            `${q.error.code || "ERROR"}: ${q.error.message || ""}`) : null),
+        h("td", { class: "n" }, num(q.waiting)),
+        h("td", { class: "n" }, num(q.delayed)),
+        h("td", { class: "n" }, num(q.active), q.held ? h("span", { class: "muted small" }, ` (${num(q.held)} held)`) : null),
+        h("td", { class: "n" }, num(q.completed)),
+        h("td", { class: "n" + (q.failed ? " bad" : "") },
+          q.failed ? h("a", { href: link.queue(q.name, "failed") }, num(q.failed)) : num(q.failed)),
+        h("td", { class: "spark-cell" }, sparkline(q.spark || []))));
+    const sum = (key) => queues.reduce((a, q) => a + (q[key] || 0), 0);
+    return h("section", {},
+      h("div", { class: "title" }, h("h1", {}, "Queues"),
+        h("span", { class: "muted", test: "queues-summary" }, `${num(queues.length)} on this server · ` +
+          `${num(sum("waiting"))} waiting · ${num(sum("active"))} active · ${num(sum("failed"))} failed`)),
+      queues.length === 0
+        ? h("p", { class: "empty" }, "No queue on this Redis server yet: add a job (moonjob add) and its queue shows here.")
+        : h("table", { class: "data", test: "queues" },
+          h("thead", {}, h("tr", {}, ["Queue", "Waiting", "Delayed", "Active", "Completed", "Failed", "Last 30 min"]
+            .map((t, i) => h("th", { class: i && i < 6 ? "n" : null }, t)))),
+          h("tbody", {}, body)));
+  },
+};
+
+// ------------------------------------------------------------ #/queue/NAME
+
+const DETAIL = {
+  waiting: { time: "Created", at: (j) => j.created },
+  delayed: { time: "Runs at", at: (j) => j.run_at },
+  active: { time: "Started", at: (j) => j.started || j.created },
+  completed: { time: "Finished", at: (j) => j.finished },
+  failed: { time: "Failed at", at: (j) => j.finished },
+};
+
+// The last column: the error, the result, or the data.
+function jobSummary(job) {
+  if (job.error) {
+    return h("span", { class: "err" }, h("code", { class: "code", test: "error-code" }, job.error.code || "ERROR"),
+      " ", preview(job.error.message || ""));
+  }
+  if (job.error_preview != null) return h("span", { class: "err" }, preview(job.error_preview));
+  if (job.state === "completed") return h("code", { class: "preview" }, preview(job.result, job.result_preview));
+  if (job.state === "active") {
+    return h("span", {}, job.running ? badge("running", "running") : badge("held", "held"),
+      job.progress != null ? " progress " + preview(job.progress, job.progress_preview, 40) : "");
+  }
+  return h("code", { class: "preview" }, preview(job.data, job.data_preview));
+}
+
+function jobTable(route, jobs) {
+  const detail = DETAIL[route.state];
+  const rows = jobs.map((job) =>
+    h("tr", { test: "job-row", "data-id": job.id },
+      h("td", {}, h("a", { href: link.job(route.name, job.id), class: "job-id", test: "job-link" }, job.id)),
+      h("td", {}, job.name || ""),
+      h("td", { class: "n" }, num(job.attempts) + (job.max_attempts ? " / " + num(job.max_attempts) : "")),
+      h("td", {}, localTime(detail.at(job))),
+      h("td", { class: "n" }, duration(job.ms)),
+      h("td", { class: "summary" }, jobSummary(job))));
+  return h("table", { class: "data jobs", test: "jobs" },
+    h("thead", {}, h("tr", {}, ["ID", "Name", "Attempts", detail.time, "Run time",
+      route.state === "failed" ? "Error" : route.state === "completed" ? "Result" : route.state === "active" ? "Running" : "Data"]
+      .map((t) => h("th", { class: t === "Attempts" || t === "Run time" ? "n" : null }, t)))),
+    h("tbody", {}, rows));
+}
+
+function pager(route, total) {
+  const first = route.offset + 1, last = Math.min(route.offset + PAGE_SIZE, total);
+  const info = total === 0 ? "none" : `${num(first)}–${num(last)} of ${num(total)}`;
+  const go = (offset, label, test, enabled) => enabled
+    ? h("a", { class: "btn btn-plain", href: link.queue(route.name, route.state, offset), test }, label)
+    : h("span", { class: "btn btn-plain disabled", test }, label);
+  return h("div", { class: "pager" },
+    go(Math.max(0, route.offset - PAGE_SIZE), "‹ Prev", "page-prev", route.offset > 0),
+    h("span", { class: "page-info", test: "page-info" }, info),
+    go(route.offset + PAGE_SIZE, "Next ›", "page-next", route.offset + PAGE_SIZE < total));
+}
+
+function queueActions(name, counts) {
+  const post = (what, body) => () => api("POST", queuePath(name) + "/" + what, body);
+  const told = (verb) => (answer) => answer.count != null && showError({ message: `${verb} ${num(answer.count)} jobs` }, "info");
+  return h("div", { class: "actions" },
+    counts.paused
+      ? actionButton("Resume", "resume", "primary", post("resume"))
+      : actionButton("Pause", "pause", "plain", post("pause")),
+    actionButton("Retry all failed", "retry-all", "plain", post("retry-all", { state: "failed" }), told("retried")),
+    actionButton("Clean completed > 1 h", "clean", "danger", () =>
+      confirm(`Remove the completed jobs of ${name} that finished more than an hour ago?`)
+        ? post("clean", { state: "completed", older_than: 3600 })() : undefined, told("removed")));
+}
+
+const queuePage = {
+  async load(route) {
+    const [overview, page] = await Promise.all([
+      api("GET", queuePath(route.name)),
+      api("GET", `${queuePath(route.name)}/jobs?state=${route.state}&offset=${route.offset}&limit=${PAGE_SIZE}`)
+        .catch((e) => {
+          if (e.code !== "ERANGE" || route.offset === 0) throw e;
+          location.replace(link.queue(route.name, route.state)); // the page emptied: back to the first
+          return { total: 0, jobs: [] };
+        }),
+    ]);
+    return { overview, page };
+  },
+  render(route, { overview, page }) {
+    const c = overview.counts, total = overview.metrics.total || {};
+    const tabs = STATES.map((state) => h("a", {
+      href: link.queue(route.name, state), test: "state-tab-" + state,
+      class: "tab" + (state === route.state ? " current" : "") + (state === "failed" && c.failed ? " tab-bad" : ""),
+    }, state[0].toUpperCase() + state.slice(1), " ", h("span", { class: "count" }, num(c[state])),
+      state === "active" && c.held ? h("span", { class: "muted small" }, ` (${num(c.held)} held)`) : null));
+    return h("section", {},
+      h("div", { class: "title" },
+        h("h1", {}, overview.name),
+        c.paused ? badge("paused", "paused", "queue-status") : badge("running", "ok", "queue-status"),
+        queueActions(route.name, c)),
+      c.missing ? h("p", { class: "note" }, `${num(c.missing)} jobs are gone from Redis (evicted or deleted by hand).`) : null,
+      h("div", { class: "card" },
+        h("div", { class: "card-head" }, h("h2", {}, "Last hour"),
+          h("span", { class: "muted" }, `${num(total.completed || 0)} completed · ${num(total.failed || 0)} failed` +
+            (total.p50_ms != null ? ` · p50 ${duration(total.p50_ms)} · p99 ${duration(total.p99_ms)}` : ""))),
+        hourChart(overview.metrics.minutes || []), legend()),
+      h("nav", { class: "tabs", test: "state-tabs" }, tabs),
+      page.jobs.length ? jobTable(route, page.jobs) : h("p", { class: "empty", test: "no-jobs" }, `No ${route.state} jobs.`),
+      pager(route, page.total));
+  },
+};
+
+// ------------------------------------------------------------ #/queue/NAME/job/ID
+
+function jobActions(route, job) {
+  const post = (what) => () => api("POST", jobPath(route.name, job.id) + "/" + what);
+  const buttons = [];
+  if (job.state === "failed" || job.state === "completed") buttons.push(actionButton("Retry", "retry", "primary", post("retry")));
+  if (job.state === "delayed") buttons.push(actionButton("Promote", "promote", "primary", post("promote")));
+  if (["waiting", "delayed", "active"].includes(job.state) && !job.cancel) {
+    buttons.push(actionButton("Cancel", "cancel", "plain", post("cancel")));
+  }
+  if (job.state !== "active") {
+    buttons.push(actionButton("Remove", "remove", "danger",
+      () => (confirm(`Remove job ${job.id}? It cannot be brought back.`) ? post("remove")() : undefined),
+      () => { location.hash = link.queue(route.name, job.state); }));
+  }
+  return h("div", { class: "actions" }, buttons);
+}
+
+function facts(pairs) {
+  return h("dl", { class: "facts" }, pairs.filter(([, v]) => v != null && v !== "")
+    .map(([label, value, test]) => [h("dt", {}, label), h("dd", { test }, value)]));
+}
+
+function progressView(progress) {
+  if (progress == null) return null;
+  if (typeof progress === "number" && progress >= 0 && progress <= 100) {
+    return h("span", { class: "progress" }, h("progress", { max: 100, value: progress }), ` ${num(progress)} %`);
+  }
+  return h("code", {}, preview(progress, null, 200));
+}
+
+function errorSection(error) {
+  const rest = Object.entries(error).filter(([k]) => !["code", "message", "traceback"].includes(k));
+  return h("section", { class: "card card-error", test: "job-error" },
+    h("h2", {}, "Error"),
+    h("p", {}, h("code", { class: "code", test: "error-code" }, error.code || "ERROR"), " ",
+      h("span", { test: "error-message" }, error.message || "")),
+    rest.length ? facts(rest.map(([k, v]) => [k, typeof v === "string" ? v : JSON.stringify(v)])) : null,
+    error.traceback ? h("pre", { class: "traceback", test: "traceback" }, String(error.traceback)) : null);
+}
+
+const jobPage = {
+  load: (route) => api("GET", jobPath(route.name, route.id)),
+  render(route, job) {
+    const state = job.running ? "running" : job.state;
+    const log = job.log || [];
+    return h("section", {},
+      h("div", { class: "title" }, h("h1", {}, "Job ", h("span", { class: "job-id" }, job.id)),
+        badge(state, job.state, "job-state"), jobActions(route, job)),
+      h("div", { class: "card" }, facts([
+        ["Queue", h("a", { href: link.queue(route.name, job.state) }, route.name)],
+        ["Name", job.name],
+        ["State", state + (job.cancel ? " (cancel asked: " + job.cancel + ")" : "")],
+        ["Attempts", num(job.attempts) + " of " + num(job.max_attempts), "attempts"],
+        ["Priority", job.priority ? num(job.priority) : null],
+        ["Created", localTime(job.created)],
+        ["Runs at", job.state === "delayed" ? localTime(job.run_at) : null],
+        ["Started", job.started ? localTime(job.started) : null],
+        ["Finished", job.finished ? localTime(job.finished) : null],
+        ["Run time", job.ms != null ? duration(job.ms) : null, "run-time"],
+        ["Worker", job.worker, "worker"],
+        ["Progress", progressView(job.progress), "progress"],
+      ])),
+      job.error ? errorSection(job.error) : null,
+      job.result !== undefined || job.result_preview != null ? h("section", { class: "card" }, h("h2", {}, "Result"),
+        h("pre", { test: "job-result" }, job.result !== undefined ? pretty(job.result) : job.result_preview)) : null,
+      h("section", { class: "card" }, h("h2", {}, "Data"),
+        h("pre", { test: "job-data" }, job.data !== undefined ? pretty(job.data) : job.data_preview || "")),
+      h("section", { class: "card" }, h("h2", {}, `Log (${num(log.length)} lines)`),
+        log.length ? h("ol", { class: "log", test: "job-log" }, log.map((line) => h("li", {}, String(line))))
+          : h("p", { class: "muted" }, "Nothing logged (job:log() in the processor).")));
+  },
+};
+
+const missingPage = {
+  load: async () => ({}),
+  render: () => h("section", {}, h("h1", {}, "No such page"), h("p", {}, h("a", { href: "#/" }, "See the queues"))),
+};
+
+const PAGES = { queues: queuesPage, queue: queuePage, job: jobPage, missing: missingPage };
+
+// ------------------------------------------------------------ polling
+
+let generation = 0; // bumped on each route change: an older answer is dropped
+let timer = null;
+let shown = null; // the JSON text of what is drawn, to skip redrawing the same
+
+function schedule() {
+  clearTimeout(timer);
+  timer = document.hidden ? null : setTimeout(refresh, POLL_MS);
+}
+
+async function refresh() {
+  clearTimeout(timer);
+  const mine = generation, route = parseRoute(), page = PAGES[route.page];
+  try {
+    const data = await page.load(route);
+    if (mine !== generation) return;
+    const text = JSON.stringify(data);
+    if (text !== shown) {
+      shown = text;
+      document.getElementById("main").replaceChildren(page.render(route, data));
+    }
+    clearError("poll");
+    document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
+  } catch (e) {
+    if (mine !== generation) return;
+    showError(e, "poll");
+    if (shown === null) { // nothing of this route drawn yet: say why not
+      document.getElementById("main").replaceChildren(h("p", { class: "empty", test: "page-error" },
+        "This page cannot be shown: " + e.message));
+    }
+  }
+  schedule();
+}
+
+function routeChanged() {
+  generation += 1;
+  shown = null;
+  const route = parseRoute();
+  crumbs(route);
+  document.getElementById("main").replaceChildren(h("p", { class: "muted" }, "Loading…"));
+  document.title = route.id ? `job ${route.id} · ${route.name} · moonjob` : route.name ? `${route.name} · moonjob` : "moonjob";
+  refresh();
+}
+
+document.getElementById("banner-close").addEventListener("click", () => clearError());
+document.addEventListener("visibilitychange", () => (document.hidden ? clearTimeout(timer) : refresh()));
+window.addEventListener("hashchange", routeChanged);
+routeChanged();

@@ -1,0 +1,275 @@
+// spec/browser/dashboard.js -- drives Debian's chromium (headless, through
+// puppeteer-core, which downloads no browser) through a running moonjob
+// dashboard, as a person would. spec/browser/dashboard_spec.lua sets up the
+// queue and runs it:
+//
+//   node spec/browser/dashboard.js URL QUEUE FAILED_ID ERROR_CODE [PAGED_QUEUE TOTAL]
+//   node spec/browser/dashboard.js --token URL TOKEN QUEUE
+//
+// URL is the dashboard's address; QUEUE has one worker process, and its job
+// FAILED_ID failed with ERROR_CODE but passes when run again; PAGED_QUEUE
+// holds TOTAL waiting jobs (over 1,000), paged through. With --token,
+// the dashboard has TOKEN: the page without it says EAUTH; opened once with
+// ?token=TOKEN it shows QUEUE, and still does after a reload without it
+// (the tab keeps it); and it asks the server nothing while its tab is
+// hidden. Environment:
+//   MOONJOB_ADD_JOB       a shell command that adds one job to QUEUE and
+//                         prints its id (the job added while paused)
+//   MOONJOB_SCREENSHOTS   a directory: the three pages saved there as PNG
+//                         (dashboard-queues.png, -queue.png, -job.png)
+//   CHROMIUM              the browser (default /usr/bin/chromium)
+//
+// Prints "ok: ..." for each expectation met; at the first one not met,
+// "FAILED: ..." with what the page showed, and exits 1. The whole run is
+// bounded (RUN_LIMIT_MS), so it never hangs a test run.
+"use strict";
+
+const { execSync } = require("child_process");
+const path = require("path");
+const puppeteer = require("puppeteer-core");
+
+const WAIT_MS = 20000; // for anything the page should show: only catches hangs
+const RUN_LIMIT_MS = 150000;
+const PAUSED_WATCH_MS = 3000; // how long a job added while paused must stay waiting
+
+const tokenMode = process.argv[2] === "--token";
+const [url, queue, failedId, errorCode] = tokenMode
+  ? [process.argv[3], process.argv[5], "-", "-"] : process.argv.slice(2);
+const token = tokenMode ? process.argv[4] : "";
+const [pagedQueue, pagedTotal] = tokenMode ? [] : [process.argv[6], Number(process.argv[7])];
+if (!url || !queue || !failedId || !errorCode || (tokenMode && !token)) {
+  console.error("usage: node spec/browser/dashboard.js URL QUEUE FAILED_ID ERROR_CODE\n" +
+    "       node spec/browser/dashboard.js --token URL TOKEN QUEUE");
+  process.exit(2);
+}
+
+const ok = (what) => console.log("ok: " + what);
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+const css = (s) => JSON.stringify(String(s)); // a value inside [attr=...]
+
+// What the page shows now, for a failure's message.
+async function pageSummary(page) {
+  try {
+    return await page.evaluate(() => {
+      const banner = document.getElementById("banner");
+      const main = document.getElementById("main");
+      const said = banner && !banner.hidden ? "banner: " + banner.textContent.trim() + "; " : "";
+      return `${said}at ${location.hash || "#/"}: ` + (main ? main.innerText.replace(/\s+/g, " ").slice(0, 600) : "");
+    });
+  } catch (e) {
+    return "(the page cannot be read: " + e.message + ")";
+  }
+}
+
+// Waits until the element of selector exists and its text fits: { is: text },
+// { has: text } or {} (any). (No eval in the page: its CSP forbids it.)
+async function expectText(page, selector, fit, what) {
+  try {
+    await page.waitForFunction((sel, want) => {
+      const el = document.querySelector(sel);
+      const text = el && el.textContent.trim();
+      return el !== null && (want.is === undefined || text === want.is) &&
+        (want.has === undefined || text.includes(want.has));
+    }, { timeout: WAIT_MS, polling: 100 }, selector, fit);
+  } catch (e) {
+    throw new Error(`expected ${what} (${selector}) within ${WAIT_MS / 1000} s; ${await pageSummary(page)}`);
+  }
+  ok(what);
+}
+
+const expectShown = (page, selector, what) => expectText(page, selector, {}, what);
+
+async function textOf(page, selector) {
+  return page.$eval(selector, (el) => el.textContent.trim());
+}
+
+async function click(page, selector, what) {
+  let el = null;
+  try {
+    el = await page.waitForSelector(selector, { timeout: WAIT_MS });
+  } catch (e) { /* said below */ }
+  if (!el) throw new Error(`expected a ${what} to click (${selector}); ${await pageSummary(page)}`);
+  try {
+    await el.click();
+  } catch (e) { // redrawn by a poll between finding and clicking: the new one
+    await page.click(selector);
+  }
+}
+
+async function screenshot(page, name) {
+  const dir = process.env.MOONJOB_SCREENSHOTS;
+  if (!dir) return;
+  await sleep(300); // the last answer drawn
+  await page.screenshot({ path: path.join(dir, name) });
+  ok("saved " + name);
+}
+
+// The queues page: the queue, its failed job counted.
+async function seeQueues(page) {
+  await page.goto(url, { waitUntil: "load" });
+  const row = `[data-test="queue-row"][data-queue=${css(queue)}]`;
+  await expectShown(page, row, `the queue ${queue} listed on /`);
+  await expectShown(page, `${row} [data-test="sparkline"]`, "its throughput sparkline");
+  await screenshot(page, "dashboard-queues.png");
+  await click(page, `${row} [data-test="queue-link"]`, "link to the queue");
+  await expectShown(page, '[data-test="chart"]', "the queue's chart of the last hour");
+}
+
+// The failed tab: the failed job with its error code; its name as text, not HTML.
+async function seeFailed(page) {
+  await click(page, '[data-test="state-tab-failed"]', "failed tab");
+  const row = `[data-test="job-row"][data-id=${css(failedId)}]`;
+  await expectText(page, `${row} [data-test="error-code"]`, { is: errorCode },
+    `the failed job ${failedId} with its error code ${errorCode}`);
+  const markup = await page.evaluate(() => ({
+    tags: document.querySelectorAll("main b, main img, main script").length,
+    text: document.getElementById("main").textContent,
+  }));
+  if (markup.tags !== 0 || !markup.text.includes("<b>")) {
+    throw new Error("a job's name was taken as HTML: the page must show it as text");
+  }
+  ok("a job's name with markup shown as text");
+  await screenshot(page, "dashboard-queue.png");
+  await click(page, `${row} [data-test="job-link"]`, "link to the failed job");
+}
+
+// The job: its error and traceback; Retry; it completes.
+async function retryJob(page) {
+  await expectText(page, '[data-test="job-state"]', { is: "failed" }, "the job page says failed");
+  await expectText(page, '[data-test="job-error"] [data-test="error-code"]', { is: errorCode },
+    "the job's error code");
+  await expectText(page, '[data-test="traceback"]', { has: "dashboard_gate.lua" }, "the error's traceback");
+  await expectText(page, '[data-test="job-log"]', { has: "declined" }, "the job's log lines");
+  await screenshot(page, "dashboard-job.png");
+  await click(page, '[data-test="retry"]', "Retry button");
+  await expectText(page, '[data-test="job-state"]', { is: "completed" }, "the retried job completed");
+  await expectText(page, '[data-test="job-result"]', { has: "charged" }, "its result");
+  const banner = await page.$eval("#banner", (el) => (el.hidden ? "" : el.textContent.trim()));
+  if (banner) throw new Error("the error banner shows after a retry that worked: " + banner);
+}
+
+// Paging through the waiting jobs of a queue of more than a thousand.
+async function paging(page) {
+  const fmt = (n) => n.toLocaleString("en-US");
+  await page.goto(`${url}#/queue/${encodeURIComponent(pagedQueue)}?state=waiting`, { waitUntil: "load" });
+  await expectText(page, '[data-test="state-tab-waiting"] .count', { is: fmt(pagedTotal) },
+    `the waiting tab counting ${fmt(pagedTotal)} jobs`);
+  await expectText(page, '[data-test="page-info"]', { is: `1–20 of ${fmt(pagedTotal)}` }, "the first page of 20");
+  const rows = await page.$$eval('[data-test="job-row"]', (r) => r.length);
+  if (rows !== 20) throw new Error(`expected 20 jobs on a page, saw ${rows}`);
+  await click(page, 'a[data-test="page-next"]', "Next link");
+  await expectText(page, '[data-test="page-info"]', { is: `21–40 of ${fmt(pagedTotal)}` }, "the second page");
+  await click(page, 'a[data-test="page-prev"]', "Prev link");
+  await expectText(page, '[data-test="page-info"]', { is: `1–20 of ${fmt(pagedTotal)}` }, "back on the first page");
+  if (await page.$('a[data-test="page-prev"]')) throw new Error("the first page offers a Prev link");
+}
+
+// Pause: the queue says so on both pages, a job added stays waiting; Resume runs it.
+async function pauseAndResume(page) {
+  await page.goto(`${url}#/queue/${encodeURIComponent(queue)}`, { waitUntil: "load" });
+  await expectText(page, '[data-test="queue-status"]', { is: "running" }, "the queue marked running");
+  await click(page, '[data-test="pause"]', "Pause button");
+  await expectText(page, '[data-test="queue-status"]', { is: "paused" }, "the queue marked paused");
+  await expectShown(page, '[data-test="resume"]', "a Resume button in place of Pause");
+  await page.goto(url, { waitUntil: "load" });
+  await expectShown(page, `[data-test="queue-row"][data-queue=${css(queue)}] [data-test="paused-badge"]`,
+    "the queue marked paused on /");
+  const id = execSync(process.env.MOONJOB_ADD_JOB, { encoding: "utf8" }).trim();
+  if (!id) throw new Error("MOONJOB_ADD_JOB printed no job id");
+  await page.goto(`${url}#/queue/${encodeURIComponent(queue)}/job/${encodeURIComponent(id)}`, { waitUntil: "load" });
+  await expectText(page, '[data-test="job-state"]', { is: "waiting" }, `the job ${id} added while paused waiting`);
+  await sleep(PAUSED_WATCH_MS);
+  const state = await textOf(page, '[data-test="job-state"]');
+  if (state !== "waiting") throw new Error(`a worker ran job ${id} while the queue was paused (it is ${state})`);
+  ok(`the job stayed waiting for ${PAUSED_WATCH_MS / 1000} s: the workers stopped`);
+  await click(page, '[data-test="crumb-queue"]', "link back to the queue");
+  await click(page, '[data-test="resume"]', "Resume button");
+  await expectText(page, '[data-test="queue-status"]', { is: "running" }, "the queue marked running again");
+  await page.goto(`${url}#/queue/${encodeURIComponent(queue)}/job/${encodeURIComponent(id)}`, { waitUntil: "load" });
+  await expectText(page, '[data-test="job-state"]', { is: "completed" }, "the job ran after Resume");
+}
+
+// The token: refused without it, kept by the tab once given.
+async function tokenChecks(page) {
+  await page.goto(url, { waitUntil: "load" });
+  await expectText(page, '[data-test="error-banner"]', { has: "EAUTH" }, "EAUTH in the banner without the token");
+  await page.goto(`${url}?token=${encodeURIComponent(token)}`, { waitUntil: "load" });
+  await expectShown(page, `[data-test="queue-row"][data-queue=${css(queue)}]`, "the queue listed with ?token=");
+  await page.goto(`${url}#/queue/${encodeURIComponent(queue)}`, { waitUntil: "load" });
+  await expectShown(page, '[data-test="chart"]', "the queue's page after a reload without ?token=");
+  await click(page, '[data-test="pause"]', "Pause button");
+  await expectText(page, '[data-test="queue-status"]', { is: "paused" }, "an action with the kept token");
+  await click(page, '[data-test="resume"]', "Resume button");
+  await expectText(page, '[data-test="queue-status"]', { is: "running" }, "the queue running again");
+}
+
+// Polling: the page asks again while visible, not while its tab is hidden,
+// and at once when it is shown again.
+async function pollingChecks(browser, page) {
+  let asked = 0;
+  page.on("request", (r) => { if (r.url().includes("/api/")) asked += 1; });
+  const askedAgain = async (what) => {
+    const deadline = Date.now() + WAIT_MS;
+    const before = asked;
+    while (asked === before && Date.now() < deadline) await sleep(50);
+    if (asked === before) throw new Error(`expected the page to ask the server again ${what}`);
+    ok(`the page asked again ${what}`);
+  };
+  await askedAgain("while visible");
+  const other = await browser.newPage();
+  await other.bringToFront();
+  await sleep(300); // a request already sent may still end
+  if (!(await page.evaluate(() => document.hidden))) throw new Error("the first tab is not hidden behind another");
+  asked = 0;
+  await sleep(PAUSED_WATCH_MS + 2000);
+  if (asked !== 0) throw new Error(`the page asked the server ${asked} times while its tab was hidden`);
+  ok("no requests while the tab was hidden");
+  await page.bringToFront();
+  await askedAgain("once shown");
+  await other.close();
+}
+
+async function main() {
+  const browser = await puppeteer.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--lang=en-US"],
+    defaultViewport: { width: 1280, height: 800 },
+  });
+  const problems = [];
+  try {
+    const page = await browser.newPage();
+    page.on("pageerror", (e) => problems.push("script error: " + e.message));
+    page.on("console", (m) => { // a refused request is the banner's to say, not a script's error
+      if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) problems.push("console: " + m.text());
+    });
+    page.on("dialog", (d) => d.accept());
+    if (tokenMode) {
+      await tokenChecks(page);
+      await pollingChecks(browser, page);
+    } else {
+      await seeQueues(page);
+      await seeFailed(page);
+      await retryJob(page);
+      if (pagedQueue) await paging(page);
+      await pauseAndResume(page);
+    }
+    if (problems.length) throw new Error("the page reported errors: " + problems.join("; "));
+    ok("no script errors");
+  } finally {
+    await browser.close();
+  }
+}
+
+const limit = setTimeout(() => {
+  console.log(`FAILED: the run took more than ${RUN_LIMIT_MS / 1000} s`);
+  process.exit(1);
+}, RUN_LIMIT_MS);
+
+main().then(() => {
+  clearTimeout(limit);
+  console.log("PASSED: the dashboard in chromium");
+}, (e) => {
+  console.log("FAILED: " + (e && e.message ? e.message : e));
+  process.exit(1);
+});

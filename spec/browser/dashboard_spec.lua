@@ -1,0 +1,114 @@
+-- The web dashboard in a real browser: Debian's chromium, headless, driven by
+-- puppeteer-core (spec/browser/dashboard.js; `make browser-deps` installs
+-- them) through a `moonjob dashboard` process, on a real redis-server with a
+-- real `moonjob worker` process. The page shows a failed job with its error;
+-- Retry there runs it again and it completes; it pages through 1,234 jobs;
+-- Pause stops the worker (a job added then stays waiting) and Resume runs
+-- it. With a token: refused without it, kept by the tab once given; and no
+-- polling while the tab is hidden.
+--
+-- MOONJOB_SCREENSHOTS=DIR saves the three pages there (docs/images/ holds
+-- the ones the guide shows: MOONJOB_SCREENSHOTS=docs/images busted <this file>).
+local helpers = require "helpers"
+local rq = require "redis_queue"
+
+local PROCESSOR = helpers.fixture("dashboard_gate.lua") -- relative: tracebacks in the screenshots say so
+local DRIVER = "spec/browser/dashboard.js"
+
+-- A `moonjob` process of this tree in the background, ended after the test;
+-- -> its pid and the path of its stderr.
+local function start(args, env)
+  local log = os.tmpname()
+  local pid = assert(tonumber(helpers.first_line(("%s %s scripts/moonjob %s >/dev/null 2>%s & echo $!")
+    :format(env or "", helpers.LUAJIT, args, log))))
+  rq.close_after({ close = function() os.execute(("kill -KILL %d 2>/dev/null"):format(pid)) end })
+  return pid, log
+end
+
+-- `moonjob dashboard` on a free loopback port; -> its URL, read from the
+-- line it says on stderr once it listens. env: set before the command.
+local function start_dashboard(env)
+  local pid, log = start(("dashboard --redis %s --listen 127.0.0.1:0"):format(rq.server().url), env)
+  local url
+  helpers.wait_for(function()
+    assert(helpers.process_exists(pid), "moonjob dashboard exited: " .. table.concat(rq.read_lines(log), "\n"))
+    local line = rq.read_lines(log)[1]
+    url = line and line:match("(http://127%.0%.0%.1:%d+/)")
+    return url ~= nil
+  end, 20)
+  return url
+end
+
+local function need_driver()
+  assert(os.execute("test -d spec/browser/node_modules/puppeteer-core") == 0,
+    "puppeteer-core is not installed: run make browser-deps (npm ci --prefix spec/browser)")
+end
+
+local function shell_quote(text)
+  return "'" .. text:gsub("'", "'\\''") .. "'"
+end
+
+rq.describe(function()
+  describe("the dashboard in chromium", function()
+    it("shows a failed job with its error, retries it to completion, pauses and resumes the queue", function()
+      need_driver()
+      local name = "payments" -- names of a queue as a user would have, for the screenshots
+      local q = rq.new_producer(name)
+      local dir = helpers.tmpdir()
+      local gate = helpers.write_file(dir .. "/declined", "the card is declined while this file is here\n")
+      local done = {}
+      for i = 1, 12 do done[i] = assert(q:add({ order = 1000 + i, sleep = 0.02 * (i % 4) }, { name = "charge" })) end
+      local bad = assert(q:add({ order = 1042, gate = gate }, { id = "order-1042", name = "charge <b>card</b>" }))
+      -- a second queue, no worker: 1,234 jobs waiting to page through, 3 delayed
+      local later = rq.new_producer("reports")
+      for i = 1, 3 do assert(later:add({ report = i }, { delay = 3600 })) end
+      local lines = {}
+      for i = 1, 1234 do lines[i] = ('{"report":%d}'):format(i) end
+      local _, adderr, added = helpers.sh(("%s scripts/moonjob add --redis %s --queue reports >/dev/null")
+        :format(helpers.LUAJIT, rq.server().url), table.concat(lines, "\n") .. "\n")
+      assert.equal(0, added, adderr)
+
+      start(("worker %s --redis %s --queue %s -j 2 --quiet"):format(PROCESSOR, rq.server().url, name))
+      for i = 1, 12 do assert(done[i]:wait(30)) end
+      local _, err = bad:wait(30)
+      assert.equal("ECARD", err and err.code)
+      os.remove(gate) -- from now on the job passes: the page's Retry completes it
+      os.remove(dir)
+
+      local url = start_dashboard()
+      local add = ("echo '{\"order\":2001}' | %s scripts/moonjob add --redis %s --queue %s")
+        :format(helpers.LUAJIT, rq.server().url, name)
+      local out, errout, status = helpers.sh(("MOONJOB_ADD_JOB=%s timeout 180 node %s %s %s order-1042 ECARD reports 1234")
+        :format(shell_quote(add), DRIVER, url, name))
+      local said = out .. errout
+      assert.equal(0, status, said)
+      assert.matches("ok: the failed job order%-1042 with its error code ECARD", said)
+      assert.matches("ok: the retried job completed", said)
+      assert.matches("ok: the job stayed waiting for %d+ s: the workers stopped", said)
+      assert.matches("ok: the second page", said)
+      assert.matches("ok: the job ran after Resume", said)
+      assert.matches("PASSED", said)
+
+      helpers.wait_for(function() return true end) -- a new bound: the browser took a while
+      local job = assert(q:job("order-1042"))
+      assert.equal("completed", job.state)
+      assert.is_false(q:counts().paused)
+    end)
+
+    it("needs its token: EAUTH without it; opened once with ?token=, the tab keeps it; polls while visible", function()
+      need_driver()
+      local q = rq.new_producer("tokens")
+      assert(q:add({ order = 1 }, { delay = 3600 }))
+      local url = start_dashboard("MOONJOB_DASHBOARD_TOKEN=s3cret-t0ken")
+      local out, errout, status = helpers.sh(("timeout 120 node %s --token %s s3cret-t0ken tokens"):format(DRIVER, url))
+      local said = out .. errout
+      assert.equal(0, status, said)
+      assert.matches("ok: EAUTH in the banner without the token", said)
+      assert.matches("ok: an action with the kept token", said)
+      assert.matches("ok: no requests while the tab was hidden", said)
+      assert.matches("ok: the page asked again once shown", said)
+      helpers.wait_for(function() return true end) -- a new bound: the browser took a while
+      assert.is_false(q:counts().paused)
+    end)
+  end)
+end)
