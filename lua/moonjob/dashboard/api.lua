@@ -93,7 +93,8 @@ function Api:queues(server, req)
   for _, c in ipairs(list) do
     local row = counts_of(c)
     row.name = c.name
-    local m = producer.attach(self.client, c.name):metrics({ minutes = SPARK_MINUTES })
+    if c.error then row.error = { code = c.error.code, message = tostring(c.error.message) } end
+    local m = not c.error and producer.attach(self.client, c.name):metrics({ minutes = SPARK_MINUTES })
     local spark = {}
     for i, minute in ipairs(m and m.minutes or {}) do spark[i] = minute.completed end
     row.spark = array(spark)
