@@ -40,7 +40,8 @@ rq.describe(function()
       assert.equal(0, status, err)
       local found
       for _, row in ipairs(ndjson(out)) do if row.name == name then found = row end end
-      assert.same({ name = name, waiting = 0, delayed = 0, active = 0, completed = 5, failed = 1, paused = false },
+      assert.same({ name = name, waiting = 0, delayed = 0, active = 0, held = 0, completed = 5, failed = 1,
+        paused = false },
         found)
       out, err, status = moonjob("jobs --queue " .. name .. " --state completed --limit 2 --offset 1 --order x")
       assert.equal(2, status)
@@ -93,6 +94,11 @@ rq.describe(function()
       out, err, status = moonjob("clean --queue " .. name)
       assert.equal(2, status)
       assert.matches("needs %-%-state completed or %-%-state failed", err)
+      out, err, status = moonjob("clean --queue " .. name .. " --state failed")
+      assert.equal(2, status)
+      assert.matches("needs %-%-older%-than SECONDS %(0 removes every one of them%)", err)
+      out, err, status = moonjob("retry --queue " .. name .. " --all --state waiting")
+      assert.equal(2, status)
       out, err, status = moonjob("clean --queue " .. name .. " --state failed --older-than 60")
       assert.equal(0, status, err)
       assert.equal(0, ndjson(out)[1].count)

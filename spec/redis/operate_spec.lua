@@ -186,7 +186,16 @@ rq.describe(function()
       assert.equal("ENOQUEUE", err.code)
       _, err = ghost:retry("x")
       assert.equal("ENOQUEUE", err.code)
+      for _, call in ipairs({ function() return ghost:retry_all() end, function() return ghost:drain() end,
+          function() return ghost:clean("failed") end, function() return ghost:metrics() end,
+          function() return ghost:promote("x") end, function() return ghost:remove("x") end }) do
+        local value, cerr = call()
+        assert.is_nil(value)
+        assert.equal("ENOQUEUE", cerr.code)
+      end
       assert.is_false(ghost:counts().exists)
+      local _, serr = q:retry_all({ state = "waiting" })
+      assert.equal("EINPUT", serr.code)
     end)
 
     it("pauses every worker: nothing more is fetched, held jobs go back, running ones finish; resume runs them", function()

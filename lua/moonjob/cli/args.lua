@@ -72,8 +72,8 @@ NDJSON there too):
                         run failed (or completed) jobs again
   remove ID...          remove jobs that are not running
   promote ID...         run delayed jobs now
-  clean --state S [--older-than SECONDS] [--limit N]
-                        remove completed or failed jobs (older than SECONDS)
+  clean --state S --older-than SECONDS [--limit N]
+                        remove completed or failed jobs older than SECONDS
   pause, resume         stop every worker fetching from the queue, or resume
 
 the web dashboard (docs/guide/dashboard.md):

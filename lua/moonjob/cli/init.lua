@@ -69,6 +69,9 @@ local function operate_command(command, o)
     if o.state ~= "completed" and o.state ~= "failed" then
       return usage_error("moonjob clean needs --state completed or --state failed (jobs that wait: none)")
     end
+    if not o.older_than then
+      return usage_error("moonjob clean needs --older-than SECONDS (0 removes every one of them)")
+    end
     return operate.clean(o)
   end
   if command == "pause" or command == "resume" then return operate.pause(o, command == "resume") end

@@ -6,7 +6,7 @@
 --   moonjob job --queue Q ID
 --   moonjob retry --queue Q ID... | --all [--state completed]
 --   moonjob remove | promote --queue Q ID...
---   moonjob clean --queue Q --state S [--older-than SECONDS] [--limit N]
+--   moonjob clean --queue Q --state S --older-than SECONDS [--limit N]
 --   moonjob pause | resume --queue Q
 --   moonjob status --queue Q [--watch [--until-empty]]
 --
@@ -171,11 +171,12 @@ function M.queues(o)
   if not list then say(tostring(err)) return EXIT_FAILED end
   local out = new_out(o)
   for _, q in ipairs(list) do
-    out:object({ name = q.name, waiting = q.waiting, delayed = q.delayed, active = q.active,
-      completed = q.completed, failed = q.failed, paused = q.paused })
+    out:object({ name = q.name, waiting = q.waiting, delayed = q.delayed, active = q.active, held = q.held,
+      completed = q.completed, failed = q.failed, paused = q.paused,
+      error = q.error and tostring(q.error) or nil })
   end
   if out.table and #list == 0 then say("no queue on this server (a queue appears once a moonjob program used it)") end
-  return out:flush({ "name", "waiting", "delayed", "active", "completed", "failed", "paused" })
+  return out:flush({ "name", "waiting", "delayed", "active", "held", "completed", "failed", "paused" })
     and EXIT_OK or EXIT_FAILED
 end
 

@@ -39,6 +39,15 @@ function M.check_target(o, usage_error)
   if not ok then return usage_error(why) end
 end
 
+-- "host:pid:": the start of this worker's id in Redis (a job's `worker`
+-- field, ESTALLED messages), so that a user can tell which one it was.
+local function worker_name()
+  local f = io.open("/proc/sys/kernel/hostname")
+  local host = f and f:read("*l") or "host"
+  if f then f:close() end
+  return ("%s:%d:"):format((host:gsub("[^%w.-]", "")), core.getpid())
+end
+
 -- A job as a worker's log line names it: its id in the queue, its name.
 local function job_text(job)
   local id = tostring(job.remote_id or job.id)
@@ -99,6 +108,7 @@ function M.worker(processor, o, pool_options)
   opts.redis, opts.queue, opts.lease, opts.echo = o.redis, o.queue, o.lease, true
   opts.keep, opts.keep_age, opts.prefetch = o.keep, o.keep_age, o.prefetch
   opts.keep_failed_age, opts.keep_logs = o.keep_failed_age, o.keep_logs
+  opts.worker_name = worker_name()
   local ok, pool, err = pcall(moonjob.pool, processor, opts)
   if not ok or not pool then
     say((tostring(ok and err or pool):gsub("^[^:]*:%d+: ", ""))) -- the message only, not gsub's count

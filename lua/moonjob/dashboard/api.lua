@@ -35,10 +35,14 @@ local function decode_uri(s)
   return (s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
 end
 
-local function query_arg(query, name)
-  local v = query and query:match("[?&]?" .. name .. "=([^&]*)")
-  return v and decode_uri(v)
+-- The value of name in a query string (a=1&b=2), decoded, or nil.
+function M.query_arg(query, name)
+  for pair in (query or ""):gmatch("[^&]+") do
+    local k, v = pair:match("^([^=]*)=?(.*)$")
+    if decode_uri((k:gsub("%+", " "))) == name then return decode_uri((v:gsub("%+", " "))) end
+  end
 end
+local query_arg = M.query_arg
 
 -- The path after /api/ as decoded segments.
 local function segments(path)
@@ -106,7 +110,8 @@ end
 function Api:overview(server, req, q)
   local c, err = q:counts()
   if not c then return fail(server, req, err) end
-  if not c.exists then return fail(server, req, q:_no_queue_or(nil)) end
+  local missing = not c.exists and q:_no_queue_or(nil) -- registered by a worker: shown empty
+  if missing then return fail(server, req, missing) end
   local m
   m, err = q:metrics({ minutes = CHART_MINUTES })
   if not m then return fail(server, req, err) end
@@ -163,7 +168,8 @@ function Api:act(server, req, q, action, id)
     if type(body) ~= "table" then return fail(server, req, { code = "EINPUT", message = "the body must be a JSON object" }) end
   end
   local c = q:counts()
-  if c and not c.exists then return fail(server, req, q:_no_queue_or(nil)) end
+  local missing = c and not c.exists and q:_no_queue_or(nil)
+  if missing then return fail(server, req, missing) end
   local ok, result, err
   if id then
     ok, result, err = pcall(JOB_ACTIONS[action], q, id)

@@ -109,10 +109,7 @@ local function token_of(req)
   if h["x-moonjob-token"] then return h["x-moonjob-token"] end
   local bearer = h["authorization"] and h["authorization"]:match("^[Bb]earer%s+(.+)$")
   if bearer then return bearer end
-  if req.method == "GET" and req.query then
-    local t = req.query:match("[?&]?token=([^&]*)")
-    if t then return (t:gsub("%%(%x%x)", function(x) return string.char(tonumber(x, 16)) end)) end
-  end
+  if req.method == "GET" and req.query then return require("moonjob.dashboard.api").query_arg(req.query, "token") end
 end
 
 -- Equal texts, compared in a time that does not depend on where they differ.

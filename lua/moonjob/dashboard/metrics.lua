@@ -10,7 +10,7 @@
 --   moonjob_queue_job_duration_seconds{queue}    histogram: run times, since ever
 --
 -- Read from Redis at each scrape: per queue one moonjob_counts and one
--- moonjob_metrics (0 minutes: the totals only), never a walk over jobs, so
+-- moonjob_metrics (1 minute, and the totals), never a walk over jobs, so
 -- it answers as fast with 100,000 jobs as with 10. The counters are the
 -- queue's own totals (they survive worker restarts); obliterating a queue
 -- resets them, which Prometheus reads as a counter reset.

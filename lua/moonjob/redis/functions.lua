@@ -561,7 +561,7 @@ local function fetch(keys, args)
         next_token = next_token + 1
         local token = worker .. "/" .. next_token
         redis.call("HSET", key, "state", "active", "token", token, "worker", worker, "started", now,
-          "ran", "0", "made", made)
+          "ran", "0", "made", made, "began", "")
         redis.call("ZADD", p .. "active", now + lease, id)
         out[#out + 1] = { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7] }
       end
@@ -906,7 +906,7 @@ local function run_again(p, id, key, state, now)
   redis.call("ZREM", p .. state, id)
   redis.call("PERSIST", key) -- a cached result's expiry
   redis.call("HDEL", key, "result", "error", "finished", "cancel", "progress", "cache_until", "ran",
-    "started", "worker")
+    "started", "began", "worker")
   redis.call("HSET", key, "made", 0, "token", "")
   redis.call("DEL", log_key(p, id))
   make_waiting(p, id, key, now)

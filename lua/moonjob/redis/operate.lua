@@ -207,7 +207,7 @@ function M.extend(Queue, producer)
   -- it is emptied never keeps it going. call(n, before) gets the cut the
   -- first answer gave (retry_all, clean). -> how many | nil, err (some may
   -- have been done: their count in err.done).
-  local function bulk(self, limit, call)
+  local function bulk(self, limit, call, until_empty)
     local done, before, total = 0, nil, nil
     while not limit or done < limit do
       local n = limit and math.min(BULK, limit - done) or BULK
@@ -219,7 +219,11 @@ function M.extend(Queue, producer)
       done = done + reply[1]
       before = before or reply[3]
       total = total or (reply[1] + reply[2])
-      if reply[2] == 0 or reply[1] == 0 or done >= total then break end
+      if reply[2] == 0 or reply[1] == 0 or (done >= total and not until_empty) then break end
+    end
+    if done == 0 then -- nothing done: say so when the queue is not there at all
+      local missing = self:_no_queue_or(nil)
+      if missing then return nil, missing end
     end
     return done
   end
@@ -272,7 +276,7 @@ function M.extend(Queue, producer)
     local force = opts.force and "1" or "0"
     local n, err = bulk(self, nil, function(limit)
       return self:_call("moonjob_obliterate", 1, self.prefix, limit, force)
-    end)
+    end, true) -- to the end: the queue is paused meanwhile, and gone only then
     if n then self.client:call_wait({ "SREM", M.REGISTRY, self.name }) end
     return n, err
   end
@@ -301,6 +305,10 @@ function M.extend(Queue, producer)
     local minutes = whole(fn, opts, "minutes", 1, 1500) or 60
     local reply, err = self:_call("moonjob_metrics", 1, self.prefix, minutes)
     if not reply then return nil, err end
+    if (reply[3][1] or 0) + (reply[3][2] or 0) == 0 then -- nothing ever ended: is it there at all?
+      local missing = self:_no_queue_or(nil)
+      if missing then return nil, missing end
+    end
     local bounds = reply[2]
     local out = { buckets = bounds, total = M.metric_row(reply[3], bounds), minutes = {} }
     for i = 4, #reply do
