@@ -13,10 +13,13 @@ local helpers = require "helpers"
 local redis_server = require "redis_server"
 local loop = require "moonjob.loop"
 local core = require "moonjob.core"
+local netns = require "netns"
 
-local BRIDGE, NET = "mjchaos0", "10.231.77"
+local NET = "10.231.77"
 local WORKERS, JOBS, LEASE = 3, 3000, 2
 local PROCESSOR = helpers.abs("chaos/processor.lua")
+
+local hosts = netns.new("mjchaos", NET, WORKERS)
 
 local function run(cmd)
   local status = os.execute(cmd .. " >/dev/null 2>&1")
@@ -27,40 +30,9 @@ local function must(cmd)
   assert(run(cmd), "failed: " .. cmd)
 end
 
-local function teardown_network()
-  for i = 1, WORKERS do run(("ip netns del mjchaos%d"):format(i)) end
-  run("ip link del " .. BRIDGE)
-end
-
-local function setup_network()
-  teardown_network()
-  must(("ip link add %s type bridge"):format(BRIDGE))
-  must(("ip addr add %s.1/24 dev %s"):format(NET, BRIDGE))
-  must(("ip link set %s up"):format(BRIDGE))
-  for i = 1, WORKERS do
-    local ns, host_end, ns_end = "mjchaos" .. i, "mjcv" .. i, "mjcp" .. i
-    must("ip netns add " .. ns)
-    must(("ip link add %s type veth peer name %s"):format(host_end, ns_end))
-    must(("ip link set %s netns %s"):format(ns_end, ns))
-    must(("ip link set %s master %s up"):format(host_end, BRIDGE))
-    must(("ip netns exec %s ip addr add %s.%d/24 dev %s"):format(ns, NET, 10 + i, ns_end))
-    must(("ip netns exec %s ip link set %s up"):format(ns, ns_end))
-    must(("ip netns exec %s ip link set lo up"):format(ns))
-  end
-end
-
 local function sleep(seconds) helpers.sleep(seconds) end
 
-local ffi = require "ffi"
-ffi.cdef [[
-typedef struct { long tv_sec; long tv_usec; } mj_chaos_timeval;
-int gettimeofday(mj_chaos_timeval *tv, void *tz);
-]]
-local function wall_ms()
-  local tv = ffi.new("mj_chaos_timeval")
-  ffi.C.gettimeofday(tv, nil)
-  return tonumber(tv.tv_sec) * 1000 + math.floor(tonumber(tv.tv_usec) / 1000)
-end
+local wall_ms = helpers.wall_ms
 
 describe("chaos: three workers in network namespaces on one Redis", function()
   local server, workers, runs_log = nil, {}, nil
@@ -68,15 +40,15 @@ describe("chaos: three workers in network namespaces on one Redis", function()
 
   local function start_worker(i, url)
     local log = ("%s/worker%d.log"):format(server.dir, i)
-    local cmd = ("ip netns exec mjchaos%d %s scripts/moonjob worker %s --redis %s --queue chaos -j 2 "
-      .. "--lease %g --grace 5 --keep 100000 2>>%s >/dev/null & echo $!"):format(i, helpers.LUAJIT, PROCESSOR, url, LEASE, log)
+    local cmd = ("%s %s scripts/moonjob worker %s --redis %s --queue chaos -j 2 "
+      .. "--lease %g --grace 5 --keep 100000 2>>%s >/dev/null & echo $!"):format(hosts:exec(i), helpers.LUAJIT, PROCESSOR, url, LEASE, log)
     workers[i] = assert(tonumber(helpers.first_line(cmd)))
     all_workers[#all_workers + 1] = workers[i]
     return workers[i]
   end
 
   setup(function()
-    setup_network()
+    hosts:setup()
     server = redis_server.start({ bind = "127.0.0.1 " .. NET .. ".1", password = "chaos-pw" })
     runs_log = server.dir .. "/runs.log"
   end)
@@ -87,7 +59,7 @@ describe("chaos: three workers in network namespaces on one Redis", function()
       run("kill -KILL " .. pid)
     end
     if server then server:stop() end
-    teardown_network()
+    hosts:teardown()
   end)
 
   it("every job completes exactly once; re-runs come only from the events, and are counted", function()
@@ -130,9 +102,9 @@ describe("chaos: three workers in network namespaces on one Redis", function()
     -- 2. a worker's link cut for longer than the lease
     sleep(1)
     e = event_start("worker 2's link cut", workers[2])
-    must("ip link set mjcv2 down")
+    must("ip link set " .. hosts:link(2) .. " down")
     sleep(LEASE * 2)
-    must("ip link set mjcv2 up")
+    must("ip link set " .. hosts:link(2) .. " up")
     event_end(e)
 
     -- 3. a worker stopped (SIGSTOP) for longer than the lease, then resumed

@@ -10,52 +10,19 @@
 local moonjob = require "moonjob"
 local helpers = require "helpers"
 local redis_server = require "redis_server"
-local loop = require "moonjob.loop"
+local netns = require "netns"
 
-local BRIDGE, NET, HOSTS = "mjpause0", "10.231.78", 2
+local NET, HOSTS = "10.231.78", 2
 local JOBS, MS = 1500, 40
 local PROCESSOR = helpers.abs("chaos/processor.lua")
+
+local hosts = netns.new("mjpause", NET, HOSTS)
 
 local function run(cmd)
   return os.execute(cmd .. " >/dev/null 2>&1") == 0
 end
 
-local function must(cmd)
-  assert(run(cmd), "failed: " .. cmd)
-end
-
-local function teardown_network()
-  for i = 1, HOSTS do run(("ip netns del mjpause%d"):format(i)) end
-  run("ip link del " .. BRIDGE)
-end
-
-local function setup_network()
-  teardown_network()
-  must(("ip link add %s type bridge"):format(BRIDGE))
-  must(("ip addr add %s.1/24 dev %s"):format(NET, BRIDGE))
-  must(("ip link set %s up"):format(BRIDGE))
-  for i = 1, HOSTS do
-    local ns, host_end, ns_end = "mjpause" .. i, "mjpv" .. i, "mjpp" .. i
-    must("ip netns add " .. ns)
-    must(("ip link add %s type veth peer name %s"):format(host_end, ns_end))
-    must(("ip link set %s netns %s"):format(ns_end, ns))
-    must(("ip link set %s master %s up"):format(host_end, BRIDGE))
-    must(("ip netns exec %s ip addr add %s.%d/24 dev %s"):format(ns, NET, 10 + i, ns_end))
-    must(("ip netns exec %s ip link set %s up"):format(ns, ns_end))
-    must(("ip netns exec %s ip link set lo up"):format(ns))
-  end
-end
-
-local ffi = require "ffi"
-ffi.cdef [[
-typedef struct { long tv_sec; long tv_usec; } mj_pause_timeval;
-int gettimeofday(mj_pause_timeval *tv, void *tz);
-]]
-local function wall_ms()
-  local tv = ffi.new("mj_pause_timeval")
-  ffi.C.gettimeofday(tv, nil)
-  return tonumber(tv.tv_sec) * 1000 + math.floor(tonumber(tv.tv_usec) / 1000)
-end
+local wall_ms = helpers.wall_ms
 
 -- "<id> <attempt> <worker pid> <wall ms>" per run started.
 local function read_runs(path)
@@ -74,14 +41,14 @@ describe("chaos: pausing a queue run by three workers on two hosts", function()
   local server, pids = nil, {}
 
   setup(function()
-    setup_network()
+    hosts:setup()
     server = redis_server.start({ bind = "127.0.0.1 " .. NET .. ".1", password = "pause-pw" })
   end)
 
   teardown(function()
     for _, pid in ipairs(pids) do run("kill -KILL " .. pid) end
     if server then server:stop() end
-    teardown_network()
+    hosts:teardown()
   end)
 
   it("stops every fetch within a second, lets running jobs finish, and resumes with each job run once", function()
@@ -100,8 +67,8 @@ describe("chaos: pausing a queue run by three workers on two hosts", function()
     -- host 1 runs two workers, host 2 one; each 2 children and 2 prefetched
     for w, host in ipairs({ 1, 1, 2 }) do
       local log = ("%s/worker%d.log"):format(server.dir, w)
-      local cmd = ("ip netns exec mjpause%d %s scripts/moonjob worker %s --redis %s --queue paused -j 2 "
-        .. "--lease 5 2>>%s >/dev/null & echo $!"):format(host, helpers.LUAJIT, PROCESSOR, url, log)
+      local cmd = ("%s %s scripts/moonjob worker %s --redis %s --queue paused -j 2 "
+        .. "--lease 5 2>>%s >/dev/null & echo $!"):format(hosts:exec(host), helpers.LUAJIT, PROCESSOR, url, log)
       pids[#pids + 1] = assert(tonumber(helpers.first_line(cmd)))
     end
     local function completed() return assert(q:counts()).completed end

@@ -4,7 +4,6 @@
 -- one line on stderr and exit 1; usage errors exit 2.
 local helpers = require "helpers"
 local json = require "moonjob.codec.json"
-local loop = require "moonjob.loop"
 local rq = require "redis_queue"
 
 local function moonjob(args, stdin)
@@ -17,14 +16,7 @@ local function ndjson(out)
   return rows
 end
 
-local function wait_for(cond, seconds)
-  local deadline = loop.now() + (seconds or 20) * 1000
-  local t = require("moonjob.core").timer(function() end)
-  t:start(20, 20)
-  loop.wait_until(function() return cond() or loop.now() > deadline end)
-  t:close()
-  return cond()
-end
+local wait_for = rq.wait_for
 
 rq.describe(function()
   describe("the operating commands", function()

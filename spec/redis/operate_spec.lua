@@ -4,17 +4,9 @@
 -- a clear error that changes nothing.
 local moonjob = require "moonjob"
 local helpers = require "helpers"
-local loop = require "moonjob.loop"
 local rq = require "redis_queue"
 
-local function wait_for(cond, seconds)
-  local deadline = loop.now() + (seconds or 20) * 1000
-  local t = require("moonjob.core").timer(function() end)
-  t:start(20, 20)
-  loop.wait_until(function() return cond() or loop.now() > deadline end)
-  t:close()
-  return cond()
-end
+local wait_for = rq.wait_for
 
 local function ids_of(jobs)
   local out = {}

@@ -252,4 +252,19 @@ function M.sh(command, stdin)
   return slurp(tmp), slurp(err), status / 256 -- os.execute gives the wait status in Lua 5.1
 end
 
+-- Milliseconds since the epoch (the wall clock: runs logged by processes
+-- on several hosts compared against events the spec caused).
+local ffi = require "ffi"
+if not pcall(ffi.typeof, "struct moonjob_spec_timeval") then
+  ffi.cdef [[
+struct moonjob_spec_timeval { long tv_sec; long tv_usec; };
+int gettimeofday(struct moonjob_spec_timeval *tv, void *tz);
+]]
+end
+function M.wall_ms()
+  local tv = ffi.new("struct moonjob_spec_timeval")
+  ffi.C.gettimeofday(tv, nil)
+  return tonumber(tv.tv_sec) * 1000 + math.floor(tonumber(tv.tv_usec) / 1000)
+end
+
 return M

@@ -97,6 +97,18 @@ function M.pool(queue, opts)
   return M.close_after(assert(moonjob.pool(M.PROCESSOR, opts)))
 end
 
+-- Runs the loop until cond() is true or `seconds` (default 20) pass; ->
+-- cond() (a spec asserts it, saying what it waited for).
+function M.wait_for(cond, seconds)
+  local loop = require "moonjob.loop"
+  local deadline = loop.now() + (seconds or 20) * 1000
+  local t = require("moonjob.core").timer(function() end)
+  t:start(20, 20)
+  loop.wait_until(function() return cond() or loop.now() > deadline end)
+  t:close()
+  return cond()
+end
+
 function M.new_producer(name, opts)
   return M.close_after(assert(moonjob.queue(server.url, name, opts)))
 end

@@ -58,7 +58,7 @@ local function operate_command(command, o)
     return usage_error(("moonjob %s takes job ids: moonjob %s --queue NAME ID...%s"):format(command, command,
       command == "retry" and " (or --all: every failed job)" or ""))
   end
-  if command == "status" then return require("moonjob.cli.status").run(o, operate.existing_queue) end
+  if command == "status" then return require("moonjob.cli.status").run(o) end
   if command == "queues" then return operate.queues(o) end
   if command == "jobs" then
     if (o.limit or 0) > 1000 then return usage_error("--limit for moonjob jobs is at most 1000 (a page; --offset for the next)") end

@@ -29,6 +29,7 @@ local function say(...)
   io.stderr:write("moonjob: ", ...)
   io.stderr:write("\n")
 end
+M.say = say
 
 -- Output: NDJSON lines or a table, and the first write error.
 local Out = {}

@@ -18,16 +18,12 @@
 local core = require "moonjob.core"
 local json = require "moonjob.codec.json"
 local loop = require "moonjob.loop"
-local moonjob = require "moonjob"
+local operate = require "moonjob.cli.operate"
 local stops = require "moonjob.cli.stops"
 
 local M = {}
 local EXIT_OK, EXIT_FAILED = stops.EXIT_OK, stops.EXIT_FAILED
-
-local function say(...)
-  io.stderr:write("moonjob: ", ...)
-  io.stderr:write("\n")
-end
+local say = operate.say
 
 function M.counts_line(c)
   local line = ("waiting %d, delayed %d, running %d, held %d, completed %d, failed %d"):format(
@@ -80,7 +76,7 @@ local function show(c, rate, o, in_place)
     line = line .. (" | %.1f jobs/s, %s"):format(rate, eta_text(c.waiting + c.active, rate))
   end
   if in_place then -- one row, so that \r and erase-line redraw all of it
-    return write("\r\27[K", line:sub(1, require("moonjob.cli.operate").terminal_width() - 1))
+    return write("\r\27[K", line:sub(1, operate.terminal_width() - 1))
   end
   return write(line, "\n")
 end
@@ -96,8 +92,8 @@ local function second()
   return ok
 end
 
-function M.run(o, existing_queue)
-  local q, c = existing_queue(o)
+function M.run(o)
+  local q, c = operate.existing_queue(o)
   if not q then return EXIT_FAILED end
   local in_place = o.watch and core.isatty(1) and not o.json
   local rate_of = new_rate()
