@@ -12,7 +12,6 @@ local moonjob = require "moonjob"
 local helpers = require "helpers"
 local redis_server = require "redis_server"
 local loop = require "moonjob.loop"
-local core = require "moonjob.core"
 local netns = require "netns"
 
 local NET = "10.231.77"

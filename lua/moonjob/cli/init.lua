@@ -84,8 +84,7 @@ local function remote_command(command, o)
   local remote = require "moonjob.cli.redis"
   local from_environment = redis_from_environment() -- wiped even when --redis is given
   o.redis = o.redis or from_environment
-  if command == "queues" or command == "dashboard" then o.queue = o.queue or "-" end -- needs none
-  local bad = remote.check_target(o, usage_error)
+  local bad = remote.check_target(o, usage_error, command == "queues" or command == "dashboard")
   if bad then return bad end
   if o.until_empty and not o.watch then return usage_error("--until-empty goes with --watch") end
   if o.raw and command ~= "add" then

@@ -17,7 +17,6 @@
 -- was done, 1 when something was refused (an unknown id, a job in another
 -- state, no such queue: each said), 2 for usage errors.
 local core = require "moonjob.core"
-local loop = require "moonjob.loop"
 local moonjob = require "moonjob"
 local stops = require "moonjob.cli.stops"
 local Operate = require "moonjob.redis.operate"
@@ -149,12 +148,7 @@ end
 -- A job as printed: every field of moonjob.redis.operate's, times as ms;
 -- in a table also an outcome column.
 local function job_row(job, table_form)
-  local row = {}
-  for k, v in pairs(job) do row[k] = v end
-  if job.error then row.error = { code = job.error.code, message = job.error.message } end
-  if job.error then
-    for k, v in pairs(job.error) do if type(k) == "string" then row.error[k] = v end end
-  end
+  local row = Operate.record(job)
   if table_form then
     row.outcome = job.error and (tostring(job.error.code) .. ": " .. tostring(job.error.message))
       or (job.result ~= nil and Operate.encode(job.result)) or job.result_preview

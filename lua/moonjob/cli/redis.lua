@@ -30,10 +30,12 @@ local function say(...)
 end
 
 -- --redis and --queue, checked before anything connects.
-function M.check_target(o, usage_error)
+-- no_queue: the command works on the whole server (queues, dashboard).
+function M.check_target(o, usage_error, no_queue)
   if not o.redis then return usage_error("--redis URL (or MOONJOB_REDIS) is needed: redis://host:6379/0") end
   local t, err = client.parse(o.redis)
   if not t then return usage_error(err) end
+  if no_queue and not o.queue then return end
   if not o.queue then return usage_error("--queue NAME is needed") end
   local ok, why = Queue.check_name(o.queue)
   if not ok then return usage_error(why) end

@@ -71,19 +71,7 @@ local function minute_row(row)
     mean_ms = row.mean_ms, p50_ms = row.p50_ms, p90_ms = row.p90_ms, p99_ms = row.p99_ms }
 end
 
--- A job as the page gets it: its error as a plain object (code, message,
--- then its other fields), lists as arrays.
-local function job_out(job)
-  local out = {}
-  for k, v in pairs(job) do out[k] = v end
-  if job.error then
-    local e = { code = job.error.code, message = job.error.message }
-    for k, v in pairs(job.error) do if type(k) == "string" then e[k] = v end end
-    out.error = e
-  end
-  if job.log then out.log = array(job.log) end
-  return out
-end
+local job_out = Operate.record -- (a job's log is an array already: q:job)
 
 function Api:queue(name)
   if not producer.check_name(name) then return nil end

@@ -36,16 +36,10 @@ local BULK = 1000 -- jobs per call of the bulk functions
 
 local function decode(text)
   if not text then return nil end
-  local v = json.decode(text)
-  return v
+  return (json.decode(text))
 end
 
-local function decode_error(text)
-  if not text then return nil end
-  local t = json.decode(text)
-  if type(t) ~= "table" then return errors.new("EREMOTE", tostring(text)) end
-  return errors.wrap(t)
-end
+local decode_error -- the producer's (M.extend)
 
 -- One job of a listing (functions.lua's view) as a table.
 local function job_of(row)
@@ -60,7 +54,7 @@ local function job_of(row)
     cancel = f.cancel, running = f.state == "active" and f.ran == "1" or nil }
   for _, name in ipairs({ "data", "result", "error", "progress" }) do
     if name == "error" then
-      job.error = decode_error(f.error)
+      job.error = f.error and decode_error(f.error)
       job.error_cut = cut.error -- only its code and the start of its message
     elseif cut[name] then job[name .. "_preview"] = f[name]
     else
@@ -108,6 +102,7 @@ end
 
 function M.extend(Queue, producer)
   local reply_error = producer.reply_error
+  decode_error = producer.decode_error
 
   function Queue:_call(...)
     local reply, err = self.client:call_wait({ "FCALL", ... })
@@ -318,6 +313,20 @@ function M.extend(Queue, producer)
     end
     return out
   end
+end
+
+-- operate.record(job) -> a job of q:jobs or q:job as plain data, to be
+-- written as JSON: its error an object of code, message and its other
+-- fields (an error object is not plain data).
+function M.record(job)
+  local out = {}
+  for k, v in pairs(job) do out[k] = v end
+  if job.error then
+    local e = { code = job.error.code, message = job.error.message }
+    for k, v in pairs(job.error) do if type(k) == "string" then e[k] = v end end
+    out.error = e
+  end
+  return out
 end
 
 -- A copy of v whose strings (keys too) are UTF-8 (json.to_utf8).

@@ -59,17 +59,13 @@ function M.new(url, name, opts)
   if not c then return nil, err end
   ok, err = c:wait_ready()
   if not ok then c:close(); return nil, err end
-  local q = setmetatable({ client = c, name = name, prefix = M.prefix(name),
-    max_payload = opts.max_payload or 1024 * 1024, waiters = {}, listeners = {},
-    nonce_prefix = M.random_hex(8), nonces = 0 }, Queue)
-
-  return q
+  return M.attach(c, name, opts.max_payload)
 end
 
--- A queue handle on a client of the caller's (the dashboard: one connection
--- for every queue); closing it closes that client.
-function M.attach(c, name)
-  return setmetatable({ client = c, name = name, prefix = M.prefix(name), max_payload = 1024 * 1024,
+-- A queue handle on client c (moonjob.queue's own, or the dashboard's one
+-- connection for every queue); closing it closes that client.
+function M.attach(c, name, max_payload)
+  return setmetatable({ client = c, name = name, prefix = M.prefix(name), max_payload = max_payload or 1024 * 1024,
     waiters = {}, listeners = {}, nonce_prefix = M.random_hex(8), nonces = 0 }, Queue)
 end
 
@@ -269,7 +265,8 @@ local function id_and_nonce(job)
   return tostring(job), ""
 end
 
-local function decode_error(text)
+-- An error's JSON text (a job's `error` field) as an error object.
+function M.decode_error(text)
   local t = text and json.decode(text)
   if type(t) ~= "table" then return errors.new("EREMOTE", tostring(text)) end
   return errors.wrap(t)
@@ -286,7 +283,7 @@ function Queue:get(job)
     max_attempts = tonumber(f[5]), name = f[6] ~= "" and f[6] or nil,
     created = tonumber(f[7]), started = tonumber(f[8]), finished = tonumber(f[9]) }
   if f[2] then info.result = json.decode(f[2]) end
-  if f[3] then info.error = decode_error(f[3]) end
+  if f[3] then info.error = M.decode_error(f[3]) end
   return info
 end
 

@@ -100,6 +100,7 @@ function Remote.new(port, opts)
     keep_failed_age_ms = math.floor((opts.keep_failed_age or Remote.KEEP_FAILED_AGE) * 1000),
     keep_logs = opts.keep_logs or Remote.KEEP_LOGS,
     updates = {},     -- job -> { progress = bytes, lines = { ... } } not sent yet
+    starts = {},      -- job -> true: started here, Redis not told yet (Remote:started)
     worker_id = (opts.worker_name or "") .. Queue.random_hex(8),
     held = {},        -- remote id -> job (fetched, in the pool)
     reporting = {},   -- remote id -> job (ended here, its report not answered yet)
@@ -421,19 +422,20 @@ end
 
 -- Every lease we hold, renewed in one call (one in flight at a time): the
 -- jobs in the pool, and those whose report has not landed yet.
-function Remote:_renew()
+-- only: a set of jobs to renew (those that just started), else every one.
+function Remote:_renew(only)
   if (self.nheld == 0 and self.nreports == 0) or not self.up or self.renewing then return end
   local args = { "FCALL", "moonjob_renew", 1, self.prefix, self.lease_ms }
   local sent = {}
   for id, job in pairs(self.held) do
-    if not job.abandoned then
+    if not job.abandoned and (not only or only[job]) then
       args[#args + 1] = id
       args[#args + 1] = job.token
       args[#args + 1] = self:_ran(job)
       sent[#sent + 1] = job
     end
   end
-  for id, job in pairs(self.reporting) do
+  for id, job in pairs(only and {} or self.reporting) do
     args[#args + 1] = id
     args[#args + 1] = job.token
     args[#args + 1] = job.ran_here and "1" or "0"
@@ -713,17 +715,20 @@ function Remote:_update_of(job)
   return u
 end
 
--- A child started the job: Redis hears it with the next renewal, sent
--- within STARTED_MS (not later, so that counts tell running from held),
--- one renewal for every job that started meanwhile.
-function Remote:started()
+-- A child started the job: Redis hears it within STARTED_MS (so that
+-- counts tell running from held), in one renewal of the jobs that started
+-- meanwhile (only theirs: the others' leases are the periodic renewal's).
+function Remote:started(job)
+  self.starts[job] = true
   if self.started_armed then return end
   self.started_armed = true
   if not self.started_timer then
     self.started_timer = core.timer(function()
       if self.renewing then return self.started_timer:start(STARTED_MS) end -- after this one
       self.started_armed = false
-      self:_renew()
+      local starts = self.starts
+      self.starts = {}
+      self:_renew(starts)
     end)
   end
   self.started_timer:start(STARTED_MS)
