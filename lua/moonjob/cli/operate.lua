@@ -131,7 +131,7 @@ local function existing_queue(o)
   if not q then return nil end
   local c, err = q:counts()
   if not c then say(tostring(err)) q:close() return nil end
-  if c.exists or q:exists() then return q, c end
+  if c.exists then return q, c end
   q:close()
   local names = {}
   for _, info in ipairs(moonjob.queues(o.redis) or {}) do names[#names + 1] = info.name end

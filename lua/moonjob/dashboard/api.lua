@@ -98,8 +98,7 @@ end
 function Api:overview(server, req, q)
   local c, err = q:counts()
   if not c then return fail(server, req, err) end
-  local missing = not c.exists and q:_no_queue_or(nil) -- registered by a worker: shown empty
-  if missing then return fail(server, req, missing) end
+  if not c.exists then return fail(server, req, q:_no_queue()) end
   local m
   m, err = q:metrics({ minutes = CHART_MINUTES })
   if not m then return fail(server, req, err) end
@@ -156,8 +155,7 @@ function Api:act(server, req, q, action, id)
     if type(body) ~= "table" then return fail(server, req, { code = "EINPUT", message = "the body must be a JSON object" }) end
   end
   local c = q:counts()
-  local missing = c and not c.exists and q:_no_queue_or(nil)
-  if missing then return fail(server, req, missing) end
+  if c and not c.exists then return fail(server, req, q:_no_queue()) end
   local ok, result, err
   if id then
     ok, result, err = pcall(JOB_ACTIONS[action], q, id)

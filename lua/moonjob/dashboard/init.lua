@@ -27,6 +27,7 @@
 --   * the Redis URL (and its password) is never sent to a page.
 local core = require "moonjob.core"
 local client = require "moonjob.redis.client"
+local api = require "moonjob.dashboard.api"
 
 local M = {}
 
@@ -85,7 +86,7 @@ local function loopback(host)
 end
 
 -- Whether a request's Host header names this loopback server.
-local function host_allowed(host_header, port)
+local function host_allowed(host_header)
   local name = (host_header or ""):lower():gsub(":%d+$", "")
   return name == "localhost" or name:match("^127%.%d+%.%d+%.%d+$") ~= nil or name == "[::1]"
 end
@@ -109,7 +110,7 @@ local function token_of(req)
   if h["x-moonjob-token"] then return h["x-moonjob-token"] end
   local bearer = h["authorization"] and h["authorization"]:match("^[Bb]earer%s+(.+)$")
   if bearer then return bearer end
-  if req.method == "GET" and req.query then return require("moonjob.dashboard.api").query_arg(req.query, "token") end
+  if req.method == "GET" and req.query then return api.query_arg(req.query, "token") end
 end
 
 -- Equal texts, compared in a time that does not depend on where they differ.
@@ -122,7 +123,7 @@ end
 
 -- nil when the request may go on, else status and message.
 function Server:refusal(req, needs_data)
-  if self.check_host and not host_allowed(req.headers and req.headers.host, self.port) then
+  if self.check_host and not host_allowed(req.headers and req.headers.host) then
     return 421, "this dashboard answers only to a loopback host name (127.0.0.1, localhost)"
   end
   if req.method == "POST" and not (req.headers and req.headers["x-moonjob-token"]) then
@@ -165,7 +166,7 @@ function M.start(opts)
   local c, err = client.new(opts.redis, { timeout_ms = (opts.timeout or 5) * 1000 })
   if not c then return nil, err end
   local self = setmetatable({ client = c, token = opts.token, files = files,
-    check_host = loopback(host) and not opts.token, api = require("moonjob.dashboard.api").new(c) }, Server)
+    check_host = loopback(host) and not opts.token, api = api.new(c) }, Server)
   local server
   server, err = core.http_listen(host, port, function(req)
     require("moonjob.loop").async(function()

@@ -39,7 +39,7 @@ local function add_queue(f, server, c)
   for i, ms in ipairs(m.buckets) do bounds[i] = ms / 1000 end
   local t = m.total
   f.runs.samples[#f.runs.samples + 1] = prometheus.histogram({ queue = q }, bounds, t.counts,
-    (t.mean_ms or 0) * t.runs / 1000)
+    t.sum_ms / 1000)
   return true
 end
 

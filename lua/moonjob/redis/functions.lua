@@ -190,15 +190,15 @@ local function trim(p, set, keep_count, keep_age_ms, now, most)
   end
 end
 
--- keep_count and keep_age_ms come in args[args_at], args[args_at + 1].
+-- fetch's KEEP_COUNT and KEEP_AGE_MS come in args[4], args[5].
 -- At most max(100, 2 x the fetch's batch) per state and call: more than the
 -- batch can finish, so retention keeps up under any load.
 -- An empty keep_count keeps any number (by age only); keep_failed_age_ms
--- (args[args_at + 3]) is failed jobs' age, keep_age_ms when absent.
-local function retain(p, args_at, args, now, batch)
-  local keep_count = tonumber(args[args_at]) or math.huge
-  local keep_age = tonumber(args[args_at + 1]) or 86400000
-  local keep_failed_age = tonumber(args[args_at + 3] or "") or keep_age
+-- (args[7]) is failed jobs' age, keep_age_ms when absent.
+local function retain(p, args, now, batch)
+  local keep_count = tonumber(args[4]) or math.huge
+  local keep_age = tonumber(args[5]) or 86400000
+  local keep_failed_age = tonumber(args[7] or "") or keep_age
   local most = math.max(100, 2 * batch)
   trim(p, "completed", keep_count, keep_age, now, most)
   trim(p, "failed", keep_count, keep_failed_age, now, most)
@@ -527,7 +527,7 @@ local function fetch(keys, args)
   local now = now_ms()
   recover_stalled(p, now)
   promote_delayed(p, now)
-  retain(p, 4, args, now, n)
+  retain(p, args, now, n)
   if redis.call("EXISTS", p .. "paused") == 1 then return { PAUSED } end
   local out = { -1 }
   -- the token counter is checked before anything is popped (a pop is not
@@ -936,7 +936,8 @@ end
 
 local BULK_NUMBERS = { { 2, "LIMIT must be a whole number from 1 to " .. BULK_MAX, 1, BULK_MAX, true } }
 
--- retry_all(p; state, limit [, before_ms]) -> { retried, left, before_ms }:
+-- retry_all(p; state, limit [, before_ms]) -> { retried, left, before_ms,
+-- looked_at } (looked_at: entries taken, gone ones included):
 -- up to limit jobs of state (failed or completed; oldest first) that ended
 -- at before_ms or earlier (default: now) run again; left counts those that
 -- remain. A caller that calls again passes the before_ms answered, so jobs
@@ -964,7 +965,7 @@ local function retry_all(keys, args)
       redis.call("ZREM", p .. state, id)
     end
   end
-  return { retried, redis.call("ZCOUNT", p .. state, "-inf", before), before }
+  return { retried, redis.call("ZCOUNT", p .. state, "-inf", before), before, #ids }
 end
 
 -- A job out of its set and deleted. member: its wait member, if waiting.
@@ -1191,12 +1192,15 @@ local function held_count(p)
   return held
 end
 
--- Whether the queue has any key at all (a queue that does not exist has none).
+-- Whether the queue exists: it has a key, or it is registered (a worker
+-- waits on it though nothing was added yet). pcall: the registry is outside
+-- the queue's keys, which an ACL user may not read.
 local function exists(p)
-  for _, k in ipairs({ "wait", "delayed", "active", "completed", "failed", "totals", "seq", "ids", "paused" }) do
-    if redis.call("EXISTS", p .. k) == 1 then return 1 end
-  end
-  return 0
+  local keys = { "wait", "delayed", "active", "completed", "failed", "totals", "seq", "ids", "paused" }
+  for i, k in ipairs(keys) do keys[i] = p .. k end
+  if redis.call("EXISTS", unpack(keys)) > 0 then return 1 end
+  local registered = redis.pcall("SISMEMBER", REGISTRY, string.sub(p, 5, -3))
+  return registered == 1 and 1 or 0
 end
 
 -- counts(p) -> { waiting, delayed, active, completed, failed, missing,

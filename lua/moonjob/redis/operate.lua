@@ -24,8 +24,8 @@ local json = require "moonjob.codec.json"
 
 local M = {}
 
--- The set of queue names moonjob programs register when they connect (the
--- one key outside a queue's prefix; docs/REDIS.md).
+-- The set of queue names (functions.lua's REGISTRY: adds, pauses and
+-- workers at connect write it; the one key outside a queue's prefix).
 M.REGISTRY = "mj:queues"
 
 local STATES = { waiting = true, delayed = true, active = true, completed = true, failed = true }
@@ -115,17 +115,17 @@ function M.extend(Queue, producer)
   function Queue:exists()
     local c, err = self:counts()
     if not c then return nil, err end
-    if c.exists then return true end
-    local member = self.client:call_wait({ "SISMEMBER", M.REGISTRY, self.name })
-    return member == 1
+    return c.exists
+  end
+
+  function Queue:_no_queue()
+    return errors.new("ENOQUEUE", ("no queue '%s' on this server: nothing was ever added to it "
+      .. "(moonjob queues lists the queues)"):format(self.name))
   end
 
   -- An error for a queue that does not exist, else the one given.
   function Queue:_no_queue_or(err)
-    if self:exists() == false then
-      return errors.new("ENOQUEUE", ("no queue '%s' on this server: nothing was ever added to it "
-        .. "(moonjob queues lists the queues)"):format(self.name))
-    end
+    if self:exists() == false then return self:_no_queue() end
     return err
   end
 
@@ -214,7 +214,8 @@ function M.extend(Queue, producer)
       done = done + reply[1]
       before = before or reply[3]
       total = total or (reply[1] + reply[2])
-      if reply[2] == 0 or reply[1] == 0 or (done >= total and not until_empty) then break end
+      local looked_at = reply[4] or reply[1] -- retry_all: entries whose job was gone count too
+      if reply[2] == 0 or looked_at == 0 or (done >= total and not until_empty) then break end
     end
     if done == 0 then -- nothing done: say so when the queue is not there at all
       local missing = self:_no_queue_or(nil)
@@ -367,7 +368,7 @@ end
 function M.metric_row(r, bounds)
   local counts = {}
   for i = 5, #r do counts[#counts + 1] = r[i] end
-  local row = { completed = r[1], failed = r[2], runs = r[3], counts = counts }
+  local row = { completed = r[1], failed = r[2], runs = r[3], sum_ms = r[4], counts = counts }
   if r[3] > 0 then
     row.mean_ms = r[4] / r[3]
     row.p50_ms = quantile(counts, bounds, r[3], 0.5)

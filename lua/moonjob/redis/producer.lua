@@ -303,8 +303,8 @@ end
 -- (evicted, deleted by hand); paused: true while the queue is paused; held:
 -- active jobs whose worker has not said yet that they started (workers say
 -- so within 200 ms of a start); exists: false when the queue has no key at
--- all (a name never used, or obliterated; q:exists() also counts a queue a
--- worker registered).
+-- all and is not registered (a name never used, or obliterated; a queue a
+-- worker waits on is registered).
 function Queue:counts()
   local c, err = self.client:call_wait({ "FCALL", "moonjob_counts", 1, self.prefix })
   if not c then return nil, reply_error(err) end

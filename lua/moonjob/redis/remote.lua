@@ -212,6 +212,7 @@ function Remote:want(probe)
     return
   end
   if self.lost_fetch then return self:_recover_lost_fetch() end
+  if self.paused and not probe then return end -- the poll and "resumed" look
   local n = self:room()
   if n <= 0 and not probe then return end
   n = math.max(n, 0)
@@ -423,12 +424,19 @@ end
 -- Every lease we hold, renewed in one call (one in flight at a time): the
 -- jobs in the pool, and those whose report has not landed yet.
 -- only: a set of jobs to renew (those that just started), else every one.
+-- A full renewal asked while one is in flight is sent when it answers
+-- (never lost: the fence counts on it).
 function Remote:_renew(only)
-  if (self.nheld == 0 and self.nreports == 0) or not self.up or self.renewing then return end
+  if self.renewing then
+    if not only then self.renew_pending = true end
+    return
+  end
+  if (self.nheld == 0 and self.nreports == 0) or not self.up then return end
   local args = { "FCALL", "moonjob_renew", 1, self.prefix, self.lease_ms }
   local sent = {}
-  for id, job in pairs(self.held) do
-    if not job.abandoned and (not only or only[job]) then
+  for id, job in pairs(only or self.held) do
+    if only then id, job = id.remote_id, id end -- only is a set: job -> true
+    if not job.abandoned and self.held[id] == job then
       args[#args + 1] = id
       args[#args + 1] = job.token
       args[#args + 1] = self:_ran(job)
@@ -445,14 +453,16 @@ function Remote:_renew(only)
   local sent_at = loop.now()
   self.client:call(args, function(reply, err, kind)
     self.renewing = false
-    if not reply then
-      if kind ~= "connection" and not self.closed then
-        self:_trouble("renew", "renewing the leases failed: " .. tostring(err))
-      end
-      return
+    if reply then
+      self:_fine("renew")
+      self:_renewed(reply, sent, sent_at)
+    elseif kind ~= "connection" and not self.closed then
+      self:_trouble("renew", "renewing the leases failed: " .. tostring(err))
     end
-    self:_fine("renew")
-    self:_renewed(reply, sent, sent_at)
+    if self.renew_pending and not self.closed then
+      self.renew_pending = false
+      self:_renew()
+    end
   end)
 end
 
@@ -734,12 +744,11 @@ function Remote:started(job)
   self.started_timer:start(STARTED_MS)
 end
 
--- The value crosses the channel in LuaJIT's serialisation; Redis holds JSON.
+-- Only the last progress of a gathering is sent: it is read (LuaJIT's
+-- serialisation across the channel) and written as JSON then.
 function Remote:progress(job)
   local u = self:_update_of(job)
-  if not u then return end
-  local text = json.encode(job.progress)
-  if text then u.progress = text end -- a value JSON cannot hold (a function) is not sent
+  if u then u.progress = true end
 end
 
 -- Only the last keep_logs lines are kept in Redis: fewer are sent.
@@ -770,8 +779,9 @@ function Remote:_send_updates(job)
     for i = math.max(1, #lines - self.keep_logs + 1), #lines do args[#args + 1] = lines[i] end
     self.client:call(args, function() end)
   end
-  if u.progress then
-    self.client:call({ "FCALL", "moonjob_progress", 1, self.prefix, job.remote_id, job.token, u.progress },
+  local progress = u.progress and json.encode(job.progress) -- nil: a value JSON cannot hold
+  if progress then
+    self.client:call({ "FCALL", "moonjob_progress", 1, self.prefix, job.remote_id, job.token, progress },
       function() end)
   end
 end
