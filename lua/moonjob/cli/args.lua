@@ -14,6 +14,7 @@ usage: moonjob run PROCESSOR [INPUT] [options]
        moonjob add --redis URL --queue NAME [INPUT] [--raw] [--dedupe] [--attempts N] [--priority P] [--delay S]
        moonjob status --redis URL --queue NAME [--watch [--until-empty]]
        moonjob queues | jobs | job | retry | remove | promote | clean | pause | resume ...
+       moonjob schedule add | list | remove ...
        moonjob dashboard --redis URL [--listen 127.0.0.1:7411] [--token T]
 
 Runs the processor file PROCESSOR once per line of INPUT, an NDJSON file
@@ -75,6 +76,16 @@ NDJSON there too):
   clean --state S --older-than SECONDS [--limit N]
                         remove completed or failed jobs older than SECONDS
   pause, resume         stop every worker fetching from the queue, or resume
+
+repeating jobs (docs/guide/schedules.md); Redis fires them while a worker runs:
+  schedule add ID --cron "m h dom mon dow" | --every S
+                        one job per due time, its id s:ID:<ms>; also --tz
+                        UTC|local|+05:30, --start T, --stop T, --limit N (runs),
+                        --catch-up none|one (slots missed while no worker ran:
+                        skipped, or one job for them; default one), --data
+                        JSON and add's job options
+  schedule list         the schedules, the next due first
+  schedule remove ID... remove schedules (the jobs they made stay)
 
 the web dashboard (docs/guide/dashboard.md):
   dashboard             serve it until Ctrl-C: queues, jobs, actions, /metrics
@@ -206,6 +217,18 @@ local VALUED = {
   ["--metrics"] = { "metrics", path, "an address", "HOST:PORT to serve /metrics on, such as 127.0.0.1:9464" },
   ["--listen"] = { "listen", path, "an address", "HOST:PORT, such as 127.0.0.1:7411" },
   ["--token"] = { "token", path, "a token", "a text that the dashboard's users must give" },
+  ["--cron"] = { "cron", path, "an expression", "5 fields: minute hour day-of-month month day-of-week" },
+  ["--every"] = { "every", function(text)
+    local n = tonumber(text)
+    if n and n >= 1 and n <= SECONDS_MAX then return n end
+  end, "a number", "a number of seconds from 1 to 1e9" },
+  ["--tz"] = { "tz", path, "a zone", "UTC, local or an offset such as +05:30" },
+  ["--start"] = { "start", path, "a time", "seconds since the epoch, or UTC such as 2026-12-01T03:00Z" },
+  ["--stop"] = { "stop", path, "a time", "seconds since the epoch, or UTC such as 2026-12-01T03:00Z" },
+  ["--catch-up"] = { "catch_up", function(text)
+    if text == "none" or text == "one" then return text end
+  end, "a value", "none (missed slots are skipped) or one (one job stands for them)" },
+  ["--data"] = { "data", path, "JSON", "JSON text, such as '{\"a\":1}'" },
   ["--priority"] = { "priority", function(text) -- finite: "nan" and "inf" read as numbers
     local n = tonumber(text)
     if n and n > -math.huge and n < math.huge then return n end

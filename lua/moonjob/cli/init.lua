@@ -5,7 +5,7 @@
 --     [--attempts N] [--backoff SPEC] [--joblog FILE [--resume]] [--progress]
 --   moonjob worker | add ... (moonjob.cli.redis)
 --   moonjob status | queues | jobs | job | retry | remove | promote | clean | pause | resume
---     (moonjob.cli.status, moonjob.cli.operate)
+--     (moonjob.cli.status, moonjob.cli.operate); moonjob schedule (moonjob.cli.schedule)
 --
 -- Its options and help text: moonjob.cli.args; `moonjob run`: moonjob.cli.run
 -- and the parts it names; what a terminal shows: moonjob.cli.progress.
@@ -37,7 +37,7 @@ end
 -- The commands that look at and act on a queue, and the positional
 -- arguments each takes: "ids" one or more job ids, "id" exactly one.
 local OPERATE = { status = "none", queues = "none", jobs = "none", job = "id", retry = "ids",
-  remove = "ids", promote = "ids", clean = "none", pause = "none", resume = "none" }
+  remove = "ids", promote = "ids", clean = "none", pause = "none", resume = "none", schedule = "words" }
 
 local function operate_command(command, o)
   local operate = require "moonjob.cli.operate"
@@ -59,6 +59,7 @@ local function operate_command(command, o)
       command == "retry" and " (or --all: every failed job)" or ""))
   end
   if command == "status" then return require("moonjob.cli.status").run(o) end
+  if command == "schedule" then return require("moonjob.cli.schedule").run(rest, o) end
   if command == "queues" then return operate.queues(o) end
   if command == "jobs" then
     if (o.limit or 0) > 1000 then return usage_error("--limit for moonjob jobs is at most 1000 (a page; --offset for the next)") end
@@ -121,7 +122,7 @@ function M.main(arguments)
   end
   if command ~= "run" then
     return usage_error(("unknown command '%s'; the commands are run, worker, add, status, queues, jobs, job, "
-      .. "retry, remove, promote, clean, pause, resume and dashboard"):format(command))
+      .. "retry, remove, promote, clean, pause, resume, schedule and dashboard"):format(command))
   end
   local processor, input_path = o.positional[2], o.positional[3]
   if not processor then return usage_error("missing PROCESSOR: moonjob run PROCESSOR [INPUT]") end

@@ -160,6 +160,7 @@ local function job_row(job, table_form)
 end
 
 M.existing_queue = existing_queue
+M.open_queue, M.new_out, M.when = open_queue, new_out, when
 
 function M.queues(o)
   local list, err = moonjob.queues(o.redis)

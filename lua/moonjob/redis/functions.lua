@@ -368,8 +368,8 @@ local ADD_NUMBERS = {
 }
 
 -- add's arguments -> an EINPUT error reply, or nil.
-local function check_add(args)
-  local fn = "moonjob_add"
+local function check_add(args, fn)
+  fn = fn or "moonjob_add"
   if #args < 12 then
     return refuse(fn, "it takes 12 arguments after the key (ID DATA PRIORITY DELAY_MS ATTEMPTS BACKOFF TIMEOUT "
       .. "KILL_AFTER NAME CACHE MAX_QUEUE NOTIFY [NONCE [EXISTING]]), got", #args)
@@ -419,13 +419,10 @@ end
 -- or absent: made here) is stored with the job; a call that passed one gets
 -- the job's nonce back (its own, or the joined job's): get and cancel given it
 -- answer only for this job, never for a later one with the same id (a data
--- loss restarts the id counter).
-local function add(keys, args)
-  local p = keys[1]
-  local refused = check_add(args)
-  if refused then return refused end
+-- loss restarts the id counter). add_job does it once the arguments are
+-- checked (a schedule's slots are added through it too).
+local function add_job(p, args, now)
   local id, data = args[1], args[2]
-  local now = now_ms()
   if id == "" then -- a number no job holds (an explicit id may have taken it)
     repeat id = tostring(redis.call("INCR", p .. "ids")) until redis.call("EXISTS", job_key(p, id)) == 0
   elseif id == "\0dedupe" then id = "d:" .. redis.sha1hex(data) end
@@ -463,6 +460,243 @@ local function add(keys, args)
   end
   make_waiting(p, id, key, now, prio)
   return added(args, id, "waiting", 0, nonce)
+end
+
+local function add(keys, args)
+  local refused = check_add(args)
+  if refused then return refused end
+  return add_job(keys[1], args, now_ms())
+end
+
+-------------------------------------------------------------- schedules ---
+-- A schedule makes one ordinary job per due time (a slot), with the server's
+-- clock: fetch fires the due ones, so schedules fire while at least one
+-- worker of the queue runs (a paused queue's too: its jobs then wait).
+--   <p>schedules  sorted set: schedule id by its next slot (ms); +inf once
+--                 it has ended (its stop or limit reached)
+--   <p>s:<id>     hash: one schedule. kind (cron | every), cron (text),
+--                 every (ms), offset (the zone's minutes east of UTC, for
+--                 cron), start, stop (ms, "": none), limit (runs, 0: none),
+--                 catch_up (none | one), job (JSON array: add's arguments
+--                 after the id), spec (the definition, to tell an unchanged
+--                 one), runs, last (its last slot fired, ms), last_id,
+--                 next (ms, "" once ended), created, note (why it ended, or
+--                 why a slot made no job).
+-- A slot's job has the id "s:<schedule id>:<slot ms>". A slot fires once:
+-- the call that fires it moves next past it, a slot at or before last never
+-- fires, and the job is added with existing "join" (a job kept with its id
+-- is never replaced), so workers, restarts or a worker's clock cannot make
+-- two runs of one slot.
+
+local SCHEDULE_ID_MAX = 512
+local FIRE_MAX = 100           -- due schedules fired per fetch (the rest on the next)
+local EVERY_MS_MIN = 1000
+local LIST_SCHEDULES_MAX = 1000
+
+local SCHEDULE_FIELDS = { "kind", "cron", "every", "offset", "start", "stop", "limit", "catch_up",
+  "job", "runs", "last", "last_id", "next", "created", "note" }
+
+local function schedule_key(p, id) return p .. "s:" .. id end
+
+-- A schedule's hash read as numbers and a parsed cron, or nil and why.
+local function read_schedule(key)
+  local f, why = job_fields(key, unpack(SCHEDULE_FIELDS))
+  if not f then return nil, why end
+  local s = {}
+  for i, name in ipairs(SCHEDULE_FIELDS) do s[name] = f[i] end
+  if s.kind ~= "cron" and s.kind ~= "every" then return nil, "the schedule's hash has no kind" end
+  for _, k in ipairs({ "every", "offset", "start", "stop", "limit", "runs", "last", "next" }) do
+    s[k] = tonumber(s[k] or "")
+  end
+  s.limit, s.runs, s.last, s.offset = s.limit or 0, s.runs or 0, s.last or -1, s.offset or 0
+  if s.kind == "cron" then
+    s.spec, why = cron_parse(s.cron or "")
+    if not s.spec then return nil, why end
+  elseif not (s.every and s.every >= EVERY_MS_MIN) then
+    return nil, "the schedule's every is not a number of ms"
+  end
+  return s
+end
+
+-- The first slot of s strictly after t (ms) and not before its start, or
+-- nil: none before its stop (or a cron that never matches again).
+local function slot_after(s, t)
+  local start = s.start or 0
+  local slot
+  if s.kind == "every" then
+    if t < start then slot = start
+    else slot = start + (math.floor((t - start) / s.every) + 1) * s.every end
+  else
+    slot = cron_next(s.spec, math.max(t, start - 1), s.offset)
+  end
+  if slot and s.stop and slot > s.stop then return nil end
+  return slot
+end
+
+-- Adds the job of slot (existing "join": a job kept with its id stays).
+-- -> its id, or nil and why (EQUEUEFULL: the slot makes no job).
+local function add_slot(p, id, s, slot, now)
+  local args = cjson.decode(s.job)
+  table.insert(args, 1, "s:" .. id .. ":" .. string.format("%.0f", slot))
+  args[13], args[14] = "", "join"
+  local reply = add_job(p, args, now)
+  if reply.err then return nil, reply.err end
+  return reply[1]
+end
+
+-- Where s goes after slot: its next slot after now, or ended (with why).
+local function advance(p, id, key, s, now, note)
+  local nxt = slot_after(s, now)
+  if s.limit > 0 and s.runs >= s.limit then nxt, note = nil, "ended: its limit of runs was reached" end
+  if not nxt then note = note or "ended: no slot before its stop" end
+  redis.call("HSET", key, "next", nxt and string.format("%.0f", nxt) or "", "note", note or "")
+  redis.call("ZADD", p .. "schedules", nxt or "+inf", id)
+end
+
+-- A due schedule: its slot s.next fires, unless later slots are due too
+-- (no worker ran meanwhile) and catch_up is "none"; catch_up "one" fires
+-- that first missed slot, standing for the others.
+local function fire_one(p, id, now)
+  local key = schedule_key(p, id)
+  local s, why = read_schedule(key)
+  if not s or not s.next then -- written around moonjob_schedule: it ends, saying why
+    redis.call("ZADD", p .. "schedules", "+inf", id)
+    redis.pcall("HSET", key, "next", "", "note", "ended: " .. (why or "the schedule's hash has no next"))
+    return
+  end
+  local slot, note = s.next, nil
+  local following = slot_after(s, slot)
+  local missed = following ~= nil and following <= now
+  if slot > s.last then
+    if missed and s.catch_up == "none" then
+      note = "slots from " .. string.format("%.0f", slot) .. " to now were missed (no worker ran): skipped"
+    else
+      local job_id, err = add_slot(p, id, s, slot, now)
+      if job_id then
+        s.runs = s.runs + 1
+        redis.call("HSET", key, "runs", s.runs, "last", string.format("%.0f", slot), "last_id", job_id)
+      else
+        note = "slot " .. string.format("%.0f", slot) .. " made no job: " .. tostring(err)
+      end
+    end
+  end
+  advance(p, id, key, s, now, note)
+end
+
+local function fire_schedules(p, now)
+  local due = redis.call("ZRANGEBYSCORE", p .. "schedules", "-inf", now, "LIMIT", 0, FIRE_MAX)
+  for _, id in ipairs(due) do fire_one(p, id, now) end
+end
+
+-- When the next schedule is due (server ms), or nil.
+local function next_schedule(p)
+  local first = redis.call("ZRANGE", p .. "schedules", 0, 0, "WITHSCORES")
+  local t = first[2] and tonumber(first[2])
+  if t and t < math.huge then return t end
+end
+
+local SCHEDULE_NUMBERS = {
+  { 4, "OFFSET_MIN must be a whole number of minutes from -1439 to 1439", -1439, 1439, true },
+  { 5, "START_MS must be a whole number of ms (server time), or empty", 0, 1e15, true },
+  { 6, "STOP_MS must be a whole number of ms (server time), or empty", 0, 1e15, true },
+  { 7, "LIMIT must be a whole number of runs from 0 (no limit) to 2^53", 0, COUNT_MAX, true },
+}
+
+-- schedule's arguments -> the job's add arguments (with an empty id), or nil
+-- and an EINPUT error reply.
+local function check_schedule(args)
+  local fn = "moonjob_schedule"
+  if #args ~= 19 then
+    return nil, refuse(fn, "it takes 19 arguments after the key (ID KIND WHEN OFFSET_MIN START_MS STOP_MS "
+      .. "LIMIT CATCH_UP, then add's DATA PRIORITY DELAY_MS ATTEMPTS BACKOFF TIMEOUT KILL_AFTER NAME CACHE "
+      .. "MAX_QUEUE NOTIFY), got", #args)
+  end
+  local id, kind, when = args[1], args[2], args[3]
+  if id == "" or #id > SCHEDULE_ID_MAX then
+    return nil, refuse(fn, "ID must be a name of 1 to " .. SCHEDULE_ID_MAX .. " bytes", id)
+  end
+  if kind == "cron" then
+    local spec, why = cron_parse(when)
+    if not spec then return nil, redis.error_reply("EINPUT " .. fn .. ": " .. why) end
+  elseif kind == "every" then
+    if not number_in(when, EVERY_MS_MIN, DELAY_MS_MAX, true) then
+      return nil, refuse(fn, "WHEN of an every schedule must be a whole number of ms from 1000 to 1e12", when)
+    end
+  else
+    return nil, refuse(fn, "KIND must be cron or every", kind)
+  end
+  local refused = check_numbers(fn, args, SCHEDULE_NUMBERS)
+  if refused then return nil, refused end
+  if args[5] ~= "" and args[6] ~= "" and tonumber(args[6]) < tonumber(args[5]) then
+    return nil, refuse(fn, "STOP_MS must not come before START_MS", args[6])
+  end
+  if args[8] ~= "" and args[8] ~= "none" and args[8] ~= "one" then
+    return nil, refuse(fn, "CATCH_UP must be none (missed slots are skipped) or one (one job for them)", args[8])
+  end
+  local job = { "" }
+  for i = 9, 19 do job[#job + 1] = args[i] end
+  refused = check_add(job, fn)
+  if refused then return nil, refused end
+  return job
+end
+
+-- schedule(p; id, kind, when, offset_min, start_ms, stop_ms, limit, catch_up,
+--   data, priority, delay_ms, attempts, backoff, timeout, kill_after, name,
+--   cache, max_queue, notify) -> { "created" | "updated" | "unchanged", next_ms }
+-- (next_ms -1: it has ended). kind "cron" (when: 5 fields; offset_min: the
+-- zone's minutes east of UTC) or "every" (when: ms; slots at start + k x
+-- every, start 0 by default). An unchanged definition changes nothing (a
+-- worker may declare its schedules each time it starts); a changed one
+-- takes effect from now, its runs and last slot kept.
+local function schedule(keys, args)
+  local p = keys[1]
+  local job, refused = check_schedule(args)
+  if not job then return refused end
+  local id, key = args[1], schedule_key(p, args[1])
+  local spec = cjson.encode({ unpack(args, 2, 19) })
+  local old = redis.pcall("HMGET", key, "spec", "next")
+  if old.err then return redis.error_reply("EINPUT moonjob_schedule: the key " .. key .. " is not a schedule "
+    .. "hash (written by another client); delete it or choose another id") end
+  if old[1] == spec then return { "unchanged", tonumber(old[2] or "") or -1 } end
+  local now = now_ms()
+  table.remove(job, 1)
+  redis.call("HSET", key, "kind", args[2], "cron", args[2] == "cron" and args[3] or "",
+    "every", args[2] == "every" and args[3] or "", "offset", or_default(args[4], "0"), "start", args[5],
+    "stop", args[6], "limit", or_default(args[7], "0"), "catch_up", or_default(args[8], "one"),
+    "job", cjson.encode(job), "spec", spec)
+  if not old[1] then redis.call("HSET", key, "runs", 0, "created", now) end
+  redis.pcall("SADD", REGISTRY, string.sub(p, 5, -3))
+  local s = assert(read_schedule(key))
+  advance(p, id, key, s, now - 1, nil) -- a slot at now is due now
+  local nxt = redis.call("HGET", key, "next")
+  return { old[1] and "updated" or "created", tonumber(nxt) or -1 }
+end
+
+-- unschedule(p; id) -> 1, or 0 when no such schedule (its jobs stay).
+local function unschedule(keys, args)
+  local p, id = keys[1], args[1]
+  if not id or id == "" then return refuse("moonjob_unschedule", "it takes ID", "") end
+  local gone = redis.call("ZREM", p .. "schedules", id)
+  return math.max(gone, redis.call("DEL", schedule_key(p, id)))
+end
+
+-- schedules(p; offset, limit) -> { total, { id, field... }, ... }: the
+-- schedules by next slot (ended ones last), fields as SCHEDULE_FIELDS.
+local function schedules(keys, args)
+  local p, fn = keys[1], "moonjob_schedules"
+  local refused = check_numbers(fn, args, {
+    { 1, "OFFSET must be a whole number from 0 to 2^53", 0, COUNT_MAX, true },
+    { 2, "LIMIT must be a whole number from 1 to " .. LIST_SCHEDULES_MAX, 1, LIST_SCHEDULES_MAX, true } })
+  if refused then return refused end
+  local offset, limit = tonumber(args[1] or "") or 0, tonumber(args[2] or "") or 100
+  local out = { redis.call("ZCARD", p .. "schedules") }
+  for _, id in ipairs(redis.call("ZRANGE", p .. "schedules", offset, offset + limit - 1)) do
+    local f = redis.pcall("HMGET", schedule_key(p, id), unpack(SCHEDULE_FIELDS))
+    local row = { id }
+    for i = 1, #SCHEDULE_FIELDS do row[i + 1] = (not f.err and f[i]) or false end
+    out[#out + 1] = row
+  end
+  return out
 end
 
 local FETCH_NUMBERS = {
@@ -516,7 +750,8 @@ local PAUSED = -2
 -- whose fields are out of range fails with EINPUT here, one whose data is
 -- over max_payload (0: no bound) with EPAYLOAD, their data never sent; an
 -- entry whose job is gone is counted in totals "missing". next_due_ms:
--- when the earliest delayed job falls due (server ms from now), or -1.
+-- when the earliest delayed job or schedule falls due (server ms from now),
+-- or -1. Due schedules fire first (fire_schedules).
 local function fetch(keys, args)
   local p, worker = keys[1], args[1]
   if not worker or worker == "" then return refuse("moonjob_fetch", "WORKER must be a name", "") end
@@ -526,6 +761,7 @@ local function fetch(keys, args)
   local max_payload = tonumber(args[6]) or 0
   local now = now_ms()
   recover_stalled(p, now)
+  fire_schedules(p, now)
   promote_delayed(p, now)
   retain(p, args, now, n)
   if redis.call("EXISTS", p .. "paused") == 1 then return { PAUSED } end
@@ -571,7 +807,10 @@ local function fetch(keys, args)
   end
   count_missing(p, missing)
   local first = redis.call("ZRANGE", p .. "delayed", 0, 0, "WITHSCORES")
-  if first[2] then out[1] = math.max(0, tonumber(first[2]) - now) end
+  local due = tonumber(first[2] or "")
+  local slot = next_schedule(p)
+  if slot and not (due and due <= slot) then due = slot end
+  if due then out[1] = math.max(0, due - now) end
   return out
 end
 
@@ -1067,13 +1306,23 @@ local function drain(keys, args)
   return { removed, left }
 end
 
+-- Up to limit schedules deleted; -> how many.
+local function drop_schedules(p, limit)
+  local ids = redis.call("ZRANGE", p .. "schedules", 0, limit - 1)
+  for _, id in ipairs(ids) do
+    redis.call("ZREM", p .. "schedules", id)
+    redis.call("DEL", schedule_key(p, id))
+  end
+  return #ids
+end
+
 -- The keys of a queue that are not jobs (obliterate deletes them last).
 -- tokens stays: a run of a job obliterated must never share its token with a
 -- run of a job added after (its late report would land in the new job).
 local QUEUE_KEYS = { "seq", "ids", "totals", "paused", "m:all" }
 
--- obliterate(p; limit [, force]) -> { removed, left }: every job and key of
--- the queue (but its token counter), limit jobs per call; refused (EBUSY)
+-- obliterate(p; limit [, force]) -> { removed, left }: every job, schedule
+-- and key of the queue (but its token counter), limit jobs per call; refused (EBUSY)
 -- while jobs run, unless force "1" (their workers' reports are then
 -- refused). It pauses the queue until it is gone, so no worker takes a job
 -- between two calls (and a later call is not refused). Per-minute metrics
@@ -1092,8 +1341,9 @@ local function obliterate(keys, args)
   for _, set in ipairs({ "wait", "delayed", "active", "completed", "failed" }) do
     if removed < limit then removed = removed + empty_set(p, set, limit - removed) end
   end
+  if removed < limit then removed = removed + drop_schedules(p, limit - removed) end
   local left = 0
-  for _, set in ipairs({ "wait", "delayed", "active", "completed", "failed" }) do
+  for _, set in ipairs({ "wait", "delayed", "active", "completed", "failed", "schedules" }) do
     left = left + redis.call("ZCARD", p .. set)
   end
   if left == 0 then
@@ -1196,7 +1446,8 @@ end
 -- waits on it though nothing was added yet). pcall: the registry is outside
 -- the queue's keys, which an ACL user may not read.
 local function exists(p)
-  local keys = { "wait", "delayed", "active", "completed", "failed", "totals", "seq", "ids", "paused" }
+  local keys = { "wait", "delayed", "active", "completed", "failed", "totals", "seq", "ids", "paused",
+    "schedules" }
   for i, k in ipairs(keys) do keys[i] = p .. k end
   if redis.call("EXISTS", unpack(keys)) > 0 then return 1 end
   local registered = redis.pcall("SISMEMBER", REGISTRY, string.sub(p, 5, -3))
@@ -1217,7 +1468,7 @@ local function counts(keys)
     tonumber(totals[3]) or 0, redis.call("EXISTS", p .. "paused"), held_count(p), exists(p) }
 end
 
-local function version() return "4" end
+local function version() return "5" end
 
 redis.register_function("moonjob_add", add)
 redis.register_function("moonjob_fetch", fetch)
@@ -1239,6 +1490,9 @@ redis.register_function("moonjob_pause", pause)
 redis.register_function("moonjob_resume", resume)
 redis.register_function("moonjob_progress", progress)
 redis.register_function("moonjob_log", log)
+redis.register_function("moonjob_schedule", schedule)
+redis.register_function("moonjob_unschedule", unschedule)
+redis.register_function{ function_name = "moonjob_schedules", callback = schedules, flags = { "no-writes" } }
 redis.register_function{ function_name = "moonjob_jobs", callback = jobs, flags = { "no-writes" } }
 redis.register_function{ function_name = "moonjob_job", callback = job, flags = { "no-writes" } }
 redis.register_function{ function_name = "moonjob_metrics", callback = metrics, flags = { "no-writes" } }

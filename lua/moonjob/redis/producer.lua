@@ -368,5 +368,6 @@ function Queue:close()
 end
 
 Operate.extend(Queue, M)
+require("moonjob.redis.schedules").extend(Queue, M)
 
 return M

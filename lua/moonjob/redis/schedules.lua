@@ -1,0 +1,173 @@
+-- moonjob.redis.schedules -- repeating jobs on a durable queue: the methods
+-- q:schedule, q:unschedule and q:schedules of `moonjob.queue(url, name)`.
+--
+--   q:schedule("report", { cron = "0 3 * * *", tz = "local" }, { kind = "daily" })
+--   q:schedule("ping", { every = 30 }, "ping", { timeout = 5 })
+--
+-- Redis keeps the schedules and fires them (functions.lua's moonjob_schedule
+-- and fetch): each due time (a slot) becomes one ordinary job whose id is
+-- "s:<schedule id>:<slot ms>", so however many workers run, restart or have
+-- their clocks wrong, a slot runs once. A schedule fires while at least one
+-- worker of the queue runs; slots missed while none ran follow catch_up.
+--
+-- Caveat: Redis has no time zones. tz = "local" is this machine's offset
+-- from UTC when q:schedule is called, and "+05:30" a fixed one: a cron in a
+-- zone with daylight saving time keeps the offset it was given until it is
+-- declared again (a worker that declares its schedules when it starts
+-- follows the change at its next start).
+local errors = require "moonjob.errors"
+local json = require "moonjob.codec.json"
+
+local M = {}
+
+local WHEN_OPTIONS = { cron = true, every = true, tz = true, start = true, stop = true, limit = true,
+  catch_up = true }
+local FIELDS = { "kind", "cron", "every", "offset", "start", "stop", "limit", "catch_up", "job", "runs",
+  "last", "last_id", "next", "created", "note" }
+local PAGE = 1000
+
+-- This machine's minutes east of UTC now (os.date's two views of one time).
+function M.local_offset(t)
+  t = t or os.time()
+  local here, utc = os.date("*t", t), os.date("!*t", t)
+  local days = here.yday - utc.yday
+  if here.year ~= utc.year then days = here.year > utc.year and 1 or -1 end
+  return days * 1440 + (here.hour - utc.hour) * 60 + (here.min - utc.min)
+end
+
+-- tz -> minutes east of UTC, or nil and why.
+local function offset_of(tz)
+  if tz == nil or tz == "UTC" or tz == "utc" or tz == "Z" then return 0 end
+  if tz == "local" then return M.local_offset() end
+  local sign, h, m = tostring(tz):match("^([+-])(%d%d):?(%d%d)$")
+  h, m = tonumber(h), tonumber(m)
+  if sign and h < 24 and m < 60 then return (sign == "-" and -1 or 1) * (h * 60 + m) end
+  return nil, ("option 'tz' must be \"UTC\", \"local\" or an offset such as \"+05:30\", not '%s'"):format(
+    tostring(tz))
+end
+
+local function fail(why) error("queue:schedule(): " .. why, 4) end
+
+-- A time option (seconds since the epoch, as os.time() gives) -> ms, or "".
+local function epoch_ms(when, name)
+  local v = when[name]
+  if v == nil then return "" end
+  if type(v) ~= "number" or not (v >= 0 and v <= 1e12) then
+    fail(("option '%s' must be a time in seconds since the epoch (as os.time() gives), not %s"):format(
+      name, tostring(v)))
+  end
+  return ("%.0f"):format(v * 1000)
+end
+
+-- The when table -> kind, when, offset, start, stop, limit, catch_up
+-- (moonjob_schedule's arguments); raises on a mistake of the caller.
+local function when_args(when)
+  if type(when) ~= "table" then fail("its second argument must be a table: { cron = ... } or { every = s }") end
+  for k in pairs(when) do
+    if not WHEN_OPTIONS[k] then
+      fail(("unknown option '%s' (known: catch_up, cron, every, limit, start, stop, tz)"):format(tostring(k)))
+    end
+  end
+  if (when.cron == nil) == (when.every == nil) then
+    fail("give one of cron (\"*/5 * * * *\") or every (seconds)")
+  end
+  local kind, spec = "cron", when.cron
+  if when.every ~= nil then
+    if type(when.every) ~= "number" or not (when.every >= 1 and when.every <= 1e9) then
+      fail(("option 'every' must be a number of seconds from 1 to 1e9, not %s"):format(tostring(when.every)))
+    end
+    kind, spec = "every", ("%.0f"):format(when.every * 1000)
+  elseif type(spec) ~= "string" then
+    fail("option 'cron' must be a text of 5 fields such as \"*/5 * * * *\"")
+  end
+  local offset, why = offset_of(when.tz)
+  if not offset then fail(why) end
+  local limit = when.limit or 0
+  if type(limit) ~= "number" or limit < 0 or limit % 1 ~= 0 or limit > 2 ^ 53 then
+    fail("option 'limit' must be a whole number of runs (0: no limit)")
+  end
+  local catch_up = when.catch_up or "one"
+  if catch_up ~= "none" and catch_up ~= "one" then
+    fail(("option 'catch_up' must be \"none\" (missed slots are skipped) or \"one\" (one job stands for "
+      .. "them), not '%s'"):format(tostring(catch_up)))
+  end
+  return kind, spec, offset, epoch_ms(when, "start"), epoch_ms(when, "stop"), limit, catch_up
+end
+
+-- One row of moonjob_schedules as a table (times in server ms).
+local function schedule_of(row)
+  local f = {}
+  for i, name in ipairs(FIELDS) do f[name] = row[i + 1] or nil end
+  local job = f.job and json.decode(f.job) or {}
+  local s = { id = row[1], cron = f.cron ~= "" and f.cron or nil, tz_offset = tonumber(f.offset),
+    start = tonumber(f.start), stop = tonumber(f.stop), limit = tonumber(f.limit) or 0,
+    catch_up = f.catch_up, runs = tonumber(f.runs) or 0, last = tonumber(f.last), last_id = f.last_id,
+    next = tonumber(f.next), created = tonumber(f.created), note = f.note ~= "" and f.note or nil,
+    name = job[8] ~= "" and job[8] or nil }
+  if f.every and f.every ~= "" then s.every = tonumber(f.every) / 1000 end
+  if job[1] then s.data = json.decode(job[1]) end
+  s.ended = s.next == nil
+  return s
+end
+
+function M.extend(Queue, producer)
+  -- q:schedule(id, when [, data [, opts]]) -> { id, state, next } | nil, err.
+  -- when: { cron = "m h dom mon dow" | every = seconds, tz = "UTC" | "local"
+  -- | "+05:30", start, stop (os.time() seconds), limit (runs), catch_up =
+  -- "one" (default) | "none" }; data and opts: each slot's job, as q:add's
+  -- (but id and dedupe: the id is the slot's). state: "created", "updated"
+  -- or "unchanged" (the same definition again changes nothing); next: the
+  -- next slot, server ms (nil: the schedule has ended). A bad cron is
+  -- EINPUT, nothing changed.
+  function Queue:schedule(id, when, data, opts)
+    if type(id) ~= "string" and type(id) ~= "number" then
+      error("queue:schedule(): its first argument must be the schedule's id (a string)", 2)
+    end
+    if opts ~= nil and type(opts) == "table" and (opts.id ~= nil or opts.dedupe ~= nil) then
+      error("queue:schedule(): a scheduled job's id is the schedule's and its slot's: options 'id' and "
+        .. "'dedupe' cannot be given", 2)
+    end
+    local kind, spec, offset, start, stop, limit, catch_up = when_args(when)
+    local text, err = producer.encode(data == nil and json.null or data, self.max_payload)
+    if not text then return nil, err end
+    local ok, add = pcall(producer.add_args, self.prefix, text, opts, false)
+    if not ok then
+      error((tostring(add):gsub("^[^\n]-:%d+: ", ""):gsub("queue:add%(%)", "queue:schedule()")), 2)
+    end
+    local args = { "moonjob_schedule", 1, self.prefix, tostring(id), kind, spec, offset, start, stop, limit,
+      catch_up }
+    for i = 6, 16 do args[#args + 1] = add[i] end
+    local reply
+    reply, err = self:_call(unpack(args))
+    if not reply then return nil, err end
+    return { id = tostring(id), state = reply[1], next = reply[2] >= 0 and reply[2] or nil }
+  end
+
+  -- q:unschedule(id) -> true | nil, err (ENOTFOUND). The jobs it made stay.
+  function Queue:unschedule(id)
+    local n, err = self:_call("moonjob_unschedule", 1, self.prefix, tostring(id))
+    if not n then return nil, err end
+    if n == 0 then
+      return nil, self:_no_queue_or(errors.new("ENOTFOUND", ("no schedule %s in queue %s (moonjob schedule "
+        .. "list shows them)"):format(tostring(id), self.name)))
+    end
+    return true
+  end
+
+  -- q:schedules() -> list | nil, err: every schedule, the next due first
+  -- (ended ones last), each { id, cron | every, tz_offset (minutes), start,
+  -- stop, next, last, created (server ms), limit, runs, catch_up, last_id,
+  -- data, name, note, ended }.
+  function Queue:schedules()
+    local out, offset = {}, 0
+    repeat
+      local reply, err = self:_call("moonjob_schedules", 1, self.prefix, offset, PAGE)
+      if not reply then return nil, err end
+      for i = 2, #reply do out[#out + 1] = schedule_of(reply[i]) end
+      offset = offset + PAGE
+    until offset >= reply[1]
+    return out
+  end
+end
+
+return M
