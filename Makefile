@@ -58,6 +58,7 @@ DEB_PACKAGES += lua-luv rlwrap   # luv: the spec of a host event loop; rlwrap: m
 DEB_PACKAGES += libhttp-parser-dev curl # the core's HTTP server (http.c); curl: its spec's client
 DEB_PACKAGES += prometheus      # promtool: the metrics specs check pool:metrics()'s text with it
 DEB_PACKAGES += chromium        # the dashboard's browser spec (spec/browser/; Node: browser-deps)
+DEB_PACKAGES += faketime        # the schedules spec runs a worker whose clock is far off
 
 .PHONY: all deps bench-deps browser-deps spec-host test test-fast sanitize chaos demo repl bench install uninstall clean
 

@@ -104,7 +104,8 @@ local function schedule_of(row)
     catch_up = f.catch_up, runs = tonumber(f.runs) or 0, last = tonumber(f.last), last_id = f.last_id,
     next = tonumber(f.next), created = tonumber(f.created), note = f.note ~= "" and f.note or nil,
     name = job[8] ~= "" and job[8] or nil }
-  if f.every and f.every ~= "" then s.every = tonumber(f.every) / 1000 end
+  local every = tonumber(f.every or "")
+  if every then s.every = every / 1000 end
   if job[1] then s.data = json.decode(job[1]) end
   s.ended = s.next == nil
   return s
