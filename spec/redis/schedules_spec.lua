@@ -245,7 +245,7 @@ rq.describe(function()
       raises("option 'catch_up' must be", "x", { every = 5, catch_up = "all" })
       raises("option 'limit' must be a whole number", "x", { every = 5, limit = -1 })
       raises("option 'start' must be a time", "x", { every = 5, start = "tomorrow" })
-      raises("options 'id' and 'dedupe' cannot be given", "x", { every = 5 }, nil, { id = "y" })
+      raises("options 'id', 'dedupe' and 'debounce' cannot be given", "x", { every = 5 }, nil, { id = "y" })
       raises("queue:schedule%(%): option 'priority' must be a finite number", "x", { every = 5 }, nil,
         { priority = 0 / 0 })
       local s, err = q:schedule("x", { every = 5, start = 2000, stop = 1000 })

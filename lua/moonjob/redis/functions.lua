@@ -34,6 +34,8 @@
 --   <p>m:all       hash: the same since ever
 --   <p>updates     pub/sub channel for producers: a running job's progress
 --                  and log lines, as JSON
+--   <p>debounce:<id>  string: the job a debounce id holds while it is delayed
+--   <p>schedules, <p>s:<id>  the schedules (see "schedules" below)
 -- Job fields: data (JSON text), priority, attempts (allowed), made (attempts
 -- started), backoff (JSON text or ""), timeout, kill_after, name, cache (s),
 -- state (waiting, delayed, active, completed, failed), token (of the run
@@ -41,7 +43,8 @@
 -- (the reason, once asked while active), created, started, finished, run_at
 -- (ms), member (its wait member), notify ("1": publish its id on <p>done),
 -- cache_until (ms), nonce (tells this job from a later one with its id),
--- progress (JSON text, the last reported).
+-- progress (JSON text, the last reported), expire_at (ms: not started by
+-- then, it fails with EEXPIRED).
 --
 -- Time is always the server's (TIME), never a worker's clock. Results and
 -- failures carrying a token that is not the job's current one are refused:
@@ -367,6 +370,31 @@ local ADD_NUMBERS = {
   { 11, "MAX_QUEUE must be a whole number from 0 (no bound) to 2^53", 0, COUNT_MAX, true },
 }
 
+-- add's EXPIRE_MS, DEBOUNCE_ID and DEBOUNCE_MS (args[15..17], optional) ->
+-- an EINPUT error reply, or nil.
+local function check_expire_debounce(args, fn)
+  local refused = check_numbers(fn, args, {
+    { 15, "EXPIRE_MS must be a whole number of ms from 1 to 1e12, or empty", 1, DELAY_MS_MAX, true },
+    { 17, "DEBOUNCE_MS must be a whole number of ms from 1 to 1e12", 1, DELAY_MS_MAX, true } })
+  if refused then return refused end
+  local debounce_id, debounce_ms = args[16] or "", tonumber(args[17] or "")
+  if debounce_id ~= "" then
+    if #debounce_id > FIELD_MAX then return refuse(fn, "DEBOUNCE_ID must take at most " .. FIELD_MAX .. " bytes", "...") end
+    if not debounce_ms then return refuse(fn, "DEBOUNCE_ID needs DEBOUNCE_MS (the delay each add restarts)", "") end
+    if args[1] ~= "" then return refuse(fn, "ID must be empty with DEBOUNCE_ID (the job's id is drawn)", args[1]) end
+    if (tonumber(args[4]) or 0) > 0 then
+      return refuse(fn, "DELAY_MS must be 0 with DEBOUNCE_ID (DEBOUNCE_MS is the delay)", args[4])
+    end
+  elseif debounce_ms then
+    return refuse(fn, "DEBOUNCE_MS needs DEBOUNCE_ID", args[17])
+  end
+  local expire, delay = tonumber(args[15] or ""), debounce_ms or tonumber(args[4]) or 0
+  if expire and expire <= delay then
+    return refuse(fn, ("EXPIRE_MS must be more than the delay (%.0f ms): the job would expire before it may run")
+      :format(delay), args[15])
+  end
+end
+
 -- add's arguments -> an EINPUT error reply, or nil.
 local function check_add(args, fn)
   fn = fn or "moonjob_add"
@@ -396,6 +424,7 @@ local function check_add(args, fn)
   if args[14] and args[14] ~= "" and args[14] ~= "replace" and args[14] ~= "join" then
     return refuse(fn, "EXISTING must be replace (a finished job with the id is replaced) or join", args[14])
   end
+  return check_expire_debounce(args, fn)
 end
 
 -- add's reply: the nonce only to a caller that passed NONCE (an older one
@@ -410,8 +439,42 @@ local function or_default(text, default)
   return text
 end
 
+-- A job's expire_at: EXPIRE_MS (args[15]) from now; fetch fails it with
+-- EEXPIRED once past (it never runs, nor runs again).
+local function set_expire(key, args, now)
+  local expire = tonumber(args[15] or "")
+  if expire then redis.call("HSET", key, "expire_at", now + expire) end
+end
+
+-- <p>debounce:<id>: the id of the job a debounce id holds while it is
+-- delayed (kept DEBOUNCE_KEEP_MS past its delay, then it expires).
+local DEBOUNCE_KEEP_MS = 60000
+local function debounce_key(p, debounce_id) return p .. "debounce:" .. debounce_id end
+
+-- An add with DEBOUNCE_ID whose job is still delayed: that job takes this
+-- add's data and options, and its delay starts again. -> add's reply, or
+-- nil (no such job delayed: a new one is made, and the key names it).
+local function debounce(p, args, now)
+  local held = redis.pcall("GET", debounce_key(p, args[16]))
+  if type(held) ~= "string" then return nil end -- none, or a key of another type (SET replaces it)
+  local key = job_key(p, held)
+  local f = job_fields(key, "state", "nonce")
+  if not (f and f[1] == "delayed") then return nil end
+  local delay = tonumber(args[17])
+  redis.call("HSET", key, "data", args[2], "priority", or_default(args[3], "0"), "attempts",
+    or_default(args[5], "1"), "backoff", args[6], "timeout", or_default(args[7], "0"), "kill_after",
+    or_default(args[8], "0"), "name", args[9], "cache", or_default(args[10], "0"))
+  if args[12] == "1" then redis.call("HSET", key, "notify", "1") end
+  redis.call("HDEL", key, "expire_at")
+  set_expire(key, args, now)
+  make_delayed(p, held, key, now + delay)
+  redis.call("PEXPIRE", debounce_key(p, args[16]), delay + DEBOUNCE_KEEP_MS)
+  return added(args, held, "delayed", 1, f[2])
+end
+
 -- add(p; id, data, priority, delay_ms, attempts, backoff, timeout, kill_after,
---     name, cache, max_queue, notify [, nonce [, existing]]) -> { id, state, joined [, nonce] }
+--     name, cache, max_queue, notify [, nonce [, existing [, expire_ms
+--     [, debounce_id, debounce_ms]]]]) -> { id, state, joined [, nonce] }
 -- id "" draws a number; id "\0dedupe" is "d:" .. the SHA-1 of data. A job with
 -- that id waiting, delayed or running is joined (joined = 1); a completed one
 -- whose cache has not ended is returned as it is, and with existing "join"
@@ -419,10 +482,18 @@ end
 -- or absent: made here) is stored with the job; a call that passed one gets
 -- the job's nonce back (its own, or the joined job's): get and cancel given it
 -- answer only for this job, never for a later one with the same id (a data
--- loss restarts the id counter). add_job does it once the arguments are
+-- loss restarts the id counter). expire_ms: a job not started by then fails
+-- with EEXPIRED. debounce_id (id empty, delay_ms 0): while the job it last
+-- made is delayed, an add replaces that job's data and options and restarts
+-- its delay of debounce_ms (joined = 1); otherwise a new job is made,
+-- delayed debounce_ms. add_job does it once the arguments are
 -- checked (a schedule's slots are added through it too).
 local function add_job(p, args, now)
   local id, data = args[1], args[2]
+  if (args[16] or "") ~= "" then
+    local reply = debounce(p, args, now)
+    if reply then return reply end
+  end
   if id == "" then -- a number no job holds (an explicit id may have taken it)
     repeat id = tostring(redis.call("INCR", p .. "ids")) until redis.call("EXISTS", job_key(p, id)) == 0
   elseif id == "\0dedupe" then id = "d:" .. redis.sha1hex(data) end
@@ -450,10 +521,15 @@ local function add_job(p, args, now)
   redis.call("HSET", key, "id", id, "data", data, "priority", prio, "attempts", or_default(args[5], "1"),
     "made", 0, "backoff", args[6], "timeout", or_default(args[7], "0"), "kill_after", or_default(args[8], "0"),
     "name", args[9], "cache", or_default(args[10], "0"), "notify", args[12], "created", now, "nonce", nonce)
+  set_expire(key, args, now)
   -- the registry moonjob.queues() reads; pcall: the one key outside the
   -- queue's prefix, which an ACL user kept to its own keys may not write
   redis.pcall("SADD", REGISTRY, string.sub(p, 5, -3))
   local delay = math.floor(tonumber(or_default(args[4], 0)))
+  if (args[16] or "") ~= "" then
+    delay = tonumber(args[17])
+    redis.call("SET", debounce_key(p, args[16]), id, "PX", delay + DEBOUNCE_KEEP_MS)
+  end
   if delay > 0 then
     make_delayed(p, id, key, now + delay)
     return added(args, id, "delayed", 0, nonce)
@@ -477,8 +553,8 @@ end
 --   <p>s:<id>     hash: one schedule. kind (cron | every), cron (text),
 --                 every (ms), offset (the zone's minutes east of UTC, for
 --                 cron), start, stop (ms, "": none), limit (runs, 0: none),
---                 catch_up (none | one), job (JSON array: add's arguments
---                 after the id), spec (the definition, to tell an unchanged
+--                 catch_up (none | one), job (JSON array: add's DATA ..
+--                 NOTIFY, then EXPIRE_MS), spec (the definition, to tell an unchanged
 --                 one), runs, last (its last slot fired, ms), last_id,
 --                 next (ms, "" once ended), created, note (why it ended, or
 --                 why a slot made no job).
@@ -536,9 +612,10 @@ end
 -- Adds the job of slot (existing "join": a job kept with its id stays).
 -- -> its id, or nil and why (EQUEUEFULL: the slot makes no job).
 local function add_slot(p, id, s, slot, now)
-  local args = cjson.decode(s.job)
-  table.insert(args, 1, "s:" .. id .. ":" .. string.format("%.0f", slot))
-  args[13], args[14] = "", "join"
+  local t = cjson.decode(s.job) -- add's DATA .. NOTIFY, then EXPIRE_MS
+  local args = { "s:" .. id .. ":" .. string.format("%.0f", slot) }
+  for i = 1, 11 do args[i + 1] = t[i] end
+  args[13], args[14], args[15] = "", "join", t[12] or ""
   local reply = add_job(p, args, now)
   if reply.err then return nil, reply.err end
   return reply[1]
@@ -602,14 +679,14 @@ local SCHEDULE_NUMBERS = {
   { 7, "LIMIT must be a whole number of runs from 0 (no limit) to 2^53", 0, COUNT_MAX, true },
 }
 
--- schedule's arguments -> the job's add arguments (with an empty id), or nil
--- and an EINPUT error reply.
+-- schedule's arguments -> the job's template (add's DATA .. NOTIFY, then
+-- EXPIRE_MS), or nil and an EINPUT error reply.
 local function check_schedule(args)
   local fn = "moonjob_schedule"
-  if #args ~= 19 then
-    return nil, refuse(fn, "it takes 19 arguments after the key (ID KIND WHEN OFFSET_MIN START_MS STOP_MS "
+  if #args ~= 20 then
+    return nil, refuse(fn, "it takes 20 arguments after the key (ID KIND WHEN OFFSET_MIN START_MS STOP_MS "
       .. "LIMIT CATCH_UP, then add's DATA PRIORITY DELAY_MS ATTEMPTS BACKOFF TIMEOUT KILL_AFTER NAME CACHE "
-      .. "MAX_QUEUE NOTIFY), got", #args)
+      .. "MAX_QUEUE NOTIFY EXPIRE_MS), got", #args)
   end
   local id, kind, when = args[1], args[2], args[3]
   if id == "" or #id > SCHEDULE_ID_MAX then
@@ -635,14 +712,15 @@ local function check_schedule(args)
   end
   local job = { "" }
   for i = 9, 19 do job[#job + 1] = args[i] end
+  job[13], job[14], job[15] = "", "", args[20]
   refused = check_add(job, fn)
   if refused then return nil, refused end
-  return job
+  return { unpack(args, 9, 20) }
 end
 
 -- schedule(p; id, kind, when, offset_min, start_ms, stop_ms, limit, catch_up,
 --   data, priority, delay_ms, attempts, backoff, timeout, kill_after, name,
---   cache, max_queue, notify) -> { "created" | "updated" | "unchanged", next_ms }
+--   cache, max_queue, notify, expire_ms) -> { "created" | "updated" | "unchanged", next_ms }
 -- (next_ms -1: it has ended). kind "cron" (when: 5 fields; offset_min: the
 -- zone's minutes east of UTC) or "every" (when: ms; slots at start + k x
 -- every, start 0 by default). An unchanged definition changes nothing (a
@@ -653,13 +731,12 @@ local function schedule(keys, args)
   local job, refused = check_schedule(args)
   if not job then return refused end
   local id, key = args[1], schedule_key(p, args[1])
-  local spec = cjson.encode({ unpack(args, 2, 19) })
+  local spec = cjson.encode({ unpack(args, 2, 20) })
   local old = redis.pcall("HMGET", key, "spec", "next")
   if old.err then return redis.error_reply("EINPUT moonjob_schedule: the key " .. key .. " is not a schedule "
     .. "hash (written by another client); delete it or choose another id") end
   if old[1] == spec then return { "unchanged", tonumber(old[2] or "") or -1 } end
   local now = now_ms()
-  table.remove(job, 1)
   redis.call("HSET", key, "kind", args[2], "cron", args[2] == "cron" and args[3] or "",
     "every", args[2] == "every" and args[3] or "", "offset", or_default(args[4], "0"), "start", args[5],
     "stop", args[6], "limit", or_default(args[7], "0"), "catch_up", or_default(args[8], "one"),
@@ -782,11 +859,15 @@ local function fetch(keys, args)
     local id = string.sub(popped[i], 18)
     local key = job_key(p, id)
     local kind, f = look_at(p, id, key, "waiting", now, "data", "attempts", "backoff", "timeout",
-      "kill_after", "name", "made", "priority")
+      "kill_after", "name", "made", "priority", "expire_at")
     if kind == "ok" then
       local made = (tonumber(f[8]) or 0) + 1
       local why = unfit(id, f)
-      if why then -- never sent: it fails here
+      local expired = tonumber(f[10] or "")
+      if expired and now > expired then -- never sent: it fails here, never to run
+        fail_entry(p, id, key, now, ("the job did not start before it expired, %.0f ms ago (its expire option)")
+          :format(now - expired), false, "EEXPIRED")
+      elseif why then -- never sent: it fails here
         redis.call("HSET", key, "made", made)
         fail_entry(p, id, key, now, why)
       elseif max_payload > 0 and #f[2] > max_payload then -- never sent: it fails here

@@ -157,7 +157,8 @@ function Queue:__tostring()
 end
 
 local ADD_OPTIONS = { id = true, priority = true, delay = true, attempts = true, backoff = true,
-  timeout = true, kill_after = true, name = true, dedupe = true, cache = true, max_queue = true }
+  timeout = true, kill_after = true, name = true, dedupe = true, cache = true, max_queue = true,
+  expire = true, debounce = true }
 
 local function seconds(opts, k)
   local v = opts[k]
@@ -166,6 +167,35 @@ local function seconds(opts, k)
     error(("queue:add(): option '%s' must be a number of seconds (0 to %.0f)"):format(k, SECONDS_MAX), 4)
   end
   return v
+end
+
+-- A positive number of seconds option as whole ms (at least 1), or "".
+-- (level: error's, from add_args's caller's caller)
+local function ms_option(opts, name, v, level)
+  v = v or opts[name]
+  if v == nil then return "" end
+  if type(v) ~= "number" or not (v > 0 and v <= SECONDS_MAX) then
+    error(("queue:add(): option '%s' must be a number of seconds, more than 0"):format(name), level or 4)
+  end
+  return ("%.0f"):format(math.max(1, math.floor(v * 1000 + 0.5)))
+end
+
+-- debounce = { id = text, seconds = s } -> DEBOUNCE_ID, DEBOUNCE_MS ("" without).
+local function debounce_args(opts, id)
+  local d = opts.debounce
+  if d == nil then return "", "" end
+  if type(d) ~= "table" or type(d.id) ~= "string" or d.id == "" or #d.id > 1024 or type(d.seconds) ~= "number" then
+    error("queue:add(): option 'debounce' must be { id = text (1 to 1024 bytes), seconds = s }", 4)
+  end
+  for k in pairs(d) do
+    if k ~= "id" and k ~= "seconds" then error(("queue:add(): option 'debounce' takes id and seconds, not '%s'")
+      :format(tostring(k)), 4) end
+  end
+  if id ~= nil or opts.delay ~= nil then
+    error("queue:add(): option 'debounce' draws the job's id and sets its delay: options 'id', 'dedupe' and "
+      .. "'delay' cannot go with it", 4)
+  end
+  return d.id, ms_option(opts, "debounce.seconds", d.seconds, 5)
 end
 
 -- The FCALL arguments of an add; raises on a bad option (a bug of the caller).
@@ -179,8 +209,8 @@ function M.add_args(prefix, text, opts, notify, nonce, existing)
   if type(opts) ~= "table" then error("queue:add(): options must be a table", 3) end
   for k in pairs(opts) do
     if not ADD_OPTIONS[k] then
-      error(("queue:add(): unknown option '%s' (known: attempts, backoff, cache, dedupe, delay, id, "
-        .. "kill_after, max_queue, name, priority, timeout)"):format(tostring(k)), 3)
+      error(("queue:add(): unknown option '%s' (known: attempts, backoff, cache, debounce, dedupe, delay, "
+        .. "expire, id, kill_after, max_queue, name, priority, timeout)"):format(tostring(k)), 3)
     end
   end
   local id = opts.id
@@ -218,10 +248,12 @@ function M.add_args(prefix, text, opts, notify, nonce, existing)
     error("queue:add(): options 'id' and 'name' take at most 1024 bytes", 3)
   end
   local max_queue = opts.max_queue or 0
+  local debounce_id, debounce_ms = debounce_args(opts, id)
   return { "FCALL", "moonjob_add", 1, prefix, id ~= nil and tostring(id) or "", text, prio,
     math.floor((seconds(opts, "delay") or 0) * 1000), attempts, backoff,
     seconds(opts, "timeout") or 0, seconds(opts, "kill_after") or 0, name or "",
-    seconds(opts, "cache") or 0, max_queue, notify == false and "0" or "1", nonce or "", existing or "" }
+    seconds(opts, "cache") or 0, max_queue, notify == false and "0" or "1", nonce or "", existing or "",
+    ms_option(opts, "expire"), debounce_id, debounce_ms }
 end
 
 -- Encodes data for the queue: exact JSON, at most max_payload bytes.

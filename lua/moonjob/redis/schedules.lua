@@ -124,9 +124,9 @@ function M.extend(Queue, producer)
     if type(id) ~= "string" and type(id) ~= "number" then
       error("queue:schedule(): its first argument must be the schedule's id (a string)", 2)
     end
-    if opts ~= nil and type(opts) == "table" and (opts.id ~= nil or opts.dedupe ~= nil) then
-      error("queue:schedule(): a scheduled job's id is the schedule's and its slot's: options 'id' and "
-        .. "'dedupe' cannot be given", 2)
+    if opts ~= nil and type(opts) == "table" and (opts.id ~= nil or opts.dedupe ~= nil or opts.debounce ~= nil) then
+      error("queue:schedule(): a scheduled job's id is the schedule's and its slot's: options 'id', "
+        .. "'dedupe' and 'debounce' cannot be given", 2)
     end
     local kind, spec, offset, start, stop, limit, catch_up = when_args(when)
     local text, err = producer.encode(data == nil and json.null or data, self.max_payload)
@@ -137,7 +137,8 @@ function M.extend(Queue, producer)
     end
     local args = { "moonjob_schedule", 1, self.prefix, tostring(id), kind, spec, offset, start, stop, limit,
       catch_up }
-    for i = 6, 16 do args[#args + 1] = add[i] end
+    for i = 6, 16 do args[#args + 1] = add[i] end -- DATA .. NOTIFY
+    args[#args + 1] = add[19] -- EXPIRE_MS
     local reply
     reply, err = self:_call(unpack(args))
     if not reply then return nil, err end

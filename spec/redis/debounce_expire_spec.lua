@@ -1,0 +1,148 @@
+-- Debounce and expiry on a real Redis: a burst of debounced adds runs
+-- once with the last data; a job not started before its expire fails with
+-- EEXPIRED and never runs (nor runs again); bad options change nothing.
+local helpers = require "helpers"
+local rq = require "redis_queue"
+
+local function run_lines(path)
+  return rq.read_lines(path)
+end
+
+rq.describe(function()
+  describe("debounce", function()
+    it("runs a burst of 20 adds once, with the last data", function()
+      local name, log = rq.new_queue(), os.tmpname()
+      local q = rq.new_producer(name)
+      local handles = {}
+      for i = 1, 20 do
+        handles[i] = assert(q:add({ echo = i, log = log }, { debounce = { id = "user-7", seconds = 0.4 } }))
+      end
+      for i = 2, 20 do
+        assert.equal(handles[1].id, handles[i].id)
+        assert.is_true(handles[i].joined)
+      end
+      assert.equal("delayed", handles[20].state)
+      rq.pool(name, { size = 2 })
+      local result = assert(handles[20]:wait(20))
+      assert.equal(20, result.echo)
+      assert.same(handles[1].nonce, handles[20].nonce) -- every handle waits for the one job
+      assert.equal(1, #run_lines(log))
+      assert.equal(1, q:counts().completed)
+      -- once it ran, the same debounce id makes a new job
+      local later = assert(q:add({ echo = 21, log = log }, { debounce = { id = "user-7", seconds = 0.1 } }))
+      assert.is_false(later.joined)
+      assert.are_not.equal(handles[1].id, later.id)
+      assert.equal(21, assert(later:wait(20)).echo)
+    end)
+
+    it("starts the delay again at each add, and keeps ids of other debounce keys apart", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      local a = assert(q:add({ n = 1 }, { debounce = { id = "a", seconds = 30 } }))
+      local first = assert(q:job(a.id)).run_at
+      helpers.sleep(0.05)
+      assert(q:add({ n = 2 }, { debounce = { id = "a", seconds = 30 }, priority = 5, name = "second" }))
+      local job = assert(q:job(a.id))
+      assert.is_true(job.run_at > first, "the delay started again")
+      assert.same({ n = 2 }, job.data)
+      assert.equal(5, job.priority)
+      assert.equal("second", job.name)
+      local b = assert(q:add({ n = 3 }, { debounce = { id = "b", seconds = 30 } }))
+      assert.are_not.equal(a.id, b.id)
+      assert.equal(2, q:counts().delayed)
+    end)
+
+    it("makes a new job when its key holds something else", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      q.client:call_wait({ "HSET", q.prefix .. "debounce:x", "f", "v" }) -- written by another client
+      local j = assert(q:add({ n = 1 }, { debounce = { id = "x", seconds = 30 } }))
+      assert.equal("delayed", j.state)
+      q.client:call_wait({ "SET", q.prefix .. "debounce:y", "no-such-job" })
+      local k = assert(q:add({ n = 2 }, { debounce = { id = "y", seconds = 30 } }))
+      assert.is_false(k.joined)
+      assert.equal(2, q:counts().delayed)
+    end)
+  end)
+
+  describe("expire", function()
+    it("fails a job not started in time with EEXPIRED; it never runs", function()
+      local name, log = rq.new_queue(), os.tmpname()
+      local q = rq.new_producer(name)
+      local late = assert(q:add({ log = log }, { expire = 0.2 }))
+      local fine = assert(q:add({ log = log, echo = "ok" }, { expire = 60 }))
+      helpers.sleep(0.4)
+      rq.pool(name, { size = 1 })
+      local ok, err = late:wait(20)
+      assert.is_nil(ok)
+      assert.equal("EEXPIRED", err.code)
+      assert.matches("did not start before it expired", err.message)
+      assert.equal("ok", assert(fine:wait(20)).echo)
+      local lines = run_lines(log)
+      assert.equal(1, #lines)
+      assert.matches("^" .. fine.id .. " ", lines[1])
+      assert.equal(0, assert(q:job(late.id)).attempts)
+    end)
+
+    it("also holds for a retry that would start after it", function()
+      local name, log = rq.new_queue(), os.tmpname()
+      local q = rq.new_producer(name)
+      local j = assert(q:add({ log = log, fail_until = 3 }, { expire = 0.5, attempts = 3,
+        backoff = { type = "fixed", delay = 1 } }))
+      rq.pool(name, { size = 1 })
+      local ok, err = j:wait(20)
+      assert.is_nil(ok)
+      assert.equal("EEXPIRED", err.code)
+      assert.equal(1, #run_lines(log))
+    end)
+
+    it("goes with a schedule's jobs", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      assert(q:schedule("s", { every = 1 }, { n = 1 }, { expire = 30 }))
+      helpers.sleep(1.1)
+      assert(q.client:call_wait({ "FCALL", "moonjob_fetch", 1, q.prefix, "spec", 0, 30000, "", 86400000, 0 }))
+      local jobs = assert(q:jobs("waiting"))
+      assert.equal(1, #jobs)
+      local at = q.client:call_wait({ "HGET", q.prefix .. "j:" .. jobs[1].id, "expire_at" })
+      assert.is_true(tonumber(at) - jobs[1].created == 30000)
+    end)
+  end)
+
+  it("refuses bad debounce and expire options and adds nothing", function()
+    local name = rq.new_queue()
+    local q = rq.new_producer(name)
+    local function raises(pattern, opts)
+      local ok, err = pcall(q.add, q, { n = 1 }, opts)
+      assert.is_false(ok)
+      assert.matches(pattern, err)
+    end
+    raises("option 'debounce' must be { id = text", { debounce = { id = "k" } })
+    raises("option 'debounce' must be { id = text", { debounce = "k" })
+    raises("option 'debounce' takes id and seconds, not 'ttl'", { debounce = { id = "k", seconds = 1, ttl = 2 } })
+    raises("cannot go with it", { debounce = { id = "k", seconds = 1 }, id = "x" })
+    raises("cannot go with it", { debounce = { id = "k", seconds = 1 }, delay = 1 })
+    raises("option 'debounce.seconds' must be a number of seconds, more than 0", { debounce = { id = "k", seconds = 0 } })
+    raises("option 'expire' must be a number of seconds, more than 0", { expire = -1 })
+    local j, err = q:add({ n = 1 }, { expire = 1, delay = 2 })
+    assert.is_nil(j)
+    assert.equal("EINPUT", err.code)
+    assert.matches("would expire before it may run", err.message)
+    j, err = q:add({ n = 1 }, { expire = 1, debounce = { id = "k", seconds = 1 } })
+    assert.is_nil(j)
+    assert.matches("would expire before it may run", err.message)
+    -- Redis refuses what another client may send
+    local reply
+    reply, err = q.client:call_wait({ "FCALL", "moonjob_add", 1, q.prefix, "x", "1", 0, 0, 1, "", 0, 0, "", 0, 0,
+      "0", "", "", "", "k", "100" })
+    assert.is_nil(reply)
+    assert.matches("ID must be empty with DEBOUNCE_ID", err)
+    reply, err = q.client:call_wait({ "FCALL", "moonjob_add", 1, q.prefix, "", "1", 0, 0, 1, "", 0, 0, "", 0, 0,
+      "0", "", "", "", "k", "" })
+    assert.is_nil(reply)
+    assert.matches("DEBOUNCE_ID needs DEBOUNCE_MS", err)
+    local c = q:counts()
+    assert.equal(0, c.waiting + c.delayed)
+    assert.equal(0, q.client:call_wait({ "EXISTS", q.prefix .. "debounce:k" }))
+  end)
+end)
