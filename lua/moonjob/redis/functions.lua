@@ -776,6 +776,118 @@ local function schedules(keys, args)
   return out
 end
 
+---------------------------------------------------------------- limits ---
+-- Limits across every worker of a queue, kept in Redis and applied by
+-- fetch with the server's clock:
+--   <p>limits   hash: rate_max, rate_per (ms): at most rate_max jobs handed
+--               out in any rate_per ms; concurrency: at most that many
+--               active at once (held or running)
+--   <p>starts   sorted set: the tokens handed out in the last rate_per ms,
+--               by the time they were (a sliding window: exact for any
+--               window, not only whole seconds)
+--   <p>limited  string: present while the queue holds back after a job
+--               said the remote side pushed back (ERATELIMIT); its TTL is
+--               how long
+-- Under a limit, fetch hands out no more jobs than the worker has idle
+-- children (FREE): a job held, not started, would start later than it
+-- counted.
+
+local LIMIT_FIELDS = { "rate_max", "rate_per", "concurrency" }
+
+-- The queue's limits { rate_max, rate_per, concurrency } (numbers or nil),
+-- or nil when it has none. A limits key of another type holds none.
+local function read_limits(p)
+  local f = redis.pcall("HMGET", p .. "limits", unpack(LIMIT_FIELDS))
+  if f.err or not (f[1] or f[3]) then return nil end
+  local lim = { rate_max = tonumber(f[1]), rate_per = tonumber(f[2]), concurrency = tonumber(f[3]) }
+  if not (lim.rate_max and lim.rate_per) then lim.rate_max, lim.rate_per = nil, nil end
+  if not (lim.rate_max or lim.concurrency) then return nil end
+  return lim
+end
+
+-- How many jobs fetch may hand out now (at most n), and when to look again
+-- (ms from now) if that is fewer than n because of a limit, else nil.
+local function allowance(p, lim, n, free, now)
+  local wait
+  local limited = redis.call("PTTL", p .. "limited")
+  if limited > 0 then return 0, limited end
+  if free then n = math.min(n, free) end
+  if lim.concurrency then
+    n = math.min(n, math.max(0, lim.concurrency - redis.call("ZCARD", p .. "active")))
+  end
+  if lim.rate_max and n > 0 then
+    redis.call("ZREMRANGEBYSCORE", p .. "starts", "-inf", "(" .. (now - lim.rate_per))
+    local left = lim.rate_max - redis.call("ZCARD", p .. "starts")
+    if left < n then
+      n = math.max(0, left)
+      local oldest = redis.call("ZRANGE", p .. "starts", 0, 0, "WITHSCORES")
+      if oldest[2] then wait = tonumber(oldest[2]) + lim.rate_per + 1 - now end
+    end
+  end
+  return n, wait
+end
+
+-- Jobs handed out count in the rate's window (one entry per token).
+local function count_starts(p, lim, tokens, now)
+  if not (lim and lim.rate_max) or #tokens == 0 then return end
+  local args = { "ZADD", p .. "starts" }
+  for _, token in ipairs(tokens) do args[#args + 1] = now; args[#args + 1] = token end
+  redis.call(unpack(args))
+  redis.call("PEXPIRE", p .. "starts", lim.rate_per + 1000)
+end
+
+-- A job left the active set: under a concurrency limit, workers refused
+-- for it are told to look again ("added" on <p>events).
+local function slot_freed(p)
+  local c = redis.pcall("HGET", p .. "limits", "concurrency")
+  if type(c) == "string" and redis.call("ZCARD", p .. "wait") > 0 then publish(p, "added") end
+end
+
+local LIMIT_NUMBERS = {
+  rate = { { 2, "MAX must be a whole number of jobs from 0 (no limit) to 2^31", 0, ATTEMPTS_MAX, true },
+    { 3, "PER_MS must be a whole number of ms from 1 to 1e12", 1, DELAY_MS_MAX, true } },
+  concurrency = { { 2, "N must be a whole number from 0 (no limit) to 2^31", 0, ATTEMPTS_MAX, true } },
+}
+
+-- limit(p; "rate", max, per_ms) | limit(p; "concurrency", n) -> "OK": the
+-- queue's limit set, or removed with 0.
+local function limit(keys, args)
+  local p, fn, kind = keys[1], "moonjob_limit", args[1]
+  local specs = LIMIT_NUMBERS[kind or ""]
+  if not specs then return refuse(fn, "KIND must be rate (MAX PER_MS) or concurrency (N)", kind or "") end
+  if #args ~= #specs + 1 or args[2] == "" then
+    return refuse(fn, ("%s takes %d number(s); arguments given"):format(kind, #specs), #args - 1)
+  end
+  local refused = check_numbers(fn, args, specs)
+  if refused then return refused end
+  local key = p .. "limits"
+  if redis.call("TYPE", key).ok ~= "hash" then redis.call("DEL", key) end -- another client's: replaced
+  if tonumber(args[2]) == 0 then
+    if kind == "rate" then redis.call("HDEL", key, "rate_max", "rate_per")
+    else redis.call("HDEL", key, "concurrency") end
+  elseif kind == "rate" then
+    redis.call("HSET", key, "rate_max", args[2], "rate_per", args[3])
+  else
+    redis.call("HSET", key, "concurrency", args[2])
+    publish(p, "added") -- a higher limit: workers look again
+  end
+  redis.pcall("SADD", REGISTRY, string.sub(p, 5, -3))
+  return "OK"
+end
+
+-- limits(p) -> { rate_max, rate_per_ms, concurrency, limited_ms,
+-- started_in_window, active } (0 for none).
+local function limits(keys)
+  local p = keys[1]
+  local lim = read_limits(p) or {}
+  local in_window = 0
+  if lim.rate_max then
+    in_window = redis.call("ZCOUNT", p .. "starts", "(" .. (now_ms() - lim.rate_per), "+inf")
+  end
+  return { lim.rate_max or 0, lim.rate_per or 0, lim.concurrency or 0,
+    math.max(0, redis.call("PTTL", p .. "limited")), in_window, redis.call("ZCARD", p .. "active") }
+end
+
 local FETCH_NUMBERS = {
   { 2, "N must be a whole number from 0 to 2^31", 0, ATTEMPTS_MAX, true },
   { 3, "LEASE_MS must be a number of ms from 1 to 1e12", 1, DELAY_MS_MAX },
@@ -783,6 +895,7 @@ local FETCH_NUMBERS = {
   { 5, "KEEP_AGE_MS must be a number of ms from 0 to 1e15", 0, 1e15 },
   { 6, "MAX_PAYLOAD must be a whole number of bytes from 0 (no bound) to 2^53", 0, COUNT_MAX, true },
   { 7, "KEEP_FAILED_AGE_MS must be a number of ms from 0 to 1e15", 0, 1e15 },
+  { 8, "FREE must be a whole number from 0 to 2^31", 0, ATTEMPTS_MAX, true },
 }
 
 -- A field out of its range ("" or absent: its default) -> why, or nil.
@@ -819,7 +932,7 @@ end
 -- A fetch's first element while the queue is paused: no job comes with it.
 local PAUSED = -2
 
--- fetch(p; worker, n, lease_ms, keep_count, keep_age_ms, max_payload [, keep_failed_age_ms])
+-- fetch(p; worker, n, lease_ms, keep_count, keep_age_ms, max_payload [, keep_failed_age_ms [, free]])
 -- -> { next_due_ms, job, ... } ({ -2 } while the queue is paused); each job is
 -- { id, token, data, made, attempts, backoff, timeout, kill_after, name }.
 -- Recovers stalled jobs, makes due delayed jobs ready and trims finished
@@ -828,7 +941,10 @@ local PAUSED = -2
 -- over max_payload (0: no bound) with EPAYLOAD, their data never sent; an
 -- entry whose job is gone is counted in totals "missing". next_due_ms:
 -- when the earliest delayed job or schedule falls due (server ms from now),
--- or -1. Due schedules fire first (fire_schedules).
+-- or -1. Due schedules fire first (fire_schedules). Under the queue's limits
+-- (rate, concurrency, an ERATELIMIT hold) it hands out fewer jobs, at most
+-- free (the worker's idle children), and next_due_ms says when to look
+-- again for a rate window or hold.
 local function fetch(keys, args)
   local p, worker = keys[1], args[1]
   if not worker or worker == "" then return refuse("moonjob_fetch", "WORKER must be a name", "") end
@@ -843,6 +959,10 @@ local function fetch(keys, args)
   retain(p, args, now, n)
   if redis.call("EXISTS", p .. "paused") == 1 then return { PAUSED } end
   local out = { -1 }
+  local lim, held_back = read_limits(p), nil
+  if lim or redis.call("EXISTS", p .. "limited") == 1 then
+    n, held_back = allowance(p, lim or {}, n, tonumber(args[8] or ""), now)
+  end
   -- the token counter is checked before anything is popped (a pop is not
   -- undone if the call then fails): a key another client spoiled is said
   local counter = redis.pcall("INCRBY", p .. "tokens", 0)
@@ -854,7 +974,7 @@ local function fetch(keys, args)
   -- tokens: one counter step per batch, one number per job (never reused)
   local last_token = #popped > 0 and redis.call("INCRBY", p .. "tokens", #popped / 2) or 0
   local next_token = last_token - #popped / 2
-  local missing = 0
+  local missing, tokens = 0, {}
   for i = 1, #popped, 2 do
     local id = string.sub(popped[i], 18)
     local key = job_key(p, id)
@@ -881,16 +1001,19 @@ local function fetch(keys, args)
           "ran", "0", "made", made, "began", "")
         redis.call("ZADD", p .. "active", now + lease, id)
         out[#out + 1] = { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7] }
+        tokens[#tokens + 1] = token
       end
     elseif kind == "missing" then
       missing = missing + 1
     end
   end
   count_missing(p, missing)
+  count_starts(p, lim, tokens, now)
   local first = redis.call("ZRANGE", p .. "delayed", 0, 0, "WITHSCORES")
   local due = tonumber(first[2] or "")
   local slot = next_schedule(p)
   if slot and not (due and due <= slot) then due = slot end
+  if held_back and not (due and due <= now + held_back) then due = now + held_back end
   if due then out[1] = math.max(0, due - now) end
   return out
 end
@@ -979,6 +1102,7 @@ local function complete(keys, args)
   if done > 0 then
     count_total(p, "completed", done)
     record_metrics(p, now, done, 0, runs)
+    slot_freed(p)
   end
   return out
 end
@@ -1003,10 +1127,12 @@ local function fail(keys, args)
     redis.call("ZREM", p .. "active", id)
     redis.call("HSET", key, "error", args[3], "token", "")
     if retry > 0 then make_delayed(p, id, key, now + math.floor(retry)) else make_waiting(p, id, key, now) end
+    slot_freed(p)
     return redis.call("HGET", key, "state")
   end
   local fin = { f[6], f[7], f[8], ran = true, run_ms = number_in(args[5], 0, 1e15) }
   finish(p, id, key, "failed", "error", args[3], now, fin)
+  slot_freed(p)
   return "failed"
 end
 
@@ -1026,6 +1152,36 @@ local function release(keys, args)
     finish(p, id, key, "failed", "error", err_json("ECANCELED", f[3]), now)
   else
     make_waiting(p, id, key, now, nil, f[4]) -- given back: its place in line kept
+  end
+  slot_freed(p)
+  return "OK"
+end
+
+-- ratelimited(p; id, token, retry_ms [, error]) -> "OK" | "ESTALE":
+-- the job's processor said the remote side pushed back (ERATELIMIT): it
+-- waits again where it was, its attempt not counted, and the queue hands
+-- out nothing for retry_ms (<p>limited; a longer hold already there stays).
+local function ratelimited(keys, args)
+  local p, id, token, fn = keys[1], args[1], args[2], "moonjob_ratelimited"
+  if #args < 3 then return refuse(fn, "it takes ID TOKEN RETRY_MS [ERROR]; arguments given", #args) end
+  local refused = check_numbers(fn, args,
+    { { 3, "RETRY_MS must be a whole number of ms from 0 to 1e12", 0, DELAY_MS_MAX, true } })
+  if refused then return refused end
+  local key = job_key(p, id)
+  local f = holds(key, token, "cancel", "member")
+  if not f then return "ESTALE" end
+  local now, retry = now_ms(), tonumber(args[3])
+  redis.call("ZREM", p .. "active", id)
+  redis.call("HINCRBY", key, "made", -1)
+  redis.call("HSET", key, "token", "")
+  if args[4] and args[4] ~= "" then redis.call("HSET", key, "error", args[4]) end
+  if f[3] then
+    finish(p, id, key, "failed", "error", err_json("ECANCELED", f[3]), now)
+  else
+    make_waiting(p, id, key, now, nil, f[4])
+  end
+  if retry > 0 and redis.call("PTTL", p .. "limited") < retry then
+    redis.call("SET", p .. "limited", "1", "PX", retry)
   end
   return "OK"
 end
@@ -1571,6 +1727,9 @@ redis.register_function("moonjob_pause", pause)
 redis.register_function("moonjob_resume", resume)
 redis.register_function("moonjob_progress", progress)
 redis.register_function("moonjob_log", log)
+redis.register_function("moonjob_limit", limit)
+redis.register_function("moonjob_ratelimited", ratelimited)
+redis.register_function{ function_name = "moonjob_limits", callback = limits, flags = { "no-writes" } }
 redis.register_function("moonjob_schedule", schedule)
 redis.register_function("moonjob_unschedule", unschedule)
 redis.register_function{ function_name = "moonjob_schedules", callback = schedules, flags = { "no-writes" } }

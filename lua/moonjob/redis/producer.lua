@@ -401,5 +401,6 @@ end
 
 Operate.extend(Queue, M)
 require("moonjob.redis.schedules").extend(Queue, M)
+require("moonjob.redis.limits").extend(Queue)
 
 return M

@@ -109,7 +109,8 @@ function Remote.new(port, opts)
     max_token = 0,    -- the number of the newest token a fetch brought
     fetching = false, renewing = false, stopping = false, up = false,
     said = {},        -- messages of `redis` "error" events already said
-    counts = { fetched = 0, completed = 0, failed = 0, released = 0, fenced = 0, lost = 0, refused = 0 },
+    counts = { fetched = 0, completed = 0, failed = 0, released = 0, fenced = 0, lost = 0, refused = 0,
+      rate_limited = 0 },
   }, Remote)
   local c, err = client.new(opts.redis, {
     timeout_ms = math.max(500, math.min(self.lease_ms * FENCE_AT, 5000)),
@@ -220,7 +221,7 @@ function Remote:want(probe)
   local sent_at = loop.now()
   self.client:call({ "FCALL", "moonjob_fetch", 1, self.prefix, self.worker_id, n, self.lease_ms,
       self.keep_count, self.keep_age_ms, math.floor(self.port.max_payload), -- MAX_PAYLOAD is whole
-      self.keep_failed_age_ms },
+      self.keep_failed_age_ms, math.max(0, self.port.size - self.nheld) }, -- FREE: under a limit, no more
     function(reply, err, kind)
       self.fetching = false
       if not reply then return self:_fetch_failed(err, kind) end
@@ -675,6 +676,26 @@ function Remote:_failed(job, err, retry_ms)
     encode_error(err), retry_arg(retry_ms), run_ms(job) }, { job })
 end
 
+-- The processor said the remote side pushed back: error({ code =
+-- "ERATELIMIT", retry_after = s }). The job waits again, its attempt not
+-- counted, and the queue hands out nothing for retry_after seconds (1 by
+-- default; at most a day), on every worker.
+local RATE_RETRY_MAX_S = 86400
+function Remote:_rate_limited(job, err)
+  local after = tonumber(err.retry_after)
+  if not after or after ~= after or after < 0 then after = 1 end
+  after = math.min(after, RATE_RETRY_MAX_S)
+  job.reported = true
+  self:_forget(job)
+  self:_send_updates(job)
+  self.counts.rate_limited = self.counts.rate_limited + 1
+  self.port:emit_event("redis", "rate_limited", ("job %s: the remote side pushed back (ERATELIMIT); the queue "
+    .. "holds back for %g s"):format(tostring(job.remote_id), after))
+  self:_report("ratelimited", { "FCALL", "moonjob_ratelimited", 1, self.prefix, job.remote_id, job.token,
+    math.floor(after * 1000), encode_error(err) }, { job })
+  return self.port:leave_job(job)
+end
+
 function Remote:_release(job)
   self:_forget(job)
   self.counts.released = self.counts.released + 1
@@ -797,6 +818,7 @@ end
 -- provably its own (abandoned) is not reported at all.
 function Remote:attempt_failed(job, err)
   local port = self.port
+  if err.code == "ERATELIMIT" and not job.abandoned then return self:_rate_limited(job, err) end
   if err.code == "ELOAD" and not job.abandoned then -- it cannot load here; it may elsewhere
     job.error = errors.new("ECLOSED", "given back: the processor cannot load on this worker")
     return port:finish_job(job, "failed") -- given back, not counted

@@ -1,0 +1,144 @@
+-- Limits across workers on a real Redis: a rate (a sliding window on the
+-- server's clock), a concurrency cap counted in Redis, a processor's
+-- ERATELIMIT holding the whole queue back without costing an attempt, and
+-- bad input that changes nothing. Worker processes are real `moonjob worker`s.
+local helpers = require "helpers"
+local rq = require "redis_queue"
+
+-- The "<id> <start ms> <end ms>" lines of the fixture's span option.
+local function spans(path)
+  local out = {}
+  for _, line in ipairs(rq.read_lines(path)) do
+    local id, s, e = line:match("^(%S+) (%S+) (%S+)$")
+    out[#out + 1] = { id = id, start = tonumber(s), finish = tonumber(e) }
+  end
+  table.sort(out, function(a, b) return a.start < b.start end)
+  return out
+end
+
+-- The most times found within any closed window of `width` ms.
+local function most_in_window(times, width)
+  table.sort(times)
+  local most, j = 0, 1
+  for i = 1, #times do
+    while times[i] - times[j] > width do j = j + 1 end
+    most = math.max(most, i - j + 1)
+  end
+  return most
+end
+
+local function settled(q, n)
+  assert(rq.wait_for(function() return q:counts().completed == n end, 60), "the jobs did not all complete")
+end
+
+rq.describe(function()
+  describe("limits across workers", function()
+    it("max = 10 per 1 s over 2 workers: 50 jobs take 4 s or more, never 11 started in a second", function()
+      local name, span = rq.new_queue(), os.tmpname()
+      local q = rq.new_producer(name)
+      assert(q:set_rate({ max = 10, per = 1 }))
+      local began = helpers.wall_ms()
+      for i = 1, 50 do assert(q:add({ span = span }, { id = "r" .. i })) end
+      rq.start_worker(name, "-j 2")
+      rq.start_worker(name, "-j 2")
+      settled(q, 50)
+      assert.is_true(helpers.wall_ms() - began >= 4000, "50 jobs at 10 a second took under 4 s")
+      -- the server's clock, as fetch counted: exact for any closed window of 1 s
+      local fetched = {}
+      for i = 1, 50 do
+        fetched[i] = tonumber(q.client:call_wait({ "HGET", q.prefix .. "j:r" .. i, "started" }))
+      end
+      assert.is_true(most_in_window(fetched, 1000) <= 10, "11 jobs handed out within one second")
+      -- the processors' clocks: each job starts within milliseconds of its fetch
+      local starts = {}
+      for i, s in ipairs(spans(span)) do starts[i] = s.start end
+      assert.equal(50, #starts)
+      assert.is_true(most_in_window(starts, 950) <= 10, "11 jobs started within 950 ms")
+      local l = assert(q:limits())
+      assert.same({ max = 10, per = 1 }, l.rate)
+    end)
+
+    it("set_concurrency(1) over 2 workers: never two running at once", function()
+      local name, span = rq.new_queue(), os.tmpname()
+      local q = rq.new_producer(name)
+      assert(q:set_concurrency(1))
+      for _ = 1, 8 do assert(q:add({ span = span, sleep = 0.1 })) end
+      rq.start_worker(name, "-j 2")
+      rq.start_worker(name, "-j 2")
+      settled(q, 8)
+      local list = spans(span)
+      assert.equal(8, #list)
+      for i = 2, #list do
+        assert.is_true(list[i].start >= list[i - 1].finish, "two jobs overlapped: " .. list[i - 1].id .. " and "
+          .. list[i].id)
+      end
+      assert.equal(1, assert(q:limits()).concurrency)
+      -- the limit removed: the two workers run jobs side by side again
+      assert(q:set_concurrency(nil))
+      local span2 = os.tmpname()
+      for _ = 1, 4 do assert(q:add({ span = span2, sleep = 0.3 })) end
+      settled(q, 12)
+      list = spans(span2)
+      assert.is_true(list[2].start < list[1].finish, "no two jobs ran together without the limit")
+    end)
+
+    it("ERATELIMIT puts the job back without an attempt and holds the queue back", function()
+      local name, log, flag = rq.new_queue(), os.tmpname(), os.tmpname()
+      os.remove(flag)
+      local q = rq.new_producer(name)
+      local first = assert(q:add({ log = log, ratelimit_once = flag, retry_after = 1.5 }, { attempts = 1 }))
+      local pool = rq.pool(name, { size = 2 })
+      assert(rq.wait_for(function() return #rq.read_lines(log) == 1 end), "the job did not run")
+      local at = helpers.wall_ms()
+      local other = assert(q:add({ log = log }))
+      local held = assert(q:limits()).held_back
+      assert.is_true(held > 0 and held <= 1.5, "the queue is held back")
+      assert.truthy(assert(first:wait(20)))
+      assert.truthy(assert(other:wait(20)))
+      assert.is_true(helpers.wall_ms() - at >= 1000, "the queue did not hold back")
+      local job = assert(q:job(first.id))
+      assert.equal("completed", job.state)
+      assert.equal(1, job.attempts) -- the pushed-back run did not count
+      assert.equal(3, #rq.read_lines(log))
+      assert.equal(1, pool:stats().redis.rate_limited)
+    end)
+
+    it("refuses bad limits with a clear error and changes nothing", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      local function raises(pattern, fn, ...)
+        local ok, err = pcall(fn, q, ...)
+        assert.is_false(ok)
+        assert.matches(pattern, err)
+      end
+      raises("set_rate%(%): takes { max = N", q.set_rate, { max = 0, per = 1 })
+      raises("set_rate%(%): takes { max = N", q.set_rate, { max = 10 })
+      raises("set_rate%(%): takes { max = N", q.set_rate, { max = 10, per = 1, group = "a" })
+      raises("set_rate%(%): takes { max = N", q.set_rate, 10)
+      raises("set_concurrency%(%): takes a whole number", q.set_concurrency, 0)
+      raises("set_concurrency%(%): takes a whole number", q.set_concurrency, 1.5)
+      local reply, err = q.client:call_wait({ "FCALL", "moonjob_limit", 1, q.prefix, "speed", 10 })
+      assert.is_nil(reply)
+      assert.matches("KIND must be rate %(MAX PER_MS%) or concurrency %(N%)", err)
+      reply, err = q.client:call_wait({ "FCALL", "moonjob_limit", 1, q.prefix, "rate", 10, 0 })
+      assert.is_nil(reply)
+      assert.matches("PER_MS must be a whole number of ms from 1", err)
+      reply, err = q.client:call_wait({ "FCALL", "moonjob_ratelimited", 1, q.prefix, "x", "t", -5 })
+      assert.is_nil(reply)
+      assert.matches("RETRY_MS must be", err)
+      assert.equal(0, q.client:call_wait({ "EXISTS", q.prefix .. "limits", q.prefix .. "limited" }))
+      assert.same({ held_back = 0, started = 0, active = 0 }, assert(q:limits()))
+    end)
+
+    it("takes a limits key of another type as none, and set_rate replaces it", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      q.client:call_wait({ "SET", q.prefix .. "limits", "x" })
+      local j = assert(q:add({ echo = 1 }))
+      rq.pool(name, { size = 1 })
+      assert.equal(1, assert(j:wait(20)).echo)
+      assert(q:set_rate({ max = 5, per = 2 }))
+      assert.same({ max = 5, per = 2 }, assert(q:limits()).rate)
+    end)
+  end)
+end)
