@@ -15,6 +15,12 @@
 -- and runs; elsewhere one line per second. --until-empty: ends (exit 0) once
 -- nothing waits, is delayed or runs. Ctrl-C ends a watch with exit 0.
 -- --json: one JSON object per look instead of the line.
+--
+-- Once (not --watch), a line for the queue's limits and one for its
+-- schedules follow when it has them:
+--   limits: 10 jobs per 1 s (7 in the current window), 5 at once; held back 1.2 s (ERATELIMIT)
+--   schedules: 3; next: nightly at 2026-12-01T03:00:00Z
+-- --watch ends its line with "; held back N s" during an ERATELIMIT hold.
 local core = require "moonjob.core"
 local json = require "moonjob.codec.json"
 local loop = require "moonjob.loop"
@@ -25,6 +31,42 @@ local M = {}
 local EXIT_OK, EXIT_FAILED = stops.EXIT_OK, stops.EXIT_FAILED
 local say = operate.say
 
+-- The limits line, or nil without limits or hold.
+function M.limits_line(l)
+  local parts = {}
+  if l.rate then
+    parts[#parts + 1] = ("%d jobs per %g s (%d in the current window)"):format(l.rate.max, l.rate.per, l.started)
+  end
+  if l.concurrency then parts[#parts + 1] = ("%d at once"):format(l.concurrency) end
+  local line = #parts > 0 and "limits: " .. table.concat(parts, ", ") or nil
+  if l.held_back > 0 then
+    line = (line and line .. "; " or "limits: ") .. ("held back %.1f s (ERATELIMIT)"):format(l.held_back)
+  end
+  return line
+end
+
+-- The schedules line, or nil without schedules.
+local function schedules_line(list, total)
+  if total == 0 then return nil end
+  local first = list[1]
+  if first.ended then return ("schedules: %d, all ended"):format(total) end
+  return ("schedules: %d; next: %s at %s"):format(total, first.id, operate.when(first.next))
+end
+
+-- What once (not --watch) shows besides the counts: { limits, schedules }
+-- lines and the JSON fields; nil and an error when Redis refused.
+local function extras(q)
+  local l, err = q:limits()
+  if not l then return nil, err end
+  local list, total = q:schedules({ limit = 1 })
+  if not list then return nil, total end
+  local lines = {}
+  lines[#lines + 1] = M.limits_line(l)
+  lines[#lines + 1] = schedules_line(list, total)
+  return { lines = lines, limits = l, schedules = total,
+    next_schedule = list[1] and not list[1].ended and { id = list[1].id, at = list[1].next } or nil }
+end
+
 function M.counts_line(c)
   local line = ("waiting %d, delayed %d, running %d, held %d, completed %d, failed %d"):format(
     c.waiting, c.delayed, c.active - c.held, c.held, c.completed, c.failed)
@@ -32,6 +74,7 @@ function M.counts_line(c)
     line = line .. (", missing %d (gone from Redis: evicted or deleted)"):format(c.missing)
   end
   if c.paused then line = line .. "; paused" end
+  if (c.held_back or 0) > 0 then line = line .. ("; held back %.1f s (ERATELIMIT)"):format(c.held_back) end
   return line
 end
 
@@ -65,13 +108,21 @@ local function write(...)
 end
 
 -- One look's output; false when stdout failed.
-local function show(c, rate, o, in_place)
+local function show(c, rate, o, in_place, more)
   if o.json then
     local t = { waiting = c.waiting, delayed = c.delayed, running = c.active - c.held, held = c.held,
       completed = c.completed, failed = c.failed, missing = c.missing, paused = c.paused, rate = rate }
+    if more then
+      t.limits = { rate = more.limits.rate, concurrency = more.limits.concurrency,
+        held_back = more.limits.held_back }
+      t.schedules, t.next_schedule = more.schedules, more.next_schedule
+    end
     return write(json.encode(t), "\n")
   end
   local line = M.counts_line(c)
+  if more then
+    for _, extra in ipairs(more.lines) do line = line .. "\n" .. extra end
+  end
   if o.watch and rate then
     line = line .. (" | %.1f jobs/s, %s"):format(rate, eta_text(c.waiting + c.active, rate))
   end
@@ -98,15 +149,23 @@ function M.run(o)
   local in_place = o.watch and core.isatty(1) and not o.json
   local rate_of = new_rate()
   local status = EXIT_OK
+  local more
+  if not o.watch then
+    local err
+    more, err = extras(q)
+    if not more then say(tostring(err)) q:close() return EXIT_FAILED end
+  end
   while true do
     local rate = rate_of:add(c)
-    if not show(c, rate, o, in_place) then status = EXIT_FAILED break end
+    if not show(c, rate, o, in_place, more) then status = EXIT_FAILED break end
     if not o.watch then break end
     if o.until_empty and c.waiting + c.delayed + c.active == 0 then break end
     if not second() then break end
     local err
     c, err = q:counts()
     if not c then say(tostring(err)) status = EXIT_FAILED break end
+    local l = q:limits() -- a look that fails only loses the hold's mention
+    c.held_back = l and l.held_back
   end
   if in_place then io.stdout:write("\n") end
   q:close()

@@ -4,7 +4,7 @@
 -- moonjob.redis.operate it calls yield to the loop while Redis answers.
 --
 --   GET  /api/queues                         every queue, counts, a 30-minute sparkline
---   GET  /api/queues/NAME                    counts and the last hour's metrics
+--   GET  /api/queues/NAME                    counts, the last hour's metrics, limits, schedules
 --   GET  /api/queues/NAME/jobs?state=&offset=&limit=   a page of jobs (previews)
 --   GET  /api/queues/NAME/jobs/ID            one job, whole, with its log
 --   POST /api/queues/NAME/pause | resume | retry-all | clean
@@ -73,6 +73,14 @@ end
 
 local job_out = Operate.record -- (a job's log is an array already: q:job)
 
+local SCHEDULES_SHOWN = 50
+
+-- A schedule as the page shows it (its data and options stay in Redis).
+local function schedule_out(sc)
+  return { id = sc.id, cron = sc.cron, every = sc.every, tz_offset = sc.tz_offset, next = sc.next,
+    last = sc.last, last_id = sc.last_id, runs = sc.runs, limit = sc.limit, note = sc.note, ended = sc.ended }
+end
+
 function Api:queue(name)
   if not producer.check_name(name) then return nil end
   return producer.attach(self.client, name)
@@ -104,8 +112,17 @@ function Api:overview(server, req, q)
   if not m then return fail(server, req, err) end
   local minutes = {}
   for i, row in ipairs(m.minutes) do minutes[i] = minute_row(row) end
+  local limits, schedules, total
+  limits, err = q:limits()
+  if not limits then return fail(server, req, err) end
+  schedules, total = q:schedules({ limit = SCHEDULES_SHOWN })
+  if not schedules then return fail(server, req, total) end
+  for i, sc in ipairs(schedules) do schedules[i] = schedule_out(sc) end
   reply(server, req, 200, { name = q.name, counts = counts_of(c),
-    metrics = { minutes = array(minutes), total = minute_row(m.total) } })
+    metrics = { minutes = array(minutes), total = minute_row(m.total) },
+    limits = { rate = limits.rate, concurrency = limits.concurrency, held_back = limits.held_back,
+      started = limits.started },
+    schedules = { total = total, list = array(schedules) } })
 end
 
 function Api:jobs(server, req, q)

@@ -156,19 +156,28 @@ function M.extend(Queue, producer)
     return true
   end
 
-  -- q:schedules() -> list | nil, err: every schedule, the next due first
-  -- (ended ones last), each { id, cron | every, tz_offset (minutes), start,
-  -- stop, next, last, created (server ms), limit, runs, catch_up, last_id,
-  -- data, name, note, ended }.
-  function Queue:schedules()
-    local out, offset = {}, 0
+  -- q:schedules([{ offset, limit }]) -> list, total | nil, err: the
+  -- schedules, the next due first (ended ones last), each { id, cron |
+  -- every, tz_offset (minutes), start, stop, next, last, created (server
+  -- ms), limit, runs, catch_up, last_id, data, name, note, ended }. Without
+  -- options, every one; with them, one page (limit 1 to 1000).
+  function Queue:schedules(opts)
+    if opts ~= nil then
+      if type(opts) ~= "table" or (opts.offset ~= nil and not (type(opts.offset) == "number" and opts.offset >= 0
+          and opts.offset % 1 == 0)) or (opts.limit ~= nil and not (type(opts.limit) == "number"
+          and opts.limit >= 1 and opts.limit <= PAGE and opts.limit % 1 == 0)) then
+        error("queue:schedules(): options are { offset = n (0 or more), limit = n (1 to 1000) }", 2)
+      end
+    end
+    local out, offset, total = {}, opts and opts.offset or 0, nil
     repeat
-      local reply, err = self:_call("moonjob_schedules", 1, self.prefix, offset, PAGE)
+      local reply, err = self:_call("moonjob_schedules", 1, self.prefix, offset, opts and opts.limit or PAGE)
       if not reply then return nil, err end
+      total = reply[1]
       for i = 2, #reply do out[#out + 1] = schedule_of(reply[i]) end
       offset = offset + PAGE
-    until offset >= reply[1]
-    return out
+    until opts or offset >= total
+    return out, total
   end
 end
 

@@ -353,6 +353,42 @@ function jobTable(route, jobs) {
     h("tbody", {}, rows));
 }
 
+// The queue's limits and schedules, kept in Redis (q:set_rate,
+// q:set_concurrency, q:schedule); nothing when it has none.
+function limitsNote(limits) {
+  if (!limits) return null;
+  const parts = [];
+  if (limits.rate) parts.push(`at most ${num(limits.rate.max)} jobs per ${limits.rate.per} s (${num(limits.started)} now)`);
+  if (limits.concurrency) parts.push(`at most ${num(limits.concurrency)} at once`);
+  if (limits.held_back > 0) parts.push(`held back ${limits.held_back.toFixed(1)} s after ERATELIMIT`);
+  return parts.length ? h("p", { class: "note", test: "limits" }, "Limits: " + parts.join(" · ")) : null;
+}
+
+function zone(minutes) {
+  if (!minutes) return "UTC";
+  const m = Math.abs(minutes);
+  return (minutes < 0 ? "-" : "+") + String(Math.floor(m / 60)).padStart(2, "0") + ":" + String(m % 60).padStart(2, "0");
+}
+
+function schedulesCard(schedules) {
+  if (!schedules || !schedules.total) return null;
+  const rows = schedules.list.map((sc) => h("tr", { test: "schedule-row", "data-id": sc.id },
+    h("td", {}, sc.id),
+    h("td", {}, sc.cron ? h("code", {}, sc.cron) : `every ${sc.every} s`, sc.cron ? " " + zone(sc.tz_offset) : ""),
+    h("td", {}, sc.ended ? badge("ended", "paused") : localTime(sc.next)),
+    h("td", {}, localTime(sc.last)),
+    h("td", { class: "n" }, num(sc.runs) + (sc.limit ? " / " + num(sc.limit) : "")),
+    h("td", { class: "summary" }, sc.note || "")));
+  return h("div", { class: "card" },
+    h("div", { class: "card-head" }, h("h2", {}, "Schedules"),
+      h("span", { class: "muted" }, schedules.total > schedules.list.length
+        ? `the first ${num(schedules.list.length)} of ${num(schedules.total)}` : num(schedules.total))),
+    h("table", { class: "data", test: "schedules" },
+      h("thead", {}, h("tr", {}, ["ID", "When", "Next", "Last", "Runs", "Note"]
+        .map((t) => h("th", { class: t === "Runs" ? "n" : null }, t)))),
+      h("tbody", {}, rows)));
+}
+
 function pager(route, total) {
   const first = route.offset + 1, last = Math.min(route.offset + PAGE_SIZE, total);
   const info = total === 0 ? "none" : `${num(first)}–${num(last)} of ${num(total)}`;
@@ -404,11 +440,13 @@ const queuePage = {
         c.paused ? badge("paused", "paused", "queue-status") : badge("running", "ok", "queue-status"),
         queueActions(route.name, c)),
       c.missing ? h("p", { class: "note" }, `${num(c.missing)} jobs are gone from Redis (evicted or deleted by hand).`) : null,
+      limitsNote(overview.limits),
       h("div", { class: "card" },
         h("div", { class: "card-head" }, h("h2", {}, "Last hour"),
           h("span", { class: "muted" }, `${num(total.completed || 0)} completed · ${num(total.failed || 0)} failed` +
             (total.p50_ms != null ? ` · p50 ${duration(total.p50_ms)} · p99 ${duration(total.p99_ms)}` : ""))),
         hourChart(overview.metrics.minutes || []), legend()),
+      schedulesCard(overview.schedules),
       h("nav", { class: "tabs", test: "state-tabs" }, tabs),
       page.jobs.length ? jobTable(route, page.jobs) : h("p", { class: "empty", test: "no-jobs" }, `No ${route.state} jobs.`),
       pager(route, page.total));
