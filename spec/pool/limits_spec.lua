@@ -1,8 +1,8 @@
--- A pool's rate = { max, per } and group_concurrency (moonjob.pool.limits):
--- never more than max starts in any per seconds, jobs beyond waiting (not
--- refused); at most n jobs of one group at once while other groups' jobs go
--- ahead; priorities, cancel, retries and close with both; bad options
--- refused. The processor (fixtures/start_times.lua) returns when each job
+-- A pool's rate = { max, per }, group_concurrency and group_rate
+-- (moonjob.pool.limits): never more than max starts in any per seconds, jobs
+-- beyond waiting (not refused); at most n jobs of one group at once, and a
+-- rate per group, while other groups' jobs go ahead; priorities, cancel,
+-- retries and close with them; bad options refused. The processor (fixtures/start_times.lua) returns when each job
 -- started and stopped on CLOCK_MONOTONIC (the same clock in every process).
 -- Timings are lower bounds that hold by construction, less a tolerance for
 -- the time a child takes to read its job.
@@ -82,7 +82,7 @@ describe("moonjob.pool rate", function()
       queue = "q", codec = "json" })
     assert.is_false(ok)
     assert.truthy(tostring(err):find("option 'rate' is for a local pool; a queue on Redis is limited "
-      .. "across all its workers by q:set_rate and q:set_concurrency", 1, true))
+      .. "across all its workers by q:set_rate, q:set_concurrency and their group forms", 1, true))
   end)
 end)
 
@@ -216,5 +216,74 @@ describe("moonjob.pool group_concurrency", function()
     end
     assert.is_truthy(pool:add({}, { group = ("x"):rep(1024) }))
     pool:drain()
+  end)
+end)
+
+describe("moonjob.pool group_rate", function()
+  after_each(h.cleanup)
+
+  -- The parent's start times of `jobs`.
+  local function started(jobs)
+    local list = {}
+    results(jobs)
+    for i, job in ipairs(jobs) do list[i] = job.started end
+    return list
+  end
+
+  it("starts at most max jobs of one group in any per seconds, groups side by side #slow", function()
+    local pool = h.pool(PROCESSOR, { size = 2, group_rate = { max = 2, per = 0.5 } })
+    local a, b = {}, {}
+    for i = 1, 5 do a[i] = pool:add({}, { group = "A" }) end
+    for i = 1, 5 do b[i] = pool:add({}, { group = "B" }) end
+    local free = pool:add({})
+    local sa, sb = started(a), started(b)
+    assert.is_true(narrowest_window(sa, 2) >= 500 - 1, "3 jobs of A started within 0.5 s")
+    assert.is_true(narrowest_window(sb, 2) >= 500 - 1, "3 jobs of B started within 0.5 s")
+    assert.is_true(sa[5] - sa[1] >= 1000 - 1)
+    -- B's first two and the job without a group did not wait for A's window
+    assert.is_true(sb[2] < sa[3] and started({ free })[1] < sa[3])
+    local children = {}
+    for i, r in ipairs(results(a)) do children[i] = r.start end
+    assert.is_true(narrowest_window(children, 2) >= 500 - CHILD_SLACK_MS)
+  end)
+
+  it("wakes a group again when its waking job is canceled", function()
+    local pool = h.pool(PROCESSOR, { size = 2, group_rate = { max = 1, per = 0.3 } })
+    local a1 = pool:add({}, { group = "A" })
+    local a2 = pool:add({}, { group = "A" }) -- waits in the queue for A's window
+    local a3 = pool:add({}, { group = "A" }) -- parked behind it
+    h.wait_started(a1)
+    assert.is_true(a2:cancel())
+    local s = started({ a1, a3 })
+    assert.is_true(s[2] - s[1] >= 300 - 1)
+    assert.equal("ECANCELED", select(2, a2:wait()).code)
+    assert.equal(0, pool.source:count())
+  end)
+
+  it("combines with group_concurrency and forgets idle groups", function()
+    local pool = h.pool(PROCESSOR, { size = 2, group_concurrency = 1, group_rate = { max = 2, per = 0.3 } })
+    local jobs = {}
+    for i = 1, 4 do jobs[i] = pool:add({ ms = 30 }, { group = "A" }) end
+    local r, s = results(jobs), started(jobs)
+    for i = 2, 4 do assert.is_true(r[i].start >= r[i - 1].stop, "two jobs of A overlapped") end
+    assert.is_true(narrowest_window(s, 2) >= 300 - 1)
+    -- rings of groups that started nothing for `per` are swept (white box)
+    for round = 1, 3 do
+      local many = {}
+      for i = 1, 100 do many[i] = pool:add({}, { group = round .. "-" .. i }) end
+      results(many)
+      h.sleep(0.35)
+    end
+    assert.is_true(pool.source.nrings <= 200, "old groups' rings kept: " .. pool.source.nrings)
+  end)
+
+  it("refuses a bad group_rate, naming the option", function()
+    local ok, err = pcall(h.pool, PROCESSOR, { group_rate = { max = 0, per = 1 } })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("option 'group_rate' must be { max = N (a whole number, 1 or more), "
+      .. "per = S (seconds, more than 0) }, not { max = 0, per = 1 }", 1, true), tostring(err))
+    ok, err = pcall(h.pool, PROCESSOR, { group_rate = { max = 1, per = 1, group = "A" } })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("option 'group_rate' has an unknown key 'group'", 1, true), tostring(err))
   end)
 end)

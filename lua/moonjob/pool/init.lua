@@ -17,8 +17,8 @@
 --                  owner hook a second source (Redis) plugs into (pool.owner)
 --   waiting.lua    the local source: a run queue of jobs in order, a ready
 --                  heap for the others, a delayed heap
---   limits.lua     the local source of a pool with a rate or a group
---                  concurrency: the rate window and each group's places
+--   limits.lua     the local source of a pool with rate limits or a group
+--                  concurrency: the start windows and each group's places
 --   port.lua       what the owner of a second source may do to the pool
 --   sink.lua       the worker sink: how a worker reports to its pool
 --                  (pool:on_worker_*, the only Pool methods defined elsewhere)
@@ -92,7 +92,7 @@ end
 local function make_parts(self, opts)
   self.events = Events.new()
   self.tally = Tally.new(self)
-  local limited = opts.rate or opts.group_concurrency -- (one job per child: moonjob.pool.limits)
+  local limited = opts.rate or opts.group_concurrency or opts.group_rate -- (one job per child: moonjob.pool.limits)
   self.dispatch = Dispatch.new(self, opts.pipeline or (limited and 1) or DEFAULTS.pipeline)
   self.endings = Endings.new(self)
   self.deadlines = Deadlines.new(self)

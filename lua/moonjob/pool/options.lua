@@ -39,7 +39,7 @@ local OPTIONS = {
   worker_name = "string", pipeline = "number",
   raw = "boolean",
   name = "string", -- the pool's label in its metrics (moonjob.pool.metrics)
-  rate = "rate", group_concurrency = "number", -- moonjob.pool.limits
+  rate = "rate", group_concurrency = "number", group_rate = "rate", -- moonjob.pool.limits
 }
 local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout = true,
   start_timeout = true, attempts = true, pipeline = true,
@@ -90,7 +90,7 @@ function Options.check(opts)
         error("moonjob.pool: option 'dedupe' must be true or a function(data) -> key", 4)
       end
     elseif want == "rate" then
-      local ok, why = Options.check_rate(v)
+      local ok, why = Options.check_rate(v, k)
       if not ok then error("moonjob.pool: " .. why, 4) end
     elseif type(v) ~= want then
       error(("moonjob.pool: option '%s' must be a %s, not a %s"):format(k, want, type(v)), 4)
@@ -126,7 +126,7 @@ end
 
 local RATE_MAX = 1e6 -- the starts a rate's window may count (its ring holds their times)
 local GROUP_BYTES = 1024 -- a group's name, at most
-local RATE_WANTS = "option 'rate' must be { max = N (a whole number, 1 or more), per = S "
+local RATE_WANTS = "option '%s' must be { max = N (a whole number, 1 or more), per = S "
   .. "(seconds, more than 0) }"
 
 -- A short view of a bad value, for the messages.
@@ -141,33 +141,37 @@ local function shown(v)
   return "{ " .. table.concat(parts, ", ") .. " }"
 end
 
--- Options.check_rate(rate) -> true | nil, why: { max = N, per = S }, N a whole
--- number from 1 to 1e6, S seconds above 0 and at most SECONDS_MAX.
-function Options.check_rate(rate)
-  if type(rate) ~= "table" then return nil, RATE_WANTS .. ", not " .. shown(rate) end
+-- Options.check_rate(rate, name) -> true | nil, why: { max = N, per = S }, N
+-- a whole number from 1 to 1e6, S seconds above 0 and at most SECONDS_MAX;
+-- name: the option's (rate, group_rate).
+function Options.check_rate(rate, name)
+  local wants = RATE_WANTS:format(name)
+  if type(rate) ~= "table" then return nil, wants .. ", not " .. shown(rate) end
   for k in pairs(rate) do
     if k ~= "max" and k ~= "per" then
-      return nil, ("option 'rate' has an unknown key '%s' (known: max, per)"):format(tostring(k))
+      return nil, ("option '%s' has an unknown key '%s' (known: max, per)"):format(name, tostring(k))
     end
   end
   local max, per = rate.max, rate.per
   if not (type(max) == "number" and max >= 1 and max <= RATE_MAX and max == math.floor(max))
       or not (type(per) == "number" and per > 0 and per <= SECONDS_MAX) then
-    return nil, ("%s, not %s (max at most %.0f, per at most %.0f)"):format(RATE_WANTS, shown(rate),
+    return nil, ("%s, not %s (max at most %.0f, per at most %.0f)"):format(wants, shown(rate),
       RATE_MAX, SECONDS_MAX)
   end
   return true
 end
 
--- Rate and group_concurrency: a local pool's (a pool on Redis would count
--- only its own host's jobs), and each child holds one job at a time (a job
--- counts as started when it is sent: none may wait in a child's read-ahead).
+-- Rate, group_concurrency and group_rate: a local pool's (a pool on Redis
+-- would count only its own host's jobs), and each child holds one job at a
+-- time (a job counts as started when it is sent: none may wait in a child's
+-- read-ahead).
 function Options.check_limits(opts)
   local which = opts.rate and "rate" or opts.group_concurrency and "group_concurrency"
+    or opts.group_rate and "group_rate"
   if not which then return end
   if opts.redis then
     error(("moonjob.pool: option '%s' is for a local pool; a queue on Redis is limited across "
-      .. "all its workers by q:set_rate and q:set_concurrency"):format(which), 5)
+      .. "all its workers by q:set_rate, q:set_concurrency and their group forms"):format(which), 5)
   end
   if opts.pipeline and opts.pipeline > 1 then
     error(("moonjob.pool: option 'pipeline' must be 1 with option '%s' (each child holds one job "

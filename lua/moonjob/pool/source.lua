@@ -128,10 +128,10 @@ end
 
 -- Source.new_local(now [, opts]) -> the local source; now() -> milliseconds
 -- (loop.now), the clock that decides which delayed jobs are due. With the
--- pool's options `opts` holding a rate or a group_concurrency, the source is
+-- pool's options `opts` holding a rate, group_concurrency or group_rate, the source is
 -- a moonjob.pool.limits (loaded only then) around the same queue.
 function Source.new_local(now, opts)
-  if opts and (opts.rate or opts.group_concurrency) then
+  if opts and (opts.rate or opts.group_concurrency or opts.group_rate) then
     return require("moonjob.pool.limits").new(now, opts)
   end
   return setmetatable(Queue.new(now), Local)
