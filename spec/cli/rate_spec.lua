@@ -63,6 +63,10 @@ describe("moonjob run --rate", function()
     assert.equal(2, status)
     assert.equal("moonjob: --rate needs N/s, N/m or N/h such as 10/s or 0.5/s (N above 0, at most 1e6), "
       .. "got 'x'\nTry 'moonjob --help'.\n", err)
+    _, err, status = h.sh(MOONJOB .. "worker spec/fixtures/start_times.lua --redis redis://127.0.0.1:1 "
+      .. "--queue q --rate 5/s")
+    assert.equal(2, status)
+    assert.equal("moonjob: --rate is for moonjob run, not moonjob worker\nTry 'moonjob --help'.\n", err)
     local help = h.sh(MOONJOB .. "--help")
     assert.truthy(help:find("--rate N/s", 1, true))
   end)
