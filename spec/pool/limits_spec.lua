@@ -179,7 +179,7 @@ describe("moonjob.pool group_concurrency", function()
     pool:drain()
     assert.equal(0, pool.source:count())
     jobs = {}
-    for i = 1, 3 do jobs[i] = pool:add({ ms = 100 }, { group = "B" }) end
+    for i = 1, 3 do jobs[i] = pool:add({ ms = 300 }, { group = "B" }) end
     h.wait_started(jobs[1])
     pool:close()
     assert.is_nil(select(2, jobs[1]:wait()))
@@ -252,7 +252,7 @@ describe("moonjob.pool group_rate", function()
     local a1 = pool:add({}, { group = "A" })
     local a2 = pool:add({}, { group = "A" }) -- waits in the queue for A's window
     local a3 = pool:add({}, { group = "A" }) -- parked behind it
-    h.wait_started(a1)
+    h.wait_for(function() return pool.source.waking.A == a2 end) -- (white box: a2 wakes A)
     assert.is_true(a2:cancel())
     local s = started({ a1, a3 })
     assert.is_true(s[2] - s[1] >= 300 - 1)
