@@ -193,8 +193,8 @@ end
 -- pool:add(data [, opts]) -> job, at once | nil, err (EQUEUEFULL past max_queue).
 -- opts: name (job.name), priority (lower first), delay (seconds before it may
 -- run), id (a job with that id already waiting or running is returned instead
--- of a new one), dedupe, group (a name: the pool's group_concurrency counts
--- the jobs of each, moonjob.pool.limits), and timeout, kill_after, attempts,
+-- of a new one), dedupe, group (a name: the pool's group_concurrency and
+-- group_rate count the jobs of each, moonjob.pool.limits), and timeout, kill_after, attempts,
 -- backoff (overriding the pool's); lines is the command line's (moonjob.pool.lines).
 function Pool:add(data, opts)
   Options.check_add(opts)
