@@ -34,6 +34,11 @@ options:
                         are killed; exit 3) or soon (nothing more starts,
                         running jobs finish; exit 4); fail=P% stops when P% of
                         the lines finished have failed (from 3 finished lines)
+  --rate N/s            start at most N lines a second (also N/m, N/h; plain
+                        N is N/s): N whole lets N start together in each
+                        second (10/s); N below 1 or fractional spaces them
+                        evenly (0.5/s: one every 2 s); each line then runs
+                        as a job of its own
   --attempts N          runs per job before it fails for good (default 1)
   --backoff SPEC        wait between attempts: fixed:SECONDS or
                         exponential:SECONDS[:JITTER] (JITTER 0..1)
@@ -168,6 +173,20 @@ local function halt_spec(text)
   end
 end
 
+-- --rate: N/s, N/m, N/h or N (per second) -> the pool's { max, per }. A
+-- whole N allows bursts of N in each period; any other N, one start every
+-- period / N (0.5/s: one every 2 s).
+local RATE_PERIODS = { s = 1, m = 60, h = 3600 }
+local function rate_spec(text)
+  local n, unit = text:match("^(%d*%.?%d+)/([smh])$")
+  if not n then n, unit = text:match("^(%d*%.?%d+)$"), "s" end
+  n = tonumber(n)
+  if not (n and n > 0 and n <= 1e6) then return nil end
+  local period = RATE_PERIODS[unit]
+  if n == math.floor(n) then return { max = n, per = period } end
+  return { max = 1, per = period / n }
+end
+
 local function path(text)
   if text ~= "" then return text end
 end
@@ -183,6 +202,8 @@ local VALUED = {
   ["--concurrency"] = { "concurrency", children, "a number", WHOLE_1024 },
   ["--jobs"] = { "concurrency", children, "a number", WHOLE_1024 }, -- GNU parallel's name
   ["--attempts"] = { "attempts", positive_integer, "a number", WHOLE_2_31 },
+  ["--rate"] = { "rate", rate_spec, "a rate",
+    "N/s, N/m or N/h such as 10/s or 0.5/s (N above 0, at most 1e6)" },
   ["--backoff"] = { "backoff", backoff_spec, "a value", "fixed:SECONDS or exponential:SECONDS[:JITTER]" },
   ["--halt"] = { "halt", halt_spec, "a value",
     "now,fail=N, soon,fail=N, now,fail=P% or soon,fail=P% (N at least 1, P above 0 and at most 100), or never" },

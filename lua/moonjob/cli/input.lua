@@ -101,6 +101,7 @@ function M.new(o, pool_size, output)
     held_high = held_high, held_low = held_high / 4,
     result_line_bytes = 0, -- recent bytes per result line: up at once, down slowly
     batch_lines = 1, line_ms = nil,
+    one_line_each = o.rate ~= nil, -- --rate counts lines: each runs as a job of its own
     checked = o.raw, -- the first line that is not blank was checked (or --raw: none is)
     from_terminal = false, -- read from a terminal: no progress line until it ends
   }, Input)
@@ -262,7 +263,7 @@ end
 -- Batches are as long as BATCH_BUDGET_MS of recent lines: the run time of
 -- `n` lines was `ms`.
 function Input:lines_took(ms, n)
-  if n < 1 or self.ended then return end -- ended: the input is read (or closed)
+  if n < 1 or self.ended or self.one_line_each then return end -- ended: the input is read (or closed)
   local per_line = math.max(ms / n, 1e-4)
   local line_ms = self.line_ms and self.line_ms * 0.8 + per_line * 0.2 or per_line
   self.line_ms = line_ms

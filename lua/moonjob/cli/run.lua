@@ -9,7 +9,8 @@
 -- (moonjob.cli.stops), and the progress line (moonjob.cli.progress).
 --
 -- Tiny lines go to the children in batches (many lines per job, see
--- docs/guide/cli.md), once lines are known to be short, also with
+-- docs/guide/cli.md), once lines are known to be short (not with --rate,
+-- which counts lines: the pool's rate counts jobs), also with
 -- --timeout (each line's own) and --attempts (a failed line runs again
 -- alone: moonjob.cli.batch_jobs). Input lines go to the
 -- children as JSON text and results come back as exact JSON text (the pool's
@@ -52,7 +53,8 @@ Run.__index = Run
 -- The pool options of parsed options `o` (also for `moonjob worker`).
 function M.pool_options(o)
   return { size = o.concurrency, codec = "json", timeout = o.timeout, kill_after = o.kill_after,
-    start_timeout = o.start_timeout, attempts = o.attempts, backoff = o.backoff, raw = o.raw or nil }
+    start_timeout = o.start_timeout, attempts = o.attempts, backoff = o.backoff, raw = o.raw or nil,
+    rate = o.rate } -- (--rate: one line per job, moonjob.cli.input)
 end
 
 -- The pool, or nil and a usage message. Options were checked by parse(); a

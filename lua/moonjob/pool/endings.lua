@@ -131,6 +131,7 @@ function Endings:finish(job, state)
   local owner = rawget(job, "owner")
   if owner and owner:ending(job, state) then return self:leave(job) end
   local was_active = job[STATE] == "active"
+  if rawget(job, "holds_group") then pool.source:release(job) end -- (moonjob.pool.limits)
   pool.dispatch:unprefetch(job)
   job[STATE], job[WORKER] = state, false
   self:release_key(job, state)

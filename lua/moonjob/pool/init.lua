@@ -17,6 +17,8 @@
 --                  owner hook a second source (Redis) plugs into (pool.owner)
 --   waiting.lua    the local source: a run queue of jobs in order, a ready
 --                  heap for the others, a delayed heap
+--   limits.lua     the local source of a pool with rate limits or a group
+--                  concurrency: the start windows and each group's places
 --   port.lua       what the owner of a second source may do to the pool
 --   sink.lua       the worker sink: how a worker reports to its pool
 --                  (pool:on_worker_*, the only Pool methods defined elsewhere)
@@ -90,7 +92,8 @@ end
 local function make_parts(self, opts)
   self.events = Events.new()
   self.tally = Tally.new(self)
-  self.dispatch = Dispatch.new(self, opts.pipeline or DEFAULTS.pipeline)
+  local limited = opts.rate or opts.group_concurrency or opts.group_rate -- (one job per child: moonjob.pool.limits)
+  self.dispatch = Dispatch.new(self, opts.pipeline or (limited and 1) or DEFAULTS.pipeline)
   self.endings = Endings.new(self)
   self.deadlines = Deadlines.new(self)
   self.breaker = Breaker.new(self)
@@ -129,7 +132,7 @@ function Pool.new(processor, opts)
     child_args = Options.child_args(opts),
     child_env = { "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath,
       "MOONJOB_REDIS=" }, -- a Redis URL (its password) is the parent's, not the processors',
-    source = Source.new_local(loop.now), -- the waiting jobs (moonjob.pool.source)
+    source = Source.new_local(loop.now, opts), -- the waiting jobs (moonjob.pool.source)
     attempts = opts.attempts or 1,
     backoff = opts.backoff,
     dedupe = opts.dedupe,
@@ -190,8 +193,9 @@ end
 -- pool:add(data [, opts]) -> job, at once | nil, err (EQUEUEFULL past max_queue).
 -- opts: name (job.name), priority (lower first), delay (seconds before it may
 -- run), id (a job with that id already waiting or running is returned instead
--- of a new one), dedupe, and timeout, kill_after, attempts, backoff
--- (overriding the pool's); lines is the command line's (moonjob.pool.lines).
+-- of a new one), dedupe, group (a name: the pool's group_concurrency and
+-- group_rate count the jobs of each, moonjob.pool.limits), and timeout, kill_after, attempts,
+-- backoff (overriding the pool's); lines is the command line's (moonjob.pool.lines).
 function Pool:add(data, opts)
   Options.check_add(opts)
   local job = new_job(self)
@@ -202,6 +206,7 @@ function Pool:add(data, opts)
     if opts.lines then self.lines:add_option(job, opts.lines) end
     if opts.first_attempt then job.attempts = opts.first_attempt - 1 end -- (the attempts before it ran in a batch)
     if opts.delay and opts.delay > 0 then job.run_at = loop.now() + opts.delay * 1000 end
+    if opts.group then rawset(job, "group", opts.group) end
   end
   local endings = self.endings
   if self.closing then

@@ -39,15 +39,16 @@ local OPTIONS = {
   worker_name = "string", pipeline = "number",
   raw = "boolean",
   name = "string", -- the pool's label in its metrics (moonjob.pool.metrics)
+  rate = "rate", group_concurrency = "number", group_rate = "rate", -- moonjob.pool.limits
 }
 local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout = true,
   start_timeout = true, attempts = true, pipeline = true,
-  cache = true, cache_max = true, max_queue = true,
+  cache = true, cache_max = true, max_queue = true, group_concurrency = true,
   max_jobs_per_child = true, memory_limit = true, idle_timeout = true, max_procs = true,
   max_log_bytes = true, lease = true, poll = true, keep_age = true, keep_failed_age = true }
 local WHOLE = { size = true, max_jobs_per_child = true, min_size = true, max_procs = true,
   attempts = true, cache_max = true, max_queue = true, prefetch = true, keep = true,
-  keep_logs = true, pipeline = true }
+  keep_logs = true, pipeline = true, group_concurrency = true }
 -- Upper bounds, so that no option reaches C as a number it cannot hold.
 local SECONDS_MAX = 1e9
 Options.SECONDS_MAX = SECONDS_MAX -- the bound on every time, also moonjob.redis's and the CLI's
@@ -56,7 +57,7 @@ local MAXIMUM = { size = 1024, max_payload = 2 ^ 30, memory_limit = 2 ^ 46, max_
   min_size = 1024, max_jobs_per_child = 2 ^ 53, timeout = SECONDS_MAX, kill_after = SECONDS_MAX,
   ack_timeout = SECONDS_MAX, start_timeout = SECONDS_MAX, idle_timeout = SECONDS_MAX,
   cache = SECONDS_MAX, lease = SECONDS_MAX, poll = 3600, keep_age = SECONDS_MAX, prefetch = 1e6,
-  keep_failed_age = SECONDS_MAX, keep_logs = 10000, keep = 2 ^ 31, pipeline = require("moonjob.core").frame.MAX_INFLIGHT }
+  keep_failed_age = SECONDS_MAX, keep_logs = 10000, keep = 2 ^ 31, group_concurrency = 2 ^ 31, pipeline = require("moonjob.core").frame.MAX_INFLIGHT }
 local CODECS = { lua = true, json = true }
 
 ------------------------------------------------------- pool options ---
@@ -88,6 +89,9 @@ function Options.check(opts)
       if v ~= true and type(v) ~= "function" then
         error("moonjob.pool: option 'dedupe' must be true or a function(data) -> key", 4)
       end
+    elseif want == "rate" then
+      local ok, why = Options.check_rate(v, k)
+      if not ok then error("moonjob.pool: " .. why, 4) end
     elseif type(v) ~= want then
       error(("moonjob.pool: option '%s' must be a %s, not a %s"):format(k, want, type(v)), 4)
     end
@@ -113,7 +117,66 @@ function Options.check(opts)
     error("moonjob.pool: option 'raw' needs codec \"json\" (job data given as text)", 4)
   end
   Options.check_remote(opts)
+  Options.check_limits(opts)
   return opts
+end
+
+------------------------------------------------- rate and groups ---
+-- moonjob.pool.limits applies them; these are their rules.
+
+local RATE_MAX = 1e6 -- the starts a rate's window may count (its ring holds their times)
+local GROUP_BYTES = 1024 -- a group's name, at most
+local RATE_WANTS = "option '%s' must be { max = N (a whole number, 1 or more), per = S "
+  .. "(seconds, more than 0) }"
+
+-- A short view of a bad value, for the messages.
+local function shown(v)
+  if type(v) == "string" then return ("the string %q"):format(v:sub(1, 40)) end
+  if type(v) ~= "table" then return tostring(v) end
+  local parts = {}
+  for k, x in pairs(v) do
+    parts[#parts + 1] = ("%s = %s"):format(tostring(k), type(x) == "string" and ("%q"):format(x:sub(1, 40)) or tostring(x))
+  end
+  table.sort(parts)
+  return "{ " .. table.concat(parts, ", ") .. " }"
+end
+
+-- Options.check_rate(rate, name) -> true | nil, why: { max = N, per = S }, N
+-- a whole number from 1 to 1e6, S seconds above 0 and at most SECONDS_MAX;
+-- name: the option's (rate, group_rate).
+function Options.check_rate(rate, name)
+  local wants = RATE_WANTS:format(name)
+  if type(rate) ~= "table" then return nil, wants .. ", not " .. shown(rate) end
+  for k in pairs(rate) do
+    if k ~= "max" and k ~= "per" then
+      return nil, ("option '%s' has an unknown key '%s' (known: max, per)"):format(name, tostring(k))
+    end
+  end
+  local max, per = rate.max, rate.per
+  if not (type(max) == "number" and max >= 1 and max <= RATE_MAX and max == math.floor(max))
+      or not (type(per) == "number" and per > 0 and per <= SECONDS_MAX) then
+    return nil, ("%s, not %s (max at most %.0f, per at most %.0f)"):format(wants, shown(rate),
+      RATE_MAX, SECONDS_MAX)
+  end
+  return true
+end
+
+-- Rate, group_concurrency and group_rate: a local pool's (a pool on Redis
+-- would count only its own host's jobs), and each child holds one job at a
+-- time (a job counts as started when it is sent: none may wait in a child's
+-- read-ahead).
+function Options.check_limits(opts)
+  local which = opts.rate and "rate" or opts.group_concurrency and "group_concurrency"
+    or opts.group_rate and "group_rate"
+  if not which then return end
+  if opts.redis then
+    error(("moonjob.pool: option '%s' is for a local pool; a queue on Redis is limited across "
+      .. "all its workers by q:set_rate, q:set_concurrency and their group forms"):format(which), 5)
+  end
+  if opts.pipeline and opts.pipeline > 1 then
+    error(("moonjob.pool: option 'pipeline' must be 1 with option '%s' (each child holds one job "
+      .. "at a time, so that a job starts when it is sent)"):format(which), 5)
+  end
 end
 
 -- A pool on a Redis queue: redis and queue go together, jobs cross as JSON
@@ -188,7 +251,7 @@ end
 
 local ADD_OPTIONS = { name = true, timeout = "number", kill_after = "number", delay = "number",
   priority = "priority", attempts = "attempts", backoff = "backoff", id = "id", dedupe = "dedupe",
-  lines = "lines", first_attempt = "attempts" } -- lines, first_attempt: moonjob.cli's batches
+  lines = "lines", first_attempt = "attempts", group = "group" } -- lines, first_attempt: moonjob.cli's batches
   -- (child/batch.lua; a line of a batch that runs again alone), not for users
 
 -- Options.check_add(opts): raises on a bad option of pool:add (nil is fine).
@@ -198,8 +261,8 @@ function Options.check_add(opts)
   for k, v in pairs(opts) do
     local want = ADD_OPTIONS[k]
     if not want then
-      error(("pool:add(): unknown option '%s' (known: attempts, backoff, dedupe, delay, id, "
-        .. "kill_after, name, priority, timeout)"):format(tostring(k)), 3)
+      error(("pool:add(): unknown option '%s' (known: attempts, backoff, dedupe, delay, group, "
+        .. "id, kill_after, name, priority, timeout)"):format(tostring(k)), 3)
     end
     if want == "number" and not (type(v) == "number" and v >= 0 and v <= SECONDS_MAX) then
       error(("pool:add(): option '%s' must be a number of seconds (0 to %.0f)"):format(k, SECONDS_MAX), 3)
@@ -218,6 +281,9 @@ function Options.check_add(opts)
       error("pool:add(): option 'id' must be a string or a number", 3)
     elseif want == "dedupe" and v ~= true and v ~= false and type(v) ~= "function" then
       error("pool:add(): option 'dedupe' must be true, false or a function(data) -> key", 3)
+    elseif want == "group" and not (type(v) == "string" and #v >= 1 and #v <= GROUP_BYTES) then
+      error(("pool:add(): option 'group' must be a name (a string of 1 to %d bytes), not %s")
+        :format(GROUP_BYTES, type(v) == "string" and ("a string of %d bytes"):format(#v) or shown(v)), 3)
     end
   end
 end

@@ -126,9 +126,14 @@ function Local:count()
   return self.n
 end
 
--- Source.new_local(now) -> the local source; now() -> milliseconds (loop.now),
--- the clock that decides which delayed jobs are due.
-function Source.new_local(now)
+-- Source.new_local(now [, opts]) -> the local source; now() -> milliseconds
+-- (loop.now), the clock that decides which delayed jobs are due. With the
+-- pool's options `opts` holding a rate, group_concurrency or group_rate, the source is
+-- a moonjob.pool.limits (loaded only then) around the same queue.
+function Source.new_local(now, opts)
+  if opts and (opts.rate or opts.group_concurrency or opts.group_rate) then
+    return require("moonjob.pool.limits").new(now, opts)
+  end
   return setmetatable(Queue.new(now), Local)
 end
 
