@@ -208,7 +208,8 @@ rq.describe(function()
         ["@yearly"] = "2026-01-01 Thu 00:00", ["@annually"] = "2026-01-01 Thu 00:00",
         ["@monthly"] = "2025-02-01 Sat 00:00", ["@weekly"] = "2025-01-05 Sun 00:00",
         ["@daily"] = "2025-01-02 Thu 00:00", ["@midnight"] = "2025-01-02 Thu 00:00",
-        ["@hourly"] = "2025-01-01 Wed 01:00", ["@DAILY"] = "2025-01-02 Thu 00:00", [" @Weekly "] = "2025-01-05 Sun 00:00",
+        ["@hourly"] = "2025-01-01 Wed 01:00", ["@DAILY"] = "2025-01-02 Thu 00:00",
+        [" @Weekly "] = "2025-01-05 Sun 00:00",
       }
       for cron, first in pairs(want) do assert.same({ first }, runs(cron, from), cron) end
     end)
