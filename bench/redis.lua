@@ -12,6 +12,10 @@
 --    time until all 4 have started again on another worker.
 -- 4. Loop lag: a 1 ms timer's lateness (p99, max) in a process whose pool
 --    drains jobs from Redis, next to the same pool draining local jobs.
+-- 5. The cost of limits: run 2 again with a rate and with a concurrency
+--    limit set so high that they never bind, in turns with the plain queue
+--    (3 rounds, medians): what counting costs per job.
+-- 6. Redis memory per schedule (used_memory before and after 10,000).
 -- Each process is ended by its pid.
 package.path = "lua/?.lua;lua/?/init.lua;spec/support/?.lua;" .. package.path
 package.cpath = "build/?.so;" .. package.cpath
@@ -191,7 +195,60 @@ local function measure()
   end
 end
 
-local ok, err = xpcall(measure, debug.traceback)
+local function median(t)
+  table.sort(t)
+  return t[math.floor((#t + 1) / 2)]
+end
+
+local function flush()
+  q.client:call_wait({ "FLUSHDB" })
+  q.client:call_wait({ "FUNCTION", "LOAD", "REPLACE", io.open("lua/moonjob/redis/functions.lua"):read("*a") })
+end
+
+-- 5. limits that never bind, next to none
+local LIMITED = {
+  { name = "plain" },
+  { name = "rate 10^6/s", rate = { max = 1000000, per = 1 } },
+  { name = "concurrency 1000", concurrency = 1000 },
+}
+
+local function limits_cost()
+  local rates = {}
+  for round = 1, 3 do
+    for _, v in ipairs(LIMITED) do
+      flush()
+      assert(q:set_rate(v.rate))
+      assert(q:set_concurrency(v.concurrency))
+      rates[v.name] = rates[v.name] or {}
+      rates[v.name][round] = queue_rate(1)
+    end
+  end
+  local plain = median(rates.plain)
+  print(("
+limits that never bind, 1 worker (2 children), %d no-op jobs, median of 3 in turns:"):format(JOBS))
+  for _, v in ipairs(LIMITED) do
+    local r = median(rates[v.name])
+    print(("  %-18s %8.0f jobs/s  %5.2f of plain"):format(v.name, r, r / plain))
+  end
+end
+
+-- 6. memory per schedule
+local function schedule_memory()
+  flush()
+  local function used() return tonumber(server:cli("INFO", "memory"):match("used_memory:(%d+)")) end
+  local n = 10000
+  local before = used()
+  for i = 1, n do assert(q:schedule("s" .. i, { cron = "*/5 * * * *" }, { report = i })) end
+  local after = used()
+  print(("
+Redis memory per schedule (cron, small data): %.0f bytes (%d schedules)"):format((after - before) / n, n))
+end
+
+local ok, err = xpcall(function()
+  measure()
+  limits_cost()
+  schedule_memory()
+end, debug.traceback)
 for pid in pairs(running) do stop(pid) end
 pcall(q.close, q)
 server:stop()

@@ -140,26 +140,45 @@ rq.describe(function()
       assert.is_true(helpers.process_exists(w3))
     end)
 
-    it("skips missed slots with catch_up none and makes one job for them with one", function()
+    it("fires its latest slot when a fetch comes late, whatever catch_up says", function()
       local name = rq.new_queue()
       local q = rq.new_producer(name)
       assert(q:schedule("none", { every = 1, catch_up = "none" }, { n = 1 }))
       assert(q:schedule("one", { every = 1 }, { n = 2 }))
-      helpers.sleep(2.6) -- no worker: at least two slots of each pass
+      helpers.sleep(2.6) -- no fetch: two or three slots of each fall due
+      local before = server_ms(q)
+      poll(q)
+      local jobs = assert(q:jobs("waiting"))
+      assert.equal(2, #jobs) -- one per schedule: the latest slot, on time
+      for _, s in ipairs(assert(q:schedules())) do
+        assert.equal(1, s.runs)
+        assert.is_true(s.last > before - 1000 and s.last <= before + 1000, "the latest slot fired")
+        assert.is_true(s.next > s.last)
+        assert.is_nil(s.note)
+      end
+    end)
+
+    it("skips slots missed for long with catch_up none, and makes one job for them with one", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      local now = server_ms(q)
+      local start = math.floor(now / 1000) - 1800 -- hourly slots from half an hour ago
+      for _, mode in ipairs({ "none", "one" }) do
+        assert(q:schedule(mode, { every = 3600, start = start, catch_up = mode }, { mode = mode }))
+        -- as if no worker had run since that slot: it is the next, half an hour late
+        q.client:call_wait({ "HSET", q.prefix .. "s:" .. mode, "next", ("%.0f"):format(start * 1000) })
+        q.client:call_wait({ "ZADD", q.prefix .. "schedules", ("%.0f"):format(start * 1000), mode })
+      end
       poll(q)
       local jobs = assert(q:jobs("waiting"))
       assert.equal(1, #jobs)
-      assert.matches("^s:one:%d+$", jobs[1].id)
+      assert.equal("s:one:" .. ("%.0f"):format(start * 1000), jobs[1].id)
       local by_id = {}
       for _, s in ipairs(assert(q:schedules())) do by_id[s.id] = s end
       assert.matches("missed", by_id.none.note)
       assert.equal(0, by_id.none.runs)
       assert.equal(1, by_id.one.runs)
-      assert.equal(jobs[1].id, by_id.one.last_id)
-      local now = server_ms(q)
-      for _, s in pairs(by_id) do
-        assert.is_true(s.next > now and s.next <= now + 1000, "next is the first slot after now")
-      end
+      for _, s in pairs(by_id) do assert.equal((start + 3600) * 1000, s.next) end
     end)
 
     it("ends at its limit and at its stop, and says so", function()
@@ -267,16 +286,30 @@ rq.describe(function()
     it("whose hash another client spoiled ends, saying why, and fetch goes on", function()
       local name = rq.new_queue()
       local q = rq.new_producer(name)
-      assert(q:schedule("spoiled", { every = 1 }))
-      q.client:call_wait({ "HSET", q.prefix .. "s:spoiled", "every", "soon" })
+      assert(q:schedule("every", { every = 1 }))
+      assert(q:schedule("job", { every = 1 }))
+      assert(q:schedule("list", { every = 1 }))
+      q.client:call_wait({ "HSET", q.prefix .. "s:every", "every", "soon" })
+      q.client:call_wait({ "HSET", q.prefix .. "s:job", "job", "not json" })
+      q.client:call_wait({ "HSET", q.prefix .. "s:list", "job", "[1]" })
       assert(q:add({ n = 1 }))
       helpers.sleep(1.1)
       local reply = assert(q.client:call_wait({ "FCALL", "moonjob_fetch", 1, q.prefix, "spec", 5, 30000, "",
         86400000, 0 }))
       assert.equal(2, #reply) -- the job added by hand
       local list = assert(q:schedules())
-      assert.is_true(list[1].ended)
-      assert.matches("every", list[1].note)
+      assert.equal(3, #list)
+      for _, sc in ipairs(list) do
+        assert.is_true(sc.ended, sc.id)
+        assert.matches(sc.id == "every" and "every" or "template", sc.note)
+      end
+      -- a schedules key of another type fires nothing and stops no fetch
+      q.client:call_wait({ "DEL", q.prefix .. "schedules" })
+      q.client:call_wait({ "SET", q.prefix .. "schedules", "x" })
+      assert(q:add({ n = 2 }))
+      reply = assert(q.client:call_wait({ "FCALL", "moonjob_fetch", 1, q.prefix, "spec", 5, 30000, "",
+        86400000, 0 }))
+      assert.equal(2, #reply)
     end)
   end)
 

@@ -743,8 +743,10 @@ local function debounce(p, args, now)
   local held = redis.pcall("GET", debounce_key(p, args[16]))
   if type(held) ~= "string" then return nil end -- none, or a key of another type (SET replaces it)
   local key = job_key(p, held)
-  local f = job_fields(key, "state", "nonce")
-  if not (f and f[1] == "delayed") then return nil end
+  local f = job_fields(key, "state", "nonce", "debounce", "made")
+  -- only the job it made, delayed and never run (not one waiting out a
+  -- retry's backoff, nor another job that got its id after a data loss)
+  if not (f and f[1] == "delayed" and f[3] == args[16] and f[4] == "0") then return nil end
   local delay = tonumber(args[17])
   redis.call("HSET", key, "data", args[2], "priority", or_default(args[3], "0"), "attempts",
     or_default(args[5], "1"), "backoff", args[6], "timeout", or_default(args[7], "0"), "kill_after",
@@ -813,6 +815,7 @@ local function add_job(p, args, now)
   local delay = math.floor(tonumber(or_default(args[4], 0)))
   if (args[16] or "") ~= "" then
     delay = tonumber(args[17])
+    redis.call("HSET", key, "debounce", args[16])
     redis.call("SET", debounce_key(p, args[16]), id, "PX", delay + DEBOUNCE_KEEP_MS)
   end
   if delay > 0 then
@@ -852,12 +855,21 @@ end
 local SCHEDULE_ID_MAX = 512
 local FIRE_MAX = 100           -- due schedules fired per fetch (the rest on the next)
 local EVERY_MS_MIN = 1000
-local LIST_SCHEDULES_MAX = 1000
+local LIST_SCHEDULES_MAX = 10000
 
 local SCHEDULE_FIELDS = { "kind", "cron", "every", "offset", "start", "stop", "limit", "catch_up",
   "job", "runs", "last", "last_id", "next", "created", "note" }
 
 local function schedule_key(p, id) return p .. "s:" .. id end
+
+-- The job template of a schedule hash (a JSON array of 11 or 12 texts:
+-- add's DATA .. NOTIFY, then EXPIRE_MS), or nil.
+local function job_template(text)
+  local ok, t = pcall(cjson.decode, text or "")
+  if not ok or type(t) ~= "table" or #t < 11 or #t > 12 then return nil end
+  for i = 1, #t do if type(t[i]) ~= "string" then return nil end end
+  return t
+end
 
 -- A schedule's hash read as numbers and a parsed cron, or nil and why.
 local function read_schedule(key)
@@ -876,6 +888,7 @@ local function read_schedule(key)
   elseif not (s.every and s.every >= EVERY_MS_MIN) then
     return nil, "the schedule's every is not a number of ms"
   end
+  if not job_template(s.job) then return nil, "the schedule's job is not a template moonjob_schedule wrote" end
   return s
 end
 
@@ -897,7 +910,7 @@ end
 -- Adds the job of slot (existing "join": a job kept with its id stays).
 -- -> its id, or nil and why (EQUEUEFULL: the slot makes no job).
 local function add_slot(p, id, s, slot, now)
-  local t = cjson.decode(s.job) -- add's DATA .. NOTIFY, then EXPIRE_MS
+  local t = job_template(s.job) -- add's DATA .. NOTIFY, then EXPIRE_MS (checked by read_schedule)
   local args = { "s:" .. id .. ":" .. string.format("%.0f", slot) }
   for i = 1, 11 do args[i + 1] = t[i] end
   args[13], args[14], args[15] = "", "join", t[12] or ""
@@ -915,9 +928,29 @@ local function advance(p, id, key, s, now, note)
   redis.call("ZADD", p .. "schedules", nxt or "+inf", id)
 end
 
--- A due schedule: its slot s.next fires, unless later slots are due too
--- (no worker ran meanwhile) and catch_up is "none"; catch_up "one" fires
--- that first missed slot, standing for the others.
+-- A slot fired less than ON_TIME_MS after its time is on time: a late
+-- fetch (workers busy, a restart) still fires it, whatever catch_up says.
+local ON_TIME_MS = 60000
+
+-- The slot to fire of s, whose next slot is due: the latest slot at or
+-- before now (earlier ones are passed over: one job per fetch), and
+-- whether it is on time. When no slot fell within ON_TIME_MS, the latest
+-- is not looked for: s.next (the first missed) stands for them.
+local function slot_to_fire(s, now)
+  local from = math.max(s.next, now - ON_TIME_MS)
+  local t = from == s.next and s.next or slot_after(s, from - 1)
+  if not t or t > now then return s.next, false end
+  while true do
+    local following = slot_after(s, t)
+    if not following or following > now then return t, true end
+    t = following
+  end
+end
+
+-- A due schedule fires one job: for its latest due slot when that is on
+-- time; else (no worker ran for a while) for the first missed slot with
+-- catch_up "one", none with "none". Either way its next slot is the first
+-- after now.
 local function fire_one(p, id, now)
   local key = schedule_key(p, id)
   local s, why = read_schedule(key)
@@ -926,12 +959,11 @@ local function fire_one(p, id, now)
     redis.pcall("HSET", key, "next", "", "note", "ended: " .. (why or "the schedule's hash has no next"))
     return
   end
-  local slot, note = s.next, nil
-  local following = slot_after(s, slot)
-  local missed = following ~= nil and following <= now
+  local slot, on_time = slot_to_fire(s, now)
+  local note
   if slot > s.last then
-    if missed and s.catch_up == "none" then
-      note = "slots from " .. string.format("%.0f", slot) .. " to now were missed (no worker ran): skipped"
+    if not on_time and s.catch_up == "none" then
+      note = "slots from " .. string.format("%.0f", s.next) .. " were missed (no worker ran): skipped"
     else
       local job_id, err = add_slot(p, id, s, slot, now)
       if job_id then
@@ -945,14 +977,18 @@ local function fire_one(p, id, now)
   advance(p, id, key, s, now, note)
 end
 
+-- pcall: a schedules key of another type (written by another client) fires
+-- nothing, and never stops a fetch.
 local function fire_schedules(p, now)
-  local due = redis.call("ZRANGEBYSCORE", p .. "schedules", "-inf", now, "LIMIT", 0, FIRE_MAX)
+  local due = redis.pcall("ZRANGEBYSCORE", p .. "schedules", "-inf", now, "LIMIT", 0, FIRE_MAX)
+  if due.err then return end
   for _, id in ipairs(due) do fire_one(p, id, now) end
 end
 
 -- When the next schedule is due (server ms), or nil.
 local function next_schedule(p)
-  local first = redis.call("ZRANGE", p .. "schedules", 0, 0, "WITHSCORES")
+  local first = redis.pcall("ZRANGE", p .. "schedules", 0, 0, "WITHSCORES")
+  if first.err then return nil end
   local t = first[2] and tonumber(first[2])
   if t and t < math.huge then return t end
 end
@@ -1090,10 +1126,22 @@ local function read_limits(p)
   return lim
 end
 
--- How many jobs fetch may hand out now (at most n), and when to look again
--- (ms from now) if that is fewer than n because of a limit, else nil.
+-- The rate's window: how many more jobs it takes now, and when (ms from
+-- now) it next has room if none. A starts key of another type (written by
+-- another client) is bookkeeping of ours: it is replaced.
+local function rate_room(p, lim, now)
+  local key = p .. "starts"
+  local trimmed = redis.pcall("ZREMRANGEBYSCORE", key, "-inf", "(" .. (now - lim.rate_per))
+  if type(trimmed) == "table" and trimmed.err then redis.call("DEL", key) end
+  local left = lim.rate_max - redis.call("ZCARD", key)
+  if left > 0 then return left, nil end
+  local oldest = redis.call("ZRANGE", key, 0, 0, "WITHSCORES")
+  return 0, oldest[2] and (tonumber(oldest[2]) + lim.rate_per + 1 - now) or lim.rate_per
+end
+
+-- How many jobs fetch may hand out now (at most n, at most free), and when
+-- to look again (ms from now) when a hold or the rate says none, else nil.
 local function allowance(p, lim, n, free, now)
-  local wait
   local limited = redis.call("PTTL", p .. "limited")
   if limited > 0 then return 0, limited end
   if free then n = math.min(n, free) end
@@ -1101,31 +1149,33 @@ local function allowance(p, lim, n, free, now)
     n = math.min(n, math.max(0, lim.concurrency - redis.call("ZCARD", p .. "active")))
   end
   if lim.rate_max and n > 0 then
-    redis.call("ZREMRANGEBYSCORE", p .. "starts", "-inf", "(" .. (now - lim.rate_per))
-    local left = lim.rate_max - redis.call("ZCARD", p .. "starts")
-    if left < n then
-      n = math.max(0, left)
-      local oldest = redis.call("ZRANGE", p .. "starts", 0, 0, "WITHSCORES")
-      if oldest[2] then wait = tonumber(oldest[2]) + lim.rate_per + 1 - now end
-    end
+    local left, wait = rate_room(p, lim, now)
+    if left < n then return left, wait end
   end
-  return n, wait
+  return n, nil
 end
 
--- Jobs handed out count in the rate's window (one entry per token).
+-- Jobs handed out count in the rate's window (one entry per token; ZADD
+-- in chunks: Lua's unpack has a bound).
 local function count_starts(p, lim, tokens, now)
   if not (lim and lim.rate_max) or #tokens == 0 then return end
-  local args = { "ZADD", p .. "starts" }
-  for _, token in ipairs(tokens) do args[#args + 1] = now; args[#args + 1] = token end
-  redis.call(unpack(args))
+  for first = 1, #tokens, 500 do
+    local args = { "ZADD", p .. "starts" }
+    for i = first, math.min(first + 499, #tokens) do args[#args + 1] = now; args[#args + 1] = tokens[i] end
+    redis.call(unpack(args))
+  end
   redis.call("PEXPIRE", p .. "starts", lim.rate_per + 1000)
 end
 
--- A job left the active set: under a concurrency limit, workers refused
--- for it are told to look again ("added" on <p>events).
-local function slot_freed(p)
+-- freed jobs left the active set: under a concurrency limit, when that
+-- brings it below the cap while jobs wait, workers refused for it are
+-- told to look again ("added" on <p>events; once per crossing, not per job).
+local function slot_freed(p, freed)
   local c = redis.pcall("HGET", p .. "limits", "concurrency")
-  if type(c) == "string" and redis.call("ZCARD", p .. "wait") > 0 then publish(p, "added") end
+  c = type(c) == "string" and tonumber(c)
+  if not c or freed < 1 then return end
+  local active = redis.call("ZCARD", p .. "active")
+  if active < c and active + freed >= c and redis.call("ZCARD", p .. "wait") > 0 then publish(p, "added") end
 end
 
 local LIMIT_NUMBERS = {
@@ -1140,8 +1190,10 @@ local function limit(keys, args)
   local p, fn, kind = keys[1], "moonjob_limit", args[1]
   local specs = LIMIT_NUMBERS[kind or ""]
   if not specs then return refuse(fn, "KIND must be rate (MAX PER_MS) or concurrency (N)", kind or "") end
-  if #args ~= #specs + 1 or args[2] == "" then
-    return refuse(fn, ("%s takes %d number(s); arguments given"):format(kind, #specs), #args - 1)
+  local given = true
+  for i = 2, #args do given = given and args[i] ~= "" end
+  if #args ~= #specs + 1 or not given then
+    return refuse(fn, ("%s takes %d number(s), none empty; arguments given"):format(kind, #specs), #args - 1)
   end
   local refused = check_numbers(fn, args, specs)
   if refused then return refused end
@@ -1214,6 +1266,67 @@ local function unfit(id, f)
     or bad_field("priority", f[9], -FINITE, FINITE, false, "a finite number")
 end
 
+-- A waiting entry popped by fetch: its reply row (handed out to worker
+-- with token number token_no), or nil and "failed" (failed in place: out
+-- of range, over max_payload, expired; never sent) or what look_at said.
+local function take_one(p, id, worker, token_no, lease, max_payload, now)
+  local key = job_key(p, id)
+  local kind, f = look_at(p, id, key, "waiting", now, "data", "attempts", "backoff", "timeout",
+    "kill_after", "name", "made", "priority", "expire_at")
+  if kind ~= "ok" then return nil, kind end
+  local made = (tonumber(f[8]) or 0) + 1
+  local expired = tonumber(f[10] or "")
+  if expired and now > expired then
+    fail_entry(p, id, key, now, ("the job expired %.0f ms ago, before a worker took it (its expire option)")
+      :format(now - expired), false, "EEXPIRED")
+    return nil, "failed"
+  end
+  local why, code = unfit(id, f), nil
+  if not why and max_payload > 0 and #f[2] > max_payload then
+    why = ("the job data is %d bytes, more than the worker's max_payload (%d)"):format(#f[2], max_payload)
+    code = "EPAYLOAD"
+  end
+  if why then
+    redis.call("HSET", key, "made", made)
+    fail_entry(p, id, key, now, why, false, code)
+    return nil, "failed"
+  end
+  local token = worker .. "/" .. token_no
+  redis.call("HSET", key, "state", "active", "token", token, "worker", worker, "started", now,
+    "ran", "0", "made", made, "began", "")
+  redis.call("ZADD", p .. "active", now + lease, id)
+  return { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7] }
+end
+
+-- Entries failed in place do not count against n: a fetch pops up to
+-- POP_BUDGET more, so a backlog of expired jobs is cleared in a few calls.
+local POP_BUDGET = 1000
+
+-- Up to n waiting jobs handed out to worker. -> their reply rows, tokens.
+-- Tokens: one counter step per pop, one number per job (never reused).
+local function take(p, worker, n, lease, max_payload, now)
+  local rows, tokens, missing = {}, {}, 0
+  local budget = n + POP_BUDGET
+  while #rows < n and budget > 0 do
+    local popped = redis.call("ZPOPMIN", p .. "wait", math.min(n - #rows, budget))
+    if #popped == 0 then break end
+    budget = budget - #popped / 2
+    local token_no = redis.call("INCRBY", p .. "tokens", #popped / 2) - #popped / 2
+    for i = 1, #popped, 2 do
+      local row, kind = take_one(p, string.sub(popped[i], 18), worker, token_no + 1, lease, max_payload, now)
+      if row then
+        token_no = token_no + 1
+        rows[#rows + 1] = row
+        tokens[#tokens + 1] = row[2]
+      elseif kind == "missing" then
+        missing = missing + 1
+      end
+    end
+  end
+  count_missing(p, missing)
+  return rows, tokens
+end
+
 -- A fetch's first element while the queue is paused: no job comes with it.
 local PAUSED = -2
 
@@ -1255,45 +1368,13 @@ local function fetch(keys, args)
     return redis.error_reply(("ERR %stokens is not a counter (%s): another client wrote it; delete it "
       .. "(DEL %stokens) and restart the workers"):format(p, counter.err, p))
   end
-  local popped = n > 0 and redis.call("ZPOPMIN", p .. "wait", n) or {}
-  -- tokens: one counter step per batch, one number per job (never reused)
-  local last_token = #popped > 0 and redis.call("INCRBY", p .. "tokens", #popped / 2) or 0
-  local next_token = last_token - #popped / 2
-  local missing, tokens = 0, {}
-  for i = 1, #popped, 2 do
-    local id = string.sub(popped[i], 18)
-    local key = job_key(p, id)
-    local kind, f = look_at(p, id, key, "waiting", now, "data", "attempts", "backoff", "timeout",
-      "kill_after", "name", "made", "priority", "expire_at")
-    if kind == "ok" then
-      local made = (tonumber(f[8]) or 0) + 1
-      local why = unfit(id, f)
-      local expired = tonumber(f[10] or "")
-      if expired and now > expired then -- never sent: it fails here, never to run
-        fail_entry(p, id, key, now, ("the job did not start before it expired, %.0f ms ago (its expire option)")
-          :format(now - expired), false, "EEXPIRED")
-      elseif why then -- never sent: it fails here
-        redis.call("HSET", key, "made", made)
-        fail_entry(p, id, key, now, why)
-      elseif max_payload > 0 and #f[2] > max_payload then -- never sent: it fails here
-        redis.call("HSET", key, "made", made)
-        fail_entry(p, id, key, now, ("the job data is %d bytes, more than the worker's max_payload (%d)")
-          :format(#f[2], max_payload), false, "EPAYLOAD")
-      else
-        next_token = next_token + 1
-        local token = worker .. "/" .. next_token
-        redis.call("HSET", key, "state", "active", "token", token, "worker", worker, "started", now,
-          "ran", "0", "made", made, "began", "")
-        redis.call("ZADD", p .. "active", now + lease, id)
-        out[#out + 1] = { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7] }
-        tokens[#tokens + 1] = token
-      end
-    elseif kind == "missing" then
-      missing = missing + 1
-    end
-  end
-  count_missing(p, missing)
+  local rows, tokens = take(p, worker, n, lease, max_payload, now)
+  for _, row in ipairs(rows) do out[#out + 1] = row end
   count_starts(p, lim, tokens, now)
+  if lim and lim.rate_max and not held_back then -- the window just filled: when it has room
+    local _, wait = rate_room(p, lim, now)
+    held_back = wait
+  end
   local first = redis.call("ZRANGE", p .. "delayed", 0, 0, "WITHSCORES")
   local due = tonumber(first[2] or "")
   local slot = next_schedule(p)
@@ -1387,7 +1468,7 @@ local function complete(keys, args)
   if done > 0 then
     count_total(p, "completed", done)
     record_metrics(p, now, done, 0, runs)
-    slot_freed(p)
+    slot_freed(p, done)
   end
   return out
 end
@@ -1412,12 +1493,12 @@ local function fail(keys, args)
     redis.call("ZREM", p .. "active", id)
     redis.call("HSET", key, "error", args[3], "token", "")
     if retry > 0 then make_delayed(p, id, key, now + math.floor(retry)) else make_waiting(p, id, key, now) end
-    slot_freed(p)
+    slot_freed(p, 1)
     return redis.call("HGET", key, "state")
   end
   local fin = { f[6], f[7], f[8], ran = true, run_ms = number_in(args[5], 0, 1e15) }
   finish(p, id, key, "failed", "error", args[3], now, fin)
-  slot_freed(p)
+  slot_freed(p, 1)
   return "failed"
 end
 
@@ -1438,7 +1519,7 @@ local function release(keys, args)
   else
     make_waiting(p, id, key, now, nil, f[4]) -- given back: its place in line kept
   end
-  slot_freed(p)
+  slot_freed(p, 1)
   return "OK"
 end
 
@@ -1467,6 +1548,8 @@ local function ratelimited(keys, args)
   end
   if retry > 0 and redis.call("PTTL", p .. "limited") < retry then
     redis.call("SET", p .. "limited", "1", "PX", retry)
+  elseif retry == 0 then
+    slot_freed(p, 1)
   end
   return "OK"
 end
@@ -1841,7 +1924,7 @@ end
 -- The keys of a queue that are not jobs (obliterate deletes them last).
 -- tokens stays: a run of a job obliterated must never share its token with a
 -- run of a job added after (its late report would land in the new job).
-local QUEUE_KEYS = { "seq", "ids", "totals", "paused", "m:all" }
+local QUEUE_KEYS = { "seq", "ids", "totals", "paused", "m:all", "limits", "limited", "starts" }
 
 -- obliterate(p; limit [, force]) -> { removed, left }: every job, schedule
 -- and key of the queue (but its token counter), limit jobs per call; refused (EBUSY)

@@ -693,7 +693,8 @@ function Remote:_rate_limited(job, err)
     .. "holds back for %g s"):format(tostring(job.remote_id), after))
   self:_report("ratelimited", { "FCALL", "moonjob_ratelimited", 1, self.prefix, job.remote_id, job.token,
     math.floor(after * 1000), encode_error(err) }, { job })
-  return self.port:leave_job(job)
+  self.port:leave_job(job)
+  self:_give_back_unstarted("the queue holds back after ERATELIMIT")
 end
 
 function Remote:_release(job)
@@ -704,6 +705,16 @@ end
 
 ------------------------------------------------------------ pausing ---
 
+-- The jobs held here that no child started go back to the queue, at their
+-- place in line (released uncounted). -> how many.
+function Remote:_give_back_unstarted(why)
+  local given = 0
+  for _, job in pairs(self.held) do
+    if not job.abandoned and self.port:cancel_job(job, why, "ECLOSED", true) then given = given + 1 end
+  end
+  return given
+end
+
 -- The queue is paused (on), or fetch handed out jobs again (not on): said
 -- once each way. Paused, the jobs held here that no child started go back
 -- to the queue (running ones finish).
@@ -713,12 +724,7 @@ function Remote:_paused(on)
   if not on then
     return self.port:emit_event("redis", "resumed", "the queue was resumed: fetching again")
   end
-  local given = 0
-  for _, job in pairs(self.held) do
-    if not job.abandoned and self.port:cancel_job(job, "the queue was paused", "ECLOSED", true) then
-      given = given + 1
-    end
-  end
+  local given = self:_give_back_unstarted("the queue was paused")
   self.port:emit_event("redis", "paused", ("the queue is paused: fetching nothing until it is resumed; "
     .. "%d job(s) not started given back, running ones finish"):format(given))
 end

@@ -24,7 +24,7 @@ local WHEN_OPTIONS = { cron = true, every = true, tz = true, start = true, stop 
   catch_up = true }
 local FIELDS = { "kind", "cron", "every", "offset", "start", "stop", "limit", "catch_up", "job", "runs",
   "last", "last_id", "next", "created", "note" }
-local PAGE = 1000
+local PAGE = 10000 -- a whole listing in one call up to this many (moonjob_schedules' bound)
 
 -- This machine's minutes east of UTC now (os.date's two views of one time).
 function M.local_offset(t)
@@ -98,7 +98,8 @@ end
 local function schedule_of(row)
   local f = {}
   for i, name in ipairs(FIELDS) do f[name] = row[i + 1] or nil end
-  local job = f.job and json.decode(f.job) or {}
+  local ok, job = pcall(json.decode, f.job or "")
+  if not ok or type(job) ~= "table" then job = {} end -- written by another client: no data to show
   local s = { id = row[1], cron = f.cron ~= "" and f.cron or nil, tz_offset = tonumber(f.offset),
     start = tonumber(f.start), stop = tonumber(f.stop), limit = tonumber(f.limit) or 0,
     catch_up = f.catch_up, runs = tonumber(f.runs) or 0, last = tonumber(f.last), last_id = f.last_id,
@@ -106,7 +107,10 @@ local function schedule_of(row)
     name = job[8] ~= "" and job[8] or nil }
   local every = tonumber(f.every or "")
   if every then s.every = every / 1000 end
-  if job[1] then s.data = json.decode(job[1]) end
+  if type(job[1]) == "string" then
+    local decoded, data = pcall(json.decode, job[1])
+    if decoded then s.data = data end
+  end
   s.ended = s.next == nil
   return s
 end
@@ -160,21 +164,26 @@ function M.extend(Queue, producer)
   -- schedules, the next due first (ended ones last), each { id, cron |
   -- every, tz_offset (minutes), start, stop, next, last, created (server
   -- ms), limit, runs, catch_up, last_id, data, name, note, ended }. Without
-  -- options, every one; with them, one page (limit 1 to 1000).
+  -- options, every one; with them, one page (limit 1 to 10000).
   function Queue:schedules(opts)
     if opts ~= nil then
       if type(opts) ~= "table" or (opts.offset ~= nil and not (type(opts.offset) == "number" and opts.offset >= 0
           and opts.offset % 1 == 0)) or (opts.limit ~= nil and not (type(opts.limit) == "number"
           and opts.limit >= 1 and opts.limit <= PAGE and opts.limit % 1 == 0)) then
-        error("queue:schedules(): options are { offset = n (0 or more), limit = n (1 to 1000) }", 2)
+        error("queue:schedules(): options are { offset = n (0 or more), limit = n (1 to 10000) }", 2)
       end
     end
-    local out, offset, total = {}, opts and opts.offset or 0, nil
+    -- pages are ranks by next slot, which firing reorders: an id already
+    -- listed is not listed twice
+    local out, seen, offset, total = {}, {}, opts and opts.offset or 0, nil
     repeat
       local reply, err = self:_call("moonjob_schedules", 1, self.prefix, offset, opts and opts.limit or PAGE)
       if not reply then return nil, err end
       total = reply[1]
-      for i = 2, #reply do out[#out + 1] = schedule_of(reply[i]) end
+      for i = 2, #reply do
+        local sc = schedule_of(reply[i])
+        if not seen[sc.id] then seen[sc.id], out[#out + 1] = true, sc end
+      end
       offset = offset + PAGE
     until opts or offset >= total
     return out, total
