@@ -224,8 +224,7 @@ local function limits_cost()
     end
   end
   local plain = median(rates.plain)
-  print(("
-limits that never bind, 1 worker (2 children), %d no-op jobs, median of 3 in turns:"):format(JOBS))
+  print(("\nlimits that never bind, 1 worker (2 children), %d no-op jobs, median of 3 in turns:"):format(JOBS))
   for _, v in ipairs(LIMITED) do
     local r = median(rates[v.name])
     print(("  %-18s %8.0f jobs/s  %5.2f of plain"):format(v.name, r, r / plain))
@@ -240,8 +239,7 @@ local function schedule_memory()
   local before = used()
   for i = 1, n do assert(q:schedule("s" .. i, { cron = "*/5 * * * *" }, { report = i })) end
   local after = used()
-  print(("
-Redis memory per schedule (cron, small data): %.0f bytes (%d schedules)"):format((after - before) / n, n))
+  print(("\nRedis memory per schedule (cron, small data): %.0f bytes (%d schedules)"):format((after - before) / n, n))
 end
 
 local ok, err = xpcall(function()

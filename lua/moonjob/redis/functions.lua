@@ -1109,9 +1109,10 @@ end
 --   <p>limited  string: present while the queue holds back after a job
 --               said the remote side pushed back (ERATELIMIT); its TTL is
 --               how long
--- Under a limit, fetch hands out no more jobs than the worker has idle
+-- Under a rate, fetch hands out no more jobs than the worker has idle
 -- children (FREE): a job held, not started, would start later than it
--- counted.
+-- counted. (Under a concurrency cap, held jobs count as active: a worker
+-- may hold them ahead.)
 
 local LIMIT_FIELDS = { "rate_max", "rate_per", "concurrency" }
 
@@ -1139,12 +1140,13 @@ local function rate_room(p, lim, now)
   return 0, oldest[2] and (tonumber(oldest[2]) + lim.rate_per + 1 - now) or lim.rate_per
 end
 
--- How many jobs fetch may hand out now (at most n, at most free), and when
--- to look again (ms from now) when a hold or the rate says none, else nil.
+-- How many jobs fetch may hand out now (at most n; under a rate, at most
+-- free), and when to look again (ms from now) when a hold or the rate says
+-- none, else nil.
 local function allowance(p, lim, n, free, now)
   local limited = redis.call("PTTL", p .. "limited")
   if limited > 0 then return 0, limited end
-  if free then n = math.min(n, free) end
+  if free and lim.rate_max then n = math.min(n, free) end
   if lim.concurrency then
     n = math.min(n, math.max(0, lim.concurrency - redis.call("ZCARD", p .. "active")))
   end
@@ -1340,8 +1342,8 @@ local PAUSED = -2
 -- entry whose job is gone is counted in totals "missing". next_due_ms:
 -- when the earliest delayed job or schedule falls due (server ms from now),
 -- or -1. Due schedules fire first (fire_schedules). Under the queue's limits
--- (rate, concurrency, an ERATELIMIT hold) it hands out fewer jobs, at most
--- free (the worker's idle children), and next_due_ms says when to look
+-- (rate, concurrency, an ERATELIMIT hold) it hands out fewer jobs (under a
+-- rate at most free, the worker's idle children), and next_due_ms says when to look
 -- again for a rate window or hold.
 local function fetch(keys, args)
   local p, worker = keys[1], args[1]

@@ -9,8 +9,9 @@
 -- Redis keeps the limits and fetch applies them with the server's clock
 -- (functions.lua, "limits"): the rate is a sliding window over the times
 -- jobs were handed out, exact for any window; the concurrency counts the
--- queue's active jobs. Under a limit a worker takes no job beyond its idle
--- children, so a job starts within milliseconds of being counted.
+-- queue's active jobs (held ahead by a worker, or running). Under a rate a
+-- worker takes no job beyond its idle children, so a job starts within
+-- milliseconds of being counted (and each start costs a round trip).
 -- A processor that meets the remote side's own limit raises
 -- error({ code = "ERATELIMIT", retry_after = s }): its job waits again
 -- without costing an attempt, and the queue holds back for s seconds.
