@@ -4,10 +4,6 @@
 local helpers = require "helpers"
 local rq = require "redis_queue"
 
-local function run_lines(path)
-  return rq.read_lines(path)
-end
-
 rq.describe(function()
   describe("debounce", function()
     it("runs a burst of 20 adds once, with the last data", function()
@@ -26,7 +22,7 @@ rq.describe(function()
       local result = assert(handles[20]:wait(20))
       assert.equal(20, result.echo)
       assert.same(handles[1].nonce, handles[20].nonce) -- every handle waits for the one job
-      assert.equal(1, #run_lines(log))
+      assert.equal(1, #rq.read_lines(log))
       assert.equal(1, q:counts().completed)
       -- once it ran, the same debounce id makes a new job
       local later = assert(q:add({ echo = 21, log = log }, { debounce = { id = "user-7", seconds = 0.1 } }))
@@ -101,7 +97,7 @@ rq.describe(function()
       assert.equal("EEXPIRED", err.code)
       assert.matches("expired %d+ ms ago, before a worker took it", err.message)
       assert.equal("ok", assert(fine:wait(20)).echo)
-      local lines = run_lines(log)
+      local lines = rq.read_lines(log)
       assert.equal(1, #lines)
       assert.matches("^" .. fine.id .. " ", lines[1])
       assert.equal(0, assert(q:job(late.id)).attempts)
@@ -117,7 +113,7 @@ rq.describe(function()
       rq.pool(name, { size = 1 })
       for i = 1, 5 do assert.equal(i, assert(fresh[i]:wait(20)).echo) end
       assert.equal(3000, q:counts().failed)
-      assert.equal(0, #run_lines(log))
+      assert.equal(0, #rq.read_lines(log))
     end)
 
     it("also holds for a retry that would start after it", function()
@@ -129,7 +125,7 @@ rq.describe(function()
       local ok, err = j:wait(20)
       assert.is_nil(ok)
       assert.equal("EEXPIRED", err.code)
-      assert.equal(1, #run_lines(log))
+      assert.equal(1, #rq.read_lines(log))
     end)
 
     it("goes with a schedule's jobs", function()

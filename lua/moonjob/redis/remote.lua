@@ -65,6 +65,7 @@ local json = require "moonjob.codec.json"
 local loop = require "moonjob.loop"
 local core = require "moonjob.core"
 local Queue = require "moonjob.redis.producer"
+local setup = require "moonjob.redis.setup"
 
 local Remote = {}
 Remote.__index = Remote
@@ -114,7 +115,9 @@ function Remote.new(port, opts)
   }, Remote)
   local c, err = client.new(opts.redis, {
     timeout_ms = math.max(500, math.min(self.lease_ms * FENCE_AT, 5000)),
-    max_reply = (port.max_payload + 4096) * math.max(1, self.prefetch + (opts.size or 1)) + 65536,
+    -- a fetch's jobs, or the library's text (setup's FUNCTION LIST WITHCODE)
+    max_reply = (port.max_payload + 4096) * math.max(1, self.prefetch + (opts.size or 1)) + 65536
+      + #setup.library(),
     on_state = function(up, why) self:_state(up, why) end,
   })
   if not c then error("moonjob.pool: option 'redis': " .. err, 4) end
