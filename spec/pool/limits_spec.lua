@@ -44,8 +44,11 @@ describe("moonjob.pool rate", function()
     -- the parent's start times (job.started) hold to it exactly, but for the
     -- microseconds between the window's look and the job's start
     assert.is_true(narrowest_window(started, 5) >= 1000 - 1, "6 starts within a second (parent)")
-    assert.is_true(narrowest_window(child_starts, 5) >= 1000 - CHILD_SLACK_MS,
-      "6 starts within a second (children)")
+    -- the children's: later than the parent's by at most `late` ms
+    local late = 0
+    for i = 1, #jobs do late = math.max(late, child_starts[i] - started[i]) end
+    assert.is_true(late < CHILD_SLACK_MS * 5, "a child took seconds to start its job")
+    assert.is_true(narrowest_window(child_starts, 5) >= 1000 - late - 1, "6 starts within a second (children)")
     -- 0..4 in the first window, 5..9 in the second, 10 and 11 in the third
     assert.is_true(child_starts[12] - child_starts[1] >= 2000 - CHILD_SLACK_MS)
     assert.is_true(started[12] - started[1] >= 2000 - 1)
@@ -111,7 +114,9 @@ describe("moonjob.pool group_concurrency", function()
   it("lets a small group through a large one's backlog, and ungrouped jobs too", function()
     local pool = h.pool(PROCESSOR, { size = 2, group_concurrency = 1 })
     local a, b = {}, {}
-    for i = 1, 20 do a[i] = pool:add({ ms = 20 }, { group = "A" }) end
+    -- A's jobs long enough that a second child slow to start (a loaded
+    -- machine) is ready before A's 6th
+    for i = 1, 10 do a[i] = pool:add({ ms = 150 }, { group = "A" }) end
     for i = 1, 3 do b[i] = pool:add({ ms = 1 }, { group = "B" }) end
     local free = pool:add({ ms = 1 })
     local ra, rb = results(a), results(b)

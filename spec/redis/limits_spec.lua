@@ -90,6 +90,30 @@ rq.describe(function()
       assert.is_true(list[2].start < list[1].finish, "no two jobs ran together without the limit")
     end)
 
+    it("set_concurrency(4) over 2 workers of 2 children: 4 run at once, never 5", function()
+      local name, span = rq.new_queue(), os.tmpname()
+      local q = rq.new_producer(name)
+      assert(q:set_concurrency(4))
+      local _, log1 = rq.start_worker(name, "-j 2")
+      local _, log2 = rq.start_worker(name, "-j 2")
+      for _, l in ipairs({ log1, log2 }) do
+        assert(rq.wait_for(function()
+          for _, line in ipairs(rq.read_lines(l)) do if line:find("connected to", 1, true) then return true end end
+        end, 30), "a worker did not connect")
+      end
+      for _ = 1, 8 do assert(q:add({ span = span, sleep = 0.6 })) end
+      settled(q, 8)
+      local list = spans(span)
+      local most = 0
+      for _, a in ipairs(list) do -- jobs running when a started
+        local n = 0
+        for _, b in ipairs(list) do if b.start <= a.start and b.finish > a.start then n = n + 1 end end
+        most = math.max(most, n)
+      end
+      assert.is_true(most <= 4, "more than 4 ran at once")
+      assert.equal(4, most) -- one worker does not hold every place while its children are busy
+    end)
+
     it("ERATELIMIT puts the job back without an attempt and holds the queue back", function()
       local name, log, flag = rq.new_queue(), os.tmpname(), os.tmpname()
       os.remove(flag)
@@ -122,6 +146,7 @@ rq.describe(function()
         assert.is_false(ok)
         assert.matches(pattern, err)
       end
+      assert(q:set_rate({ max = 3, per = 2 }))
       raises("set_rate%(%): takes { max = N", q.set_rate, { max = 0, per = 1 })
       raises("set_rate%(%): takes { max = N", q.set_rate, { max = 10 })
       raises("set_rate%(%): takes { max = N", q.set_rate, { max = 10, per = 1, group = "a" })
@@ -140,8 +165,8 @@ rq.describe(function()
       reply, err = q.client:call_wait({ "FCALL", "moonjob_ratelimited", 1, q.prefix, "x", "t", -5 })
       assert.is_nil(reply)
       assert.matches("RETRY_MS must be", err)
-      assert.equal(0, q.client:call_wait({ "EXISTS", q.prefix .. "limits", q.prefix .. "limited" }))
-      assert.same({ held_back = 0, started = 0, active = 0 }, assert(q:limits()))
+      assert.equal(0, q.client:call_wait({ "EXISTS", q.prefix .. "limited" }))
+      assert.same({ rate = { max = 3, per = 2 }, held_back = 0, started = 0, active = 0 }, assert(q:limits()))
     end)
 
     it("are shown by moonjob status, with the schedules", function()

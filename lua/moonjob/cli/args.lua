@@ -36,9 +36,9 @@ options:
                         the lines finished have failed (from 3 finished lines)
   --rate N/s            start at most N lines a second (also N/m, N/h; plain
                         N is N/s): N whole lets N start together in each
-                        second (10/s); N below 1 or fractional spaces them
-                        evenly (0.5/s: one every 2 s); each line then runs
-                        as a job of its own
+                        period (10/s, 60/m); N below 1 or fractional spaces
+                        them evenly (0.5/s: one every 2 s); each line then
+                        runs as a job of its own
   --attempts N          runs per job before it fails for good (default 1)
   --backoff SPEC        wait between attempts: fixed:SECONDS or
                         exponential:SECONDS[:JITTER] (JITTER 0..1)
@@ -184,6 +184,7 @@ local function rate_spec(text)
   if not (n and n > 0 and n <= 1e6) then return nil end
   local period = RATE_PERIODS[unit]
   if n == math.floor(n) then return { max = n, per = period } end
+  if period / n > SECONDS_MAX then return nil end -- one line per more than 1e9 s
   return { max = 1, per = period / n }
 end
 

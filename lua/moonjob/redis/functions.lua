@@ -1111,8 +1111,9 @@ end
 --               how long
 -- Under a rate, fetch hands out no more jobs than the worker has idle
 -- children (FREE): a job held, not started, would start later than it
--- counted. (Under a concurrency cap, held jobs count as active: a worker
--- may hold them ahead.)
+-- counted. Under a concurrency cap held jobs count as active: a worker may
+-- hold them ahead while the cap is far, but near it takes no more than
+-- FREE (else one worker could hold every place with its children busy).
 
 local LIMIT_FIELDS = { "rate_max", "rate_per", "concurrency" }
 
@@ -1148,7 +1149,11 @@ local function allowance(p, lim, n, free, now)
   if limited > 0 then return 0, limited end
   if free and lim.rate_max then n = math.min(n, free) end
   if lim.concurrency then
-    n = math.min(n, math.max(0, lim.concurrency - redis.call("ZCARD", p .. "active")))
+    local room = math.max(0, lim.concurrency - redis.call("ZCARD", p .. "active"))
+    -- near the cap, no more than the worker can start now: one worker
+    -- holding jobs ahead would leave the others' children idle
+    if room <= n and free then room = math.min(room, free) end
+    n = math.min(n, room)
   end
   if lim.rate_max and n > 0 then
     local left, wait = rate_room(p, lim, now)
