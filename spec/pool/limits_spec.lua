@@ -292,3 +292,23 @@ describe("moonjob.pool group_rate", function()
     assert.truthy(tostring(err):find("option 'group_rate' has an unknown key 'group'", 1, true), tostring(err))
   end)
 end)
+
+describe("moonjob.pool.limits, on a clock of its own", function()
+  local Job = require "moonjob.job"
+  local Limits = require "moonjob.pool.limits"
+
+  it("still says when to wake after the window opens between a refusal and the look", function()
+    local t = 0
+    local src = Limits.new(function() return t end, { rate = { max = 1, per = 0.2 } })
+    local mt = Job.metatable({})
+    for id = 1, 3 do src:push(Job.new(mt, id, 0)) end
+    assert.truthy(src:pop_ready()) -- the window's one start, at 0
+    t = 100
+    assert.is_nil(src:pop_ready()) -- refused: the window opens at 200
+    t = 250 -- a slow pass: it opened before the pool asked when to wake
+    local due = src:next_due()
+    assert.truthy(due, "no wake: the pool would sleep with jobs ready")
+    assert.is_true(due <= 250)
+    assert.truthy(src:pop_ready())
+  end)
+end)

@@ -101,8 +101,8 @@ rq.describe(function()
           for _, line in ipairs(rq.read_lines(l)) do if line:find("connected to", 1, true) then return true end end
         end, 30), "a worker did not connect")
       end
-      for _ = 1, 8 do assert(q:add({ span = span, sleep = 0.6 })) end
-      settled(q, 8)
+      for _ = 1, 12 do assert(q:add({ span = span, sleep = 0.6 })) end
+      settled(q, 12)
       local list = spans(span)
       local most = 0
       for _, a in ipairs(list) do -- jobs running when a started

@@ -214,7 +214,8 @@ end
 -- it says no), then jobs whose group may not start are parked on the way.
 function Limits:pop_ready()
   local now = self.now()
-  if now < self:rate_open_at() then return nil end
+  self.rate_refused = now < self:rate_open_at()
+  if self.rate_refused then return nil end
   local inner = self.inner
   while true do
     local job = inner:pop()
@@ -289,12 +290,14 @@ end
 
 -- The earliest delayed job's time (a group's waking job among them), or,
 -- while the pool's rate holds ready jobs back, the time it lets the next one
--- start if sooner; nil when neither.
+-- start if sooner; nil when neither. A time already past is given too when
+-- the last pop_ready was refused for the rate (the window may open between
+-- that refusal and this look: without a wake the pool would sleep on).
 function Limits:next_due()
   local due = self.inner:next_due()
   if self.rate_max and self.inner:ready_n() > 0 then
     local at = self:rate_open_at()
-    if at > self.now() and (not due or at < due) then due = at end
+    if (at > self.now() or (self.rate_refused and at > -math.huge)) and (not due or at < due) then due = at end
   end
   return due
 end
