@@ -96,11 +96,7 @@ rq.describe(function()
       assert(q:set_concurrency(4))
       local _, log1 = rq.start_worker(name, "-j 2")
       local _, log2 = rq.start_worker(name, "-j 2")
-      for _, l in ipairs({ log1, log2 }) do
-        assert(rq.wait_for(function()
-          for _, line in ipairs(rq.read_lines(l)) do if line:find("connected to", 1, true) then return true end end
-        end, 30), "a worker did not connect")
-      end
+      for _, l in ipairs({ log1, log2 }) do assert(rq.worker_connected(l), "a worker did not connect") end
       for _ = 1, 12 do assert(q:add({ span = span, sleep = 0.6 })) end
       settled(q, 12)
       local list = spans(span)

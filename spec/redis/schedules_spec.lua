@@ -25,13 +25,7 @@ local function start_skewed_worker(queue, offset)
   return pid, log
 end
 
-local function connected(log)
-  return rq.wait_for(function()
-    for _, line in ipairs(rq.read_lines(log)) do
-      if line:find("connected to", 1, true) then return true end
-    end
-  end, 30)
-end
+local connected = rq.worker_connected
 
 -- Sleeps until the server's clock (this machine's: same host) is `ms` past
 -- a whole second: kills then fall between two slots of an every-1 s schedule.
@@ -80,10 +74,7 @@ local function server_ms(q)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- One fetch that hands out nothing (N = 0): what an idle worker's poll does.
-local function poll(q)
-  return assert(q.client:call_wait({ "FCALL", "moonjob_fetch", 1, q.prefix, "spec", 0, 30000, "", 86400000, 0 }))
-end
+local poll = rq.poll
 
 rq.describe(function()
   describe("a schedule", function()

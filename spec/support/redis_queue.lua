@@ -85,6 +85,21 @@ function M.start_worker(queue, args)
   return pid, log
 end
 
+-- Waits until a worker's stderr (start_worker's path) says it connected.
+function M.worker_connected(log)
+  return M.wait_for(function()
+    for _, line in ipairs(M.read_lines(log)) do
+      if line:find("connected to", 1, true) then return true end
+    end
+  end, 30)
+end
+
+-- One fetch that hands out nothing (N = 0): what an idle worker's poll
+-- does (it fires due schedules, promotes delayed jobs); -> its reply.
+function M.poll(q)
+  return assert(q.client:call_wait({ "FCALL", "moonjob_fetch", 1, q.prefix, "spec", 0, 30000, "", 86400000, 0 }))
+end
+
 function M.stop_worker(pid, signal)
   os.execute(("kill -%s %d 2>/dev/null"):format(signal or "KILL", pid))
   helpers.wait_for(function() return not helpers.process_exists(pid) end, 40)

@@ -32,7 +32,7 @@ local EXIT_OK, EXIT_FAILED = stops.EXIT_OK, stops.EXIT_FAILED
 local say = operate.say
 
 -- The limits line, or nil without limits or hold.
-function M.limits_line(l)
+local function limits_line(l)
   local parts = {}
   if l.rate then
     parts[#parts + 1] = ("%d jobs per %g s (%d in the current window)"):format(l.rate.max, l.rate.per, l.started)
@@ -61,7 +61,7 @@ local function extras(q)
   local list, total = q:schedules({ limit = 1 })
   if not list then return nil, total end
   local lines = {}
-  lines[#lines + 1] = M.limits_line(l)
+  lines[#lines + 1] = limits_line(l)
   lines[#lines + 1] = schedules_line(list, total)
   return { lines = lines, limits = l, schedules = total,
     next_schedule = list[1] and not list[1].ended and { id = list[1].id, at = list[1].next } or nil }

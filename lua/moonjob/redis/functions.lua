@@ -1141,12 +1141,10 @@ local function rate_room(p, lim, now)
   return 0, oldest[2] and (tonumber(oldest[2]) + lim.rate_per + 1 - now) or lim.rate_per
 end
 
--- How many jobs fetch may hand out now (at most n; under a rate, at most
--- free), and when to look again (ms from now) when a hold or the rate says
+-- How many jobs fetch may hand out now under lim (at most n; under a rate,
+-- at most free), and when to look again (ms from now) when the rate says
 -- none, else nil.
 local function allowance(p, lim, n, free, now)
-  local limited = redis.call("PTTL", p .. "limited")
-  if limited > 0 then return 0, limited end
   if free and lim.rate_max then n = math.min(n, free) end
   if lim.concurrency then
     local room = math.max(0, lim.concurrency - redis.call("ZCARD", p .. "active"))
@@ -1365,8 +1363,11 @@ local function fetch(keys, args)
   if redis.call("EXISTS", p .. "paused") == 1 then return { PAUSED } end
   local out = { -1 }
   local lim, held_back = read_limits(p), nil
-  if lim or redis.call("EXISTS", p .. "limited") == 1 then
-    n, held_back = allowance(p, lim or {}, n, tonumber(args[8] or ""), now)
+  local hold = redis.call("PTTL", p .. "limited") -- an ERATELIMIT hold: nothing now
+  if hold > 0 then
+    n, held_back = 0, hold
+  elseif lim then
+    n, held_back = allowance(p, lim, n, tonumber(args[8] or ""), now)
   end
   -- the token counter is checked before anything is popped (a pop is not
   -- undone if the call then fails): a key another client spoiled is said
