@@ -36,6 +36,8 @@
 --                  and log lines, as JSON
 --   <p>debounce:<id>  string: the job a debounce id holds while it is delayed
 --   <p>schedules, <p>s:<id>  the schedules (see "schedules" below)
+--   <p>groups, <p>gparked, <p>gw:<group>, <p>ga:<group>, <p>gs:<group>,
+--   <p>gl:<group>, <p>ungrouped, <p>turn  the groups (see "groups" below)
 -- Job fields: data (JSON text), priority, attempts (allowed), made (attempts
 -- started), backoff (JSON text or ""), timeout, kill_after, name, cache (s),
 -- state (waiting, delayed, active, completed, failed), token (of the run
@@ -44,7 +46,7 @@
 -- (ms), member (its wait member), notify ("1": publish its id on <p>done),
 -- cache_until (ms), nonce (tells this job from a later one with its id),
 -- progress (JSON text, the last reported), expire_at (ms: not started by
--- then, it fails with EEXPIRED).
+-- then, it fails with EEXPIRED), group (its group, absent for none).
 --
 -- Time is always the server's (TIME), never a worker's clock. Results and
 -- failures carrying a token that is not the job's current one are refused:
@@ -71,6 +73,10 @@ local function now_ms()
 end
 
 local function job_key(p, id) return p .. "j:" .. id end
+
+-- The groups' functions (fairness and limits per group), filled in under
+-- "groups" below; a table, since the paths that move jobs call them.
+local G = {}
 
 local function publish(p, message)
   redis.call("PUBLISH", p .. "events", message)
@@ -211,14 +217,19 @@ end
 -- a finite number (written around moonjob_add) waits with 0: ZADD refuses NaN,
 -- and the fetch that takes the job fails it with EINPUT.
 -- member: its place in line to keep (a job given back goes where it was).
-local function make_waiting(p, id, key, now, prio, member)
-  if prio == nil then prio = redis.call("HGET", key, "priority") end
+-- group: the job's group when the caller passed prio (nil or "": none).
+local function make_waiting(p, id, key, now, prio, member, group)
+  if prio == nil then
+    local f = redis.call("HMGET", key, "priority", "group")
+    prio, group = f[1], f[2]
+  end
   prio = number_in(prio, -math.huge, math.huge) or 0
   if not (member and string.sub(member, 18) == id) then
     member = string.format("%016d", redis.call("INCR", p .. "seq")) .. ":" .. id
   end
   redis.call("HSET", key, "state", "waiting", "member", member, "run_at", now)
   if redis.call("ZCARD", p .. "wait") == 0 then publish(p, "added") end
+  G.index(p, group or "", prio, member, now) -- (before wait: the switch to groups copies wait)
   redis.call("ZADD", p .. "wait", prio, member)
 end
 
@@ -227,13 +238,14 @@ local function make_delayed(p, id, key, run_at)
   redis.call("ZADD", p .. "delayed", run_at, id)
 end
 
--- f: the job's cache, notify and started fields when the caller read them
--- already; f.batched: the caller records metrics and totals for the batch;
+-- f: the job's cache, notify, started and group fields when the caller read
+-- them already; f.batched: the caller records metrics and totals for the batch;
 -- f.run_ms: the run time its worker measured (then it began run_ms ago).
 local function finish(p, id, key, state, field, value, now, f)
-  f = f or redis.call("HMGET", key, "cache", "notify", "started")
+  f = f or redis.call("HMGET", key, "cache", "notify", "started", "group")
   local cache = state == "completed" and number_in(f[1], 0, SECONDS_MAX) or 0
   redis.call("ZREM", p .. "active", id)
+  G.left(p, f[4], id)
   local fields = { "HSET", key, "state", state, field, value, "finished", now, "token", "" }
   if cache > 0 then
     fields[#fields + 1] = "cache_until"; fields[#fields + 1] = now + math.floor(cache * 1000)
@@ -308,7 +320,7 @@ local FINITE = 1.7976931348623157e308 -- the largest double: inf and NaN are bey
 -- A job whose lease expired ran on a worker that stopped renewing (killed,
 -- cut off, paused): it runs again, counting an attempt (ESTALLED), or fails
 -- for good once its attempts are used up. f: state, made, attempts, worker,
--- cancel, ran.
+-- cancel, ran, group.
 local function recover_one(p, id, key, now, f)
   local made, attempts = tonumber(f[2]) or 0, tonumber(f[3]) or 1
   local e = err_json("ESTALLED", "the job's lease expired on worker " .. tostring(f[4])
@@ -322,6 +334,7 @@ local function recover_one(p, id, key, now, f)
     finish(p, id, key, "failed", "error", e, now)
   else
     redis.call("ZREM", p .. "active", id)
+    G.left(p, f[7], id)
     redis.call("HSET", key, "error", e, "token", "")
     make_waiting(p, id, key, now)
   end
@@ -332,7 +345,7 @@ local function recover_stalled(p, now)
   local missing = 0
   for _, id in ipairs(stalled) do
     local key = job_key(p, id)
-    local kind, f = look_at(p, id, key, "active", now, "made", "attempts", "worker", "cancel", "ran")
+    local kind, f = look_at(p, id, key, "active", now, "made", "attempts", "worker", "cancel", "ran", "group")
     if kind == "ok" then
       recover_one(p, id, key, now, f)
     elseif kind ~= "bad" then -- gone, or in another state: only the entry goes
@@ -350,9 +363,9 @@ local function promote_delayed(p, now)
   for _, id in ipairs(due) do
     redis.call("ZREM", p .. "delayed", id)
     local key = job_key(p, id)
-    local kind, f = look_at(p, id, key, "delayed", now, "priority")
+    local kind, f = look_at(p, id, key, "delayed", now, "priority", "group")
     if kind == "ok" then
-      make_waiting(p, id, key, now, f[2])
+      make_waiting(p, id, key, now, f[2], nil, f[3])
     elseif kind == "missing" then
       missing = missing + 1
     end
@@ -709,6 +722,9 @@ local function check_add(args, fn)
   if args[14] and args[14] ~= "" and args[14] ~= "replace" and args[14] ~= "join" then
     return refuse(fn, "EXISTING must be replace (a finished job with the id is replaced) or join", args[14])
   end
+  if args[18] and #args[18] > FIELD_MAX then
+    return refuse(fn, "GROUP must take at most " .. FIELD_MAX .. " bytes (empty: no group)", "...")
+  end
   return check_expire_debounce(args, fn)
 end
 
@@ -752,8 +768,9 @@ local function debounce(p, args, now)
     or_default(args[5], "1"), "backoff", args[6], "timeout", or_default(args[7], "0"), "kill_after",
     or_default(args[8], "0"), "name", args[9], "cache", or_default(args[10], "0"))
   if args[12] == "1" then redis.call("HSET", key, "notify", "1") end
-  redis.call("HDEL", key, "expire_at")
+  redis.call("HDEL", key, "expire_at", "group")
   set_expire(key, args, now)
+  if (args[18] or "") ~= "" then redis.call("HSET", key, "group", args[18]) end
   make_delayed(p, held, key, now + delay)
   redis.call("PEXPIRE", debounce_key(p, args[16]), delay + DEBOUNCE_KEEP_MS)
   return added(args, held, "delayed", 1, f[2])
@@ -761,7 +778,7 @@ end
 
 -- add(p; id, data, priority, delay_ms, attempts, backoff, timeout, kill_after,
 --     name, cache, max_queue, notify [, nonce [, existing [, expire_ms
---     [, debounce_id, debounce_ms]]]]) -> { id, state, joined [, nonce] }
+--     [, debounce_id, debounce_ms [, group]]]]]) -> { id, state, joined [, nonce] }
 -- id "" draws a number; id "\0dedupe" is "d:" .. the SHA-1 of data. A job with
 -- that id waiting, delayed or running is joined (joined = 1); a completed one
 -- whose cache has not ended is returned as it is, and with existing "join"
@@ -773,8 +790,9 @@ end
 -- with EEXPIRED. debounce_id (id empty, delay_ms 0): while the job it last
 -- made is delayed, an add replaces that job's data and options and restarts
 -- its delay of debounce_ms (joined = 1); otherwise a new job is made,
--- delayed debounce_ms. add_job does it once the arguments are
--- checked (a schedule's slots are added through it too).
+-- delayed debounce_ms. group: the job's group (see "groups"; "" none).
+-- add_job does it once the arguments are checked (a schedule's slots are
+-- added through it too).
 local function add_job(p, args, now)
   local id, data = args[1], args[2]
   if (args[16] or "") ~= "" then
@@ -809,6 +827,8 @@ local function add_job(p, args, now)
     "made", 0, "backoff", args[6], "timeout", or_default(args[7], "0"), "kill_after", or_default(args[8], "0"),
     "name", args[9], "cache", or_default(args[10], "0"), "notify", args[12], "created", now, "nonce", nonce)
   set_expire(key, args, now)
+  local group = args[18] or ""
+  if group ~= "" then redis.call("HSET", key, "group", group) end
   -- the registry moonjob.queues() reads; pcall: the one key outside the
   -- queue's prefix, which an ACL user kept to its own keys may not write
   redis.pcall("SADD", REGISTRY, string.sub(p, 5, -3))
@@ -822,7 +842,7 @@ local function add_job(p, args, now)
     make_delayed(p, id, key, now + delay)
     return added(args, id, "delayed", 0, nonce)
   end
-  make_waiting(p, id, key, now, prio)
+  make_waiting(p, id, key, now, prio, nil, group)
   return added(args, id, "waiting", 0, nonce)
 end
 
@@ -862,11 +882,11 @@ local SCHEDULE_FIELDS = { "kind", "cron", "every", "offset", "start", "stop", "l
 
 local function schedule_key(p, id) return p .. "s:" .. id end
 
--- The job template of a schedule hash (a JSON array of 11 or 12 texts:
--- add's DATA .. NOTIFY, then EXPIRE_MS), or nil.
+-- The job template of a schedule hash (a JSON array of 11 to 13 texts:
+-- add's DATA .. NOTIFY, then EXPIRE_MS and GROUP), or nil.
 local function job_template(text)
   local ok, t = pcall(cjson.decode, text or "")
-  if not ok or type(t) ~= "table" or #t < 11 or #t > 12 then return nil end
+  if not ok or type(t) ~= "table" or #t < 11 or #t > 13 then return nil end
   for i = 1, #t do if type(t[i]) ~= "string" then return nil end end
   return t
 end
@@ -914,6 +934,7 @@ local function add_slot(p, id, s, slot, now)
   local args = { "s:" .. id .. ":" .. string.format("%.0f", slot) }
   for i = 1, 11 do args[i + 1] = t[i] end
   args[13], args[14], args[15] = "", "join", t[12] or ""
+  args[16], args[17], args[18] = "", "", t[13] or ""
   local reply = add_job(p, args, now)
   if reply.err then return nil, reply.err end
   return reply[1]
@@ -1004,10 +1025,10 @@ local SCHEDULE_NUMBERS = {
 -- EXPIRE_MS), or nil and an EINPUT error reply.
 local function check_schedule(args)
   local fn = "moonjob_schedule"
-  if #args ~= 20 then
-    return nil, refuse(fn, "it takes 20 arguments after the key (ID KIND WHEN OFFSET_MIN START_MS STOP_MS "
+  if #args ~= 20 and #args ~= 21 then
+    return nil, refuse(fn, "it takes 20 or 21 arguments after the key (ID KIND WHEN OFFSET_MIN START_MS STOP_MS "
       .. "LIMIT CATCH_UP, then add's DATA PRIORITY DELAY_MS ATTEMPTS BACKOFF TIMEOUT KILL_AFTER NAME CACHE "
-      .. "MAX_QUEUE NOTIFY EXPIRE_MS), got", #args)
+      .. "MAX_QUEUE NOTIFY EXPIRE_MS [GROUP]), got", #args)
   end
   local id, kind, when = args[1], args[2], args[3]
   if id == "" or #id > SCHEDULE_ID_MAX then
@@ -1033,15 +1054,15 @@ local function check_schedule(args)
   end
   local job = { "" }
   for i = 9, 19 do job[#job + 1] = args[i] end
-  job[13], job[14], job[15] = "", "", args[20]
+  job[13], job[14], job[15], job[18] = "", "", args[20], args[21]
   refused = check_add(job, fn)
   if refused then return nil, refused end
-  return { unpack(args, 9, 20) }
+  return { unpack(args, 9, #args) }
 end
 
 -- schedule(p; id, kind, when, offset_min, start_ms, stop_ms, limit, catch_up,
 --   data, priority, delay_ms, attempts, backoff, timeout, kill_after, name,
---   cache, max_queue, notify, expire_ms) -> { "created" | "updated" | "unchanged", next_ms }
+--   cache, max_queue, notify, expire_ms [, group]) -> { "created" | "updated" | "unchanged", next_ms }
 -- (next_ms -1: it has ended). kind "cron" (when: 5 fields; offset_min: the
 -- zone's minutes east of UTC) or "every" (when: ms; slots at start + k x
 -- every, start 0 by default). An unchanged definition changes nothing (a
@@ -1052,7 +1073,7 @@ local function schedule(keys, args)
   local job, refused = check_schedule(args)
   if not job then return refused end
   local id, key = args[1], schedule_key(p, args[1])
-  local spec = cjson.encode({ unpack(args, 2, 20) })
+  local spec = cjson.encode({ unpack(args, 2, #args) })
   local old = redis.pcall("HMGET", key, "spec", "next")
   if old.err then return redis.error_reply("EINPUT moonjob_schedule: the key " .. key .. " is not a schedule "
     .. "hash (written by another client); delete it or choose another id") end
@@ -1102,7 +1123,9 @@ end
 -- fetch with the server's clock:
 --   <p>limits   hash: rate_max, rate_per (ms): at most rate_max jobs handed
 --               out in any rate_per ms; concurrency: at most that many
---               active at once (held or running)
+--               active at once (held or running); group_rate_max,
+--               group_rate_per, group_concurrency: the same for each
+--               group (see "groups")
 --   <p>starts   sorted set: the tokens handed out in the last rate_per ms,
 --               by the time they were (a sliding window: exact for any
 --               window, not only whole seconds)
@@ -1115,17 +1138,24 @@ end
 -- hold them ahead while the cap is far, but near it takes no more than
 -- FREE (else one worker could hold every place with its children busy).
 
-local LIMIT_FIELDS = { "rate_max", "rate_per", "concurrency" }
+local LIMIT_FIELDS = { "rate_max", "rate_per", "concurrency", "group_rate_max", "group_rate_per",
+  "group_concurrency" }
 
--- The queue's limits { rate_max, rate_per, concurrency } (numbers or nil),
--- or nil when it has none. A limits key of another type holds none.
-local function read_limits(p)
-  local f = redis.pcall("HMGET", p .. "limits", unpack(LIMIT_FIELDS))
-  if f.err or not (f[1] or f[3]) then return nil end
-  local lim = { rate_max = tonumber(f[1]), rate_per = tonumber(f[2]), concurrency = tonumber(f[3]) }
+-- Limits { rate_max, rate_per, concurrency } (numbers or nil) from three
+-- fields, or nil when they say none.
+local function limit_set(max, per, concurrency)
+  local lim = { rate_max = tonumber(max), rate_per = tonumber(per), concurrency = tonumber(concurrency) }
   if not (lim.rate_max and lim.rate_per) then lim.rate_max, lim.rate_per = nil, nil end
   if not (lim.rate_max or lim.concurrency) then return nil end
   return lim
+end
+
+-- The queue's limits and each group's (limit_set's tables, or nil when
+-- none). A limits key of another type holds none.
+local function read_limits(p)
+  local f = redis.pcall("HMGET", p .. "limits", unpack(LIMIT_FIELDS))
+  if f.err then return nil, nil end
+  return limit_set(f[1], f[2], f[3]), limit_set(f[4], f[5], f[6])
 end
 
 -- The rate's window: how many more jobs it takes now, and when (ms from
@@ -1183,18 +1213,22 @@ local function slot_freed(p, freed)
   if active < c and active + freed >= c and redis.call("ZCARD", p .. "wait") > 0 then publish(p, "added") end
 end
 
-local LIMIT_NUMBERS = {
-  rate = { { 2, "MAX must be a whole number of jobs from 0 (no limit) to 2^31", 0, ATTEMPTS_MAX, true },
-    { 3, "PER_MS must be a whole number of ms from 1 to 1e12", 1, DELAY_MS_MAX, true } },
-  concurrency = { { 2, "N must be a whole number from 0 (no limit) to 2^31", 0, ATTEMPTS_MAX, true } },
-}
+local RATE_NUMBERS = { { 2, "MAX must be a whole number of jobs from 0 (no limit) to 2^31", 0, ATTEMPTS_MAX, true },
+  { 3, "PER_MS must be a whole number of ms from 1 to 1e12", 1, DELAY_MS_MAX, true } }
+local CONCURRENCY_NUMBERS = { { 2, "N must be a whole number from 0 (no limit) to 2^31", 0, ATTEMPTS_MAX, true } }
+local LIMIT_NUMBERS = { rate = RATE_NUMBERS, concurrency = CONCURRENCY_NUMBERS,
+  group_rate = RATE_NUMBERS, group_concurrency = CONCURRENCY_NUMBERS }
 
--- limit(p; "rate", max, per_ms) | limit(p; "concurrency", n) -> "OK": the
--- queue's limit set, or removed with 0.
+-- limit(p; "rate", max, per_ms) | limit(p; "concurrency", n), and the same
+-- with group_rate and group_concurrency (each group's) -> "OK": the limit
+-- set, or removed with 0.
 local function limit(keys, args)
   local p, fn, kind = keys[1], "moonjob_limit", args[1]
   local specs = LIMIT_NUMBERS[kind or ""]
-  if not specs then return refuse(fn, "KIND must be rate (MAX PER_MS) or concurrency (N)", kind or "") end
+  if not specs then
+    return refuse(fn, "KIND must be rate (MAX PER_MS), concurrency (N), group_rate (MAX PER_MS) or "
+      .. "group_concurrency (N)", kind or "")
+  end
   local given = true
   for i = 2, #args do given = given and args[i] ~= "" end
   if #args ~= #specs + 1 or not given then
@@ -1204,30 +1238,263 @@ local function limit(keys, args)
   if refused then return refused end
   local key = p .. "limits"
   if redis.call("TYPE", key).ok ~= "hash" then redis.call("DEL", key) end -- another client's: replaced
+  local field = kind == "rate" and "rate_max" or kind == "group_rate" and "group_rate_max" or kind
   if tonumber(args[2]) == 0 then
-    if kind == "rate" then redis.call("HDEL", key, "rate_max", "rate_per")
-    else redis.call("HDEL", key, "concurrency") end
-  elseif kind == "rate" then
-    redis.call("HSET", key, "rate_max", args[2], "rate_per", args[3])
+    redis.call("HDEL", key, field, (field:gsub("_max$", "_per")))
+  elseif specs == RATE_NUMBERS then
+    redis.call("HSET", key, field, args[2], (field:gsub("_max$", "_per")), args[3])
   else
-    redis.call("HSET", key, "concurrency", args[2])
-    publish(p, "added") -- a higher limit: workers look again
+    redis.call("HSET", key, field, args[2])
   end
+  if kind == "group_concurrency" then G.unpark_capped(p) end -- each group's cap is looked at again
+  if specs == CONCURRENCY_NUMBERS or tonumber(args[2]) == 0 then publish(p, "added") end -- workers look again
   redis.pcall("SADD", REGISTRY, string.sub(p, 5, -3))
   return "OK"
 end
 
 -- limits(p) -> { rate_max, rate_per_ms, concurrency, limited_ms,
--- started_in_window, active } (0 for none).
+-- started_in_window, active, group_rate_max, group_rate_per_ms,
+-- group_concurrency, groups_ready, groups_parked } (0 for none; groups_*:
+-- groups with waiting jobs that may take one now, and that may not).
 local function limits(keys)
   local p = keys[1]
-  local lim = read_limits(p) or {}
+  local lim, glim = read_limits(p)
+  lim, glim = lim or {}, glim or {}
   local in_window = 0
   if lim.rate_max then
     in_window = redis.call("ZCOUNT", p .. "starts", "(" .. (now_ms() - lim.rate_per), "+inf")
   end
   return { lim.rate_max or 0, lim.rate_per or 0, lim.concurrency or 0,
-    math.max(0, redis.call("PTTL", p .. "limited")), in_window, redis.call("ZCARD", p .. "active") }
+    math.max(0, redis.call("PTTL", p .. "limited")), in_window, redis.call("ZCARD", p .. "active"),
+    glim.rate_max or 0, glim.rate_per or 0, glim.concurrency or 0,
+    redis.call("ZCARD", p .. "groups") - (redis.call("ZSCORE", p .. "groups", "") and 1 or 0),
+    redis.call("ZCARD", p .. "gparked") }
+end
+
+----------------------------------------------------------------- groups ---
+-- A job added with GROUP belongs to that group (a tenant, a customer).
+-- fetch hands out jobs round-robin between groups, within a priority (the
+-- best priority waiting first), so a group with a huge backlog takes its
+-- turn like one with a few jobs; jobs of no group take their turns together,
+-- as one more group. Each group may have its own rate and concurrency cap
+-- (the same numbers for every group: group_rate_max, group_rate_per,
+-- group_concurrency in <p>limits), and a job's ERATELIMIT holds back only its
+-- group. Keys:
+--   <p>gw:<group>  sorted set: the group's waiting jobs (wait's scores and
+--                  members)
+--   <p>ungrouped   sorted set: the same for the jobs of no group, kept only
+--                  while groups have waiting jobs
+--   <p>groups      sorted set: the ring: groups with waiting jobs that may
+--                  take one, by their turn ("": the jobs of no group)
+--   <p>gparked     sorted set: groups with waiting jobs that may not now, by
+--                  when to look again (ms; +inf: at their cap, until one of
+--                  their jobs leaves active)
+--   <p>ga:<group>  set: the group's active jobs (its cap counts them)
+--   <p>gs:<group>  sorted set: the group's rate window (as <p>starts)
+--   <p>gl:<group>  string: the group's ERATELIMIT hold; its TTL is how long
+--   <p>turn        counter: the ring's turns
+-- <p>wait stays the set of every waiting job (listings, counts and drain
+-- see no difference); the group sets index it. A queue whose waiting jobs
+-- have no group keeps no index ("group mode" is off: groups and gparked are
+-- empty) and fetch pops wait directly; the first grouped job made waiting
+-- turns it on (every job waiting then is of no group: wait is copied into
+-- <p>ungrouped), and it turns off once no group has waiting jobs. An index
+-- entry whose job no longer waits is dropped when fetch reaches it (its
+-- ZREM from wait says 0), so a path that misses one loses nothing.
+
+local GROUP_WALK_MAX = 1000 -- groups looked at per job handed out
+local UNPARK_MAX = 100 -- parked groups whose time came, back in the ring per fetch
+local LIST_GROUPS_MAX = 1000
+
+function G.set(p, g)
+  if g == "" then return p .. "ungrouped" end
+  return p .. "gw:" .. g
+end
+
+function G.on(p) return redis.call("EXISTS", p .. "groups", p .. "gparked") > 0 end
+
+-- Group g has waiting jobs: it joins the ring, last, unless it is there or
+-- parked already (or held back by ERATELIMIT: then parked until then).
+function G.enter(p, g, now)
+  if redis.call("ZSCORE", p .. "groups", g) or redis.call("ZSCORE", p .. "gparked", g) then return end
+  local hold = g ~= "" and redis.call("PTTL", p .. "gl:" .. g) or -2
+  if hold > 0 then redis.call("ZADD", p .. "gparked", now + hold, g)
+  else redis.call("ZADD", p .. "groups", redis.call("INCR", p .. "turn"), g) end
+end
+
+-- A job made waiting (member, score prio) of group g ("": none) indexed.
+function G.index(p, g, prio, member, now)
+  local on = G.on(p)
+  if g == "" then
+    if not on then return end
+  elseif not on and redis.call("ZUNIONSTORE", p .. "ungrouped", 1, p .. "wait") > 0 then
+    G.enter(p, "", now) -- the switch: every job waiting until now is of no group
+  end
+  redis.call("ZADD", G.set(p, g), prio, member)
+  G.enter(p, g, now)
+end
+
+-- A waiting job (member) of group g (nil: none) no longer waits.
+function G.unindex(p, g, member)
+  if member then redis.call("ZREM", G.set(p, g or ""), member) end
+end
+
+-- Job id of group g (nil: none) left active: its group's place is free,
+-- and a group parked at its cap may take a job again.
+function G.left(p, g, id)
+  if not g or g == "" or redis.call("SREM", p .. "ga:" .. g, id) == 0 then return end
+  if redis.call("ZSCORE", p .. "gparked", g) ~= "inf" then return end
+  redis.call("ZREM", p .. "gparked", g)
+  G.enter(p, g, now_ms())
+  publish(p, "added")
+end
+
+-- Group g may take no job until ms until_ms (+inf: until one of its jobs
+-- leaves active); hold: a later time already there stays.
+function G.park(p, g, until_ms, hold)
+  redis.call("ZREM", p .. "groups", g)
+  if hold then redis.call("ZADD", p .. "gparked", "GT", until_ms, g)
+  else redis.call("ZADD", p .. "gparked", until_ms, g) end
+end
+
+-- The parked groups whose time came go back to the ring (once per fetch).
+function G.unpark_due(p, now)
+  for _, g in ipairs(redis.call("ZRANGEBYSCORE", p .. "gparked", "-inf", now, "LIMIT", 0, UNPARK_MAX)) do
+    redis.call("ZREM", p .. "gparked", g)
+    G.enter(p, g, now)
+  end
+end
+
+-- The groups parked at their cap go back to the ring (the cap changed).
+function G.unpark_capped(p)
+  local now = now_ms()
+  for _, g in ipairs(redis.call("ZRANGEBYSCORE", p .. "gparked", "+inf", "+inf")) do
+    redis.call("ZREM", p .. "gparked", g)
+    G.enter(p, g, now)
+  end
+end
+
+-- The job of group g that fetch hands out now counts against its cap and
+-- rate.
+function G.started(p, g, id, token, now, glim)
+  if g == "" then return end
+  redis.call("SADD", p .. "ga:" .. g, id)
+  if glim and glim.rate_max then
+    redis.call("ZADD", p .. "gs:" .. g, now, token)
+    redis.call("PEXPIRE", p .. "gs:" .. g, glim.rate_per + 1000)
+  end
+end
+
+-- Whether group g may take a job now under the groups' limits glim; if
+-- not, it is parked until it may.
+function G.room(p, g, now, glim)
+  if g == "" or not glim then return true end
+  local c = glim.concurrency
+  if c and redis.call("SCARD", p .. "ga:" .. g) >= c then
+    -- a job that left active by another way (its hash deleted by hand, an
+    -- obliterate) must not hold its group's place for ever
+    for _, id in ipairs(redis.call("SMEMBERS", p .. "ga:" .. g)) do
+      if not redis.call("ZSCORE", p .. "active", id) then redis.call("SREM", p .. "ga:" .. g, id) end
+    end
+    if redis.call("SCARD", p .. "ga:" .. g) >= c then
+      G.park(p, g, "+inf")
+      return false
+    end
+  end
+  if glim.rate_max then
+    local key = p .. "gs:" .. g
+    redis.call("ZREMRANGEBYSCORE", key, "-inf", "(" .. (now - glim.rate_per))
+    if redis.call("ZCARD", key) >= glim.rate_max then
+      local oldest = redis.call("ZRANGE", key, 0, 0, "WITHSCORES")
+      G.park(p, g, tonumber(oldest[2]) + glim.rate_per + 1)
+      return false
+    end
+  end
+  return true
+end
+
+-- The group whose turn it is, and the member popped from its index: the
+-- first group in the ring whose first job has the best priority waiting,
+-- else the best that may take one; nil when none may.
+function G.pick(p, now, glim)
+  local head = redis.call("ZRANGE", p .. "wait", 0, 0, "WITHSCORES")
+  if #head == 0 then return nil end
+  local best = tonumber(head[2])
+  local found, found_prio, after, walked = nil, nil, "-inf", 0
+  while walked < GROUP_WALK_MAX and not (found and found_prio <= best) do
+    local ring = redis.call("ZRANGEBYSCORE", p .. "groups", after, "+inf", "WITHSCORES", "LIMIT", 0, 16)
+    if #ring == 0 then break end
+    for i = 1, #ring, 2 do
+      local g = ring[i]
+      after, walked = "(" .. ring[i + 1], walked + 1
+      local first = redis.call("ZRANGE", G.set(p, g), 0, 0, "WITHSCORES")
+      if #first == 0 then
+        redis.call("ZREM", p .. "groups", g)
+      else
+        local prio = tonumber(first[2])
+        if (not found or prio < found_prio) and G.room(p, g, now, glim) then
+          found, found_prio = g, prio
+          if prio <= best then break end
+        end
+      end
+    end
+  end
+  if not found then return nil end
+  local set = G.set(p, found)
+  local member = redis.call("ZPOPMIN", set)[1]
+  if redis.call("ZCARD", set) == 0 then redis.call("ZREM", p .. "groups", found)
+  else redis.call("ZADD", p .. "groups", redis.call("INCR", p .. "turn"), found) end -- its turn is over
+  return found, member
+end
+
+-- Groups with no waiting job left (after a drain) leave the ring and the
+-- parked set; with all, every group goes and its keys are deleted
+-- (obliterate).
+function G.sweep(p, all)
+  for _, ring in ipairs({ "groups", "gparked" }) do
+    for _, g in ipairs(redis.call("ZRANGE", p .. ring, 0, -1)) do
+      if all or redis.call("ZCARD", G.set(p, g)) == 0 then
+        redis.call("ZREM", p .. ring, g)
+        if all then redis.call("DEL", G.set(p, g), p .. "ga:" .. g, p .. "gs:" .. g, p .. "gl:" .. g) end
+      end
+    end
+  end
+end
+
+-- ratelimited for a job of group g: the group holds back for ms.
+function G.hold(p, g, ms, now)
+  if redis.call("PTTL", p .. "gl:" .. g) < ms then redis.call("SET", p .. "gl:" .. g, "1", "PX", ms) end
+  G.park(p, g, now + ms, true)
+end
+
+-- groups(p; limit) -> { { group, state, waiting, active, ms }, ... }: the
+-- groups with waiting jobs, those that may not take one first (state
+-- "held": an ERATELIMIT hold, ms left; "at_cap"; "rate": its window is
+-- full, ms until it has room), then the ring's ("ready", in turn order).
+-- waiting may count entries that fetch drops when it reaches them.
+local function groups(keys, args)
+  local p = keys[1]
+  local refused = check_numbers("moonjob_groups", args,
+    { { 1, "LIMIT must be a whole number from 1 to " .. LIST_GROUPS_MAX, 1, LIST_GROUPS_MAX, true } })
+  if refused then return refused end
+  local limit, now, out = tonumber(args[1]) or 100, now_ms(), {}
+  local function row(g, state, ms)
+    out[#out + 1] = { g, state, redis.call("ZCARD", G.set(p, g)), g == "" and 0 or redis.call("SCARD",
+      p .. "ga:" .. g), math.max(0, math.floor(ms)) }
+  end
+  local parked = redis.call("ZRANGE", p .. "gparked", 0, limit - 1, "WITHSCORES")
+  for i = 1, #parked, 2 do
+    local g, at, hold = parked[i], tonumber(parked[i + 1]), redis.call("PTTL", p .. "gl:" .. parked[i])
+    if hold > 0 then row(g, "held", hold)
+    elseif at == math.huge then row(g, "at_cap", 0)
+    else row(g, "rate", at - now) end
+  end
+  if #out < limit then
+    for _, g in ipairs(redis.call("ZRANGE", p .. "groups", 0, limit - #out)) do -- (+1: "" is skipped)
+      if g ~= "" and #out < limit then row(g, "ready", 0) end
+    end
+  end
+  return out
 end
 
 local FETCH_NUMBERS = {
@@ -1307,9 +1574,40 @@ end
 -- POP_BUDGET more, so a backlog of expired jobs is cleared in a few calls.
 local POP_BUDGET = 1000
 
+-- take in group mode: each job from the group whose turn it is (G.pick),
+-- under the groups' limits glim. A job of a group comes with its group
+-- (its row's 10th element). -> rows, tokens, missing.
+function G.take(p, worker, n, lease, max_payload, now, glim)
+  G.unpark_due(p, now)
+  local rows, tokens, missing, budget = {}, {}, 0, n + POP_BUDGET
+  while #rows < n and budget > 0 do
+    local g, member = G.pick(p, now, glim)
+    if not g then break end
+    budget = budget - 1
+    if redis.call("ZREM", p .. "wait", member) == 1 then -- (else: an entry whose job no longer waits)
+      local token_no = redis.call("INCR", p .. "tokens")
+      local row, kind = take_one(p, string.sub(member, 18), worker, token_no, lease, max_payload, now)
+      if row then
+        if g ~= "" then row[10] = g end
+        rows[#rows + 1] = row
+        tokens[#tokens + 1] = row[2]
+        G.started(p, g, row[1], row[2], now, glim)
+      elseif kind == "missing" then
+        missing = missing + 1
+      end
+    end
+  end
+  return rows, tokens, missing
+end
+
 -- Up to n waiting jobs handed out to worker. -> their reply rows, tokens.
 -- Tokens: one counter step per pop, one number per job (never reused).
-local function take(p, worker, n, lease, max_payload, now)
+local function take(p, worker, n, lease, max_payload, now, glim)
+  if n > 0 and G.on(p) then
+    local rows, tokens, missing = G.take(p, worker, n, lease, max_payload, now, glim)
+    count_missing(p, missing)
+    return rows, tokens
+  end
   local rows, tokens, missing = {}, {}, 0
   local budget = n + POP_BUDGET
   while #rows < n and budget > 0 do
@@ -1347,7 +1645,8 @@ local PAUSED = -2
 -- or -1. Due schedules fire first (fire_schedules). Under the queue's limits
 -- (rate, concurrency, an ERATELIMIT hold) it hands out fewer jobs (under a
 -- rate at most free, the worker's idle children), and next_due_ms says when to look
--- again for a rate window or hold.
+-- again for a rate window or hold. With groups, jobs come round-robin
+-- between them (see "groups"), under each group's limits.
 local function fetch(keys, args)
   local p, worker = keys[1], args[1]
   if not worker or worker == "" then return refuse("moonjob_fetch", "WORKER must be a name", "") end
@@ -1362,13 +1661,15 @@ local function fetch(keys, args)
   retain(p, args, now, n)
   if redis.call("EXISTS", p .. "paused") == 1 then return { PAUSED } end
   local out = { -1 }
-  local lim, held_back = read_limits(p), nil
+  local lim, glim = read_limits(p)
+  local held_back, free = nil, tonumber(args[8] or "")
   local hold = redis.call("PTTL", p .. "limited") -- an ERATELIMIT hold: nothing now
   if hold > 0 then
     n, held_back = 0, hold
   elseif lim then
-    n, held_back = allowance(p, lim, n, tonumber(args[8] or ""), now)
+    n, held_back = allowance(p, lim, n, free, now)
   end
+  if glim and free then n = math.min(n, free) end -- (as under the queue's own limits)
   -- the token counter is checked before anything is popped (a pop is not
   -- undone if the call then fails): a key another client spoiled is said
   local counter = redis.pcall("INCRBY", p .. "tokens", 0)
@@ -1376,7 +1677,7 @@ local function fetch(keys, args)
     return redis.error_reply(("ERR %stokens is not a counter (%s): another client wrote it; delete it "
       .. "(DEL %stokens) and restart the workers"):format(p, counter.err, p))
   end
-  local rows, tokens = take(p, worker, n, lease, max_payload, now)
+  local rows, tokens = take(p, worker, n, lease, max_payload, now, glim)
   for _, row in ipairs(rows) do out[#out + 1] = row end
   count_starts(p, lim, tokens, now)
   if lim and lim.rate_max and not held_back then -- the window just filled: when it has room
@@ -1387,6 +1688,8 @@ local function fetch(keys, args)
   local due = tonumber(first[2] or "")
   local slot = next_schedule(p)
   if slot and not (due and due <= slot) then due = slot end
+  local parked = tonumber(redis.call("ZRANGE", p .. "gparked", 0, 0, "WITHSCORES")[2] or "")
+  if parked and parked < math.huge and not (due and due <= parked) then due = parked end
   if held_back and not (due and due <= now + held_back) then due = now + held_back end
   if due then out[1] = math.max(0, due - now) end
   return out
@@ -1460,11 +1763,11 @@ local function complete(keys, args)
   for i = first, #args - step + 1, step do
     local id, token = args[i], args[i + 1]
     local key = job_key(p, id)
-    local f = holds(key, token, "cache", "notify", "started")
+    local f = holds(key, token, "cache", "notify", "started", "group")
     if f then
       local ms = timed and number_in(args[i + 3], 0, 1e15) or nil
       -- totals and metrics counted once for the batch
-      local fin = { f[3], f[4], batched = true, run_ms = ms }
+      local fin = { f[3], f[4], f[5], f[6], batched = true, run_ms = ms }
       finish(p, id, key, "completed", "result", args[i + 2], now, fin)
       out[#out + 1] = "OK"
       done = done + 1
@@ -1492,19 +1795,20 @@ local function fail(keys, args)
     { { 4, "RETRY_MS must be -1 (no retry) or a number of ms up to 1e12", -1, DELAY_MS_MAX } })
   if refused then return refused end
   local key = job_key(p, id)
-  local f = holds(key, token, "made", "attempts", "cancel", "cache", "notify", "started")
+  local f = holds(key, token, "made", "attempts", "cancel", "cache", "notify", "started", "group")
   if not f then return "ESTALE" end
   local now = now_ms()
   local retry = tonumber(args[4]) or -1
   local made, attempts = tonumber(f[3]) or 0, tonumber(f[4]) or 1
   if retry >= 0 and made < attempts and not f[5] then
     redis.call("ZREM", p .. "active", id)
+    G.left(p, f[9], id)
     redis.call("HSET", key, "error", args[3], "token", "")
     if retry > 0 then make_delayed(p, id, key, now + math.floor(retry)) else make_waiting(p, id, key, now) end
     slot_freed(p, 1)
     return redis.call("HGET", key, "state")
   end
-  local fin = { f[6], f[7], f[8], ran = true, run_ms = number_in(args[5], 0, 1e15) }
+  local fin = { f[6], f[7], f[8], f[9], ran = true, run_ms = number_in(args[5], 0, 1e15) }
   finish(p, id, key, "failed", "error", args[3], now, fin)
   slot_freed(p, 1)
   return "failed"
@@ -1516,10 +1820,11 @@ local function release(keys, args)
   local p, id, token = keys[1], args[1], args[2]
   if #args < 2 then return refuse("moonjob_release", "it takes ID TOKEN; arguments given", #args) end
   local key = job_key(p, id)
-  local f = holds(key, token, "cancel", "member")
+  local f = holds(key, token, "cancel", "member", "group")
   if not f then return "ESTALE" end
   local now = now_ms()
   redis.call("ZREM", p .. "active", id)
+  G.left(p, f[5], id)
   redis.call("HINCRBY", key, "made", -1)
   redis.call("HSET", key, "token", "")
   if f[3] then
@@ -1534,7 +1839,8 @@ end
 -- ratelimited(p; id, token, retry_ms [, error]) -> "OK" | "ESTALE":
 -- the job's processor said the remote side pushed back (ERATELIMIT): it
 -- waits again where it was, its attempt not counted, and the queue hands
--- out nothing for retry_ms (<p>limited; a longer hold already there stays).
+-- out nothing for retry_ms (<p>limited; a longer hold already there stays);
+-- for a job of a group, only its group holds back (see "groups").
 local function ratelimited(keys, args)
   local p, id, token, fn = keys[1], args[1], args[2], "moonjob_ratelimited"
   if #args < 3 then return refuse(fn, "it takes ID TOKEN RETRY_MS [ERROR]; arguments given", #args) end
@@ -1542,10 +1848,11 @@ local function ratelimited(keys, args)
     { { 3, "RETRY_MS must be a whole number of ms from 0 to 1e12", 0, DELAY_MS_MAX, true } })
   if refused then return refused end
   local key = job_key(p, id)
-  local f = holds(key, token, "cancel", "member")
+  local f = holds(key, token, "cancel", "member", "group")
   if not f then return "ESTALE" end
-  local now, retry = now_ms(), tonumber(args[3])
+  local now, retry, group = now_ms(), tonumber(args[3]), f[5]
   redis.call("ZREM", p .. "active", id)
+  G.left(p, group, id)
   redis.call("HINCRBY", key, "made", -1)
   redis.call("HSET", key, "token", "")
   if args[4] and args[4] ~= "" then redis.call("HSET", key, "error", args[4]) end
@@ -1554,7 +1861,9 @@ local function ratelimited(keys, args)
   else
     make_waiting(p, id, key, now, nil, f[4])
   end
-  if retry > 0 and redis.call("PTTL", p .. "limited") < retry then
+  if retry > 0 and group and group ~= "" then
+    G.hold(p, group, retry, now)
+  elseif retry > 0 and redis.call("PTTL", p .. "limited") < retry then
     redis.call("SET", p .. "limited", "1", "PX", retry)
   elseif retry == 0 then
     slot_freed(p, 1)
@@ -1576,12 +1885,13 @@ local function cancel(keys, args)
   local p, id, reason, nonce = keys[1], args[1], args[2] or "canceled", args[3]
   if not id or id == "" then return refuse("moonjob_cancel", "it takes ID [REASON [NONCE]]", "") end
   local key = job_key(p, id)
-  local f = job_fields(key, "state", "member", "nonce")
+  local f = job_fields(key, "state", "member", "nonce", "group")
   if not f or not f[1] or not nonce_fits(f[3], nonce) then return "ENOTFOUND" end
   local state = f[1]
   local now = now_ms()
   if state == "waiting" then
     if f[2] then redis.call("ZREM", p .. "wait", f[2]) end
+    G.unindex(p, f[4], f[2])
   elseif state == "delayed" then
     redis.call("ZREM", p .. "delayed", id)
   elseif state == "active" then
@@ -1820,11 +2130,13 @@ local function retry_all(keys, args)
   return { retried, redis.call("ZCOUNT", p .. state, "-inf", before), before, #ids }
 end
 
--- A job out of its set and deleted. member: its wait member, if waiting.
-local function drop(p, id, key, state, member)
+-- A job out of its set and deleted. member: its wait member, if waiting;
+-- group: its group.
+local function drop(p, id, key, state, member, group)
   local set = SETS[state]
   if set == "wait" then
     if member then redis.call("ZREM", p .. "wait", member) end
+    G.unindex(p, group, member)
   elseif set then
     redis.call("ZREM", p .. set, id)
   end
@@ -1837,7 +2149,7 @@ local function remove(keys, args)
   local p, id, fn = keys[1], args[1], "moonjob_remove"
   if not id or id == "" then return refuse(fn, "it takes ID", "") end
   local key = job_key(p, id)
-  local f = job_fields(key, "state", "member")
+  local f = job_fields(key, "state", "member", "group")
   if not f then -- a key of another type: it holds no job, it goes
     redis.call("DEL", key)
     return "invalid"
@@ -1846,7 +2158,7 @@ local function remove(keys, args)
   if f[1] == "active" then
     return state_error(fn, id, "active", "cancel it first (moonjob_cancel), then remove it")
   end
-  drop(p, id, key, f[1], f[2])
+  drop(p, id, key, f[1], f[2], f[3])
   return f[1]
 end
 
@@ -1897,8 +2209,10 @@ local function empty_set(p, set, limit)
     local id = member_id(set, m)
     redis.call("ZREM", p .. set, m)
     local key = job_key(p, id)
-    local f = job_fields(key, "state")
+    local f = job_fields(key, "state", "group")
     local here = f and f[1] and SETS[f[1]] == set
+    if here and set == "wait" then G.unindex(p, f[2], m) end
+    if here and set == "active" and f[2] then redis.call("SREM", p .. "ga:" .. f[2], id) end
     if here or not f then delete_job(p, id, key) end
   end
   return #members
@@ -1915,6 +2229,7 @@ local function drain(keys, args)
   local removed = empty_set(p, "wait", limit)
   local delayed = args[2] == "1"
   if delayed and removed < limit then removed = removed + empty_set(p, "delayed", limit - removed) end
+  if redis.call("ZCARD", p .. "wait") == 0 then G.sweep(p, false) end
   local left = redis.call("ZCARD", p .. "wait") + (delayed and redis.call("ZCARD", p .. "delayed") or 0)
   return { removed, left }
 end
@@ -1932,7 +2247,8 @@ end
 -- The keys of a queue that are not jobs (obliterate deletes them last).
 -- tokens stays: a run of a job obliterated must never share its token with a
 -- run of a job added after (its late report would land in the new job).
-local QUEUE_KEYS = { "seq", "ids", "totals", "paused", "m:all", "limits", "limited", "starts" }
+local QUEUE_KEYS = { "seq", "ids", "totals", "paused", "m:all", "limits", "limited", "starts", "groups", "gparked",
+  "ungrouped", "turn" }
 
 -- obliterate(p; limit [, force]) -> { removed, left }: every job, schedule
 -- and key of the queue (but its token counter), limit jobs per call; refused (EBUSY)
@@ -1960,6 +2276,7 @@ local function obliterate(keys, args)
     left = left + redis.call("ZCARD", p .. set)
   end
   if left == 0 then
+    G.sweep(p, true)
     for _, k in ipairs(QUEUE_KEYS) do redis.call("DEL", p .. k) end
     local minute = math.floor(now_ms() / 60000)
     for m = minute - METRICS_TTL / 60, minute do redis.call("DEL", p .. "m:" .. m) end
@@ -2081,7 +2398,7 @@ local function counts(keys)
     tonumber(totals[3]) or 0, redis.call("EXISTS", p .. "paused"), held_count(p), exists(p) }
 end
 
-local function version() return "5" end
+local function version() return "6" end
 
 redis.register_function("moonjob_add", add)
 redis.register_function("moonjob_fetch", fetch)
@@ -2106,6 +2423,7 @@ redis.register_function("moonjob_log", log)
 redis.register_function("moonjob_limit", limit)
 redis.register_function("moonjob_ratelimited", ratelimited)
 redis.register_function{ function_name = "moonjob_limits", callback = limits, flags = { "no-writes" } }
+redis.register_function{ function_name = "moonjob_groups", callback = groups, flags = { "no-writes" } }
 redis.register_function("moonjob_schedule", schedule)
 redis.register_function("moonjob_unschedule", unschedule)
 redis.register_function{ function_name = "moonjob_schedules", callback = schedules, flags = { "no-writes" } }

@@ -1,10 +1,16 @@
 -- moonjob.redis.limits -- how fast and how many jobs of a durable queue run,
 -- across every worker on every host: the methods q:set_rate,
--- q:set_concurrency and q:limits of `moonjob.queue(url, name)`.
+-- q:set_concurrency, q:set_group_rate, q:set_group_concurrency, q:limits
+-- and q:groups of `moonjob.queue(url, name)`.
 --
 --   q:set_rate({ max = 100, per = 1 })   -- at most 100 jobs start in any second
 --   q:set_concurrency(5)                 -- at most 5 run at once, all hosts together
 --   q:set_rate(nil); q:set_concurrency(nil)   -- no limit again
+--   q:set_group_rate({ max = 10, per = 1 })   -- each group (add's group option): 10 a second
+--   q:set_group_concurrency(2)           -- each group: at most 2 at once
+--
+-- Jobs of different groups are handed out round-robin (within a priority)
+-- whether or not a group limit is set (functions.lua, "groups").
 --
 -- Redis keeps the limits and fetch applies them with the server's clock
 -- (functions.lua, "limits"): the rate is a sliding window over the times
@@ -14,10 +20,12 @@
 -- milliseconds of being counted (and each start costs a round trip).
 -- A processor that meets the remote side's own limit raises
 -- error({ code = "ERATELIMIT", retry_after = s }): its job waits again
--- without costing an attempt, and the queue holds back for s seconds.
+-- without costing an attempt, and the queue (for a job of a group: its
+-- group) holds back for s seconds.
 local M = {}
 
-local function check_rate(rate)
+-- { max, per } | nil -> MAX, PER_MS (0, 1: no limit); raises naming `fn`.
+local function check_rate(rate, fn)
   if rate == nil or rate == false then return 0, 1 end
   local ok = type(rate) == "table" and type(rate.max) == "number" and rate.max >= 1 and rate.max % 1 == 0
     and rate.max <= 2 ^ 31 and type(rate.per) == "number" and rate.per >= 0.001 and rate.per <= 1e9
@@ -25,42 +33,93 @@ local function check_rate(rate)
     for k in pairs(rate) do if k ~= "max" and k ~= "per" then ok = false end end
   end
   if not ok then
-    error(("queue:set_rate(): takes { max = N (a whole number, 1 or more), per = S (seconds, 0.001 or more) }"
-      .. " or nil (no limit), not %s"):format(type(rate) == "table" and "that table" or tostring(rate)), 3)
+    error(("queue:%s(): takes { max = N (a whole number, 1 or more), per = S (seconds, 0.001 or more) }"
+      .. " or nil (no limit), not %s"):format(fn, type(rate) == "table" and "that table" or tostring(rate)), 3)
   end
   return rate.max, math.floor(rate.per * 1000 + 0.5)
 end
+
+-- n | nil -> N (0: no limit); raises naming `fn`.
+local function check_concurrency(n, fn)
+  if n ~= nil and n ~= false and (type(n) ~= "number" or n < 1 or n % 1 ~= 0 or n > 2 ^ 31) then
+    error(("queue:%s(): takes a whole number, 1 or more, or nil (no limit), not %s"):format(fn, tostring(n)), 3)
+  end
+  return n or 0
+end
+
 
 function M.extend(Queue)
   -- q:set_rate({ max, per } | nil) -> true | nil, err: at most max jobs
   -- start in any `per` seconds, on all workers together; nil: no limit.
   function Queue:set_rate(rate)
-    local max, per_ms = check_rate(rate)
-    local ok, err = self:_call("moonjob_limit", 1, self.prefix, "rate", max, per_ms)
-    if not ok then return nil, err end
-    return true
+    local max, per_ms = check_rate(rate, "set_rate")
+    return self:_set_limit("rate", max, per_ms)
   end
 
   -- q:set_concurrency(n | nil) -> true | nil, err: at most n jobs of the
   -- queue active at once (held by a worker or running), on all workers.
   function Queue:set_concurrency(n)
-    if n ~= nil and n ~= false and (type(n) ~= "number" or n < 1 or n % 1 ~= 0 or n > 2 ^ 31) then
-      error(("queue:set_concurrency(): takes a whole number, 1 or more, or nil (no limit), not %s")
-        :format(tostring(n)), 2)
-    end
-    local ok, err = self:_call("moonjob_limit", 1, self.prefix, "concurrency", n or 0)
+    return self:_set_limit("concurrency", check_concurrency(n, "set_concurrency"))
+  end
+
+  -- q:set_group_rate({ max, per } | nil) -> true | nil, err: at most max
+  -- jobs of each group start in any `per` seconds (each group its own
+  -- window), on all workers together; nil: no limit.
+  function Queue:set_group_rate(rate)
+    local max, per_ms = check_rate(rate, "set_group_rate")
+    return self:_set_limit("group_rate", max, per_ms)
+  end
+
+  -- q:set_group_concurrency(n | nil) -> true | nil, err: at most n jobs of
+  -- each group active at once, on all workers.
+  function Queue:set_group_concurrency(n)
+    return self:_set_limit("group_concurrency", check_concurrency(n, "set_group_concurrency"))
+  end
+
+  function Queue:_set_limit(kind, ...)
+    local ok, err = self:_call("moonjob_limit", 1, self.prefix, kind, ...)
     if not ok then return nil, err end
     return true
   end
 
+  -- q:groups([{ limit = n }]) -> { { group, state, waiting, active,
+  -- seconds }, ... } | nil, err: the groups with waiting jobs (at most
+  -- limit, 100 by default, 1,000 at most), those held back first: state
+  -- "held" (a job said ERATELIMIT; seconds left), "at_cap" (its
+  -- concurrency is full), "rate" (its window is full; seconds until it has
+  -- room), then "ready" ones in turn order.
+  function Queue:groups(opts)
+    local limit = type(opts) == "table" and opts.limit or 100
+    if type(opts) ~= "nil" and type(opts) ~= "table" or type(limit) ~= "number" or limit < 1 or limit > 1000
+        or limit % 1 ~= 0 then
+      error("queue:groups(): takes nil or { limit = n } (a whole number from 1 to 1000)", 2)
+    end
+    for k in pairs(opts or {}) do
+      if k ~= "limit" then error(("queue:groups(): unknown option '%s' (known: limit)"):format(tostring(k)), 2) end
+    end
+    local rows, err = self:_call("moonjob_groups", 1, self.prefix, limit)
+    if not rows then return nil, err end
+    local out = {}
+    for i, r in ipairs(rows) do
+      out[i] = { group = r[1], state = r[2], waiting = r[3], active = r[4], seconds = r[5] / 1000 }
+    end
+    return out
+  end
+
   -- q:limits() -> { rate = { max, per } | nil, concurrency = n | nil,
   -- held_back = s (an ERATELIMIT hold left, 0 none), started = jobs handed
-  -- out in the rate's current window, active = jobs active } | nil, err.
+  -- out in the rate's current window, active = jobs active, group_rate =
+  -- { max, per } | nil, group_concurrency = n | nil, groups = { ready = n,
+  -- held_back = n } (groups with waiting jobs: that may take one now, that
+  -- may not: q:groups() says why) } | nil, err.
   function Queue:limits()
     local r, err = self:_call("moonjob_limits", 1, self.prefix)
     if not r then return nil, err end
     return { rate = r[1] > 0 and { max = r[1], per = r[2] / 1000 } or nil,
-      concurrency = r[3] > 0 and r[3] or nil, held_back = r[4] / 1000, started = r[5], active = r[6] }
+      concurrency = r[3] > 0 and r[3] or nil, held_back = r[4] / 1000, started = r[5], active = r[6],
+      group_rate = (r[7] or 0) > 0 and { max = r[7], per = r[8] / 1000 } or nil,
+      group_concurrency = (r[9] or 0) > 0 and r[9] or nil,
+      groups = { ready = r[10] or 0, held_back = r[11] or 0 } }
   end
 end
 

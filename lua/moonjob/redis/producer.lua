@@ -158,7 +158,7 @@ end
 
 local ADD_OPTIONS = { id = true, priority = true, delay = true, attempts = true, backoff = true,
   timeout = true, kill_after = true, name = true, dedupe = true, cache = true, max_queue = true,
-  expire = true, debounce = true }
+  expire = true, debounce = true, group = true }
 
 local function seconds(opts, k)
   local v = opts[k]
@@ -210,7 +210,7 @@ function M.add_args(prefix, text, opts, notify, nonce, existing)
   for k in pairs(opts) do
     if not ADD_OPTIONS[k] then
       error(("queue:add(): unknown option '%s' (known: attempts, backoff, cache, debounce, dedupe, delay, "
-        .. "expire, id, kill_after, max_queue, name, priority, timeout)"):format(tostring(k)), 3)
+        .. "expire, group, id, kill_after, max_queue, name, priority, timeout)"):format(tostring(k)), 3)
     end
   end
   local id = opts.id
@@ -249,11 +249,15 @@ function M.add_args(prefix, text, opts, notify, nonce, existing)
   end
   local max_queue = opts.max_queue or 0
   local debounce_id, debounce_ms = debounce_args(opts, id)
+  local group = opts.group
+  if group ~= nil and (type(group) ~= "string" or group == "" or #group > 1024) then
+    error("queue:add(): option 'group' must be a name of 1 to 1024 bytes (a tenant, a customer)", 3)
+  end
   return { "FCALL", "moonjob_add", 1, prefix, id ~= nil and tostring(id) or "", text, prio,
     math.floor((seconds(opts, "delay") or 0) * 1000), attempts, backoff,
     seconds(opts, "timeout") or 0, seconds(opts, "kill_after") or 0, name or "",
     seconds(opts, "cache") or 0, max_queue, notify == false and "0" or "1", nonce or "", existing or "",
-    ms_option(opts, "expire"), debounce_id, debounce_ms }
+    ms_option(opts, "expire"), debounce_id, debounce_ms, group or "" }
 end
 
 -- Encodes data for the queue: exact JSON, at most max_payload bytes.

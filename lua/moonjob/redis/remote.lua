@@ -373,6 +373,7 @@ function Remote:_take(f, sent_at)
   self.max_token = math.max(self.max_token, tonumber(token:match("/(%d+)$")) or 0)
   job.attempts, job.max_attempts = 0, 1
   if f[9] and f[9] ~= "" then job.name = f[9] end
+  if type(f[10]) == "string" and f[10] ~= "" then job.group = f[10] end -- (its ERATELIMIT holds that group)
   self.held[id] = job
   self.nheld = self.nheld + 1
   self.counts.fetched = self.counts.fetched + 1
@@ -681,8 +682,9 @@ end
 
 -- The processor said the remote side pushed back: error({ code =
 -- "ERATELIMIT", retry_after = s }). The job waits again, its attempt not
--- counted, and the queue hands out nothing for retry_after seconds (1 by
--- default; at most a day), on every worker.
+-- counted, and the queue (for a job of a group: its group) hands out
+-- nothing for retry_after seconds (1 by default; at most a day), on every
+-- worker; the jobs held here that no child started (of that group) go back.
 local RATE_RETRY_MAX_S = 86400
 function Remote:_rate_limited(job, err)
   local after = tonumber(err.retry_after)
@@ -692,12 +694,13 @@ function Remote:_rate_limited(job, err)
   self:_forget(job)
   self:_send_updates(job)
   self.counts.rate_limited = self.counts.rate_limited + 1
-  self.port:emit_event("redis", "rate_limited", ("job %s: the remote side pushed back (ERATELIMIT); the queue "
-    .. "holds back for %g s"):format(tostring(job.remote_id), after))
+  local what = job.group and ("group " .. job.group) or "the queue"
+  self.port:emit_event("redis", "rate_limited", ("job %s: the remote side pushed back (ERATELIMIT); %s "
+    .. "holds back for %g s"):format(tostring(job.remote_id), what, after))
   self:_report("ratelimited", { "FCALL", "moonjob_ratelimited", 1, self.prefix, job.remote_id, job.token,
     math.floor(after * 1000), encode_error(err) }, { job })
   self.port:leave_job(job)
-  self:_give_back_unstarted("the queue holds back after ERATELIMIT")
+  self:_give_back_unstarted(what .. " holds back after ERATELIMIT", job.group)
 end
 
 function Remote:_release(job)
@@ -708,12 +711,16 @@ end
 
 ------------------------------------------------------------ pausing ---
 
--- The jobs held here that no child started go back to the queue, at their
--- place in line (released uncounted). -> how many.
-function Remote:_give_back_unstarted(why)
+-- The jobs held here that no child started (of group `group`, if given) go
+-- back to the queue, at their place in line (released uncounted). -> how
+-- many.
+function Remote:_give_back_unstarted(why, group)
   local given = 0
   for _, job in pairs(self.held) do
-    if not job.abandoned and self.port:cancel_job(job, why, "ECLOSED", true) then given = given + 1 end
+    if not job.abandoned and (group == nil or job.group == group)
+        and self.port:cancel_job(job, why, "ECLOSED", true) then
+      given = given + 1
+    end
   end
   return given
 end

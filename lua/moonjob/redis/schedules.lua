@@ -143,6 +143,7 @@ function M.extend(Queue, producer)
       catch_up }
     for i = 6, 16 do args[#args + 1] = add[i] end -- DATA .. NOTIFY
     args[#args + 1] = add[19] -- EXPIRE_MS
+    if add[22] ~= "" then args[#args + 1] = add[22] end -- GROUP (none: a definition as before groups)
     local reply
     reply, err = self:_call(unpack(args))
     if not reply then return nil, err end
