@@ -16,6 +16,11 @@
 --    limit set so high that they never bind, in turns with the plain queue
 --    (3 rounds, medians): what counting costs per job.
 -- 6. Redis memory per schedule (used_memory before and after 10,000).
+-- 7. The cost of groups: run 2 again with the jobs in 10 groups (added
+--    group after group: the case round-robin is for), and with a group
+--    concurrency that never binds, in turns with the plain queue.
+-- 8. Redis memory per group: 10,000 waiting jobs each of its own group,
+--    next to 10,000 of no group.
 -- Each process is ended by its pid.
 package.path = "lua/?.lua;lua/?/init.lua;spec/support/?.lua;" .. package.path
 package.cpath = "build/?.so;" .. package.cpath
@@ -86,19 +91,25 @@ local function stop(pid)
   running[pid] = nil
 end
 
-local function add_jobs(n)
-  local path = os.tmpname()
-  local f = assert(io.open(path, "w"))
-  for i = 1, n do f:write('{"n":', i, '}\n') end
-  f:close()
-  assert(os.execute(("%s scripts/moonjob add --redis %s --queue bench %s >/dev/null"):format(LUAJIT, server.url, path)) == 0)
-  os.remove(path)
+-- n jobs added with moonjob add; groups: in that many groups, one group's
+-- jobs after the other's.
+local function add_jobs(n, groups)
+  for g = 1, groups or 1 do
+    local path = os.tmpname()
+    local f = assert(io.open(path, "w"))
+    for i = 1, math.floor(n / (groups or 1)) do f:write('{"n":', i, '}\n') end
+    f:close()
+    local group = groups and (" --group g" .. g) or ""
+    assert(os.execute(("%s scripts/moonjob add --redis %s --queue bench%s %s >/dev/null")
+      :format(LUAJIT, server.url, group, path)) == 0)
+    os.remove(path)
+  end
 end
 
 -- 2. throughput with `workers` processes of 2 children each
-local function queue_rate(workers)
+local function queue_rate(workers, groups)
   local before = q:counts().completed -- a total: every job ever completed
-  add_jobs(JOBS)
+  add_jobs(JOBS, groups)
   local calls0, fcalls0 = total_calls(server)
   local t0 = loop.now()
   local pids = {}
@@ -243,10 +254,53 @@ local function schedule_memory()
   print(("\nRedis memory per schedule (cron, small data): %.0f bytes (%d schedules)"):format((after - before) / n, n))
 end
 
+-- 7. groups, next to none
+local GROUPED = {
+  { name = "plain" },
+  { name = "10 groups", groups = 10 },
+  { name = "10 groups, cap 1000", groups = 10, group_concurrency = 1000 },
+}
+
+local function groups_cost()
+  local rates = {}
+  for round = 1, 3 do
+    for _, v in ipairs(GROUPED) do
+      helpers.sleep(0.1)
+      flush()
+      assert(q:set_group_concurrency(v.group_concurrency))
+      rates[v.name] = rates[v.name] or {}
+      rates[v.name][round] = queue_rate(1, v.groups)
+    end
+  end
+  local plain = median(rates.plain)
+  print(("\ngroups, 1 worker (2 children), %d no-op jobs, median of 3 in turns:"):format(JOBS))
+  for _, v in ipairs(GROUPED) do
+    local r = median(rates[v.name])
+    print(("  %-20s %8.0f jobs/s  %5.2f of plain"):format(v.name, r, r / plain))
+  end
+end
+
+-- 8. memory per group
+local function group_memory()
+  local function used() return tonumber(server:cli("INFO", "memory"):match("used_memory:(%d+)")) end
+  local n = 10000
+  local grew = {}
+  for _, grouped in ipairs({ false, true }) do
+    flush()
+    local before = used()
+    for i = 1, n do assert(q:add({ n = i }, { id = "j" .. i, group = grouped and ("tenant-" .. i) or nil })) end
+    grew[grouped] = used() - before
+  end
+  print(("\nRedis memory per group (one waiting job each, beyond the job itself): %.0f bytes (%d groups)")
+    :format((grew[true] - grew[false]) / n, n))
+end
+
 local ok, err = xpcall(function()
   measure()
   limits_cost()
   schedule_memory()
+  groups_cost()
+  group_memory()
 end, debug.traceback)
 for pid in pairs(running) do stop(pid) end
 pcall(q.close, q)

@@ -193,6 +193,31 @@ rq.describe(function()
       assert.equal(1, pool:stats().redis.rate_limited)
     end)
 
+    it("moonjob add --group and schedule add --group give the jobs their group", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      local input = helpers.write_file(os.tmpname(), '{"n":1}\n{"n":2}\n')
+      finally(function() os.remove(input) end)
+      local cli = ("%s scripts/moonjob %%s --redis %s --queue %s "):format(helpers.LUAJIT, rq.server().url, name)
+      local out, err, code = helpers.sh(cli:format("add") .. "--group tenant-7 " .. input)
+      assert.equal(0, code, err)
+      local ids = {}
+      for id in out:gmatch("[^\n]+") do ids[#ids + 1] = id end
+      assert.equal(2, #ids)
+      for _, id in ipairs(ids) do
+        assert.equal("tenant-7", q.client:call_wait({ "HGET", q.prefix .. "j:" .. id, "group" }))
+      end
+      out, err, code = helpers.sh(cli:format("schedule add") .. "tick --every 1 --group tenant-8")
+      assert.equal(0, code, err)
+      assert(rq.wait_for(function()
+        rq.poll(q)
+        return q.client:call_wait({ "EXISTS", q.prefix .. "gw:tenant-8" }) == 1
+      end), "the schedule's job is not in its group")
+      _, err, code = helpers.sh(cli:format("add") .. "--group '' " .. input)
+      assert.equal(2, code)
+      assert.matches("%-%-group needs a name: a group's name of 1 to 1024 bytes", err)
+    end)
+
     it("refuses bad group limits and options with a clear error and changes nothing", function()
       local q = rq.new_producer(rq.new_queue())
       local function raises(pattern, fn, ...)

@@ -111,6 +111,8 @@ the web dashboard (docs/guide/dashboard.md):
                         a day; failed ones: --keep-failed-age, a week)
   --keep-failed-age S   seconds failed jobs are kept (default 604800)
   --priority P, --delay S   for add: lower runs first; seconds before it may run
+  --group NAME          for add and schedule add: the jobs' group (a tenant, a
+                        customer): groups take turns, each under its limits
   --dedupe              for add: each job's id from its line (SHA-1), so adding
                         the same lines again adds nothing twice
 
@@ -251,6 +253,8 @@ local VALUED = {
     if text == "none" or text == "one" then return text end
   end, "a value", "none (missed slots are skipped) or one (one job stands for them)" },
   ["--data"] = { "data", path, "JSON", "JSON text, such as '{\"a\":1}'" },
+  ["--group"] = { "group", function(text) if #text <= 1024 then return path(text) end end, "a name",
+    "a group's name of 1 to 1024 bytes" },
   ["--priority"] = { "priority", function(text) -- finite: "nan" and "inf" read as numbers
     local n = tonumber(text)
     if n and n > -math.huge and n < math.huge then return n end

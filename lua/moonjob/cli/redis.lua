@@ -153,7 +153,7 @@ end
 
 local function add_options(o)
   return { attempts = o.attempts, backoff = o.backoff, timeout = o.timeout,
-    kill_after = o.kill_after, priority = o.priority, delay = o.delay, dedupe = o.dedupe or nil }
+    kill_after = o.kill_after, priority = o.priority, delay = o.delay, dedupe = o.dedupe or nil, group = o.group }
 end
 
 -- What each line came to: ids[n] = the job's id, or false (blank, skipped,

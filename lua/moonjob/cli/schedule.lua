@@ -7,7 +7,8 @@
 --   moonjob schedule remove --queue Q ID...
 --
 -- add also takes --catch-up none|one and the job options of moonjob add
--- (--attempts, --backoff, --timeout, --kill-after, --priority, --delay).
+-- (--attempts, --backoff, --timeout, --kill-after, --priority, --delay,
+-- --group).
 -- --start and --stop are times: seconds since the epoch, or UTC written
 -- 2026-12-01T03:00Z or 2026-12-01T03:00:00Z. Output and exit status as
 -- moonjob.cli.operate's: NDJSON (or a table on a terminal), 1 when
@@ -43,7 +44,7 @@ end
 
 local function job_options(o)
   return { attempts = o.attempts, backoff = o.backoff, timeout = o.timeout, kill_after = o.kill_after,
-    priority = o.priority, delay = o.delay }
+    priority = o.priority, delay = o.delay, group = o.group }
 end
 
 -- The when table of q:schedule from the options, or nil and a usage message.
