@@ -42,7 +42,8 @@ async function expectText(page, selector, fit, what) {
         (want.has === undefined || text.includes(want.has));
     }, { timeout: WAIT_MS, polling: 100 }, selector, fit);
   } catch (e) {
-    const shown = await page.evaluate(() => document.getElementById("main").innerText.replace(/\s+/g, " ").slice(0, 600))
+    const shown = await page.evaluate(() =>
+      document.getElementById("main").innerText.replace(/\s+/g, " ").slice(0, 600))
       .catch(() => "(the page cannot be read)");
     throw new Error(`expected ${what} (${selector}) within ${WAIT_MS / 1000} s; the page shows: ${shown}`);
   }
