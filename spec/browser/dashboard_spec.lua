@@ -5,7 +5,8 @@
 -- Retry there runs it again and it completes; it pages through 1,234 jobs;
 -- Pause stops the worker (a job added then stays waiting) and Resume runs
 -- it. With a token: refused without it, kept by the tab once given; and no
--- polling while the tab is hidden.
+-- polling while the tab is hidden. A queue's groups held back, with why
+-- (spec/browser/groups.js).
 --
 -- MOONJOB_SCREENSHOTS=DIR saves the three pages there (docs/images/ holds
 -- the ones the guide shows: MOONJOB_SCREENSHOTS=docs/images busted <this file>).
@@ -93,6 +94,21 @@ rq.describe(function()
       local job = assert(q:job("order-1042"))
       assert.equal("completed", job.state)
       assert.is_false(q:counts().paused)
+    end)
+
+    it("shows the group limits and the groups held back, with why", function()
+      need_driver()
+      local q = rq.new_producer("tenants")
+      require("held_groups").cap_and_hold(q, 600000) -- A at its cap, B held by ERATELIMIT, C ready
+      assert(q:set_group_rate({ max = 5, per = 2 }))
+      local url = start_dashboard()
+      local out, errout, status = helpers.sh(("timeout 120 node spec/browser/groups.js %s tenants"):format(url))
+      local said = out .. errout
+      assert.equal(0, status, said)
+      assert.matches("ok: the group limits in the limits note", said)
+      assert.matches("ok: group B held by ERATELIMIT", said)
+      assert.matches("ok: group A at its cap", said)
+      assert.matches("PASSED", said)
     end)
 
     it("needs its token: EAUTH without it; opened once with ?token=, the tab keeps it; polls while visible", function()

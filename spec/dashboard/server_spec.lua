@@ -5,6 +5,7 @@ local helpers = require "helpers"
 local json = require "moonjob.codec.json"
 local dashboard = require "moonjob.dashboard"
 local rq = require "redis_queue"
+local held_groups = require "held_groups"
 
 -- curl in the background while the loop runs; -> status, body.
 local function http(server, method, path, headers, body)
@@ -99,6 +100,40 @@ rq.describe(function()
       assert.equal(0, json.decode(body).counts.waiting)
       assert.equal("completed", require("moonjob.dashboard.api").query_arg("xstate=failed&state=completed", "state"))
       assert.equal("a b&c", require("moonjob.dashboard.api").query_arg("token=a+b%26c", "token"))
+    end)
+
+    it("gives a queue's group limits and its groups held back, and why", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      assert(q:add({ n = 1 }, { id = "plain" }))
+      server = assert(dashboard.start({ redis = rq.server().url, listen = "127.0.0.1:0" }))
+      local status, body = http(server, "GET", "/api/queues/" .. name)
+      assert.equal(200, status, body)
+      assert.same({ ready = 0, held_back = 0, held = {} }, json.decode(body).groups)
+      assert.matches('"held":[]', body, 1, true) -- an array, also when empty
+      assert(q:remove("plain"))
+      held_groups.cap_and_hold(q, 600000) -- A at its cap, B held by ERATELIMIT, C ready
+      assert(q:set_group_rate({ max = 5, per = 2 }))
+      status, body = http(server, "GET", "/api/queues/" .. name)
+      assert.equal(200, status, body)
+      local overview = json.decode(body)
+      assert.same({ max = 5, per = 2 }, overview.limits.group_rate)
+      assert.equal(1, overview.limits.group_concurrency)
+      assert.equal(1, overview.groups.ready)
+      assert.equal(2, overview.groups.held_back)
+      local b, a = overview.groups.held[1], overview.groups.held[2]
+      assert.same({ group = "A", state = "at_cap", waiting = 1, active = 1, seconds = 0 }, a)
+      assert.same({ "B", "held", 2, 0 }, { b.group, b.state, b.waiting, b.active })
+      assert.is_true(b.seconds > 500 and b.seconds <= 600, "B's hold: " .. tostring(b.seconds))
+      -- at most 50 listed, the count whole
+      local many = rq.new_producer(rq.new_queue())
+      held_groups.rate_full(many, 53, 600)
+      status, body = http(server, "GET", "/api/queues/" .. many.name)
+      assert.equal(200, status, body)
+      overview = json.decode(body)
+      assert.equal(53, overview.groups.held_back)
+      assert.equal(50, #overview.groups.held)
+      assert.equal("rate", overview.groups.held[50].state)
     end)
 
     it("acts only on POSTs that carry X-Moonjob-Token, and says why a job cannot be acted on", function()

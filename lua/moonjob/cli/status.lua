@@ -16,11 +16,16 @@
 -- nothing waits, is delayed or runs. Ctrl-C ends a watch with exit 0.
 -- --json: one JSON object per look instead of the line.
 --
--- Once (not --watch), a line for the queue's limits and one for its
--- schedules follow when it has them:
---   limits: 10 jobs per 1 s (7 in the current window), 5 at once; held back 1.2 s (ERATELIMIT)
+-- Once (not --watch), a line for the queue's limits, one for its groups
+-- and one for its schedules follow when it has them:
+--   limits: 10 jobs per 1 s (7 in the current window), 5 at once; each group: 3 jobs per 1 s, 2 at once
+--   groups: 12 with waiting jobs, 2 held back: tenant-42 held 3.0 s (ERATELIMIT), tenant-7 at its cap
 --   schedules: 3; next: nightly at 2026-12-01T03:00:00Z
--- --watch ends its line with "; held back N s" during an ERATELIMIT hold.
+-- The groups line names the first 5 groups held back (Redis orders them:
+-- by when they may take a job again, those at their cap last) and counts
+-- the rest; --json lists the first 50.
+-- --watch ends its line with "; held back N s" during an ERATELIMIT hold
+-- and "; N groups held back" while groups are.
 local core = require "moonjob.core"
 local json = require "moonjob.codec.json"
 local loop = require "moonjob.loop"
@@ -31,18 +36,64 @@ local M = {}
 local EXIT_OK, EXIT_FAILED = stops.EXIT_OK, stops.EXIT_FAILED
 local say = operate.say
 
+local GROUPS_NAMED, GROUPS_LISTED = 5, 50 -- held-back groups named on the line, listed in --json
+
+-- "10 jobs per 1 s (7 in the current window), 5 at once" for the queue,
+-- "each group: 3 jobs per 1 s, 2 at once" for its groups; nil for none.
+local function rate_text(rate, concurrency, started)
+  local parts = {}
+  if rate then
+    parts[1] = ("%d job%s per %g s"):format(rate.max, rate.max == 1 and "" or "s", rate.per)
+    if started then parts[1] = parts[1] .. (" (%d in the current window)"):format(started) end
+  end
+  if concurrency then parts[#parts + 1] = ("%d at once"):format(concurrency) end
+  return #parts > 0 and table.concat(parts, ", ") or nil
+end
+
 -- The limits line, or nil without limits or hold.
 local function limits_line(l)
   local parts = {}
-  if l.rate then
-    parts[#parts + 1] = ("%d jobs per %g s (%d in the current window)"):format(l.rate.max, l.rate.per, l.started)
-  end
-  if l.concurrency then parts[#parts + 1] = ("%d at once"):format(l.concurrency) end
-  local line = #parts > 0 and "limits: " .. table.concat(parts, ", ") or nil
-  if l.held_back > 0 then
-    line = (line and line .. "; " or "limits: ") .. ("held back %.1f s (ERATELIMIT)"):format(l.held_back)
-  end
+  parts[#parts + 1] = rate_text(l.rate, l.concurrency, l.started)
+  local each = rate_text(l.group_rate, l.group_concurrency)
+  if each then parts[#parts + 1] = "each group: " .. each end
+  if l.held_back > 0 then parts[#parts + 1] = ("held back %.1f s (ERATELIMIT)"):format(l.held_back) end
+  return #parts > 0 and "limits: " .. table.concat(parts, "; ") or nil
+end
+
+-- Why a held-back group (a row of q:groups) takes no job now.
+local function held_text(row)
+  if row.state == "held" then return ("%s held %.1f s (ERATELIMIT)"):format(row.group, row.seconds) end
+  if row.state == "at_cap" then return row.group .. " at its cap" end
+  if row.state == "rate" then return ("%s rate window full %.1f s"):format(row.group, row.seconds) end
+  return row.group .. " " .. tostring(row.state)
+end
+
+-- The groups line, or nil while no group has waiting jobs. counts:
+-- limits().groups; held: the held-back rows of q:groups.
+local function groups_line(counts, held)
+  local total = counts.ready + counts.held_back
+  if total == 0 then return nil end
+  local line = ("groups: %d with waiting jobs, "):format(total)
+  if counts.held_back == 0 then return line .. "none held back" end
+  local named = {}
+  for i = 1, math.min(GROUPS_NAMED, #held) do named[i] = held_text(held[i]) end
+  line = line .. ("%d held back"):format(counts.held_back)
+  if #named == 0 then return line end
+  line = line .. ": " .. table.concat(named, ", ")
+  if counts.held_back > #named then line = line .. (" and %d more"):format(counts.held_back - #named) end
   return line
+end
+
+-- The first GROUPS_LISTED held-back groups (q:groups' rows), or nil and an error.
+local function held_groups(q, counts)
+  local held = setmetatable({}, json.array_mt)
+  if counts.held_back == 0 then return held end
+  local rows, err = q:groups({ limit = GROUPS_LISTED })
+  if not rows then return nil, err end
+  for _, row in ipairs(rows) do
+    if row.state ~= "ready" then held[#held + 1] = row end
+  end
+  return held
 end
 
 -- The schedules line, or nil without schedules.
@@ -58,12 +109,17 @@ end
 local function extras(q)
   local l, err = q:limits()
   if not l then return nil, err end
+  local held
+  held, err = held_groups(q, l.groups)
+  if not held then return nil, err end
   local list, total = q:schedules({ limit = 1 })
   if not list then return nil, total end
   local lines = {}
   lines[#lines + 1] = limits_line(l)
+  lines[#lines + 1] = groups_line(l.groups, held)
   lines[#lines + 1] = schedules_line(list, total)
   return { lines = lines, limits = l, schedules = total,
+    groups = { ready = l.groups.ready, held_back = l.groups.held_back, held = held },
     next_schedule = list[1] and not list[1].ended and { id = list[1].id, at = list[1].next } or nil }
 end
 
@@ -75,6 +131,9 @@ function M.counts_line(c)
   end
   if c.paused then line = line .. "; paused" end
   if (c.held_back or 0) > 0 then line = line .. ("; held back %.1f s (ERATELIMIT)"):format(c.held_back) end
+  if (c.groups_held_back or 0) > 0 then
+    line = line .. ("; %d group%s held back"):format(c.groups_held_back, c.groups_held_back == 1 and "" or "s")
+  end
   return line
 end
 
@@ -114,8 +173,9 @@ local function show(c, rate, o, in_place, more)
       completed = c.completed, failed = c.failed, missing = c.missing, paused = c.paused, rate = rate }
     if more then
       t.limits = { rate = more.limits.rate, concurrency = more.limits.concurrency,
-        held_back = more.limits.held_back }
-      t.schedules, t.next_schedule = more.schedules, more.next_schedule
+        held_back = more.limits.held_back, group_rate = more.limits.group_rate,
+        group_concurrency = more.limits.group_concurrency }
+      t.schedules, t.next_schedule, t.groups = more.schedules, more.next_schedule, more.groups
     end
     return write(json.encode(t), "\n")
   end
@@ -130,6 +190,14 @@ local function show(c, rate, o, in_place, more)
     return write("\r\27[K", line:sub(1, operate.terminal_width() - 1))
   end
   return write(line, "\n")
+end
+
+-- c, with what --watch's line says of holds: an ERATELIMIT hold's seconds
+-- left, the number of groups held back.
+local function with_holds(q, c)
+  local l = q:limits() -- a look that fails only loses the holds' mention
+  c.held_back, c.groups_held_back = l and l.held_back, l and l.groups.held_back
+  return c
 end
 
 -- Sleeps a second; false when a stop signal came.
@@ -150,7 +218,9 @@ function M.run(o)
   local rate_of = new_rate()
   local status = EXIT_OK
   local more
-  if not o.watch then
+  if o.watch then
+    with_holds(q, c)
+  else
     local err
     more, err = extras(q)
     if not more then say(tostring(err)) q:close() return EXIT_FAILED end
@@ -164,8 +234,7 @@ function M.run(o)
     local err
     c, err = q:counts()
     if not c then say(tostring(err)) status = EXIT_FAILED break end
-    local l = q:limits() -- a look that fails only loses the hold's mention
-    c.held_back = l and l.held_back
+    with_holds(q, c)
   end
   if in_place then io.stdout:write("\n") end
   q:close()

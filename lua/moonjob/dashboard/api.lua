@@ -4,7 +4,7 @@
 -- moonjob.redis.operate it calls yield to the loop while Redis answers.
 --
 --   GET  /api/queues                         every queue, counts, a 30-minute sparkline
---   GET  /api/queues/NAME                    counts, the last hour's metrics, limits, schedules
+--   GET  /api/queues/NAME                    counts, the last hour's metrics, limits, groups held back, schedules
 --   GET  /api/queues/NAME/jobs?state=&offset=&limit=   a page of jobs (previews)
 --   GET  /api/queues/NAME/jobs/ID            one job, whole, with its log
 --   POST /api/queues/NAME/pause | resume | retry-all | clean
@@ -73,12 +73,26 @@ end
 
 local job_out = Operate.record -- (a job's log is an array already: q:job)
 
-local SCHEDULES_SHOWN = 50
+local SCHEDULES_SHOWN, HELD_GROUPS_SHOWN = 50, 50
 
 -- A schedule as the page shows it (its data and options stay in Redis).
 local function schedule_out(sc)
   return { id = sc.id, cron = sc.cron, every = sc.every, tz_offset = sc.tz_offset, next = sc.next,
     last = sc.last, last_id = sc.last_id, runs = sc.runs, limit = sc.limit, note = sc.note, ended = sc.ended }
+end
+
+-- The groups of q with waiting jobs: { ready, held_back, held = the first
+-- HELD_GROUPS_SHOWN held back (q:groups' rows) }, or nil and an error.
+local function groups_out(q, counts)
+  local held = {}
+  if counts.held_back > 0 then
+    local rows, err = q:groups({ limit = HELD_GROUPS_SHOWN })
+    if not rows then return nil, err end
+    for _, row in ipairs(rows) do
+      if row.state ~= "ready" then held[#held + 1] = row end
+    end
+  end
+  return { ready = counts.ready, held_back = counts.held_back, held = array(held) }
 end
 
 function Api:queue(name)
@@ -115,14 +129,17 @@ function Api:overview(server, req, q)
   local limits, schedules, total
   limits, err = q:limits()
   if not limits then return fail(server, req, err) end
+  local groups
+  groups, err = groups_out(q, limits.groups)
+  if not groups then return fail(server, req, err) end
   schedules, total = q:schedules({ limit = SCHEDULES_SHOWN })
   if not schedules then return fail(server, req, total) end
   for i, sc in ipairs(schedules) do schedules[i] = schedule_out(sc) end
   reply(server, req, 200, { name = q.name, counts = counts_of(c),
     metrics = { minutes = array(minutes), total = minute_row(m.total) },
     limits = { rate = limits.rate, concurrency = limits.concurrency, held_back = limits.held_back,
-      started = limits.started },
-    schedules = { total = total, list = array(schedules) } })
+      started = limits.started, group_rate = limits.group_rate, group_concurrency = limits.group_concurrency },
+    groups = groups, schedules = { total = total, list = array(schedules) } })
 end
 
 function Api:jobs(server, req, q)

@@ -353,13 +353,18 @@ function jobTable(route, jobs) {
     h("tbody", {}, rows));
 }
 
-// The queue's limits and schedules, kept in Redis (q:set_rate,
-// q:set_concurrency, q:schedule); nothing when it has none.
+// The queue's limits and its groups', kept in Redis (q:set_rate,
+// q:set_concurrency, q:set_group_rate, q:set_group_concurrency); nothing
+// when it has none.
 function limitsNote(limits) {
   if (!limits) return null;
   const parts = [];
   if (limits.rate) parts.push(`at most ${num(limits.rate.max)} jobs per ${limits.rate.per} s (${num(limits.started)} now)`);
   if (limits.concurrency) parts.push(`at most ${num(limits.concurrency)} at once`);
+  const each = [];
+  if (limits.group_rate) each.push(`${num(limits.group_rate.max)} jobs per ${limits.group_rate.per} s`);
+  if (limits.group_concurrency) each.push(`${num(limits.group_concurrency)} at once`);
+  if (each.length) parts.push("each group at most " + each.join(", "));
   if (limits.held_back > 0) parts.push(`held back ${limits.held_back.toFixed(1)} s after ERATELIMIT`);
   return parts.length ? h("p", { class: "note", test: "limits" }, "Limits: " + parts.join(" · ")) : null;
 }
@@ -386,6 +391,29 @@ function schedulesCard(schedules) {
     h("table", { class: "data", test: "schedules" },
       h("thead", {}, h("tr", {}, ["ID", "When", "Next", "Last", "Runs", "Note"]
         .map((t) => h("th", { class: t === "Runs" ? "n" : null }, t)))),
+      h("tbody", {}, rows)));
+}
+
+// Why a group with waiting jobs takes none now (q:groups' states).
+const HELD_WHY = { held: "held by ERATELIMIT", at_cap: "at its cap", rate: "rate window full" };
+
+// The groups held back (the first 50 the API gives); nothing when none is.
+function groupsCard(groups) {
+  if (!groups || !groups.held_back) return null;
+  const rows = groups.held.map((g) => h("tr", { test: "group-row", "data-group": g.group },
+    h("td", {}, g.group),
+    h("td", { test: "group-why" }, HELD_WHY[g.state] || g.state),
+    h("td", { class: "n" }, g.state === "at_cap" ? "–" : g.seconds.toFixed(1) + " s"),
+    h("td", { class: "n" }, num(g.waiting)),
+    h("td", { class: "n" }, num(g.active))));
+  const shown = groups.held_back > groups.held.length ? ` · the first ${num(groups.held.length)} shown` : "";
+  return h("div", { class: "card", test: "held-groups" },
+    h("div", { class: "card-head" }, h("h2", {}, "Held-back groups"),
+      h("span", { class: "muted", test: "held-groups-count" },
+        `${num(groups.held_back)} of ${num(groups.held_back + groups.ready)} groups with waiting jobs${shown}`)),
+    h("table", { class: "data", test: "groups" },
+      h("thead", {}, h("tr", {}, ["Group", "Why", "Time left", "Waiting", "Active"]
+        .map((t, i) => h("th", { class: i >= 2 ? "n" : null }, t)))),
       h("tbody", {}, rows)));
 }
 
@@ -446,6 +474,7 @@ const queuePage = {
           h("span", { class: "muted" }, `${num(total.completed || 0)} completed · ${num(total.failed || 0)} failed` +
             (total.p50_ms != null ? ` · p50 ${duration(total.p50_ms)} · p99 ${duration(total.p99_ms)}` : ""))),
         hourChart(overview.metrics.minutes || []), legend()),
+      groupsCard(overview.groups),
       schedulesCard(overview.schedules),
       h("nav", { class: "tabs", test: "state-tabs" }, tabs),
       page.jobs.length ? jobTable(route, page.jobs) : h("p", { class: "empty", test: "no-jobs" }, `No ${route.state} jobs.`),
