@@ -107,6 +107,12 @@ rq.describe(function()
       for i = 1, 2 do assert(q:add({ n = i }, { id = "u" .. i })) end
       assert(q:remove("a1"))
       assert(q:cancel("u1"))
+      assert(q:add({ n = 1 }, { id = "c1", group = "C" }))
+      assert(q:cancel("c1")) -- its group's last waiting job: the group goes
+      local listed = {}
+      for _, g in ipairs(assert(q:groups())) do listed[#listed + 1] = g.group .. " " .. g.state .. " " .. g.waiting end
+      assert.same({ "A ready 2" }, listed)
+      assert.equal(1, assert(q:limits()).groups.ready)
       assert.equal(2, q.client:call_wait({ "ZCARD", q.prefix .. "gw:A" }))
       assert.equal(1, q.client:call_wait({ "ZCARD", q.prefix .. "ungrouped" }))
       assert.same({ "a2", "u2", "a3" }, (fetch_ids(q, 10)))

@@ -1267,8 +1267,9 @@ local function limits(keys)
   return { lim.rate_max or 0, lim.rate_per or 0, lim.concurrency or 0,
     math.max(0, redis.call("PTTL", p .. "limited")), in_window, redis.call("ZCARD", p .. "active"),
     glim.rate_max or 0, glim.rate_per or 0, glim.concurrency or 0,
-    redis.call("ZCARD", p .. "groups") - (redis.call("ZSCORE", p .. "groups", "") and 1 or 0),
-    redis.call("ZCARD", p .. "gparked") }
+    redis.call("ZCARD", p .. "groups") - (redis.call("ZSCORE", p .. "groups", "") and 1 or 0)
+      + redis.call("ZCOUNT", p .. "gparked", "-inf", now_ms()), -- (their time came: the next fetch takes them back)
+    redis.call("ZCOUNT", p .. "gparked", "(" .. now_ms(), "+inf") }
 end
 
 ----------------------------------------------------------------- groups ---
@@ -1334,9 +1335,16 @@ function G.index(p, g, prio, member, now)
   G.enter(p, g, now)
 end
 
--- A waiting job (member) of group g (nil: none) no longer waits.
+-- A waiting job (member) of group g (nil: none) no longer waits; a group
+-- left with none leaves the ring (or the parked set: a hold stays in its
+-- gl key, and G.enter parks the group again).
 function G.unindex(p, g, member)
-  if member then redis.call("ZREM", G.set(p, g or ""), member) end
+  if not member then return end
+  local set = G.set(p, g or "")
+  if redis.call("ZREM", set, member) == 1 and redis.call("ZCARD", set) == 0 then
+    redis.call("ZREM", p .. "groups", g or "")
+    redis.call("ZREM", p .. "gparked", g or "")
+  end
 end
 
 -- Job id of group g (nil: none) left active: its group's place is free,
@@ -1487,7 +1495,8 @@ local function groups(keys, args)
     local g, at, hold = parked[i], tonumber(parked[i + 1]), redis.call("PTTL", p .. "gl:" .. parked[i])
     if hold > 0 then row(g, "held", hold)
     elseif at == math.huge then row(g, "at_cap", 0)
-    else row(g, "rate", at - now) end
+    elseif at > now then row(g, "rate", at - now)
+    else row(g, "ready", 0) end -- (its time came: the next fetch takes it back)
   end
   if #out < limit then
     for _, g in ipairs(redis.call("ZRANGE", p .. "groups", 0, limit - #out)) do -- (+1: "" is skipped)
@@ -1863,6 +1872,7 @@ local function ratelimited(keys, args)
   end
   if retry > 0 and group and group ~= "" then
     G.hold(p, group, retry, now)
+    slot_freed(p, 1) -- other groups may take its place under the queue's cap
   elseif retry > 0 and redis.call("PTTL", p .. "limited") < retry then
     redis.call("SET", p .. "limited", "1", "PX", retry)
   elseif retry == 0 then
