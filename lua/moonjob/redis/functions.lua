@@ -1246,7 +1246,7 @@ local function limit(keys, args)
   else
     redis.call("HSET", key, field, args[2])
   end
-  if kind == "group_concurrency" then G.unpark_capped(p) end -- each group's cap is looked at again
+  if kind:find("^group_") then G.unpark_all(p) end -- each parked group is looked at again
   if specs == CONCURRENCY_NUMBERS or tonumber(args[2]) == 0 then publish(p, "added") end -- workers look again
   redis.pcall("SADD", REGISTRY, string.sub(p, 5, -3))
   return "OK"
@@ -1303,7 +1303,7 @@ end
 -- entry whose job no longer waits is dropped when fetch reaches it (its
 -- ZREM from wait says 0), so a path that misses one loses nothing.
 
-local GROUP_WALK_MAX = 1000 -- groups looked at per job handed out
+local GROUP_WALK_MAX = 64 -- groups looked at per job handed out (a better priority further on waits)
 local UNPARK_MAX = 100 -- parked groups whose time came, back in the ring per fetch
 local LIST_GROUPS_MAX = 1000
 
@@ -1314,16 +1314,35 @@ end
 
 function G.on(p) return redis.call("EXISTS", p .. "groups", p .. "gparked") > 0 end
 
+-- ZADD to a key of the groups' bookkeeping; one of another type (written
+-- by another client) is replaced, so that it never fails a call half-way.
+function G.zadd(key, ...)
+  local r = redis.pcall("ZADD", key, ...)
+  if type(r) == "table" and r.err then
+    redis.call("DEL", key)
+    r = redis.call("ZADD", key, ...)
+  end
+  return r
+end
+
 -- Group g has waiting jobs: it joins the ring, last, unless it is there or
 -- parked already (or held back by ERATELIMIT: then parked until then).
+-- -> true when it joined the ring now.
 function G.enter(p, g, now)
-  if redis.call("ZSCORE", p .. "groups", g) or redis.call("ZSCORE", p .. "gparked", g) then return end
-  local hold = g ~= "" and redis.call("PTTL", p .. "gl:" .. g) or -2
-  if hold > 0 then redis.call("ZADD", p .. "gparked", now + hold, g)
-  else redis.call("ZADD", p .. "groups", redis.call("INCR", p .. "turn"), g) end
+  if redis.pcall("ZSCORE", p .. "groups", g) == false and redis.pcall("ZSCORE", p .. "gparked", g) == false then
+    local hold = g ~= "" and redis.call("PTTL", p .. "gl:" .. g) or -2
+    if hold > 0 then G.zadd(p .. "gparked", now + hold, g)
+    else
+      G.zadd(p .. "groups", redis.call("INCR", p .. "turn"), g)
+      return true
+    end
+  end
+  return false
 end
 
 -- A job made waiting (member, score prio) of group g ("": none) indexed.
+-- A group that joins the ring is announced ("added"): workers that found
+-- every group parked look again.
 function G.index(p, g, prio, member, now)
   local on = G.on(p)
   if g == "" then
@@ -1331,8 +1350,8 @@ function G.index(p, g, prio, member, now)
   elseif not on and redis.call("ZUNIONSTORE", p .. "ungrouped", 1, p .. "wait") > 0 then
     G.enter(p, "", now) -- the switch: every job waiting until now is of no group
   end
-  redis.call("ZADD", G.set(p, g), prio, member)
-  G.enter(p, g, now)
+  G.zadd(G.set(p, g), prio, member)
+  if G.enter(p, g, now) then publish(p, "added") end
 end
 
 -- A waiting job (member) of group g (nil: none) no longer waits; a group
@@ -1348,17 +1367,14 @@ function G.unindex(p, g, member)
 end
 
 -- Job id of group g (nil: none) left active: its group's place is free,
--- and a group parked at its cap may take a job again.
+-- and a parked group may take a job again (a hold parks it again).
 function G.left(p, g, id)
-  if not g or g == "" or redis.call("SREM", p .. "ga:" .. g, id) == 0 then return end
-  if redis.call("ZSCORE", p .. "gparked", g) ~= "inf" then return end
-  redis.call("ZREM", p .. "gparked", g)
-  G.enter(p, g, now_ms())
-  publish(p, "added")
+  if not g or g == "" or redis.pcall("SREM", p .. "ga:" .. g, id) ~= 1 then return end
+  if redis.call("ZREM", p .. "gparked", g) == 1 and G.enter(p, g, now_ms()) then publish(p, "added") end
 end
 
--- Group g may take no job until ms until_ms (+inf: until one of its jobs
--- leaves active); hold: a later time already there stays.
+-- Group g may take no job until ms until_ms; hold: a later time already
+-- there stays.
 function G.park(p, g, until_ms, hold)
   redis.call("ZREM", p .. "groups", g)
   if hold then redis.call("ZADD", p .. "gparked", "GT", until_ms, g)
@@ -1373,12 +1389,15 @@ function G.unpark_due(p, now)
   end
 end
 
--- The groups parked at their cap go back to the ring (the cap changed).
-function G.unpark_capped(p)
+-- Every parked group is looked at again under the new limits (a group
+-- limit changed): back to the ring, or parked again as G.enter (a hold)
+-- and G.room (a cap, a window) say. One call over all of them.
+function G.unpark_all(p)
   local now = now_ms()
-  for _, g in ipairs(redis.call("ZRANGEBYSCORE", p .. "gparked", "+inf", "+inf")) do
+  local _, glim = read_limits(p)
+  for _, g in ipairs(redis.call("ZRANGE", p .. "gparked", 0, -1)) do
     redis.call("ZREM", p .. "gparked", g)
-    G.enter(p, g, now)
+    if G.enter(p, g, now) then G.room(p, g, now, glim) end
   end
 end
 
@@ -1400,12 +1419,17 @@ function G.room(p, g, now, glim)
   local c = glim.concurrency
   if c and redis.call("SCARD", p .. "ga:" .. g) >= c then
     -- a job that left active by another way (its hash deleted by hand, an
-    -- obliterate) must not hold its group's place for ever
+    -- obliterate) must not hold its group's place for ever: one no longer
+    -- active is dropped, and a full group is parked until the first lease
+    -- of its jobs ends (or one leaves active: G.left), then looked at again
+    local first_end = math.huge
     for _, id in ipairs(redis.call("SMEMBERS", p .. "ga:" .. g)) do
-      if not redis.call("ZSCORE", p .. "active", id) then redis.call("SREM", p .. "ga:" .. g, id) end
+      local lease_end = tonumber(redis.call("ZSCORE", p .. "active", id) or "")
+      if lease_end then first_end = math.min(first_end, lease_end)
+      else redis.call("SREM", p .. "ga:" .. g, id) end
     end
     if redis.call("SCARD", p .. "ga:" .. g) >= c then
-      G.park(p, g, "+inf")
+      G.park(p, g, math.max(first_end, now) + 1)
       return false
     end
   end
@@ -1486,6 +1510,8 @@ local function groups(keys, args)
     { { 1, "LIMIT must be a whole number from 1 to " .. LIST_GROUPS_MAX, 1, LIST_GROUPS_MAX, true } })
   if refused then return refused end
   local limit, now, out = tonumber(args[1]) or 100, now_ms(), {}
+  local _, glim = read_limits(p)
+  local cap = glim and glim.concurrency
   local function row(g, state, ms)
     out[#out + 1] = { g, state, redis.call("ZCARD", G.set(p, g)), g == "" and 0 or redis.call("SCARD",
       p .. "ga:" .. g), math.max(0, math.floor(ms)) }
@@ -1494,7 +1520,7 @@ local function groups(keys, args)
   for i = 1, #parked, 2 do
     local g, at, hold = parked[i], tonumber(parked[i + 1]), redis.call("PTTL", p .. "gl:" .. parked[i])
     if hold > 0 then row(g, "held", hold)
-    elseif at == math.huge then row(g, "at_cap", 0)
+    elseif at > now and cap and redis.call("SCARD", p .. "ga:" .. g) >= cap then row(g, "at_cap", 0)
     elseif at > now then row(g, "rate", at - now)
     else row(g, "ready", 0) end -- (its time came: the next fetch takes it back)
   end
@@ -1587,7 +1613,6 @@ local POP_BUDGET = 1000
 -- under the groups' limits glim. A job of a group comes with its group
 -- (its row's 10th element). -> rows, tokens, missing.
 function G.take(p, worker, n, lease, max_payload, now, glim)
-  G.unpark_due(p, now)
   local rows, tokens, missing, budget = {}, {}, 0, n + POP_BUDGET
   while #rows < n and budget > 0 do
     local g, member = G.pick(p, now, glim)
@@ -1667,6 +1692,7 @@ local function fetch(keys, args)
   recover_stalled(p, now)
   fire_schedules(p, now)
   promote_delayed(p, now)
+  G.unpark_due(p, now) -- (whatever this fetch may take: its answer counts the parked groups' times)
   retain(p, args, now, n)
   if redis.call("EXISTS", p .. "paused") == 1 then return { PAUSED } end
   local out = { -1 }
