@@ -7,8 +7,8 @@
 //
 // QUEUE has each group's cap at 1 and rate at 5 per 2 s, group A at its cap
 // and group B held back by ERATELIMIT, and group C ready. The page must show
-// the group limits in its limits note and a "Held-back groups" card with B
-// and A, each with why. Environment: CHROMIUM, the browser (default
+// the group limits in its limits note and a "Held-back groups" card with A
+// and B, each with why. Environment: CHROMIUM, the browser (default
 // /usr/bin/chromium); MOONJOB_SCREENSHOTS, a directory: the page saved there
 // as dashboard-groups.png.
 //
@@ -61,7 +61,7 @@ async function seeGroups(page) {
   await expectText(page, '[data-test="group-row"][data-group="A"] [data-test="group-why"]',
     { is: "at its cap" }, "group A at its cap");
   const order = await page.$$eval('[data-test="group-row"]', (rows) => rows.map((r) => r.dataset.group));
-  if (order.join(",") !== "B,A") throw new Error(`expected the rows of B then A, saw ${order.join(",")}`);
+  if (order.join(",") !== "A,B") throw new Error(`expected the rows of A then B, saw ${order.join(",")}`);
   ok("held-back groups in Redis's order, the ready one not listed");
   if (process.env.MOONJOB_SCREENSHOTS) {
     await page.screenshot({ path: path.join(process.env.MOONJOB_SCREENSHOTS, "dashboard-groups.png"), fullPage: true });

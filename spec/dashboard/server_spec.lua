@@ -121,7 +121,7 @@ rq.describe(function()
       assert.equal(1, overview.limits.group_concurrency)
       assert.equal(1, overview.groups.ready)
       assert.equal(2, overview.groups.held_back)
-      local b, a = overview.groups.held[1], overview.groups.held[2]
+      local a, b = overview.groups.held[1], overview.groups.held[2] -- (A looked at again first: its lease)
       assert.same({ group = "A", state = "at_cap", waiting = 1, active = 1, seconds = 0 }, a)
       assert.same({ "B", "held", 2, 0 }, { b.group, b.state, b.waiting, b.active })
       assert.is_true(b.seconds > 500 and b.seconds <= 600, "B's hold: " .. tostring(b.seconds))

@@ -34,10 +34,12 @@ local function most_at_once(list)
   return most
 end
 
--- One fetch of up to n jobs as worker "spec" would: -> the ids, in order.
-local function fetch_ids(q, n)
-  local reply = assert(q.client:call_wait({ "FCALL", "moonjob_fetch", 1, q.prefix, "spec", n, 30000, "",
-    86400000, 0 }))
+-- One fetch of up to n jobs as worker "spec" would (leases of lease_ms,
+-- 30 s by default; free: its idle children, none said by default): -> the
+-- ids, in order, and the reply.
+local function fetch_ids(q, n, lease_ms, free)
+  local reply = assert(q.client:call_wait({ "FCALL", "moonjob_fetch", 1, q.prefix, "spec", n, lease_ms or 30000,
+    "", 86400000, 0, "", free or "" }))
   local ids = {}
   for i = 2, #reply do ids[#ids + 1] = reply[i][1] end
   return ids, reply
@@ -222,6 +224,46 @@ rq.describe(function()
       _, err, code = helpers.sh(cli:format("add") .. "--group '' " .. input)
       assert.equal(2, code)
       assert.matches("%-%-group needs a name: a group's name of 1 to 1024 bytes", err)
+    end)
+
+    it("a group at its cap whose running job was lost takes its next job once that job's lease ends", function()
+      local q = rq.new_producer(rq.new_queue())
+      assert(q:set_group_concurrency(1))
+      for i = 1, 2 do assert(q:add({ n = i }, { id = "a" .. i, group = "A" })) end
+      assert.same({ "a1" }, (fetch_ids(q, 5, 400)))
+      local ids, reply = fetch_ids(q, 5, 400)
+      assert.same({}, ids) -- A is at its cap: parked until a1's lease ends
+      assert.is_true(reply[1] > 0 and reply[1] <= 401, "when to look again: " .. tostring(reply[1]))
+      q.client:call_wait({ "DEL", q.prefix .. "j:a1" }) -- lost (evicted, deleted by hand): it never leaves active
+      helpers.sleep(0.5)
+      assert.same({ "a2" }, (fetch_ids(q, 5)))
+    end)
+
+    it("a fetch that may take nothing still takes back the groups whose time came: no busy polling", function()
+      local q = rq.new_producer(rq.new_queue())
+      assert(q:set_group_rate({ max = 1, per = 0.2 }))
+      for i = 1, 2 do assert(q:add({ n = i }, { id = "a" .. i, group = "A" })) end
+      assert(q:add({ n = 0 }, { id = "u1" }))
+      assert.same({ "a1", "u1" }, (fetch_ids(q, 5))) -- A's window is full: parked 200 ms
+      assert.equal("rate", assert(q:groups())[1].state)
+      helpers.sleep(0.3)
+      local ids, reply = fetch_ids(q, 5, nil, 0) -- no idle child: under group limits it takes nothing
+      assert.same({}, ids)
+      assert.is_true(reply[1] ~= 0, "a fetch that takes nothing said to look again at once")
+      assert.same({ ready = 1, held_back = 0 }, assert(q:limits()).groups)
+    end)
+
+    it("a group limit lifted lets the groups it parked go at once; a group key of another type is replaced", function()
+      local q = rq.new_producer(rq.new_queue())
+      assert(q:set_group_rate({ max = 1, per = 3600 }))
+      for i = 1, 2 do assert(q:add({ n = i }, { id = "a" .. i, group = "A" })) end
+      assert.same({ "a1" }, (fetch_ids(q, 5)))
+      assert.equal("rate", assert(q:groups())[1].state)
+      assert(q:set_group_rate(nil))
+      assert.same({ "a2" }, (fetch_ids(q, 5)))
+      q.client:call_wait({ "SET", q.prefix .. "gw:B", "x" })
+      assert(q:add({ n = 1 }, { id = "b1", group = "B" }))
+      assert.same({ "b1" }, (fetch_ids(q, 5)))
     end)
 
     it("refuses bad group limits and options with a clear error and changes nothing", function()

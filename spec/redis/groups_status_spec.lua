@@ -33,8 +33,9 @@ rq.describe(function()
       assert.equal(3, #lines, out)
       assert.equal("waiting 4, delayed 0, running 0, held 1, completed 0, failed 0", lines[1])
       assert.equal("limits: each group: 1 at once", lines[2])
-      -- (the hold's seconds left: 600.0, or a little less on a slow machine)
-      assert.matches("^groups: 3 with waiting jobs, 2 held back: B held %d%d%d%.%d s %(ERATELIMIT%), A at its cap$",
+      -- (held back ones by when they are looked at again: A at its running
+      -- job's lease end, 30 s; B's hold: 600.0 s, or a little less on a slow machine)
+      assert.matches("^groups: 3 with waiting jobs, 2 held back: A at its cap, B held %d%d%d%.%d s %(ERATELIMIT%)$",
         lines[3])
       -- with the queue's own limits and a group rate: all on one line
       assert(q:set_concurrency(3))
@@ -50,7 +51,7 @@ rq.describe(function()
       assert.equal(1, t.groups.ready)
       assert.equal(2, t.groups.held_back)
       assert.equal(2, #t.groups.held)
-      local b, a = t.groups.held[1], t.groups.held[2]
+      local a, b = t.groups.held[1], t.groups.held[2]
       assert.same({ group = "A", state = "at_cap", waiting = 1, active = 1, seconds = 0 }, a)
       assert.equal("B", b.group)
       assert.equal("held", b.state)
