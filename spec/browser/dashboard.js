@@ -5,6 +5,7 @@
 //
 //   node spec/browser/dashboard.js URL QUEUE FAILED_ID ERROR_CODE [PAGED_QUEUE TOTAL]
 //   node spec/browser/dashboard.js --token URL TOKEN QUEUE
+//   node spec/browser/dashboard.js --groups URL QUEUE
 //
 // URL is the dashboard's address; QUEUE has one worker process, and its job
 // FAILED_ID failed with ERROR_CODE but passes when run again; PAGED_QUEUE
@@ -12,11 +13,16 @@
 // the dashboard has TOKEN: the page without it says EAUTH; opened once with
 // ?token=TOKEN it shows QUEUE, and still does after a reload without it
 // (the tab keeps it); and it asks the server nothing while its tab is
-// hidden. Environment:
+// hidden. With --groups, QUEUE has each group's cap at 1 and rate at 5 per
+// 2 s, group A at its cap, group B held back by ERATELIMIT and group C
+// ready (spec/support/held_groups.lua, cap_and_hold): the queue's page must
+// show the group limits in its limits note and a "Held-back groups" card
+// with A and B, each with why. Environment:
 //   MOONJOB_ADD_JOB       a shell command that adds one job to QUEUE and
 //                         prints its id (the job added while paused)
 //   MOONJOB_SCREENSHOTS   a directory: the three pages saved there as PNG
-//                         (dashboard-queues.png, -queue.png, -job.png)
+//                         (dashboard-queues.png, -queue.png, -job.png;
+//                         with --groups: dashboard-groups.png)
 //   CHROMIUM              the browser (default /usr/bin/chromium)
 //
 // Prints "ok: ..." for each expectation met; at the first one not met,
@@ -33,13 +39,15 @@ const RUN_LIMIT_MS = 150000;
 const PAUSED_WATCH_MS = 3000; // how long a job added while paused must stay waiting
 
 const tokenMode = process.argv[2] === "--token";
-const [url, queue, failedId, errorCode] = tokenMode
-  ? [process.argv[3], process.argv[5], "-", "-"] : process.argv.slice(2);
+const groupsMode = process.argv[2] === "--groups";
+const [url, queue, failedId, errorCode] = tokenMode ? [process.argv[3], process.argv[5], "-", "-"]
+  : groupsMode ? [process.argv[3], process.argv[4], "-", "-"] : process.argv.slice(2);
 const token = tokenMode ? process.argv[4] : "";
 const [pagedQueue, pagedTotal] = tokenMode ? [] : [process.argv[6], Number(process.argv[7])];
 if (!url || !queue || !failedId || !errorCode || (tokenMode && !token)) {
   console.error("usage: node spec/browser/dashboard.js URL QUEUE FAILED_ID ERROR_CODE\n" +
-    "       node spec/browser/dashboard.js --token URL TOKEN QUEUE");
+    "       node spec/browser/dashboard.js --token URL TOKEN QUEUE\n" +
+    "       node spec/browser/dashboard.js --groups URL QUEUE");
   process.exit(2);
 }
 
@@ -229,6 +237,23 @@ async function pollingChecks(browser, page) {
   await other.close();
 }
 
+// --groups: the group limits and the held-back groups, each with why.
+async function seeGroups(page) {
+  await page.goto(`${url}#/queue/${encodeURIComponent(queue)}`, { waitUntil: "load" });
+  await expectText(page, '[data-test="limits"]', { has: "each group at most 5 jobs per 2 s, 1 at once" },
+    "the group limits in the limits note");
+  await expectText(page, '[data-test="held-groups-count"]', { is: "2 of 3 groups with waiting jobs" },
+    "the held-back groups counted");
+  await expectText(page, '[data-test="group-row"][data-group="B"] [data-test="group-why"]',
+    { is: "held by ERATELIMIT" }, "group B held by ERATELIMIT");
+  await expectText(page, '[data-test="group-row"][data-group="A"] [data-test="group-why"]',
+    { is: "at its cap" }, "group A at its cap");
+  const order = await page.$$eval('[data-test="group-row"]', (rows) => rows.map((r) => r.dataset.group));
+  if (order.join(",") !== "A,B") throw new Error(`expected the rows of A then B, saw ${order.join(",")}`);
+  ok("held-back groups in Redis's order, the ready one not listed");
+  await screenshot(page, "dashboard-groups.png");
+}
+
 async function main() {
   const browser = await puppeteer.launch({
     executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
@@ -244,7 +269,9 @@ async function main() {
       if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) problems.push("console: " + m.text());
     });
     page.on("dialog", (d) => d.accept());
-    if (tokenMode) {
+    if (groupsMode) {
+      await seeGroups(page);
+    } else if (tokenMode) {
       await tokenChecks(page);
       await pollingChecks(browser, page);
     } else {

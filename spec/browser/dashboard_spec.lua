@@ -6,7 +6,7 @@
 -- Pause stops the worker (a job added then stays waiting) and Resume runs
 -- it. With a token: refused without it, kept by the tab once given; and no
 -- polling while the tab is hidden. A queue's groups held back, with why
--- (spec/browser/groups.js).
+-- (dashboard.js --groups).
 --
 -- MOONJOB_SCREENSHOTS=DIR saves the three pages there (docs/images/ holds
 -- the ones the guide shows: MOONJOB_SCREENSHOTS=docs/images busted <this file>).
@@ -102,7 +102,7 @@ rq.describe(function()
       require("held_groups").cap_and_hold(q, 600000) -- A at its cap, B held by ERATELIMIT, C ready
       assert(q:set_group_rate({ max = 5, per = 2 }))
       local url = start_dashboard()
-      local out, errout, status = helpers.sh(("timeout 120 node spec/browser/groups.js %s tenants"):format(url))
+      local out, errout, status = helpers.sh(("timeout 120 node spec/browser/dashboard.js --groups %s tenants"):format(url))
       local said = out .. errout
       assert.equal(0, status, said)
       assert.matches("ok: the group limits in the limits note", said)

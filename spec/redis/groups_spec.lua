@@ -85,6 +85,14 @@ rq.describe(function()
       assert.same({ "urgent", "a1", "b1", "u1", "a2", "b2", "u2", "a3", "a4" }, (fetch_ids(q, 20)))
     end)
 
+    it("a better priority goes first also behind more groups than a fetch walks", function()
+      local q = rq.new_producer(rq.new_queue())
+      for i = 1, 100 do assert(q:add({ n = i }, { id = "j" .. i, group = "g" .. i })) end
+      assert(q:add({ n = 0 }, { id = "urgent", group = "H", priority = -1 }))
+      local ids = fetch_ids(q, 3)
+      assert.same({ "urgent", "j1", "j2" }, ids)
+    end)
+
     it("a queue with no group waiting keeps no index; the first grouped job starts one, and all run", function()
       local q = rq.new_producer(rq.new_queue())
       for i = 1, 3 do assert(q:add({ n = i }, { id = "u" .. i })) end
@@ -264,6 +272,44 @@ rq.describe(function()
       q.client:call_wait({ "SET", q.prefix .. "gw:B", "x" })
       assert(q:add({ n = 1 }, { id = "b1", group = "B" }))
       assert.same({ "b1" }, (fetch_ids(q, 5)))
+    end)
+
+    it("every way back to waiting keeps a job in its group, and frees its group's place", function()
+      local q = rq.new_producer(rq.new_queue())
+      assert(q:set_group_concurrency(1))
+      local function call(...) return assert(q.client:call_wait({ "FCALL", ... })) end
+      local function active_of_a() return q.client:call_wait({ "SCARD", q.prefix .. "ga:A" }) end
+      -- the one place of A, taken and given back each way; each time the
+      -- job comes back through A's turn and takes the place again
+      assert(q:add({ n = 1 }, { id = "a1", group = "A", attempts = 10 }))
+      local _, reply = fetch_ids(q, 5, 300)
+      assert.equal(1, active_of_a())
+      helpers.sleep(0.4) -- its lease ends: recovered (ESTALLED) at the next fetch, and taken again
+      local ids
+      ids, reply = fetch_ids(q, 5)
+      assert.same({ "a1" }, ids)
+      assert.equal(1, active_of_a())
+      assert.equal("OK", call("moonjob_release", 1, q.prefix, "a1", reply[2][2]))
+      assert.equal(0, active_of_a())
+      ids, reply = fetch_ids(q, 5)
+      assert.same({ "a1" }, ids)
+      assert.equal("waiting", call("moonjob_fail", 1, q.prefix, "a1", reply[2][2], '{"code":"E"}', 0))
+      ids, reply = fetch_ids(q, 5)
+      assert.same({ "a1" }, ids)
+      assert.equal("failed", call("moonjob_fail", 1, q.prefix, "a1", reply[2][2], '{"code":"E"}', -1))
+      assert.equal(0, active_of_a())
+      assert(q:retry("a1"))
+      assert.same({ "a1" }, (fetch_ids(q, 5)))
+      -- a delayed job promoted, and a debounced job whose last add changed its group
+      assert(q:add({ n = 2 }, { id = "b1", group = "B", delay = 60 }))
+      assert(q:promote("b1"))
+      assert(q:add({ n = 3 }, { group = "C", debounce = { id = "d", seconds = 0.2 } }))
+      assert(q:add({ n = 4 }, { group = "D", debounce = { id = "d", seconds = 0.2 } }))
+      helpers.sleep(0.3)
+      ids, reply = fetch_ids(q, 5)
+      assert.equal(2, #ids)
+      assert.same({ "B", "D" }, { reply[2][10], reply[3][10] }) -- A is at its cap: a1 runs
+      assert.is_false(exists(q, "gw:C"))
     end)
 
     it("refuses bad group limits and options with a clear error and changes nothing", function()

@@ -1445,9 +1445,19 @@ function G.room(p, g, now, glim)
   return true
 end
 
+-- The group of the job first in line (wait's head), if it is in the ring
+-- and may take a job now: what G.pick takes when its walk found no group
+-- with that priority (a group further on in turn order).
+function G.of_head(p, head, now, glim)
+  local g = redis.pcall("HGET", job_key(p, string.sub(head, 18)), "group")
+  if type(g) ~= "string" then g = "" end
+  if redis.call("ZSCORE", p .. "groups", g) and G.room(p, g, now, glim) then return g end
+end
+
 -- The group whose turn it is, and the member popped from its index: the
--- first group in the ring whose first job has the best priority waiting,
--- else the best that may take one; nil when none may.
+-- first group in the ring whose first job has the best priority waiting
+-- (among the next GROUP_WALK_MAX, else the group of the job first in
+-- line), else the best that may take one; nil when none may.
 function G.pick(p, now, glim)
   local head = redis.call("ZRANGE", p .. "wait", 0, 0, "WITHSCORES")
   if #head == 0 then return nil end
@@ -1471,6 +1481,7 @@ function G.pick(p, now, glim)
       end
     end
   end
+  if not (found and found_prio <= best) then found = G.of_head(p, head[1], now, glim) or found end
   if not found then return nil end
   local set = G.set(p, found)
   local member = redis.call("ZPOPMIN", set)[1]
