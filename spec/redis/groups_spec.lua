@@ -93,6 +93,18 @@ rq.describe(function()
       assert.same({ "urgent", "j1", "j2" }, ids)
     end)
 
+    it("a fetch reaches the groups that may take a job past more groups at their cap than it walks", function()
+      local q = rq.new_producer(rq.new_queue())
+      assert(q:set_group_concurrency(1))
+      for i = 1, 100 do
+        for k = 1, 2 do assert(q:add({ n = i }, { id = "j" .. i .. "." .. k, group = "g" .. i })) end
+      end
+      assert.equal(100, #(fetch_ids(q, 100))) -- one of each group: all at their cap now
+      assert(q:add({ n = 0 }, { id = "free1", group = "free" }))
+      local got = fetch_ids(q, 5)
+      assert.same({ "free1" }, got)
+    end)
+
     it("a queue with no group waiting keeps no index; the first grouped job starts one, and all run", function()
       local q = rq.new_producer(rq.new_queue())
       for i = 1, 3 do assert(q:add({ n = i }, { id = "u" .. i })) end

@@ -1457,12 +1457,14 @@ end
 -- The group whose turn it is, and the member popped from its index: the
 -- first group in the ring whose first job has the best priority waiting
 -- (among the next GROUP_WALK_MAX, else the group of the job first in
--- line), else the best that may take one; nil when none may.
+-- line), else the best that may take one; nil, nil when none may, and whether
+-- the walk took groups out of the ring (parked or empty: a walk again
+-- reaches further).
 function G.pick(p, now, glim)
   local head = redis.call("ZRANGE", p .. "wait", 0, 0, "WITHSCORES")
-  if #head == 0 then return nil end
+  if #head == 0 then return nil, nil, false end
   local best = tonumber(head[2])
-  local found, found_prio, after, walked = nil, nil, "-inf", 0
+  local found, found_prio, after, walked, dropped = nil, nil, "-inf", 0, false
   while walked < GROUP_WALK_MAX and not (found and found_prio <= best) do
     local ring = redis.call("ZRANGEBYSCORE", p .. "groups", after, "+inf", "WITHSCORES", "LIMIT", 0, 16)
     if #ring == 0 then break end
@@ -1472,17 +1474,22 @@ function G.pick(p, now, glim)
       local first = redis.call("ZRANGE", G.set(p, g), 0, 0, "WITHSCORES")
       if #first == 0 then
         redis.call("ZREM", p .. "groups", g)
+        dropped = true
       else
         local prio = tonumber(first[2])
-        if (not found or prio < found_prio) and G.room(p, g, now, glim) then
-          found, found_prio = g, prio
-          if prio <= best then break end
+        if not found or prio < found_prio then
+          if G.room(p, g, now, glim) then
+            found, found_prio = g, prio
+            if prio <= best then break end
+          else
+            dropped = true
+          end
         end
       end
     end
   end
   if not (found and found_prio <= best) then found = G.of_head(p, head[1], now, glim) or found end
-  if not found then return nil end
+  if not found then return nil, nil, dropped end
   local set = G.set(p, found)
   local member = redis.call("ZPOPMIN", set)[1]
   if redis.call("ZCARD", set) == 0 then redis.call("ZREM", p .. "groups", found)
@@ -1626,10 +1633,10 @@ local POP_BUDGET = 1000
 function G.take(p, worker, n, lease, max_payload, now, glim)
   local rows, tokens, missing, budget = {}, {}, 0, n + POP_BUDGET
   while #rows < n and budget > 0 do
-    local g, member = G.pick(p, now, glim)
-    if not g then break end
+    local g, member, dropped = G.pick(p, now, glim)
+    if not (g or dropped) then break end
     budget = budget - 1
-    if redis.call("ZREM", p .. "wait", member) == 1 then -- (else: an entry whose job no longer waits)
+    if g and redis.call("ZREM", p .. "wait", member) == 1 then -- (else: an entry whose job no longer waits)
       local token_no = redis.call("INCR", p .. "tokens")
       local row, kind = take_one(p, string.sub(member, 18), worker, token_no, lease, max_payload, now)
       if row then
