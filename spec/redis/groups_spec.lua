@@ -322,6 +322,15 @@ rq.describe(function()
       assert.equal(2, #ids)
       assert.same({ "B", "D" }, { reply[2][10], reply[3][10] }) -- A is at its cap: a1 runs
       assert.is_false(exists(q, "gw:C"))
+      -- a job canceled while it ran, then pushed back (ERATELIMIT): it fails,
+      -- and its group, with no job waiting, is not listed as held back
+      assert(q:add({ n = 5 }, { id = "e1", group = "E" }))
+      ids, reply = fetch_ids(q, 5)
+      assert.same({ "e1" }, ids)
+      assert(q:cancel("e1"))
+      assert.equal("OK", call("moonjob_ratelimited", 1, q.prefix, "e1", reply[2][2], 5000))
+      assert.equal("failed", assert(q:job("e1")).state)
+      for _, g in ipairs(assert(q:groups())) do assert.is_not.equal("E", g.group) end
     end)
 
     it("refuses bad group limits and options with a clear error and changes nothing", function()

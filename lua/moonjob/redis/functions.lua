@@ -1247,7 +1247,9 @@ local function limit(keys, args)
     redis.call("HSET", key, field, args[2])
   end
   if kind:find("^group_") then G.unpark_all(p) end -- each parked group is looked at again
-  if specs == CONCURRENCY_NUMBERS or tonumber(args[2]) == 0 then publish(p, "added") end -- workers look again
+  if specs == CONCURRENCY_NUMBERS or tonumber(args[2]) == 0 or kind:find("^group_") then
+    publish(p, "added") -- workers look again
+  end
   redis.pcall("SADD", REGISTRY, string.sub(p, 5, -3))
   return "OK"
 end
@@ -1288,8 +1290,8 @@ end
 --   <p>groups      sorted set: the ring: groups with waiting jobs that may
 --                  take one, by their turn ("": the jobs of no group)
 --   <p>gparked     sorted set: groups with waiting jobs that may not now, by
---                  when to look again (ms; +inf: at their cap, until one of
---                  their jobs leaves active)
+--                  when to look again (ms; one at its cap: when the first
+--                  lease of its jobs ends, or sooner, when one leaves active)
 --   <p>ga:<group>  set: the group's active jobs (its cap counts them)
 --   <p>gs:<group>  sorted set: the group's rate window (as <p>starts)
 --   <p>gl:<group>  string: the group's ERATELIMIT hold; its TTL is how long
@@ -1326,10 +1328,12 @@ function G.zadd(key, ...)
 end
 
 -- Group g has waiting jobs: it joins the ring, last, unless it is there or
--- parked already (or held back by ERATELIMIT: then parked until then).
--- -> true when it joined the ring now.
+-- parked already (or held back by ERATELIMIT: then parked until then); a
+-- group with no waiting job left stays out. -> true when it joined the
+-- ring now.
 function G.enter(p, g, now)
-  if redis.pcall("ZSCORE", p .. "groups", g) == false and redis.pcall("ZSCORE", p .. "gparked", g) == false then
+  if redis.pcall("ZSCORE", p .. "groups", g) == false and redis.pcall("ZSCORE", p .. "gparked", g) == false
+      and redis.call("ZCARD", G.set(p, g)) > 0 then
     local hold = g ~= "" and redis.call("PTTL", p .. "gl:" .. g) or -2
     if hold > 0 then G.zadd(p .. "gparked", now + hold, g)
     else
@@ -1341,8 +1345,8 @@ function G.enter(p, g, now)
 end
 
 -- A job made waiting (member, score prio) of group g ("": none) indexed.
--- A group that joins the ring is announced ("added"): workers that found
--- every group parked look again.
+-- A group that joins an empty ring is announced ("added"): workers that
+-- found every group parked look again.
 function G.index(p, g, prio, member, now)
   local on = G.on(p)
   if g == "" then
@@ -1351,7 +1355,10 @@ function G.index(p, g, prio, member, now)
     G.enter(p, "", now) -- the switch: every job waiting until now is of no group
   end
   G.zadd(G.set(p, g), prio, member)
-  if G.enter(p, g, now) then publish(p, "added") end
+  if G.enter(p, g, now) and redis.call("ZCARD", p .. "groups") == 1
+      and redis.call("EXISTS", p .. "limited") == 0 then
+    publish(p, "added")
+  end
 end
 
 -- A waiting job (member) of group g (nil: none) no longer waits; a group
@@ -1370,7 +1377,10 @@ end
 -- and a parked group may take a job again (a hold parks it again).
 function G.left(p, g, id)
   if not g or g == "" or redis.pcall("SREM", p .. "ga:" .. g, id) ~= 1 then return end
-  if redis.call("ZREM", p .. "gparked", g) == 1 and G.enter(p, g, now_ms()) then publish(p, "added") end
+  if redis.call("ZREM", p .. "gparked", g) == 0 then return end
+  local now = now_ms()
+  local _, glim = read_limits(p)
+  if G.enter(p, g, now) and G.room(p, g, now, glim) then publish(p, "added") end -- (else parked again)
 end
 
 -- Group g may take no job until ms until_ms; hold: a later time already
@@ -1490,10 +1500,10 @@ function G.pick(p, now, glim)
   end
   if not (found and found_prio <= best) then found = G.of_head(p, head[1], now, glim) or found end
   if not found then return nil, nil, dropped end
-  local set = G.set(p, found)
+  local set, turn = G.set(p, found), redis.call("INCR", p .. "turn") -- (drawn first: a pop is not undone)
   local member = redis.call("ZPOPMIN", set)[1]
   if redis.call("ZCARD", set) == 0 then redis.call("ZREM", p .. "groups", found)
-  else redis.call("ZADD", p .. "groups", redis.call("INCR", p .. "turn"), found) end -- its turn is over
+  else redis.call("ZADD", p .. "groups", turn, found) end -- its turn is over
   return found, member
 end
 
@@ -1512,9 +1522,11 @@ function G.sweep(p, all)
 end
 
 -- ratelimited for a job of group g: the group holds back for ms.
+-- (A group with no waiting job is not parked: G.enter parks it, by its
+-- hold, when one comes.)
 function G.hold(p, g, ms, now)
   if redis.call("PTTL", p .. "gl:" .. g) < ms then redis.call("SET", p .. "gl:" .. g, "1", "PX", ms) end
-  G.park(p, g, now + ms, true)
+  if redis.call("ZCARD", G.set(p, g)) > 0 then G.park(p, g, now + ms, true) end
 end
 
 -- groups(p; limit) -> { { group, state, waiting, active, ms }, ... }: the
@@ -1904,6 +1916,9 @@ local function ratelimited(keys, args)
   local f = holds(key, token, "cancel", "member", "group")
   if not f then return "ESTALE" end
   local now, retry, group = now_ms(), tonumber(args[3]), f[5]
+  local grouped = group and group ~= ""
+  -- (held first: the group G.left would free stays parked, unannounced)
+  if grouped and retry > 0 and not f[3] then G.hold(p, group, retry, now) end
   redis.call("ZREM", p .. "active", id)
   G.left(p, group, id)
   redis.call("HINCRBY", key, "made", -1)
@@ -1914,13 +1929,10 @@ local function ratelimited(keys, args)
   else
     make_waiting(p, id, key, now, nil, f[4])
   end
-  if retry > 0 and group and group ~= "" then
-    G.hold(p, group, retry, now)
-    slot_freed(p, 1) -- other groups may take its place under the queue's cap
-  elseif retry > 0 and redis.call("PTTL", p .. "limited") < retry then
+  if grouped or retry == 0 then
+    slot_freed(p, 1) -- (a group's hold: other groups may take its place under the queue's cap)
+  elseif redis.call("PTTL", p .. "limited") < retry then
     redis.call("SET", p .. "limited", "1", "PX", retry)
-  elseif retry == 0 then
-    slot_freed(p, 1)
   end
   return "OK"
 end
