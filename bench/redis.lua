@@ -223,24 +223,33 @@ local LIMITED = {
   { name = "concurrency 1000", concurrency = 1000 },
 }
 
-local function limits_cost()
+-- The queue run of section 2 (1 worker) for each of variants in turns, 3
+-- rounds, after set_up(v) on an empty server; medians printed under title,
+-- next to the first variant's.
+local function in_turns(title, variants, set_up)
   local rates = {}
   for round = 1, 3 do
-    for _, v in ipairs(LIMITED) do
+    for _, v in ipairs(variants) do
       helpers.sleep(0.1) -- a breath between runs (the spec watchdog sees the bench alive)
       flush()
-      assert(q:set_rate(v.rate))
-      assert(q:set_concurrency(v.concurrency))
+      set_up(v)
       rates[v.name] = rates[v.name] or {}
-      rates[v.name][round] = queue_rate(1)
+      rates[v.name][round] = queue_rate(1, v.groups)
     end
   end
-  local plain = median(rates.plain)
-  print(("\nlimits that never bind, 1 worker (2 children), %d no-op jobs, median of 3 in turns:"):format(JOBS))
-  for _, v in ipairs(LIMITED) do
+  local first = median(rates[variants[1].name])
+  print(("\n%s, 1 worker (2 children), %d no-op jobs, median of 3 in turns:"):format(title, JOBS))
+  for _, v in ipairs(variants) do
     local r = median(rates[v.name])
-    print(("  %-18s %8.0f jobs/s  %5.2f of plain"):format(v.name, r, r / plain))
+    print(("  %-20s %8.0f jobs/s  %5.2f of %s"):format(v.name, r, r / first, variants[1].name))
   end
+end
+
+local function limits_cost()
+  in_turns("limits that never bind", LIMITED, function(v)
+    assert(q:set_rate(v.rate))
+    assert(q:set_concurrency(v.concurrency))
+  end)
 end
 
 -- 6. memory per schedule
@@ -262,22 +271,7 @@ local GROUPED = {
 }
 
 local function groups_cost()
-  local rates = {}
-  for round = 1, 3 do
-    for _, v in ipairs(GROUPED) do
-      helpers.sleep(0.1)
-      flush()
-      assert(q:set_group_concurrency(v.group_concurrency))
-      rates[v.name] = rates[v.name] or {}
-      rates[v.name][round] = queue_rate(1, v.groups)
-    end
-  end
-  local plain = median(rates.plain)
-  print(("\ngroups, 1 worker (2 children), %d no-op jobs, median of 3 in turns:"):format(JOBS))
-  for _, v in ipairs(GROUPED) do
-    local r = median(rates[v.name])
-    print(("  %-20s %8.0f jobs/s  %5.2f of plain"):format(v.name, r, r / plain))
-  end
+  in_turns("groups", GROUPED, function(v) assert(q:set_group_concurrency(v.group_concurrency)) end)
 end
 
 -- 8. memory per group
