@@ -7,16 +7,7 @@
 local helpers = require "helpers"
 local rq = require "redis_queue"
 
--- The "<id> <start ms> <end ms>" lines of the fixture's span option, in
--- the order the processors wrote them (as they returned).
-local function spans(path)
-  local out = {}
-  for _, line in ipairs(rq.read_lines(path)) do
-    local id, s, e = line:match("^(%S+) (%S+) (%S+)$")
-    out[#out + 1] = { id = id, start = tonumber(s), finish = tonumber(e) }
-  end
-  return out
-end
+local spans = rq.spans
 
 local function settled(q, n, seconds)
   assert(rq.wait_for(function() return q:counts().completed == n end, seconds or 60),

@@ -5,13 +5,9 @@
 local helpers = require "helpers"
 local rq = require "redis_queue"
 
--- The "<id> <start ms> <end ms>" lines of the fixture's span option.
+-- The fixture's spans (rq.spans), by their start.
 local function spans(path)
-  local out = {}
-  for _, line in ipairs(rq.read_lines(path)) do
-    local id, s, e = line:match("^(%S+) (%S+) (%S+)$")
-    out[#out + 1] = { id = id, start = tonumber(s), finish = tonumber(e) }
-  end
+  local out = rq.spans(path)
   table.sort(out, function(a, b) return a.start < b.start end)
   return out
 end

@@ -60,6 +60,17 @@ function M.new_queue()
   return "q" .. queues
 end
 
+-- The "<id> <start ms> <end ms>" lines of the remote.lua fixture's span
+-- option, in the order the processors wrote them (as they returned).
+function M.spans(path)
+  local out = {}
+  for _, line in ipairs(M.read_lines(path)) do
+    local id, s, e = line:match("^(%S+) (%S+) (%S+)$")
+    out[#out + 1] = { id = id, start = tonumber(s), finish = tonumber(e) }
+  end
+  return out
+end
+
 function M.read_lines(path)
   local lines = {}
   local f = io.open(path)
