@@ -275,6 +275,9 @@ rq.describe(function()
       q.client:call_wait({ "SET", q.prefix .. "gw:B", "x" })
       assert(q:add({ n = 1 }, { id = "b1", group = "B" }))
       assert.same({ "b1" }, (fetch_ids(q, 5)))
+      q.client:call_wait({ "SET", q.prefix .. "groups", "x" }) -- the ring, of another type: replaced as C joins it
+      assert(q:add({ n = 1 }, { id = "c1", group = "C" }))
+      assert.same({ "c1" }, (fetch_ids(q, 5)))
     end)
 
     it("every way back to waiting keeps a job in its group, and frees its group's place", function()

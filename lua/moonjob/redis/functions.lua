@@ -1301,11 +1301,11 @@ end
 -- have no group keeps no index ("group mode" is off: groups and gparked are
 -- empty) and fetch pops wait directly; the first grouped job made waiting
 -- turns it on (every job waiting then is of no group: wait is copied into
--- <p>ungrouped), and it turns off once no group has waiting jobs. An index
+-- <p>ungrouped), and it turns off once the index is empty. An index
 -- entry whose job no longer waits is dropped when fetch reaches it (its
 -- ZREM from wait says 0), so a path that misses one loses nothing.
 
-local GROUP_WALK_MAX = 64 -- groups looked at per job handed out (a better priority further on waits)
+local GROUP_WALK_MAX = 64 -- groups looked at per job handed out (then: the group of the job first in line)
 local UNPARK_MAX = 100 -- parked groups whose time came, back in the ring per fetch
 local LIST_GROUPS_MAX = 1000
 
@@ -1327,13 +1327,23 @@ function G.zadd(key, ...)
   return r
 end
 
+-- Whether g is a member of sorted set key (one of another type is deleted:
+-- it holds none).
+function G.has(key, g)
+  local r = redis.pcall("ZSCORE", key, g)
+  if type(r) == "table" and r.err then
+    redis.call("DEL", key)
+    return false
+  end
+  return r ~= false
+end
+
 -- Group g has waiting jobs: it joins the ring, last, unless it is there or
 -- parked already (or held back by ERATELIMIT: then parked until then); a
 -- group with no waiting job left stays out. -> true when it joined the
 -- ring now.
 function G.enter(p, g, now)
-  if redis.pcall("ZSCORE", p .. "groups", g) == false and redis.pcall("ZSCORE", p .. "gparked", g) == false
-      and redis.call("ZCARD", G.set(p, g)) > 0 then
+  if not G.has(p .. "groups", g) and not G.has(p .. "gparked", g) and redis.call("ZCARD", G.set(p, g)) > 0 then
     local hold = g ~= "" and redis.call("PTTL", p .. "gl:" .. g) or -2
     if hold > 0 then G.zadd(p .. "gparked", now + hold, g)
     else
