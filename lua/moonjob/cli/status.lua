@@ -22,8 +22,8 @@
 --   groups: 12 with waiting jobs, 2 held back: tenant-42 held 3.0 s (ERATELIMIT), tenant-7 at its cap
 --   schedules: 3; next: nightly at 2026-12-01T03:00:00Z
 -- The groups line names the first 5 groups held back (Redis orders them:
--- by when they may take a job again, those at their cap last) and counts
--- the rest; --json lists the first 50.
+-- by when it looks at them again; a group at its cap, when the first lease
+-- of its running jobs ends) and counts the rest; --json lists the first 50.
 -- --watch ends its line with "; held back N s" during an ERATELIMIT hold
 -- and "; N groups held back" while groups are.
 local core = require "moonjob.core"
