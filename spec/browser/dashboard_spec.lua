@@ -45,6 +45,16 @@ local function need_driver()
     "puppeteer-core is not installed: run make browser-deps (npm ci --prefix spec/browser)")
 end
 
+-- Runs the driver with `args` (before it: `env`, shell words) within
+-- `seconds`; asserts it passed and said each of `oks` ("ok: " patterns).
+local function drive(args, oks, seconds, env)
+  local out, errout, status = helpers.sh(("%s timeout %d node %s %s"):format(env or "", seconds or 120, DRIVER, args))
+  local said = out .. errout
+  assert.equal(0, status, said)
+  for _, ok in ipairs(oks) do assert.matches("ok: " .. ok, said) end
+  assert.matches("PASSED", said)
+end
+
 local function shell_quote(text)
   return "'" .. text:gsub("'", "'\\''") .. "'"
 end
@@ -79,16 +89,9 @@ rq.describe(function()
       local url = start_dashboard()
       local add = ("echo '{\"order\":2001}' | %s scripts/moonjob add --redis %s --queue %s")
         :format(helpers.LUAJIT, rq.server().url, name)
-      local out, errout, status = helpers.sh(("MOONJOB_ADD_JOB=%s timeout 180 node %s %s %s order-1042 ECARD reports 1234")
-        :format(shell_quote(add), DRIVER, url, name))
-      local said = out .. errout
-      assert.equal(0, status, said)
-      assert.matches("ok: the failed job order%-1042 with its error code ECARD", said)
-      assert.matches("ok: the retried job completed", said)
-      assert.matches("ok: the job stayed waiting for %d+ s: the workers stopped", said)
-      assert.matches("ok: the second page", said)
-      assert.matches("ok: the job ran after Resume", said)
-      assert.matches("PASSED", said)
+      drive(("%s %s order-1042 ECARD reports 1234"):format(url, name), { "the failed job order%-1042 with its "
+        .. "error code ECARD", "the retried job completed", "the job stayed waiting for %d+ s: the workers stopped",
+        "the second page", "the job ran after Resume" }, 180, "MOONJOB_ADD_JOB=" .. shell_quote(add))
 
       helpers.wait_for(function() return true end) -- a new bound: the browser took a while
       local job = assert(q:job("order-1042"))
@@ -102,13 +105,8 @@ rq.describe(function()
       require("held_groups").cap_and_hold(q, 600000) -- A at its cap, B held by ERATELIMIT, C ready
       assert(q:set_group_rate({ max = 5, per = 2 }))
       local url = start_dashboard()
-      local out, errout, status = helpers.sh(("timeout 120 node spec/browser/dashboard.js --groups %s tenants"):format(url))
-      local said = out .. errout
-      assert.equal(0, status, said)
-      assert.matches("ok: the group limits in the limits note", said)
-      assert.matches("ok: group B held by ERATELIMIT", said)
-      assert.matches("ok: group A at its cap", said)
-      assert.matches("PASSED", said)
+      drive("--groups " .. url .. " tenants", { "the group limits in the limits note", "group B held by ERATELIMIT",
+        "group A at its cap" })
     end)
 
     it("needs its token: EAUTH without it; opened once with ?token=, the tab keeps it; polls while visible", function()
@@ -116,13 +114,8 @@ rq.describe(function()
       local q = rq.new_producer("tokens")
       assert(q:add({ order = 1 }, { delay = 3600 }))
       local url = start_dashboard("MOONJOB_DASHBOARD_TOKEN=s3cret-t0ken")
-      local out, errout, status = helpers.sh(("timeout 120 node %s --token %s s3cret-t0ken tokens"):format(DRIVER, url))
-      local said = out .. errout
-      assert.equal(0, status, said)
-      assert.matches("ok: EAUTH in the banner without the token", said)
-      assert.matches("ok: an action with the kept token", said)
-      assert.matches("ok: no requests while the tab was hidden", said)
-      assert.matches("ok: the page asked again once shown", said)
+      drive(("--token %s s3cret-t0ken tokens"):format(url), { "EAUTH in the banner without the token",
+        "an action with the kept token", "no requests while the tab was hidden", "the page asked again once shown" })
       helpers.wait_for(function() return true end) -- a new bound: the browser took a while
       assert.is_false(q:counts().paused)
     end)

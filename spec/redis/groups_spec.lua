@@ -25,16 +25,7 @@ local function most_at_once(list)
   return most
 end
 
--- One fetch of up to n jobs as worker "spec" would (leases of lease_ms,
--- 30 s by default; free: its idle children, none said by default): -> the
--- ids, in order, and the reply.
-local function fetch_ids(q, n, lease_ms, free)
-  local reply = assert(q.client:call_wait({ "FCALL", "moonjob_fetch", 1, q.prefix, "spec", n, lease_ms or 30000,
-    "", 86400000, 0, "", free or "" }))
-  local ids = {}
-  for i = 2, #reply do ids[#ids + 1] = reply[i][1] end
-  return ids, reply
-end
+local fetch_ids = require("held_groups").fetch
 
 local function exists(q, key) return q.client:call_wait({ "EXISTS", q.prefix .. key }) == 1 end
 

@@ -6,13 +6,15 @@
 --
 --   local held_groups = require "held_groups"
 --   held_groups.cap_and_hold(q, 600000)   -- A at its cap, B held 600 s, C ready
+local assert = require "luassert" -- (busted's assert, for a module outside the spec files)
 local M = {}
 
--- One fetch of up to n jobs by worker "spec"; -> their ids, the reply
--- (its rows: { id, token, ... } from element 2 on).
-function M.fetch(q, n)
-  local reply = assert(q.client:call_wait({ "FCALL", "moonjob_fetch", 1, q.prefix, "spec", n, 30000, "",
-    86400000, 0 }))
+-- One fetch of up to n jobs by worker "spec" (leases of lease_ms, 30 s by
+-- default; free: its idle children, none said by default); -> their ids,
+-- the reply (its rows: { id, token, ... } from element 2 on).
+function M.fetch(q, n, lease_ms, free)
+  local reply = assert(q.client:call_wait({ "FCALL", "moonjob_fetch", 1, q.prefix, "spec", n, lease_ms or 30000,
+    "", 86400000, 0, "", free or "" }))
   local ids = {}
   for i = 2, #reply do ids[#ids + 1] = reply[i][1] end
   return ids, reply
@@ -36,6 +38,22 @@ function M.cap_and_hold(q, hold_ms)
   ids = M.fetch(q, 1)
   assert(#ids == 0, "a fetch took " .. tostring(ids[1]) .. " of a group held back")
   assert(q:add({ n = 1 }, { id = "c1", group = "C" }))
+end
+
+-- Asserts what status --json and the dashboard's API say of cap_and_hold's
+-- queue after set_group_rate({ max = 5, per = 2 }): limits and groups (A
+-- first: a group at its cap is looked at again when its job's lease ends,
+-- before B's hold of about 600 s ends).
+function M.assert_cap_and_hold(limits, groups)
+  assert.same({ max = 5, per = 2 }, limits.group_rate)
+  assert.equal(1, limits.group_concurrency)
+  assert.equal(1, groups.ready)
+  assert.equal(2, groups.held_back)
+  assert.equal(2, #groups.held)
+  local a, b = groups.held[1], groups.held[2]
+  assert.same({ group = "A", state = "at_cap", waiting = 1, active = 1, seconds = 0 }, a)
+  assert.same({ "B", "held", 2, 0 }, { b.group, b.state, b.waiting, b.active })
+  assert.is_true(b.seconds > 500 and b.seconds <= 600, "B's hold: " .. tostring(b.seconds))
 end
 
 -- With each group's rate at 1 per `per` seconds: n groups g1..gn of 2

@@ -48,39 +48,29 @@ local function check_concurrency(n, fn)
 end
 
 
-function M.extend(Queue)
-  -- q:set_rate({ max, per } | nil) -> true | nil, err: at most max jobs
-  -- start in any `per` seconds, on all workers together; nil: no limit.
-  function Queue:set_rate(rate)
-    local max, per_ms = check_rate(rate, "set_rate")
-    return self:_set_limit("rate", max, per_ms)
-  end
-
-  -- q:set_concurrency(n | nil) -> true | nil, err: at most n jobs of the
-  -- queue active at once (held by a worker or running), on all workers.
-  function Queue:set_concurrency(n)
-    return self:_set_limit("concurrency", check_concurrency(n, "set_concurrency"))
-  end
-
-  -- q:set_group_rate({ max, per } | nil) -> true | nil, err: at most max
-  -- jobs of each group start in any `per` seconds (each group its own
-  -- window), on all workers together; nil: no limit.
-  function Queue:set_group_rate(rate)
-    local max, per_ms = check_rate(rate, "set_group_rate")
-    return self:_set_limit("group_rate", max, per_ms)
-  end
-
-  -- q:set_group_concurrency(n | nil) -> true | nil, err: at most n jobs of
-  -- each group active at once, on all workers.
-  function Queue:set_group_concurrency(n)
-    return self:_set_limit("group_concurrency", check_concurrency(n, "set_group_concurrency"))
-  end
-
-  function Queue:_set_limit(kind, ...)
-    local ok, err = self:_call("moonjob_limit", 1, self.prefix, kind, ...)
+-- The method q:set_<kind>(value) -> true | nil, err, its value read by
+-- check (which raises naming the method) into moonjob_limit's numbers.
+local function setter(kind, check)
+  local name = "set_" .. kind
+  return function(self, value)
+    local ok, err = self:_call("moonjob_limit", 1, self.prefix, kind, check(value, name))
     if not ok then return nil, err end
     return true
   end
+end
+
+function M.extend(Queue)
+  -- q:set_rate({ max, per } | nil): at most max jobs start in any `per`
+  -- seconds, on all workers together; nil: no limit.
+  Queue.set_rate = setter("rate", check_rate)
+  -- q:set_concurrency(n | nil): at most n jobs of the queue active at once
+  -- (held by a worker or running), on all workers.
+  Queue.set_concurrency = setter("concurrency", check_concurrency)
+  -- q:set_group_rate({ max, per } | nil): the same for each group (each
+  -- group its own window); q:set_group_concurrency(n | nil): at most n jobs
+  -- of each group active at once.
+  Queue.set_group_rate = setter("group_rate", check_rate)
+  Queue.set_group_concurrency = setter("group_concurrency", check_concurrency)
 
   -- q:groups([{ limit = n }]) -> { { group, state, waiting, active,
   -- seconds }, ... } | nil, err: the groups with waiting jobs (at most
