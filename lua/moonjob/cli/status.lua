@@ -84,18 +84,6 @@ local function groups_line(counts, held)
   return line
 end
 
--- The first GROUPS_LISTED held-back groups (q:groups' rows), or nil and an error.
-local function held_groups(q, counts)
-  local held = setmetatable({}, json.array_mt)
-  if counts.held_back == 0 then return held end
-  local rows, err = q:groups({ limit = GROUPS_LISTED })
-  if not rows then return nil, err end
-  for _, row in ipairs(rows) do
-    if row.state ~= "ready" then held[#held + 1] = row end
-  end
-  return held
-end
-
 -- The schedules line, or nil without schedules.
 local function schedules_line(list, total)
   if total == 0 then return nil end
@@ -110,7 +98,7 @@ local function extras(q)
   local l, err = q:limits()
   if not l then return nil, err end
   local held
-  held, err = held_groups(q, l.groups)
+  held, err = q:held_groups(l.groups, GROUPS_LISTED)
   if not held then return nil, err end
   local list, total = q:schedules({ limit = 1 })
   if not list then return nil, total end

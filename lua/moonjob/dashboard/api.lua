@@ -84,15 +84,9 @@ end
 -- The groups of q with waiting jobs: { ready, held_back, held = the first
 -- HELD_GROUPS_SHOWN held back (q:groups' rows) }, or nil and an error.
 local function groups_out(q, counts)
-  local held = {}
-  if counts.held_back > 0 then
-    local rows, err = q:groups({ limit = HELD_GROUPS_SHOWN })
-    if not rows then return nil, err end
-    for _, row in ipairs(rows) do
-      if row.state ~= "ready" then held[#held + 1] = row end
-    end
-  end
-  return { ready = counts.ready, held_back = counts.held_back, held = array(held) }
+  local held, err = q:held_groups(counts, HELD_GROUPS_SHOWN)
+  if not held then return nil, err end
+  return { ready = counts.ready, held_back = counts.held_back, held = held }
 end
 
 function Api:queue(name)

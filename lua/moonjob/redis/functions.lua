@@ -1674,10 +1674,11 @@ function G.take(p, worker, n, lease, max_payload, now, glim)
   return rows, tokens, missing
 end
 
--- Up to n waiting jobs handed out to worker. -> their reply rows, tokens.
--- Tokens: one counter step per pop, one number per job (never reused).
-local function take(p, worker, n, lease, max_payload, now, glim)
-  if n > 0 and G.on(p) then
+-- Up to n waiting jobs handed out to worker (grouped: G.on). -> their
+-- reply rows, tokens. Tokens: one counter step per pop, one number per job
+-- (never reused).
+local function take(p, worker, n, lease, max_payload, now, glim, grouped)
+  if n > 0 and grouped then
     local rows, tokens, missing = G.take(p, worker, n, lease, max_payload, now, glim)
     count_missing(p, missing)
     return rows, tokens
@@ -1732,7 +1733,9 @@ local function fetch(keys, args)
   recover_stalled(p, now)
   fire_schedules(p, now)
   promote_delayed(p, now)
-  G.unpark_due(p, now) -- (whatever this fetch may take: its answer counts the parked groups' times)
+  local grouped = G.on(p) -- (looked at once: nothing below makes a job wait)
+  -- whatever this fetch may take: its answer counts the parked groups' times
+  if grouped then G.unpark_due(p, now) end
   retain(p, args, now, n)
   if redis.call("EXISTS", p .. "paused") == 1 then return { PAUSED } end
   local out = { -1 }
@@ -1744,7 +1747,7 @@ local function fetch(keys, args)
   elseif lim then
     n, held_back = allowance(p, lim, n, free, now)
   end
-  if glim and free then n = math.min(n, free) end -- (as under the queue's own limits)
+  if glim and free then n = math.min(n, free) end -- (any group limit: no job held ahead, as under a rate)
   -- the token counter is checked before anything is popped (a pop is not
   -- undone if the call then fails): a key another client spoiled is said
   local counter = redis.pcall("INCRBY", p .. "tokens", 0)
@@ -1752,7 +1755,7 @@ local function fetch(keys, args)
     return redis.error_reply(("ERR %stokens is not a counter (%s): another client wrote it; delete it "
       .. "(DEL %stokens) and restart the workers"):format(p, counter.err, p))
   end
-  local rows, tokens = take(p, worker, n, lease, max_payload, now, glim)
+  local rows, tokens = take(p, worker, n, lease, max_payload, now, glim, grouped)
   for _, row in ipairs(rows) do out[#out + 1] = row end
   count_starts(p, lim, tokens, now)
   if lim and lim.rate_max and not held_back then -- the window just filled: when it has room
@@ -1763,7 +1766,7 @@ local function fetch(keys, args)
   local due = tonumber(first[2] or "")
   local slot = next_schedule(p)
   if slot and not (due and due <= slot) then due = slot end
-  local parked = tonumber(redis.call("ZRANGE", p .. "gparked", 0, 0, "WITHSCORES")[2] or "")
+  local parked = grouped and tonumber(redis.call("ZRANGE", p .. "gparked", 0, 0, "WITHSCORES")[2] or "")
   if parked and parked < math.huge and not (due and due <= parked) then due = parked end
   if held_back and not (due and due <= now + held_back) then due = now + held_back end
   if due then out[1] = math.max(0, due - now) end

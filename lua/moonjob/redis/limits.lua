@@ -22,6 +22,8 @@
 -- error({ code = "ERATELIMIT", retry_after = s }): its job waits again
 -- without costing an attempt, and the queue (for a job of a group: its
 -- group) holds back for s seconds.
+local json = require "moonjob.codec.json"
+
 local M = {}
 
 -- { max, per } | nil -> MAX, PER_MS (0, 1: no limit); raises naming `fn`.
@@ -46,7 +48,6 @@ local function check_concurrency(n, fn)
   end
   return n or 0
 end
-
 
 -- The method q:set_<kind>(value) -> true | nil, err, its value read by
 -- check (which raises naming the method) into moonjob_limit's numbers.
@@ -94,6 +95,20 @@ function M.extend(Queue)
       out[i] = { group = r[1], state = r[2], waiting = r[3], active = r[4], seconds = r[5] / 1000 }
     end
     return out
+  end
+
+  -- q:held_groups(counts, limit) -> the first `limit` groups held back
+  -- (q:groups' rows, as a JSON array: empty when none) | nil, err; counts:
+  -- q:limits().groups, so that a queue with none held back costs no look.
+  function Queue:held_groups(counts, limit)
+    local held = setmetatable({}, json.array_mt)
+    if counts.held_back == 0 then return held end
+    local rows, err = self:groups({ limit = limit })
+    if not rows then return nil, err end
+    for _, row in ipairs(rows) do
+      if row.state ~= "ready" then held[#held + 1] = row end
+    end
+    return held
   end
 
   -- q:limits() -> { rate = { max, per } | nil, concurrency = n | nil,
