@@ -32,7 +32,7 @@ local function start_dashboard(env)
   local pid, log = start(("dashboard --redis %s --listen 127.0.0.1:0"):format(rq.server().url), env)
   local url
   helpers.wait_for(function()
-    assert(helpers.process_exists(pid), "moonjob dashboard exited: " .. table.concat(rq.read_lines(log), "\n"))
+    assert(helpers.running(pid), "moonjob dashboard exited: " .. table.concat(rq.read_lines(log), "\n"))
     local line = rq.read_lines(log)[1]
     url = line and line:match("(http://127%.0%.0%.1:%d+/)")
     return url ~= nil

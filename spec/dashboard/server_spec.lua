@@ -16,7 +16,7 @@ local function http(server, method, path, headers, body)
   args[#args + 1] = "'http://" .. server:address() .. path .. "'"
   local code_file = os.tmpname()
   local pid = tonumber(helpers.first_line(table.concat(args, " ") .. " >" .. code_file .. " 2>/dev/null & echo $!"))
-  helpers.wait_for(function() return not helpers.process_exists(pid) end, 20)
+  helpers.wait_for(function() return not helpers.running(pid) end, 20)
   local status = tonumber(helpers.first_line("cat " .. code_file))
   local f = io.open(out, "rb")
   local text = f and f:read("*a") or ""

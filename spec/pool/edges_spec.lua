@@ -229,7 +229,7 @@ return function(job) return job.data end
       pool:close()
       for line in io.lines(dir .. "/pids") do pids[tonumber(line)] = true end
       for pid in pairs(pids) do
-        assert.is_false(h.process_exists(pid), "round " .. round .. ": child " .. pid .. " outlived close()")
+        assert.is_false(h.unreaped(pid), "round " .. round .. ": child " .. pid .. " outlived close()")
       end
       os.remove(dir .. "/pids")
     end

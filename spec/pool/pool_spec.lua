@@ -234,7 +234,7 @@ describe("moonjob.pool", function()
       local pool = h.pool("pid.lua", { size = 2 })
       local pids = pool:map({ 1, 2, 3, 4 })
       pool:close()
-      for _, pid in ipairs(pids) do assert.is_false(h.process_exists(pid)) end
+      for _, pid in ipairs(pids) do assert.is_false(h.unreaped(pid)) end
       assert.equal(0, pool:stats().children)
       local result, err = pool:run(1)
       assert.is_nil(result)

@@ -88,7 +88,7 @@ rq.describe(function()
       for i = 1, 4 do jobs[i] = assert(q:add({ log = log, sleep = 0.5, echo = i })) end
       helpers.wait_for(function() return #rq.read_lines(log) == 1 end, 20)
       os.execute("kill -TERM " .. pid)
-      helpers.wait_for(function() return not helpers.process_exists(pid) end, 20)
+      helpers.wait_for(function() return not helpers.running(pid) end, 20)
       assert(jobs[1]:wait(5))
       local c = q:counts()
       assert.equal(0, c.active)
@@ -124,7 +124,7 @@ sys.exit(1)
       -- in the background: this process's loop runs the worker meanwhile
       local out_path = os.tmpname()
       local pid = tonumber(helpers.first_line(("/usr/bin/python3 %s >%s 2>&1 & echo $!"):format(script, out_path)))
-      helpers.wait_for(function() return not helpers.process_exists(pid) end, 20)
+      helpers.wait_for(function() return not helpers.running(pid) end, 20)
       local out = table.concat(rq.read_lines(out_path), "\n") .. "\n"
       local state, result = out:match("^(%S+) (.*)\n$")
       assert.truthy(state, out)

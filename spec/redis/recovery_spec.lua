@@ -66,7 +66,7 @@ describe("moonjob worker's lines #slow", function()
     local server = rf.server()
     local missing = helpers.tmpdir() .. "/missing.lua"
     local pid, log = rf.worker(server, "x", "", missing)
-    helpers.wait_for(function() return not helpers.process_exists(pid) end, 20)
+    helpers.wait_for(function() return not helpers.running(pid) end, 20)
     local text = rf.read(log)
     assert.matches("missing%.lua", text)
     for line in text:gmatch("[^\n]+") do

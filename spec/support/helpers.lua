@@ -230,8 +230,12 @@ function M.wait_group_gone(pgid, seconds)
   return members
 end
 
-function M.process_exists(pid)
-  return os.execute("kill -0 " .. pid .. " 2>/dev/null") == 0
+-- True while pid names a process at all, running or dead and not yet reaped:
+-- for this process's own children (a pool's), which moonjob must reap. A
+-- process started in the background by a shell is an orphan that only PID 1
+-- reaps, seconds later on some machines: wait on those with M.running.
+function M.unreaped(pid)
+  return process_state(pid) ~= nil
 end
 
 -- Runs a shell command; returns its stdout, stderr and exit status.

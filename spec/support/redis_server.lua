@@ -65,8 +65,7 @@ end
 
 function Server:wait_gone()
   local deadline = os.time() + 10
-  while helpers.process_exists(self.pid) and os.time() <= deadline do
-    os.execute(("wait %d 2>/dev/null"):format(self.pid))
+  while helpers.running(self.pid) and os.time() <= deadline do
     helpers.sleep(0.02)
   end
 end
@@ -84,7 +83,7 @@ function Server:stop()
   if self.pid then
     self:signal("TERM")
     self:wait_gone()
-    if helpers.process_exists(self.pid) then self:kill9() end
+    if helpers.running(self.pid) then self:kill9() end
     self.pid = nil
   end
   os.execute("rm -rf " .. self.dir)

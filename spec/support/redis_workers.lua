@@ -42,7 +42,7 @@ end
 
 function M.stop_worker(pid, signal)
   os.execute(("kill -%s %d 2>/dev/null"):format(signal or "TERM", pid))
-  helpers.wait_for(function() return not helpers.process_exists(pid) end, 40)
+  helpers.wait_for(function() return not helpers.running(pid) end, 40)
 end
 
 -- A pool on `queue` in this process (echo off).
