@@ -133,13 +133,19 @@ $(BUILD)/spec-failing.so: spec/support/host/failing.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(WARN) -fPIC -shared $(LDFLAGS) -o $@ spec/support/host/failing.c -ldl
 
+# The suite runs as several busted processes at once, a spec file each
+# (spec/support/parallel_run.lua: longest first, one log per file, shown when
+# it fails), and ends with one line, "N passed, N failed". SPEC_JOBS sets how
+# many run at once; `make test SPECS=spec/redis` runs a part.
+SPECS      ?= spec
+PARALLEL   = $(LUA) spec/support/parallel_run.lua
 test: deps browser-deps all spec-host
-	$(BUSTED)
+	$(PARALLEL) --busted "$(BUSTED)" $(SPECS)
 
 # The inner loop: every spec but those tagged #slow (Redis, the REPL,
 # installing, the command line end to end, a few long waits): under 30 s.
 test-fast: deps all spec-host
-	$(BUSTED) --exclude-tags=slow
+	$(PARALLEL) --busted "$(BUSTED)" --exclude-tags=slow $(SPECS)
 
 # Three workers in network namespaces on one Redis, killed, cut off, stopped,
 # and Redis killed and restarted: every job completes exactly once; and a
@@ -173,7 +179,7 @@ SAN_ENV    = ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:log_path=$(SAN_LOGS)/as
 sanitize: deps browser-deps all
 	$(MAKE) BUILD=$(SAN_BUILD) CFLAGS="$(SAN_FLAGS)" LDFLAGS="-fsanitize=address,undefined" all spec-host
 	rm -rf $(SAN_LOGS) && mkdir -p $(SAN_LOGS)
-	$(SAN_ENV) LD_PRELOAD=$(SAN_RT) $(LUA) /usr/bin/busted --cpath="$(SAN_BUILD)/?.so"; \
+	$(SAN_ENV) $(PARALLEL) --busted "LD_PRELOAD=$(SAN_RT) $(LUA) /usr/bin/busted --cpath='$(SAN_BUILD)/?.so'" $(SPECS); \
 	  status=$$?; \
 	  if [ -n "$$(ls $(SAN_LOGS))" ]; then echo "sanitizer findings:"; cat $(SAN_LOGS)/*; status=1; fi; \
 	  exit $$status

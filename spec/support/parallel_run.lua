@@ -1,0 +1,187 @@
+-- spec/support/parallel_run.lua -- runs the spec files as several busted
+-- processes at once; `make test`, `make test-fast` and `make sanitize` use it.
+--
+--   luajit spec/support/parallel_run.lua [--jobs N] [--busted CMD]
+--     [--exclude-tags=TAGS] [--record] [PATH...]
+--
+-- PATHs are spec files or folders (default: spec); each *_spec.lua file found
+-- is one busted process, started longest first by the seconds it took last
+-- time (spec/support/spec_times.txt; --record writes this run's times there),
+-- N at a time (default 6, or $SPEC_JOBS). Most of the suite waits on servers,
+-- children and timers rather than using a CPU, so more processes than
+-- cores pay. The files of a SERIAL set run one after another in one process:
+-- they measure time windows and should not compete with each other.
+--
+-- Each file's output goes to a log, shown in full when the file has a
+-- failure. The run ends with one line, "N passed, N failed" (errors and files
+-- that ended without busted's summary count as failed), and exits 1 when
+-- anything failed. Every spec file already starts its servers on free ports
+-- and makes its own temporary files, so files do not collide.
+local ffi = require "ffi"
+ffi.cdef [[
+int poll(void *fds, unsigned long nfds, int timeout);
+struct moonjob_run_timespec { long tv_sec; long tv_nsec; };
+int clock_gettime(int clock, struct moonjob_run_timespec *ts);
+]]
+
+local TIMES_FILE = "spec/support/spec_times.txt"
+local DEFAULT_SECONDS = 5 -- a file not timed yet
+-- Files that measure windows of time (rates, stalls, schedules), run in turn.
+local SERIAL = {
+  "spec/redis/schedules_spec.lua", "spec/redis/stalls_spec.lua", "spec/redis/limits_spec.lua",
+  "spec/pool/limits_spec.lua", "spec/cli/rate_spec.lua",
+}
+
+local function now()
+  local ts = ffi.new("struct moonjob_run_timespec")
+  ffi.C.clock_gettime(1, ts) -- CLOCK_MONOTONIC
+  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) / 1e9
+end
+
+local function sleep_ms(ms) ffi.C.poll(nil, 0, ms) end
+
+local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local text = f:read("*a")
+  f:close()
+  return text
+end
+
+local function parse_args(argv)
+  local o = { jobs = tonumber(os.getenv("SPEC_JOBS") or "") or 6, busted = "busted", flags = {}, paths = {} }
+  local i = 1
+  while i <= #argv do
+    local a = argv[i]
+    if a == "--jobs" then o.jobs = assert(tonumber(argv[i + 1]), "--jobs takes a number"); i = i + 1
+    elseif a == "--busted" then o.busted = assert(argv[i + 1], "--busted takes a command"); i = i + 1
+    elseif a == "--record" then o.record = true
+    elseif a:match("^%-%-") then o.flags[#o.flags + 1] = a -- passed to busted
+    else o.paths[#o.paths + 1] = a end
+    i = i + 1
+  end
+  if #o.paths == 0 then o.paths = { "spec" } end
+  return o
+end
+
+-- The *_spec.lua files under the paths, sorted.
+local function spec_files(paths)
+  local files, seen = {}, {}
+  for _, path in ipairs(paths) do
+    local p = io.popen("find " .. shell_quote(path) .. " -name '*_spec.lua' -not -path '*/node_modules/*' | sort")
+    for file in p:lines() do
+      if not seen[file] then seen[file] = true; files[#files + 1] = file end
+    end
+    p:close()
+  end
+  return files
+end
+
+local function load_times()
+  local times = {}
+  for file, seconds in (read_file(TIMES_FILE) or ""):gmatch("(%S+)%s+([%d.]+)") do times[file] = tonumber(seconds) end
+  return times
+end
+
+-- The units of work: one per file, but the SERIAL files present share one.
+local function make_units(files, times)
+  local serial, units, together = {}, {}, { files = {}, seconds = 0 }
+  for _, f in ipairs(SERIAL) do serial[f] = true end
+  for _, f in ipairs(files) do
+    local unit = serial[f] and together or { files = {}, seconds = 0 }
+    unit.files[#unit.files + 1] = f
+    unit.seconds = unit.seconds + (times[f] or DEFAULT_SECONDS)
+    if unit ~= together then units[#units + 1] = unit end
+  end
+  if #together.files > 0 then units[#units + 1] = together end
+  table.sort(units, function(a, b) return a.seconds > b.seconds end)
+  return units
+end
+
+local function start(unit, o, dir, index)
+  unit.log, unit.status_file = ("%s/%d.log"):format(dir, index), ("%s/%d.status"):format(dir, index)
+  local quoted = {}
+  for i, f in ipairs(unit.files) do quoted[i] = shell_quote(f) end
+  local command = ("%s %s %s"):format(o.busted, table.concat(o.flags, " "), table.concat(quoted, " "))
+  os.execute(("(%s >%s 2>&1 </dev/null; echo $? >%s.tmp; mv %s.tmp %s) &"):format(
+    command, unit.log, unit.status_file, unit.status_file, unit.status_file))
+  unit.started = now()
+end
+
+-- busted's closing line, "N successes / N failures / N errors / N pending".
+local function summary(log)
+  local plain = (log or ""):gsub("\27%[[%d;]*m", "")
+  local counts
+  for s, f, e, p in plain:gmatch("(%d+) successe?s? / (%d+) failures? / (%d+) errors? / (%d+) pending") do
+    counts = { passed = tonumber(s), failed = tonumber(f) + tonumber(e), pending = tonumber(p) }
+  end
+  return counts
+end
+
+local function finish(unit, total, o)
+  unit.seconds_taken = now() - unit.started
+  local log = read_file(unit.log)
+  local status = tonumber(read_file(unit.status_file) or "")
+  local counts = summary(log)
+  if not counts then counts = { passed = 0, failed = 1, pending = 0 } -- no summary: it died
+  elseif status ~= 0 and counts.failed == 0 then counts.failed = 1 end -- a non-zero exit, e.g. the hang watchdog
+  for k, v in pairs(counts) do total[k] = total[k] + v end
+  io.write(("%7.1f s  %s: %d passed, %d failed\n"):format(unit.seconds_taken,
+    table.concat(unit.files, " "), counts.passed, counts.failed))
+  if counts.failed > 0 then
+    total.failed_units[#total.failed_units + 1] = unit
+    io.write(("---- %s (exit %s) ----\n%s\n---- end of %s ----\n"):format(unit.files[1],
+      tostring(status), log or "(no output)", unit.files[1]))
+  end
+  io.flush()
+end
+
+local function record_times(units, times)
+  for _, unit in ipairs(units) do
+    local share = unit.seconds_taken / #unit.files -- a serial set's time, shared evenly
+    for _, f in ipairs(unit.files) do times[f] = share end
+  end
+  local names = {}
+  for f in pairs(times) do names[#names + 1] = f end
+  table.sort(names)
+  local out = assert(io.open(TIMES_FILE, "w"))
+  out:write("# seconds each spec file took in `make test` (luajit spec/support/parallel_run.lua --record)\n")
+  for _, f in ipairs(names) do out:write(("%s %.1f\n"):format(f, times[f])) end
+  out:close()
+end
+
+local function run(o)
+  local times = load_times()
+  local units = make_units(spec_files(o.paths), times)
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. dir) == 0)
+  local total = { passed = 0, failed = 0, pending = 0, failed_units = {} }
+  local began, next_unit, running = now(), 1, {}
+  io.write(("running %d spec files in %d busted processes at most\n"):format(#units, o.jobs))
+  while next_unit <= #units or #running > 0 do
+    while #running < o.jobs and next_unit <= #units do
+      start(units[next_unit], o, dir, next_unit)
+      running[#running + 1] = units[next_unit]
+      next_unit = next_unit + 1
+    end
+    sleep_ms(50)
+    for i = #running, 1, -1 do
+      if read_file(running[i].status_file) then
+        finish(running[i], total, o)
+        table.remove(running, i)
+      end
+    end
+  end
+  os.execute("rm -rf " .. shell_quote(dir))
+  if o.record then record_times(units, times) end
+  for _, unit in ipairs(total.failed_units) do io.write("failed: ", table.concat(unit.files, " "), "\n") end
+  if total.pending > 0 then io.write(total.pending, " pending\n") end
+  io.write(("%.1f s in all\n"):format(now() - began))
+  io.write(("%d passed, %d failed\n"):format(total.passed, total.failed))
+  return total.failed == 0
+end
+
+os.exit(run(parse_args(arg)) and 0 or 1)
