@@ -98,7 +98,7 @@ local function set_expire(key, args, now)
   if expire then redis.call("HSET", key, "expire_at", now + expire) end
 end
 
--- <p>debounce:<id>: the id of the job a debounce id holds while it is
+-- <p>debounce:<id>: the id of the job a debounce id names while it is
 -- delayed (kept DEBOUNCE_KEEP_MS past its delay, then it expires).
 local DEBOUNCE_KEEP_MS = 60000
 local function debounce_key(p, debounce_id) return p .. "debounce:" .. debounce_id end
@@ -107,9 +107,9 @@ local function debounce_key(p, debounce_id) return p .. "debounce:" .. debounce_
 -- add's data and options, and its delay starts again. -> add's reply, or
 -- nil (no such job delayed: a new one is made, and the key names it).
 local function debounce(p, args, now)
-  local held = redis.pcall("GET", debounce_key(p, args[16]))
-  if type(held) ~= "string" then return nil end -- none, or a key of another type (SET replaces it)
-  local key = job_key(p, held)
+  local joined_id = redis.pcall("GET", debounce_key(p, args[16]))
+  if type(joined_id) ~= "string" then return nil end -- none, or a key of another type (SET replaces it)
+  local key = job_key(p, joined_id)
   local f = job_fields(key, "state", "nonce", "debounce", "made")
   -- only the job it made, delayed and never run (not one waiting out a
   -- retry's backoff, nor another job that got its id after a data loss)
@@ -122,9 +122,9 @@ local function debounce(p, args, now)
   redis.call("HDEL", key, "expire_at", "group")
   set_expire(key, args, now)
   if (args[18] or "") ~= "" then redis.call("HSET", key, "group", args[18]) end
-  make_delayed(p, held, key, now + delay)
+  make_delayed(p, joined_id, key, now + delay)
   redis.call("PEXPIRE", debounce_key(p, args[16]), delay + DEBOUNCE_KEEP_MS)
-  return added(args, held, "delayed", 1, f[2])
+  return added(args, joined_id, "delayed", 1, f[2])
 end
 
 -- add(p; id, data, priority, delay_ms, attempts, backoff, timeout, kill_after,

@@ -43,7 +43,7 @@
 --   <p>m:all       hash: the same since ever
 --   <p>updates     pub/sub channel for producers: a running job's progress
 --                  and log lines, as JSON
---   <p>debounce:<id>  string: the job a debounce id holds while it is delayed
+--   <p>debounce:<id>  string: the job a debounce id names while it is delayed
 --   <p>schedules, <p>s:<id>  the schedules (see "schedules" below)
 --   <p>groups, <p>gparked, <p>gw:<group>, <p>ga:<group>, <p>gs:<group>,
 --   <p>gl:<group>, <p>ungrouped, <p>turn  the groups (see "groups" below)
@@ -157,10 +157,17 @@ local function check_numbers(fn, args, specs)
   end
 end
 
+-- A call's first checks: at least `least` arguments (else the refusal says
+-- usage and the count given), then its numbers (check_numbers), if any.
+local function check_args(fn, args, least, usage, numbers)
+  if #args < least then return refuse(fn, usage .. "; arguments given", #args) end
+  if numbers then return check_numbers(fn, args, numbers) end
+end
+
 H.FIELD_MAX, H.REGISTRY, H.SECONDS_MAX, H.DELAY_MS_MAX = FIELD_MAX, REGISTRY, SECONDS_MAX, DELAY_MS_MAX
 H.ATTEMPTS_MAX, H.COUNT_MAX, H.NONCE_MAX, H.FINITE = ATTEMPTS_MAX, COUNT_MAX, NONCE_MAX, FINITE
 H.LOG_KEEP_MAX = LOG_KEEP_MAX
 H.now_ms, H.job_key, H.publish, H.err_json, H.number_in = now_ms, job_key, publish, err_json, number_in
 H.refuse, H.job_fields, H.count_total, H.count_missing = refuse, job_fields, count_total, count_missing
-H.log_key, H.delete_job, H.check_numbers = log_key, delete_job, check_numbers
+H.log_key, H.delete_job, H.check_numbers, H.check_args = log_key, delete_job, check_numbers, check_args
 end

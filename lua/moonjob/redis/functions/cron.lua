@@ -10,7 +10,7 @@
 -- expression's next times; schedules.lua fires by them.
 
 do
-local now_ms, refuse, check_numbers = H.now_ms, H.refuse, H.check_numbers
+local now_ms, check_args = H.now_ms, H.check_args
 
 local CRON_TEXT_MAX = 256
 -- cron_next looks this far ahead: more than the longest gap between two
@@ -273,8 +273,7 @@ local CRON_NUMBERS = {
 -- comes within CRON_YEARS. Writes nothing; p only routes the call.
 local function cron(keys, args)
   local fn = "moonjob_cron"
-  if #args < 1 then return refuse(fn, "it takes CRON [FROM_MS [OFFSET_MIN [COUNT]]]; arguments given", #args) end
-  local refused = check_numbers(fn, args, CRON_NUMBERS)
+  local refused = check_args(fn, args, 1, "it takes CRON [FROM_MS [OFFSET_MIN [COUNT]]]", CRON_NUMBERS)
   if refused then return refused end
   local spec, why = cron_parse(args[1])
   if not spec then return redis.error_reply("EINPUT " .. fn .. ": " .. why) end

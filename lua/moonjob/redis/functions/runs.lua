@@ -6,8 +6,8 @@
 do
 local DELAY_MS_MAX, LOG_KEEP_MAX, now_ms, job_key = H.DELAY_MS_MAX, H.LOG_KEEP_MAX, H.now_ms, H.job_key
 local publish, err_json, number_in, refuse = H.publish, H.err_json, H.number_in, H.refuse
-local job_fields, count_total, log_key = H.job_fields, H.count_total, H.log_key
-local check_numbers, record_metrics, run_ms = H.check_numbers, H.record_metrics, H.run_ms
+local job_fields, count_total, log_key, check_numbers = H.job_fields, H.count_total, H.log_key, H.check_numbers
+local check_args, record_metrics, run_ms = H.check_args, H.record_metrics, H.run_ms
 local make_waiting, make_delayed, finish = H.make_waiting, H.make_delayed, H.finish
 local slot_freed = L.slot_freed
 
@@ -106,8 +106,7 @@ end
 -- left (the worker computed the backoff); -1: it fails for good.
 local function fail(keys, args)
   local p, id, token = keys[1], args[1], args[2]
-  if #args < 3 then return refuse("moonjob_fail", "it takes ID TOKEN ERROR [RETRY_MS]; arguments given", #args) end
-  local refused = check_numbers("moonjob_fail", args,
+  local refused = check_args("moonjob_fail", args, 3, "it takes ID TOKEN ERROR [RETRY_MS]",
     { { 4, "RETRY_MS must be -1 (no retry) or a number of ms up to 1e12", -1, DELAY_MS_MAX } })
   if refused then return refused end
   local key = job_key(p, id)
@@ -159,8 +158,7 @@ end
 -- for a job of a group, only its group holds back (see "groups").
 local function ratelimited(keys, args)
   local p, id, token, fn = keys[1], args[1], args[2], "moonjob_ratelimited"
-  if #args < 3 then return refuse(fn, "it takes ID TOKEN RETRY_MS [ERROR]; arguments given", #args) end
-  local refused = check_numbers(fn, args,
+  local refused = check_args(fn, args, 3, "it takes ID TOKEN RETRY_MS [ERROR]",
     { { 3, "RETRY_MS must be a whole number of ms from 0 to 1e12", 0, DELAY_MS_MAX, true } })
   if refused then return refused end
   local key = job_key(p, id)
@@ -256,8 +254,7 @@ end
 -- <p>updates as {"id":..,"log":"<line>"}.
 local function log(keys, args)
   local p, id, token, fn = keys[1], args[1], args[2], "moonjob_log"
-  if #args < 4 then return refuse(fn, "it takes ID TOKEN KEEP LINE...; arguments given", #args) end
-  local refused = check_numbers(fn, args,
+  local refused = check_args(fn, args, 4, "it takes ID TOKEN KEEP LINE...",
     { { 3, "KEEP must be a whole number from 1 to " .. LOG_KEEP_MAX, 1, LOG_KEEP_MAX, true } })
   if refused then return refused end
   if not holds(job_key(p, id), token) then return "ESTALE" end
