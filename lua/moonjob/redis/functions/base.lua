@@ -145,6 +145,15 @@ local function delete_job(p, id, key)
   redis.call("DEL", key, log_key(p, id))
 end
 
+-- The sorted set of each state's jobs, and the id in one of its members.
+local SETS = { waiting = "wait", delayed = "delayed", active = "active", completed = "completed",
+  failed = "failed" }
+
+local function member_id(set, member) -- (wait's members are "<arrival>:<id>")
+  if set == "wait" then return string.sub(member, 18) end
+  return member
+end
+
 -- Checks numeric arguments: each spec { index, what it must be, low, high,
 -- whole }; an empty or absent argument takes its default. -> an EINPUT error
 -- reply, or nil.
@@ -170,4 +179,5 @@ H.LOG_KEEP_MAX = LOG_KEEP_MAX
 H.now_ms, H.job_key, H.publish, H.err_json, H.number_in = now_ms, job_key, publish, err_json, number_in
 H.refuse, H.job_fields, H.count_total, H.count_missing = refuse, job_fields, count_total, count_missing
 H.log_key, H.delete_job, H.check_numbers, H.check_args = log_key, delete_job, check_numbers, check_args
+H.SETS, H.member_id = SETS, member_id
 end
