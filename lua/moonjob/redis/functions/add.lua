@@ -141,7 +141,7 @@ end
 -- with EEXPIRED. debounce_id (id empty, delay_ms 0): while the job it last
 -- made is delayed, an add replaces that job's data and options and restarts
 -- its delay of debounce_ms (joined = 1); otherwise a new job is made,
--- delayed debounce_ms. group: the job's group (see "groups"; "" none).
+-- delayed debounce_ms. group: the job's group (groups.lua; "" none).
 -- add_job does it once the arguments are checked (a schedule's slots are
 -- added through it too).
 local function add_job(p, args, now)

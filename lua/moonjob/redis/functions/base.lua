@@ -44,9 +44,9 @@
 --   <p>updates     pub/sub channel for producers: a running job's progress
 --                  and log lines, as JSON
 --   <p>debounce:<id>  string: the job a debounce id names while it is delayed
---   <p>schedules, <p>s:<id>  the schedules (see "schedules" below)
+--   <p>schedules, <p>s:<id>  the schedules (schedules.lua)
 --   <p>groups, <p>gparked, <p>gw:<group>, <p>ga:<group>, <p>gs:<group>,
---   <p>gl:<group>, <p>ungrouped, <p>turn  the groups (see "groups" below)
+--   <p>gl:<group>, <p>ungrouped, <p>turn  the groups (groups.lua)
 -- Job fields: data (JSON text), priority, attempts (allowed), made (attempts
 -- started), backoff (JSON text or ""), timeout, kill_after, name, cache (s),
 -- state (waiting, delayed, active, completed, failed), token (of the run

@@ -163,7 +163,7 @@ local PAUSED = -2
 -- (rate, concurrency, an ERATELIMIT hold) it hands out fewer jobs (under a
 -- rate at most free, the worker's idle children), and next_due_ms says when to look
 -- again for a rate window or hold. With groups, jobs come round-robin
--- between them (see "groups"), under each group's limits.
+-- between them (groups.lua), under each group's limits.
 local function fetch(keys, args)
   local p, worker = keys[1], args[1]
   if not worker or worker == "" then return refuse("moonjob_fetch", "WORKER must be a name", "") end

@@ -5,7 +5,7 @@
 --               out in any rate_per ms; concurrency: at most that many
 --               active at once (held or running); group_rate_max,
 --               group_rate_per, group_concurrency: the same for each
---               group (see "groups")
+--               group (groups.lua)
 --   <p>starts   sorted set: the tokens handed out in the last rate_per ms,
 --               by the time they were (a sliding window: exact for any
 --               window, not only whole seconds)

@@ -155,7 +155,7 @@ end
 -- the job's processor said the remote side pushed back (ERATELIMIT): it
 -- waits again where it was, its attempt not counted, and the queue hands
 -- out nothing for retry_ms (<p>limited; a longer hold already there stays);
--- for a job of a group, only its group holds back (see "groups").
+-- for a job of a group, only its group holds back (groups.lua).
 local function ratelimited(keys, args)
   local p, id, token, fn = keys[1], args[1], args[2], "moonjob_ratelimited"
   local refused = check_args(fn, args, 3, "it takes ID TOKEN RETRY_MS [ERROR]",
