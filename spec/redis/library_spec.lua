@@ -147,7 +147,8 @@ describe("the Redis library's parts", function()
     local lines = lines_of(library.text())
     local n
     for i, line in ipairs(lines) do if line == "-- part: groups.lua" then n = i + 3 end end
-    assert.equal(("ERR user_function:%d (groups.lua:4): x script: f, on @user_function:%d (groups.lua:4)."):format(n, n),
+    local placed = ("user_function:%d (groups.lua:4)"):format(n)
+    assert.equal(("ERR %s: x script: f, on @%s."):format(placed, placed),
       library.explain(("ERR user_function:%d: x script: f, on @user_function:%d."):format(n, n)))
     assert.equal("ERR user_function:1: x", library.explain("ERR user_function:1: x"))
     assert.equal("no line", library.explain("no line"))
