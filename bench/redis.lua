@@ -30,6 +30,7 @@ local core = require "moonjob.core"
 local loop = require "moonjob.loop"
 local redis_server = require "redis_server"
 local helpers = require "helpers" -- loaded by redis_server already: its sleep
+local library = require "moonjob.redis.library"
 
 local JOBS = tonumber(os.getenv("BENCH_REDIS_JOBS")) or 60000
 local LUAJIT = 'env LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" luajit'
@@ -143,7 +144,7 @@ local function measure()
   -- 3. recovery of a killed worker's jobs
   do
     q.client:call_wait({ "FLUSHDB" })
-    q.client:call_wait({ "FUNCTION", "LOAD", "REPLACE", io.open("lua/moonjob/redis/functions.lua"):read("*a") })
+    q.client:call_wait({ "FUNCTION", "LOAD", "REPLACE", library.text() })
     local log = os.tmpname()
     local spinning = "-j 4 --prefetch 0 --lease 1"
     local pid = start_worker(spinning, "bench/spin_log.lua")
@@ -213,7 +214,7 @@ end
 
 local function flush()
   q.client:call_wait({ "FLUSHDB" })
-  q.client:call_wait({ "FUNCTION", "LOAD", "REPLACE", io.open("lua/moonjob/redis/functions.lua"):read("*a") })
+  q.client:call_wait({ "FUNCTION", "LOAD", "REPLACE", library.text() })
 end
 
 -- 5. limits that never bind, next to none

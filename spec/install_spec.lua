@@ -86,6 +86,9 @@ describe("installing #slow", function()
     local out2, err2, status2 = h.sh(clean(home, work, home .. "/bin/moonjob run square.lua\n"), '{"x":12}\n')
     assert.equal(0, status2, err2)
     assert.matches('"result":144', out2)
+    -- the Redis library, assembled from the parts installed beside the modules
+    local lib, lib_err = h.sh(clean(home, work, home .. "/bin/moonjob library\n"))
+    assert.equal(require("moonjob.redis.library").text(), lib, lib_err)
 
     local _, err3, status3 = h.sh(clean(home, src, "make uninstall PREFIX=$HOME/.local\n"))
     assert.equal(0, status3, err3)
@@ -108,6 +111,8 @@ describe("installing #slow", function()
     local out1, err1, status1 = h.sh(clean(home, work, tree .. "/bin/moonjob run square.lua\n"), '{"x":7}\n')
     assert.equal(0, status1, err1)
     assert.matches('"result":49', out1)
+    local line = h.sh(clean(home, work, tree .. "/bin/moonjob library --line 2\n"))
+    assert.matches("/share/lua/5%.1/moonjob/redis/functions/base%.lua:1\n$", line)
 
     -- The whole block (the rocks_provided route too), then the API with luarocks path.
     local api = [[luajit -e '

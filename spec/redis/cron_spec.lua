@@ -1,4 +1,4 @@
--- Cron expressions in Redis (FCALL moonjob_cron, lua/moonjob/redis/functions.lua):
+-- Cron expressions in Redis (FCALL moonjob_cron, lua/moonjob/redis/functions/cron.lua):
 -- every form of the syntax, the day-of-month / day-of-week rule, the
 -- calendar (leap years, month ends, year ends, offsets from UTC), every
 -- refusal, and a cross-check of 2,000 random expressions against a

@@ -1,7 +1,7 @@
 -- Groups on a real Redis: jobs added with a group are handed out
 -- round-robin between groups (within a priority), each group under its own
 -- rate and concurrency cap, a job's ERATELIMIT holding back only its group;
--- and the indexes behind it (functions.lua, "groups") kept true through
+-- and the indexes behind it (functions/groups.lua) kept true through
 -- remove, cancel, drain, obliterate and the switch between a plain queue
 -- and one with groups. Worker processes are real `moonjob worker`s.
 local helpers = require "helpers"

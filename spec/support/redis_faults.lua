@@ -2,7 +2,7 @@
 -- for the specs of spec/redis/:
 --
 --   faults.tenant(server, "tenant-a", "pw", { list = true })  -- an ACL user limited to its queues
---   faults.load_library(server)            -- as an admin does: redis-cli -x FUNCTION LOAD REPLACE
+--   faults.load_library(server)            -- as an admin does: moonjob library | redis-cli -x FUNCTION LOAD REPLACE
 --   faults.replica_of(replica, primary)    -- REPLICAOF, waits until the link is up
 --   local proxy = faults.proxy(server)     -- a TCP proxy; proxy:freeze() turns every link
 --   proxy.url ... proxy:stop()             --   open now into a black hole (no byte, no close)
@@ -13,8 +13,6 @@
 local helpers = require "helpers"
 
 local M = {}
-
-M.LIBRARY = "lua/moonjob/redis/functions.lua"
 
 -- The ACL rules docs/REDIS.md gives a tenant (its queues' names begin with
 -- NAME-); opts.list adds function|list (the exact check of the library).
@@ -32,9 +30,13 @@ function M.tenant(server, name, password, opts)
   return ("redis://%s:%s@127.0.0.1:%d/0"):format(name, password, server.port)
 end
 
+-- The library loaded by the admin's command (path: another library's file,
+-- loaded from it).
 function M.load_library(server, path)
-  local out = helpers.first_line(("redis-cli -p %d -x FUNCTION LOAD REPLACE < %s 2>&1")
-    :format(server.port, path or M.LIBRARY))
+  local source = path and ("< " .. path) or ""
+  local command = ("redis-cli -p %d -x FUNCTION LOAD REPLACE %s 2>&1"):format(server.port, source)
+  if not path then command = helpers.LUAJIT .. " scripts/moonjob library | " .. command end
+  local out = helpers.first_line(command)
   assert(out == "moonjob", out)
 end
 

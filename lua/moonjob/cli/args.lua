@@ -16,6 +16,7 @@ usage: moonjob run PROCESSOR [INPUT] [options]
        moonjob queues | jobs | job | retry | remove | promote | clean | pause | resume ...
        moonjob schedule add | list | remove ...
        moonjob dashboard --redis URL [--listen 127.0.0.1:7411] [--token T]
+       moonjob library [--line N]
 
 Runs the processor file PROCESSOR once per line of INPUT, an NDJSON file
 (one job's data per line, any JSON value; default: standard input), in a pool
@@ -98,6 +99,12 @@ the web dashboard (docs/guide/dashboard.md):
                         needs a token
   --token T             what every visitor must give (?token=T); default:
                         $MOONJOB_DASHBOARD_TOKEN (keeps it out of `ps`)
+
+the Redis function library (docs/REDIS.md); workers and producers load it:
+  library               print it, for an admin to load: moonjob library |
+                        redis-cli -x FUNCTION LOAD REPLACE
+  library --line N      the part and its line that a Redis error's
+                        user_function:N names
   --redis URL           redis://[user:password@]host[:port][/db]; default:
                         $MOONJOB_REDIS (keeps a password out of `ps`)
   --queue NAME          the queue's name
@@ -238,6 +245,7 @@ local VALUED = {
     if n and n >= 0 and n <= 2 ^ 53 and n % 1 == 0 then return n end
   end, "a number", "a whole number, 0 or more" },
   ["--older-than"] = { "older_than", seconds, "a number", SECONDS_ANY },
+  ["--line"] = { "line", positive_integer, "a number", "a line number of the library, 1 or more" },
   ["--metrics"] = { "metrics", path, "an address", "HOST:PORT to serve /metrics on, such as 127.0.0.1:9464" },
   ["--listen"] = { "listen", path, "an address", "HOST:PORT, such as 127.0.0.1:7411" },
   ["--token"] = { "token", path, "a token", "a text that the dashboard's users must give" },

@@ -6,6 +6,7 @@
 --   moonjob worker | add ... (moonjob.cli.redis)
 --   moonjob status | queues | jobs | job | retry | remove | promote | clean | pause | resume
 --     (moonjob.cli.status, moonjob.cli.operate); moonjob schedule (moonjob.cli.schedule)
+--   moonjob library [--line N]: the Redis function library (moonjob.redis.library)
 --
 -- Its options and help text: moonjob.cli.args; `moonjob run`: moonjob.cli.run
 -- and the parts it names; what a terminal shows: moonjob.cli.progress.
@@ -112,6 +113,24 @@ local function remote_command(command, o)
   return usage_error("unknown command '" .. command .. "'")
 end
 
+-- moonjob library: prints the Redis function library, as FUNCTION LOAD takes
+-- it; with --line N, where the library's line N is: its part's file and line.
+local function library_command(o)
+  if o.positional[2] then return usage_error(("unexpected argument '%s'"):format(o.positional[2])) end
+  local library = require "moonjob.redis.library"
+  if not o.line then
+    io.stdout:write(library.text())
+    return stops.EXIT_OK
+  end
+  local _, line, path = library.where(o.line)
+  if not line then
+    return usage_error(("line %d is not in a part of the library (line 1 is its #!lua line; it has %d)")
+      :format(o.line, select(2, library.text():gsub("\n", ""))))
+  end
+  io.stdout:write(("%s:%d\n"):format(path, line))
+  return stops.EXIT_OK
+end
+
 -- cli.main(args) -> exit status
 function M.main(arguments)
   local o, err = args.parse(arguments)
@@ -123,9 +142,10 @@ function M.main(arguments)
   if command == "worker" or command == "add" or command == "dashboard" or OPERATE[command] then
     return remote_command(command, o)
   end
+  if command == "library" then return library_command(o) end
   if command ~= "run" then
     return usage_error(("unknown command '%s'; the commands are run, worker, add, status, queues, jobs, job, "
-      .. "retry, remove, promote, clean, pause, resume, schedule and dashboard"):format(command))
+      .. "retry, remove, promote, clean, pause, resume, schedule, dashboard and library"):format(command))
   end
   local processor, input_path = o.positional[2], o.positional[3]
   if not processor then return usage_error("missing PROCESSOR: moonjob run PROCESSOR [INPUT]") end

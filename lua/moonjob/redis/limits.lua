@@ -10,10 +10,10 @@
 --   q:set_group_concurrency(2)           -- each group: at most 2 at once
 --
 -- Jobs of different groups are handed out round-robin (within a priority)
--- whether or not a group limit is set (functions.lua, "groups").
+-- whether or not a group limit is set (functions/groups.lua).
 --
 -- Redis keeps the limits and fetch applies them with the server's clock
--- (functions.lua, "limits"): the rate is a sliding window over the times
+-- (functions/limits.lua): the rate is a sliding window over the times
 -- jobs were handed out, exact for any window; the concurrency counts the
 -- queue's active jobs (held ahead by a worker, or running). Under a rate a
 -- worker takes no job beyond its idle children, so a job starts within

@@ -6,12 +6,13 @@
 --   q:retry_all()             -- every failed job runs again
 --   q:pause(); q:resume()     -- every worker, on every host
 --
--- Each method is one FCALL of functions.lua (moonjob_jobs, moonjob_retry,
--- ...), or a few for the bulk ones (retry_all, clean, drain, obliterate),
--- which Redis does LIMIT jobs at a time so that no call blocks the server
--- for long: they are not atomic as a whole (a job that fails meanwhile may
--- be retried by the same retry_all). Methods block their caller for their
--- round trips, as q:add does (the loop keeps running).
+-- Each method is one FCALL of the library (functions/operate.lua:
+-- moonjob_jobs, moonjob_retry, ...), or a few for the bulk ones (retry_all,
+-- clean, drain, obliterate), which Redis does LIMIT jobs at a time so that
+-- no call blocks the server for long: they are not atomic as a whole (a
+-- job that fails meanwhile may be retried by the same retry_all). Methods
+-- block their caller for their round trips, as q:add does (the loop keeps
+-- running).
 --
 -- Errors are returned, never raised, for what a user may mistype (an
 -- unknown id: ENOTFOUND; a job in the wrong state: ESTATE; a queue with no
@@ -24,7 +25,7 @@ local json = require "moonjob.codec.json"
 
 local M = {}
 
--- The set of queue names (functions.lua's REGISTRY: adds, pauses and
+-- The set of queue names (the library's REGISTRY: adds, pauses and
 -- workers at connect write it; the one key outside a queue's prefix).
 M.REGISTRY = "mj:queues"
 
@@ -41,7 +42,7 @@ end
 
 local decode_error -- the producer's (M.extend)
 
--- One job of a listing (functions.lua's view) as a table.
+-- One job of a listing (the library's view, functions/operate.lua) as a table.
 local function job_of(row)
   local f = {}
   for i, name in ipairs(VIEW_FIELDS) do f[name] = row[i + 1] or nil end
@@ -364,7 +365,7 @@ local function quantile(counts, bounds, n, q)
   end
 end
 
--- A metrics row of functions.lua { c, f, n, s, h1..h15 } as a table.
+-- A metrics row of the library (functions/metrics.lua) { c, f, n, s, h1..h15 } as a table.
 function M.metric_row(r, bounds)
   local counts = {}
   for i = 5, #r do counts[#counts + 1] = r[i] end

@@ -4,7 +4,7 @@
 --   local job = assert(q:add({ file = "a.png" }, { attempts = 3 }))
 --   print(job:wait())           -- the result, whichever host ran it
 --
--- Every call is one FCALL of moonjob's function library (functions.lua);
+-- Every call is one FCALL of moonjob's function library (functions/*.lua);
 -- add, get, cancel and counts block the caller for one round trip (the loop
 -- keeps running: pools in the same program go on). job:wait() listens on the
 -- queue's "done" channel for the job's id and looks at it once a second besides,

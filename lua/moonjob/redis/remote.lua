@@ -1,9 +1,9 @@
 -- moonjob.redis.remote -- a pool's second job source: a durable queue on Redis.
 --
 -- Policy only (the connection is moonjob.redis.client, the queue's atomic
--- steps are functions.lua). A pool created with { redis = url, queue = name }
--- has one Remote as its owner (pool.owner). It talks to the pool only
--- through the owner hook documented in moonjob.pool.source (a
+-- steps are the library, functions/*.lua). A pool created with { redis =
+-- url, queue = name } has one Remote as its owner (pool.owner). It talks to
+-- the pool only through the owner hook documented in moonjob.pool.source (a
 -- moonjob.pool.port: new_job, accept, pump, fail_job, cancel_job, ...; its
 -- own want, attempt_failed, ending, stop, close, stats), and:
 --   * fetches jobs in batches while the pool has room: `size` running plus
@@ -65,7 +65,7 @@ local json = require "moonjob.codec.json"
 local loop = require "moonjob.loop"
 local core = require "moonjob.core"
 local Queue = require "moonjob.redis.producer"
-local setup = require "moonjob.redis.setup"
+local library = require "moonjob.redis.library"
 
 local Remote = {}
 Remote.__index = Remote
@@ -117,7 +117,7 @@ function Remote.new(port, opts)
     timeout_ms = math.max(500, math.min(self.lease_ms * FENCE_AT, 5000)),
     -- a fetch's jobs, or the library's text (setup's FUNCTION LIST WITHCODE)
     max_reply = (port.max_payload + 4096) * math.max(1, self.prefetch + (opts.size or 1)) + 65536
-      + #setup.library(),
+      + #library.text(),
     on_state = function(up, why) self:_state(up, why) end,
   })
   if not c then error("moonjob.pool: option 'redis': " .. err, 4) end

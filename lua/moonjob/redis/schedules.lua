@@ -4,7 +4,7 @@
 --   q:schedule("report", { cron = "0 3 * * *", tz = "local" }, { kind = "daily" })
 --   q:schedule("ping", { every = 30 }, "ping", { timeout = 5 })
 --
--- Redis keeps the schedules and fires them (functions.lua's moonjob_schedule
+-- Redis keeps the schedules and fires them (functions/schedules.lua: moonjob_schedule
 -- and fetch): each due time (a slot) becomes one ordinary job whose id is
 -- "s:<schedule id>:<slot ms>", so however many workers run, restart or have
 -- their clocks wrong, a slot runs once. A schedule fires while at least one

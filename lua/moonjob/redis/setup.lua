@@ -6,8 +6,9 @@
 --       (maxmemory-policy allkeys-*) would lose jobs without a word, so it is
 --       refused (CONFIG GET, else INFO memory; when the user may run
 --       neither, the check is skipped);
---     - the function library: loaded only when the server's copy differs
---       from ours (FUNCTION LIST ... WITHCODE, compared byte for byte). When
+--     - the function library (moonjob.redis.library): loaded only when the
+--       server's copy differs from ours (FUNCTION LIST ... WITHCODE, compared
+--       byte for byte). When
 --       loading is denied (NOPERM: an ACL user of one tenant), a copy loaded
 --       by an admin is used if it is ours (or, when FUNCTION LIST is denied
 --       too, if moonjob_version says our version); anything else is refused
@@ -17,22 +18,9 @@
 -- done(nil) once set up, else done(why, kind): kind "state" (the server's
 -- state: a replica, loading; try again later), "refused" (a person must act:
 -- a password, an ACL, the server's configuration) or "connection".
+local library = require "moonjob.redis.library"
+
 local M = {}
-
-local library_path, library_text, library_version
-
--- The library's file, text and version (what moonjob_version returns).
-function M.library()
-  if not library_text then
-    library_path = assert(package.searchpath("moonjob.redis.functions", package.path),
-      "moonjob.redis.functions is not installed beside moonjob")
-    local f = assert(io.open(library_path, "rb"))
-    library_text = f:read("*a")
-    f:close()
-    library_version = library_text:match('local function version%(%) return "([^"]*)" end')
-  end
-  return library_text, library_path, library_version
-end
 
 -- The server refuses for its state (not a primary now): the reason to tell,
 -- the same text whichever call met it (so that it is said once), or nil.
@@ -134,7 +122,7 @@ local function loaded_library(conn, cb)
       if kind == "connection" or M.state_refusal(err) then return cb(nil, refusal(err, kind)) end
       return cb("unknown")
     end
-    local ours = M.library()
+    local ours = library.text()
     for _, lib in ipairs(type(v) == "table" and v or {}) do
       local fields = {}
       for i = 1, #lib - 1, 2 do fields[lib[i]] = lib[i + 1] end
@@ -146,17 +134,15 @@ local function loaded_library(conn, cb)
   end)
 end
 
-local function admin_hint(path)
-  return ("an admin loads it once: redis-cli -x FUNCTION LOAD REPLACE < %s"
-    .. " (docs/REDIS.md, \"A tenant limited to its own queues\")"):format(path)
-end
+local ADMIN_HINT = "an admin loads it once: moonjob library | redis-cli -x FUNCTION LOAD REPLACE"
+  .. " (docs/REDIS.md, \"A tenant limited to its own queues\")"
 
 -- Loading was denied: the loaded copy will do only if it is ours.
 local function denied(conn, found, load_err, next)
-  local _, path, version = M.library()
+  local version = library.version()
   local function refuse(what)
     next(("the moonjob function library in Redis %s and this user may not load it (%s); %s")
-      :format(what, load_err:match("^%S+") or load_err, admin_hint(path)), "refused")
+      :format(what, load_err:match("^%S+") or load_err, ADMIN_HINT), "refused")
   end
   if found == "missing" then return refuse("is not loaded") end
   if found == "different" then return refuse("is not this moonjob's version " .. tostring(version)) end
@@ -174,11 +160,10 @@ function M.ensure_library(conn, next)
   loaded_library(conn, function(found, err, kind)
     if not found then return next(err, kind) end
     if found == "same" then return next() end
-    local text = M.library()
-    command(conn, { "FUNCTION", "LOAD", "REPLACE", text }, function(_, lerr, lkind)
+    command(conn, { "FUNCTION", "LOAD", "REPLACE", library.text() }, function(_, lerr, lkind)
       if not lerr then return next() end
       if lkind ~= "connection" and lerr:match("^NOPERM") then return denied(conn, found, lerr, next) end
-      next(refusal(lerr, lkind))
+      next(refusal(library.explain(lerr), lkind)) -- (a line of the text named by its part)
     end)
   end)
 end

@@ -1,0 +1,208 @@
+-- part: add.lua
+-- moonjob_add: a job made, waiting or delayed, or the one holding its id
+-- joined; its expiry and debounce. add_job also makes a schedule's jobs.
+
+do
+local FIELD_MAX, REGISTRY, SECONDS_MAX, DELAY_MS_MAX = H.FIELD_MAX, H.REGISTRY, H.SECONDS_MAX, H.DELAY_MS_MAX
+local ATTEMPTS_MAX, COUNT_MAX, NONCE_MAX, FINITE = H.ATTEMPTS_MAX, H.COUNT_MAX, H.NONCE_MAX, H.FINITE
+local now_ms, job_key, refuse, job_fields = H.now_ms, H.job_key, H.refuse, H.job_fields
+local delete_job, check_numbers, make_waiting = H.delete_job, H.check_numbers, H.make_waiting
+local make_delayed = H.make_delayed
+
+local ADD_NUMBERS = {
+  { 3, "PRIORITY must be a finite number (lower runs first)", -FINITE, FINITE },
+  { 4, "DELAY_MS must be a number of ms from 0 to 1e12", 0, DELAY_MS_MAX },
+  { 5, "ATTEMPTS must be a whole number from 1 to 2^31", 1, ATTEMPTS_MAX, true },
+  { 7, "TIMEOUT must be a number of seconds from 0 (none) to 1e9", 0, SECONDS_MAX },
+  { 8, "KILL_AFTER must be a number of seconds from 0 (the worker's) to 1e9", 0, SECONDS_MAX },
+  { 10, "CACHE must be a number of seconds from 0 to 1e9", 0, SECONDS_MAX },
+  { 11, "MAX_QUEUE must be a whole number from 0 (no bound) to 2^53", 0, COUNT_MAX, true },
+}
+
+-- add's EXPIRE_MS, DEBOUNCE_ID and DEBOUNCE_MS (args[15..17], optional) ->
+-- an EINPUT error reply, or nil.
+local function check_expire_debounce(args, fn)
+  local refused = check_numbers(fn, args, {
+    { 15, "EXPIRE_MS must be a whole number of ms from 1 to 1e12, or empty", 1, DELAY_MS_MAX, true },
+    { 17, "DEBOUNCE_MS must be a whole number of ms from 1 to 1e12", 1, DELAY_MS_MAX, true } })
+  if refused then return refused end
+  local debounce_id, debounce_ms = args[16] or "", tonumber(args[17] or "")
+  if debounce_id ~= "" then
+    if #debounce_id > FIELD_MAX then return refuse(fn, "DEBOUNCE_ID must take at most " .. FIELD_MAX .. " bytes", "...") end
+    if not debounce_ms then return refuse(fn, "DEBOUNCE_ID needs DEBOUNCE_MS (the delay each add restarts)", "") end
+    if args[1] ~= "" then return refuse(fn, "ID must be empty with DEBOUNCE_ID (the job's id is drawn)", args[1]) end
+    if (tonumber(args[4]) or 0) > 0 then
+      return refuse(fn, "DELAY_MS must be 0 with DEBOUNCE_ID (DEBOUNCE_MS is the delay)", args[4])
+    end
+  elseif debounce_ms then
+    return refuse(fn, "DEBOUNCE_MS needs DEBOUNCE_ID", args[17])
+  end
+  local expire, delay = tonumber(args[15] or ""), debounce_ms or tonumber(args[4]) or 0
+  if expire and expire <= delay then
+    return refuse(fn, ("EXPIRE_MS must be more than the delay (%.0f ms): the job would expire before it may run")
+      :format(delay), args[15])
+  end
+end
+
+-- add's arguments -> an EINPUT error reply, or nil.
+local function check_add(args, fn)
+  fn = fn or "moonjob_add"
+  if #args < 12 then
+    return refuse(fn, "it takes 12 arguments after the key (ID DATA PRIORITY DELAY_MS ATTEMPTS BACKOFF TIMEOUT "
+      .. "KILL_AFTER NAME CACHE MAX_QUEUE NOTIFY [NONCE [EXISTING]]), got", #args)
+  end
+  if #args[1] > FIELD_MAX or #args[9] > FIELD_MAX or #args[6] > FIELD_MAX then
+    return redis.error_reply("EINPUT a job's id, name and backoff must each take at most "
+      .. FIELD_MAX .. " bytes")
+  end
+  if args[2] == "" then return refuse(fn, "DATA must be JSON text", "") end
+  local refused = check_numbers(fn, args, ADD_NUMBERS)
+  if refused then return refused end
+  if args[6] ~= "" then
+    local ok, spec = pcall(cjson.decode, args[6])
+    if not ok or type(spec) ~= "table" then
+      return refuse(fn, "BACKOFF must be empty or a JSON object such as {\"type\":\"fixed\",\"delay\":1}", args[6])
+    end
+  end
+  if args[12] ~= "" and args[12] ~= "0" and args[12] ~= "1" then
+    return refuse(fn, "NOTIFY must be 1 (publish the id on <prefix>done when the job ends) or 0", args[12])
+  end
+  if args[13] and #args[13] > NONCE_MAX then
+    return refuse(fn, "NONCE must take at most " .. NONCE_MAX .. " bytes", args[13])
+  end
+  if args[14] and args[14] ~= "" and args[14] ~= "replace" and args[14] ~= "join" then
+    return refuse(fn, "EXISTING must be replace (a finished job with the id is replaced) or join", args[14])
+  end
+  if args[18] and #args[18] > FIELD_MAX then
+    return refuse(fn, "GROUP must take at most " .. FIELD_MAX .. " bytes (empty: no group)", "...")
+  end
+  return check_expire_debounce(args, fn)
+end
+
+-- add's reply: the nonce only to a caller that passed NONCE (an older one
+-- may take exactly three elements).
+local function added(args, id, state, joined, nonce)
+  if args[13] == nil then return { id, state, joined } end
+  return { id, state, joined, nonce or "" }
+end
+
+local function or_default(text, default)
+  if text == nil or text == "" then return default end
+  return text
+end
+
+-- A job's expire_at: EXPIRE_MS (args[15]) from now; fetch fails it with
+-- EEXPIRED once past (it never runs, nor runs again).
+local function set_expire(key, args, now)
+  local expire = tonumber(args[15] or "")
+  if expire then redis.call("HSET", key, "expire_at", now + expire) end
+end
+
+-- <p>debounce:<id>: the id of the job a debounce id names while it is
+-- delayed (kept DEBOUNCE_KEEP_MS past its delay, then it expires).
+local DEBOUNCE_KEEP_MS = 60000
+local function debounce_key(p, debounce_id) return p .. "debounce:" .. debounce_id end
+
+-- An add with DEBOUNCE_ID whose job is still delayed: that job takes this
+-- add's data and options, and its delay starts again. -> add's reply, or
+-- nil (no such job delayed: a new one is made, and the key names it).
+local function debounce(p, args, now)
+  local joined_id = redis.pcall("GET", debounce_key(p, args[16]))
+  if type(joined_id) ~= "string" then return nil end -- none, or a key of another type (SET replaces it)
+  local key = job_key(p, joined_id)
+  local f = job_fields(key, "state", "nonce", "debounce", "made")
+  -- only the job it made, delayed and never run (not one waiting out a
+  -- retry's backoff, nor another job that got its id after a data loss)
+  if not (f and f[1] == "delayed" and f[3] == args[16] and f[4] == "0") then return nil end
+  local delay = tonumber(args[17])
+  redis.call("HSET", key, "data", args[2], "priority", or_default(args[3], "0"), "attempts",
+    or_default(args[5], "1"), "backoff", args[6], "timeout", or_default(args[7], "0"), "kill_after",
+    or_default(args[8], "0"), "name", args[9], "cache", or_default(args[10], "0"))
+  if args[12] == "1" then redis.call("HSET", key, "notify", "1") end
+  redis.call("HDEL", key, "expire_at", "group")
+  set_expire(key, args, now)
+  if (args[18] or "") ~= "" then redis.call("HSET", key, "group", args[18]) end
+  make_delayed(p, joined_id, key, now + delay)
+  redis.call("PEXPIRE", debounce_key(p, args[16]), delay + DEBOUNCE_KEEP_MS)
+  return added(args, joined_id, "delayed", 1, f[2])
+end
+
+-- add(p; id, data, priority, delay_ms, attempts, backoff, timeout, kill_after,
+--     name, cache, max_queue, notify [, nonce [, existing [, expire_ms
+--     [, debounce_id, debounce_ms [, group]]]]]) -> { id, state, joined [, nonce] }
+-- id "" draws a number; id "\0dedupe" is "d:" .. the SHA-1 of data. A job with
+-- that id waiting, delayed or running is joined (joined = 1); a completed one
+-- whose cache has not ended is returned as it is, and with existing "join"
+-- any finished one still kept; otherwise the id starts a new job. nonce (""
+-- or absent: made here) is stored with the job; a call that passed one gets
+-- the job's nonce back (its own, or the joined job's): get and cancel given it
+-- answer only for this job, never for a later one with the same id (a data
+-- loss restarts the id counter). expire_ms: a job not started by then fails
+-- with EEXPIRED. debounce_id (id empty, delay_ms 0): while the job it last
+-- made is delayed, an add replaces that job's data and options and restarts
+-- its delay of debounce_ms (joined = 1); otherwise a new job is made,
+-- delayed debounce_ms. group: the job's group (groups.lua; "" none).
+-- add_job does it once the arguments are checked (a schedule's slots are
+-- added through it too).
+local function add_job(p, args, now)
+  local id, data = args[1], args[2]
+  if (args[16] or "") ~= "" then
+    local reply = debounce(p, args, now)
+    if reply then return reply end
+  end
+  if id == "" then -- a number no job holds (an explicit id may have taken it)
+    repeat id = tostring(redis.call("INCR", p .. "ids")) until redis.call("EXISTS", job_key(p, id)) == 0
+  elseif id == "\0dedupe" then id = "d:" .. redis.sha1hex(data) end
+  local key = job_key(p, id)
+  local f, why = job_fields(key, "state", "cache_until", "nonce")
+  if not f then return redis.error_reply("EINPUT moonjob_add: " .. why .. "; delete it or choose another id") end
+  local state = f[1]
+  if state == "waiting" or state == "delayed" or state == "active"
+      or (state == "completed" and (tonumber(f[2]) or 0) > now)
+      or ((state == "completed" or state == "failed") and args[14] == "join") then
+    if args[12] == "1" and state ~= "completed" and state ~= "failed" then redis.call("HSET", key, "notify", "1") end
+    return added(args, id, state, 1, f[3])
+  end
+  local max_queue = tonumber(or_default(args[11], 0))
+  if max_queue > 0 and redis.call("ZCARD", p .. "wait") + redis.call("ZCARD", p .. "delayed") >= max_queue then
+    return redis.error_reply("EQUEUEFULL the queue holds max_queue (" .. max_queue .. ") waiting jobs")
+  end
+  if state then
+    redis.call("ZREM", p .. "completed", id)
+    redis.call("ZREM", p .. "failed", id)
+  end
+  delete_job(p, id, key) -- a finished job, or a hash written around moonjob_add
+  local nonce = or_default(args[13], nil) or (now .. "." .. redis.call("INCR", p .. "seq"))
+  local prio = or_default(args[3], "0")
+  redis.call("HSET", key, "id", id, "data", data, "priority", prio, "attempts", or_default(args[5], "1"),
+    "made", 0, "backoff", args[6], "timeout", or_default(args[7], "0"), "kill_after", or_default(args[8], "0"),
+    "name", args[9], "cache", or_default(args[10], "0"), "notify", args[12], "created", now, "nonce", nonce)
+  set_expire(key, args, now)
+  local group = args[18] or ""
+  if group ~= "" then redis.call("HSET", key, "group", group) end
+  -- the registry moonjob.queues() reads; pcall: the one key outside the
+  -- queue's prefix, which an ACL user kept to its own keys may not write
+  redis.pcall("SADD", REGISTRY, string.sub(p, 5, -3))
+  local delay = math.floor(tonumber(or_default(args[4], 0)))
+  if (args[16] or "") ~= "" then
+    delay = tonumber(args[17])
+    redis.call("HSET", key, "debounce", args[16])
+    redis.call("SET", debounce_key(p, args[16]), id, "PX", delay + DEBOUNCE_KEEP_MS)
+  end
+  if delay > 0 then
+    make_delayed(p, id, key, now + delay)
+    return added(args, id, "delayed", 0, nonce)
+  end
+  make_waiting(p, id, key, now, prio, nil, group)
+  return added(args, id, "waiting", 0, nonce)
+end
+
+local function add(keys, args)
+  local refused = check_add(args)
+  if refused then return refused end
+  return add_job(keys[1], args, now_ms())
+end
+
+H.check_add, H.or_default, H.add_job = check_add, or_default, add_job
+F.add = add
+end

@@ -1,0 +1,183 @@
+-- part: base.lua
+-- moonjob's queue, as a library of Redis Functions (Redis 7). This library
+-- runs inside Redis, not in moonjob: workers and producers load it (FUNCTION
+-- LOAD REPLACE) when they connect and the server's copy is not this text, or
+-- when a call meets "Function not found" (moonjob.redis.setup; an ACL user
+-- that may not load it uses an admin's copy at this version), and every
+-- change of a queue's state is one FCALL, so it is atomic. docs/REDIS.md is
+-- the contract for other languages. Bump version() (register.lua) with any
+-- change of what a function takes or answers.
+--
+-- One library, assembled from the parts in this folder in a fixed order
+-- (moonjob.redis.library: this part first, register.lua last). Each part is
+-- one do ... end block, unindented: its locals end with it, since Redis
+-- refuses a main chunk of more than 200 locals. What another part uses goes
+-- on the tables below, and a part takes it into locals of its own at its top.
+-- Each part opens with a "-- part: NAME.lua" line: a Redis error's line
+-- (user_function:1234) counts in the assembled text, and `moonjob library
+-- --line 1234` names the part and the line in it.
+--
+-- KEYS[1] of every call is the queue's prefix, "mj:{<queue>}:"; every key of
+-- the queue starts with it, so all of them share one hash tag (one cluster
+-- slot). Keys:
+--   <p>seq         counter: order of arrival (first in, first out per priority)
+--   <p>ids         counter: the ids moonjob draws
+--   <p>totals      hash: completed, failed (every job that ever ended so),
+--                  missing (set entries whose job hash was gone: evicted,
+--                  deleted by hand)
+--   <p>j:<id>      hash: one job (fields below)
+--   <p>wait        sorted set: jobs ready to run; score = priority (lower
+--                  first), member = 16-digit arrival number .. ":" .. id
+--   <p>delayed     sorted set: id by the time it may run (ms, server clock)
+--   <p>active      sorted set: id by the time its lease expires (ms)
+--   <p>completed   sorted set: id by the time it finished (ms)
+--   <p>failed      sorted set: id by the time it failed for good (ms)
+--   <p>events      pub/sub channel for workers: "added", "cancel <id>"
+--   <p>done        pub/sub channel for producers: "<id>" of a job added with
+--                  notify that ended
+--   <p>tokens      counter: the tokens of runs
+--   <p>paused      string: present while the queue is paused (fetch hands
+--                  out nothing)
+--   <p>log:<id>    list: a job's last log lines (moonjob_log)
+--   <p>m:<minute>  hash: one minute's metrics (record_metrics), kept 25 h
+--   <p>m:all       hash: the same since ever
+--   <p>updates     pub/sub channel for producers: a running job's progress
+--                  and log lines, as JSON
+--   <p>debounce:<id>  string: the job a debounce id names while it is delayed
+--   <p>schedules, <p>s:<id>  the schedules (schedules.lua)
+--   <p>groups, <p>gparked, <p>gw:<group>, <p>ga:<group>, <p>gs:<group>,
+--   <p>gl:<group>, <p>ungrouped, <p>turn  the groups (groups.lua)
+-- Job fields: data (JSON text), priority, attempts (allowed), made (attempts
+-- started), backoff (JSON text or ""), timeout, kill_after, name, cache (s),
+-- state (waiting, delayed, active, completed, failed), token (of the run
+-- holding the lease), worker, result (JSON text), error (JSON text), cancel
+-- (the reason, once asked while active), created, started, finished, run_at
+-- (ms), member (its wait member), notify ("1": publish its id on <p>done),
+-- cache_until (ms), nonce (tells this job from a later one with its id),
+-- progress (JSON text, the last reported), expire_at (ms: not started by
+-- then, it fails with EEXPIRED), group (its group, absent for none).
+--
+-- Time is always the server's (TIME), never a worker's clock. Results and
+-- failures carrying a token that is not the job's current one are refused:
+-- a worker that lost its lease cannot overwrite the run that replaced it.
+--
+-- Redis does not roll a function back when it raises, so every function
+-- checks all its arguments before its first write (EINPUT error replies), and
+-- reads job hashes with redis.pcall: a job key of another type, a hash that
+-- is gone or a field out of range is that job's failure (EINPUT, kept in
+-- <p>failed) or a count in <p>totals "missing", never the whole call's.
+
+local H = {} -- helpers and bounds: base.lua, metrics, states, cron, add
+local G = {} -- the groups' functions: fairness and limits per group (groups.lua, G.take: fetch.lua)
+local S = {} -- the schedules' (schedules.lua), which fetch fires
+local L = {} -- the limits' (limits.lua), which fetch applies
+local F = {} -- the functions Redis calls, by their names less "moonjob_"
+
+do
+-- A job's id, name and backoff are small: a fetch reply's bound counts on it.
+local FIELD_MAX = 1024
+local REGISTRY = "mj:queues"   -- the names of the queues (moonjob.queues); see add
+local SECONDS_MAX = 1e9        -- timeout, kill_after, cache: the pool's own bound
+local DELAY_MS_MAX = 1e12      -- SECONDS_MAX in ms
+local ATTEMPTS_MAX = 2 ^ 31
+local COUNT_MAX = 2 ^ 53
+local NONCE_MAX = 128
+local LOG_KEEP_MAX = 10000     -- a job's log lines kept, at most
+local FINITE = 1.7976931348623157e308 -- the largest double: inf and NaN are beyond it
+
+local function now_ms()
+  local t = redis.call("TIME")
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function job_key(p, id) return p .. "j:" .. id end
+
+local function publish(p, message)
+  redis.call("PUBLISH", p .. "events", message)
+end
+
+local function err_json(code, message) -- (keys in sorted order, as moonjob.codec.json writes them)
+  return '{"code":' .. cjson.encode(code) .. ',"message":' .. cjson.encode(message) .. "}"
+end
+
+-- text as a number from low to high (whole: no fraction), or nil. tonumber
+-- reads "nan" and "inf" as numbers: NaN fails every comparison.
+local function number_in(text, low, high, whole)
+  local n = tonumber(text)
+  if not n or not (n >= low and n <= high) then return nil end
+  if whole and n % 1 ~= 0 then return nil end
+  return n
+end
+
+-- A refusal of a call's arguments (nothing was written).
+local function refuse(fn, what, value)
+  return redis.error_reply(("EINPUT %s: %s, not '%s'"):format(fn, what, tostring(value):sub(1, 64)))
+end
+
+-- A job's fields, or nil and why: redis.pcall, since HMGET on a key of
+-- another type raises (and a raise would stop the call half done).
+local function job_fields(key, ...)
+  local f = redis.pcall("HMGET", key, ...)
+  if f.err then
+    return nil, ("the key %s holds a %s, not a job hash (written by another client)"):format(
+      key, redis.call("TYPE", key).ok)
+  end
+  return f
+end
+
+-- Adds n to a count of <p>totals. redis.pcall: the totals are statistics,
+-- and a totals key another client spoiled (a field that is not a number, a
+-- key of another type) must not stop the state change that counts in it
+-- half written.
+local function count_total(p, field, n)
+  redis.pcall("HINCRBY", p .. "totals", field, n)
+end
+
+local function count_missing(p, n)
+  if n > 0 then count_total(p, "missing", n) end
+end
+
+-- A job's log lines (job:log() and its output on a worker): a list.
+local function log_key(p, id) return p .. "log:" .. id end
+
+-- A job and its log, deleted.
+local function delete_job(p, id, key)
+  redis.call("DEL", key, log_key(p, id))
+end
+
+-- The sorted set of each state's jobs, and the id in one of its members.
+local SETS = { waiting = "wait", delayed = "delayed", active = "active", completed = "completed",
+  failed = "failed" }
+
+local function member_id(set, member) -- (wait's members are "<arrival>:<id>")
+  if set == "wait" then return string.sub(member, 18) end
+  return member
+end
+
+-- Checks numeric arguments: each spec { index, what it must be, low, high,
+-- whole }; an empty or absent argument takes its default. -> an EINPUT error
+-- reply, or nil.
+local function check_numbers(fn, args, specs)
+  for _, s in ipairs(specs) do
+    local v = args[s[1]]
+    if v ~= nil and v ~= "" and not number_in(v, s[3], s[4], s[5]) then
+      return refuse(fn, s[2], v)
+    end
+  end
+end
+
+-- A call's first checks: at least `least` arguments (else the refusal says
+-- usage and the count given), then its numbers (check_numbers), if any.
+local function check_args(fn, args, least, usage, numbers)
+  if #args < least then return refuse(fn, usage .. "; arguments given", #args) end
+  if numbers then return check_numbers(fn, args, numbers) end
+end
+
+H.FIELD_MAX, H.REGISTRY, H.SECONDS_MAX, H.DELAY_MS_MAX = FIELD_MAX, REGISTRY, SECONDS_MAX, DELAY_MS_MAX
+H.ATTEMPTS_MAX, H.COUNT_MAX, H.NONCE_MAX, H.FINITE = ATTEMPTS_MAX, COUNT_MAX, NONCE_MAX, FINITE
+H.LOG_KEEP_MAX = LOG_KEEP_MAX
+H.now_ms, H.job_key, H.publish, H.err_json, H.number_in = now_ms, job_key, publish, err_json, number_in
+H.refuse, H.job_fields, H.count_total, H.count_missing = refuse, job_fields, count_total, count_missing
+H.log_key, H.delete_job, H.check_numbers, H.check_args = log_key, delete_job, check_numbers, check_args
+H.SETS, H.member_id = SETS, member_id
+end

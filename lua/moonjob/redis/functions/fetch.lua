@@ -1,0 +1,219 @@
+-- part: fetch.lua
+-- moonjob_fetch, the queue's clock: before it hands out jobs it recovers
+-- stalled ones, fires due schedules, promotes due delayed jobs, unparks
+-- groups and trims finished jobs; then it takes waiting jobs (in turn
+-- between groups), under the queue's limits and its groups'.
+
+do
+local FIELD_MAX, SECONDS_MAX, DELAY_MS_MAX = H.FIELD_MAX, H.SECONDS_MAX, H.DELAY_MS_MAX
+local ATTEMPTS_MAX, COUNT_MAX, FINITE, now_ms = H.ATTEMPTS_MAX, H.COUNT_MAX, H.FINITE, H.now_ms
+local job_key, number_in, refuse, count_missing = H.job_key, H.number_in, H.refuse, H.count_missing
+local check_numbers, retain, fail_entry, look_at = H.check_numbers, H.retain, H.fail_entry, H.look_at
+local recover_stalled, promote_delayed = H.recover_stalled, H.promote_delayed
+local fire_schedules, next_schedule = S.fire_schedules, S.next_schedule
+local read_limits, rate_room, allowance = L.read_limits, L.rate_room, L.allowance
+local count_starts = L.count_starts
+
+local FETCH_NUMBERS = {
+  { 2, "N must be a whole number from 0 to 2^31", 0, ATTEMPTS_MAX, true },
+  { 3, "LEASE_MS must be a number of ms from 1 to 1e12", 1, DELAY_MS_MAX },
+  { 4, "KEEP_COUNT must be a whole number from 0 to 2^53", 0, COUNT_MAX, true },
+  { 5, "KEEP_AGE_MS must be a number of ms from 0 to 1e15", 0, 1e15 },
+  { 6, "MAX_PAYLOAD must be a whole number of bytes from 0 (no bound) to 2^53", 0, COUNT_MAX, true },
+  { 7, "KEEP_FAILED_AGE_MS must be a number of ms from 0 to 1e15", 0, 1e15 },
+  { 8, "FREE must be a whole number from 0 to 2^31", 0, ATTEMPTS_MAX, true },
+}
+
+-- A field out of its range ("" or absent: its default) -> why, or nil.
+local function bad_field(name, v, low, high, whole, want)
+  if v and v ~= "" and not number_in(v, low, high, whole) then
+    return ("the job's %s '%s' is not %s (written around moonjob_add)"):format(name, tostring(v):sub(1, 64), want)
+  end
+end
+
+-- Why a waiting job's fields (fetch's HMGET: state, data, attempts, backoff,
+-- timeout, kill_after, name, made, priority) cannot be run, or nil.
+local function unfit(id, f)
+  if #id > FIELD_MAX or #(f[4] or "") > FIELD_MAX or #(f[7] or "") > FIELD_MAX then
+    return "the job's id, name or backoff takes more than " .. FIELD_MAX .. " bytes"
+  end
+  if not f[2] then return "the job has no data (written around moonjob_add)" end
+  -- the usual job: every number a plain one in range (checked at add)
+  local attempts, timeout, kill_after = tonumber(f[3]), tonumber(f[5]), tonumber(f[6])
+  local made, prio = tonumber(f[8] or 0), tonumber(f[9] or 0)
+  if attempts and attempts >= 1 and attempts <= ATTEMPTS_MAX and attempts % 1 == 0
+      and timeout and timeout >= 0 and timeout <= SECONDS_MAX
+      and kill_after and kill_after >= 0 and kill_after <= SECONDS_MAX
+      and made and made >= 0 and made <= ATTEMPTS_MAX and made % 1 == 0
+      and prio and prio >= -FINITE and prio <= FINITE then
+    return nil
+  end
+  return bad_field("attempts", f[3], 1, ATTEMPTS_MAX, true, "a whole number from 1 to 2^31")
+    or bad_field("timeout", f[5], 0, SECONDS_MAX, false, "a number of seconds from 0 to 1e9")
+    or bad_field("kill_after", f[6], 0, SECONDS_MAX, false, "a number of seconds from 0 to 1e9")
+    or bad_field("made", f[8], 0, ATTEMPTS_MAX, true, "a whole number from 0 to 2^31")
+    or bad_field("priority", f[9], -FINITE, FINITE, false, "a finite number")
+end
+
+-- A waiting entry popped by fetch: its reply row (handed out to worker
+-- with token number token_no), or nil and "failed" (failed in place: out
+-- of range, over max_payload, expired; never sent) or what look_at said.
+local function take_one(p, id, worker, token_no, lease, max_payload, now)
+  local key = job_key(p, id)
+  local kind, f = look_at(p, id, key, "waiting", now, "data", "attempts", "backoff", "timeout",
+    "kill_after", "name", "made", "priority", "expire_at")
+  if kind ~= "ok" then return nil, kind end
+  local made = (tonumber(f[8]) or 0) + 1
+  local expired = tonumber(f[10] or "")
+  if expired and now > expired then
+    fail_entry(p, id, key, now, ("the job expired %.0f ms ago, before a worker took it (its expire option)")
+      :format(now - expired), false, "EEXPIRED")
+    return nil, "failed"
+  end
+  local why, code = unfit(id, f), nil
+  if not why and max_payload > 0 and #f[2] > max_payload then
+    why = ("the job data is %d bytes, more than the worker's max_payload (%d)"):format(#f[2], max_payload)
+    code = "EPAYLOAD"
+  end
+  if why then
+    redis.call("HSET", key, "made", made)
+    fail_entry(p, id, key, now, why, false, code)
+    return nil, "failed"
+  end
+  local token = worker .. "/" .. token_no
+  redis.call("HSET", key, "state", "active", "token", token, "worker", worker, "started", now,
+    "ran", "0", "made", made, "began", "")
+  redis.call("ZADD", p .. "active", now + lease, id)
+  return { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7] }
+end
+
+-- Entries failed in place do not count against n: a fetch pops up to
+-- POP_BUDGET more, so a backlog of expired jobs is cleared in a few calls.
+local POP_BUDGET = 1000
+
+-- take in group mode: each job from the group whose turn it is (G.pick),
+-- under the groups' limits glim. A job of a group comes with its group
+-- (its row's 10th element). -> rows, tokens, missing.
+function G.take(p, worker, n, lease, max_payload, now, glim)
+  local rows, tokens, missing, budget = {}, {}, 0, n + POP_BUDGET
+  while #rows < n and budget > 0 do
+    local g, member, dropped = G.pick(p, now, glim)
+    if not (g or dropped) then break end
+    budget = budget - 1
+    if g and redis.call("ZREM", p .. "wait", member) == 1 then -- (else: an entry whose job no longer waits)
+      local token_no = redis.call("INCR", p .. "tokens")
+      local row, kind = take_one(p, string.sub(member, 18), worker, token_no, lease, max_payload, now)
+      if row then
+        if g ~= "" then row[10] = g end
+        rows[#rows + 1] = row
+        tokens[#tokens + 1] = row[2]
+        G.started(p, g, row[1], row[2], now, glim)
+      elseif kind == "missing" then
+        missing = missing + 1
+      end
+    end
+  end
+  return rows, tokens, missing
+end
+
+-- Up to n waiting jobs handed out to worker (grouped: G.on). -> their
+-- reply rows, tokens. Tokens: one counter step per pop, one number per job
+-- (never reused).
+local function take(p, worker, n, lease, max_payload, now, glim, grouped)
+  if n > 0 and grouped then
+    local rows, tokens, missing = G.take(p, worker, n, lease, max_payload, now, glim)
+    count_missing(p, missing)
+    return rows, tokens
+  end
+  local rows, tokens, missing = {}, {}, 0
+  local budget = n + POP_BUDGET
+  while #rows < n and budget > 0 do
+    local popped = redis.call("ZPOPMIN", p .. "wait", math.min(n - #rows, budget))
+    if #popped == 0 then break end
+    budget = budget - #popped / 2
+    local token_no = redis.call("INCRBY", p .. "tokens", #popped / 2) - #popped / 2
+    for i = 1, #popped, 2 do
+      local row, kind = take_one(p, string.sub(popped[i], 18), worker, token_no + 1, lease, max_payload, now)
+      if row then
+        token_no = token_no + 1
+        rows[#rows + 1] = row
+        tokens[#tokens + 1] = row[2]
+      elseif kind == "missing" then
+        missing = missing + 1
+      end
+    end
+  end
+  count_missing(p, missing)
+  return rows, tokens
+end
+
+-- A fetch's first element while the queue is paused: no job comes with it.
+local PAUSED = -2
+
+-- fetch(p; worker, n, lease_ms, keep_count, keep_age_ms, max_payload [, keep_failed_age_ms [, free]])
+-- -> { next_due_ms, job, ... } ({ -2 } while the queue is paused); each job is
+-- { id, token, data, made, attempts, backoff, timeout, kill_after, name }.
+-- Recovers stalled jobs, makes due delayed jobs ready and trims finished
+-- jobs (keep_count, keep_age_ms; once per fetch, not per job) first. A job
+-- whose fields are out of range fails with EINPUT here, one whose data is
+-- over max_payload (0: no bound) with EPAYLOAD, their data never sent; an
+-- entry whose job is gone is counted in totals "missing". next_due_ms:
+-- when the earliest delayed job or schedule falls due (server ms from now),
+-- or -1. Due schedules fire first (fire_schedules). Under the queue's limits
+-- (rate, concurrency, an ERATELIMIT hold) it hands out fewer jobs (under a
+-- rate at most free, the worker's idle children), and next_due_ms says when to look
+-- again for a rate window or hold. With groups, jobs come round-robin
+-- between them (groups.lua), under each group's limits.
+local function fetch(keys, args)
+  local p, worker = keys[1], args[1]
+  if not worker or worker == "" then return refuse("moonjob_fetch", "WORKER must be a name", "") end
+  local refused = check_numbers("moonjob_fetch", args, FETCH_NUMBERS)
+  if refused then return refused end
+  local n, lease = tonumber(args[2]) or 1, tonumber(args[3]) or 30000
+  local max_payload = tonumber(args[6]) or 0
+  local now = now_ms()
+  recover_stalled(p, now)
+  fire_schedules(p, now)
+  promote_delayed(p, now)
+  local grouped = G.on(p) -- (looked at once: nothing below makes a job wait)
+  -- whatever this fetch may take: its answer counts the parked groups' times
+  if grouped then G.unpark_due(p, now) end
+  retain(p, args, now, n)
+  if redis.call("EXISTS", p .. "paused") == 1 then return { PAUSED } end
+  local out = { -1 }
+  local lim, glim = read_limits(p)
+  local held_back, free = nil, tonumber(args[8] or "")
+  local hold = redis.call("PTTL", p .. "limited") -- an ERATELIMIT hold: nothing now
+  if hold > 0 then
+    n, held_back = 0, hold
+  elseif lim then
+    n, held_back = allowance(p, lim, n, free, now)
+  end
+  if glim and free then n = math.min(n, free) end -- (any group limit: no job held ahead, as under a rate)
+  -- the token counter is checked before anything is popped (a pop is not
+  -- undone if the call then fails): a key another client spoiled is said
+  local counter = redis.pcall("INCRBY", p .. "tokens", 0)
+  if type(counter) == "table" and counter.err then
+    return redis.error_reply(("ERR %stokens is not a counter (%s): another client wrote it; delete it "
+      .. "(DEL %stokens) and restart the workers"):format(p, counter.err, p))
+  end
+  local rows, tokens = take(p, worker, n, lease, max_payload, now, glim, grouped)
+  for _, row in ipairs(rows) do out[#out + 1] = row end
+  count_starts(p, lim, tokens, now)
+  if lim and lim.rate_max and not held_back then -- the window just filled: when it has room
+    local _, wait = rate_room(p, lim, now)
+    held_back = wait
+  end
+  local first = redis.call("ZRANGE", p .. "delayed", 0, 0, "WITHSCORES")
+  local due = tonumber(first[2] or "")
+  local slot = next_schedule(p)
+  if slot and not (due and due <= slot) then due = slot end
+  local parked = grouped and tonumber(redis.call("ZRANGE", p .. "gparked", 0, 0, "WITHSCORES")[2] or "")
+  if parked and parked < math.huge and not (due and due <= parked) then due = parked end
+  if held_back and not (due and due <= now + held_back) then due = now + held_back end
+  if due then out[1] = math.max(0, due - now) end
+  return out
+end
+
+F.fetch = fetch
+end

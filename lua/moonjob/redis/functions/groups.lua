@@ -1,0 +1,304 @@
+-- part: groups.lua
+-- A job added with GROUP belongs to that group (a tenant, a customer).
+-- fetch hands out jobs round-robin between groups, within a priority (the
+-- best priority waiting first), so a group with a huge backlog takes its
+-- turn like one with a few jobs; jobs of no group take their turns together,
+-- as one more group. Each group may have its own rate and concurrency cap
+-- (the same numbers for every group: group_rate_max, group_rate_per,
+-- group_concurrency in <p>limits), and a job's ERATELIMIT holds back only its
+-- group. Keys:
+--   <p>gw:<group>  sorted set: the group's waiting jobs (wait's scores and
+--                  members)
+--   <p>ungrouped   sorted set: the same for the jobs of no group, kept only
+--                  while groups have waiting jobs
+--   <p>groups      sorted set: the ring: groups with waiting jobs that may
+--                  take one, by their turn ("": the jobs of no group)
+--   <p>gparked     sorted set: groups with waiting jobs that may not now, by
+--                  when to look again (ms; one at its cap: when the first
+--                  lease of its jobs ends, or sooner, when one leaves active)
+--   <p>ga:<group>  set: the group's active jobs (its cap counts them)
+--   <p>gs:<group>  sorted set: the group's rate window (as <p>starts)
+--   <p>gl:<group>  string: the group's ERATELIMIT hold; its TTL is how long
+--   <p>turn        counter: the ring's turns
+-- <p>wait stays the set of every waiting job (listings, counts and drain
+-- see no difference); the group sets index it. A queue whose waiting jobs
+-- have no group keeps no index ("group mode" is off: groups and gparked are
+-- empty) and fetch pops wait directly; the first grouped job made waiting
+-- turns it on (every job waiting then is of no group: wait is copied into
+-- <p>ungrouped), and it turns off once the index is empty. An index
+-- entry whose job no longer waits is dropped when fetch reaches it (its
+-- ZREM from wait says 0), so a path that misses one loses nothing.
+
+do
+local now_ms, job_key, publish, check_numbers = H.now_ms, H.job_key, H.publish, H.check_numbers
+local read_limits = L.read_limits
+
+local GROUP_WALK_MAX = 64 -- groups looked at per job handed out (then: the group of the job first in line)
+local UNPARK_MAX = 100 -- parked groups whose time came, back in the ring per fetch
+local LIST_GROUPS_MAX = 1000
+
+function G.set(p, g)
+  if g == "" then return p .. "ungrouped" end
+  return p .. "gw:" .. g
+end
+
+function G.on(p) return redis.call("EXISTS", p .. "groups", p .. "gparked") > 0 end
+
+-- ZADD to a key of the groups' bookkeeping; one of another type (written
+-- by another client) is replaced, so that it never fails a call half-way.
+function G.zadd(key, ...)
+  local r = redis.pcall("ZADD", key, ...)
+  if type(r) == "table" and r.err then
+    redis.call("DEL", key)
+    r = redis.call("ZADD", key, ...)
+  end
+  return r
+end
+
+-- Whether g is a member of sorted set key (one of another type is deleted:
+-- it holds none).
+function G.has(key, g)
+  local r = redis.pcall("ZSCORE", key, g)
+  if type(r) == "table" and r.err then
+    redis.call("DEL", key)
+    return false
+  end
+  return r ~= false
+end
+
+-- Group g has waiting jobs: it joins the ring, last, unless it is there or
+-- parked already (or held back by ERATELIMIT: then parked until then); a
+-- group with no waiting job left stays out. -> true when it joined the
+-- ring now.
+function G.enter(p, g, now)
+  if not G.has(p .. "groups", g) and not G.has(p .. "gparked", g) and redis.call("ZCARD", G.set(p, g)) > 0 then
+    local hold = g ~= "" and redis.call("PTTL", p .. "gl:" .. g) or -2
+    if hold > 0 then G.zadd(p .. "gparked", now + hold, g)
+    else
+      G.zadd(p .. "groups", redis.call("INCR", p .. "turn"), g)
+      return true
+    end
+  end
+  return false
+end
+
+-- A job made waiting (member, score prio) of group g ("": none) indexed.
+-- A group that joins an empty ring is announced ("added"): workers that
+-- found every group parked look again.
+function G.index(p, g, prio, member, now)
+  local on = G.on(p)
+  if g == "" then
+    if not on then return end
+  elseif not on and redis.call("ZUNIONSTORE", p .. "ungrouped", 1, p .. "wait") > 0 then
+    G.enter(p, "", now) -- the switch: every job waiting until now is of no group
+  end
+  G.zadd(G.set(p, g), prio, member)
+  if G.enter(p, g, now) and redis.call("ZCARD", p .. "groups") == 1
+      and redis.call("EXISTS", p .. "limited") == 0 then
+    publish(p, "added")
+  end
+end
+
+-- A waiting job (member) of group g (nil: none) no longer waits; a group
+-- left with none leaves the ring (or the parked set: a hold stays in its
+-- gl key, and G.enter parks the group again).
+function G.unindex(p, g, member)
+  if not member then return end
+  local set = G.set(p, g or "")
+  if redis.call("ZREM", set, member) == 1 and redis.call("ZCARD", set) == 0 then
+    redis.call("ZREM", p .. "groups", g or "")
+    redis.call("ZREM", p .. "gparked", g or "")
+  end
+end
+
+-- Job id of group g (nil: none) left active: its group's place is free,
+-- and a parked group may take a job again (a hold parks it again).
+function G.left(p, g, id)
+  if not g or g == "" or redis.pcall("SREM", p .. "ga:" .. g, id) ~= 1 then return end
+  if redis.call("ZREM", p .. "gparked", g) == 0 then return end
+  local now = now_ms()
+  local _, glim = read_limits(p)
+  if G.enter(p, g, now) and G.room(p, g, now, glim) then publish(p, "added") end -- (else parked again)
+end
+
+-- Group g may take no job until ms until_ms; hold: a later time already
+-- there stays.
+function G.park(p, g, until_ms, hold)
+  redis.call("ZREM", p .. "groups", g)
+  if hold then redis.call("ZADD", p .. "gparked", "GT", until_ms, g)
+  else redis.call("ZADD", p .. "gparked", until_ms, g) end
+end
+
+-- The parked groups whose time came go back to the ring (once per fetch).
+function G.unpark_due(p, now)
+  for _, g in ipairs(redis.call("ZRANGEBYSCORE", p .. "gparked", "-inf", now, "LIMIT", 0, UNPARK_MAX)) do
+    redis.call("ZREM", p .. "gparked", g)
+    G.enter(p, g, now)
+  end
+end
+
+-- Every parked group is looked at again under the new limits (a group
+-- limit changed): back to the ring, or parked again as G.enter (a hold)
+-- and G.room (a cap, a window) say. One call over all of them.
+function G.unpark_all(p)
+  local now = now_ms()
+  local _, glim = read_limits(p)
+  for _, g in ipairs(redis.call("ZRANGE", p .. "gparked", 0, -1)) do
+    redis.call("ZREM", p .. "gparked", g)
+    if G.enter(p, g, now) then G.room(p, g, now, glim) end
+  end
+end
+
+-- The job of group g that fetch hands out now counts against its cap and
+-- rate.
+function G.started(p, g, id, token, now, glim)
+  if g == "" then return end
+  redis.call("SADD", p .. "ga:" .. g, id)
+  if glim and glim.rate_max then
+    redis.call("ZADD", p .. "gs:" .. g, now, token)
+    redis.call("PEXPIRE", p .. "gs:" .. g, glim.rate_per + 1000)
+  end
+end
+
+-- Whether group g may take a job now under the groups' limits glim; if
+-- not, it is parked until it may.
+function G.room(p, g, now, glim)
+  if g == "" or not glim then return true end
+  local c = glim.concurrency
+  if c and redis.call("SCARD", p .. "ga:" .. g) >= c then
+    -- a job that left active by another way (its hash deleted by hand, an
+    -- obliterate) must not hold its group's place for ever: one no longer
+    -- active is dropped, and a full group is parked until the first lease
+    -- of its jobs ends (or one leaves active: G.left), then looked at again
+    local first_end = math.huge
+    for _, id in ipairs(redis.call("SMEMBERS", p .. "ga:" .. g)) do
+      local lease_end = tonumber(redis.call("ZSCORE", p .. "active", id) or "")
+      if lease_end then first_end = math.min(first_end, lease_end)
+      else redis.call("SREM", p .. "ga:" .. g, id) end
+    end
+    if redis.call("SCARD", p .. "ga:" .. g) >= c then
+      G.park(p, g, math.max(first_end, now) + 1)
+      return false
+    end
+  end
+  if glim.rate_max then
+    local key = p .. "gs:" .. g
+    redis.call("ZREMRANGEBYSCORE", key, "-inf", "(" .. (now - glim.rate_per))
+    if redis.call("ZCARD", key) >= glim.rate_max then
+      local oldest = redis.call("ZRANGE", key, 0, 0, "WITHSCORES")
+      G.park(p, g, tonumber(oldest[2]) + glim.rate_per + 1)
+      return false
+    end
+  end
+  return true
+end
+
+-- The group of the job first in line (wait's head), if it is in the ring
+-- and may take a job now: what G.pick takes when its walk found no group
+-- with that priority (a group further on in turn order).
+function G.of_head(p, head, now, glim)
+  local g = redis.pcall("HGET", job_key(p, string.sub(head, 18)), "group")
+  if type(g) ~= "string" then g = "" end
+  if redis.call("ZSCORE", p .. "groups", g) and G.room(p, g, now, glim) then return g end
+end
+
+-- The group whose turn it is, and the member popped from its index: the
+-- first group in the ring whose first job has the best priority waiting
+-- (among the next GROUP_WALK_MAX, else the group of the job first in
+-- line), else the best that may take one; nil, nil when none may, and whether
+-- the walk took groups out of the ring (parked or empty: a walk again
+-- reaches further).
+function G.pick(p, now, glim)
+  local head = redis.call("ZRANGE", p .. "wait", 0, 0, "WITHSCORES")
+  if #head == 0 then return nil, nil, false end
+  local best = tonumber(head[2])
+  local found, found_prio, after, walked, dropped = nil, nil, "-inf", 0, false
+  while walked < GROUP_WALK_MAX and not (found and found_prio <= best) do
+    local ring = redis.call("ZRANGEBYSCORE", p .. "groups", after, "+inf", "WITHSCORES", "LIMIT", 0, 16)
+    if #ring == 0 then break end
+    for i = 1, #ring, 2 do
+      local g = ring[i]
+      after, walked = "(" .. ring[i + 1], walked + 1
+      local first = redis.call("ZRANGE", G.set(p, g), 0, 0, "WITHSCORES")
+      if #first == 0 then
+        redis.call("ZREM", p .. "groups", g)
+        dropped = true
+      else
+        local prio = tonumber(first[2])
+        if not found or prio < found_prio then
+          if G.room(p, g, now, glim) then
+            found, found_prio = g, prio
+            if prio <= best then break end
+          else
+            dropped = true
+          end
+        end
+      end
+    end
+  end
+  if not (found and found_prio <= best) then found = G.of_head(p, head[1], now, glim) or found end
+  if not found then return nil, nil, dropped end
+  local set, turn = G.set(p, found), redis.call("INCR", p .. "turn") -- (drawn first: a pop is not undone)
+  local member = redis.call("ZPOPMIN", set)[1]
+  if redis.call("ZCARD", set) == 0 then redis.call("ZREM", p .. "groups", found)
+  else redis.call("ZADD", p .. "groups", turn, found) end -- its turn is over
+  return found, member
+end
+
+-- Groups with no waiting job left (after a drain) leave the ring and the
+-- parked set; with all, every group goes and its keys are deleted
+-- (obliterate).
+function G.sweep(p, all)
+  for _, ring in ipairs({ "groups", "gparked" }) do
+    for _, g in ipairs(redis.call("ZRANGE", p .. ring, 0, -1)) do
+      if all or redis.call("ZCARD", G.set(p, g)) == 0 then
+        redis.call("ZREM", p .. ring, g)
+        if all then redis.call("DEL", G.set(p, g), p .. "ga:" .. g, p .. "gs:" .. g, p .. "gl:" .. g) end
+      end
+    end
+  end
+end
+
+-- ratelimited for a job of group g: the group holds back for ms.
+-- (A group with no waiting job is not parked: G.enter parks it, by its
+-- hold, when one comes.)
+function G.hold(p, g, ms, now)
+  if redis.call("PTTL", p .. "gl:" .. g) < ms then redis.call("SET", p .. "gl:" .. g, "1", "PX", ms) end
+  if redis.call("ZCARD", G.set(p, g)) > 0 then G.park(p, g, now + ms, true) end
+end
+
+-- groups(p; limit) -> { { group, state, waiting, active, ms }, ... }: the
+-- groups with waiting jobs, those that may not take one first (state
+-- "held": an ERATELIMIT hold, ms left; "at_cap"; "rate": its window is
+-- full, ms until it has room), then the ring's ("ready", in turn order).
+-- waiting may count entries that fetch drops when it reaches them.
+local function groups(keys, args)
+  local p = keys[1]
+  local refused = check_numbers("moonjob_groups", args,
+    { { 1, "LIMIT must be a whole number from 1 to " .. LIST_GROUPS_MAX, 1, LIST_GROUPS_MAX, true } })
+  if refused then return refused end
+  local limit, now, out = tonumber(args[1]) or 100, now_ms(), {}
+  local _, glim = read_limits(p)
+  local cap = glim and glim.concurrency
+  local function row(g, state, ms)
+    out[#out + 1] = { g, state, redis.call("ZCARD", G.set(p, g)), g == "" and 0 or redis.call("SCARD",
+      p .. "ga:" .. g), math.max(0, math.floor(ms)) }
+  end
+  local parked = redis.call("ZRANGE", p .. "gparked", 0, limit - 1, "WITHSCORES")
+  for i = 1, #parked, 2 do
+    local g, at, hold = parked[i], tonumber(parked[i + 1]), redis.call("PTTL", p .. "gl:" .. parked[i])
+    if hold > 0 then row(g, "held", hold)
+    elseif at > now and cap and redis.call("SCARD", p .. "ga:" .. g) >= cap then row(g, "at_cap", 0)
+    elseif at > now then row(g, "rate", at - now)
+    else row(g, "ready", 0) end -- (its time came: the next fetch takes it back)
+  end
+  if #out < limit then
+    for _, g in ipairs(redis.call("ZRANGE", p .. "groups", 0, limit - #out)) do -- (+1: "" is skipped)
+      if g ~= "" and #out < limit then row(g, "ready", 0) end
+    end
+  end
+  return out
+end
+
+F.groups = groups
+end
