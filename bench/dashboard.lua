@@ -41,7 +41,7 @@ local function add_jobs(q, n, from)
   local pending = 0
   for i = 1, n do
     pending = pending + 1
-    q.client:call(require("moonjob.redis.producer").add_args(q.prefix, ('{"n":%d}'):format(from + i), {}, false),
+    q.client:call(require("moonjob.redis.add").args(q.prefix, ('{"n":%d}'):format(from + i), {}, false),
       function() pending = pending - 1 end)
     if pending >= 512 then wait_for(function() return pending < 256 end, 60) end
   end

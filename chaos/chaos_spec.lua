@@ -69,7 +69,7 @@ describe("chaos: three workers in network namespaces on one Redis", function()
     local added, pending = 0, 0
     for i = 1, JOBS do
       pending = pending + 1
-      local args = require("moonjob.redis.producer").add_args(q.prefix,
+      local args = require("moonjob.redis.add").args(q.prefix,
         ('{"n":%d,"ms":%d,"log":"%s"}'):format(i, (i * 7) % 101, runs_log), { attempts = 10, id = "job" .. i })
       q.client:call(args, function(reply) pending = pending - 1; if reply then added = added + 1 end end)
       if pending > 200 then helpers.wait_for(function() return pending < 100 end) end

@@ -58,7 +58,7 @@ describe("chaos: pausing a queue run by three workers on two hosts", function()
     local pending = 0
     for i = 1, JOBS do
       pending = pending + 1
-      local args = require("moonjob.redis.producer").add_args(q.prefix,
+      local args = require("moonjob.redis.add").args(q.prefix,
         ('{"n":%d,"ms":%d,"log":"%s"}'):format(i, MS, runs_log), { id = "job" .. i })
       q.client:call(args, function() pending = pending - 1 end)
       if pending > 200 then helpers.wait_for(function() return pending < 100 end) end

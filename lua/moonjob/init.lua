@@ -35,7 +35,7 @@ function M.queue(url, name, opts)
 end
 
 -- moonjob.queues(redis_url [, opts]) -> { { name, waiting, ..., paused }, ... } | nil, err:
--- the queues on a server, with their counts (moonjob.redis.operate).
+-- the queues on a server, with their counts (moonjob.redis.producer).
 function M.queues(url, opts)
   return require("moonjob.redis.producer").queues(url, opts)
 end

@@ -143,6 +143,18 @@ describe("the Redis library's parts", function()
     end
   end)
 
+  it("keeps copies equal to moonjob.redis.names' of what both sides share", function()
+    local names = require "moonjob.redis.names"
+    local text = library.text()
+    local function copy(name) -- the value of the library's `local NAME = value -- comment`
+      local expr = assert(text:match("\nlocal " .. name .. " = ([^\n]*)"), name)
+      return assert(loadstring("return " .. expr:gsub("%s*%-%-.*$", "")))()
+    end
+    for _, name in ipairs({ "REGISTRY", "PAUSED", "RUN_MS_MARK", "SECONDS_MAX", "ATTEMPTS_MAX" }) do
+      assert.equal(names[name], copy(name), name)
+    end
+  end)
+
   it("explains a Redis error's user_function:N lines with their part and line", function()
     local lines = lines_of(library.text())
     local n

@@ -17,8 +17,9 @@ local core = require "moonjob.core"
 local json = require "moonjob.codec.json"
 local loop = require "moonjob.loop"
 local moonjob = require "moonjob"
-local Queue = require "moonjob.redis.producer"
+local add = require "moonjob.redis.add"
 local client = require "moonjob.redis.client"
+local names = require "moonjob.redis.names"
 local stops = require "moonjob.cli.stops"
 
 local M = {}
@@ -37,7 +38,7 @@ function M.check_target(o, usage_error, no_queue)
   if not t then return usage_error(err) end
   if no_queue and not o.queue then return end
   if not o.queue then return usage_error("--queue NAME is needed") end
-  local ok, why = Queue.check_name(o.queue)
+  local ok, why = names.check_name(o.queue)
   if not ok then return usage_error(why) end
 end
 
@@ -219,7 +220,7 @@ function Adds:send(n, line)
     return self:refused(n, "Redis unreachable: " .. tostring(self.q.client.why or "no connection"))
   end
   local q = self.q
-  local args = Queue.add_args(q.prefix, line, self.opts, false, nil, self.dedupe and "join" or nil)
+  local args = add.args(q.prefix, line, self.opts, false, nil, self.dedupe and "join" or nil)
   self.inflight = self.inflight + 1
   q.client:call(args, function(reply, err, kind)
     self.inflight = self.inflight - 1
@@ -289,7 +290,7 @@ function M.add(input_path, o)
     if not input then say("cannot read ", input_path, ": ", err) return EXIT_USAGE end
   end
   local opts = add_options(o)
-  local ok, why = pcall(Queue.add_args, "", "{}", opts) -- raises on a bad option
+  local ok, why = pcall(add.args, "", "{}", opts) -- raises on a bad option
   if not ok then say((tostring(why):gsub("^[^:]*:%d+: ", ""))) return EXIT_USAGE end
   local q, err = moonjob.queue(o.redis, o.queue)
   if not q then say(tostring(err)) return EXIT_FAILED end

@@ -14,6 +14,8 @@
 -- 400 bad input, 404 no such queue or job, 409 a job in another state or a
 -- busy queue, 502 Redis failed.
 local json = require "moonjob.codec.json"
+local fcall = require "moonjob.redis.fcall"
+local names = require "moonjob.redis.names"
 local producer = require "moonjob.redis.producer"
 local Operate = require "moonjob.redis.operate"
 
@@ -90,7 +92,7 @@ local function groups_out(q, counts)
 end
 
 function Api:queue(name)
-  if not producer.check_name(name) then return nil end
+  if not names.check_name(name) then return nil end
   return producer.attach(self.client, name)
 end
 
@@ -114,7 +116,7 @@ end
 function Api:overview(server, req, q)
   local c, err = q:counts()
   if not c then return fail(server, req, err) end
-  if not c.exists then return fail(server, req, q:_no_queue()) end
+  if not c.exists then return fail(server, req, fcall.no_queue(q)) end
   local m
   m, err = q:metrics({ minutes = CHART_MINUTES })
   if not m then return fail(server, req, err) end
@@ -183,7 +185,7 @@ function Api:act(server, req, q, action, id)
     if type(body) ~= "table" then return fail(server, req, { code = "EINPUT", message = "the body must be a JSON object" }) end
   end
   local c = q:counts()
-  if c and not c.exists then return fail(server, req, q:_no_queue()) end
+  if c and not c.exists then return fail(server, req, fcall.no_queue(q)) end
   local ok, result, err
   if id then
     ok, result, err = pcall(JOB_ACTIONS[action], q, id)

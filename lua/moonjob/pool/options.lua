@@ -13,6 +13,7 @@
 -- pool:add, directly, or the error blames the wrong line.
 local errors = require "moonjob.errors"
 local Backoff = require "moonjob.backoff"
+local names = require "moonjob.redis.names"
 
 local Options = {}
 
@@ -49,11 +50,12 @@ local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout 
 local WHOLE = { size = true, max_jobs_per_child = true, min_size = true, max_procs = true,
   attempts = true, cache_max = true, max_queue = true, prefetch = true, keep = true,
   keep_logs = true, pipeline = true, group_concurrency = true }
--- Upper bounds, so that no option reaches C as a number it cannot hold.
-local SECONDS_MAX = 1e9
+-- Upper bounds, so that no option reaches C as a number it cannot hold;
+-- those of a job's fields are Redis's too (moonjob.redis.names).
+local SECONDS_MAX, ATTEMPTS_MAX = names.SECONDS_MAX, names.ATTEMPTS_MAX
 Options.SECONDS_MAX = SECONDS_MAX -- the bound on every time, also moonjob.redis's and the CLI's
 local MAXIMUM = { size = 1024, max_payload = 2 ^ 30, memory_limit = 2 ^ 46, max_procs = 2 ^ 31 - 1,
-  max_log_bytes = 2 ^ 40, attempts = 2 ^ 31, cache_max = 2 ^ 31, max_queue = 2 ^ 53,
+  max_log_bytes = 2 ^ 40, attempts = ATTEMPTS_MAX, cache_max = 2 ^ 31, max_queue = 2 ^ 53,
   min_size = 1024, max_jobs_per_child = 2 ^ 53, timeout = SECONDS_MAX, kill_after = SECONDS_MAX,
   ack_timeout = SECONDS_MAX, start_timeout = SECONDS_MAX, idle_timeout = SECONDS_MAX,
   cache = SECONDS_MAX, lease = SECONDS_MAX, poll = 3600, keep_age = SECONDS_MAX, prefetch = 1e6,
@@ -182,9 +184,9 @@ end
 -- A pool on a Redis queue: redis and queue go together, jobs cross as JSON
 -- text, and lease must leave room for renewals (every lease/12) and the
 -- self-fence (at 4/5 of a lease).
--- The Redis modules are required here, lazily, only for a pool given the
--- redis option: the queue name's rule is moonjob.redis.producer's, the URL's
--- moonjob.redis.client's (one definition each); a local pool loads neither.
+-- The queue name's rule is moonjob.redis.names's, the URL's
+-- moonjob.redis.client's (one definition each); the client is required here,
+-- lazily, only for a pool given the redis option.
 function Options.check_remote(opts)
   local remote_only = { "lease", "prefetch", "poll", "keep", "keep_age", "keep_failed_age", "keep_logs",
     "worker_name" }
@@ -196,7 +198,7 @@ function Options.check_remote(opts)
     return
   end
   if not opts.queue then error("moonjob.pool: option 'redis' needs option 'queue' (the queue's name)", 5) end
-  local ok, why = require("moonjob.redis.producer").check_name(opts.queue)
+  local ok, why = names.check_name(opts.queue)
   if not ok then error("moonjob.pool: option 'queue': " .. why, 5) end
   local parsed, perr = require("moonjob.redis.client").parse(opts.redis)
   if not parsed then error("moonjob.pool: option 'redis': " .. perr, 5) end
@@ -271,7 +273,7 @@ function Options.check_add(opts)
       error("pool:add(): option 'lines' must be { first line's number, number of lines }", 3)
     elseif want == "priority" and not (type(v) == "number" and v > -math.huge and v < math.huge) then
       error("pool:add(): option 'priority' must be a finite number (lower runs first)", 3)
-    elseif want == "attempts" and not (type(v) == "number" and v >= 1 and v <= 2 ^ 31
+    elseif want == "attempts" and not (type(v) == "number" and v >= 1 and v <= ATTEMPTS_MAX
         and v == math.floor(v)) then
       error(("pool:add(): option '%s' must be a whole number, 1 or more"):format(k), 3)
     elseif want == "backoff" then

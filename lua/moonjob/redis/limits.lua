@@ -1,7 +1,9 @@
 -- moonjob.redis.limits -- how fast and how many jobs of a durable queue run,
 -- across every worker on every host: the methods q:set_rate,
--- q:set_concurrency, q:set_group_rate, q:set_group_concurrency, q:limits
--- and q:groups of `moonjob.queue(url, name)`.
+-- q:set_concurrency, q:set_group_rate, q:set_group_concurrency, q:limits,
+-- q:groups and q:held_groups of `moonjob.queue(url, name)` (the queue
+-- class, moonjob.redis.producer, takes them from here: each is a function
+-- of the queue `q`, and raises at the user's line for a bad argument).
 --
 --   q:set_rate({ max = 100, per = 1 })   -- at most 100 jobs start in any second
 --   q:set_concurrency(5)                 -- at most 5 run at once, all hosts together
@@ -22,7 +24,9 @@
 -- error({ code = "ERATELIMIT", retry_after = s }): its job waits again
 -- without costing an attempt, and the queue (for a job of a group: its
 -- group) holds back for s seconds.
+local fcall = require "moonjob.redis.fcall"
 local json = require "moonjob.codec.json"
+local names = require "moonjob.redis.names"
 
 local M = {}
 
@@ -30,7 +34,8 @@ local M = {}
 local function check_rate(rate, fn)
   if rate == nil or rate == false then return 0, 1 end
   local ok = type(rate) == "table" and type(rate.max) == "number" and rate.max >= 1 and rate.max % 1 == 0
-    and rate.max <= 2 ^ 31 and type(rate.per) == "number" and rate.per >= 0.001 and rate.per <= 1e9
+    and rate.max <= names.ATTEMPTS_MAX and type(rate.per) == "number" and rate.per >= 0.001
+    and rate.per <= names.SECONDS_MAX
   if ok then
     for k in pairs(rate) do if k ~= "max" and k ~= "per" then ok = false end end
   end
@@ -43,7 +48,7 @@ end
 
 -- n | nil -> N (0: no limit); raises naming `fn`.
 local function check_concurrency(n, fn)
-  if n ~= nil and n ~= false and (type(n) ~= "number" or n < 1 or n % 1 ~= 0 or n > 2 ^ 31) then
+  if n ~= nil and n ~= false and (type(n) ~= "number" or n < 1 or n % 1 ~= 0 or n > names.ATTEMPTS_MAX) then
     error(("queue:%s(): takes a whole number, 1 or more, or nil (no limit), not %s"):format(fn, tostring(n)), 3)
   end
   return n or 0
@@ -53,79 +58,82 @@ end
 -- check (which raises naming the method) into moonjob_limit's numbers.
 local function setter(kind, check)
   local name = "set_" .. kind
-  return function(self, value)
-    local ok, err = self:_call("moonjob_limit", 1, self.prefix, kind, check(value, name))
+  return function(q, value)
+    local ok, err = fcall.call(q, "moonjob_limit", 1, q.prefix, kind, check(value, name))
     if not ok then return nil, err end
     return true
   end
 end
 
-function M.extend(Queue)
-  -- q:set_rate({ max, per } | nil): at most max jobs start in any `per`
-  -- seconds, on all workers together; nil: no limit.
-  Queue.set_rate = setter("rate", check_rate)
-  -- q:set_concurrency(n | nil): at most n jobs of the queue active at once
-  -- (held by a worker or running), on all workers.
-  Queue.set_concurrency = setter("concurrency", check_concurrency)
-  -- q:set_group_rate({ max, per } | nil): the same for each group (each
-  -- group its own window); q:set_group_concurrency(n | nil): at most n jobs
-  -- of each group active at once.
-  Queue.set_group_rate = setter("group_rate", check_rate)
-  Queue.set_group_concurrency = setter("group_concurrency", check_concurrency)
+-- q:set_rate({ max, per } | nil): at most max jobs start in any `per`
+-- seconds, on all workers together; nil: no limit.
+M.set_rate = setter("rate", check_rate)
+-- q:set_concurrency(n | nil): at most n jobs of the queue active at once
+-- (held by a worker or running), on all workers.
+M.set_concurrency = setter("concurrency", check_concurrency)
+-- q:set_group_rate({ max, per } | nil): the same for each group (each
+-- group its own window); q:set_group_concurrency(n | nil): at most n jobs
+-- of each group active at once.
+M.set_group_rate = setter("group_rate", check_rate)
+M.set_group_concurrency = setter("group_concurrency", check_concurrency)
 
-  -- q:groups([{ limit = n }]) -> { { group, state, waiting, active,
-  -- seconds }, ... } | nil, err: the groups with waiting jobs (at most
-  -- limit, 100 by default, 1,000 at most), those held back first: state
-  -- "held" (a job said ERATELIMIT; seconds left), "at_cap" (its
-  -- concurrency is full), "rate" (its window is full; seconds until it has
-  -- room), then "ready" ones in turn order.
-  function Queue:groups(opts)
-    local limit = type(opts) == "table" and opts.limit or 100
-    if type(opts) ~= "nil" and type(opts) ~= "table" or type(limit) ~= "number" or limit < 1 or limit > 1000
-        or limit % 1 ~= 0 then
-      error("queue:groups(): takes nil or { limit = n } (a whole number from 1 to 1000)", 2)
-    end
-    for k in pairs(opts or {}) do
-      if k ~= "limit" then error(("queue:groups(): unknown option '%s' (known: limit)"):format(tostring(k)), 2) end
-    end
-    local rows, err = self:_call("moonjob_groups", 1, self.prefix, limit)
-    if not rows then return nil, err end
-    local out = {}
-    for i, r in ipairs(rows) do
-      out[i] = { group = r[1], state = r[2], waiting = r[3], active = r[4], seconds = r[5] / 1000 }
-    end
-    return out
+-- q:groups' options -> its limit; raises.
+local function groups_limit(opts)
+  local limit = type(opts) == "table" and opts.limit or 100
+  if type(opts) ~= "nil" and type(opts) ~= "table" or type(limit) ~= "number" or limit < 1 or limit > 1000
+      or limit % 1 ~= 0 then
+    error("queue:groups(): takes nil or { limit = n } (a whole number from 1 to 1000)", 3)
   end
+  for k in pairs(opts or {}) do
+    if k ~= "limit" then error(("queue:groups(): unknown option '%s' (known: limit)"):format(tostring(k)), 3) end
+  end
+  return limit
+end
 
-  -- q:held_groups(counts, limit) -> the first `limit` groups held back
-  -- (q:groups' rows, as a JSON array: empty when none) | nil, err; counts:
-  -- q:limits().groups, so that a queue with none held back costs no look.
-  function Queue:held_groups(counts, limit)
-    local held = setmetatable({}, json.array_mt)
-    if counts.held_back == 0 then return held end
-    local rows, err = self:groups({ limit = limit })
-    if not rows then return nil, err end
-    for _, row in ipairs(rows) do
-      if row.state ~= "ready" then held[#held + 1] = row end
-    end
-    return held
+-- q:groups([{ limit = n }]) -> { { group, state, waiting, active,
+-- seconds }, ... } | nil, err: the groups with waiting jobs (at most
+-- limit, 100 by default, 1,000 at most), those held back first: state
+-- "held" (a job said ERATELIMIT; seconds left), "at_cap" (its
+-- concurrency is full), "rate" (its window is full; seconds until it has
+-- room), then "ready" ones in turn order.
+function M.groups(q, opts)
+  local rows, err = fcall.call(q, "moonjob_groups", 1, q.prefix, groups_limit(opts))
+  if not rows then return nil, err end
+  local out = {}
+  for i, r in ipairs(rows) do
+    out[i] = { group = r[1], state = r[2], waiting = r[3], active = r[4], seconds = r[5] / 1000 }
   end
+  return out
+end
 
-  -- q:limits() -> { rate = { max, per } | nil, concurrency = n | nil,
-  -- held_back = s (an ERATELIMIT hold left, 0 none), started = jobs handed
-  -- out in the rate's current window, active = jobs active, group_rate =
-  -- { max, per } | nil, group_concurrency = n | nil, groups = { ready = n,
-  -- held_back = n } (groups with waiting jobs: that may take one now, that
-  -- may not: q:groups() says why) } | nil, err.
-  function Queue:limits()
-    local r, err = self:_call("moonjob_limits", 1, self.prefix)
-    if not r then return nil, err end
-    return { rate = r[1] > 0 and { max = r[1], per = r[2] / 1000 } or nil,
-      concurrency = r[3] > 0 and r[3] or nil, held_back = r[4] / 1000, started = r[5], active = r[6],
-      group_rate = (r[7] or 0) > 0 and { max = r[7], per = r[8] / 1000 } or nil,
-      group_concurrency = (r[9] or 0) > 0 and r[9] or nil,
-      groups = { ready = r[10] or 0, held_back = r[11] or 0 } }
+-- q:held_groups(counts, limit) -> the first `limit` groups held back
+-- (q:groups' rows, as a JSON array: empty when none) | nil, err; counts:
+-- q:limits().groups, so that a queue with none held back costs no look.
+function M.held_groups(q, counts, limit)
+  local held = setmetatable({}, json.array_mt)
+  if counts.held_back == 0 then return held end
+  local rows, err = M.groups(q, { limit = limit })
+  if not rows then return nil, err end
+  for _, row in ipairs(rows) do
+    if row.state ~= "ready" then held[#held + 1] = row end
   end
+  return held
+end
+
+-- q:limits() -> { rate = { max, per } | nil, concurrency = n | nil,
+-- held_back = s (an ERATELIMIT hold left, 0 none), started = jobs handed
+-- out in the rate's current window, active = jobs active, group_rate =
+-- { max, per } | nil, group_concurrency = n | nil, groups = { ready = n,
+-- held_back = n } (groups with waiting jobs: that may take one now, that
+-- may not: q:groups() says why) } | nil, err.
+function M.limits(q)
+  local r, err = fcall.call(q, "moonjob_limits", 1, q.prefix)
+  if not r then return nil, err end
+  return { rate = r[1] > 0 and { max = r[1], per = r[2] / 1000 } or nil,
+    concurrency = r[3] > 0 and r[3] or nil, held_back = r[4] / 1000, started = r[5], active = r[6],
+    group_rate = (r[7] or 0) > 0 and { max = r[7], per = r[8] / 1000 } or nil,
+    group_concurrency = (r[9] or 0) > 0 and r[9] or nil,
+    groups = { ready = r[10] or 0, held_back = r[11] or 0 } }
 end
 
 return M

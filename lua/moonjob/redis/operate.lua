@@ -1,5 +1,7 @@
 -- moonjob.redis.operate -- seeing and acting on a durable queue: the
--- operating methods of `moonjob.queue(url, name)` and `moonjob.queues(url)`.
+-- operating methods of `moonjob.queue(url, name)` (the queue class,
+-- moonjob.redis.producer, takes them from here: each is a function of the
+-- queue `q`), and the job records they return.
 --
 --   local q = assert(moonjob.queue(url, "images"))
 --   for _, job in ipairs(assert(q:jobs("failed", { limit = 10 }))) do print(job.id, job.error) end
@@ -18,16 +20,19 @@
 -- unknown id: ENOTFOUND; a job in the wrong state: ESTATE; a queue with no
 -- key at all: ENOQUEUE; a page past the end: ERANGE; a bad state or
 -- number: EINPUT). Nothing is changed by a call that returns an error.
+-- A bad option raises (a bug of the caller): the queue class takes these
+-- functions as its methods, not wrapped, so that the error levels count
+-- from the user's call.
 --
 -- Times are the Redis server's, in ms since the epoch; run times in ms.
 local errors = require "moonjob.errors"
+local fcall = require "moonjob.redis.fcall"
 local json = require "moonjob.codec.json"
+local names = require "moonjob.redis.names"
 
 local M = {}
 
--- The set of queue names (the library's REGISTRY: adds, pauses and
--- workers at connect write it; the one key outside a queue's prefix).
-M.REGISTRY = "mj:queues"
+local call, no_queue_or, decode_error = fcall.call, fcall.no_queue_or, fcall.decode_error
 
 local STATES = { waiting = true, delayed = true, active = true, completed = true, failed = true }
 local STATE_LIST = "waiting, delayed, active, completed or failed"
@@ -40,9 +45,7 @@ local function decode(text)
   return (json.decode(text))
 end
 
-local decode_error -- the producer's (M.extend)
-
--- One job of a listing (the library's view, functions/operate.lua) as a table.
+-- One job of a listing (the library's view, functions/views.lua) as a table.
 local function job_of(row)
   local f = {}
   for i, name in ipairs(VIEW_FIELDS) do f[name] = row[i + 1] or nil end
@@ -92,229 +95,199 @@ local function check_options(fn, opts, known)
   if type(opts) ~= "table" then error(fn .. ": options must be a table", 4) end
   for k in pairs(opts) do
     if not known[k] then
-      local names = {}
-      for n in pairs(known) do names[#names + 1] = n end
-      table.sort(names)
-      error(("%s: unknown option '%s' (known: %s)"):format(fn, tostring(k), table.concat(names, ", ")), 4)
+      local list = {}
+      for n in pairs(known) do list[#list + 1] = n end
+      table.sort(list)
+      error(("%s: unknown option '%s' (known: %s)"):format(fn, tostring(k), table.concat(list, ", ")), 4)
     end
   end
   return opts
 end
 
-function M.extend(Queue, producer)
-  local reply_error = producer.reply_error
-  decode_error = producer.decode_error
-
-  function Queue:_call(...)
-    local reply, err = self.client:call_wait({ "FCALL", ... })
-    if err then return nil, reply_error(err) end
-    return reply
+-- q:jobs(state [, { offset, limit, order, preview }]) -> jobs, total | nil, err.
+-- order "asc" or "desc" (default: next to run first; finished: newest
+-- first); limit 1 to 1000 (default 20); preview: bytes of data and result
+-- beyond which they come cut, as text in data_preview and result_preview,
+-- and an error keeps only its code and message's start (error_cut)
+-- (default: whole). A page past the end is ERANGE.
+function M.jobs(q, state, opts)
+  local fn = "queue:jobs()"
+  opts = check_options(fn, opts, { offset = true, limit = true, order = true, preview = true })
+  local bad = check_state(fn, state)
+  if bad then return nil, bad end
+  if opts.order ~= nil and opts.order ~= "asc" and opts.order ~= "desc" then
+    error(fn .. ": option 'order' must be \"asc\" or \"desc\"", 2)
   end
-
-  -- Whether the queue exists: it has a key, or a worker or producer has
-  -- registered it (a worker waits on it, though nothing was added yet).
-  function Queue:exists()
-    local c, err = self:counts()
-    if not c then return nil, err end
-    return c.exists
+  local offset = whole(fn, opts, "offset", 0, 2 ^ 53) or 0
+  local reply, err = call(q, "moonjob_jobs", 1, q.prefix, state, offset,
+    whole(fn, opts, "limit", 1, 1000) or 20, opts.order or "", whole(fn, opts, "preview", 0, 2 ^ 31) or 0)
+  if not reply then return nil, err end
+  local total = reply[1]
+  if total == 0 then
+    local missing = no_queue_or(q, nil)
+    if missing then return nil, missing end
   end
-
-  function Queue:_no_queue()
-    return errors.new("ENOQUEUE", ("no queue '%s' on this server: nothing was ever added to it "
-      .. "(moonjob queues lists the queues)"):format(self.name))
+  if offset > 0 and offset >= total then
+    return nil, errors.new("ERANGE", ("offset %.0f is past the end: queue %s holds %d %s job(s)")
+      :format(offset, q.name, total, state))
   end
+  local out = {}
+  for i = 2, #reply do out[#out + 1] = job_of(reply[i]) end
+  return out, total
+end
 
-  -- An error for a queue that does not exist, else the one given.
-  function Queue:_no_queue_or(err)
-    if self:exists() == false then return self:_no_queue() end
-    return err
+-- q:job(id [, { log = n }]) -> job (with job.log, its last n log lines;
+-- default every line kept) | nil, err (ENOTFOUND, ENOQUEUE).
+function M.job(q, id, opts)
+  local fn = "queue:job()"
+  opts = check_options(fn, opts, { log = true })
+  local reply, err = call(q, "moonjob_job", 1, q.prefix, tostring(id), whole(fn, opts, "log", 0, 10000) or "")
+  if err then return nil, err end
+  if not reply then
+    return nil, no_queue_or(q, errors.new("ENOTFOUND", ("no job %s in queue %s (never added, or no "
+      .. "longer kept)"):format(tostring(id), q.name)))
   end
+  local job = job_of(reply)
+  local log = reply[#reply]
+  job.log = setmetatable({}, json.array_mt) -- written as [] when empty
+  for i = 1, #log do job.log[i] = log[i] end -- without the reply's n
+  return job
+end
 
-  -- q:jobs(state [, { offset, limit, order, preview }]) -> jobs, total | nil, err.
-  -- order "asc" or "desc" (default: next to run first; finished: newest
-  -- first); limit 1 to 1000 (default 20); preview: bytes of data and result
-  -- beyond which they come cut, as text in data_preview and result_preview,
-  -- and an error keeps only its code and message's start (error_cut)
-  -- (default: whole). A page past the end is ERANGE.
-  function Queue:jobs(state, opts)
-    local fn = "queue:jobs()"
-    opts = check_options(fn, opts, { offset = true, limit = true, order = true, preview = true })
-    local bad = check_state(fn, state)
-    if bad then return nil, bad end
-    if opts.order ~= nil and opts.order ~= "asc" and opts.order ~= "desc" then
-      error(fn .. ": option 'order' must be \"asc\" or \"desc\"", 2)
-    end
-    local offset = whole(fn, opts, "offset", 0, 2 ^ 53) or 0
-    local reply, err = self:_call("moonjob_jobs", 1, self.prefix, state, offset,
-      whole(fn, opts, "limit", 1, 1000) or 20, opts.order or "", whole(fn, opts, "preview", 0, 2 ^ 31) or 0)
-    if not reply then return nil, err end
-    local total = reply[1]
-    if total == 0 then
-      local missing = self:_no_queue_or(nil)
-      if missing then return nil, missing end
-    end
-    if offset > 0 and offset >= total then
-      return nil, errors.new("ERANGE", ("offset %.0f is past the end: queue %s holds %d %s job(s)")
-        :format(offset, self.name, total, state))
-    end
-    local out = {}
-    for i = 2, #reply do out[#out + 1] = job_of(reply[i]) end
-    return out, total
-  end
+-- An action on one job (retry, remove, promote): the state it was in.
+local function act(q, fname, id)
+  local state, err = call(q, fname, 1, q.prefix, tostring(id))
+  if state then return state end
+  if err.code == "ENOTFOUND" then return nil, no_queue_or(q, err) end
+  return nil, err
+end
 
-  -- q:job(id [, { log = n }]) -> job (with job.log, its last n log lines;
-  -- default every line kept) | nil, err (ENOTFOUND, ENOQUEUE).
-  function Queue:job(id, opts)
-    local fn = "queue:job()"
-    opts = check_options(fn, opts, { log = true })
-    local reply, err = self:_call("moonjob_job", 1, self.prefix, tostring(id), whole(fn, opts, "log", 0, 10000) or "")
-    if err then return nil, err end
+-- q:retry(id) -> the state it was in ("failed" or "completed") | nil, err:
+-- the job runs again, its attempts counted anew.
+function M.retry(q, id) return act(q, "moonjob_retry", id) end
+-- q:remove(id) -> the state it was in | nil, err; a running job is ESTATE
+-- (cancel it first).
+function M.remove(q, id) return act(q, "moonjob_remove", id) end
+-- q:promote(id) -> "delayed" (the state it was in) | nil, err: a delayed
+-- job may run now.
+function M.promote(q, id) return act(q, "moonjob_promote", id) end
+
+-- Calls a bulk function until nothing is left, limit jobs are done, or
+-- as many as its first answer saw (done + left): a queue fed faster than
+-- it is emptied never keeps it going. call_n(n, before) gets the cut the
+-- first answer gave (retry_all, clean). -> how many | nil, err (some may
+-- have been done: their count in err.done).
+local function bulk(q, limit, call_n, until_empty)
+  local done, before, total = 0, nil, nil
+  while not limit or done < limit do
+    local n = limit and math.min(BULK, limit - done) or BULK
+    local reply, err = call_n(n, before)
     if not reply then
-      return nil, self:_no_queue_or(errors.new("ENOTFOUND", ("no job %s in queue %s (never added, or no "
-        .. "longer kept)"):format(tostring(id), self.name)))
+      err.done = done
+      return nil, err
     end
-    local job = job_of(reply)
-    local log = reply[#reply]
-    job.log = setmetatable({}, json.array_mt) -- written as [] when empty
-    for i = 1, #log do job.log[i] = log[i] end -- without the reply's n
-    return job
+    done = done + reply[1]
+    before = before or reply[3]
+    total = total or (reply[1] + reply[2])
+    local looked_at = reply[4] or reply[1] -- retry_all: entries whose job was gone count too
+    if reply[2] == 0 or looked_at == 0 or (done >= total and not until_empty) then break end
   end
-
-  -- An action on one job (retry, remove, promote): the state it was in.
-  local function act(self, fname, id)
-    local state, err = self:_call(fname, 1, self.prefix, tostring(id))
-    if state then return state end
-    if err.code == "ENOTFOUND" then return nil, self:_no_queue_or(err) end
-    return nil, err
+  if done == 0 then -- nothing done: say so when the queue is not there at all
+    local missing = no_queue_or(q, nil)
+    if missing then return nil, missing end
   end
+  return done
+end
 
-  -- q:retry(id) -> the state it was in ("failed" or "completed") | nil, err:
-  -- the job runs again, its attempts counted anew.
-  function Queue:retry(id) return act(self, "moonjob_retry", id) end
-  -- q:remove(id) -> the state it was in | nil, err; a running job is ESTATE
-  -- (cancel it first).
-  function Queue:remove(id) return act(self, "moonjob_remove", id) end
-  -- q:promote(id) -> "delayed" (the state it was in) | nil, err: a delayed
-  -- job may run now.
-  function Queue:promote(id) return act(self, "moonjob_promote", id) end
+-- q:retry_all([{ state = "failed" | "completed", limit }]) -> how many ran again | nil, err
+function M.retry_all(q, opts)
+  local fn = "queue:retry_all()"
+  opts = check_options(fn, opts, { state = true, limit = true })
+  local state = opts.state or "failed"
+  local bad = check_state(fn, state, { failed = true, completed = true }, "failed or completed")
+  if bad then return nil, bad end
+  local limit = whole(fn, opts, "limit", 1, 2 ^ 53)
+  return bulk(q, limit, function(n, before)
+    return call(q, "moonjob_retry_all", 1, q.prefix, state, n, before or "")
+  end)
+end
 
-  -- Calls a bulk function until nothing is left, limit jobs are done, or
-  -- as many as its first answer saw (done + left): a queue fed faster than
-  -- it is emptied never keeps it going. call(n, before) gets the cut the
-  -- first answer gave (retry_all, clean). -> how many | nil, err (some may
-  -- have been done: their count in err.done).
-  local function bulk(self, limit, call, until_empty)
-    local done, before, total = 0, nil, nil
-    while not limit or done < limit do
-      local n = limit and math.min(BULK, limit - done) or BULK
-      local reply, err = call(n, before)
-      if not reply then
-        err.done = done
-        return nil, err
-      end
-      done = done + reply[1]
-      before = before or reply[3]
-      total = total or (reply[1] + reply[2])
-      local looked_at = reply[4] or reply[1] -- retry_all: entries whose job was gone count too
-      if reply[2] == 0 or looked_at == 0 or (done >= total and not until_empty) then break end
-    end
-    if done == 0 then -- nothing done: say so when the queue is not there at all
-      local missing = self:_no_queue_or(nil)
-      if missing then return nil, missing end
-    end
-    return done
+-- q:clean(state [, { older_than = seconds, limit }]) -> how many removed | nil, err:
+-- completed or failed jobs that ended more than older_than seconds ago (default 0: all).
+function M.clean(q, state, opts)
+  local fn = "queue:clean()"
+  opts = check_options(fn, opts, { older_than = true, limit = true })
+  local bad = check_state(fn, state, { failed = true, completed = true },
+    "completed or failed (jobs that wait: queue:drain())")
+  if bad then return nil, bad end
+  local older = opts.older_than or 0
+  if type(older) ~= "number" or not (older >= 0 and older <= 1e12) then
+    error(fn .. ": option 'older_than' must be a number of seconds, 0 or more", 2)
   end
+  local limit = whole(fn, opts, "limit", 1, 2 ^ 53)
+  return bulk(q, limit, function(n, before)
+    return call(q, "moonjob_clean", 1, q.prefix, state, math.floor(older * 1000), n, before or "")
+  end)
+end
 
-  -- q:retry_all([{ state = "failed" | "completed", limit }]) -> how many ran again | nil, err
-  function Queue:retry_all(opts)
-    local fn = "queue:retry_all()"
-    opts = check_options(fn, opts, { state = true, limit = true })
-    local state = opts.state or "failed"
-    local bad = check_state(fn, state, { failed = true, completed = true }, "failed or completed")
-    if bad then return nil, bad end
-    local limit = whole(fn, opts, "limit", 1, 2 ^ 53)
-    return bulk(self, limit, function(n, before)
-      return self:_call("moonjob_retry_all", 1, self.prefix, state, n, before or "")
-    end)
-  end
+-- q:drain([{ delayed = false }]) -> how many removed | nil, err: the jobs
+-- that wait (and, unless delayed = false, the delayed ones); running and
+-- finished jobs stay.
+function M.drain(q, opts)
+  opts = check_options("queue:drain()", opts, { delayed = true })
+  local delayed = opts.delayed ~= false and "1" or "0"
+  return bulk(q, nil, function(n) return call(q, "moonjob_drain", 1, q.prefix, n, delayed) end)
+end
 
-  -- q:clean(state [, { older_than = seconds, limit }]) -> how many removed | nil, err:
-  -- completed or failed jobs that ended more than older_than seconds ago (default 0: all).
-  function Queue:clean(state, opts)
-    local fn = "queue:clean()"
-    opts = check_options(fn, opts, { older_than = true, limit = true })
-    local bad = check_state(fn, state, { failed = true, completed = true },
-      "completed or failed (jobs that wait: queue:drain())")
-    if bad then return nil, bad end
-    local older = opts.older_than or 0
-    if type(older) ~= "number" or not (older >= 0 and older <= 1e12) then
-      error(fn .. ": option 'older_than' must be a number of seconds, 0 or more", 2)
-    end
-    local limit = whole(fn, opts, "limit", 1, 2 ^ 53)
-    return bulk(self, limit, function(n, before)
-      return self:_call("moonjob_clean", 1, self.prefix, state, math.floor(older * 1000), n, before or "")
-    end)
-  end
+-- q:obliterate([{ force = true }]) -> how many jobs removed | nil, err:
+-- the whole queue, every job and key. EBUSY while jobs run, unless force
+-- (their workers' reports are then refused and the jobs stopped there).
+function M.obliterate(q, opts)
+  opts = check_options("queue:obliterate()", opts, { force = true })
+  local force = opts.force and "1" or "0"
+  local n, err = bulk(q, nil, function(limit)
+    return call(q, "moonjob_obliterate", 1, q.prefix, limit, force)
+  end, true) -- to the end: the queue is paused meanwhile, and gone only then
+  if n then q.client:call_wait({ "SREM", names.REGISTRY, q.name }) end
+  return n, err
+end
 
-  -- q:drain([{ delayed = false }]) -> how many removed | nil, err: the jobs
-  -- that wait (and, unless delayed = false, the delayed ones); running and
-  -- finished jobs stay.
-  function Queue:drain(opts)
-    opts = check_options("queue:drain()", opts, { delayed = true })
-    local delayed = opts.delayed ~= false and "1" or "0"
-    return bulk(self, nil, function(n) return self:_call("moonjob_drain", 1, self.prefix, n, delayed) end)
-  end
+-- q:pause() / q:resume() -> true | nil, err. While paused, no worker on
+-- any host fetches a job (they ask at least once a second, and hear the
+-- pause at once); running jobs finish; counts().paused is true.
+function M.pause(q)
+  local ok, err = call(q, "moonjob_pause", 1, q.prefix)
+  return ok and true, err
+end
 
-  -- q:obliterate([{ force = true }]) -> how many jobs removed | nil, err:
-  -- the whole queue, every job and key. EBUSY while jobs run, unless force
-  -- (their workers' reports are then refused and the jobs stopped there).
-  function Queue:obliterate(opts)
-    opts = check_options("queue:obliterate()", opts, { force = true })
-    local force = opts.force and "1" or "0"
-    local n, err = bulk(self, nil, function(limit)
-      return self:_call("moonjob_obliterate", 1, self.prefix, limit, force)
-    end, true) -- to the end: the queue is paused meanwhile, and gone only then
-    if n then self.client:call_wait({ "SREM", M.REGISTRY, self.name }) end
-    return n, err
-  end
+function M.resume(q)
+  local ok, err = call(q, "moonjob_resume", 1, q.prefix)
+  return ok and true, err
+end
 
-  -- q:pause() / q:resume() -> true | nil, err. While paused, no worker on
-  -- any host fetches a job (they ask at least once a second, and hear the
-  -- pause at once); running jobs finish; counts().paused is true.
-  function Queue:pause()
-    local ok, err = self:_call("moonjob_pause", 1, self.prefix)
-    return ok and true, err
+-- q:metrics([{ minutes = 60 }]) -> { minutes = { row, ... }, total = row, buckets } | nil, err.
+-- Each row: at (ms, the minute's start), completed, failed, runs, and the
+-- run time's mean_ms, p50_ms, p90_ms, p99_ms (nil without runs; read from
+-- buckets, so as exact as the bucket), and counts (runs per bucket). Kept
+-- in Redis for 25 hours.
+function M.metrics(q, opts)
+  local fn = "queue:metrics()"
+  opts = check_options(fn, opts, { minutes = true })
+  local minutes = whole(fn, opts, "minutes", 1, 1500) or 60
+  local reply, err = call(q, "moonjob_metrics", 1, q.prefix, minutes)
+  if not reply then return nil, err end
+  if (reply[3][1] or 0) + (reply[3][2] or 0) == 0 then -- nothing ever ended: is it there at all?
+    local missing = no_queue_or(q, nil)
+    if missing then return nil, missing end
   end
-
-  function Queue:resume()
-    local ok, err = self:_call("moonjob_resume", 1, self.prefix)
-    return ok and true, err
+  local bounds = reply[2]
+  local out = { buckets = bounds, total = M.metric_row(reply[3], bounds), minutes = {} }
+  for i = 4, #reply do
+    local row = M.metric_row(reply[i], bounds)
+    row.at = (reply[1] + i - 4) * 60000
+    out.minutes[#out.minutes + 1] = row
   end
-
-  -- q:metrics([{ minutes = 60 }]) -> { minutes = { row, ... }, total = row, buckets } | nil, err.
-  -- Each row: at (ms, the minute's start), completed, failed, runs, and the
-  -- run time's mean_ms, p50_ms, p90_ms, p99_ms (nil without runs; read from
-  -- buckets, so as exact as the bucket), and counts (runs per bucket). Kept
-  -- in Redis for 25 hours.
-  function Queue:metrics(opts)
-    local fn = "queue:metrics()"
-    opts = check_options(fn, opts, { minutes = true })
-    local minutes = whole(fn, opts, "minutes", 1, 1500) or 60
-    local reply, err = self:_call("moonjob_metrics", 1, self.prefix, minutes)
-    if not reply then return nil, err end
-    if (reply[3][1] or 0) + (reply[3][2] or 0) == 0 then -- nothing ever ended: is it there at all?
-      local missing = self:_no_queue_or(nil)
-      if missing then return nil, missing end
-    end
-    local bounds = reply[2]
-    local out = { buckets = bounds, total = M.metric_row(reply[3], bounds), minutes = {} }
-    for i = 4, #reply do
-      local row = M.metric_row(reply[i], bounds)
-      row.at = (reply[1] + i - 4) * 60000
-      out.minutes[#out.minutes + 1] = row
-    end
-    return out
-  end
+  return out
 end
 
 -- operate.record(job) -> a job of q:jobs or q:job as plain data, to be

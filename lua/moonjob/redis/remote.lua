@@ -64,7 +64,7 @@ local errors = require "moonjob.errors"
 local json = require "moonjob.codec.json"
 local loop = require "moonjob.loop"
 local core = require "moonjob.core"
-local Queue = require "moonjob.redis.producer"
+local names = require "moonjob.redis.names"
 local library = require "moonjob.redis.library"
 
 local Remote = {}
@@ -82,9 +82,9 @@ local FENCE_STEPS = 30          -- fence checked every lease/30; its kill lease/
 local RETRY_FIRST_MS, RETRY_MAX_MS = 100, 2000 -- reports and fetches refused for now
 local UPDATES_MS = 100          -- progress and output lines gathered this long
 local STARTED_MS = 200          -- jobs that started are told to Redis within this
-local PAUSED = -2               -- fetch's answer while the queue is paused
-local RUN_MS_MARK = "\0ms"       -- moonjob_complete's first argument: quads, each with its run ms
-local SECONDS_MAX = require("moonjob.pool.options").SECONDS_MAX -- as pool:add takes them
+local PAUSED = names.PAUSED     -- fetch's answer while the queue is paused
+local RUN_MS_MARK = names.RUN_MS_MARK -- moonjob_complete's first argument: quads, each with its run ms
+local SECONDS_MAX = names.SECONDS_MAX -- as pool:add takes them
 
 -- Remote.new(port, opts) -> remote: `port` is the pool's moonjob.pool.port;
 -- opts (the pool's): redis, queue, lease
@@ -93,7 +93,7 @@ local SECONDS_MAX = require("moonjob.pool.options").SECONDS_MAX -- as pool:add t
 -- docs/reference/options.md.
 function Remote.new(port, opts)
   local self = setmetatable({
-    port = port, name = opts.queue, prefix = Queue.prefix(opts.queue),
+    port = port, name = opts.queue, prefix = names.prefix(opts.queue),
     lease_ms = math.floor((opts.lease or 30) * 1000),
     prefetch = opts.prefetch or opts.size or 1,
     poll_ms = math.floor((opts.poll or 1) * 1000),
@@ -102,7 +102,7 @@ function Remote.new(port, opts)
     keep_logs = opts.keep_logs or Remote.KEEP_LOGS,
     updates = {},     -- job -> { progress = bytes, lines = { ... } } not sent yet
     starts = {},      -- job -> true: started here, Redis not told yet (Remote:started)
-    worker_id = (opts.worker_name or "") .. Queue.random_hex(8),
+    worker_id = (opts.worker_name or "") .. names.random_hex(8),
     held = {},        -- remote id -> job (fetched, in the pool)
     reporting = {},   -- remote id -> job (ended here, its report not answered yet)
     retry = {},       -- reports to send again (refused for now, or the connection lost)
@@ -149,7 +149,7 @@ function Remote:_state(up, why)
   if not up then return end
   if not self.registered then
     self.registered = true
-    Queue.register(self.client, self.name)
+    names.register(self.client, self.name)
   end
   self:_send_again()
   self:_renew()

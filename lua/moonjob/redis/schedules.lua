@@ -1,5 +1,8 @@
 -- moonjob.redis.schedules -- repeating jobs on a durable queue: the methods
--- q:schedule, q:unschedule and q:schedules of `moonjob.queue(url, name)`.
+-- q:schedule, q:unschedule and q:schedules of `moonjob.queue(url, name)`
+-- (the queue class, moonjob.redis.producer, takes them from here: each is a
+-- function of the queue `q`, and raises at the user's line for a bad
+-- argument).
 --
 --   q:schedule("report", { cron = "0 3 * * *", tz = "local" }, { kind = "daily" })
 --   q:schedule("ping", { every = 30 }, "ping", { timeout = 5 })
@@ -15,8 +18,11 @@
 -- zone with daylight saving time keeps the offset it was given until it is
 -- declared again (a worker that declares its schedules when it starts
 -- follows the change at its next start).
+local add = require "moonjob.redis.add"
 local errors = require "moonjob.errors"
+local fcall = require "moonjob.redis.fcall"
 local json = require "moonjob.codec.json"
+local names = require "moonjob.redis.names"
 
 local M = {}
 
@@ -73,7 +79,7 @@ local function when_args(when)
   end
   local kind, spec = "cron", when.cron
   if when.every ~= nil then
-    if type(when.every) ~= "number" or not (when.every >= 1 and when.every <= 1e9) then
+    if type(when.every) ~= "number" or not (when.every >= 1 and when.every <= names.SECONDS_MAX) then
       fail(("option 'every' must be a number of seconds from 1 to 1e9, not %s"):format(tostring(when.every)))
     end
     kind, spec = "every", ("%.0f"):format(when.every * 1000)
@@ -115,80 +121,95 @@ local function schedule_of(row)
   return s
 end
 
-function M.extend(Queue, producer)
-  -- q:schedule(id, when [, data [, opts]]) -> { id, state, next } | nil, err.
-  -- when: { cron = "m h dom mon dow" | every = seconds, tz = "UTC" | "local"
-  -- | "+05:30", start, stop (os.time() seconds), limit (runs), catch_up =
-  -- "one" (default) | "none" }; data and opts: each slot's job, as q:add's
-  -- (but id and dedupe: the id is the slot's). state: "created", "updated"
-  -- or "unchanged" (the same definition again changes nothing); next: the
-  -- next slot, server ms (nil: the schedule has ended). A bad cron is
-  -- EINPUT, nothing changed.
-  function Queue:schedule(id, when, data, opts)
-    if type(id) ~= "string" and type(id) ~= "number" then
-      error("queue:schedule(): its first argument must be the schedule's id (a string)", 2)
+-- The id of a schedule and opts that leave a slot's job its id; raises.
+local function check_id(id, opts)
+  if type(id) ~= "string" and type(id) ~= "number" then
+    error("queue:schedule(): its first argument must be the schedule's id (a string)", 3)
+  end
+  if opts ~= nil and type(opts) == "table" and (opts.id ~= nil or opts.dedupe ~= nil or opts.debounce ~= nil) then
+    error("queue:schedule(): a scheduled job's id is the schedule's and its slot's: options 'id', "
+      .. "'dedupe' and 'debounce' cannot be given", 3)
+  end
+end
+
+-- A slot's job as moonjob_schedule's DATA .. NOTIFY, EXPIRE_MS [, GROUP]
+-- arguments, appended to args (q:add's, checked as q:add checks them) ->
+-- args | nil, err (EPAYLOAD); raises on a bad option, as q:schedule's.
+local function job_args(q, args, data, opts)
+  local text, err = add.encode(data == nil and json.null or data, q.max_payload)
+  if not text then return nil, err end
+  local ok, a = pcall(add.args, q.prefix, text, opts, false)
+  if not ok then
+    error((tostring(a):gsub("^[^\n]-:%d+: ", ""):gsub("queue:add%(%)", "queue:schedule()")), 3)
+  end
+  for i = 6, 16 do args[#args + 1] = a[i] end -- DATA .. NOTIFY
+  args[#args + 1] = a[19] -- EXPIRE_MS
+  if a[22] ~= "" then args[#args + 1] = a[22] end -- GROUP (none: a definition as before groups)
+  return args
+end
+
+-- q:schedule(id, when [, data [, opts]]) -> { id, state, next } | nil, err.
+-- when: { cron = "m h dom mon dow" | every = seconds, tz = "UTC" | "local"
+-- | "+05:30", start, stop (os.time() seconds), limit (runs), catch_up =
+-- "one" (default) | "none" }; data and opts: each slot's job, as q:add's
+-- (but id and dedupe: the id is the slot's). state: "created", "updated"
+-- or "unchanged" (the same definition again changes nothing); next: the
+-- next slot, server ms (nil: the schedule has ended). A bad cron is
+-- EINPUT, nothing changed.
+function M.schedule(q, id, when, data, opts)
+  check_id(id, opts)
+  local kind, spec, offset, start, stop, limit, catch_up = when_args(when)
+  local args, err = job_args(q, { "moonjob_schedule", 1, q.prefix, tostring(id), kind, spec, offset, start,
+    stop, limit, catch_up }, data, opts)
+  if not args then return nil, err end
+  local reply
+  reply, err = fcall.call(q, unpack(args))
+  if not reply then return nil, err end
+  return { id = tostring(id), state = reply[1], next = reply[2] >= 0 and reply[2] or nil }
+end
+
+-- q:unschedule(id) -> true | nil, err (ENOTFOUND). The jobs it made stay.
+function M.unschedule(q, id)
+  local n, err = fcall.call(q, "moonjob_unschedule", 1, q.prefix, tostring(id))
+  if not n then return nil, err end
+  if n == 0 then
+    return nil, fcall.no_queue_or(q, errors.new("ENOTFOUND", ("no schedule %s in queue %s (moonjob schedule "
+      .. "list shows them)"):format(tostring(id), q.name)))
+  end
+  return true
+end
+
+local function check_page(opts)
+  if opts ~= nil then
+    if type(opts) ~= "table" or (opts.offset ~= nil and not (type(opts.offset) == "number" and opts.offset >= 0
+        and opts.offset % 1 == 0)) or (opts.limit ~= nil and not (type(opts.limit) == "number"
+        and opts.limit >= 1 and opts.limit <= PAGE and opts.limit % 1 == 0)) then
+      error("queue:schedules(): options are { offset = n (0 or more), limit = n (1 to 10000) }", 3)
     end
-    if opts ~= nil and type(opts) == "table" and (opts.id ~= nil or opts.dedupe ~= nil or opts.debounce ~= nil) then
-      error("queue:schedule(): a scheduled job's id is the schedule's and its slot's: options 'id', "
-        .. "'dedupe' and 'debounce' cannot be given", 2)
-    end
-    local kind, spec, offset, start, stop, limit, catch_up = when_args(when)
-    local text, err = producer.encode(data == nil and json.null or data, self.max_payload)
-    if not text then return nil, err end
-    local ok, add = pcall(producer.add_args, self.prefix, text, opts, false)
-    if not ok then
-      error((tostring(add):gsub("^[^\n]-:%d+: ", ""):gsub("queue:add%(%)", "queue:schedule()")), 2)
-    end
-    local args = { "moonjob_schedule", 1, self.prefix, tostring(id), kind, spec, offset, start, stop, limit,
-      catch_up }
-    for i = 6, 16 do args[#args + 1] = add[i] end -- DATA .. NOTIFY
-    args[#args + 1] = add[19] -- EXPIRE_MS
-    if add[22] ~= "" then args[#args + 1] = add[22] end -- GROUP (none: a definition as before groups)
-    local reply
-    reply, err = self:_call(unpack(args))
+  end
+end
+
+-- q:schedules([{ offset, limit }]) -> list, total | nil, err: the
+-- schedules, the next due first (ended ones last), each { id, cron |
+-- every, tz_offset (minutes), start, stop, next, last, created (server
+-- ms), limit, runs, catch_up, last_id, data, name, note, ended }. Without
+-- options, every one; with them, one page (limit 1 to 10000).
+function M.schedules(q, opts)
+  check_page(opts)
+  -- pages are ranks by next slot, which firing reorders: an id already
+  -- listed is not listed twice
+  local out, seen, offset, total = {}, {}, opts and opts.offset or 0, nil
+  repeat
+    local reply, err = fcall.call(q, "moonjob_schedules", 1, q.prefix, offset, opts and opts.limit or PAGE)
     if not reply then return nil, err end
-    return { id = tostring(id), state = reply[1], next = reply[2] >= 0 and reply[2] or nil }
-  end
-
-  -- q:unschedule(id) -> true | nil, err (ENOTFOUND). The jobs it made stay.
-  function Queue:unschedule(id)
-    local n, err = self:_call("moonjob_unschedule", 1, self.prefix, tostring(id))
-    if not n then return nil, err end
-    if n == 0 then
-      return nil, self:_no_queue_or(errors.new("ENOTFOUND", ("no schedule %s in queue %s (moonjob schedule "
-        .. "list shows them)"):format(tostring(id), self.name)))
+    total = reply[1]
+    for i = 2, #reply do
+      local sc = schedule_of(reply[i])
+      if not seen[sc.id] then seen[sc.id], out[#out + 1] = true, sc end
     end
-    return true
-  end
-
-  -- q:schedules([{ offset, limit }]) -> list, total | nil, err: the
-  -- schedules, the next due first (ended ones last), each { id, cron |
-  -- every, tz_offset (minutes), start, stop, next, last, created (server
-  -- ms), limit, runs, catch_up, last_id, data, name, note, ended }. Without
-  -- options, every one; with them, one page (limit 1 to 10000).
-  function Queue:schedules(opts)
-    if opts ~= nil then
-      if type(opts) ~= "table" or (opts.offset ~= nil and not (type(opts.offset) == "number" and opts.offset >= 0
-          and opts.offset % 1 == 0)) or (opts.limit ~= nil and not (type(opts.limit) == "number"
-          and opts.limit >= 1 and opts.limit <= PAGE and opts.limit % 1 == 0)) then
-        error("queue:schedules(): options are { offset = n (0 or more), limit = n (1 to 10000) }", 2)
-      end
-    end
-    -- pages are ranks by next slot, which firing reorders: an id already
-    -- listed is not listed twice
-    local out, seen, offset, total = {}, {}, opts and opts.offset or 0, nil
-    repeat
-      local reply, err = self:_call("moonjob_schedules", 1, self.prefix, offset, opts and opts.limit or PAGE)
-      if not reply then return nil, err end
-      total = reply[1]
-      for i = 2, #reply do
-        local sc = schedule_of(reply[i])
-        if not seen[sc.id] then seen[sc.id], out[#out + 1] = true, sc end
-      end
-      offset = offset + PAGE
-    until opts or offset >= total
-    return out, total
-  end
+    offset = offset + PAGE
+  until opts or offset >= total
+  return out, total
 end
 
 return M

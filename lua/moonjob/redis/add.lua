@@ -1,0 +1,135 @@
+-- moonjob.redis.add -- what an add sends: its options checked and turned
+-- into moonjob_add's arguments, its data written as JSON. The producer's
+-- q:add, q:schedule (each slot's job), `moonjob add` and the benches build
+-- their calls here.
+--
+-- A bad option raises (a bug of the caller), at the level of the user's
+-- line: args is called straight from q:add (or under pcall), never through
+-- another function, or the error blames the wrong line.
+local Backoff = require "moonjob.backoff"
+local errors = require "moonjob.errors"
+local json = require "moonjob.codec.json"
+local names = require "moonjob.redis.names"
+
+local M = {}
+
+local SECONDS_MAX = names.SECONDS_MAX
+
+local ADD_OPTIONS = { id = true, priority = true, delay = true, attempts = true, backoff = true,
+  timeout = true, kill_after = true, name = true, dedupe = true, cache = true, max_queue = true,
+  expire = true, debounce = true, group = true }
+
+local function seconds(opts, k)
+  local v = opts[k]
+  if v == nil then return nil end
+  if type(v) ~= "number" or v < 0 or v > SECONDS_MAX then
+    error(("queue:add(): option '%s' must be a number of seconds (0 to %.0f)"):format(k, SECONDS_MAX), 4)
+  end
+  return v
+end
+
+-- A positive number of seconds option as whole ms (at least 1), or "".
+-- (level: error's; 4, the default, is the line that called q:add when
+-- called from args)
+local function ms_option(opts, name, v, level)
+  v = v or opts[name]
+  if v == nil then return "" end
+  if type(v) ~= "number" or not (v > 0 and v <= SECONDS_MAX) then
+    error(("queue:add(): option '%s' must be a number of seconds, more than 0"):format(name), level or 4)
+  end
+  return ("%.0f"):format(math.max(1, math.floor(v * 1000 + 0.5)))
+end
+
+-- debounce = { id = text, seconds = s } -> DEBOUNCE_ID, DEBOUNCE_MS ("" without).
+local function debounce_args(opts, id)
+  local d = opts.debounce
+  if d == nil then return "", "" end
+  if type(d) ~= "table" or type(d.id) ~= "string" or d.id == "" or #d.id > 1024 or type(d.seconds) ~= "number" then
+    error("queue:add(): option 'debounce' must be { id = text (1 to 1024 bytes), seconds = s }", 4)
+  end
+  for k in pairs(d) do
+    if k ~= "id" and k ~= "seconds" then error(("queue:add(): option 'debounce' takes id and seconds, not '%s'")
+      :format(tostring(k)), 4) end
+  end
+  if id ~= nil or opts.delay ~= nil then
+    error("queue:add(): option 'debounce' draws the job's id and sets its delay: options 'id', 'dedupe' and "
+      .. "'delay' cannot go with it", 4)
+  end
+  return d.id, ms_option(opts, "debounce.seconds", d.seconds, 5)
+end
+
+-- The FCALL arguments of an add; raises on a bad option (a bug of the caller).
+-- notify (default true): Redis says on the queue's "done" channel when the
+-- job ends (job:wait() listens there); moonjob add, whose jobs nobody here
+-- waits for, passes false. nonce: stored with a new job (see
+-- moonjob.redis.producer's header); existing "join": a finished job still
+-- kept with the id is returned, not replaced (a re-add of the same lines
+-- adds nothing twice).
+function M.args(prefix, text, opts, notify, nonce, existing)
+  opts = opts or {}
+  if type(opts) ~= "table" then error("queue:add(): options must be a table", 3) end
+  for k in pairs(opts) do
+    if not ADD_OPTIONS[k] then
+      error(("queue:add(): unknown option '%s' (known: attempts, backoff, cache, debounce, dedupe, delay, "
+        .. "expire, group, id, kill_after, max_queue, name, priority, timeout)"):format(tostring(k)), 3)
+    end
+  end
+  local id = opts.id
+  if id ~= nil and type(id) ~= "string" and type(id) ~= "number" then
+    error("queue:add(): option 'id' must be a string or a number", 3)
+  end
+  if id == nil and opts.dedupe ~= nil then
+    if opts.dedupe == true then id = "\0dedupe"
+    elseif type(opts.dedupe) == "string" then id = "d:" .. opts.dedupe
+    elseif opts.dedupe ~= false then
+      error("queue:add(): option 'dedupe' must be true (key = the data) or a string key", 3)
+    end
+  end
+  local prio = opts.priority or 0
+  if type(prio) ~= "number" or not (prio > -math.huge and prio < math.huge) then
+    error("queue:add(): option 'priority' must be a finite number (lower runs first)", 3)
+  end
+  local attempts = opts.attempts or 1
+  if type(attempts) ~= "number" or attempts < 1 or attempts > names.ATTEMPTS_MAX or attempts % 1 ~= 0 then
+    error("queue:add(): option 'attempts' must be a whole number, 1 or more", 3)
+  end
+  local backoff = ""
+  if opts.backoff ~= nil then
+    if type(opts.backoff) == "function" then
+      error("queue:add(): a backoff function cannot cross to another host; give the worker "
+        .. "pool a backoff option, or use { type = \"exponential\", delay = s }", 3)
+    end
+    local ok, why = Backoff.check(opts.backoff)
+    if not ok then error("queue:add(): option 'backoff' " .. why, 3) end
+    backoff = assert(json.encode(opts.backoff))
+  end
+  local name = opts.name
+  if name ~= nil and type(name) ~= "string" then error("queue:add(): option 'name' must be a string", 3) end
+  if (name and #name > 1024) or (id ~= nil and #tostring(id) > 1024) then
+    error("queue:add(): options 'id' and 'name' take at most 1024 bytes", 3)
+  end
+  local max_queue = opts.max_queue or 0
+  local debounce_id, debounce_ms = debounce_args(opts, id)
+  local group = opts.group
+  if group ~= nil and (type(group) ~= "string" or group == "" or #group > 1024) then
+    error("queue:add(): option 'group' must be a name of 1 to 1024 bytes (a tenant, a customer)", 3)
+  end
+  return { "FCALL", "moonjob_add", 1, prefix, id ~= nil and tostring(id) or "", text, prio,
+    math.floor((seconds(opts, "delay") or 0) * 1000), attempts, backoff,
+    seconds(opts, "timeout") or 0, seconds(opts, "kill_after") or 0, name or "",
+    seconds(opts, "cache") or 0, max_queue, notify == false and "0" or "1", nonce or "", existing or "",
+    ms_option(opts, "expire"), debounce_id, debounce_ms, group or "" }
+end
+
+-- Encodes data for the queue: exact JSON, at most max_payload bytes.
+function M.encode(data, max_payload)
+  local text, err = json.encode(data)
+  if not text then return nil, errors.new("EPAYLOAD", "the job data cannot be written as JSON: " .. err) end
+  if #text > max_payload then
+    return nil, errors.new("EPAYLOAD", ("the job data takes %d bytes of JSON, more than max_payload (%d)")
+      :format(#text, max_payload))
+  end
+  return text
+end
+
+return M

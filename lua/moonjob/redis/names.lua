@@ -1,0 +1,56 @@
+-- moonjob.redis.names -- the names and numbers moonjob's Lua side shares with
+-- its function library in Redis: a queue's key prefix and the rule for its
+-- name, the registry of queues, the markers of fetch and complete, and the
+-- bounds of a job's fields.
+--
+-- The library (redis/functions/) runs inside Redis, as text, and cannot
+-- require this module: it keeps its own copies (REGISTRY, PAUSED,
+-- RUN_MS_MARK, SECONDS_MAX, ATTEMPTS_MAX), which must stay equal to these
+-- (spec/redis/library_spec.lua compares them). Small, and requiring
+-- nothing when loaded: a pool's options and its Redis owner
+-- (moonjob.redis.remote) load it without the producer.
+
+local M = {}
+
+-- The set of queue names (the library's REGISTRY: adds, pauses and
+-- workers at connect write it; the one key outside a queue's prefix).
+M.REGISTRY = "mj:queues"
+M.PAUSED = -2          -- moonjob_fetch's answer while the queue is paused
+M.RUN_MS_MARK = "\0ms" -- moonjob_complete's first argument: quads, each with its run ms
+
+-- Bounds of a job's fields, checked on this side before a call and by
+-- Redis again (for producers in other languages).
+M.SECONDS_MAX = 1e9    -- every time: timeout, kill_after, cache, delay, a rate's window
+M.ATTEMPTS_MAX = 2 ^ 31 -- attempts; also a rate's max and a concurrency
+
+-- The key prefix of a queue: every key shares the hash tag {name}.
+function M.prefix(name)
+  return "mj:{" .. name .. "}:"
+end
+
+-- names.check_name(name) -> true | nil, why: a queue's name goes inside
+-- the hash tag, whole, and into the registry.
+function M.check_name(name)
+  if type(name) ~= "string" or name == "" or #name > 200 or name:find("[{}%c]") then
+    return nil, "a queue name must be a non-empty string of at most 200 characters without { } or control characters"
+  end
+  return true
+end
+
+-- The queue's name in the registry moonjob.queues() reads (best effort: a
+-- user the ACL keeps to its own keys may not write it; docs/REDIS.md).
+function M.register(c, name)
+  c:call({ "SADD", M.REGISTRY, name }, function() end)
+end
+
+-- n random bytes as hex (the clock and pid, whole, when /dev/urandom is not
+-- there): a worker's id (moonjob.redis.remote), a queue object's nonces.
+function M.random_hex(n)
+  local f = io.open("/dev/urandom", "rb")
+  local bytes = f and f:read(n)
+    or tostring(require("moonjob.loop").now()) .. tostring(require("moonjob.core").getpid())
+  if f then f:close() end
+  return (bytes:gsub(".", function(ch) return ("%02x"):format(ch:byte()) end))
+end
+
+return M
