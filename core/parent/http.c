@@ -44,12 +44,6 @@ static void close_all(mj_ctx_t *ctx);
 
 static const mj_closer_t closer = {MJ_CLOSE_HTTP, close_all, NULL};
 
-/* On the context's list until every handle closed. */
-static void link_server(mj_http_server_t *s) {
-  mj__list_push(&s->ctx->http, &s->link);
-  mj__ctx_on_close(s->ctx, &closer);
-}
-
 static void maybe_freed(mj_http_server_t *s) {
   if (!s->closed || s->open_handles > 0) return;
   mj__list_unlink(&s->link);
@@ -410,7 +404,8 @@ int mj_http_listen(mj_ctx_t *ctx, mj_http_server_t *s, const char *host, int por
   uv_tcp_init(&ctx->loop, &s->listener);
   s->listener.data = s;
   s->open_handles = 1;
-  link_server(s);
+  mj__list_push(&ctx->http, &s->link); /* until every handle closed (maybe_freed) */
+  mj__ctx_on_close(ctx, &closer);
   rc = uv_tcp_bind(&s->listener, (struct sockaddr *) &addr, v6 ? UV_TCP_IPV6ONLY : 0);
   if (rc == 0) rc = uv_listen((uv_stream_t *) &s->listener, 128, on_connection);
   if (rc != 0) {

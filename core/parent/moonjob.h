@@ -4,10 +4,15 @@
  * processes (process.c: a child's lifetime; spawn.c and reap.c start and
  * reap it; channel.c reads its frames and output, send.c writes to it,
  * shared.c reads and changes the page they share); line input and ordered
- * output on the parent's own descriptors for the CLI (stdio.c, output.c); connections
- * to Redis (redis.c); an HTTP/1.1 server (http.c, http_response.c). The Lua bindings (bind/) turn the C events below into
+ * output on the parent's own descriptors for the CLI (stdio.c, output.c);
+ * connections to Redis (redis.c); an HTTP/1.1 server (http.c,
+ * http_response.c). The Lua bindings (bind/) turn the C events below into
  * calls of Lua functions; all policy (which job goes where, retries, events)
  * is Lua.
+ *
+ * The core's lists are one intrusive type (list.h). What a part holds in a
+ * context is on a list of the context's, and the part registers how it ends
+ * with the context (mj_closer_t), so loop.c closes it without naming them.
  *
  * Errors are negative libuv codes (UV_E...), 0 on success. Names: mj_ for
  * the bindings' interface, mj__ for what only the core's own files share.
@@ -45,15 +50,17 @@ typedef struct mj_process_s mj_process_t;
 typedef struct mj_ctx_s mj_ctx_t;
 
 #define MJ_NSTOP_SIGNALS 3              /* SIGINT, SIGTERM, SIGHUP (loop.c) */
-#define MJ_CLOSE_WAIT_MS 2000           /* mj_ctx_close waits this long for the children
-                                          to be reaped, and for the loop's last requests */
+#define MJ_CLOSE_WAIT_MS 2000           /* mj_ctx_close waits at most this long for spawns in
+                                          flight and the loop's last requests, and as long
+                                          again for the children to be reaped */
 
-/* The turns of the core's parts when their context closes (mj_ctx_close),
- * first to last. Children are killed and reaped before their processes'
- * handles are closed: a process closes only once its child is gone, and a
- * pid is never signalled once reaped. Inputs, Redis connections and HTTP
- * servers follow, in the order they always had. Outputs end nothing then:
- * they let go of the loop once it is closed (until then they may write). */
+/* The order in which the core's parts end when their context closes
+ * (mj_ctx_close), first to last. Children are killed and reaped before their
+ * processes' handles are closed: a process closes only once its child is
+ * gone, and a pid is never signalled once reaped. Inputs, Redis connections
+ * and HTTP servers follow, in the order they always had. Outputs end nothing
+ * then: once the loop is closed they let go of it (what is still pending is
+ * dropped, the released ones are freed). */
 typedef enum {
   MJ_CLOSE_CHILDREN,                   /* reap.c */
   MJ_CLOSE_PROCESSES,                  /* process.c */
@@ -64,13 +71,13 @@ typedef enum {
   MJ_CLOSE_TURNS
 } mj_close_turn_t;
 
-/* How a part ends with the context: one per part, registered on the context
- * once it holds something (mj__ctx_on_close), so the loop names no part. */
+/* How a part ends with the context: a constant of the part's, registered on
+ * the context once the part holds something there (mj__ctx_on_close). */
 typedef struct {
   mj_close_turn_t turn;
-  void (*close)(mj_ctx_t *ctx);        /* ends what it holds; the loop then runs once
-                                          more for the close callbacks (or NULL) */
-  void (*detach)(mj_ctx_t *ctx);       /* the loop is closed: lets go of it (or NULL) */
+  void (*close)(mj_ctx_t *ctx);        /* ends what it holds, or NULL; the close
+                                          callbacks come as the loop runs on */
+  void (*detach)(mj_ctx_t *ctx);       /* the loop is closed: lets go of it, or NULL */
 } mj_closer_t;
 
 struct mj_ctx_s {

@@ -33,13 +33,6 @@ static void close_all(mj_ctx_t *ctx);
 
 static const mj_closer_t closer = {MJ_CLOSE_PROCESSES, close_all, NULL};
 
-/* On the context's list until every handle is closed; the context's close
- * closes those still on it. */
-static void link_open(mj_process_t *p) {
-  mj__list_push(&p->ctx->open, &p->open_link);
-  mj__ctx_on_close(p->ctx, &closer);
-}
-
 static void mj_close_cb(uv_handle_t *h) {
   mj_process_t *p = h->data;
   if (--p->open_handles > 0) return;
@@ -196,7 +189,8 @@ int mj_process_spawn(mj_ctx_t *ctx, mj_process_t *p, const mj_spawn_options_t *o
   p->max_frame = opts->max_frame;
   p->state = MJ_CHILD_STARTING;
   p->shared_fd = -1;
-  link_open(p);
+  mj__list_push(&ctx->open, &p->open_link); /* until every handle is closed (mj_close_cb) */
+  mj__ctx_on_close(ctx, &closer);
   int rc = mj__shared_map(p);
   if (rc != 0) {
     mj__list_unlink(&p->open_link);
