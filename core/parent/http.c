@@ -40,23 +40,13 @@ static const mj_http_limits_t default_limits = {
 
 /* ------------------------------------------------------------ servers --- */
 
-static void link_server(mj_http_server_t *s) {
-  s->next = s->ctx->http;
-  s->prev = NULL;
-  if (s->next) s->next->prev = s;
-  s->ctx->http = s;
-}
+static void close_all(mj_ctx_t *ctx);
 
-static void unlink_server(mj_http_server_t *s) {
-  if (s->prev) s->prev->next = s->next;
-  else if (s->ctx->http == s) s->ctx->http = s->next;
-  if (s->next) s->next->prev = s->prev;
-  s->next = s->prev = NULL;
-}
+static const mj_closer_t closer = {MJ_CLOSE_HTTP, close_all, NULL};
 
 static void maybe_freed(mj_http_server_t *s) {
   if (!s->closed || s->open_handles > 0) return;
-  unlink_server(s);
+  mj__list_unlink(&s->link);
   if (s->on_freed) s->on_freed(s);
 }
 
@@ -66,9 +56,7 @@ static void conn_closed(uv_handle_t *h) {
   mj_http_conn_t *c = h->data;
   if (--c->open_handles > 0) return;
   mj_http_server_t *s = c->server;
-  if (c->prev) c->prev->next = c->next;
-  else s->conns = c->next;
-  if (c->next) c->next->prev = c->prev;
+  mj__list_unlink(&c->link);
   s->nconns--;
   free(c->in);
   free(c->head);
@@ -364,9 +352,7 @@ static void on_connection(uv_stream_t *listener, int status) {
   c->tcp.data = c->timer.data = c->parser.data = c;
   uv_timer_init(&s->ctx->loop, &c->timer);
   c->open_handles = 2;
-  c->next = s->conns;
-  if (c->next) c->next->prev = c;
-  s->conns = c;
+  mj__list_push(&s->conns, &c->link);
   s->nconns++;
   s->open_handles++;
   http_parser_init(&c->parser, HTTP_REQUEST);
@@ -413,11 +399,13 @@ int mj_http_listen(mj_ctx_t *ctx, mj_http_server_t *s, const char *host, int por
     return UV_EINVAL;
   }
   s->ctx = ctx;
+  mj__list_init(&s->conns);
   limits_or_defaults(&s->limits, limits);
   uv_tcp_init(&ctx->loop, &s->listener);
   s->listener.data = s;
   s->open_handles = 1;
-  link_server(s);
+  mj__list_push(&ctx->http, &s->link); /* until every handle closed (maybe_freed) */
+  mj__ctx_on_close(ctx, &closer);
   rc = uv_tcp_bind(&s->listener, (struct sockaddr *) &addr, v6 ? UV_TCP_IPV6ONLY : 0);
   if (rc == 0) rc = uv_listen((uv_stream_t *) &s->listener, 128, on_connection);
   if (rc != 0) {
@@ -443,14 +431,14 @@ void mj_http_close(mj_http_server_t *s) {
   if (s->closed) return;
   s->closed = 1;
   uv_close((uv_handle_t *) &s->listener, listener_closed);
-  for (mj_http_conn_t *c = s->conns; c != NULL; c = c->next) mj__http_drop(c, "the server closed");
+  MJ_LIST_EACH(it, &s->conns) {
+    mj__http_drop(MJ_LIST_ITEM(it, mj_http_conn_t, link), "the server closed");
+  }
 }
 
 /* mj_ctx_close: every server ends with the context. */
-void mj__http_close_all(mj_ctx_t *ctx) {
-  mj_http_server_t *s = ctx->http, *next;
-  for (; s != NULL; s = next) {
-    next = s->next;
-    mj_http_close(s);
+static void close_all(mj_ctx_t *ctx) {
+  MJ_LIST_EACH_SAFE(it, &ctx->http) {
+    mj_http_close(MJ_LIST_ITEM(it, mj_http_server_t, link));
   }
 }

@@ -62,9 +62,12 @@ static void mj_flush_after_cb(uv_check_t *h) {
   mj__process_flush_all(h->data);
 }
 
-/* Initialises the loop and its wake-up handle. Returns 0 or a UV_E... code. */
+/* Initialises the context's lists (empty), the loop and its wake-up handle.
+ * Returns 0 or a UV_E... code. */
 int mj_ctx_init(mj_ctx_t *ctx) {
   memset(ctx, 0, sizeof *ctx);
+  mj_list_t *lists[] = {&ctx->live, &ctx->open, &ctx->inputs, &ctx->outputs, &ctx->redis, &ctx->http};
+  for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) mj__list_init(lists[i]);
   int rc = uv_loop_init(&ctx->loop);
   if (rc != 0) return rc;
   rc = uv_async_init(&ctx->loop, &ctx->wakeup, mj_wakeup_cb);
@@ -206,7 +209,26 @@ void mj_ctx_touch(mj_ctx_t *ctx) {
   if (ctx->embedded && !ctx->running) uv_async_send(&ctx->wakeup);
 }
 
-/* Handles left after processes and inputs were closed (timers, whose memory
+/* ------------------------------------------------------------ closing --- */
+
+/* A part of the core holds something that ends with the context: its closer
+ * runs in its turn (mj_close_turn_t) when the context closes. Registering
+ * again changes nothing. */
+void mj__ctx_on_close(mj_ctx_t *ctx, const mj_closer_t *closer) {
+  ctx->closers[closer->turn] = closer;
+}
+
+/* Each part registered ends what it holds, or with loop_closed lets go of the
+ * loop, in the order of the turns. */
+static void close_parts(mj_ctx_t *ctx, int loop_closed) {
+  for (int turn = 0; turn < MJ_CLOSE_TURNS; turn++) {
+    const mj_closer_t *closer = ctx->closers[turn];
+    void (*end)(mj_ctx_t *) = closer == NULL ? NULL : loop_closed ? closer->detach : closer->close;
+    if (end != NULL) end(ctx);
+  }
+}
+
+/* Handles left after the parts ended what they hold (timers, whose memory
  * belongs to their owner, and the context's own) need no close callback. */
 static void mj_close_walk_cb(uv_handle_t *h, void *arg) {
   (void) arg;
@@ -214,28 +236,24 @@ static void mj_close_walk_cb(uv_handle_t *h, void *arg) {
 }
 
 /* Ends everything the context owns, for good: spawns in flight are waited for,
- * every child is SIGKILLed with its process group and reaped, every handle is
+ * then each part of the core ends in its turn (mj_close_turn_t: every child
+ * is SIGKILLed with its process group and reaped first), every handle is
  * closed, and the loop is closed. The owner's callbacks still run meanwhile
  * (for example close callbacks) and must not call back into a program that is
  * going away. Returns 0, or UV_EBUSY when requests in libuv's thread pool (a
  * read blocked on a terminal) did not end within about two seconds: the
  * context's memory must then never be freed. */
 int mj_ctx_close(mj_ctx_t *ctx) {
-  enum { WAIT_MS = 2000 };
-  uint64_t deadline = uv_hrtime() + (uint64_t) WAIT_MS * 1000000;
+  uint64_t deadline = uv_hrtime() + (uint64_t) MJ_CLOSE_WAIT_MS * 1000000;
   if (signal_target == ctx) release_stop_signals(ctx);
   while (ctx->spawning > 0 && uv_hrtime() < deadline) uv_run(&ctx->loop, UV_RUN_NOWAIT);
-  mj__reap_kill_all(ctx, WAIT_MS);
-  mj__process_close_all(ctx);
-  mj__input_close_all(ctx);
-  mj__redis_close_all(ctx);
-  mj__http_close_all(ctx);
+  close_parts(ctx, 0);
   uv_walk(&ctx->loop, mj_close_walk_cb, NULL);
   while (uv_run(&ctx->loop, UV_RUN_NOWAIT) != 0 && uv_hrtime() < deadline) {
     const struct timespec pause = {0, 1000000};
     nanosleep(&pause, NULL);
   }
   int rc = uv_loop_close(&ctx->loop);
-  if (rc == 0) mj__output_detach_all(ctx);
+  if (rc == 0) close_parts(ctx, 1);
   return rc;
 }

@@ -4,10 +4,15 @@
  * processes (process.c: a child's lifetime; spawn.c and reap.c start and
  * reap it; channel.c reads its frames and output, send.c writes to it,
  * shared.c reads and changes the page they share); line input and ordered
- * output on the parent's own descriptors for the CLI (stdio.c, output.c); connections
- * to Redis (redis.c); an HTTP/1.1 server (http.c, http_response.c). The Lua bindings (bind/) turn the C events below into
+ * output on the parent's own descriptors for the CLI (stdio.c, output.c);
+ * connections to Redis (redis.c); an HTTP/1.1 server (http.c,
+ * http_response.c). The Lua bindings (bind/) turn the C events below into
  * calls of Lua functions; all policy (which job goes where, retries, events)
  * is Lua.
+ *
+ * The core's lists are one intrusive type (list.h). What a part holds in a
+ * context is on a list of the context's, and the part registers how it ends
+ * with the context (mj_closer_t), so loop.c closes it without naming them.
  *
  * Errors are negative libuv codes (UV_E...), 0 on success. Names: mj_ for
  * the bindings' interface, mj__ for what only the core's own files share.
@@ -22,6 +27,7 @@
 #include <uv.h>
 
 #include "frame.h"
+#include "list.h"
 
 /* ------------------------------------------------------------ buffers --- */
 
@@ -41,21 +47,52 @@ static inline int mj__grow(char **buf, size_t *cap, size_t need, size_t first) {
 /* ------------------------------------------------------------ loop.c --- */
 
 typedef struct mj_process_s mj_process_t;
+typedef struct mj_ctx_s mj_ctx_t;
 
 #define MJ_NSTOP_SIGNALS 3              /* SIGINT, SIGTERM, SIGHUP (loop.c) */
+#define MJ_CLOSE_WAIT_MS 2000           /* mj_ctx_close waits at most this long for spawns in
+                                          flight and the loop's last requests, and as long
+                                          again for the children to be reaped */
 
-typedef struct mj_ctx_s {
+/* The order in which the core's parts end when their context closes
+ * (mj_ctx_close), first to last. Children are killed and reaped before their
+ * processes' handles are closed: a process closes only once its child is
+ * gone, and a pid is never signalled once reaped. Inputs, Redis connections
+ * and HTTP servers follow, in the order they always had. Outputs end nothing
+ * then: once the loop is closed they let go of it (what is still pending is
+ * dropped, the released ones are freed). */
+typedef enum {
+  MJ_CLOSE_CHILDREN,                   /* reap.c */
+  MJ_CLOSE_PROCESSES,                  /* process.c */
+  MJ_CLOSE_INPUTS,                     /* stdio.c */
+  MJ_CLOSE_REDIS,                      /* redis.c */
+  MJ_CLOSE_HTTP,                       /* http.c */
+  MJ_CLOSE_OUTPUTS,                    /* output.c */
+  MJ_CLOSE_TURNS
+} mj_close_turn_t;
+
+/* How a part ends with the context: a constant of the part's, registered on
+ * the context once the part holds something there (mj__ctx_on_close). */
+typedef struct {
+  mj_close_turn_t turn;
+  void (*close)(mj_ctx_t *ctx);        /* ends what it holds, or NULL; the close
+                                          callbacks come as the loop runs on */
+  void (*detach)(mj_ctx_t *ctx);       /* the loop is closed: lets go of it, or NULL */
+} mj_closer_t;
+
+struct mj_ctx_s {
   uv_loop_t loop;
   uv_signal_t sigchld;                 /* reap.c: our children's exits */
   int sigchld_started;
-  mj_process_t *live;                  /* reap.c: children not reaped yet */
-  mj_process_t *open;                  /* process.c: processes whose handles are open */
+  mj_list_t live;                      /* reap.c: children not reaped yet */
+  mj_list_t open;                      /* process.c: processes whose handles are open */
   uv_prepare_t flush_before;           /* send.c's stages written before the loop waits */
   uv_check_t flush_after;              /* and once it handled its events */
-  struct mj_input_s *inputs;           /* stdio.c: inputs not freed yet */
-  struct mj_output_s *outputs;         /* output.c: outputs not freed yet */
-  struct mj_redis_s *redis;            /* redis.c: connections not freed yet */
-  struct mj_http_server_s *http;       /* http.c: servers not freed yet */
+  mj_list_t inputs;                    /* stdio.c: inputs not freed yet */
+  mj_list_t outputs;                   /* output.c: outputs not freed yet */
+  mj_list_t redis;                     /* redis.c: connections not freed yet */
+  mj_list_t http;                      /* http.c: servers not freed yet */
+  const mj_closer_t *closers[MJ_CLOSE_TURNS]; /* the parts to end on close, by turn */
   uv_async_t wakeup;                   /* wakes the loop from the SIGINT handler */
   volatile sig_atomic_t interrupted;   /* the stop signal caught, 0 for none */
   int stop_signal;                     /* the signal that stopped the last run */
@@ -69,7 +106,7 @@ typedef struct mj_ctx_s {
   unsigned ntokens;                    /* tokens not used yet */
   int spawning;                        /* spawn.c: spawns queued on worker threads */
   char scratch[64 * 1024];             /* channel.c: output read buffer, used synchronously */
-} mj_ctx_t;
+};
 
 #define MJ_EINTERRUPTED (-10000)       /* mj_ctx_run stopped by a stop signal */
 #define MJ_EREENTERED (-10001)         /* mj_ctx_run called from a callback */
@@ -83,6 +120,7 @@ int mj_ctx_fd(mj_ctx_t *ctx);
 int mj_ctx_step(mj_ctx_t *ctx);
 int mj_ctx_timeout(mj_ctx_t *ctx);
 void mj_ctx_touch(mj_ctx_t *ctx);
+void mj__ctx_on_close(mj_ctx_t *ctx, const mj_closer_t *closer);
 
 /* ------------------------------ process.c, channel.c, send.c, shared.c --- */
 
@@ -166,9 +204,9 @@ struct mj_process_s {
   size_t wlen, wcap;
   mj_shared_t *shared;                 /* the page shared with the child, or NULL */
   int shared_fd;                       /* its memfd until the spawn is done, else -1 */
-  mj_process_t *next_live, *prev_live; /* reap.c's list */
-  mj_process_t *next_open, *prev_open; /* the context's list of open processes */
-  unsigned spawned : 1, exited : 1, closing : 1, channel_eof : 1, watched : 1, streaming : 1;
+  mj_list_t live_link;                 /* on ctx->live while reap.c watches it */
+  mj_list_t open_link;                 /* on ctx->open while a handle is open */
+  unsigned spawned : 1, exited : 1, closing : 1, channel_eof : 1, streaming : 1;
 };
 
 typedef struct {
@@ -214,9 +252,8 @@ int mj_process_batch(mj_process_t *p, uint64_t job, mj_batch_state_t *state);
 int mj_process_batch_same(mj_process_t *p, const mj_batch_state_t *state);
 int mj_process_batch_cut(mj_process_t *p, uint64_t job);
 
-/* Internal: process.c <- spawn.c, reap.c, loop.c and channel.c */
+/* Internal: process.c <- spawn.c, reap.c and channel.c */
 void mj__process_spawned(mj_process_t *p, int pid, int error);
-void mj__process_close_all(mj_ctx_t *ctx);
 void mj__process_exited(mj_process_t *p, int64_t exit_status, int term_signal);
 void mj__process_gone(mj_process_t *p);
 
@@ -256,7 +293,6 @@ int mj__spawn_queue(mj_process_t *p, const mj_spawn_options_t *opts, const int c
                     int shared_fd);
 int mj__reap_watch(mj_process_t *p);
 void mj__reap_unwatch(mj_process_t *p);
-void mj__reap_kill_all(mj_ctx_t *ctx, uint64_t timeout_ms);
 
 /* ----------------------------------------------------------- stdio.c --- */
 
@@ -288,7 +324,7 @@ struct mj_input_s {
   size_t len, cap, max_line;
   unsigned batch_lines;                /* whole lines delivered at once, at most (0, 1: one) */
   int skipping;                        /* inside a line longer than max_line */
-  mj_input_t *next, *prev;             /* the context's list of inputs */
+  mj_list_t link;                      /* on the context's list of inputs */
   unsigned reading : 1, paused : 1, ended : 1, closing : 1, delivering : 1, stream_open : 1,
       fd_in_stream : 1, bom_checked : 1, /* bom_checked: the start was looked at (skip_bom) */
       end_pending : 1;                 /* ended, with whole lines a pause held back (finish) */
@@ -317,7 +353,7 @@ struct mj_output_s {
   int record_unreserved;               /* the record cannot reserve space: only written (set
                                           in the thread pool: not a bit beside the flags
                                           the loop sets meanwhile) */
-  mj_output_t *next, *prev;            /* the context's list of outputs */
+  mj_list_t link;                      /* on the context's list of outputs */
   unsigned writing : 1, orphaned : 1,  /* orphaned: released, frees itself when done */
       watching : 1, waiting : 1,       /* poll is open; it waits for room */
       streaming : 1, socket : 1, pipe : 1, /* written on the loop; with send(); a pipe */
@@ -329,7 +365,6 @@ void mj_input_init(mj_ctx_t *ctx, mj_input_t *in, int fd, size_t max_line,
 int mj_input_resume(mj_input_t *in);
 void mj_input_pause(mj_input_t *in);
 void mj_input_free(mj_input_t *in);
-void mj__input_close_all(mj_ctx_t *ctx);
 
 mj_output_t *mj_output_new(mj_ctx_t *ctx, int fd, int record_fd);
 int mj_output_append(mj_output_t *out, const char *data, size_t len);
@@ -338,7 +373,6 @@ int mj_output_flush(mj_output_t *out);
 size_t mj_output_pending(const mj_output_t *out);
 void mj_output_release(mj_output_t *out);
 void mj_output_close(mj_output_t *out);
-void mj__output_detach_all(mj_ctx_t *ctx);
 
 /* ----------------------------------------------------------- redis.c --- */
 
@@ -381,7 +415,7 @@ struct mj_redis_s {
   mj_redis_state_cb on_state;
   mj_redis_freed_cb on_freed;
   void *data;                          /* owner's */
-  mj_redis_t *next, *prev;             /* the context's list of connections */
+  mj_list_t link;                      /* on the context's list of connections */
   unsigned resolving : 1, poll_open : 1, closed : 1;
   unsigned in_connect : 1, drop_pending : 1, close_pending : 1; /* on_connect: freeing waits */
   unsigned next_pending : 1;           /* the next address, once the poll handle closed */
@@ -394,7 +428,6 @@ int mj_redis_command(mj_redis_t *r, int argc, const char **argv, const size_t *l
                      intptr_t tag, int persistent);
 int mj_redis_ping(mj_redis_t *r);
 void mj_redis_close(mj_redis_t *r);
-void mj__redis_close_all(mj_ctx_t *ctx);
 
 /* ------------------------------------------------ http.c, http_response.c --- */
 
@@ -453,7 +486,7 @@ struct mj_http_conn_s {
   char peer[64];                       /* the client's address */
   int peer_port;
   void *data;                          /* owner's, while it holds the request */
-  mj_http_conn_t *next, *prev;         /* the server's connections */
+  mj_list_t link;                      /* on the server's connections */
   unsigned keep_alive : 1, in_field_value : 1, complete : 1, started : 1, finished : 1,
       chunked : 1, head_only : 1, resume_due : 1, lingering : 1, reading : 1, closing : 1,
       delivered : 1, continue_sent : 1;
@@ -463,14 +496,14 @@ struct mj_http_server_s {
   mj_ctx_t *ctx;
   uv_tcp_t listener;
   mj_http_limits_t limits;
-  mj_http_conn_t *conns;
+  mj_list_t conns;                     /* its open connections */
   unsigned nconns;
   int open_handles;                    /* the listener and every connection */
   mj_http_request_cb on_request;
   mj_http_gone_cb on_gone;
   mj_http_freed_cb on_freed;
   void *data;                          /* owner's */
-  mj_http_server_t *next, *prev;       /* the context's servers */
+  mj_list_t link;                      /* on the context's servers */
   unsigned closed : 1;
 };
 
@@ -479,7 +512,6 @@ int mj_http_listen(mj_ctx_t *ctx, mj_http_server_t *s, const char *host, int por
                    const mj_http_limits_t *limits, char *why, size_t why_len);
 int mj_http_port(mj_http_server_t *s);
 void mj_http_close(mj_http_server_t *s);
-void mj__http_close_all(mj_ctx_t *ctx);
 void mj__http_drop(mj_http_conn_t *c, const char *why);
 void mj__http_arm(mj_http_conn_t *c);
 void mj__http_next(mj_http_conn_t *c);

@@ -67,11 +67,7 @@ static void stream_flush(mj_output_t *out);
 static void unreserve_record(mj_output_t *out);
 
 static void free_output(mj_output_t *out) {
-  if (out->ctx) {
-    if (out->prev) out->prev->next = out->next;
-    else out->ctx->outputs = out->next;
-    if (out->next) out->next->prev = out->prev;
-  }
+  mj__list_unlink(&out->link); /* already off it once its loop closed */
   if (out->wfd >= 0 && out->wfd != out->fd) close(out->wfd);
   unreserve_record(out);
   if (out->record_fd >= 0) close(out->record_fd);
@@ -401,6 +397,10 @@ static void set_up(mj_output_t *out) {
 
 /* ------------------------------------------------------------ interface --- */
 
+static void detach_all(mj_ctx_t *ctx);
+
+static const mj_closer_t closer = {MJ_CLOSE_OUTPUTS, NULL, detach_all};
+
 /* A new output on fd, or NULL when out of memory. record_fd (or -1): whole
  * lines written are copied there; the output owns it. Release it with
  * mj_output_release. */
@@ -410,9 +410,8 @@ mj_output_t *mj_output_new(mj_ctx_t *ctx, int fd, int record_fd) {
   out->ctx = ctx;
   out->fd = fd;
   out->record_fd = record_fd;
-  out->next = ctx->outputs;
-  if (ctx->outputs) ctx->outputs->prev = out;
-  ctx->outputs = out;
+  mj__list_push(&ctx->outputs, &out->link);
+  mj__ctx_on_close(ctx, &closer);
   set_up(out);
   return out;
 }
@@ -486,11 +485,10 @@ void mj_output_close(mj_output_t *out) {
 
 /* The context's loop is closed (no request is in flight any more): outputs
  * still held by their owners no longer write, the orphaned ones are freed. */
-void mj__output_detach_all(mj_ctx_t *ctx) {
-  mj_output_t *out = ctx->outputs, *next;
-  for (; out != NULL; out = next) {
-    next = out->next;
-    out->next = out->prev = NULL;
+static void detach_all(mj_ctx_t *ctx) {
+  MJ_LIST_EACH_SAFE(it, &ctx->outputs) {
+    mj_output_t *out = MJ_LIST_ITEM(it, mj_output_t, link);
+    mj__list_unlink(it);
     out->ctx = NULL;
     out->writing = 0;
     out->watching = out->soon_open = 0; /* closed with every other handle */
@@ -498,5 +496,4 @@ void mj__output_detach_all(mj_ctx_t *ctx) {
     drop_pending(out);
     if (out->orphaned) free_output(out);
   }
-  ctx->outputs = NULL;
 }

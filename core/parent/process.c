@@ -29,24 +29,14 @@
 
 /* ------------------------------------------------------------ lifetime --- */
 
-static void link_open(mj_process_t *p) {
-  p->next_open = p->ctx->open;
-  p->prev_open = NULL;
-  if (p->ctx->open) p->ctx->open->prev_open = p;
-  p->ctx->open = p;
-}
+static void close_all(mj_ctx_t *ctx);
 
-static void unlink_open(mj_process_t *p) {
-  if (p->prev_open) p->prev_open->next_open = p->next_open;
-  else if (p->ctx->open == p) p->ctx->open = p->next_open;
-  if (p->next_open) p->next_open->prev_open = p->prev_open;
-  p->next_open = p->prev_open = NULL;
-}
+static const mj_closer_t closer = {MJ_CLOSE_PROCESSES, close_all, NULL};
 
 static void mj_close_cb(uv_handle_t *h) {
   mj_process_t *p = h->data;
   if (--p->open_handles > 0) return;
-  unlink_open(p);
+  mj__list_unlink(&p->open_link);
   free(p->rbuf);
   p->rbuf = NULL;
   free(p->wbuf);
@@ -111,16 +101,17 @@ int mj_process_kill(mj_process_t *p, int signum, int whole_group) {
   return 0;
 }
 
-/* ---------------------------------------------------------------- spawn --- */
-
 /* Closes every process of the context, whatever its state (the context is
  * being closed: its children were killed and reaped first). */
-void mj__process_close_all(mj_ctx_t *ctx) {
-  for (mj_process_t *p = ctx->open; p != NULL; p = p->next_open) {
+static void close_all(mj_ctx_t *ctx) {
+  MJ_LIST_EACH(it, &ctx->open) {
+    mj_process_t *p = MJ_LIST_ITEM(it, mj_process_t, open_link);
     p->channel_eof = p->exited = 1;
     mj_process_close(p);
   }
 }
+
+/* ---------------------------------------------------------------- spawn --- */
 
 /* Wraps the parent's ends of the pipes and the socketpair in libuv pipes (stdout, stderr,
  * channel). Each fd is closed here if it could not be wrapped. */
@@ -198,15 +189,16 @@ int mj_process_spawn(mj_ctx_t *ctx, mj_process_t *p, const mj_spawn_options_t *o
   p->max_frame = opts->max_frame;
   p->state = MJ_CHILD_STARTING;
   p->shared_fd = -1;
-  link_open(p);
+  mj__list_push(&ctx->open, &p->open_link); /* until every handle is closed (mj_close_cb) */
+  mj__ctx_on_close(ctx, &closer);
   int rc = mj__shared_map(p);
   if (rc != 0) {
-    unlink_open(p);
+    mj__list_unlink(&p->open_link);
     return rc;
   }
   rc = mj__spawn_pairs(parent_fds, child_fds);
   if (rc != 0) {
-    unlink_open(p);
+    mj__list_unlink(&p->open_link);
     mj__shared_release(p);
     return rc;
   }
@@ -216,7 +208,7 @@ int mj_process_spawn(mj_ctx_t *ctx, mj_process_t *p, const mj_spawn_options_t *o
     for (int i = 0; i < 3; i++) close(child_fds[i]);
   if (rc != 0) { /* no spawn is in flight: CLOSED ends it, if a handle was opened */
     if (p->open_handles == 0) {
-      unlink_open(p);
+      mj__list_unlink(&p->open_link);
       mj__shared_release(p);
     }
     mj_process_close(p);

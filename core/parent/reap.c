@@ -47,15 +47,22 @@ static int try_reap(mj_process_t *p) {
   return 1;
 }
 
-static void mj_sigchld_cb(uv_signal_t *handle, int signum) {
-  mj_ctx_t *ctx = handle->data;
-  (void) signum;
-  mj_process_t *p = ctx->live, *next;
-  for (; p != NULL; p = next) {
-    next = p->next_live; /* try_reap unlinks p and may run callbacks */
-    try_reap(p);
+/* Tries each live child; try_reap unlinks the one it reaps, and may run
+ * callbacks. */
+static void try_reap_all(mj_ctx_t *ctx) {
+  MJ_LIST_EACH_SAFE(it, &ctx->live) {
+    try_reap(MJ_LIST_ITEM(it, mj_process_t, live_link));
   }
 }
+
+static void mj_sigchld_cb(uv_signal_t *handle, int signum) {
+  (void) signum;
+  try_reap_all(handle->data);
+}
+
+static void kill_all(mj_ctx_t *ctx);
+
+static const mj_closer_t closer = {MJ_CLOSE_CHILDREN, kill_all, NULL};
 
 /* Puts a freshly spawned child on the watch list; reaps it at once if it
  * already died (its SIGCHLD may have come before it was on the list). */
@@ -67,45 +74,35 @@ int mj__reap_watch(mj_process_t *p) {
     if (rc != 0) return rc;
     ctx->sigchld.data = ctx;
     ctx->sigchld_started = 1;
+    mj__ctx_on_close(ctx, &closer);
   }
-  if (ctx->live == NULL) uv_ref((uv_handle_t *) &ctx->sigchld); /* a live child keeps the loop alive */
-  p->next_live = ctx->live;
-  p->prev_live = NULL;
-  if (ctx->live) ctx->live->prev_live = p;
-  ctx->live = p;
-  p->watched = 1;
+  if (mj__list_empty(&ctx->live)) uv_ref((uv_handle_t *) &ctx->sigchld); /* a live child keeps the loop alive */
+  mj__list_push(&ctx->live, &p->live_link);
   try_reap(p);
   return 0;
 }
 
 void mj__reap_unwatch(mj_process_t *p) {
-  if (!p->watched) return;
-  p->watched = 0;
-  if (p->prev_live) p->prev_live->next_live = p->next_live;
-  else p->ctx->live = p->next_live;
-  if (p->next_live) p->next_live->prev_live = p->prev_live;
-  p->next_live = p->prev_live = NULL;
-  if (p->ctx->live == NULL) uv_unref((uv_handle_t *) &p->ctx->sigchld);
+  if (!mj__list_linked(&p->live_link)) return;
+  mj__list_unlink(&p->live_link);
+  if (mj__list_empty(&p->ctx->live)) uv_unref((uv_handle_t *) &p->ctx->sigchld);
 }
 
 /* Ends every live child now: SIGKILL to its process group and to itself, then
  * waits for each (a SIGKILLed process dies at once, unless the kernel holds it
- * in an uninterruptible sleep), for at most timeout_ms in all. Used when the
- * context is closed; children still unreaped after that stay zombies until the
- * program exits. */
-void mj__reap_kill_all(mj_ctx_t *ctx, uint64_t timeout_ms) {
-  for (mj_process_t *p = ctx->live; p != NULL; p = p->next_live) {
+ * in an uninterruptible sleep), for at most MJ_CLOSE_WAIT_MS in all. The
+ * context's close, first of all; children still unreaped after that stay
+ * zombies until the program exits. */
+static void kill_all(mj_ctx_t *ctx) {
+  MJ_LIST_EACH(it, &ctx->live) {
+    mj_process_t *p = MJ_LIST_ITEM(it, mj_process_t, live_link);
     kill(-p->pid, SIGKILL);
     kill(p->pid, SIGKILL);
   }
-  uint64_t deadline = uv_hrtime() + timeout_ms * 1000000;
+  uint64_t deadline = uv_hrtime() + (uint64_t) MJ_CLOSE_WAIT_MS * 1000000;
   const struct timespec pause = {0, 1000000};
-  while (ctx->live != NULL && uv_hrtime() < deadline) {
-    mj_process_t *p = ctx->live, *next;
-    for (; p != NULL; p = next) {
-      next = p->next_live;
-      try_reap(p);
-    }
-    if (ctx->live != NULL) nanosleep(&pause, NULL);
+  while (!mj__list_empty(&ctx->live) && uv_hrtime() < deadline) {
+    try_reap_all(ctx);
+    if (!mj__list_empty(&ctx->live)) nanosleep(&pause, NULL);
   }
 }

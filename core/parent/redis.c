@@ -136,20 +136,6 @@ static void later(mj_redis_t *r) {
   uv_timer_start(&r->watchdog, watchdog_cb, 0, 0);
 }
 
-static void link_open(mj_redis_t *r) {
-  r->next = r->ctx->redis;
-  r->prev = NULL;
-  if (r->next) r->next->prev = r;
-  r->ctx->redis = r;
-}
-
-static void unlink_open(mj_redis_t *r) {
-  if (r->prev) r->prev->next = r->next;
-  else if (r->ctx->redis == r) r->ctx->redis = r->next;
-  if (r->next) r->next->prev = r->prev;
-  r->next = r->prev = NULL;
-}
-
 static void try_next(mj_redis_t *r);
 
 static void handle_closed(uv_handle_t *handle) {
@@ -162,7 +148,7 @@ static void handle_closed(uv_handle_t *handle) {
     }
   }
   if (--r->open_handles == 0 && !r->resolving) {
-    unlink_open(r);
+    mj__list_unlink(&r->link);
     if (r->on_freed) r->on_freed(r);
   }
 }
@@ -405,7 +391,7 @@ static void resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
   uv_freeaddrinfo(res);
   if (r->closed || r->state == MJ_REDIS_DOWN) { /* closed, or timed out while resolving */
     if (r->closed && r->open_handles == 0) {
-      unlink_open(r);
+      mj__list_unlink(&r->link);
       if (r->on_freed) r->on_freed(r);
     }
     return;
@@ -420,10 +406,15 @@ static void resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
   try_next(r);
 }
 
+static void close_all(mj_ctx_t *ctx);
+
+static const mj_closer_t closer = {MJ_CLOSE_REDIS, close_all, NULL};
+
 /* Starts connecting to host:port (a name or a numeric address). The owner
  * hears on_state(r, 1) once connected, on_state(r, 0, why) once down (also
  * when connecting failed), and on_freed(r) after mj_redis_close once no handle
- * or request points into r any more. Returns 0 or a libuv error. */
+ * or request points into r any more (until then r is on the context's list).
+ * Returns 0 or a libuv error. */
 int mj_redis_open(mj_ctx_t *ctx, mj_redis_t *r, const char *host, int port,
                   uint64_t timeout_ms, size_t max_reply) {
   struct addrinfo hints;
@@ -444,7 +435,8 @@ int mj_redis_open(mj_ctx_t *ctx, mj_redis_t *r, const char *host, int port,
   uv_timer_init(&ctx->loop, &r->watchdog);
   r->watchdog.data = r;
   r->open_handles = 1;
-  link_open(r);
+  mj__list_push(&ctx->redis, &r->link);
+  mj__ctx_on_close(ctx, &closer);
   arm_watchdog(r);
   return 0;
 }
@@ -515,10 +507,8 @@ void mj_redis_close(mj_redis_t *r) {
 }
 
 /* mj_ctx_close: every connection ends with the context. */
-void mj__redis_close_all(mj_ctx_t *ctx) {
-  mj_redis_t *r = ctx->redis, *next;
-  for (; r != NULL; r = next) {
-    next = r->next;
-    mj_redis_close(r);
+static void close_all(mj_ctx_t *ctx) {
+  MJ_LIST_EACH_SAFE(it, &ctx->redis) {
+    mj_redis_close(MJ_LIST_ITEM(it, mj_redis_t, link));
   }
 }

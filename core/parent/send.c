@@ -148,7 +148,8 @@ failed:
 /* The loop is about to wait, or has handled its events: every stage goes out
  * (a walk over the context's children, a few per pool). */
 void mj__process_flush_all(mj_ctx_t *ctx) {
-  for (mj_process_t *p = ctx->open; p != NULL; p = p->next_open) {
+  MJ_LIST_EACH(it, &ctx->open) {
+    mj_process_t *p = MJ_LIST_ITEM(it, mj_process_t, open_link);
     if (p->closing || p->exited) p->wlen = 0; /* the child is gone: nobody reads it */
     else flush_stage(p);
   }

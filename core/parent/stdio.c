@@ -42,20 +42,6 @@
 
 static int issue_read(mj_input_t *in);
 
-static void link_input(mj_input_t *in) {
-  in->next = in->ctx->inputs;
-  in->prev = NULL;
-  if (in->ctx->inputs) in->ctx->inputs->prev = in;
-  in->ctx->inputs = in;
-}
-
-static void unlink_input(mj_input_t *in) {
-  if (in->prev) in->prev->next = in->next;
-  else if (in->ctx->inputs == in) in->ctx->inputs = in->next;
-  if (in->next) in->next->prev = in->prev;
-  in->next = in->prev = NULL;
-}
-
 /* Everything is released: buffer, descriptor, list entry. Then on_freed. */
 static void release(mj_input_t *in) {
   free(in->buf);
@@ -63,7 +49,7 @@ static void release(mj_input_t *in) {
   in->len = in->cap = 0;
   if (in->fd > 2 && !in->fd_in_stream) close(in->fd); /* else it goes with the stream */
   in->fd = -1;
-  unlink_input(in);
+  mj__list_unlink(&in->link);
   if (in->on_freed) in->on_freed(in);
 }
 
@@ -277,8 +263,13 @@ static int issue_read(mj_input_t *in) {
   return in->mode == MJ_INPUT_FILE ? read_file(in) : read_stream(in);
 }
 
-/* Sets up an input on fd (paused: mj_input_resume starts it). on_freed, when
- * not NULL, runs once mj_input_free's release is complete. */
+static void close_all(mj_ctx_t *ctx);
+
+static const mj_closer_t closer = {MJ_CLOSE_INPUTS, close_all, NULL};
+
+/* Sets up an input on fd (paused: mj_input_resume starts it), on the
+ * context's list until it is released. on_freed, when not NULL, runs once
+ * mj_input_free's release is complete. */
 void mj_input_init(mj_ctx_t *ctx, mj_input_t *in, int fd, size_t max_line,
                    mj_line_cb on_line, mj_input_end_cb on_end) {
   memset(in, 0, sizeof *in);
@@ -293,7 +284,8 @@ void mj_input_init(mj_ctx_t *ctx, mj_input_t *in, int fd, size_t max_line,
     case UV_TTY: in->mode = MJ_INPUT_TTY; break;
     default: in->mode = MJ_INPUT_PIPE; break;
   }
-  link_input(in);
+  mj__list_push(&ctx->inputs, &in->link);
+  mj__ctx_on_close(ctx, &closer);
 }
 
 /* Starts or continues reading. Lines already buffered are delivered first.
@@ -338,10 +330,8 @@ void mj_input_free(mj_input_t *in) {
 }
 
 /* The context is closing: every input is freed. */
-void mj__input_close_all(mj_ctx_t *ctx) {
-  mj_input_t *in = ctx->inputs, *next;
-  for (; in != NULL; in = next) {
-    next = in->next; /* mj_input_free may unlink it */
-    mj_input_free(in);
+static void close_all(mj_ctx_t *ctx) {
+  MJ_LIST_EACH_SAFE(it, &ctx->inputs) {
+    mj_input_free(MJ_LIST_ITEM(it, mj_input_t, link)); /* may unlink it */
   }
 }
