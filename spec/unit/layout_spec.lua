@@ -151,7 +151,7 @@ local function long_functions(path, max)
   local lines, long = lines_of(path), {}
   for i, line in ipairs(lines) do
     local indent = line:match("^(%s*)[^-].-%f[%w]function[%s%(]")
-    if indent and not line:match("%f[%w]end%f[^%w][%s%),;]*$") then
+    if indent and not line:match("%f[%w]end%f[^%w][%s%),;}]*$") then
       for j = i + 1, #lines do
         local e = lines[j]:match("^(%s*)end%f[^%w]")
         if e and #e == #indent then
