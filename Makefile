@@ -216,7 +216,8 @@ bench: deps bench-deps all $(BUILD)/bench-floor
 # files another installer (LuaRocks) keeps track of.
 OLD_LUA_FILES = pool.lua cli.lua cli_args.lua cli_progress.lua cli_batches.lua cli_redis.lua \
                 queue.lua runner.lua lines.lua redis/queue.lua pool/lifecycle.lua \
-                pool/supervise.lua pool/pipeline.lua redis/functions.lua
+                pool/supervise.lua pool/pipeline.lua redis/functions.lua worker.lua \
+                tagged_output.lua pool/stats.lua
 
 # Installs the Lua modules in LUADIR, the core and the child program in
 # LIBDIR/moonjob (the core finds the child beside itself) and the command in

@@ -5,8 +5,8 @@
 --   print(pool:run({ x = 7 }))   --> 49
 --
 -- This module is the public entry point; the pieces live in moonjob.pool
--- (policy; its concerns in moonjob.pool.*), moonjob.worker (the parent's side
--- of one child), moonjob.job, moonjob.errors, moonjob.loop and moonjob.core
+-- (policy; its concerns in moonjob.pool.*, moonjob.pool.child the parent's
+-- side of one child), moonjob.job, moonjob.errors, moonjob.loop and moonjob.core
 -- (the C mechanism: loop, processes, frames). moonjob.child.* runs inside
 -- the child program only, moonjob.codec.* on both sides of the channel;
 -- moonjob.cli is the `moonjob` command and moonjob.redis.* the Redis queue.

@@ -21,7 +21,7 @@ local methods = {}
 -- A waiting job must stay small (a million may wait): its hot fields live in
 -- the table's array part, colocated with the table header (64 + 6 x 8 bytes),
 -- and are reached by name through the metatable. The fields every run sets
--- (attempts, worker, pid, started, ms, ...) have slots too, after those: the
+-- (attempts, child, pid, started, ms, ...) have slots too, after those: the
 -- array part grows to them in one step when the job is first sent
 -- (Job.grow), which costs a fraction of what growing a hash part key by key
 -- does (a rehash at each power of two), and nothing while the job waits.
@@ -29,7 +29,7 @@ local methods = {}
 -- `pool` comes from the pool's own metatable, `attempts` reads 0 until set,
 -- `logs` is made on first use. A slot holds false for nil.
 local SLOTS = { id = 1, data_bytes = 2, state = 3, added = 4, qindex = 5, priority = 6,
-  attempts = 7, worker = 8, prefetched = 9, ahead_since = 10, pid = 11, started = 12, ms = 13,
+  attempts = 7, child = 8, prefetched = 9, ahead_since = 10, pid = 11, started = 12, ms = 13,
   cpu_ms = 14, max_rss_kb = 15, result_bytes = 16 }
 local RUN_SLOTS = 16 -- the last one (Job.grow makes 7 to 16)
 Job.SLOT = SLOTS -- for the pool's hot paths, which read and write them directly (false for nil)

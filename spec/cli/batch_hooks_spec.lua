@@ -1,6 +1,6 @@
--- The pool's hook for the command line's batches of lines (pool.on_lines_cut,
--- pool.on_lines_kept: moonjob.pool.lines) is called as a listener is: an
--- error in it is reported to the `error` listeners and the pool carries on.
+-- The pool's hooks for the command line's batches of lines (cut, kept:
+-- pool.lines:set_hooks, moonjob.pool.lines) are called as a listener is: an
+-- error in one is reported to the `error` listeners and the pool carries on.
 local h = require "helpers"
 
 describe("the pool's batch hook #slow", function()
@@ -11,12 +11,12 @@ describe("the pool's batch hook #slow", function()
     return pool:add(table.concat(lines, "\n"), { lines = { first, #lines } })
   end
 
-  it("reports an error raised in on_lines_cut or on_lines_kept, and the batches still end", function()
+  it("reports an error raised in the cut or kept hook, and the batches still end", function()
     local pool = h.pool("slow_line.lua", { size = 2, codec = "json" })
     local reported = {}
     pool:on("error", function(message, event) reported[event] = tostring(message) end)
-    pool.on_lines_cut = function() error("the cut hook broke") end
-    pool.on_lines_kept = function() error("the kept hook broke") end
+    pool.lines:set_hooks{ cut = function() error("the cut hook broke") end,
+      kept = function() error("the kept hook broke") end }
     -- an idle child cuts the lines behind the slow first one
     local cut = add_batch(pool, 1, { '{"sleep":0.3}', "2", "3", "4" })
     assert.is_string(cut:wait())

@@ -216,7 +216,7 @@ return function(job) return job.data end
       local pool = assert(require("moonjob").pool(file, { size = 2, start_timeout = 0.05 + round % 3 * 0.05,
         echo = false }))
       local pids = {}
-      local function note() for _, w in ipairs(pool.children:array()) do if w.pid then pids[w.pid] = true end end end
+      local function note() for _, child in ipairs(pool.children:array()) do if child.pid then pids[child.pid] = true end end end
       local watch = core.timer(note)
       watch:start(1, 1)
       if round % 4 == 1 then os.execute("sleep 0.2") end -- the parent late: deadlines and READY at once
@@ -249,8 +249,8 @@ describe("start_timeout", function()
     -- may keep busy a while): from here each is ready within milliseconds,
     -- a few hundred under the sanitizers on a loaded machine
     h.wait_for(function()
-      local workers = pool.children:array()
-      return #workers == 2 and workers[1].pid ~= nil and workers[2].pid ~= nil
+      local children = pool.children:array()
+      return #children == 2 and children[1].pid ~= nil and children[2].pid ~= nil
     end)
     os.execute(h.SANITIZED and "sleep 1.5" or "sleep 0.6")
     local result, err = pool:run(7)

@@ -208,7 +208,7 @@ describe("pipelining", function()
     for i = 1, 15 do shorts[i] = pool:add({ file = runs, how = "none" }) end
     local queued_behind_long = 0
     for i = 1, 15 do
-      if shorts[i].worker == long.worker then queued_behind_long = queued_behind_long + 1 end
+      if shorts[i].child == long.child then queued_behind_long = queued_behind_long + 1 end
     end
     assert.is_true(queued_behind_long > 0, "some short job was queued behind the long one")
     local t0 = core.hrtime()
@@ -245,12 +245,12 @@ describe("pipelining", function()
   -- Jobs taken back stay in the child's channel until it reaches them, while
   -- new ones follow: the child must keep reading past any number of them.
   local function pile_up(pool, long, rounds)
-    local w, added = long.worker, {}
+    local child, added = long.child, {}
     for _ = 1, rounds do
       long.started = require("moonjob.loop").now() -- keeps prefetching behind it (white box)
       for _ = 1, 7 do added[#added + 1] = pool:add({ file = runs, how = "none" }) end
-      assert.is_not_nil(w.held[2], "jobs were queued behind the long one")
-      assert.is_true(w.held[2]:cancel("taken back"))
+      assert.is_not_nil(child.sent[2], "jobs were queued behind the long one")
+      assert.is_true(child.sent[2]:cancel("taken back"))
     end
     return added
   end

@@ -24,7 +24,7 @@ local function warm(pool)
   assert.is_true(pool.dispatch:depth() > 1, "the pool pipelines after short jobs")
   h.wait_for(function() -- every child ready, so each takes one of the first jobs
     local idle = 0
-    for _, w in ipairs(pool.children:array()) do if w.state == "idle" then idle = idle + 1 end end
+    for _, child in ipairs(pool.children:array()) do if child.state == "idle" then idle = idle + 1 end end
     return idle == pool.size
   end)
 end
@@ -158,12 +158,12 @@ describe("priorities under pipelining", function()
           if priority == 1 then better[#better + 1] = job end
         end
       end
-      if pool.children:array()[1] == long.worker then -- the better ones behind the long job
+      if pool.children:array()[1] == long.child then -- the better ones behind the long job
         add(1, { "p1-a", "p1-b" }); add(5, { "p5-a", "p5-b" })
       else
         add(5, { "p5-a", "p5-b" }); add(1, { "p1-a", "p1-b" })
       end
-      assert.equal(long.worker, better[1].worker)
+      assert.equal(long.child, better[1].child)
     end)
     pool:drain()
     local order = without(names_in(file), { long = true, short = true })

@@ -32,9 +32,9 @@ describe("stress", function()
     math.randomseed(7)
     local kills = 0
     local killer = core.timer(function()
-      for _, w in ipairs(pool.children:snapshot()) do
-        if w.state == "busy" and math.random() < 0.3 then
-          os.execute("kill -KILL " .. w.pid .. " 2>/dev/null")
+      for _, child in ipairs(pool.children:snapshot()) do
+        if child.state == "busy" and math.random() < 0.3 then
+          os.execute("kill -KILL " .. child.pid .. " 2>/dev/null")
           kills = kills + 1
         end
       end

@@ -23,7 +23,7 @@ local buffer = require "string.buffer"
 local json = require "moonjob.codec.json"
 local encode = require "moonjob.child.encode"
 -- Nor the runner's parts: the batch runner holds the channel and the
--- processor, and encode the limits results and errors are held to.
+-- processor, and encode the limits results and errors must keep to.
 package.loaded["moonjob.child.batch"], package.loaded["moonjob.child.encode"] = nil, nil
 
 local handler, to_error, encode_error = encode.handler, encode.to_error, encode.encode_error

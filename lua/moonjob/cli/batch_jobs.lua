@@ -7,22 +7,22 @@
 -- the lines before it; the lines it did not run (an idle child took them, a
 -- line printed, its child died) go out again, as a batch of their own or a
 -- line, ahead of every later line (a job's priority is its first line
--- number), so that results held for --keep-order do not wait for them behind
--- the whole queue.
+-- number), so that results pending for --keep-order do not wait for them
+-- behind the whole queue.
 --
--- With -k, lines handed back while the results held are past their bound
+-- With -k, lines handed back while the pending results are past their bound
 -- are parked here, not added (unpark, asked by the run's main wait).
 --
 -- --attempts: a batch job is never retried as a whole (attempts = 1 to the
 -- pool). A line of it that fails with attempts left (the pool's rule,
--- pool:line_retry_delay: --attempts, --backoff, errors no attempt can fix)
+-- pool.lines:retry_delay: --attempts, --backoff, errors no attempt can fix)
 -- is not recorded: it runs again alone, as a job of its own whose attempts
 -- go on from 2 (pool:add's first_attempt) after its backoff, so that its
 -- result line says how many attempts it took, exactly as without batches,
 -- and --halt counts it only once its last attempt failed. This holds for a
 -- line that failed in the child and for the line a batch's child died in
 -- (a crash, or killed at the line's hard deadline, moonjob.pool.deadlines).
--- The lines around it are recorded as they are (-k holds those after it).
+-- The lines around it are recorded as they are (-k keeps those after it pending).
 --
 -- Fields a batch job carries: line (its first), count, text, handed_back
 -- (the first position handed back), printed and printed_bytes / _ok /
@@ -43,18 +43,22 @@ local M = {}
 local BatchJobs = {}
 BatchJobs.__index = BatchJobs
 
--- The batch jobs of `run`, hooked to its pool.
+-- The batch jobs of `run`.
 function M.new(run)
   local resumed = run.resumed
-  local self = setmetatable({ run = run, is_resumed = function(line) return resumed[line] end,
-    parked = {}, -- lines handed back while -k's results are past their bound
+  return setmetatable({ run = run, is_resumed = function(line) return resumed[line] end,
+    parked = {}, -- lines handed back while -k's pending results are past their bound
     retries = (run.o.attempts or 1) > 1 }, BatchJobs)
-  -- The pool's batch hook (moonjob.pool.lines): lines an idle child takes
-  -- because a slow line held them up, and lines a running batch finished.
-  -- Guarded as the run's listeners are: one that raises stops the run.
-  run.pool.on_lines_cut = run:guard(function(job, kept) self:hand_back(job, kept + 1) end)
-  run.pool.on_lines_kept = run:guard(function(job, kept, text) self:lines_kept(job, kept, text) end)
-  return self
+end
+
+-- Their part of the pool's batch hooks (moonjob.pool.lines; the run sets
+-- them): lines an idle child takes because a slow line kept them waiting, and
+-- lines a running batch finished. Guarded as the run's listeners are: one
+-- that raises stops the run.
+function BatchJobs:hooks()
+  local run = self.run
+  return { cut = run:guard(function(job, kept) self:hand_back(job, kept + 1) end),
+    kept = run:guard(function(job, kept, text) self:lines_kept(job, kept, text) end) }
 end
 
 -- What batch job `job` ran: its result lines, the positions they cover (1
@@ -124,11 +128,11 @@ function BatchJobs:hand_back(job, from)
   self:add_again(job.line + from - 1, to - from + 1, text)
 end
 
--- The parked lines go out again once -k's held results are back under the
--- bound's low mark, and the first parked piece at once when the output waits
--- for a line of it (the results held wait for it: holding it back would
--- never free them). The run's main wait asks; a run that stops drops them
--- (--resume runs them). Whether lines are still parked.
+-- The parked lines go out again once -k's pending results are back under
+-- the bound's low mark, and the first parked piece at once when the output
+-- waits for a line of it (the pending results wait for it: keeping it
+-- parked would never free them). The run's main wait asks; a run that stops
+-- drops them (--resume runs them). Whether lines are still parked.
 function BatchJobs:unpark()
   local parked, run = self.parked, self.run
   if #parked == 0 then return false end
@@ -158,7 +162,7 @@ function BatchJobs:to_retry(text)
     local record = json.decode(text:sub(at, to - 1))
     local err = type(record) == "table" and record.error
     local attempt = type(record) == "table" and tonumber(record.attempts) or 1
-    local delay = type(err) == "table" and pool:line_retry_delay(attempt, err)
+    local delay = type(err) == "table" and pool.lines:retry_delay(attempt, err)
     if delay then found[#found + 1] = { tonumber(line), at, to, err, attempt, delay } end
     from = to + 1
   end
@@ -205,7 +209,7 @@ end
 -- A batch still running has finished its first `kept` lines (their result
 -- lines are `text`): the ones not recorded yet are recorded now, so that a
 -- slow line holds up no output of the lines before it, and a run stopped by
--- a signal keeps them (pool:publish_kept).
+-- a signal keeps them (pool.lines:publish_kept).
 function BatchJobs:lines_kept(job, kept, text)
   local done = job.printed or 0
   if kept <= done then return end

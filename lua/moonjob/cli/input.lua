@@ -5,12 +5,12 @@
 -- The input pauses at a high mark and resumes at a low one, on four counts:
 -- the result bytes stdout has not taken yet (a slow reader: the output's
 -- back-pressure), lines in flight (room for a few batches per child), bytes
--- of batches in flight, and, with --keep-order, the memory of the results that wait for an
--- earlier line still running, counting those the lines in flight will bring
--- at the recent bytes per result line (the largest lately: a jump in sizes
--- counts at once): a slow early line pauses the input at this bound rather
--- than hold every later result. Each child keeps a line in
--- flight whatever the size of results. The lines a batch hands back while
+-- of batches in flight, and, with --keep-order, the memory of the pending
+-- results (they wait for an earlier line still running), counting those the
+-- lines in flight will bring at the recent bytes per result line (the
+-- largest lately: a jump in sizes counts at once): a slow early line pauses
+-- the input at this bound rather than keep every later result pending. Each
+-- child keeps a line in flight whatever the size of results. The lines a batch hands back while
 -- past this bound are parked by moonjob.cli.batch_jobs (keep_order_full).
 --
 -- The input also sizes the batches it cuts (core.input's input:batch):
@@ -43,7 +43,7 @@ local M = {}
 
 local BATCH_BUDGET_MS = 4 -- a batch of lines runs about this long in its child
 local BATCH_LINES_MAX = 4096 -- and holds at most this many lines
-local HOLD_BYTES_PER_CHILD = 8 * 1024 * 1024 -- --keep-order: results held, per child
+local PENDING_BYTES_PER_CHILD = 8 * 1024 * 1024 -- --keep-order: pending results, per child
 local BYTES_PER_CHILD = 4 * 1024 * 1024 -- batches in flight (blocks are at most 1 MiB: core/parent/stdio.c)
 local OUTPUT_HIGH, OUTPUT_LOW = 4 * 1024 * 1024, 1024 * 1024 -- result bytes stdout has not taken yet
 local CHECK_WHOLE_MAX = 1024 * 1024 -- a longer first line is checked by its first character only
@@ -84,11 +84,11 @@ function M.size(path)
 end
 
 -- The bounds for `pool_size` children, options `o` (keep_order, timeout,
--- attempts); `output` is asked for the results it holds (output:held()),
--- what stdout has not taken (output:backlog()) and whether it failed
--- (output.write_error).
+-- attempts); `output` is asked for its pending results
+-- (output:pending_results()), what stdout has not taken (output:backlog())
+-- and whether it failed (output.write_error).
 function M.new(o, pool_size, output)
-  local bytes_high, held_high = pool_size * BYTES_PER_CHILD, pool_size * HOLD_BYTES_PER_CHILD
+  local bytes_high, pending_high = pool_size * BYTES_PER_CHILD, pool_size * PENDING_BYTES_PER_CHILD
   local self = setmetatable({
     handle = nil, -- core.input, once started
     pool_size = pool_size, keep_order = o.keep_order, output = output,
@@ -98,7 +98,7 @@ function M.new(o, pool_size, output)
     line_no = 0, bytes_read = 0, -- the last line read, and the bytes read (the progress line)
     at_end = false, read_error = nil, -- read to its end, or failed reading (read_error)
     high = nil, low = nil, bytes_high = bytes_high, bytes_low = bytes_high / 4,
-    held_high = held_high, held_low = held_high / 4,
+    pending_high = pending_high, pending_low = pending_high / 4,
     result_line_bytes = 0, -- recent bytes per result line: up at once, down slowly
     batch_lines = 1, line_ms = nil,
     one_line_each = o.rate ~= nil, -- --rate counts lines: each runs as a job of its own
@@ -198,45 +198,45 @@ function Input:set_bounds()
   self.low = math.floor(self.high / 4)
 end
 
--- Whether the results held for --keep-order, with those the lines in
+-- Whether the results pending for --keep-order, with those the lines in
 -- flight will bring (about), are at least `bound` bytes. Each child may
 -- have a line in flight whatever the size of results, unless the results
--- already held are past the bound; until a result's size is known, a few.
+-- already pending are past the bound; until a result's size is known, a few.
 function Input:results_past(bound)
   if not self.keep_order then return false end
   local inflight, size = self.inflight, self.pool_size
   if self.result_line_bytes == 0 then return inflight >= size * 4 end
-  local bytes = self.output:held()
+  local bytes = self.output:pending_results()
   return bytes >= bound or (inflight >= size and bytes + inflight * self.result_line_bytes >= bound)
 end
 
--- With --keep-order, whether the results held (and those the lines in
+-- With --keep-order, whether the pending results (and those the lines in
 -- flight will bring) are past the bound (`low`: past its low mark).
 function Input:keep_order_full(low)
-  return self:results_past(low and self.held_low + 1 or self.held_high)
+  return self:results_past(low and self.pending_low + 1 or self.pending_high)
 end
 
 function Input:pause_if_full()
   if self.paused or self.ended then return end
-  if self.inflight >= self.high or self.inflight_bytes >= self.bytes_high or self:results_past(self.held_high)
+  if self.inflight >= self.high or self.inflight_bytes >= self.bytes_high or self:results_past(self.pending_high)
       or self.output:backlog() >= OUTPUT_HIGH then
     self.paused = true
     self.handle:pause()
   end
 end
 
--- Called wherever lines in flight or results held may have gone down.
+-- Called wherever lines in flight or pending results may have gone down.
 function Input:resume_if_room()
   if not self.paused or self.ended or self.output.write_error then return end
   if self.inflight <= self.low and self.inflight_bytes <= self.bytes_low
-      and not self:results_past(self.held_low + 1) and self.output:backlog() <= OUTPUT_LOW then
+      and not self:results_past(self.pending_low + 1) and self.output:backlog() <= OUTPUT_LOW then
     self.paused = false
     self.handle:resume()
   end
 end
 
--- The results `text` of `count` lines were written (or held): they leave
--- the count in flight, and tell the bytes per result line. The estimate
+-- The results `text` of `count` lines were written (or are pending): they
+-- leave the count in flight, and tell the bytes per result line. The estimate
 -- follows a rise at once, so that a jump in result sizes pauses the input
 -- (-k) before more lines go out than the bound holds; it falls slowly.
 function Input:written(text, count)

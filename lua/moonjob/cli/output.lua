@@ -11,21 +11,21 @@
 -- (hooks.joblog_failed, seen by poll(); hooks.closed): it stops, and what was
 -- not printed is not recorded.
 --
--- With --keep-order a finished job waits here until every earlier line was
--- written; without it, lines go out as jobs finish. Lines that make no output
+-- With --keep-order a finished job's results wait here, pending, until every
+-- earlier line was written; without it, lines go out as jobs finish. Lines that make no output
 -- (blank, resumed) are emitted as "". What waits for stdout is bounded by
 -- the input (moonjob.cli.input pauses while backlog() is over its bound).
 --
 -- What processors print goes to stderr as "[line N] text". A job of one line
 -- is tagged here (echo). In a batch the child tags each output line with the
 -- line that wrote it (core/child/output.c), job:log's included, and the
--- batch's output comes here in whole lines (echo_lines, through
--- moonjob.tagged_output), written as it is: printing does not end a batch.
+-- batch's output comes here in whole lines (echo_lines, the pool's output
+-- hook: moonjob.pool.lines), written as it is: printing does not end a batch.
 -- Lines in it the child could not tag (a command run by os.execute, a
 -- write(2): they bypass its stdio) are tagged here with the batch's last
 -- line started when they are read (the child's batch area), which may be
 -- later than the line that wrote them; once the batch is no longer the
--- child's, with its last line run (echo_held).
+-- child's, with its last line run (echo_to_tag).
 --
 -- Caveat: the progress line (display) shares stderr, and stdout's terminal
 -- when stdout is not a regular file: it is erased before each write there
@@ -39,7 +39,7 @@ local moonjob_job = require "moonjob.job"
 
 local M = {}
 
-local HELD_ENTRY_BYTES = 100 -- what holding one result costs beside its text
+local PENDING_ENTRY_BYTES = 100 -- what keeping one result pending costs beside its text
 
 local Output = {}
 Output.__index = Output
@@ -74,7 +74,7 @@ function M.new(keep_order, log, hooks, out)
     display = nil, -- the progress line (moonjob.cli.progress), set by the run
     joblog_failed = false, write_error = nil, -- the reader went (EPIPE) or a write failed
     on_joblog_failed = hooks.joblog_failed, on_closed = hooks.closed,
-    held_text = {}, covers = {}, next_line = 1, held_bytes = 0, held_lines = 0,
+    pending_text = {}, covers = {}, next_line = 1, pending_bytes = 0, pending_lines = 0, -- (-k)
   }, Output)
 end
 
@@ -99,39 +99,41 @@ function Output:emit(line, text, count)
   if not self.keep_order then return self:write(text) end
   count = count or 1
   if count == 0 then return end -- covers no line (a batch that ran none)
-  local held_text, covers = self.held_text, self.covers
-  assert(held_text[line] == nil, "line written twice")
-  held_text[line], covers[line] = text, count
-  self.held_bytes, self.held_lines = self.held_bytes + #text + HELD_ENTRY_BYTES, self.held_lines + count
-  while held_text[self.next_line] do
+  local pending_text, covers = self.pending_text, self.covers
+  assert(pending_text[line] == nil, "line written twice")
+  pending_text[line], covers[line] = text, count
+  self.pending_bytes = self.pending_bytes + #text + PENDING_ENTRY_BYTES
+  self.pending_lines = self.pending_lines + count
+  while pending_text[self.next_line] do
     local at = self.next_line
-    local out = held_text[at]
-    self.held_bytes, self.held_lines = self.held_bytes - #out - HELD_ENTRY_BYTES, self.held_lines - covers[at]
+    local out = pending_text[at]
+    self.pending_bytes = self.pending_bytes - #out - PENDING_ENTRY_BYTES
+    self.pending_lines = self.pending_lines - covers[at]
     self.next_line = at + covers[at]
-    held_text[at], covers[at] = nil, nil
+    pending_text[at], covers[at] = nil, nil
     self:write(out)
   end
 end
 
--- The memory (bytes, about) of the results that wait for an earlier line,
--- and how many lines they cover (0, 0 once the run is whole).
-function Output:held()
-  return self.held_bytes, self.held_lines
+-- The memory (bytes, about) of the pending results (-k: they wait for an
+-- earlier line), and how many lines they cover (0, 0 once the run is whole).
+function Output:pending_results()
+  return self.pending_bytes, self.pending_lines
 end
 
--- Writes every result held, in input order, past the lines missing before
--- them (a run that stops: they did not run).
-function Output:flush_held()
+-- Writes every pending result, in input order, past the lines missing
+-- before them (a run that stops: they did not run).
+function Output:flush_pending()
   local starts = {}
-  for line in pairs(self.held_text) do starts[#starts + 1] = line end
+  for line in pairs(self.pending_text) do starts[#starts + 1] = line end
   table.sort(starts)
-  for _, line in ipairs(starts) do self:write(self.held_text[line]) end
-  self.held_text, self.covers, self.held_bytes, self.held_lines = {}, {}, 0, 0
+  for _, line in ipairs(starts) do self:write(self.pending_text[line]) end
+  self.pending_text, self.covers, self.pending_bytes, self.pending_lines = {}, {}, 0, 0
 end
 
--- The bytes written and not yet gone out, and the write error if any.
-function Output:pending()
-  return self.out:pending()
+-- The writer's error, if a write failed (or its reader went), else nil.
+function Output:write_failure()
+  return select(2, self.out:pending())
 end
 
 -- Writes out now what stdout was given (a pipe or terminal with room),
@@ -148,10 +150,10 @@ function Output:backlog()
   return self.out:pending() or 0
 end
 
--- As pending(), and notes a write error (a reader gone shows here before
+-- As backlog(), and notes a write error (a reader gone shows here before
 -- any write: core/parent/output.c) and a joblog that could not be written.
 function Output:poll()
-  local pending, e = self.out:pending()
+  local backlog, e = self.out:pending()
   self.write_error = self.write_error or e
   if not self.joblog_failed and self.joblog and self.out.record_error then
     local record_error = self.out:record_error()
@@ -160,7 +162,7 @@ function Output:poll()
       self.on_joblog_failed(record_error)
     end
   end
-  return pending
+  return backlog
 end
 
 -- Nothing more is written: what stdout has not taken is dropped (neither
@@ -186,8 +188,8 @@ end
 -- another batch's (known when the batch ends: last_line_run).
 local function line_of_output(job)
   if not job.count then return job.line end
-  local w = job.worker
-  local started = w and w:batch_started(job)
+  local child = job.child
+  local started = child and child:batch_started(job)
   if started and started > 0 then return job.line + started - 1 end
 end
 
@@ -206,19 +208,19 @@ end
 -- The pool's echo: what a child printed, with its job (nil between jobs).
 function Output:echo(text, job, pid)
   if not job then return self:to_stderr(("[child %d] %s\n"):format(pid, text)) end
-  local line = not job.output_held and line_of_output(job)
+  local line = not job.output_to_tag and line_of_output(job)
   if line then return self:to_stderr(("[line %d] %s\n"):format(line, text)) end
-  job.output_held = job.output_held or {}
-  table.insert(job.output_held, text)
+  job.output_to_tag = job.output_to_tag or {} -- its line is known once the batch ends
+  table.insert(job.output_to_tag, text)
 end
 
 -- What ended job `job` printed whose line was not known yet.
-function Output:echo_held(job)
-  local held_output = job.output_held
-  if not held_output then return end
-  job.output_held = nil
+function Output:echo_to_tag(job)
+  local to_tag = job.output_to_tag
+  if not to_tag then return end
+  job.output_to_tag = nil
   local line = last_line_run(job)
-  for _, text in ipairs(held_output) do self:to_stderr(("[line %d] %s\n"):format(line, text)) end
+  for _, text in ipairs(to_tag) do self:to_stderr(("[line %d] %s\n"):format(line, text)) end
 end
 
 local find, byte, sub = string.find, string.byte, string.sub
@@ -235,7 +237,7 @@ local function untagged_at(text, pos)
 end
 
 -- What batch `job`'s child wrote: whole lines, most tagged by the child
--- (pool.on_lines_output, moonjob.tagged_output). Tagged lines go out as
+-- (the output hook of moonjob.pool.lines). Tagged lines go out as
 -- they are, in one write; the others are tagged as echo does.
 function Output:echo_lines(text, job)
   local pos = 1

@@ -125,10 +125,12 @@ function M.new(processor, input_path, o)
     joblog_failed = function(e) self.stop = stops.joblog_failed(o.joblog, e) end,
     closed = function() self.input:stop_reading() end,
   })
-  self.pool.on_lines_output = function(text, job) self.output:echo_lines(text, job) end -- tagged by the child
   self.input = Input.new(o, self.pool.size, self.output)
   if o.progress then self:show_progress(input_path) end
   self.batches = BatchJobs.new(self)
+  local hooks = self.batches:hooks() -- the pool's batch hooks (moonjob.pool.lines)
+  hooks.output = function(text, job) self.output:echo_lines(text, job) end -- tagged by the child
+  self.pool.lines:set_hooks(hooks)
   local listener = guarded(self, Run.finished)
   self.pool:on("completed", listener)
   self.pool:on("failed", listener)
@@ -138,7 +140,8 @@ end
 ------------------------------------------------------------- recording ---
 
 -- Results `text` of `count` lines from `line` on leave the lines in flight
--- and are written (or held for --keep-order, which may pause the input too).
+-- and are written (or kept pending for --keep-order, which may pause the
+-- input too).
 function Run:written(line, text, count)
   local input = self.input
   input:written(text, count)
@@ -178,7 +181,7 @@ function Run:halt_soon()
   for _, list in ipairs({ waiting, sent }) do
     for _, job in ipairs(list) do
       job.halted = true -- (read when it ends, inside the cancel)
-      if not self.pool:cancel_unstarted(job, stops.HALTED) then job.halted = nil end
+      if not self.pool.lines:cancel_unstarted(job, stops.HALTED) then job.halted = nil end
     end
   end
 end
@@ -210,7 +213,7 @@ end
 -- The pool's completed and failed listener.
 function Run:finished(job)
   self.open_jobs[job] = nil
-  self.output:echo_held(job)
+  self.output:echo_to_tag(job)
   if self.stop and not self:recorded_in_stop(job) then return self:forget(job) end
   -- A job that fails with ELOAD before any completed: the processor cannot
   -- load, so no job will run; the run stops as for a syntax error.
@@ -297,10 +300,10 @@ function Run:wait()
   local ok, why = pcall(loop.wait_until, function()
     local parked = self.batches:unpark() -- (-k: lines a batch handed back past the bound)
     input:resume_if_room() -- a safety net: a path that frees room and misses resuming would hang the run
-    local pending = out:poll()
+    local backlog = out:poll()
     if self.display then self.display.refresh() end -- after the turn's results (moonjob.cli.progress)
     return (self.stop and not self.stop.soon) or out.write_error
-      or (input.ended and input.inflight == 0 and pending == 0 and not parked)
+      or (input.ended and input.inflight == 0 and backlog == 0 and not parked)
   end)
   input:close()
   if not ok then self.stop = stops.stopped_by(why) end
@@ -313,7 +316,8 @@ end
 -- every child is ended with what it started (more signals meanwhile do not
 -- cut this short), and what was written goes out.
 function Run:end_children()
-  pcall(self.pool.publish_kept, self.pool, 0) -- a raising hook must not keep the children alive
+  local lines = self.pool.lines
+  pcall(lines.publish_kept, lines, 0) -- a raising hook must not keep the children alive
   for _ = 1, 100 do -- a wait cut short by a signal is resumed; the close itself is bounded
     if pcall(self.pool.close, self.pool, { force = true }) then break end
   end
@@ -338,15 +342,15 @@ function Run:finish()
   end
   if self.stop then
     self:end_children()
-    out:flush_held() -- with --keep-order, what finished after a line that never will
+    out:flush_pending() -- with --keep-order, what finished after a line that never will
     self:drain_output()
   end
-  local write_error = out.write_error or select(2, out:pending())
+  local write_error = out.write_error or out:write_failure()
   if self.joblog then self.joblog:close() end -- (stdout's writer records through a descriptor of its own)
   if self.display then self.display.close(self.lines_over > 0) end -- the summary, once a line ended
   self:say_not_json()
   out:close() -- what stdout did not take by now is neither printed nor recorded
-  local _, unwritten = out:held()
+  local _, unwritten = out:pending_results()
   return stops.outcome(self.stop, self.failed, unwritten, self.input.read_error, write_error)
 end
 

@@ -61,7 +61,7 @@ local function limits_line(l)
 end
 
 -- Why a held-back group (a row of q:groups) takes no job now.
-local function held_text(row)
+local function held_back_text(row)
   if row.state == "held" then return ("%s held %.1f s (ERATELIMIT)"):format(row.group, row.seconds) end
   if row.state == "at_cap" then return row.group .. " at its cap" end
   if row.state == "rate" then return ("%s rate window full %.1f s"):format(row.group, row.seconds) end
@@ -69,14 +69,14 @@ local function held_text(row)
 end
 
 -- The groups line, or nil while no group has waiting jobs. counts:
--- limits().groups; held: the held-back rows of q:groups.
-local function groups_line(counts, held)
+-- limits().groups; rows: the held-back rows of q:groups.
+local function groups_line(counts, rows)
   local total = counts.ready + counts.held_back
   if total == 0 then return nil end
   local line = ("groups: %d with waiting jobs, "):format(total)
   if counts.held_back == 0 then return line .. "none held back" end
   local named = {}
-  for i = 1, math.min(GROUPS_NAMED, #held) do named[i] = held_text(held[i]) end
+  for i = 1, math.min(GROUPS_NAMED, #rows) do named[i] = held_back_text(rows[i]) end
   line = line .. ("%d held back"):format(counts.held_back)
   if #named == 0 then return line end
   line = line .. ": " .. table.concat(named, ", ")
@@ -97,17 +97,17 @@ end
 local function extras(q)
   local l, err = q:limits()
   if not l then return nil, err end
-  local held
-  held, err = q:held_groups(l.groups, GROUPS_LISTED)
-  if not held then return nil, err end
+  local rows
+  rows, err = q:held_groups(l.groups, GROUPS_LISTED)
+  if not rows then return nil, err end
   local list, total = q:schedules({ limit = 1 })
   if not list then return nil, total end
   local lines = {}
   lines[#lines + 1] = limits_line(l)
-  lines[#lines + 1] = groups_line(l.groups, held)
+  lines[#lines + 1] = groups_line(l.groups, rows)
   lines[#lines + 1] = schedules_line(list, total)
   return { lines = lines, limits = l, schedules = total,
-    groups = { ready = l.groups.ready, held_back = l.groups.held_back, held = held },
+    groups = { ready = l.groups.ready, held_back = l.groups.held_back, held = rows }, -- (--json's names)
     next_schedule = list[1] and not list[1].ended and { id = list[1].id, at = list[1].next } or nil }
 end
 

@@ -25,7 +25,7 @@
 -- error that last cost it an attempt.
 -- Exposes: breaker:failed(err), breaker:succeeded(), breaker:failing() -> the
 -- start error or nil, breaker:stalled() (failing, and no child live), breaker:check() (after every pump), breaker:probe(target)
--- (children:ensure while starts fail), breaker:child_broken(w, err),
+-- (children:ensure while starts fail), breaker:child_broken(child, err),
 -- breaker:close().
 -- Calls: pool.children (live, spawn, ensure, retire), pool.dispatch:pump,
 -- pool.endings:fail, pool.source; pool.ndeferred (drain waits for a pass due).
@@ -165,11 +165,11 @@ end
 -- killed, it holds no place in the pool from now on, and the breaker opens
 -- now, not at its exit, which a process it started in a session of its own
 -- (out of the group's reach) can hold back for as long as it holds the channel.
-function Breaker:child_broken(w, err)
+function Breaker:child_broken(child, err)
   -- once per child: a LOADERR read after start_timeout killed it is that same failure
-  if w.start_reported then return end
-  w.start_reported = true
-  self.pool.children:retire(w, true)
+  if child.start_reported then return end
+  child.start_reported = true
+  self.pool.children:retire(child, true)
   self:failed(err)
   self.pool.dispatch:pump()
 end

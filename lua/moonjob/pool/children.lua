@@ -8,23 +8,24 @@
 -- taken and ends children idle past idle_timeout. While starts fail, how
 -- many to start is the breaker's (moonjob.pool.breaker).
 --
--- Owns: every worker until its exit is handled, in one array (the order
--- they started, give or take removals), how many of them were asked to end
--- (they no longer count toward the size), the stack of free workers (most
--- recently freed on top; an entry whose worker is no longer idle is dropped
--- when met), and the sweep and kill timers.
+-- Owns: every child (a moonjob.pool.child) until its exit is handled, in
+-- one array (the order they started, give or take removals), how many of
+-- them were asked to end (they no longer count toward the size), the stack
+-- of free children (most recently freed on top; an entry whose child is no
+-- longer idle is dropped when met), and the sweep and kill timers.
 -- Exposes:
 --   children:count()       -> how many count toward the size (not retiring)
 --   children:count_all()   -> every child until its exit is handled
 --   children:live()        -> ready (idle or busy), starting
---   children:array()       -> the workers' array, to walk without a copy: read
+--   children:array()       -> the children's array, to walk without a copy: read
 --                             only, and only where no child can start or end
 --   children:snapshot()    -> a copy of it (walks that may start or end children)
---   children:next_idle()   -> the free worker on top of the stack, or nil
+--   children:next_idle()   -> the free child on top of the stack, or nil
 --   children:pop_idle()    -> takes it off the stack
 --   children:has_idle()    -> whether one is free
---   children:free(w)       a worker is free: it waits on the stack or retires
---   children:retire(w, kill), children:remove(w) (its exit), children:start()
+--   children:free(child)   a child is free: it waits on the stack or retires
+--   children:retire(child, kill), children:remove(child) (its exit),
+--   children:start()
 --   (the first ones, and the sweep), children:spawn(), children:target() ->
 --   how many to keep now, children:ensure(), children:terminate(),
 --   children:close()
@@ -39,7 +40,7 @@
 local core = require "moonjob.core"
 local errors = require "moonjob.errors"
 local loop = require "moonjob.loop"
-local Worker = require "moonjob.worker"
+local Child = require "moonjob.pool.child"
 
 local Children = {}
 Children.__index = Children
@@ -51,8 +52,8 @@ local TERM_GRACE_MS = 1000      -- SIGTERM to SIGKILL when a close ends busy chi
 function Children.new(pool)
   return setmetatable({
     pool = pool,
-    list = {},       -- every worker (dispatch walks it)
-    idle = {},       -- a stack of free workers
+    list = {},       -- every child (dispatch walks it)
+    idle = {},       -- a stack of free children
     nretiring = 0,
   }, Children)
 end
@@ -67,14 +68,14 @@ function Children:count_all()
   return #self.list
 end
 
--- How many workers are ready (idle or busy) and starting.
+-- How many children are ready (idle or busy) and starting.
 function Children:live()
   local ready, starting = 0, 0
   local list = self.list
   for i = 1, #list do
-    local w = list[i]
-    if w.state == "idle" or w.state == "busy" then ready = ready + 1
-    elseif w.state == "starting" then starting = starting + 1 end
+    local child = list[i]
+    if child.state == "idle" or child.state == "busy" then ready = ready + 1
+    elseif child.state == "starting" then starting = starting + 1 end
   end
   return ready, starting
 end
@@ -89,16 +90,16 @@ end
 
 ----------------------------------------------------------- the free ones ---
 
--- The free worker that takes the next job: the top of the stack, once
--- entries whose worker is no longer idle are dropped.
+-- The free child that takes the next job: the top of the stack, once
+-- entries whose child is no longer idle are dropped.
 function Children:next_idle()
   local idle = self.idle
-  local w = idle[#idle]
-  while w and w.state ~= "idle" do
+  local child = idle[#idle]
+  while child and child.state ~= "idle" do
     idle[#idle] = nil
-    w = idle[#idle]
+    child = idle[#idle]
   end
-  return w
+  return child
 end
 
 function Children:pop_idle()
@@ -111,13 +112,13 @@ function Children:has_idle()
 end
 
 -- A child is free again: it takes the next job, or is recycled.
-function Children:free(w)
+function Children:free(child)
   local pool = self.pool
-  if pool.closing or w.recycle or (pool.max_jobs_per_child and w.jobs_done >= pool.max_jobs_per_child) then
-    self:retire(w)
+  if pool.closing or child.recycle or (pool.max_jobs_per_child and child.jobs_done >= pool.max_jobs_per_child) then
+    self:retire(child)
   else
-    w.idle_since = loop.now()
-    self.idle[#self.idle + 1] = w
+    child.idle_since = loop.now()
+    self.idle[#self.idle + 1] = child
     pool.dispatch:room_again() -- prefetching may fill it past one job
   end
   pool.dispatch:pump()
@@ -137,12 +138,12 @@ end
 -- Starts one child; false when it cannot even be spawned (a start failure).
 function Children:spawn()
   local pool = self.pool
-  local w, err = Worker.spawn(pool)
-  if not w then
+  local child, err = Child.spawn(pool)
+  if not child then
     pool.breaker:failed(errors.new("ESPAWN", "cannot start a child process: " .. tostring(err)))
     return false
   end
-  self.list[#self.list + 1] = w
+  self.list[#self.list + 1] = child
   pool.tally:bump("spawned")
   return true
 end
@@ -175,34 +176,34 @@ end
 -- Ends a child: an idle one reads end of file and exits; kill = true
 -- SIGKILLs its process group. It no longer counts toward the pool's size.
 -- Returns what the kill returned (nil, err once the child was reaped).
-function Children:retire(w, kill)
-  if not w.retiring then
-    w.retiring = true
+function Children:retire(child, kill)
+  if not child.retiring then
+    child.retiring = true
     self.nretiring = self.nretiring + 1
   end
   if kill then
-    w.state = "killed"
-    return w:kill()
+    child.state = "killed"
+    return child:kill()
   end
-  w:finish()
+  child:finish()
   return true
 end
 
 -- A child's exit came in: it leaves the pool. One that ended unasked (not
 -- retired) and was not reported as a failed start counts as crashed.
-function Children:remove(w)
-  if w.removed then return end -- once (on_worker_fault may ask again)
-  w.removed = true
+function Children:remove(child)
+  if child.removed then return end -- once (on_child_fault may ask again)
+  child.removed = true
   local list = self.list
   for i = 1, #list do
-    if list[i] == w then
+    if list[i] == child then
       list[i] = list[#list]
       list[#list] = nil
       break
     end
   end
-  if w.retiring then self.nretiring = self.nretiring - 1 end
-  if not w.retiring and not w.start_reported then
+  if child.retiring then self.nretiring = self.nretiring - 1 end
+  if not child.retiring and not child.start_reported then
     self.pool.tally:bump("crashed")
   end
 end
@@ -213,12 +214,12 @@ function Children:sweep()
   local pool = self.pool
   local now = loop.now()
   local ack_ms, idle_ms = pool.ack_timeout * 1000, pool.idle_timeout and pool.idle_timeout * 1000
-  for _, w in ipairs(self:snapshot()) do -- replacing a child adds workers: never while walking them
-    if w.state == "busy" and not w.acked and now - w.dispatched_at >= ack_ms then
-      if w:taken() then w.acked = true else pool.deadlines:unacknowledged(w) end
-    elseif idle_ms and w.state == "idle" and now - w.idle_since >= idle_ms
+  for _, child in ipairs(self:snapshot()) do -- replacing a child adds one: never while walking them
+    if child.state == "busy" and not child.acked and now - child.dispatched_at >= ack_ms then
+      if child:taken() then child.acked = true else pool.deadlines:unacknowledged(child) end
+    elseif idle_ms and child.state == "idle" and now - child.idle_since >= idle_ms
         and self:count() > pool.min_size then
-      self:retire(w)
+      self:retire(child)
     end
   end
   if pool.batches then pool.lines:publish_kept() end
@@ -233,26 +234,26 @@ function Children:terminate()
   if self.terminating then return end
   self.terminating = true
   local pool = self.pool
-  for _, w in ipairs(self:snapshot()) do
-    pool.dispatch:take_back_prefetched(w)
-    for _, job in ipairs(w.held) do
+  for _, child in ipairs(self:snapshot()) do
+    pool.dispatch:take_back_prefetched(child)
+    for _, job in ipairs(child.sent) do
       if job.owner then
         -- given back to its owner's queue below: another host may start it
         -- at once, so this child stops now, not after SIGTERM's grace
-        w:kill("SIGKILL")
+        child:kill("SIGKILL")
         break
       end
     end
-    while w.job do
-      local job = w:end_job()
+    while child.job do
+      local job = child:end_job()
       job.error = errors.new("ECLOSED", "the pool was closed while the job ran", { killed = true })
       pool.endings:finish(job, "failed")
     end
-    self:retire(w)
-    w:kill("SIGTERM")
+    self:retire(child)
+    child:kill("SIGTERM")
   end
   self.killer = core.timer(function()
-    for _, w in ipairs(self.list) do w:kill() end
+    for _, child in ipairs(self.list) do child:kill() end
   end)
   self.killer:start(TERM_GRACE_MS)
 end

@@ -6,10 +6,10 @@
 -- delay timer, the number of children and the breaker are brought up to
 -- date, and the owner of remote jobs (pool.owner) is told there may be room.
 --
--- A child can hold up to `pipeline` jobs (default 8, at most
--- core.frame.MAX_INFLIGHT): the one it runs (its head, w.job) and the ones
--- prefetched behind it, which it reads ahead and starts the moment the head
--- ends, without waiting for the parent. Users cannot tell, except by speed:
+-- Up to `pipeline` jobs may be sent to a child (default 8, at most
+-- core.frame.MAX_INFLIGHT; child.sent): the one it runs (its head, child.job)
+-- and the ones prefetched behind it, which it reads ahead and starts the
+-- moment the head ends, without waiting for the parent. Users cannot tell, except by speed:
 --
 --   * A job is "active" (state, `active` event, job.started, its timeout, the
 --     ack_timeout) only once it is its child's head; before, it is "waiting"
@@ -24,7 +24,7 @@
 --     were short: depth = 1 + budget_ms / (average run time), capped by
 --     `pipeline`; never behind a head that has run longer than the budget.
 --     With no run time known yet, or jobs longer than the budget, each child
---     holds one job, as without pipelining.
+--     is sent one job at a time, as without pipelining.
 --   * Long jobs hold no one hostage: when a child is idle and nothing is ready,
 --     jobs prefetched behind a head that has run for STEAL_AFTER_MS are taken
 --     back and run elsewhere (a timer looks again when a head reaches it);
@@ -44,9 +44,9 @@
 -- each child tops itself up when one of its jobs ends), the delay and steal
 -- timers, `ranks` (moonjob.pool.ranks), the buffer the job's metadata is
 -- encoded in.
--- Exposes: dispatch:pump(), dispatch:job_started(w, job) (nactive),
--- dispatch:worker_next(w), dispatch:take_back(w [, from]),
--- dispatch:take_back_prefetched(w), dispatch:take_back_unstarted(w, from),
+-- Exposes: dispatch:pump(), dispatch:job_started(child, job) (nactive),
+-- dispatch:child_next(child), dispatch:take_back(child [, from]),
+-- dispatch:take_back_prefetched(child), dispatch:take_back_unstarted(child, from),
 -- dispatch:unprefetch(job),
 -- dispatch:note_run(ms), dispatch:depth(), dispatch:prefetched_count(),
 -- dispatch:has_started(job) (the gate, for a job not yet its child's head),
@@ -84,7 +84,7 @@ Dispatch.STEAL_AFTER_MS = STEAL_AFTER_MS
 -- rest of the pump, and keep these paths from being compiled.
 local SLOT = Job.SLOT
 local ID, STATE, DATA_BYTES, ADDED, PRIORITY = SLOT.id, SLOT.state, SLOT.data_bytes, SLOT.added, SLOT.priority
-local ATTEMPTS, WORKER, PREFETCHED, PID, STARTED, MS = SLOT.attempts, SLOT.worker, SLOT.prefetched,
+local ATTEMPTS, CHILD, PREFETCHED, PID, STARTED, MS = SLOT.attempts, SLOT.child, SLOT.prefetched,
   SLOT.pid, SLOT.started, SLOT.ms
 
 local wire_first_line = Lines.wire_first_line
@@ -112,11 +112,12 @@ end
 
 -------------------------------------------------------------- the pump ---
 
--- Sends a job to a child: an idle one runs it now; a busy one holds it
--- behind the jobs it has (prefetched). A child found gone is retired and the
--- job goes back to the source at once (it never left the parent). now: the
--- loop.now() of the caller's pass, if it has one (a clock read less per job).
-function Dispatch:send(w, job, now)
+-- Sends a job to a child: an idle one runs it now; a busy one gets it
+-- behind the jobs sent to it before (prefetched). A child found gone is
+-- retired and the job goes back to the source at once (it never left the
+-- parent). now: the loop.now() of the caller's pass, if it has one (a clock
+-- read less per job).
+function Dispatch:send(child, job, now)
   local pool = self.pool
   Job.grow(job)
   local attempt = (job[ATTEMPTS] or 0) + 1
@@ -128,12 +129,12 @@ function Dispatch:send(w, job, now)
     meta, rest = self.meta:reset():encode(id):encode(attempt):encode(name)
       :encode(first and wire_first_line(job) or false):tostring(), ""
   end
-  if not w:run(job, meta, rest) then -- the child is gone: it holds no place either
-    pool.children:retire(w, true)
+  if not child:run(job, meta, rest) then -- the child is gone: it holds no place either
+    pool.children:retire(child, true)
     return pool.source:push(job)
   end
-  job[ATTEMPTS], job[WORKER] = attempt, w
-  if w.job == job then return self:job_started(w, job, now) end
+  job[ATTEMPTS], job[CHILD] = attempt, child
+  if child.job == job then return self:job_started(child, job, now) end
   job[PREFETCHED] = true
   self.nprefetched = self.nprefetched + 1
   self.ranks:sent_ahead(job, now)
@@ -151,19 +152,19 @@ end
 function Dispatch:pump()
   local pool = self.pool
   local children, source, ranks = pool.children, pool.source, self.ranks
-  local w = children:next_idle()
-  while w do
+  local child = children:next_idle()
+  while child do
     local job = source:pop_ready()
     if job then
       local best = ranks.best_sent
-      if not (best and (job[PRIORITY] or 0) > best and ranks:rescue(job, w)) then
+      if not (best and (job[PRIORITY] or 0) > best and ranks:rescue(job, child)) then
         children:pop_idle()
-        self:send(w, job)
+        self:send(child, job)
       end -- else better jobs stuck behind a long one came back: pick again
     elseif not ((self.nprefetched > 0 or pool.batches) and self:steal()) then
       break
     end
-    w = children:next_idle()
+    child = children:next_idle()
   end
   if not self.saturated and self.pipeline > 1 and not children:has_idle() then self:prefetch() end
   if ranks.worst_sent then ranks:check_source(source) end
@@ -182,7 +183,7 @@ function Dispatch:note_run(ms)
   if avg then self.run_avg = avg + (ms - avg) * RUN_AVG_WEIGHT else self.run_avg = ms end
 end
 
--- How many jobs one child may hold now.
+-- How many jobs may be sent to one child now.
 function Dispatch:depth()
   local avg, max = self.run_avg, self.pipeline
   if max <= 1 or not avg then return 1 end
@@ -196,7 +197,7 @@ end
 -- Whether job's child has started it (its head, or prefetched and started:
 -- the gate says).
 function Dispatch:has_started(job)
-  return job.started ~= nil or (job.prefetched and job.worker and job.worker:started(job)) or false
+  return job.started ~= nil or (job.prefetched and job.child and job.child:started(job)) or false
 end
 
 -- How many jobs are prefetched in a child and not started (they wait too).
@@ -218,43 +219,44 @@ end
 
 -- A job became its child's head: it runs now. Its wait ends, its timeout (or,
 -- interrupted while it was prefetched, its hard deadline) starts, `active` fires.
-function Dispatch:job_started(w, job, now)
+function Dispatch:job_started(child, job, now)
   local pool = self.pool
   self:unprefetch(job)
   now = now or loop.now()
-  job[STATE], job[PID], job[STARTED] = "active", w.pid, now
+  job[STATE], job[PID], job[STARTED] = "active", child.pid, now
   job[MS] = false -- this attempt's run time comes with its end (the child's measure)
   pool.tally:sample_wait(now - (rawget(job, "run_at") or job[ADDED]))
-  w.dispatched_at, w.acked = now, false
+  child.dispatched_at, child.acked = now, false
   pool.nactive = pool.nactive + 1
   if rawget(job, "interrupt") then
-    w:arm(rawget(job, "kill_after") or pool.kill_after)
+    child:arm(rawget(job, "kill_after") or pool.kill_after)
   else
     local timeout = rawget(job, "timeout") or pool.timeout
-    if timeout then w:arm(timeout) end
+    if timeout then child:arm(timeout) end
   end
   local owner = rawget(job, "owner") -- a plain field: nil for a local job
   if owner then owner:started(job) end
   if self.listeners.active then pool.events:emit("active", job) end
 end
 
--- A job of w's ended (or was taken back): the next one it holds starts and w
--- takes more (top_up: the one child with a place free, so O(1) per job), or
--- w is free.
-function Dispatch:worker_next(w)
-  local head = w.job
-  if not head then return self.pool.children:free(w) end
+-- A job of the child's ended (or was taken back): the next one sent to it
+-- starts and it takes more (top_up: the one child with a place free, so O(1)
+-- per job), or the child is free.
+function Dispatch:child_next(child)
+  local head = child.job
+  if not head then return self.pool.children:free(child) end
   local now = loop.now()
-  if head[STATE] ~= "active" then self:job_started(w, head, now) end
-  self:top_up(w, self:depth(), now - self.budget_ms, now)
+  if head[STATE] ~= "active" then self:job_started(child, head, now) end
+  self:top_up(child, self:depth(), now - self.budget_ms, now)
   self:pump()
 end
 
--- Takes back from w every job its child has not started, from job `from` on
--- (all of them without it); they wait in the source again, their attempt not
--- counted. Returns how many. The caller frees w if it holds nothing now.
-function Dispatch:take_back(w, from)
-  local back = w:recall(from)
+-- Takes back from the child every job sent to it that it has not started,
+-- from job `from` on (all of them without it); they wait in the source again,
+-- their attempt not counted. Returns how many. The caller frees the child if
+-- nothing is left sent to it.
+function Dispatch:take_back(child, from)
+  local back = child:recall(from)
   if #back == 0 then return 0 end
   local endings = self.pool.endings
   for _, job in ipairs(back) do endings:give_back(job) end
@@ -262,18 +264,19 @@ function Dispatch:take_back(w, from)
   return #back
 end
 
--- Takes back the jobs prefetched behind w's head that its child has not
+-- Takes back the jobs prefetched behind the child's head that it has not
 -- started (it may have moved on to the next ones before their frames reached us).
-function Dispatch:take_back_prefetched(w)
-  return self:take_back_unstarted(w, 2)
+function Dispatch:take_back_prefetched(child)
+  return self:take_back_unstarted(child, 2)
 end
 
--- Takes back from w the jobs it holds from place `from` on that its child
--- has not started (it may have moved past some before their ends reached us).
-function Dispatch:take_back_unstarted(w, from)
-  local held = w.held
-  for i = from, #held do
-    if not w:started(held[i]) then return self:take_back(w, held[i]) end
+-- Takes back from the child the jobs sent to it from place `from` of
+-- child.sent on that it has not started (it may have moved past some before
+-- their ends reached us).
+function Dispatch:take_back_unstarted(child, from)
+  local sent = child.sent
+  for i = from, #sent do
+    if not child:started(sent[i]) then return self:take_back(child, sent[i]) end
   end
   return 0
 end
@@ -283,33 +286,33 @@ end
 -- when the source ran out of jobs it may prefetch. The common case, one
 -- place free (the job that just ended), takes one job without a loop: a
 -- loop here would end the compiled trace of every job's ending.
-function Dispatch:top_up(w, depth, recent, now)
-  local head = w.job -- not started yet while a listener of its predecessor's end runs (worker_next)
-  if depth <= 1 or w.state ~= "busy" or w.retiring or w.recycle or not head[STARTED] or head[STARTED] < recent then
+function Dispatch:top_up(child, depth, recent, now)
+  local head = child.job -- not started yet while a listener of its predecessor's end runs (child_next)
+  if depth <= 1 or child.state ~= "busy" or child.retiring or child.recycle or not head[STARTED] or head[STARTED] < recent then
     return true
   end
-  local room = self:room_in(w, depth)
+  local room = self:room_in(child, depth)
   if room <= 0 then return true end
-  local took = self:take_one(w, depth, now)
+  local took = self:take_one(child, depth, now)
   if took == "sent" and room == 1 then return true end
-  return self:top_up_more(w, depth, room, took, now)
+  return self:top_up_more(child, depth, room, took, now)
 end
 
 -- top_up's loop, after the first take_one answered `took`.
-function Dispatch:top_up_more(w, depth, room, took, now)
+function Dispatch:top_up_more(child, depth, room, took, now)
   while true do
     if took == "sent" then room = room - 1
-    elseif took == "again" then room = math.min(room, self:room_in(w, depth)) -- (a listener may have sent it more)
+    elseif took == "again" then room = math.min(room, self:room_in(child, depth)) -- (a listener may have sent it more)
     else return took ~= "none" end
     if room <= 0 then return true end
-    took = self:take_one(w, depth, now)
+    took = self:take_one(child, depth, now)
   end
 end
 
--- Sends w the next ready job: "sent"; "none" when the source has none it
+-- Sends the child the next ready job: "sent"; "none" when the source has none it
 -- may prefetch; "again" when better jobs stuck behind a long one came back
--- instead (pick again); "stop" when w is no longer busy.
-function Dispatch:take_one(w, depth, now)
+-- instead (pick again); "stop" when the child is no longer busy.
+function Dispatch:take_one(child, depth, now)
   local source = self.pool.source
   local job = source:pop_ready()
   if not job then return "none" end
@@ -319,29 +322,30 @@ function Dispatch:take_one(w, depth, now)
     return "none"
   end
   local best = self.ranks.best_sent
-  if not (best and (job[PRIORITY] or 0) > best and self.ranks:rescue(job, w)) then
-    self:send(w, job, now)
+  if not (best and (job[PRIORITY] or 0) > best and self.ranks:rescue(job, child)) then
+    self:send(child, job, now)
     return "sent"
   end
-  return w.state == "busy" and "again" or "stop"
+  return child.state == "busy" and "again" or "stop"
 end
 
--- How many more jobs w may hold now (the depth, its max_jobs_per_child).
-function Dispatch:room_in(w, depth)
-  local pool, room = self.pool, depth - #w.held
-  if pool.max_jobs_per_child then room = math.min(room, pool.max_jobs_per_child - w.jobs_done - #w.held) end
+-- How many more jobs may be sent to the child now (the depth, its
+-- max_jobs_per_child).
+function Dispatch:room_in(child, depth)
+  local pool, room = self.pool, depth - #child.sent
+  if pool.max_jobs_per_child then room = math.min(room, pool.max_jobs_per_child - child.jobs_done - #child.sent) end
   return room
 end
 
 -- While jobs are ready beyond what idle children took, every busy child takes
 -- more (a walk over the children: only after new jobs or jobs taken back; a
--- child whose job ended tops itself up in worker_next).
+-- child whose job ended tops itself up in child_next).
 function Dispatch:prefetch()
   local depth = self:depth()
   if depth <= 1 then return end
-  local now, workers = loop.now(), self.pool.children:array()
-  for i = 1, #workers do
-    if not self:top_up(workers[i], depth, now - self.budget_ms, now) then return end
+  local now, list = loop.now(), self.pool.children:array()
+  for i = 1, #list do
+    if not self:top_up(list[i], depth, now - self.budget_ms, now) then return end
   end
   self.saturated = true
 end
@@ -354,15 +358,15 @@ function Dispatch:steal()
   local pool = self.pool
   local lines = pool.batches and pool.lines
   local now, soonest, took, cut = loop.now(), nil, false, nil
-  for _, w in ipairs(pool.children:snapshot()) do -- taking back may start a child: a copy
-    local head = w.job
+  for _, child in ipairs(pool.children:snapshot()) do -- taking back may start a child: a copy
+    local head = child.job
     local batch = lines and head and lines:cuttable(head)
-    if (#w.held > 1 or batch) and head and head.started then
+    if (#child.sent > 1 or batch) and head and head.started then
       local due = head.started + STEAL_AFTER_MS
       if due <= now then
-        took = #w.held > 1 and self:take_back_prefetched(w) > 0 or took
+        took = #child.sent > 1 and self:take_back_prefetched(child) > 0 or took
         if batch then
-          if lines:cut(w, head) then cut = cut or {}; cut[#cut + 1] = head
+          if lines:cut(child, head) then cut = cut or {}; cut[#cut + 1] = head
           elseif not soonest or now + 1 < soonest then soonest = now + 1 end -- the child has not taken it yet
         end
       elseif not soonest or due < soonest then

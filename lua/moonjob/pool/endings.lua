@@ -24,8 +24,8 @@
 -- bytes), endings:cancel(job, reason [, code [, unstarted_only]]),
 -- endings:give_back(job).
 -- Calls: pool.dispatch (unprefetch, note_run, take_back), pool.children:free,
--- pool.deadlines:interrupt, pool.tally, pool.events, pool.source,
--- pool:is_idle(), job.owner.
+-- pool.deadlines:interrupt, pool.tally, pool.events, pool.source (push,
+-- remove, release), pool:is_idle(), job.owner.
 --
 -- Caveats: once the pool is closing nothing is retried (no child would run it
 -- again). A job that never ran ends on a later loop turn, never inside add
@@ -38,7 +38,7 @@ local Job = require "moonjob.job"
 -- finish runs for every job: it reads and writes the job's slots (Job.SLOT,
 -- false for nil) and other fields with rawget, not through its metatable.
 local SLOT = Job.SLOT
-local STATE, WORKER, STARTED, MS = SLOT.state, SLOT.worker, SLOT.started, SLOT.ms
+local STATE, CHILD, STARTED, MS = SLOT.state, SLOT.child, SLOT.started, SLOT.ms
 
 local Endings = {}
 Endings.__index = Endings
@@ -80,10 +80,10 @@ function Endings:fail(job, err, not_before)
   local delay = not pool.closing and self:retry_delay(job, err)
   if not delay then return self:finish(job, "failed") end
   if job.state == "active" then pool.nactive = pool.nactive - 1 end
-  job.state, job.worker, job.interrupt = "waiting", nil, nil
+  job.state, job.child, job.interrupt = "waiting", nil, nil
   local now = loop.now()
   job.run_at = now + delay * 1000
-  if not_before and not_before > job.run_at then -- held back longer: the delay reported says so
+  if not_before and not_before > job.run_at then -- later still: the delay reported says so
     job.run_at, delay = not_before, (not_before - now) / 1000
   end
   pool.source:push(job)
@@ -100,7 +100,7 @@ function Endings:leave(job)
     if job.started then pool.tally:sample_run(self:run_ms(job)) end
   end
   pool.dispatch:unprefetch(job)
-  job.state, job.worker = "left", nil
+  job.state, job.child = "left", nil
   if self.listeners.drained and pool:is_idle() then pool.events:emit("drained") end
 end
 
@@ -131,9 +131,9 @@ function Endings:finish(job, state)
   local owner = rawget(job, "owner")
   if owner and owner:ending(job, state) then return self:leave(job) end
   local was_active = job[STATE] == "active"
-  if rawget(job, "holds_group") then pool.source:release(job) end -- (moonjob.pool.limits)
+  if rawget(job, "holds_group") then pool.source:release(job) end -- (moonjob.pool.source)
   pool.dispatch:unprefetch(job)
-  job[STATE], job[WORKER] = state, false
+  job[STATE], job[CHILD] = state, false
   self:release_key(job, state)
   if job[STARTED] then job[MS] = self:run_ms(job) end
   if was_active then
@@ -201,10 +201,10 @@ function Endings:cancel(job, reason, code, unstarted_only)
     -- taken back with the jobs behind it, it fails as given back with its
     -- interrupt set (at once, never sent again); one the child started is
     -- interrupted below
-    local w = job.worker
+    local child = job.child
     job.interrupt = fields
-    pool.dispatch:take_back(w, job)
-    if w.state == "idle" then pool.children:free(w) end -- it held nothing more
+    pool.dispatch:take_back(child, job)
+    if child.state == "idle" then pool.children:free(child) end -- nothing more was sent to it
     if job:is_finished() then return true end
     job.interrupt = nil
   end
@@ -215,7 +215,7 @@ function Endings:cancel(job, reason, code, unstarted_only)
   elseif unstarted_only then
     return false
   elseif not job.interrupt then
-    pool.deadlines:interrupt(job.worker, job, fields)
+    pool.deadlines:interrupt(job.child, job, fields)
   end
   return true
 end
@@ -236,7 +236,7 @@ function Endings:give_back(job)
     return self:fail(job, errors.new("ECLOSED", "the pool was closed before the job ran"))
   end
   if job.state == "active" then pool.nactive = pool.nactive - 1 end
-  job.state, job.worker, job.started = "waiting", nil, nil
+  job.state, job.child, job.started = "waiting", nil, nil
   pool.source:push(job)
 end
 

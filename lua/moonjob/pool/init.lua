@@ -15,22 +15,26 @@
 --   options.lua    option checking and defaults (plain functions)
 --   source.lua     the job source (pool.source: the waiting jobs) and the
 --                  owner hook a second source (Redis) plugs into (pool.owner)
---   waiting.lua    the local source: a run queue of jobs in order, a ready
---                  heap for the others, a delayed heap
+--   waiting.lua    the local source (Waiting): a run queue of jobs in
+--                  order, a ready heap for the others, a delayed heap
 --   limits.lua     the local source of a pool with rate limits or a group
 --                  concurrency: the start windows and each group's places
 --   port.lua       what the owner of a second source may do to the pool
---   sink.lua       the worker sink: how a worker reports to its pool
---                  (pool:on_worker_*, the only Pool methods defined elsewhere)
---   children.lua   pool.children: the workers, how many, starting, freeing, ending
+--   sink.lua       the child sink: how a child reports to its pool
+--                  (pool:on_child_*, the only Pool methods defined elsewhere)
+--   child.lua      one child process seen from the parent (child.sent, its
+--                  head child.job), and child_output.lua, its output part
+--   children.lua   pool.children: the children, how many, starting, freeing,
+--                  ending
 --   breaker.lua    pool.breaker: start failures, the circuit breaker, its probes
 --   deadlines.lua  pool.deadlines: start_timeout, a job's soft and hard
 --                  deadlines, ack_timeout
 --   dispatch.lua   pool.dispatch: the pump, several jobs in flight per child
 --                  (depth, prefetch, take back)
 --   endings.lua    pool.endings: fail and retry, finish, cancel, give back
---   lines.lua      pool.lines: batches of lines (the command line's hook)
---   stats.lua      pool.tally: pool:stats()'s counters and recent times
+--   lines.lua      pool.lines: batches of lines, and the hooks and calls of
+--                  the command line, their one owner (not public API)
+--   tally.lua      pool.tally: pool:stats()'s counters and recent times
 --   events.lua     pool.events: pool:on, pool:off and emitting events
 --
 -- The pool itself holds the configuration, pool.by_key (key -> the waiting
@@ -39,7 +43,8 @@
 -- passes due on a later loop turn: drain waits for them) and closing. Every
 -- part keeps the pool (part.pool), reads its configuration (size, timeout,
 -- kill_after, max_jobs_per_child, ...) and closing, and reaches the other
--- parts as pool.<part>, through the methods their top comments list.
+-- parts as pool.<part>, through the methods their top comments list. A
+-- child reaches its pool only through the sink.
 --
 -- Caveat: events are emitted from inside the loop; a listener must not block
 -- on a job (the loop cannot run inside itself) and gets a clear error if it tries.
@@ -53,7 +58,7 @@ local Cache = require "moonjob.cache"
 local Options = require "moonjob.pool.options"
 local Source = require "moonjob.pool.source"
 local Events = require "moonjob.pool.events"
-local Tally = require "moonjob.pool.stats"
+local Tally = require "moonjob.pool.tally"
 local Children = require "moonjob.pool.children"
 local Breaker = require "moonjob.pool.breaker"
 local Deadlines = require "moonjob.pool.deadlines"
@@ -294,7 +299,7 @@ function Pool:off(event, fn)
   return self.events:off(event, fn)
 end
 
--- pool:stats(): moonjob.pool.stats.
+-- pool:stats(): moonjob.pool.tally.
 function Pool:stats()
   return self.tally:report()
 end
@@ -312,8 +317,8 @@ function Pool:cancel_all(reason)
   while self.source:count() > 0 do
     if endings:cancel(self.source:pop_any(), reason) then n = n + 1 end
   end
-  for _, w in ipairs(self.children:snapshot()) do -- canceling may start a child: a copy
-    for _, job in ipairs({ unpack(w.held) }) do -- canceling changes what it holds
+  for _, child in ipairs(self.children:snapshot()) do -- canceling may start a child: a copy
+    for _, job in ipairs({ unpack(child.sent) }) do -- canceling changes child.sent
       if endings:cancel(job, reason) then n = n + 1 end
     end
   end
@@ -324,26 +329,6 @@ end
 -- ended (job:cancel).
 function Pool:cancel_job(job, reason, code)
   return self.endings:cancel(job, reason, code)
-end
-
-------------------------------------------- for the command line's batches ---
--- moonjob.pool.lines documents the hook (pool.on_lines_cut, pool.on_lines_kept).
-
--- pool:publish_kept([min_ms]): see moonjob.pool.lines.
-function Pool:publish_kept(min_ms)
-  return self.lines:publish_kept(min_ms)
-end
-
--- pool:line_retry_delay(attempt, err): see moonjob.pool.lines.
-function Pool:line_retry_delay(attempt, err)
-  return self.lines:retry_delay(attempt, err)
-end
-
--- pool:cancel_unstarted(job [, reason]) -> true when canceled: a job no child
--- has started yet ends as a cancel does; one a child started is left to run
--- (false). The command line's --halt soon.
-function Pool:cancel_unstarted(job, reason)
-  return self.endings:cancel(job, reason, nil, true)
 end
 
 --------------------------------------------------------------------- close ---
@@ -366,9 +351,9 @@ function Pool:close(opts)
       job.error = errors.new("ECLOSED", "the pool was closed before the job ran")
       self.endings:finish(job, "failed")
     end
-    for _, w in ipairs(children:snapshot()) do -- a starting child may never get ready: killed
-      self.dispatch:take_back_prefetched(w) -- jobs behind its head: ECLOSED, as waiting ones
-      if w.state ~= "busy" then children:retire(w, w.state == "starting") end
+    for _, child in ipairs(children:snapshot()) do -- a starting child may never get ready: killed
+      self.dispatch:take_back_prefetched(child) -- jobs behind its head: ECLOSED, as waiting ones
+      if child.state ~= "busy" then children:retire(child, child.state == "starting") end
     end
   end
   if opts.force then
@@ -401,7 +386,11 @@ function Pool:__tostring()
     self.closing and ", closed" or "")
 end
 
--- The worker sink's methods (pool:on_worker_*) are Pool methods: copied here.
+-- The child sink's methods (pool:on_child_*) are Pool methods, copied here:
+-- a child holds its pool and nothing else of it, and reports to the pool
+-- itself, which routes each report to its parts (an owned sink part would
+-- only add a hop on every job's path). Kept in a file of their own, they
+-- are documented in one place.
 for name, fn in pairs(require "moonjob.pool.sink") do
   assert(Pool[name] == nil, "moonjob.pool: two definitions of " .. name)
   Pool[name] = fn

@@ -4,8 +4,8 @@
 -- A pool given `rate`, `group_concurrency` or `group_rate` keeps its waiting
 -- jobs in this source instead of the plain local one (moonjob.pool.source
 -- chooses; a pool with none of them never loads it, so its cost per job is
--- the plain source's). It answers to the interface of moonjob.pool.source and
--- adds release(job).
+-- the plain source's). It answers to the interface of moonjob.pool.source,
+-- release(job) included.
 --
 --   * Rate (`rate = { max, per }`): at most `max` jobs start in any `per`
 --     seconds. The times of the last `max` starts are kept in a ring; a job
@@ -21,7 +21,7 @@
 --     ring of its own. A job whose group is full (or whose group's ring says
 --     no) is parked, by group (a moonjob.pool.waiting queue each, same
 --     order), and pop_ready goes on to the next job: other groups and
---     ungrouped jobs are never held up behind it.
+--     ungrouped jobs never wait behind it.
 --   * A group with parked jobs always has something that will bring one
 --     back (settle): a place freeing (release), or, while its ring says no,
 --     its best parked job waiting in the main queue as a delayed job due when
@@ -47,7 +47,7 @@
 -- is remembered while one of its jobs runs or waits, and its ring while its
 -- last start is younger than `per` (rings are swept when their number has
 -- doubled: an idle group costs nothing for long).
-local Queue = require "moonjob.pool.waiting"
+local Waiting = require "moonjob.pool.waiting"
 
 local Limits = {}
 Limits.__index = Limits
@@ -80,7 +80,7 @@ end
 function Limits.new(now, opts)
   local rate, group_rate = opts.rate, opts.group_rate
   return setmetatable({
-    inner = Queue.new(now), now = now,
+    inner = Waiting.new(now), now = now,
     rate_max = rate and rate.max, per_ms = rate and rate.per * 1000, ring = new_ring(),
     group_cap = opts.group_concurrency,
     group_rate_max = group_rate and group_rate.max, group_per_ms = group_rate and group_rate.per * 1000,
@@ -146,7 +146,7 @@ end
 function Limits:park(job, group)
   local queue = self.parked[group]
   if not queue then
-    queue = Queue.new(self.now)
+    queue = Waiting.new(self.now)
     self.parked[group] = queue
   end
   queue:push(job)
@@ -192,7 +192,7 @@ function Limits:hold(job, group, why, now)
 end
 
 -- limits:release(job): job no longer runs (it ended, or waits again); the
--- place it held in its group frees and the group settles. Nothing for a job
+-- place it took in its group frees and the group settles. Nothing for a job
 -- that holds no place.
 function Limits:release(job)
   if not rawget(job, "holds_group") then return end

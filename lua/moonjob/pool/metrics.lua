@@ -13,7 +13,7 @@
 -- never keeps a program running. Every LAG_INTERVAL_MS it notes how late it
 -- fired (a loop busy with something else fires it late).
 -- Exposes: Metrics.new_histogram(), Metrics.observe(h, ms) (the tally
--- records each run time there: pool/stats.lua), Metrics.track(pool),
+-- records each run time there: pool/tally.lua), Metrics.track(pool),
 -- Metrics.untrack(pool), Metrics.pool_text(pool), Metrics.all_families(),
 -- Metrics.all_text(),
 -- Metrics.LAG_INTERVAL_MS, Metrics.DURATION_BOUNDS, Metrics.sampling().
@@ -165,8 +165,8 @@ end
 
 local function children_resident_bytes(pool)
   local sum = 0
-  for _, w in ipairs(pool.children:array()) do
-    local bytes = w.pid and resident_bytes(w.pid)
+  for _, child in ipairs(pool.children:array()) do
+    local bytes = child.pid and resident_bytes(child.pid)
     if bytes then sum = sum + bytes end
   end
   return sum
@@ -174,8 +174,8 @@ end
 
 local function busy_children(pool)
   local n = 0
-  for _, w in ipairs(pool.children:array()) do
-    if w.state == "busy" then n = n + 1 end
+  for _, child in ipairs(pool.children:array()) do
+    if child.state == "busy" then n = n + 1 end
   end
   return n
 end

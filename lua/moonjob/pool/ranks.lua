@@ -30,7 +30,7 @@
 --
 -- Owns: job.ahead_since (when a job was last sent ahead), worst_sent and
 -- best_sent (the highest and lowest priority sent ahead since none was
--- held; bounds, made exact at each look), the rank and stuck timers and
+-- waiting in a read-ahead; bounds, made exact at each look), the rank and stuck timers and
 -- when each is due, stuck_from (no read-ahead can have waited
 -- steal_after_ms before: rescue walks nothing until then), ranked_back
 -- (jobs taken back by these looks, for the specs).
@@ -79,10 +79,10 @@ function Ranks:sent_ahead(job, now)
   if not self.stuck_due and self.best_sent ~= self.worst_sent then self:watch_stuck(now) end
 end
 
--- Since when the first job behind w's head has waited there (nil: none).
-local function queued_since(w)
-  local first = w.held[2]
-  return first and (first.ahead_since or w.job.started)
+-- Since when the first job behind the child's head has waited there (nil: none).
+local function queued_since(child)
+  local first = child.sent[2]
+  return first and (first.ahead_since or child.job.started)
 end
 
 -- No job is sent ahead any more.
@@ -107,25 +107,25 @@ function Ranks:rank_soon()
   self.rank_timer:start(RANK_AFTER_MS)
 end
 
--- The lowest and the highest priority of the jobs w holds behind its head
--- (nil when it holds none).
-local function priorities_behind(w)
-  local held, low, high = w.held, nil, nil
-  for i = 2, #held do
-    local priority = held[i][PRIORITY] or 0
+-- The lowest and the highest priority of the jobs sent to the child behind
+-- its head (nil when there are none).
+local function priorities_behind(child)
+  local sent, low, high = child.sent, nil, nil
+  for i = 2, #sent do
+    local priority = sent[i][PRIORITY] or 0
     if not low or priority < low then low = priority end
     if not high or priority > high then high = priority end
   end
   return low, high
 end
 
--- Where in `held` the first job behind the head is that a better job waiting
--- after it (later in held, or in the source: `outside`, its best priority)
--- should go before; nil when they are in order.
-local function first_out_of_rank(held, outside)
+-- Where in `sent` (a child's) the first job behind the head is that a better
+-- job waiting after it (later in sent, or in the source: `outside`, its best
+-- priority) should go before; nil when they are in order.
+local function first_out_of_rank(sent, outside)
   local cut, best = nil, outside
-  for i = #held, 2, -1 do
-    local priority = held[i][PRIORITY] or 0
+  for i = #sent, 2, -1 do
+    local priority = sent[i][PRIORITY] or 0
     if best and priority > best then cut = i
     elseif not best or priority < best then best = priority end
   end
@@ -133,24 +133,25 @@ local function first_out_of_rank(held, outside)
 end
 
 -- Where each busy child's read-ahead is to be taken back from (false: kept),
--- by its place in `workers`: from the first job a better waiting one should
+-- by its place in `children`: from the first job a better waiting one should
 -- go before; and, once such a job is found anywhere, every read-ahead whose
 -- first job has waited RANK_AFTER_MS (no one knows when it would start, so
--- it waits in the source, where the first free child takes the best job). Nothing when every read-ahead is in order. (Read-aheads of
--- different children are not compared here: each starts within about the
+-- it waits in the source, where the first free child takes the best job).
+-- Nothing when every read-ahead is in order. (Read-aheads of different
+-- children are not compared here: each starts within about the
 -- pipelining budget, unless its head runs long, which unstick watches.)
-local function rank_cuts(workers, source)
+local function rank_cuts(children, source)
   local best = source:peek_ready()
   local outside, cuts, any = best and (best[PRIORITY] or 0), {}, false
-  for i, w in ipairs(workers) do
-    local held = w.held
-    cuts[i] = w.state == "busy" and #held > 1 and first_out_of_rank(held, outside) or false
+  for i, child in ipairs(children) do
+    local sent = child.sent
+    cuts[i] = child.state == "busy" and #sent > 1 and first_out_of_rank(sent, outside) or false
     any = any or cuts[i] ~= false
   end
   if not any then return cuts end
   local long_ago = loop.now() - RANK_AFTER_MS
-  for i, w in ipairs(workers) do
-    local since = w.state == "busy" and queued_since(w)
+  for i, child in ipairs(children) do
+    local since = child.state == "busy" and queued_since(child)
     if since and since <= long_ago then cuts[i] = 2 end
   end
   return cuts
@@ -168,21 +169,21 @@ function Ranks:rank()
   end
   self.rank_due = nil
   if pool.closing then return end
-  local workers = pool.children:snapshot() -- taking back may free a child: a copy
-  local cuts = rank_cuts(workers, pool.source)
-  for i, w in ipairs(workers) do
-    if cuts[i] then self.ranked_back = self.ranked_back + self.dispatch:take_back_unstarted(w, cuts[i]) end
+  local children = pool.children:snapshot() -- taking back may free a child: a copy
+  local cuts = rank_cuts(children, pool.source)
+  for i, child in ipairs(children) do
+    if cuts[i] then self.ranked_back = self.ranked_back + self.dispatch:take_back_unstarted(child, cuts[i]) end
   end
-  self:measure_sent(workers)
+  self:measure_sent(children)
   self.dispatch:pump()
 end
 
 -- worst_sent and best_sent made exact again (between two looks, they only
 -- move outwards).
-function Ranks:measure_sent(workers)
+function Ranks:measure_sent(children)
   local worst, best = nil, nil
-  for _, w in ipairs(workers) do
-    local low, high = priorities_behind(w)
+  for _, child in ipairs(children) do
+    local low, high = priorities_behind(child)
     if high and (not worst or high > worst) then worst = high end
     if low and (not best or low < best) then best = low end
   end
@@ -201,25 +202,25 @@ end
 function Ranks:rescue(job, to)
   local now = loop.now()
   if now < self.stuck_from or self.pool.closing then return false end
-  local workers = self.pool.children:array()
+  local children = self.pool.children:array()
   local priority, long_ago, stuck, soonest = job[PRIORITY] or 0, now - self.steal_after_ms, nil, math.huge
-  for _, w in ipairs(workers) do
-    local since = w.state == "busy" and queued_since(w)
+  for _, child in ipairs(children) do
+    local since = child.state == "busy" and queued_since(child)
     if since then
       soonest = math.min(soonest, since + self.steal_after_ms)
-      if w ~= to and since <= long_ago and priorities_behind(w) < priority then
+      if child ~= to and since <= long_ago and priorities_behind(child) < priority then
         stuck = stuck or {}
-        stuck[#stuck + 1] = w
+        stuck[#stuck + 1] = child
       end
     end
   end
   self.stuck_from = math.min(soonest, now + self.steal_after_ms) -- jobs sent later wait less
   local back = 0
   if stuck then
-    for _, w in ipairs(stuck) do back = back + self.dispatch:take_back_prefetched(w) end
+    for _, child in ipairs(stuck) do back = back + self.dispatch:take_back_prefetched(child) end
   end
   self.ranked_back = self.ranked_back + back
-  self:measure_sent(workers)
+  self:measure_sent(children)
   if back == 0 then return false end
   self.pool.source:push(job)
   return true
@@ -237,10 +238,10 @@ end
 
 -- The two highest priorities queued behind the children's heads, and the
 -- place of the child holding the first: "the worst job queued elsewhere".
-local function highs_behind(workers)
+local function highs_behind(children)
   local first_at, first, second = nil, nil, nil
-  for i, w in ipairs(workers) do
-    local _, high = priorities_behind(w)
+  for i, child in ipairs(children) do
+    local _, high = priorities_behind(child)
     if high and (not first or high > first) then first_at, first, second = i, high, first
     elseif high and (not second or high > second) then second = high end
   end
@@ -259,26 +260,26 @@ function Ranks:unstick()
   if due and now < due then return self.stuck_timer:start(math.ceil(due - now)) end
   self.stuck_due = nil
   if pool.closing or self.dispatch.nprefetched == 0 then return end
-  local workers = pool.children:snapshot() -- taking back may free a child: a copy
+  local children = pool.children:snapshot() -- taking back may free a child: a copy
   local next_best = pool.source:peek_ready()
   next_best = next_best and (next_best[PRIORITY] or 0)
-  local first_at, first, second = highs_behind(workers)
+  local first_at, first, second = highs_behind(children)
   local long_ago, back, soonest = now - self.steal_after_ms, 0, nil
-  for i, w in ipairs(workers) do
-    local since = w.state == "busy" and queued_since(w)
+  for i, child in ipairs(children) do
+    local since = child.state == "busy" and queued_since(child)
     if since and since <= long_ago then
       local worse = first -- the worst job queued in another child (nil: none)
       if i == first_at then worse = second end -- (`and second or first` would give first for a nil second)
       if next_best and (not worse or next_best > worse) then worse = next_best end
-      local low = priorities_behind(w)
-      if worse and low < worse then back = back + self.dispatch:take_back_prefetched(w)
+      local low = priorities_behind(child)
+      if worse and low < worse then back = back + self.dispatch:take_back_prefetched(child)
       else soonest = math.min(soonest or math.huge, now + self.steal_after_ms) end
     elseif since then
       soonest = math.min(soonest or math.huge, since + self.steal_after_ms)
     end
   end
   self.ranked_back = self.ranked_back + back
-  self:measure_sent(workers)
+  self:measure_sent(children)
   if soonest and self.best_sent ~= self.worst_sent then self:watch_stuck(soonest - self.steal_after_ms) end
   if back > 0 then self.dispatch:pump() end
 end

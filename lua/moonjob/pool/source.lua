@@ -1,11 +1,14 @@
 -- moonjob.pool.source -- the job source: where the pool keeps its waiting jobs.
 --
 -- The pool reaches its waiting jobs only through pool.source, an object with
--- the eight methods below; nothing else in the pool knows how or where jobs
--- wait. The source is the local one, a moonjob.pool.waiting (a queue and heaps in this
--- process). A pool on Redis keeps it: its moonjob.redis.remote fetches jobs
--- from the durable queue in batches and pushes them here (a bounded buffer:
--- `size` + `prefetch` jobs), so dispatch, priorities among fetched jobs,
+-- the eight methods below and, for a source that keeps something of a job
+-- it handed out, a ninth, release; nothing else in the pool knows how or
+-- where jobs wait. The source is the local one, a Waiting
+-- (moonjob.pool.waiting: a queue and heaps in this process), or, for a pool
+-- with rate limits or groups, a moonjob.pool.limits around one. A pool on
+-- Redis keeps it: its moonjob.redis.remote fetches jobs from the durable
+-- queue in batches and pushes them here (a bounded buffer: `size` +
+-- `prefetch` jobs), so dispatch, priorities among fetched jobs,
 -- give-backs and cancel work the same for both; Redis is asked only when
 -- there is room, never inside pop_ready (which must answer at once).
 --
@@ -30,6 +33,11 @@
 --                         the breaker)
 --   source:next_due()     -> the run_at (loop.now() ms) of the earliest job not
 --                         yet due, or nil (the pool arms a timer for it)
+--   source:release(job)   (optional) a job pop_ready handed out ended: what
+--                         the source kept for it is freed (a group's place,
+--                         moonjob.pool.limits). The pool calls it only for a
+--                         job whose job.holds_group the source set, so a
+--                         source that never sets it needs no release
 --
 -- What a source must hold to: every method answers at once, on the loop (none
 -- may wait, nor run the loop), and cheaply: pop_ready runs once per dispatch
@@ -103,22 +111,23 @@
 -- keeps its own fields on its jobs (moonjob.redis.remote: token, lease_from,
 -- abandoned, reported, retry_never).
 
-local Queue = require "moonjob.pool.waiting"
+local Waiting = require "moonjob.pool.waiting"
 
 local Source = {}
 
--- The local source's methods are the queue's own functions under the
+-- The local source's methods are Waiting's own functions under the
 -- interface's names, not calls forwarding to them (the pump takes every job
--- through pop_ready); promote is the queue's helper that pop and ready_n call.
+-- through pop_ready); promote is Waiting's helper that pop and ready_n call.
+-- It sets no job.holds_group: no release.
 local Local = {
-  push = Queue.push,
-  pop_ready = Queue.pop,
-  peek_ready = Queue.peek,
-  pop_any = Queue.pop_any,
-  remove = Queue.remove,
-  ready_count = Queue.ready_n,
-  next_due = Queue.next_due,
-  promote = Queue.promote,
+  push = Waiting.push,
+  pop_ready = Waiting.pop,
+  peek_ready = Waiting.peek,
+  pop_any = Waiting.pop_any,
+  remove = Waiting.remove,
+  ready_count = Waiting.ready_n,
+  next_due = Waiting.next_due,
+  promote = Waiting.promote,
 }
 Local.__index = Local
 
@@ -134,7 +143,7 @@ function Source.new_local(now, opts)
   if opts and (opts.rate or opts.group_concurrency or opts.group_rate) then
     return require("moonjob.pool.limits").new(now, opts)
   end
-  return setmetatable(Queue.new(now), Local)
+  return setmetatable(Waiting.new(now), Local)
 end
 
 return Source

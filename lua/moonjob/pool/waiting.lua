@@ -31,8 +31,8 @@
 -- the heaps would otherwise call a few times per level at every push and pop.
 local Job = require "moonjob.job"
 
-local Queue = {}
-Queue.__index = Queue
+local Waiting = {}
+Waiting.__index = Waiting
 
 local ID, QINDEX, PRIORITY = Job.SLOT.id, Job.SLOT.qindex, Job.SLOT.priority
 local RUN_BASE = 2 ^ 40 -- qindex of place i of `run`: RUN_BASE + i (a heap never gets that big)
@@ -181,9 +181,9 @@ end
 
 -------------------------------------------------------------- the queue ---
 
-function Queue.new(now)
+function Waiting.new(now)
   return setmetatable({ ready = new_heap(ready_before, 1), delayed = new_heap(due_before, -1),
-    run = new_run(), n = 0, now = now }, Queue)
+    run = new_run(), n = 0, now = now }, Waiting)
 end
 
 -- A job that may run now joins `run` or the `ready` heap.
@@ -195,7 +195,7 @@ end
 
 -- queue:push(job): job.priority (lower first, default 0) and job.run_at (ms,
 -- optional) decide.
-function Queue:push(job)
+function Waiting:push(job)
   local run_at = rawget(job, "run_at") -- not through the job's metatable: a call per job
   if run_at and run_at > self.now() then
     heap_push(self.delayed, job)
@@ -206,7 +206,7 @@ function Queue:push(job)
 end
 
 -- Moves the delayed jobs that are due to the run queue or the ready heap.
-function Queue:promote()
+function Waiting:promote()
   local delayed = self.delayed
   if delayed.n == 0 then return end
   local now = self.now()
@@ -233,19 +233,19 @@ local function take_ready(self)
 end
 
 -- queue:pop() -> the next job that may run now, or nil
-function Queue:pop()
+function Waiting:pop()
   self:promote()
   return take_ready(self)
 end
 
 -- queue:peek() -> the job pop() would return, left in place, or nil
-function Queue:peek()
+function Waiting:peek()
   self:promote()
   return (next_ready(self))
 end
 
 -- queue:remove(job) -> true if the job was waiting here
-function Queue:remove(job)
+function Waiting:remove(job)
   local q = job[QINDEX]
   if not q then return false end
   if q >= RUN_BASE then
@@ -262,7 +262,7 @@ function Queue:remove(job)
 end
 
 -- queue:pop_any() -> a waiting job, due or not (to empty the queue), or nil
-function Queue:pop_any()
+function Waiting:pop_any()
   local job = take_ready(self)
   if job then return job end
   if self.delayed.n == 0 then return nil end
@@ -270,15 +270,15 @@ function Queue:pop_any()
   return heap_remove(self.delayed, 1)
 end
 
-function Queue:ready_n()
+function Waiting:ready_n()
   self:promote()
   return self.ready.n + self.run.live
 end
 
 -- queue:next_due() -> the run_at of the earliest delayed job, or nil
-function Queue:next_due()
+function Waiting:next_due()
   local delayed = self.delayed
   return delayed.n > 0 and delayed[1].run_at or nil
 end
 
-return Queue
+return Waiting

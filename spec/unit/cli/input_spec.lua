@@ -1,15 +1,16 @@
 -- moonjob.cli.input without a run: when the input pauses and resumes (lines
--- and bytes in flight, results held for --keep-order), and how long its
+-- and bytes in flight, results pending for --keep-order), and how long its
 -- batches grow. The core input is a stand-in that counts the calls.
 local input = require "moonjob.cli.input"
 
 local MIB = 1024 * 1024
 
 -- An input of `size` children with options `o`, its stand-in handle, and an
--- output that holds `held.bytes`.
-local function new_input(o, size, held)
-  held = held or { bytes = 0 }
-  local output = { held = function() return held.bytes, 0 end, backlog = function() return held.backlog or 0 end }
+-- output whose pending results are `pending.bytes`.
+local function new_input(o, size, pending)
+  pending = pending or { bytes = 0 }
+  local output = { pending_results = function() return pending.bytes, 0 end,
+    backlog = function() return pending.backlog or 0 end }
   local handle = { calls = {} }
   for _, name in ipairs({ "pause", "resume", "batch" }) do
     handle[name] = function(_, n) handle.calls[#handle.calls + 1] = n and name .. " " .. n or name end
@@ -57,40 +58,40 @@ describe("moonjob.cli.input", function()
     assert.same({ "pause" }, calls)
   end)
 
-  it("with --keep-order, pauses on the results held and those the lines in flight will bring", function()
-    local held = { bytes = 0 }
-    local self, calls = new_input({ keep_order = true }, 1, held)
+  it("with --keep-order, pauses on the pending results and those the lines in flight will bring", function()
+    local pending = { bytes = 0 }
+    local self, calls = new_input({ keep_order = true }, 1, pending)
     self.inflight = 4 -- no result size known yet: a few lines per child
     self:pause_if_full()
     assert.same({ "pause" }, calls)
     self.paused, self.inflight = false, 0
     self:written(("x"):rep(1000), 1) -- 1000 bytes per result line
     self.inflight = 2
-    held.bytes = 8 * MIB - 1500
+    pending.bytes = 8 * MIB - 1500
     self:pause_if_full()
     assert.same({ "pause", "pause" }, calls)
   end)
 
   it("with --keep-order, counts a jump in result sizes at once for the lines in flight", function()
-    local held = { bytes = 0 }
-    local self, calls = new_input({ keep_order = true }, 2, held) -- 16 MiB held at most
+    local pending = { bytes = 0 }
+    local self, calls = new_input({ keep_order = true }, 2, pending) -- 16 MiB pending at most
     for _ = 1, 100 do self:written(("x"):rep(100), 1) end -- 100 bytes per result line
     self.inflight = 100
     self:written(("x"):rep(400 * 1024), 1) -- then 400 KiB: the 99 in flight may bring as much
-    held.bytes = 400 * 1024
+    pending.bytes = 400 * 1024
     self:pause_if_full()
     assert.same({ "pause" }, calls)
   end)
 
   it("pauses while stdout has 4 MiB it has not taken, and resumes at 1 MiB", function()
-    local held = { bytes = 0, backlog = 4 * MIB }
-    local self, calls = new_input({}, 1, held)
+    local pending = { bytes = 0, backlog = 4 * MIB }
+    local self, calls = new_input({}, 1, pending)
     self:pause_if_full()
     assert.same({ "pause" }, calls)
-    held.backlog = MIB + 1
+    pending.backlog = MIB + 1
     self:resume_if_room()
     assert.same({ "pause" }, calls)
-    held.backlog = MIB
+    pending.backlog = MIB
     self:resume_if_room()
     assert.same({ "pause", "resume" }, calls)
   end)

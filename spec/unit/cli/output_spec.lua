@@ -40,18 +40,18 @@ describe("moonjob.cli.output", function()
     assert.same({ "b\n", "a\n" }, written)
   end)
 
-  it("with --keep-order, holds a result until every earlier line was written", function()
+  it("with --keep-order, keeps a result pending until every earlier line was written", function()
     local self, written = new_output(true)
     self:emit(3, "c\n")
     self:emit(4, "d\ne\n", 2) -- lines 4 and 5
     assert.same({}, written)
-    local bytes, lines = self:held()
+    local bytes, lines = self:pending_results()
     assert.equal(3, lines) -- line 3, and 4 and 5
     assert.is_true(bytes >= #"c\nd\ne\n")
     self:emit(1, "")
     self:emit(2, "b\n")
     assert.same({ "b\n", "c\n", "d\ne\n" }, written)
-    assert.same({ 0, 0 }, { self:held() })
+    assert.same({ 0, 0 }, { self:pending_results() })
     self:emit(6, "f\n")
     assert.same({ "b\n", "c\n", "d\ne\n", "f\n" }, written)
   end)
@@ -62,13 +62,13 @@ describe("moonjob.cli.output", function()
     assert.has_error(function() self:emit(2, "b\n") end)
   end)
 
-  it("flushes what it holds in line order, past the lines missing", function()
+  it("flushes its pending results in line order, past the lines missing", function()
     local self, written = new_output(true)
     self:emit(5, "e\n")
     self:emit(3, "c\n")
-    self:flush_held()
+    self:flush_pending()
     assert.same({ "c\n", "e\n" }, written)
-    assert.same({ 0, 0 }, { self:held() })
+    assert.same({ 0, 0 }, { self:pending_results() })
   end)
 
   it("leaves the joblog to the writer: it records nothing itself", function()
@@ -113,7 +113,7 @@ describe("moonjob.cli.output", function()
     local self = new_output(false)
     local said = {}
     self.display = { write_stderr = function(text) said[#said + 1] = text end }
-    local job = { line = 10, count = 5, worker = { batch_started = function() return 2 end } }
+    local job = { line = 10, count = 5, child = { batch_started = function() return 2 end } }
     self:echo_lines("[line 10] a\n[line 11] b\n", job)
     assert.same({ "[line 10] a\n[line 11] b\n" }, said) -- one write
     said = {}
@@ -121,14 +121,14 @@ describe("moonjob.cli.output", function()
     assert.same({ "[line 11] c\n", "[line 11] from a command\n", "[line 11] d\n", "[line 11] [lin\n" }, said)
   end)
 
-  it("holds what a batch printed until it ended, then tags it with the last line it ran", function()
+  it("keeps what a batch printed until it ended, then tags it with the last line it ran", function()
     local self = new_output(false)
     local said = {}
     self.display = { write_stderr = function(text) said[#said + 1] = text end }
     local job = { line = 10, count = 5, state = "failed", batch_state = { started = 3 } }
     self:echo("x", job)
     assert.same({}, said)
-    self:echo_held(job)
+    self:echo_to_tag(job)
     assert.same({ "[line 12] x\n" }, said)
   end)
 end)

@@ -1,7 +1,7 @@
--- moonjob.pool.stats -- what pool:stats() reports: counters and recent times.
+-- moonjob.pool.tally -- what pool:stats() reports: counters and recent times.
 --
--- A part of the pool (see pool/init.lua), pool.tally (not pool.stats: that
--- is the public method).
+-- A part of the pool (see pool/init.lua), pool.tally (the name pool.stats is
+-- the public method's).
 --
 -- Owns: tally.counts (completed, failed, spawned, crashed, timeouts, killed,
 -- retries, cache_hits, canceled), bumped by the parts where each thing
@@ -86,9 +86,9 @@ function Tally:report()
   local pool, c = self.pool, self.counts
   local wait_p50, wait_p99 = percentiles(self.wait_ms)
   local run_p50, run_p99 = percentiles(self.run_ms)
-  local workers = {}
-  for _, w in ipairs(pool.children:snapshot()) do
-    workers[#workers + 1] = { pid = w.pid, jobs = w.jobs_done, state = w.state }
+  local rows = {} -- (one per child: the public field is named workers)
+  for _, child in ipairs(pool.children:snapshot()) do
+    rows[#rows + 1] = { pid = child.pid, jobs = child.jobs_done, state = child.state }
   end
   return setmetatable({
     waiting = pool.source:count() + pool.dispatch:prefetched_count(), -- in a child, not started: waiting too
@@ -98,7 +98,7 @@ function Tally:report()
     crashed = c.crashed, timeouts = c.timeouts, killed = c.killed,
     retries = c.retries, cache_hits = c.cache_hits, canceled = c.canceled,
     wait_p50 = wait_p50, wait_p99 = wait_p99, run_p50 = run_p50, run_p99 = run_p99,
-    workers = workers,
+    workers = rows,
     redis = pool.owner and pool.owner:stats() or nil, -- a pool on Redis: its remote's counts
   }, { __tostring = format_stats })
 end
