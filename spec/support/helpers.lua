@@ -109,7 +109,7 @@ end
 -- in the shared page). "active" alone is the parent's view: a child killed
 -- before it took the job gives it back to run again, which is not a crash.
 function M.wait_started(job)
-  M.wait_for(function() return job.state == "active" and job.worker ~= nil and job.worker:started(job) end)
+  M.wait_for(function() return job.state == "active" and job.child ~= nil and job.child:started(job) end)
 end
 
 -- Sleeps while running the loop (the loop keeps serving the pools).
