@@ -30,6 +30,20 @@
 -- The C core delivers whatever the child printed before a frame that ends a
 -- job, and everything the child sent before its exit event, so a line is
 -- always attributed to the job that printed it.
+--
+-- Owns: the process, its timer, state, pid, ready, child.sent and child.job,
+-- jobs_done, the error it is to fail its job with (failure) and the output
+-- part. The pool's parts keep their own marks on it (children: retiring,
+-- removed, idle_since, recycle; dispatch: dispatched_at, acked; deadlines:
+-- killed_for, start_overdue; breaker: start_reported).
+-- Exposes: Child.spawn(pool), Child.max_frame(pool), child:run(job, ...),
+-- child:recall([from]), child:started(job), child:taken(), child:end_job(),
+-- child:arm(s), child:disarm(), child:interrupt(job, fields),
+-- child:finish(), child:kill([signal]), child:expect_batches(), and the
+-- shared batch area: child:batch(job), child:batch_state(job),
+-- child:batch_started(job), child:batch_cut(job).
+-- Calls: the sink's pool:on_child_* methods only; reads the pool fields the
+-- sink lists.
 local buffer = require "string.buffer"
 local core = require "moonjob.core"
 local errors = require "moonjob.errors"
