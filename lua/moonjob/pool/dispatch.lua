@@ -55,7 +55,8 @@
 -- (next_idle, pop_idle, has_idle, free, retire, ensure, array, snapshot),
 -- pool.breaker:check, pool.owner:want,
 -- pool.endings:give_back, pool.lines (wire_first_line, cuttable, cut,
--- hand_back), pool.tally:sample_wait, the `active` listeners, ranks
+-- hand_back), pool.tally:sample_wait, pool.events:emit (the `active`
+-- listeners), ranks
 -- (sent_ahead, none_ahead, check_source, rescue, close).
 --
 -- Caveats: a job data over PIPELINE_MAX_BYTES is only given to an idle child

@@ -122,7 +122,7 @@ function Pool.new(processor, opts)
     processor = processor,
     name = opts.name, -- its label in pool:metrics() (moonjob.pool.metrics)
     size = opts.size or core.cpu_count(),
-    min_size = opts.min_size or 0,
+    min_size = opts.min_size or DEFAULTS.min_size,
     idle_timeout = opts.idle_timeout,
     max_payload = opts.max_payload or (opts.redis and DEFAULTS.remote_max_payload) or DEFAULTS.max_payload,
     timeout = opts.timeout,
@@ -138,11 +138,11 @@ function Pool.new(processor, opts)
     child_env = { "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath,
       "MOONJOB_REDIS=" }, -- a Redis URL (its password) is the parent's, not the processors',
     source = Source.new_local(loop.now, opts), -- the waiting jobs (moonjob.pool.source)
-    attempts = opts.attempts or 1,
+    attempts = opts.attempts or DEFAULTS.attempts,
     backoff = opts.backoff,
     dedupe = opts.dedupe,
     cache_ttl = opts.cache,
-    cache = opts.cache and Cache.new(opts.cache_max or 1000),
+    cache = opts.cache and Cache.new(opts.cache_max or DEFAULTS.cache_max),
     max_queue = opts.max_queue,
     by_key = {},                   -- key -> the waiting or running job with that key
     nactive = 0, ndeferred = 0,    -- jobs running; deferred endings and breaker passes (drain waits)

@@ -25,6 +25,9 @@ Options.DEFAULTS = {
   start_timeout = 60,
   max_log_bytes = 1024 * 1024,
   pipeline = 8, -- jobs one child may hold at once (moonjob.pool.dispatch)
+  min_size = 0, -- (with idle_timeout: the children kept when idle)
+  attempts = 1,
+  cache_max = 1000, -- results kept by key (with cache)
 }
 
 local OPTIONS = {
