@@ -146,8 +146,8 @@ function Output:pass_lines(stream, chunk, job)
     self.partial[stream] = nil
     if not self.truncated then
       self.truncated = true
-      self:pass(("[moonjob: output past %d bytes (max_log_bytes, %d, for each of its %d lines) is dropped]\n")
-        :format(limit, pool.max_log_bytes, job.line_count), job)
+      local said = "[moonjob: output past %d bytes (max_log_bytes, %d, for each of its %d lines) is dropped]\n"
+      self:pass(said:format(limit, pool.max_log_bytes, job.line_count), job)
     end
     return
   end

@@ -114,7 +114,8 @@ end
 -- A child is free again: it takes the next job, or is recycled.
 function Children:free(child)
   local pool = self.pool
-  if pool.closing or child.recycle or (pool.max_jobs_per_child and child.jobs_done >= pool.max_jobs_per_child) then
+  local max_jobs = pool.max_jobs_per_child
+  if pool.closing or child.recycle or (max_jobs and child.jobs_done >= max_jobs) then
     self:retire(child)
   else
     child.idle_since = loop.now()

@@ -289,7 +289,8 @@ end
 -- loop here would end the compiled trace of every job's ending.
 function Dispatch:top_up(child, depth, recent, now)
   local head = child.job -- not started yet while a listener of its predecessor's end runs (child_next)
-  if depth <= 1 or child.state ~= "busy" or child.retiring or child.recycle or not head[STARTED] or head[STARTED] < recent then
+  if depth <= 1 or child.state ~= "busy" or child.retiring or child.recycle
+      or not head[STARTED] or head[STARTED] < recent then
     return true
   end
   local room = self:room_in(child, depth)
@@ -303,7 +304,8 @@ end
 function Dispatch:top_up_more(child, depth, room, took, now)
   while true do
     if took == "sent" then room = room - 1
-    elseif took == "again" then room = math.min(room, self:room_in(child, depth)) -- (a listener may have sent it more)
+    elseif took == "again" then -- (a listener may have sent it more)
+      room = math.min(room, self:room_in(child, depth))
     else return took ~= "none" end
     if room <= 0 then return true end
     took = self:take_one(child, depth, now)
@@ -333,8 +335,9 @@ end
 -- How many more jobs may be sent to the child now (the depth, its
 -- max_jobs_per_child).
 function Dispatch:room_in(child, depth)
-  local pool, room = self.pool, depth - #child.sent
-  if pool.max_jobs_per_child then room = math.min(room, pool.max_jobs_per_child - child.jobs_done - #child.sent) end
+  local pool, sent = self.pool, #child.sent
+  local room = depth - sent
+  if pool.max_jobs_per_child then room = math.min(room, pool.max_jobs_per_child - child.jobs_done - sent) end
   return room
 end
 

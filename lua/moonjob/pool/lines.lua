@@ -81,8 +81,9 @@ local HOOK_EVENT = { cut = "on_lines_cut", kept = "on_lines_kept", output = "ech
 -- (see the top of this file); any may be left out.
 function Lines:set_hooks(hooks)
   for name, fn in pairs(hooks) do
-    if not HOOK_EVENT[name] then error(("lines:set_hooks(): unknown hook '%s'"):format(tostring(name)), 2) end
-    if type(fn) ~= "function" then error(("lines:set_hooks(): hook '%s' is not a function"):format(name), 2) end
+    local why = not HOOK_EVENT[name] and "is not cut, kept or output"
+      or type(fn) ~= "function" and "is not a function"
+    if why then error(("lines:set_hooks(): hook '%s' %s"):format(tostring(name), why), 2) end
   end
   self.hooks = { cut = hooks.cut, kept = hooks.kept, output = hooks.output }
   self.pool.tagged_output = hooks.output ~= nil

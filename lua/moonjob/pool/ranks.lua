@@ -172,7 +172,9 @@ function Ranks:rank()
   local children = pool.children:snapshot() -- taking back may free a child: a copy
   local cuts = rank_cuts(children, pool.source)
   for i, child in ipairs(children) do
-    if cuts[i] then self.ranked_back = self.ranked_back + self.dispatch:take_back_unstarted(child, cuts[i]) end
+    if cuts[i] then
+      self.ranked_back = self.ranked_back + self.dispatch:take_back_unstarted(child, cuts[i])
+    end
   end
   self:measure_sent(children)
   self.dispatch:pump()

@@ -177,7 +177,8 @@ function Pool:on_child_done(child, job, result_bytes)
     local ok, why = Job.decode(self, job)
     if not ok then
       job.result_bytes = nil
-      return self:on_child_failed(child, job, errors.new("EPROTO", "the child's result cannot be decoded: " .. why))
+      local err = errors.new("EPROTO", "the child's result cannot be decoded: " .. why)
+      return self:on_child_failed(child, job, err)
     end
   end
   self.endings:finish(job, "completed")
