@@ -192,7 +192,7 @@ function Output:job_ended(job)
   if job and self.truncated then
     job.dropped_log_bytes = self.log_bytes - self.pool.max_log_bytes * (job.line_count or 1)
   end
-  self:reset_budget()
+  self.log_bytes, self.truncated = 0, false -- (reset_budget's, without a call: this runs for every job)
 end
 
 -- The budget starts over (the child is ready: what it printed while it
