@@ -36,6 +36,7 @@
 --                  the command line, their one owner (not public API)
 --   tally.lua      pool.tally: pool:stats()'s counters and recent times
 --   events.lua     pool.events: pool:on, pool:off and emitting events
+--   metrics.lua    pool:metrics() and moonjob.metrics() (plain functions)
 --
 -- The pool itself holds the configuration, pool.by_key (key -> the waiting
 -- or running job with that id or dedupe key), nactive (jobs running:
