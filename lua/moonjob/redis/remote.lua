@@ -62,6 +62,7 @@ local Job = require "moonjob.job"
 local client = require "moonjob.redis.client"
 local errors = require "moonjob.errors"
 local json = require "moonjob.codec.json"
+local to_utf8 = require("moonjob.codec.utf8").to_utf8
 local loop = require "moonjob.loop"
 local core = require "moonjob.core"
 local names = require "moonjob.redis.names"
@@ -506,7 +507,7 @@ end
 local function encode_error(err)
   local text = json.encode(err)
   if not text then -- a field JSON cannot hold, or text that is not UTF-8
-    text = json.encode({ code = json.to_utf8(tostring(err.code)), message = json.to_utf8(tostring(err.message)) })
+    text = json.encode({ code = to_utf8(tostring(err.code)), message = to_utf8(tostring(err.message)) })
   end
   return text
 end
@@ -794,7 +795,7 @@ function Remote:output(job, _, line)
   local u = self:_update_of(job)
   if not u then return end
   local lines = u.lines
-  lines[#lines + 1] = json.to_utf8(line) -- a reader decodes it as JSON text
+  lines[#lines + 1] = to_utf8(line) -- a reader decodes it as JSON text
   if #lines > 2 * self.keep_logs then
     local kept = {}
     for i = #lines - self.keep_logs + 1, #lines do kept[#kept + 1] = lines[i] end
