@@ -31,12 +31,14 @@ Options.DEFAULTS = {
 -- A pool on Redis (moonjob.redis.remote reads these): a lease of 30 s, a
 -- look at an empty queue every second, `prefetch` the `size` option when
 -- given, else 1. Retention: finished jobs are kept by age, any number of
--- them (a count bound, `keep`, is the user's choice): completed ones a day,
--- failed ones a week (to be looked at and retried); the last 100 log lines
--- of each job.
+-- them (a count bound, `keep`, is the user's choice: "" is moonjob_fetch's
+-- empty KEEP_COUNT): completed ones a day, failed ones a week (to be looked
+-- at and retried); the last 100 log lines of each job. No worker_name: the
+-- worker's id is its random part alone.
 Options.REDIS_DEFAULTS = {
   lease = 30, poll = 1, prefetch = 1,
-  keep_age = 86400, keep_failed_age = 7 * 86400, keep_logs = 100,
+  keep = "", keep_age = 86400, keep_failed_age = 7 * 86400, keep_logs = 100,
+  worker_name = "",
 }
 
 local OPTIONS = {

@@ -81,9 +81,9 @@ function Remote.new(port, opts)
     lease_ms = math.floor((opts.lease or D.lease) * 1000),
     prefetch = opts.prefetch or opts.size or D.prefetch,
     poll_ms = math.floor((opts.poll or D.poll) * 1000),
-    keep_count = opts.keep or "", keep_age_ms = math.floor((opts.keep_age or D.keep_age) * 1000),
+    keep_count = opts.keep or D.keep, keep_age_ms = math.floor((opts.keep_age or D.keep_age) * 1000),
     keep_failed_age_ms = math.floor((opts.keep_failed_age or D.keep_failed_age) * 1000),
-    worker_id = (opts.worker_name or "") .. names.random_hex(8),
+    worker_id = (opts.worker_name or D.worker_name) .. names.random_hex(8),
     fetched = {},     -- remote id -> job in the pool: held (no child started it yet) or running
     nfetched = 0, fetch_retry_ms = RETRY_FIRST_MS,
     max_token = 0,    -- the number of the newest token a fetch brought
@@ -94,8 +94,9 @@ function Remote.new(port, opts)
   }, Remote)
   local c, err = client.new(opts.redis, {
     timeout_ms = math.max(500, math.min(self.lease_ms * FENCE_AT, 5000)),
-    -- a fetch's jobs, or the library's text (setup's FUNCTION LIST WITHCODE)
-    max_reply = (port.max_payload + 4096) * math.max(1, self.prefetch + (opts.size or 1)) + 65536
+    -- a fetch's jobs (prefetch and the size option: 1 when unset, as prefetch's
+    -- default), or the library's text (setup's FUNCTION LIST WITHCODE)
+    max_reply = (port.max_payload + 4096) * math.max(1, self.prefetch + (opts.size or D.prefetch)) + 65536
       + #library.text(),
     on_state = function(up, why) self:_state(up, why) end,
   })
