@@ -7,7 +7,7 @@
  * through ffi.load of core.so, without running luaopen_moonjob_core).
  *
  * Caveat: the names, the struct and the status numbers are a contract with the
- * ffi.cdef of lua/moonjob/codec/json.lua: change both together.
+ * ffi.cdef of lua/moonjob/codec/json_c.lua: change both together.
  */
 #ifndef MJ_JSON_SCAN_H
 #define MJ_JSON_SCAN_H
@@ -31,7 +31,7 @@ enum {
 
 /* The members a text's top object may have fixed up after cjson (more: a copy). */
 #define MOONJOB_JSON_MAX_FIXUPS 8
-_Static_assert(MOONJOB_JSON_MAX_FIXUPS == 8, "the ffi.cdef of lua/moonjob/codec/json.lua says 8");
+_Static_assert(MOONJOB_JSON_MAX_FIXUPS == 8, "the ffi.cdef of lua/moonjob/codec/json_c.lua says 8");
 
 /* Sizes are doubles (exact up to 2^53): the FFI hands a double to Lua as a
  * number, where a 64-bit integer would come as a cdata box to allocate. */

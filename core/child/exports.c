@@ -7,7 +7,7 @@
  * ../json_scan.c (moonjob_utf8_error_at, moonjob_json_*), is the other export.
  *
  * Caveat: the names and signatures are a contract with the ffi.cdef of
- * lua/moonjob/child/batch.lua (lua/moonjob/codec/json.lua's for json_scan.c's
+ * lua/moonjob/child/batch.lua (lua/moonjob/codec/json_c.lua's for json_scan.c's
  * functions); the batch's state is the shared page's batch
  * word and area (frame.h), which the parent reads (core/parent/shared.c).
  */

@@ -326,7 +326,7 @@ rq.describe(function()
       assert(q:add(data, { id = "utf" }))
       local job = assert(q:jobs("waiting", { preview = 300 }))[1] -- '"' then 2-byte characters
       assert.equal(299, #job.data_preview) -- not 300: that would end inside a character
-      assert.is_nil(require("moonjob.codec.json").utf8_error_at(job.data_preview))
+      assert.is_nil(require("moonjob.codec.utf8").error_at(job.data_preview))
       local out = require("moonjob.redis.operate").encode({ line = "caf\233" })
       assert.equal('{"line":"caf\239\191\189"}', out)
     end)
@@ -341,7 +341,7 @@ rq.describe(function()
       local seen = assert(q:job("latin1"))
       assert.same({ "caf\239\191\189 latin-1" }, seen.log)
       local text = require("moonjob.redis.operate").encode(seen)
-      assert.is_nil(require("moonjob.codec.json").utf8_error_at(text))
+      assert.is_nil(require("moonjob.codec.utf8").error_at(text))
     end)
 
     it("hears a pause whose message was lost, even with no room to fetch, and gives held jobs back", function()

@@ -6,9 +6,10 @@
 -- (moonjob.child.runner, .batch and .encode), and by processors as
 -- moonjob.json. Its C half, core/json_scan.c (the UTF-8 check and the
 -- scanner below), is called through the FFI: in the child program's own
--- symbols, elsewhere in core.so (opened with ffi.load, which runs no luaopen).
--- Where neither is found (a plain luajit without moonjob's build) the same
--- work is done in Lua, slower (see "Without the C half").
+-- symbols, elsewhere in core.so (moonjob.codec.json_c finds it). Where
+-- neither is found (a plain luajit without moonjob's build) the same work
+-- is done in Lua, slower: moonjob.codec.utf8's check and
+-- moonjob.codec.json_lua's decoder.
 --
 -- Debian's lua-cjson 2.1.0 prints numbers with at most 14 significant digits,
 -- which silently changes users' data (2^53 comes out as 9.007199254741e+15).
@@ -75,128 +76,12 @@ local decode_safe = cjson.new()
 decode_safe.decode_max_depth(M.MAX_DEPTH)
 decode_safe.decode_invalid_numbers(false) -- NaN, Infinity, hex: not JSON
 
------------------------------------------------------------------- UTF-8 ---
-
+-- The C half, if found, and the UTF-8 check (the C half's, else Lua's).
+local json_c = require "moonjob.codec.json_c"
+local C = json_c.lib
+M.c_from = json_c.from -- where the C half was found, or nil (the specs check it)
+local utf8_error_at = require("moonjob.codec.utf8").error_at
 local find, byte, sub = string.find, string.byte, string.sub
-local NON_ASCII = "[\128-\255]"
-
--- The bytes a lead byte `c` takes after it, and the range of the first of
--- them (RFC 3629's table: no overlong forms, no surrogates, nothing past
--- U+10FFFF); nil for a byte that cannot start a character.
-local function utf8_sequence(c)
-  if c >= 0xC2 and c <= 0xDF then return 1, 0x80, 0xBF end
-  if c == 0xE0 then return 2, 0xA0, 0xBF end
-  if c == 0xED then return 2, 0x80, 0x9F end
-  if c >= 0xE1 and c <= 0xEF then return 2, 0x80, 0xBF end
-  if c == 0xF0 then return 3, 0x90, 0xBF end
-  if c == 0xF4 then return 3, 0x80, 0x8F end
-  if c >= 0xF1 and c <= 0xF3 then return 3, 0x80, 0xBF end
-end
-
--- Where string s stops being UTF-8 (a byte position), looking from byte
--- `init` (default 1) on, or nil when it is. Runs of ASCII are skipped by
--- string.find.
-local function lua_utf8_error_at(s, init)
-  local i = find(s, NON_ASCII, init)
-  while i do
-    local n, low, high = utf8_sequence(byte(s, i))
-    if not n then return i end
-    local c = byte(s, i + 1)
-    if not c or c < low or c > high then return i end
-    for k = 2, n do
-      c = byte(s, i + k)
-      if not c or c < 0x80 or c > 0xBF then return i end
-    end
-    i = find(s, NON_ASCII, i + n + 1)
-  end
-end
-
--- The C half of the codec (core/json_scan.c): the child program's own
--- functions (ffi.C: it is linked -rdynamic), or in any other program those of
--- core.so, found on package.cpath and opened with ffi.load, which runs no
--- luaopen (no event loop, nothing changed in the process). Without either (a
--- plain luajit without moonjob's build) the Lua code here does it all.
-local C, C_FROM = nil, nil
-do
-  if not pcall(ffi.typeof, "moonjob_json_scan_t") then -- (once per state: the module may load again)
-    ffi.cdef [[
-typedef struct moonjob_json_scan_s {
-  int32_t status; uint32_t markers; double at; double length; double written;
-  uint32_t fixups; uint32_t key_at[8]; uint32_t key_length[8]; uint32_t value_at[8]; uint8_t kind[8];
-} moonjob_json_scan_t;
-size_t moonjob_utf8_error_at(const char *text, size_t len);
-int moonjob_json_scan(const char *text, size_t len, char *out, size_t room, int max_depth,
-                      moonjob_json_scan_t *r);
-int64_t moonjob_json_int64(const char *marker);
-uint64_t moonjob_json_uint64(const char *marker);
-int64_t moonjob_json_int64_at(const char *text, size_t at);
-uint64_t moonjob_json_uint64_at(const char *text, size_t at);
-]]
-  end
-  local function has_scanner(lib)
-    return pcall(function() return lib.moonjob_json_scan, lib.moonjob_json_uint64_at end)
-  end
-  if has_scanner(ffi.C) then
-    C, C_FROM = ffi.C, "the program"
-  else
-    local path = package.searchpath and package.searchpath("moonjob.core", package.cpath)
-    local ok, lib = false, nil
-    if path then ok, lib = pcall(ffi.load, path) end
-    if ok and has_scanner(lib) then C, C_FROM = lib, "core.so" end
-  end
-end
-M.c_from = C_FROM -- where the C half was found, or nil (the specs check it)
-
--- Every line and string, through the FFI when the C half is there: Lua's
--- pattern matching cost 12% of a batch line's time.
-local utf8_error_at = lua_utf8_error_at
-if C then
-  local c_error_at = C.moonjob_utf8_error_at
-  utf8_error_at = function(s, init)
-    if not init then -- (every line and string: no cast)
-      local at = tonumber(c_error_at(s, #s))
-      if at > 0 then return at end
-      return nil
-    end
-    local at = tonumber(c_error_at(ffi.cast("const char *", s) + (init - 1), #s - init + 1))
-    if at > 0 then return init + at - 1 end
-  end
-end
-M.utf8_error_at = utf8_error_at
-
--- json.to_utf8(s) -> s, with each byte that is not part of UTF-8 text
--- replaced by U+FFFD: text from a processor's output or an error message,
--- made fit to be written as JSON (encode refuses what is not UTF-8).
-function M.to_utf8(s)
-  local at = utf8_error_at(s)
-  if not at then return s end
-  local parts, from = {}, 1
-  while at do
-    parts[#parts + 1] = sub(s, from, at - 1)
-    parts[#parts + 1] = "\239\191\189"
-    from = at + 1
-    at = utf8_error_at(s, from)
-  end
-  parts[#parts + 1] = sub(s, from)
-  return table.concat(parts)
-end
-M.lua_utf8_error_at = lua_utf8_error_at -- (the specs compare the two)
-
--- json.valid_text(s) -> s, with each byte where it stops being UTF-8
--- replaced by U+FFFD: for messages, which must reach JSON whatever their bytes.
-function M.valid_text(s)
-  local at = utf8_error_at(s)
-  if not at then return s end
-  local parts, from = {}, 1
-  while at do
-    parts[#parts + 1] = s:sub(from, at - 1)
-    parts[#parts + 1] = "\239\191\189"
-    from = at + 1
-    at = from <= #s and utf8_error_at(s, from)
-  end
-  parts[#parts + 1] = s:sub(from)
-  return table.concat(parts)
-end
 
 -------------------------------------------------------------- encoding ---
 
@@ -393,182 +278,7 @@ function M.encode(value)
   return text
 end
 
---------------------------------------------------- Without the C half ---
-
--- The Lua decoder: where the C half is not there, for texts with an empty
--- array or a number that cjson would change in them (the specs also compare
--- decode with it).
-local parse_value, parse_number
-
-local function fail_at(s, i, what)
-  error(("%s at character %d"):format(what, i), 0)
-end
-
-local function skip(s, i)
-  return s:find("[^ \t\r\n]", i) or #s + 1
-end
-
-local function utf8_char(code)
-  if code < 0x80 then return string.char(code) end
-  if code < 0x800 then
-    return string.char(0xC0 + math.floor(code / 0x40), 0x80 + code % 0x40)
-  end
-  if code < 0x10000 then
-    return string.char(0xE0 + math.floor(code / 0x1000),
-      0x80 + math.floor(code / 0x40) % 0x40, 0x80 + code % 0x40)
-  end
-  return string.char(0xF0 + math.floor(code / 0x40000), 0x80 + math.floor(code / 0x1000) % 0x40,
-    0x80 + math.floor(code / 0x40) % 0x40, 0x80 + code % 0x40)
-end
-
-local simple_escapes = { b = "\b", f = "\f", n = "\n", r = "\r", t = "\t",
-  ['"'] = '"', ["\\"] = "\\", ["/"] = "/" }
-
-local function parse_string(s, i)
-  local out, j = buffer.new(), i + 1
-  while true do
-    local k = s:find('["\\]', j)
-    if not k then fail_at(s, i, "unterminated string") end
-    out:put(s:sub(j, k - 1))
-    if s:sub(k, k) == '"' then return out:tostring(), k + 1 end
-    local e = s:sub(k + 1, k + 1)
-    if simple_escapes[e] then
-      out:put(simple_escapes[e]); j = k + 2
-    elseif e == "u" then
-      local code = tonumber(s:sub(k + 2, k + 5):match("^%x%x%x%x$") or "", 16)
-      if not code then fail_at(s, k, "bad \\u escape") end
-      j = k + 6
-      if code >= 0xD800 and code < 0xE000 then -- a surrogate: only as a high-low pair
-        local low = code < 0xDC00 and s:sub(j, j + 1) == "\\u"
-          and tonumber(s:sub(j + 2, j + 5):match("^%x%x%x%x$") or "", 16)
-        if not (low and low >= 0xDC00 and low < 0xE000) then fail_at(s, k, "invalid unicode escape code") end
-        code = 0x10000 + (code - 0xD800) * 0x400 + (low - 0xDC00)
-        j = j + 6
-      end
-      out:put(utf8_char(code))
-    else
-      fail_at(s, k, "bad escape")
-    end
-  end
-end
-
-local function parse_array(s, i, depth)
-  local arr, n = {}, 0
-  i = skip(s, i + 1)
-  if s:sub(i, i) == "]" then return setmetatable(arr, M.array_mt), i + 1 end
-  while true do
-    n = n + 1
-    arr[n], i = parse_value(s, i, depth + 1)
-    i = skip(s, i)
-    local c = s:sub(i, i)
-    if c == "]" then return arr, i + 1 end
-    if c ~= "," then fail_at(s, i, "expected ',' or ']'") end
-    i = skip(s, i + 1)
-  end
-end
-
-local function parse_object(s, i, depth)
-  local obj = {}
-  i = skip(s, i + 1)
-  if s:sub(i, i) == "}" then return obj, i + 1 end
-  while true do
-    if s:sub(i, i) ~= '"' then fail_at(s, i, "expected a string key") end
-    local key
-    key, i = parse_string(s, i)
-    i = skip(s, i)
-    if s:sub(i, i) ~= ":" then fail_at(s, i, "expected ':'") end
-    obj[key], i = parse_value(s, skip(s, i + 1), depth + 1)
-    i = skip(s, i)
-    local c = s:sub(i, i)
-    if c == "}" then return obj, i + 1 end
-    if c ~= "," then fail_at(s, i, "expected ',' or '}'") end
-    i = skip(s, i + 1)
-  end
-end
-
-local literals = { t = { "true", true }, f = { "false", false }, n = { "null", cjson.null } }
-
-local U64_MAX = ffi.new("uint64_t", 0) - 1
-local I64_MAX = ffi.new("uint64_t", 2 ^ 63) - 1
-
--- A number that cannot cross exactly: where it is, then why.
-local function number_fails(text, i, why)
-  error(("number %s at character %d %s"):format(text, i, why), 0)
-end
-
--- An integer beyond ±2^53, as 64-bit integer cdata; an error past 64 bits.
-local function big_integer(s, i, negative, digits)
-  local function beyond()
-    number_fails((negative and "-" or "") .. digits, i, "is an integer beyond 64 bits; write it as a string")
-  end
-  local v = ffi.new("uint64_t", 0)
-  for k = 1, #digits do
-    local d = digits:byte(k) - 48
-    if v > (U64_MAX - d) / 10 then beyond() end
-    v = v * 10 + d
-  end
-  if not negative then return v <= I64_MAX and ffi.new("int64_t", v) or v end
-  if v > I64_MAX + 1 then beyond() end
-  return -ffi.cast("int64_t", v) -- -2^63 wraps onto itself: still right
-end
-
--- A JSON number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][-+]?[0-9]+)?
-function parse_number(s, i)
-  local negative, digits, j = s:match("^(-?)(%d+)()", i)
-  if not digits then fail_at(s, i, "invalid number") end
-  if #digits > 1 and digits:sub(1, 1) == "0" then fail_at(s, i, "invalid number (leading zero)") end
-  local fraction = s:match("^%.%d+", j) or (s:sub(j, j) == "." and fail_at(s, j, "invalid number"))
-  j = j + #(fraction or "")
-  local exponent = s:match("^[eE][-+]?%d+", j) or (s:find("^[eE]", j) and fail_at(s, j, "invalid number"))
-  j = j + #(exponent or "")
-  if not fraction and not exponent and (#digits > 16 or (#digits == 16 and digits > "9007199254740992")) then
-    return big_integer(s, i, negative == "-", digits), j -- beyond ±2^53: digits, not a double
-  end
-  local text = s:sub(i, j - 1)
-  local v = tonumber(text)
-  local zero = not (digits .. (fraction or "")):find("[1-9]")
-  if v == nil then -- LuaJIT gives up on an exponent this long: its sign says which way
-    v = (zero or exponent:find("^[eE]%-")) and 0 or math.huge
-    if negative == "-" then v = -v end
-  end
-  if v == math.huge or v == -math.huge then
-    number_fails(text, i, "is beyond the range of a double (about 1.8e308)")
-  end
-  if v == 0 and not zero then
-    number_fails(text, i, "is too small for a double (it would read as 0)")
-  end
-  return v, j
-end
-
-parse_value = function(s, i, depth) -- depth: the arrays and objects around it
-  local c = s:sub(i, i)
-  if depth >= M.MAX_DEPTH and (c == "{" or c == "[") then fail_at(s, i, TOO_DEEP) end
-  if c == "{" then return parse_object(s, i, depth) end
-  if c == "[" then return parse_array(s, i, depth) end
-  if c == '"' then return parse_string(s, i) end
-  local lit = literals[c]
-  if lit then
-    if s:sub(i, i + #lit[1] - 1) ~= lit[1] then fail_at(s, i, "invalid token") end
-    return lit[2], i + #lit[1]
-  end
-  if c == "-" or c:find("^%d") then return parse_number(s, i) end
-  fail_at(s, i, "invalid token")
-end
-
-local function lua_decode(s) -- (in cjson's place only: its caller checks UTF-8)
-  local value, i = parse_value(s, skip(s, 1), 0)
-  if skip(s, i) <= #s then fail_at(s, skip(s, i), "trailing characters") end
-  return value
-end
-
--- What the Lua decoder must read when the C half is not there: a text with
--- an empty array, a number cjson could change (16 digits in a row, an
--- exponent of 3 digits), or a point with no digit after it (`1.`: cjson
--- takes it, JSON does not; the C scan refuses it too).
-local function needs_lua_decoder(text)
-  return text:find("%[%s*%]") or text:find("%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d")
-    or text:find("[eE][-+]?%d%d%d") or text:find("%d%.%D") or text:find("%d%.$")
-end
+-------------------------------------------------------------- decoding ---
 
 -- cjson's message, in our words.
 local function cjson_message(err)
@@ -576,14 +286,17 @@ local function cjson_message(err)
     :gsub("^Found too many nested data structures %(%d+%)", TOO_DEEP))
 end
 
--- Without the C half: the UTF-8 check in Lua, then cjson or the Lua decoder.
+-- Shared with the Lua decoder (moonjob.codec.json_lua): the same cjson
+-- settings and the same words.
+M.cjson_decode, M.cjson_message = decode_safe.decode, cjson_message
+
+-- The Lua decoder (moonjob.codec.json_lua: the UTF-8 check in Lua, then
+-- cjson or a parser in Lua), loaded the first time it is needed: always
+-- without the C half, rarely with it.
+local lua_decode
 local function lua_only_decode(text)
-  local bad = lua_utf8_error_at(text)
-  if bad then return nil, ("invalid UTF-8 at byte %d (JSON text is UTF-8)"):format(bad) end
-  local decode = needs_lua_decoder(text) and lua_decode or decode_safe.decode
-  local ok, value = pcall(decode, text)
-  if not ok then return nil, cjson_message(value) end
-  return value
+  lua_decode = lua_decode or require("moonjob.codec.json_lua").decode
+  return lua_decode(text)
 end
 
 ------------------------------------------------- decoding with the C half ---
@@ -723,11 +436,6 @@ end
 -- json.decode(text) -> value | nil, message
 function M.decode(text)
   if C then return top_level(c_decode(text)) end
-  return top_level(lua_only_decode(text))
-end
-
--- The same without the C half (the specs compare the two).
-function M.lua_decode(text)
   return top_level(lua_only_decode(text))
 end
 

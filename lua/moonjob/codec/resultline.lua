@@ -10,6 +10,7 @@
 -- string.buffer and make no string: the child's per-line path.
 local buffer = require "string.buffer"
 local json = require "moonjob.codec.json"
+local valid_text = require("moonjob.codec.utf8").valid_text
 
 local M = {}
 
@@ -62,7 +63,7 @@ end
 local NOT_IN_LINE = { code = true, message = true, traceback = true }
 
 local function text(s)
-  return assert(json.encode(json.valid_text(tostring(s))))
+  return assert(json.encode(valid_text(tostring(s))))
 end
 
 local function put_error_fields(out, err)

@@ -5,7 +5,8 @@
 -- raises (with the caller's position), while a processor that cannot load or
 -- a missing child program is a run-time condition and is returned as
 -- nil, err. Every number is bounded (MAXIMUM) so that no option reaches C as
--- a number it cannot hold.
+-- a number it cannot hold. The options a producer stored with a job on Redis
+-- are held to add()'s bounds too (check_stored: a message, not an error).
 --
 -- Caveat: the error levels (4 in check, 3 in check_add) count the calls
 -- between the checker and the user's line, exactly as they did when these
@@ -28,6 +29,19 @@ Options.DEFAULTS = {
   min_size = 0, -- (with idle_timeout: the children kept when idle)
   attempts = 1,
   cache_max = 1000, -- results kept by key (with cache)
+}
+
+-- A pool on Redis (moonjob.redis.remote reads these): a lease of 30 s, a
+-- look at an empty queue every second, `prefetch` the `size` option when
+-- given, else 1. Retention: finished jobs are kept by age, any number of
+-- them (a count bound, `keep`, is the user's choice: "" is moonjob_fetch's
+-- empty KEEP_COUNT): completed ones a day, failed ones a week (to be looked
+-- at and retried); the last 100 log lines of each job. No worker_name: the
+-- worker's id is its random part alone.
+Options.REDIS_DEFAULTS = {
+  lease = 30, poll = 1, prefetch = 1,
+  keep = "", keep_age = 86400, keep_failed_age = 7 * 86400, keep_logs = 100,
+  worker_name = "",
 }
 
 local OPTIONS = {
@@ -290,6 +304,46 @@ function Options.check_add(opts)
       error(("pool:add(): option 'group' must be a name (a string of 1 to %d bytes), not %s")
         :format(GROUP_BYTES, type(v) == "string" and ("a string of %d bytes"):format(#v) or shown(v)), 3)
     end
+  end
+end
+
+------------------------------------- a job's options stored on Redis ---
+
+-- A job's timeout or kill_after as a producer wrote it: nil (empty or 0:
+-- the worker's), seconds, or false when out of range (any producer may
+-- write "inf", "nan", "1e13" or "-1").
+local function stored_seconds(s)
+  if s == nil or s == "" then return nil end
+  local n = tonumber(s)
+  if n == 0 then return nil end
+  if not n or n ~= n or n < 0 or n > SECONDS_MAX then return false end
+  return n
+end
+
+-- Options.check_stored(job, f) -> nil | message: the options a producer
+-- stored with a job on Redis, as moonjob.redis.remote fetched them (f[4]
+-- the attempt's number, f[5] attempts, f[6] backoff as JSON, f[7] timeout,
+-- f[8] kill_after), checked as pool:add checks them and set on job; a
+-- message for the first out of range.
+function Options.check_stored(job, f)
+  local timeout, kill_after = stored_seconds(f[7]), stored_seconds(f[8])
+  if timeout == false or kill_after == false then
+    return ("the job's timeout (%s) or kill_after (%s) in Redis is not a number of seconds from 0 to %.0f")
+      :format(tostring(f[7]), tostring(f[8]), SECONDS_MAX)
+  end
+  job.timeout, job.kill_after = timeout, kill_after
+  local made, attempts = tonumber(f[4]) or 1, tonumber(f[5]) or 1
+  if made ~= made or attempts ~= attempts or attempts < 1 or attempts > ATTEMPTS_MAX or made < 1 then
+    return ("the job's attempts (%s) or attempt number (%s) in Redis is out of range")
+      :format(tostring(f[5]), tostring(f[4]))
+  end
+  job.attempts, job.max_attempts = math.floor(made) - 1, math.floor(attempts)
+  if f[6] and f[6] ~= "" then -- written by any producer: checked as pool:add checks it
+    local spec = require("moonjob.codec.json").decode(f[6]) -- (a pool on Redis only: loaded then)
+    if type(spec) ~= "table" or not Backoff.check(spec) then
+      return "the job's backoff in Redis is not a valid backoff: " .. f[6]
+    end
+    job.backoff = spec
   end
 end
 

@@ -29,6 +29,7 @@ local errors = require "moonjob.errors"
 local fcall = require "moonjob.redis.fcall"
 local json = require "moonjob.codec.json"
 local names = require "moonjob.redis.names"
+local utf8 = require "moonjob.codec.utf8"
 
 local M = {}
 
@@ -304,9 +305,9 @@ function M.record(job)
   return out
 end
 
--- A copy of v whose strings (keys too) are UTF-8 (json.to_utf8).
+-- A copy of v whose strings (keys too) are UTF-8 (utf8.to_utf8).
 local function to_utf8(v, depth)
-  if type(v) == "string" then return json.to_utf8(v) end
+  if type(v) == "string" then return utf8.to_utf8(v) end
   if type(v) ~= "table" or depth > 100 then return v end
   local out = setmetatable({}, getmetatable(v))
   for k, x in pairs(v) do out[to_utf8(k, depth + 1)] = to_utf8(x, depth + 1) end

@@ -11,13 +11,12 @@
 --     fetched job holding a lease (`lease` seconds) and a token; a fetch
 --     refused for now (OOM, LOADING, ...) is tried again after a back-off;
 --   * fetches nothing while the queue is paused (moonjob_pause: fetch answers
---     -2, and "paused" on the queue's channel), gives back the jobs it holds
---     that no child started, says so once (`redis` "paused", then "resumed")
---     and fetches again once fetch hands out jobs (a poll, or "resumed");
---   * sends a running job's progress and output lines to Redis (the last
---     `keep_logs` lines of each job are kept there), gathered for 100 ms and
---     sent before the job's end is reported; best effort: an update that
---     fails is not sent again;
+--     -2, and "paused" on the queue's channel), gives back the jobs it
+--     fetched that no child started, says so once (`redis` "paused", then
+--     "resumed") and fetches again once fetch hands out jobs (a poll, or
+--     "resumed");
+--   * tells Redis which jobs started, and sends a running job's progress
+--     and output lines (moonjob.redis.updates, remote.updates);
 --   * fetches nothing while the processor cannot load (the pool's breaker
 --     is open: healthy workers elsewhere get the jobs), says so once per
 --     cause (`redis` event "broken", then "mended"), and keeps probing (the
@@ -27,17 +26,10 @@
 --     a job whose fields a producer wrote out of range fails EINPUT here;
 --   * renews every lease it holds in one FCALL every lease/12, from the
 --     loop, which user code cannot block (processors run in children);
---   * reports each end with the job's token: complete, fail (with the retry
---     delay the pool's backoff computed, or -1 for a final failure), release
---     (the pool is closing and the job never ran, or stopped: not counted).
---     A report refused for now (OOM, BUSY, LOADING, READONLY, ...) or lost
---     with the connection is sent again (after a back-off, or once the
---     connection is back) until it lands or Redis answers ESTALE, and the
---     job's lease is renewed meanwhile: a job whose report is pending is
---     never fenced. An ESTALE answer to a report sent again after its first
---     send's answer was lost is checked against the job in Redis (the first
---     send may have landed), so a refusal said is a true one. A report Redis
---     refuses for good is said once (`redis` event "error") and dropped;
+--   * reports each end with the job's token (moonjob.redis.reports,
+--     remote.reports: complete, fail, ratelimited, release), sent again
+--     until it lands, the job's lease renewed meanwhile: a job whose report
+--     is pending is never fenced;
 --   * fences itself: a job whose lease was last confirmed more than
 --     4/5 of a lease ago (renewals failing: Redis down, link cut) is stopped
 --     (interrupted, then killed lease/30 later at most) and dropped without
@@ -57,56 +49,43 @@
 -- cut off for longer than the lease cannot stop its job in time; the job then
 -- runs again elsewhere (ESTALLED) while the first run may have done side
 -- effects. Its late report is refused by token. Processors must be idempotent.
-local Backoff = require "moonjob.backoff"
-local Job = require "moonjob.job"
 local client = require "moonjob.redis.client"
 local errors = require "moonjob.errors"
-local json = require "moonjob.codec.json"
 local loop = require "moonjob.loop"
 local core = require "moonjob.core"
 local names = require "moonjob.redis.names"
 local library = require "moonjob.redis.library"
+local Options = require "moonjob.pool.options"
+local Reports = require "moonjob.redis.reports"
+local Updates = require "moonjob.redis.updates"
 
 local Remote = {}
 Remote.__index = Remote
 
--- Retention's defaults: finished jobs are kept by age, any number of them
--- (a count bound, `keep`, is the user's choice): completed ones a day,
--- failed ones a week (to be looked at and retried); the last 100 log lines
--- of each job.
-Remote.KEEP_AGE, Remote.KEEP_FAILED_AGE, Remote.KEEP_LOGS = 86400, 7 * 86400, 100
-
 local RENEWALS_PER_LEASE = 12   -- a renewal every lease/12
 local FENCE_AT = 4 / 5          -- unconfirmed for this part of a lease: stopped
 local FENCE_STEPS = 30          -- fence checked every lease/30; its kill lease/30 later
-local RETRY_FIRST_MS, RETRY_MAX_MS = 100, 2000 -- reports and fetches refused for now
-local UPDATES_MS = 100          -- progress and output lines gathered this long
-local STARTED_MS = 200          -- jobs that started are told to Redis within this
+local RETRY_FIRST_MS, RETRY_MAX_MS = Reports.RETRY_FIRST_MS, Reports.RETRY_MAX_MS -- fetches too
 local PAUSED = names.PAUSED     -- fetch's answer while the queue is paused
-local RUN_MS_MARK = names.RUN_MS_MARK -- moonjob_complete's first argument: quads, each with its run ms
-local SECONDS_MAX = names.SECONDS_MAX -- as pool:add takes them
+local D = Options.REDIS_DEFAULTS
 
 -- Remote.new(port, opts) -> remote: `port` is the pool's moonjob.pool.port;
 -- opts (the pool's): redis, queue, lease
 -- (seconds), prefetch, poll (seconds between looks at an empty queue), keep,
 -- keep_age and keep_failed_age (retention), keep_logs, worker_name;
--- docs/reference/options.md.
+-- docs/reference/options.md; the defaults are moonjob.pool.options'
+-- (REDIS_DEFAULTS).
 function Remote.new(port, opts)
   local self = setmetatable({
     port = port, name = opts.queue, prefix = names.prefix(opts.queue),
-    lease_ms = math.floor((opts.lease or 30) * 1000),
-    prefetch = opts.prefetch or opts.size or 1,
-    poll_ms = math.floor((opts.poll or 1) * 1000),
-    keep_count = opts.keep or "", keep_age_ms = math.floor((opts.keep_age or Remote.KEEP_AGE) * 1000),
-    keep_failed_age_ms = math.floor((opts.keep_failed_age or Remote.KEEP_FAILED_AGE) * 1000),
-    keep_logs = opts.keep_logs or Remote.KEEP_LOGS,
-    updates = {},     -- job -> { progress = bytes, lines = { ... } } not sent yet
-    starts = {},      -- job -> true: started here, Redis not told yet (Remote:started)
-    worker_id = (opts.worker_name or "") .. names.random_hex(8),
-    held = {},        -- remote id -> job (fetched, in the pool)
-    reporting = {},   -- remote id -> job (ended here, its report not answered yet)
-    retry = {},       -- reports to send again (refused for now, or the connection lost)
-    nheld = 0, nreports = 0, retry_ms = RETRY_FIRST_MS, fetch_retry_ms = RETRY_FIRST_MS,
+    lease_ms = math.floor((opts.lease or D.lease) * 1000),
+    prefetch = opts.prefetch or opts.size or D.prefetch,
+    poll_ms = math.floor((opts.poll or D.poll) * 1000),
+    keep_count = opts.keep or D.keep, keep_age_ms = math.floor((opts.keep_age or D.keep_age) * 1000),
+    keep_failed_age_ms = math.floor((opts.keep_failed_age or D.keep_failed_age) * 1000),
+    worker_id = (opts.worker_name or D.worker_name) .. names.random_hex(8),
+    fetched = {},     -- remote id -> job in the pool: held (no child started it yet) or running
+    nfetched = 0, fetch_retry_ms = RETRY_FIRST_MS,
     max_token = 0,    -- the number of the newest token a fetch brought
     fetching = false, renewing = false, stopping = false, up = false,
     said = {},        -- messages of `redis` "error" events already said
@@ -115,13 +94,16 @@ function Remote.new(port, opts)
   }, Remote)
   local c, err = client.new(opts.redis, {
     timeout_ms = math.max(500, math.min(self.lease_ms * FENCE_AT, 5000)),
-    -- a fetch's jobs, or the library's text (setup's FUNCTION LIST WITHCODE)
-    max_reply = (port.max_payload + 4096) * math.max(1, self.prefetch + (opts.size or 1)) + 65536
+    -- a fetch's jobs (prefetch and the size option: 1 when unset, as prefetch's
+    -- default), or the library's text (setup's FUNCTION LIST WITHCODE)
+    max_reply = (port.max_payload + 4096) * math.max(1, self.prefetch + (opts.size or D.prefetch)) + 65536
       + #library.text(),
     on_state = function(up, why) self:_state(up, why) end,
   })
   if not c then error("moonjob.pool: option 'redis': " .. err, 4) end
   self.client = c
+  self.reports = Reports.new(self)            -- the jobs' ends, told to Redis
+  self.updates = Updates.new(self, opts.keep_logs or D.keep_logs) -- starts, progress, output
   c:subscribe(self.prefix .. "events", function(kind, message) self:_message(kind, message) end)
   self:_start_timers()
   return self
@@ -136,10 +118,6 @@ function Remote:_start_timers()
   self.fence_timer:start(step, step)
   self.poll_timer = core.timer(function() self:want(true) end)
   self.poll_timer:start(self.poll_ms, self.poll_ms)
-  self.retry_timer = core.timer(function()
-    self.retry_armed = false
-    self:_send_again()
-  end)
   self.fetch_timer = core.timer(function() self:want() end)
 end
 
@@ -151,7 +129,7 @@ function Remote:_state(up, why)
     self.registered = true
     names.register(self.client, self.name)
   end
-  self:_send_again()
+  self.reports:send_again()
   self:_renew()
   self:want()
 end
@@ -162,7 +140,7 @@ function Remote:_message(kind, message)
   -- a cancel: channels are shared by every database of the server, so the
   -- message only says "look now"; the renewal asks Redis which of ours it is
   local id = message and message:match("^cancel (.*)$")
-  if id and self.held[id] then self:_renew() end
+  if id and self.fetched[id] then self:_renew() end
 end
 
 -- A trouble with Redis, told once (`redis` "error" event) until `what`
@@ -189,7 +167,7 @@ function Remote:room()
     self.broken_by = nil
     port:emit_event("redis", "mended", "the processor loads again: fetching resumes")
   end
-  return port.size + self.prefetch - self.nheld
+  return port.size + self.prefetch - self.nfetched
 end
 
 -- The processor cannot load here: said once per cause. The pool keeps
@@ -224,7 +202,7 @@ function Remote:want(probe)
   local sent_at = loop.now()
   self.client:call({ "FCALL", "moonjob_fetch", 1, self.prefix, self.worker_id, n, self.lease_ms,
       self.keep_count, self.keep_age_ms, math.floor(self.port.max_payload), -- MAX_PAYLOAD is whole
-      self.keep_failed_age_ms, math.max(0, self.port.size - self.nheld) }, -- FREE: under a limit, no more
+      self.keep_failed_age_ms, math.max(0, self.port.size - self.nfetched) }, -- FREE: under a limit, no more
     function(reply, err, kind)
       self.fetching = false
       if not reply then return self:_fetch_failed(err, kind) end
@@ -264,9 +242,7 @@ function Remote:_fetched(reply, n, sent_at)
   local got = 0
   for i = 2, #reply do
     if self.stopping then -- the pool closed while the fetch was in flight: give them back
-      local f = reply[i]
-      self.counts.released = self.counts.released + 1
-      self:_report("release", { "FCALL", "moonjob_release", 1, self.prefix, f[1], f[2] }, {})
+      self.reports:release_unfetched(reply[i][1], reply[i][2])
     else
       got = got + 1
       self:_take(reply[i], sent_at)
@@ -312,12 +288,8 @@ end
 function Remote:_give_back_lost(id, worker, token)
   local n = type(token) == "string" and tonumber(token:match("/(%d+)$"))
   if worker ~= self.worker_id or not n or n <= self.max_token then return end
-  if self.held[id] or self.reporting[id] then return end
-  self.counts.released = self.counts.released + 1
-  local report = { what = "release", args = { "FCALL", "moonjob_release", 1, self.prefix, id, token },
-    jobs = {}, unsure = true } -- ESTALE: it was taken meanwhile, nothing to say
-  self.nreports = self.nreports + 1
-  self:_send(report)
+  if self.fetched[id] or self.reports:pending(id) then return end
+  self.reports:release_unfetched(id, token, true) -- ESTALE: it was taken meanwhile, nothing to say
 end
 
 -- The earliest delayed job falls due in `ms` (server time): look then.
@@ -326,41 +298,6 @@ function Remote:_arm_delayed(ms)
   if ms < 0 or ms >= self.poll_ms then return end
   if not self.due_timer then self.due_timer = core.timer(function() self:want() end) end
   self.due_timer:start(ms + 1)
-end
-
--- A job's timeout or kill_after as a producer wrote it: nil (empty or 0:
--- the worker's), seconds, or false when out of range (any producer may
--- write "inf", "nan", "1e13" or "-1").
-local function seconds_field(s)
-  if s == nil or s == "" then return nil end
-  local n = tonumber(s)
-  if n == 0 then return nil end
-  if not n or n ~= n or n < 0 or n > SECONDS_MAX then return false end
-  return n
-end
-
--- The fields a producer wrote, checked as pool:add checks them; an error
--- message for the first out of range.
-local function check_fields(job, f)
-  local timeout, kill_after = seconds_field(f[7]), seconds_field(f[8])
-  if timeout == false or kill_after == false then
-    return ("the job's timeout (%s) or kill_after (%s) in Redis is not a number of seconds from 0 to %.0f")
-      :format(tostring(f[7]), tostring(f[8]), SECONDS_MAX)
-  end
-  job.timeout, job.kill_after = timeout, kill_after
-  local made, attempts = tonumber(f[4]) or 1, tonumber(f[5]) or 1
-  if made ~= made or attempts ~= attempts or attempts < 1 or attempts > 2 ^ 31 or made < 1 then
-    return ("the job's attempts (%s) or attempt number (%s) in Redis is out of range")
-      :format(tostring(f[5]), tostring(f[4]))
-  end
-  job.attempts, job.max_attempts = math.floor(made) - 1, math.floor(attempts)
-  if f[6] and f[6] ~= "" then -- written by any producer: checked as pool:add checks it
-    local spec = json.decode(f[6])
-    if type(spec) ~= "table" or not Backoff.check(spec) then
-      return "the job's backoff in Redis is not a valid backoff: " .. f[6]
-    end
-    job.backoff = spec
-  end
 end
 
 -- A fetched job becomes a pool job. Malformed or oversized jobs fail at
@@ -374,10 +311,10 @@ function Remote:_take(f, sent_at)
   job.attempts, job.max_attempts = 0, 1
   if f[9] and f[9] ~= "" then job.name = f[9] end
   if type(f[10]) == "string" and f[10] ~= "" then job.group = f[10] end -- (its ERATELIMIT holds that group)
-  self.held[id] = job
-  self.nheld = self.nheld + 1
+  self.fetched[id] = job
+  self.nfetched = self.nfetched + 1
   self.counts.fetched = self.counts.fetched + 1
-  local bad = check_fields(job, f)
+  local bad = Options.check_stored(job, f)
   if bad then return self:_refuse(job, "EINPUT", bad) end
   if type(data) ~= "string" then
     return self:_refuse(job, "EINPUT", "the job's data in Redis is missing or not a string")
@@ -436,19 +373,19 @@ function Remote:_renew(only)
     if not only then self.renew_pending = true end
     return
   end
-  if (self.nheld == 0 and self.nreports == 0) or not self.up then return end
+  if (self.nfetched == 0 and self.reports.nreports == 0) or not self.up then return end
   local args = { "FCALL", "moonjob_renew", 1, self.prefix, self.lease_ms }
   local sent = {}
-  for id, job in pairs(only or self.held) do
+  for id, job in pairs(only or self.fetched) do
     if only then id, job = id.remote_id, id end -- only is a set: job -> true
-    if not job.abandoned and self.held[id] == job then
+    if not job.abandoned and self.fetched[id] == job then
       args[#args + 1] = id
       args[#args + 1] = job.token
       args[#args + 1] = self:_ran(job)
       sent[#sent + 1] = job
     end
   end
-  for id, job in pairs(only and {} or self.reporting) do
+  for id, job in pairs(only and {} or self.reports.reporting) do
     args[#args + 1] = id
     args[#args + 1] = job.token
     args[#args + 1] = job.ran_here and "1" or "0"
@@ -480,7 +417,7 @@ function Remote:_renewed(reply, sent, sent_at)
   for _, job in ipairs(sent) do
     local b = bad[job.remote_id]
     if not b or b[1] == "ECANCELED" then job.lease_from = math.max(job.lease_from, sent_at) end
-    if b and self.held[job.remote_id] == job and not job.abandoned then
+    if b and self.fetched[job.remote_id] == job and not job.abandoned then
       if b[1] == "ECANCELED" then
         self:_cancel_here(job, "ECANCELED", b[2])
       else
@@ -493,9 +430,9 @@ end
 
 -- Self-fencing: stop what we cannot prove we still hold.
 function Remote:_fence()
-  if self.nheld == 0 then return end
+  if self.nfetched == 0 then return end
   local limit = loop.now() - self.lease_ms * FENCE_AT
-  for _, job in pairs(self.held) do
+  for _, job in pairs(self.fetched) do
     if job.lease_from < limit and not job.abandoned then
       self:_cancel_here(job, "ELEASE", ("the lease could not be renewed for %.1f s (Redis unreachable); "
         .. "stopped so that another worker can run it"):format((loop.now() - job.lease_from) / 1000))
@@ -503,220 +440,21 @@ function Remote:_fence()
   end
 end
 
-local function encode_error(err)
-  local text = json.encode(err)
-  if not text then -- a field JSON cannot hold, or text that is not UTF-8
-    text = json.encode({ code = json.to_utf8(tostring(err.code)), message = json.to_utf8(tostring(err.message)) })
-  end
-  return text
-end
-
--- The run time of a job's attempt, whole ms, as its child measured it (the
--- parent's clock when the child said nothing).
-local function run_ms(job)
-  local ms = job.ms
-  if not ms and job.started then ms = loop.now() - job.started end
-  return math.floor(math.max(0, ms or 0))
-end
-
 function Remote:_forget(job)
-  if self.held[job.remote_id] == job then
-    self.held[job.remote_id] = nil
-    self.nheld = self.nheld - 1
+  if self.fetched[job.remote_id] == job then
+    self.fetched[job.remote_id] = nil
+    self.nfetched = self.nfetched - 1
   end
-end
-
--------------------------------------------------------------- reports ---
--- A report is { what, args, jobs, unsure }: the FCALL and the jobs it
--- reports, in order (a completion batch reports many). Until it is answered
--- its jobs stay in self.reporting, whose leases the renewals keep.
-
-function Remote:_report(what, args, jobs)
-  local report = { what = what, args = args, jobs = jobs }
-  self.nreports = self.nreports + 1
-  for _, job in ipairs(jobs) do self.reporting[job.remote_id] = job end
-  self:_send(report)
-end
-
-function Remote:_send(report)
-  self.client:call(report.args, function(reply, err, kind) self:_answered(report, reply, err, kind) end)
-end
-
--- Sends again the reports waiting for it (the connection is back, or the
--- back-off after a refusal passed).
-function Remote:_send_again()
-  if not self.up then return end -- sent when the connection is back
-  local retry = self.retry
-  self.retry = {}
-  for _, report in ipairs(retry) do self:_send(report) end
-end
-
-function Remote:_retry_later(report)
-  self.retry[#self.retry + 1] = report
-  if self.up and not self.retry_armed then
-    self.retry_armed = true
-    self.retry_timer:start(self.retry_ms)
-    self.retry_ms = math.min(self.retry_ms * 2, RETRY_MAX_MS)
-  end
-end
-
-function Remote:_answered(report, reply, err, kind)
-  if self.closed then return self:_settled(report) end
-  if kind == "connection" then -- it may have been sent and run: the next answer is checked
-    report.unsure = true
-    return self:_retry_later(report)
-  elseif kind == "transient" then
-    self:_trouble(report.what, ("%s refused for now: %s; sent again until it lands"):format(
-      report.what, tostring(err)))
-    return self:_retry_later(report)
-  elseif not reply then
-    self:_trouble(report.what, ("%s failed: %s; not sent again (the job's lease will run out and it "
-      .. "will run again)"):format(report.what, tostring(err)))
-    return self:_settled(report)
-  end
-  self:_fine(report.what)
-  self.retry_ms = RETRY_FIRST_MS
-  local stale = {}
-  if type(reply) == "table" then -- a batch of completions: one answer per job
-    for i, answer in ipairs(reply) do if answer == "ESTALE" then stale[#stale + 1] = i end end
-  elseif reply == "ESTALE" then
-    stale[1] = 1
-  end
-  if #stale == 0 then return self:_settled(report) end
-  if report.unsure then return self:_check_stale(report, stale) end
-  self:_stale(report.what, #stale)
-  self:_settled(report)
-end
-
--- The jobs of a report left the reporting set: answered, or dropped.
-function Remote:_settled(report)
-  self.nreports = self.nreports - 1
-  for _, job in ipairs(report.jobs) do
-    if self.reporting[job.remote_id] == job then self.reporting[job.remote_id] = nil end
-  end
-  if self.retry_armed and #self.retry == 0 then self.retry_timer:stop(); self.retry_armed = false end
-  if not self.closed then self:want() end
-end
-
-function Remote:_stale(what, n)
-  self.counts.refused = self.counts.refused + n
-  self.port:emit_event("redis", "stale", ("%s refused for %d job(s): the lease had passed to another run")
-    :format(what, n))
-end
-
--- What a landed report leaves in the job's hash: the field to read and the
--- value it must hold (the result, or the error, sent).
-local function trace_of(report, i)
-  if report.what == "complete" then return "result", report.args[4 + 4 * i] end -- after RUN_MS_MARK, quads
-  if report.what == "fail" then return "error", report.args[7] end
-end
-
--- ESTALE for a report sent again after its first send's answer was lost:
--- that first send may have landed (then the token was already spent). It
--- did if the job, no longer active, was last run by this worker and holds
--- what we sent; otherwise the refusal is true. A release either way leaves
--- the job to run again: nothing to say.
-function Remote:_check_stale(report, stale)
-  if report.what == "release" then return self:_settled(report) end
-  local left, refused = #stale, 0
-  for _, i in ipairs(stale) do
-    local field, sent = trace_of(report, i)
-    local key = self.prefix .. "j:" .. report.jobs[i].remote_id
-    self.client:call({ "HMGET", key, "state", "worker", field }, function(f)
-      local landed = type(f) == "table" and f[1] ~= "active" and f[2] == self.worker_id and f[3] == sent
-      if not landed then refused = refused + 1 end
-      left = left - 1
-      if left > 0 then return end
-      if refused > 0 and not self.closed then self:_stale(report.what, refused) end
-      self:_settled(report)
-    end)
-  end
-end
-
--- A remote job ended here.
--- Completions wait for the end of this loop turn and go in one FCALL.
-function Remote:_completed(job, result_bytes)
-  self:_forget(job)
-  if job.abandoned then return self:want() end
-  self:_send_updates(job)
-  self.counts.completed = self.counts.completed + 1
-  job.ran_here = true
-  local batch = self.completions
-  if not batch then
-    batch = { args = { "FCALL", "moonjob_complete", 1, self.prefix, RUN_MS_MARK }, jobs = {} }
-    self.completions = batch
-    loop.defer(function()
-      self.completions = nil
-      self:_report("complete", batch.args, batch.jobs)
-    end)
-  end
-  local args = batch.args
-  args[#args + 1] = job.remote_id
-  args[#args + 1] = job.token
-  args[#args + 1] = Job.bytes(result_bytes)
-  args[#args + 1] = run_ms(job)
-  batch.jobs[#batch.jobs + 1] = job
-end
-
--- moonjob_fail's RETRY_MS: -1 (no retry), else whole ms up to 10^12 (the
--- function refuses more, and a refused report would let the job run again
--- once its lease ran out); a backoff may compute any number, math.huge too.
-local RETRY_MS_MAX = 1e12
-local function retry_arg(retry_ms)
-  if not retry_ms then return -1 end
-  if retry_ms ~= retry_ms or retry_ms < 0 then return 0 end
-  return math.floor(math.min(retry_ms, RETRY_MS_MAX))
-end
-
--- retry_ms: the backoff before the next attempt, or nil for a final failure.
-function Remote:_failed(job, err, retry_ms)
-  self:_forget(job)
-  if job.abandoned then return self:want() end
-  if err.code == "ECLOSED" then return self:_release(job) end
-  self:_send_updates(job)
-  self.counts.failed = self.counts.failed + 1
-  job.ran_here = true
-  self:_report("fail", { "FCALL", "moonjob_fail", 1, self.prefix, job.remote_id, job.token,
-    encode_error(err), retry_arg(retry_ms), run_ms(job) }, { job })
-end
-
--- The processor said the remote side pushed back: error({ code =
--- "ERATELIMIT", retry_after = s }). The job waits again, its attempt not
--- counted, and the queue (for a job of a group: its group) hands out
--- nothing for retry_after seconds (1 by default; at most a day), on every
--- worker; the jobs held here that no child started (of that group) go back.
-local RATE_RETRY_MAX_S = 86400
-function Remote:_rate_limited(job, err)
-  local after = tonumber(err.retry_after)
-  if not after or after ~= after or after < 0 then after = 1 end
-  after = math.min(after, RATE_RETRY_MAX_S)
-  job.reported = true
-  self:_forget(job)
-  self:_send_updates(job)
-  self.counts.rate_limited = self.counts.rate_limited + 1
-  local what = job.group and ("group " .. job.group) or "the queue"
-  self.port:emit_event("redis", "rate_limited", ("job %s: the remote side pushed back (ERATELIMIT); %s "
-    .. "holds back for %g s"):format(tostring(job.remote_id), what, after))
-  self:_report("ratelimited", { "FCALL", "moonjob_ratelimited", 1, self.prefix, job.remote_id, job.token,
-    math.floor(after * 1000), encode_error(err) }, { job })
-  self.port:leave_job(job)
-  self:_give_back_unstarted(what .. " holds back after ERATELIMIT", job.group)
-end
-
-function Remote:_release(job)
-  self:_forget(job)
-  self.counts.released = self.counts.released + 1
-  self:_report("release", { "FCALL", "moonjob_release", 1, self.prefix, job.remote_id, job.token }, { job })
 end
 
 ------------------------------------------------------------ pausing ---
 
--- The jobs held here that no child started (of group `group`, if given) go
+-- The jobs fetched here that no child started (of group `group`, if given) go
 -- back to the queue, at their place in line (released uncounted). -> how
 -- many.
 function Remote:_give_back_unstarted(why, group)
   local given = 0
-  for _, job in pairs(self.held) do
+  for _, job in pairs(self.fetched) do
     if not job.abandoned and (group == nil or job.group == group)
         and self.port:cancel_job(job, why, "ECLOSED", true) then
       given = given + 1
@@ -726,7 +464,7 @@ function Remote:_give_back_unstarted(why, group)
 end
 
 -- The queue is paused (on), or fetch handed out jobs again (not on): said
--- once each way. Paused, the jobs held here that no child started go back
+-- once each way. Paused, the jobs fetched here that no child started go back
 -- to the queue (running ones finish).
 function Remote:_paused(on)
   if on == self.paused then return end
@@ -739,129 +477,22 @@ function Remote:_paused(on)
     .. "%d job(s) not started given back, running ones finish"):format(given))
 end
 
------------------------------------------------------------- updates ---
--- A running job's progress and output, on their way to Redis.
-
-function Remote:_update_of(job)
-  if job.abandoned or self.held[job.remote_id] ~= job then return nil end
-  local u = self.updates[job]
-  if not u then
-    u = { lines = {} }
-    self.updates[job] = u
-    if not self.updates_armed then
-      self.updates_armed = true
-      if not self.updates_timer then
-        self.updates_timer = core.timer(function()
-          self.updates_armed = false
-          for j in pairs(self.updates) do self:_send_updates(j) end
-        end)
-      end
-      self.updates_timer:start(UPDATES_MS)
-    end
-  end
-  return u
-end
-
--- A child started the job: Redis hears it within STARTED_MS (so that
--- counts tell running from held), in one renewal of the jobs that started
--- meanwhile (only theirs: the others' leases are the periodic renewal's).
-function Remote:started(job)
-  self.starts[job] = true
-  if self.started_armed then return end
-  self.started_armed = true
-  if not self.started_timer then
-    self.started_timer = core.timer(function()
-      if self.renewing then return self.started_timer:start(STARTED_MS) end -- after this one
-      self.started_armed = false
-      local starts = self.starts
-      self.starts = {}
-      self:_renew(starts)
-    end)
-  end
-  self.started_timer:start(STARTED_MS)
-end
-
--- Only the last progress of a gathering is sent: it is read (LuaJIT's
--- serialisation across the channel) and written as JSON then.
-function Remote:progress(job)
-  local u = self:_update_of(job)
-  if u then u.progress = true end
-end
-
--- Only the last keep_logs lines are kept in Redis: fewer are sent.
-function Remote:output(job, _, line)
-  if self.keep_logs == 0 then return end
-  local u = self:_update_of(job)
-  if not u then return end
-  local lines = u.lines
-  lines[#lines + 1] = json.to_utf8(line) -- a reader decodes it as JSON text
-  if #lines > 2 * self.keep_logs then
-    local kept = {}
-    for i = #lines - self.keep_logs + 1, #lines do kept[#kept + 1] = lines[i] end
-    u.lines = kept
-  end
-end
-
--- The job's gathered updates, sent (before its end's report: one
--- connection keeps their order). Answers are not looked at: ESTALE only
--- means the job is no longer this worker's.
-function Remote:_send_updates(job)
-  local u = self.updates[job]
-  if not u then return end
-  self.updates[job] = nil
-  if not self.up then return end
-  local lines = u.lines
-  if #lines > 0 then
-    local args = { "FCALL", "moonjob_log", 1, self.prefix, job.remote_id, job.token, self.keep_logs }
-    for i = math.max(1, #lines - self.keep_logs + 1), #lines do args[#args + 1] = lines[i] end
-    self.client:call(args, function() end)
-  end
-  local progress = u.progress and json.encode(job.progress) -- nil: a value JSON cannot hold
-  if progress then
-    self.client:call({ "FCALL", "moonjob_progress", 1, self.prefix, job.remote_id, job.token, progress },
-      function() end)
-  end
-end
-
 ------------------------------------------------------- the owner hook ---
 -- The pool calls these for the jobs this remote brought (job.owner), as
--- moonjob.pool.source documents: want, attempt_failed, ending, stop, close,
--- stats.
+-- moonjob.pool.source documents: want, attempt_failed, ending, started,
+-- progress, output, stop, close, stats.
 
--- An attempt failed: the queue decides on its retry, with the delay our
--- backoff computed (it knows the attempts across hosts); here the job only
--- leaves the pool. A job this worker stopped because its lease is no longer
--- provably its own (abandoned) is not reported at all.
-function Remote:attempt_failed(job, err)
-  local port = self.port
-  if err.code == "ERATELIMIT" and not job.abandoned then return self:_rate_limited(job, err) end
-  if err.code == "ELOAD" and not job.abandoned then -- it cannot load here; it may elsewhere
-    job.error = errors.new("ECLOSED", "given back: the processor cannot load on this worker")
-    return port:finish_job(job, "failed") -- given back, not counted
-  end
-  -- closing or not: another host may retry it
-  local delay = not job.retry_never and port:retry_delay(job, err)
-  if not delay or job.abandoned then return port:finish_job(job, "failed") end
-  job.reported = true
-  self:_failed(job, err, delay * 1000)
-  port:note_retry(job, err, delay)
-  return port:leave_job(job)
-end
+-- An attempt failed (the queue decides on its retry), or the job ends in
+-- the pool: told to Redis (moonjob.redis.reports). ending: true when the
+-- job leaves the pool instead.
+function Remote:attempt_failed(job, err) return self.reports:attempt_failed(job, err) end
+function Remote:ending(job, state) return self.reports:ending(job, state) end
 
--- The job ends in the pool ("completed" or "failed"): reported to Redis,
--- once. True when it leaves the pool instead of ending: given back to the
--- queue (the pool closed before it ran), or abandoned (left alone).
-function Remote:ending(job, state)
-  if job.reported then return false end
-  job.reported = true
-  if job.abandoned or (state == "failed" and job.error.code == "ECLOSED") then
-    self:_failed(job, job.error)
-    return true
-  end
-  if state == "completed" then self:_completed(job, job.result_bytes)
-  else self:_failed(job, job.error) end
-  return false
-end
+-- A child started the job, a running job reported progress or wrote an
+-- output line: told to Redis (moonjob.redis.updates).
+function Remote:started(job) self.updates:started(job) end
+function Remote:progress(job) self.updates:progress(job) end
+function Remote:output(job, _, line) self.updates:output(job, line) end
 
 -- What this worker did with the queue's jobs (pool:stats().redis): fetched,
 -- completed, failed, released (given back), fenced (ELEASE), lost (ELOST),
@@ -891,19 +522,18 @@ function Remote:close()
   local ticker = core.timer(function() end)
   ticker:start(100, 100)
   pcall(loop.wait_until, function()
-    local flushed = not self:_busy() and #self.client.waiting == 0 and self.nreports == 0
-      and not self.completions and not self.fetching
+    local flushed = not self:_busy() and #self.client.waiting == 0 and self.reports:idle()
+      and not self.fetching
     return flushed or loop.now() > deadline
   end)
   ticker:close()
   self.closed = true
-  for _, t in ipairs({ self.renew_timer, self.fence_timer, self.poll_timer, self.retry_timer,
-      self.fetch_timer }) do
+  for _, t in ipairs({ self.renew_timer, self.fence_timer, self.poll_timer, self.fetch_timer }) do
     t:close()
   end
-  for _, name in ipairs({ "due_timer", "updates_timer", "started_timer" }) do -- made when first needed
-    if self[name] then self[name]:close() end
-  end
+  if self.due_timer then self.due_timer:close() end -- made when first needed
+  self.reports:close()
+  self.updates:close()
   self.client:close()
 end
 
