@@ -2,16 +2,17 @@
 -- passed on in whole lines, a line cut across chunks joined, the rest ended
 -- at the job's end, the stderr tail kept, and a flood dropped past
 -- max_log_bytes per line; other output cut into lines. What reaches the pool
--- goes through its sink (on_child_lines, on_child_output).
+-- goes through its sink (sink:lines, sink:output).
 local Output = require "moonjob.pool.child_output"
 
 -- The output of a stand-in child whose stand-in pool keeps what its sink is
 -- given: whole lines in `got`, lines as { stream, line } in `lines`.
 local function new_output(max_log_bytes)
   local got, lines = {}, {}
-  local pool = { max_log_bytes = max_log_bytes or 1000, tagged_output = true }
-  function pool.on_child_lines(_, _, _, text) got[#got + 1] = text end
-  function pool.on_child_output(_, _, _, stream, line) lines[#lines + 1] = { stream, line } end
+  local sink = {}
+  function sink.lines(_, _, _, text) got[#got + 1] = text end
+  function sink.output(_, _, _, stream, line) lines[#lines + 1] = { stream, line } end
+  local pool = { max_log_bytes = max_log_bytes or 1000, tagged_output = true, sink = sink }
   return Output.new({ pool = pool }), got, lines
 end
 

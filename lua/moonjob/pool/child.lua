@@ -2,8 +2,8 @@
 --
 -- A Child owns one moonjob.core process: it sends INIT, JOB and INTERRUPT
 -- frames and turns the child's frames, timer and exit into calls on its
--- pool's child sink (the pool:on_child_* methods, all documented in
--- moonjob/pool/sink.lua; a child calls no other method of the pool). Its
+-- pool's child sink (child.sink, pool.sink: its methods are documented in
+-- moonjob/pool/sink.lua; a child calls no method of the pool). Its
 -- output is its part child.output (moonjob.pool.child_output), which cuts
 -- stdout and stderr into lines for the same sink. It also owns one timer,
 -- armed for start_timeout until the child is ready, then by the pool for the
@@ -42,7 +42,7 @@
 -- child:finish(), child:kill([signal]), child:expect_batches(), and the
 -- shared batch area: child:batch(job), child:batch_state(job),
 -- child:batch_started(job), child:batch_cut(job).
--- Calls: the sink's pool:on_child_* methods only; reads the pool fields the
+-- Calls: the sink's methods only (child.sink); reads the pool fields the
 -- sink lists.
 local buffer = require "string.buffer"
 local core = require "moonjob.core"
@@ -66,7 +66,7 @@ end
 
 -- Child.spawn(pool) -> child | nil, err
 function Child.spawn(pool)
-  local child = setmetatable({ pool = pool, state = "starting", jobs_done = 0, sent = {} }, Child)
+  local child = setmetatable({ pool = pool, sink = pool.sink, state = "starting", jobs_done = 0, sent = {} }, Child)
   child.output = Output.new(child)
   local process, err = core.spawn({
     file = pool.child_program,
@@ -83,7 +83,7 @@ function Child.spawn(pool)
   return child
 end
 
--- child:arm(seconds): the pool's on_child_timer(child) runs after that long.
+-- child:arm(seconds): the sink's timer(child) runs after that long.
 function Child:arm(seconds)
   self.armed = true
   self.timer:start(seconds * 1000)
@@ -251,36 +251,36 @@ on_frame[frame.READY] = function(child)
   if child.state ~= "starting" then return end -- killed meanwhile (start_timeout, close): too late
   child.output:reset_budget()
   child.state, child.ready = "idle", true
-  child.pool:on_child_ready(child)
+  child.sink:ready(child)
 end
 
 on_frame[frame.LOADERR] = function(child, _, payload)
   child:disarm()
-  child.pool:on_child_load_error(child, decode_error(payload))
+  child.sink:load_error(child, decode_error(payload))
 end
 
 on_frame[frame.DONE] = function(child, seq, payload, cpu_ms, max_rss_kb, ms)
   if not child:current(seq) then return end
   local job = child:end_job()
   record_usage(job, cpu_ms, max_rss_kb, ms)
-  child.pool:on_child_done(child, job, payload)
+  child.sink:done(child, job, payload)
 end
 
 on_frame[frame.FAIL] = function(child, seq, payload, cpu_ms, max_rss_kb, ms)
   if not child:current(seq) then return end
   local job = child:end_job()
   record_usage(job, cpu_ms, max_rss_kb, ms)
-  child.pool:on_child_failed(child, job, decode_error(payload))
+  child.sink:failed(child, job, decode_error(payload))
 end
 
 on_frame[frame.PROGRESS] = function(child, seq, payload)
   local job = child:current(seq)
-  if job then child.pool:on_child_progress(child, job, payload) end
+  if job then child.sink:progress(child, job, payload) end
 end
 
 on_frame[frame.LOG] = function(child, seq, payload)
   local job = child:current(seq)
-  if job then child.pool:on_child_output(child, job, "log", Job.bytes(payload)) end
+  if job then child.sink:output(child, job, "log", Job.bytes(payload)) end
 end
 
 ---------------------------------------------------------------- events ---
@@ -329,14 +329,14 @@ local function exited(child, status, signal, spawn_failure)
   end
   local err = child.failure
     or crash_error(child, status, signal, running, spawn_failure, not child.ready)
-  child.exit_jobs = jobs -- for on_child_fault, should the pool raise while it ends them
-  child.pool:on_child_exit(child, jobs, started, err, status, signal)
+  child.exit_jobs = jobs -- for sink:fault, should the pool raise while it ends them
+  child.sink:exit(child, jobs, started, err, status, signal)
   child.exit_jobs = nil
 end
 
 local on_event = {
   spawned = function(child, pid) child.pid = pid end,
-  timer = function(child) child.pool:on_child_timer(child) end,
+  timer = function(child) child.sink:timer(child) end,
   frame = function(child, kind, seq, payload, cpu_ms, max_rss_kb, ms)
     local handler = on_frame[kind]
     if handler then handler(child, seq, payload, cpu_ms, max_rss_kb, ms) end
@@ -347,13 +347,13 @@ local on_event = {
     child.killed_for = child.job
     child.failure = errors.new("EPAYLOAD", ("the child sent a %d-byte frame, more than max_payload (%d)")
       :format(len, child.pool.max_payload))
-    child.pool:on_child_channel_error(child)
+    child.sink:channel_error(child)
   end,
   protocol = function(child, why)
     child.killed_for = child.job
     child.failure = errors.new("EPROTO", ("the child broke the channel protocol (%s); a processor "
       .. "must not write to the channel, fd 3"):format(why))
-    child.pool:on_child_channel_error(child)
+    child.sink:channel_error(child)
   end,
   exit = exited,
   closed = function() end,
@@ -361,14 +361,14 @@ local on_event = {
 
 -- Every event of the child, and its timer, comes through here, guarded: an
 -- error raised while the pool handles one (a bug, in moonjob or in a hook it
--- calls) goes to pool:on_child_fault with the job that was the head before
+-- calls) goes to sink:fault with the job that was the head before
 -- it, so that no job is left unfinished with a waiter that never returns.
 local traceback = debug.traceback
 
 function Child:on_event(kind, a, b, c, d, e, f)
   local head = self.job
   local ok, err = xpcall(on_event[kind], traceback, self, a, b, c, d, e, f)
-  if not ok then self.pool:on_child_fault(self, head, err) end
+  if not ok then self.sink:fault(self, head, err) end
 end
 
 return Child

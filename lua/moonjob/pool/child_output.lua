@@ -6,7 +6,7 @@
 -- one of two ways:
 --
 --   * Lines, the default: chunks are cut into lines, each given to
---     pool:on_child_output(child, job, stream, line) (job: the child's head,
+--     sink:output(child, job, stream, line) (job: the child's head,
 --     nil while it loads and between jobs). Output past max_log_bytes for
 --     one job is dropped (and counted: job.dropped_log_bytes), said once: a
 --     flood costs the parent a length check per chunk, never memory.
@@ -16,7 +16,7 @@
 --     (core/child/output.c), and holds them to write many at once, so that
 --     printing on every line costs next to nothing. The parent must not cut
 --     that text into lines and tag them one by one (that cost is what it
---     saves): each chunk goes to pool:on_child_lines(child, job, text) as it
+--     saves): each chunk goes to sink:lines(child, job, text) as it
 --     is, cut after its last newline (the rest waits for the next chunk, or
 --     the job's end, up to max_log_bytes: a longer line without its newline
 --     is passed on cut there), so that lines of two children never mix.
@@ -29,7 +29,7 @@
 -- Exposes: Output.new(child), output:chunk(stream, chunk, job),
 -- output:flush(job), output:job_ended(job), output:reset_budget(),
 -- output.tail.
--- Calls: the sink's pool:on_child_output and pool:on_child_lines; reads the
+-- Calls: the sink's output and lines (pool.sink); reads the
 -- pool's max_log_bytes and tagged_output.
 local M = {}
 
@@ -63,7 +63,7 @@ end
 
 function Output:emit_line(stream, line, job)
   if stream == "stderr" then self:keep_stderr_line(line) end
-  self.pool:on_child_output(self.child, job, stream, line)
+  self.pool.sink:output(self.child, job, stream, line)
 end
 
 -- Output past max_log_bytes for one job is dropped (and counted), said once.
@@ -108,7 +108,7 @@ local function last_newline(text)
 end
 
 function Output:pass(text, job)
-  self.pool:on_child_lines(self.child, job, text)
+  self.pool.sink:lines(self.child, job, text)
 end
 
 -- Keeps the last lines of `text` (n: its last newline) in the stderr tail.

@@ -193,7 +193,7 @@ end
 -- A child's exit came in: it leaves the pool. One that ended unasked (not
 -- retired) and was not reported as a failed start counts as crashed.
 function Children:remove(child)
-  if child.removed then return end -- once (on_child_fault may ask again)
+  if child.removed then return end -- once (the sink's fault may ask again)
   child.removed = true
   local list = self.list
   for i = 1, #list do

@@ -40,7 +40,7 @@ function Events:report(event, message)
 end
 
 -- An error of moonjob's own, caught where a child's report was handled
--- (pool:on_child_fault): told to the `error` listeners as (message,
+-- (pool.sink:fault): told to the `error` listeners as (message,
 -- "internal"), else written to stderr.
 function Events:internal_error(message)
   if self.listeners.error then return self:emit("error", message, "internal") end

@@ -20,8 +20,8 @@
 --   limits.lua     the local source of a pool with rate limits or a group
 --                  concurrency: the start windows and each group's places
 --   port.lua       what the owner of a second source may do to the pool
---   sink.lua       the child sink: how a child reports to its pool
---                  (pool:on_child_*, the only Pool methods defined elsewhere)
+--   sink.lua       pool.sink: how a child reports to its pool (sink:done,
+--                  sink:exit, ...), routed to the parts below
 --   child.lua      one child process seen from the parent (child.sent, its
 --                  head child.job), and child_output.lua, its output part
 --   children.lua   pool.children: the children, how many, starting, freeing,
@@ -57,6 +57,7 @@ local json = require "moonjob.codec.json"
 local loop = require "moonjob.loop"
 local Cache = require "moonjob.cache"
 local Options = require "moonjob.pool.options"
+local Sink = require "moonjob.pool.sink"
 local Source = require "moonjob.pool.source"
 local Events = require "moonjob.pool.events"
 local Tally = require "moonjob.pool.tally"
@@ -104,6 +105,7 @@ local function make_parts(self, opts)
   self.deadlines = Deadlines.new(self)
   self.breaker = Breaker.new(self)
   self.lines = Lines.new(self, Dispatch.STEAL_AFTER_MS)
+  self.sink = Sink.new(self)
   self.children = Children.new(self)
 end
 
@@ -385,16 +387,6 @@ function Pool:__tostring()
     self.processor, children_text(self.children:count_all()),
     self.source:count() + self.dispatch:prefetched_count(), self.nactive,
     self.closing and ", closed" or "")
-end
-
--- The child sink's methods (pool:on_child_*) are Pool methods, copied here:
--- a child holds its pool and nothing else of it, and reports to the pool
--- itself, which routes each report to its parts (an owned sink part would
--- only add a hop on every job's path). Kept in a file of their own, they
--- are documented in one place.
-for name, fn in pairs(require "moonjob.pool.sink") do
-  assert(Pool[name] == nil, "moonjob.pool: two definitions of " .. name)
-  Pool[name] = fn
 end
 
 return Pool

@@ -57,7 +57,7 @@
 -- Exposes: Lines.wire_first_line(job) (a plain function: the metadata the
 -- child reads), lines:add_option(job, spec), lines:line_overdue(child, job),
 -- lines:cuttable(head), lines:cut(child, head), lines:hand_back(jobs),
--- lines:output(text, job) (the sink's on_child_lines), and the owner's
+-- lines:output(text, job) (the sink's lines), and the owner's
 -- calls above.
 -- Calls: pool.children:array(), pool.endings (retry_delay, cancel),
 -- pool.events:report (a hook's error), and on children expect_batches,
@@ -173,7 +173,7 @@ function Lines:hand_back(jobs)
   for i = 1, #jobs do self:call_hook("cut", jobs[i], jobs[i].lines_cut) end
 end
 
--- Whole lines `text` batch `job`'s child wrote (the sink's on_child_lines)
+-- Whole lines `text` batch `job`'s child wrote (the sink's lines)
 -- go to the owner's output hook.
 function Lines:output(text, job)
   self:call_hook("output", text, job)

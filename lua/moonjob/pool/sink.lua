@@ -1,50 +1,50 @@
 -- moonjob.pool.sink -- how a child reports to its pool: the child sink.
 --
--- Methods of the Pool class itself (copied into it by pool/init.lua): the
--- pool's one entry for its children. A child (moonjob.pool.child, the
--- parent's side of one child process, and its output part,
--- moonjob.pool.child_output) tells its pool what happened through these
--- methods and no other: every frame, line of output, timer and exit of a
--- child arrives here, and each method turns it into pool actions (a job's
+-- A part of the pool (pool.sink), its one entry for its children: a child
+-- (moonjob.pool.child, the parent's side of one child process, and its
+-- output part, moonjob.pool.child_output) holds the sink and tells its pool
+-- what happened through these methods and no other: every frame, line of
+-- output, timer and exit of a child arrives here, and each method turns it
+-- into pool actions (a job's
 -- ending, the child's freeing or retiring, the breaker, events, the owner
 -- of batches). This is the one place they are documented:
 --
---   pool:on_child_ready(child)
+--   sink:ready(child)
 --       READY: the child loaded the processor; child.state is "idle",
 --       child.ready true. Starts are healthy again (the breaker closes) and
 --       the child takes a job.
---   pool:on_child_load_error(child, err)
+--   sink:load_error(child, err)
 --       LOADERR: the processor did not load (err: ELOAD...). The child is
 --       killed now and the breaker opens now, not at its exit.
---   pool:on_child_timer(child)
+--   sink:timer(child)
 --       The child's one timer fired (child:arm): start_timeout while
 --       child.state is "starting", else the soft deadline of child.job
 --       (timeout), or, once that job was interrupted, the hard one (kill_after).
---   pool:on_child_done(child, job, result_bytes)
+--   sink:done(child, job, result_bytes)
 --       DONE: job completed; result_bytes are the encoded result (a string or
 --       a list of pieces). The child has ended the job first (child.job is
 --       the next job sent to it, or nil; job.ms, job.cpu_ms and
 --       job.max_rss_kb are set).
---   pool:on_child_failed(child, job, err)
+--   sink:failed(child, job, err)
 --       FAIL: the job's attempt failed with err (a moonjob.errors table);
 --       ended first as for DONE. It may be retried; ENOMEM recycles the child.
---   pool:on_child_progress(child, job, bytes)
+--   sink:progress(child, job, bytes)
 --       PROGRESS: the running job reported progress (encoded value).
---   pool:on_child_output(child, job, stream, line)
+--   sink:output(child, job, stream, line)
 --       A line the child printed (stream "stdout" or "stderr"; job is nil
 --       while it loads and between jobs), or a LOG frame's text (stream
 --       "log"). Lines are already cut and bounded by max_log_bytes.
---   pool:on_child_lines(child, job, text)
+--   sink:lines(child, job, text)
 --       What batch `job`'s child wrote, in whole lines (each ending in
 --       "\n"), while pool.tagged_output is set: lines the child tagged
 --       begin with "[line N] ", others (a command's output, a write(2)) are
 --       for the owner of batches to tag. Given to that owner's output hook
 --       (moonjob.pool.lines).
---   pool:on_child_channel_error(child)
+--   sink:channel_error(child)
 --       The child sent a frame over max_payload or broke the channel protocol:
 --       it is killed now. The child keeps the error (child.failure), and its
 --       job fails with it at the exit.
---   pool:on_child_exit(child, jobs, started, err, status, signal)
+--   sink:exit(child, jobs, started, err, status, signal)
 --       The child is gone (child.state "gone"), after everything it sent was
 --       delivered. jobs: the jobs sent to it (oldest first, maybe none);
 --       started[i]: whether the child had started jobs[i] (the shared page).
@@ -56,7 +56,7 @@
 --       that ended before READY is a start failure (err), unless a LOADERR or
 --       start_timeout already counted as one or the pool is closing. status
 --       and signal go to the `exit` event.
---   pool:on_child_fault(child, head, trace)
+--   sink:fault(child, head, trace)
 --       One of the methods above raised (child:on_event guards them all):
 --       reported once (events:internal_error); the job that was the child's
 --       head before the event, and the jobs an exit was ending, if they were
@@ -69,7 +69,7 @@
 -- child_args, child_env, init_bytes, max_payload, max_log_bytes,
 -- start_timeout, batches and tagged_output (moonjob.pool.lines).
 --
--- Owns: nothing. Calls: pool.breaker (succeeded, child_broken, failed),
+-- Owns: nothing (sink.pool, the pool it reports to). Calls: pool.breaker (succeeded, child_broken, failed),
 -- pool.events:internal_error,
 -- pool.children (free, retire, remove), pool.deadlines (start_timed_out,
 -- kill_job, job_timed_out), pool.endings (finish, fail, give_back),
@@ -79,54 +79,62 @@
 -- Caveats: these are for moonjob.pool.child, not for users. They run inside
 -- the loop's callbacks (listeners and hooks they reach run protected, so no
 -- error of theirs comes back to the child; an error of moonjob's own goes to
--- on_child_fault). Each report that frees, kills or loses a child
+-- sink:fault). Each report that frees, kills or loses a child
 -- or ends a job runs the pump before it returns, except
--- on_child_channel_error: the killed child's replacement waits for its exit
+-- sink:channel_error: the killed child's replacement waits for its exit
 -- (or the pool's next pump).
 local errors = require "moonjob.errors"
 local Job = require "moonjob.job"
 
 local RESULT_BYTES = Job.SLOT.result_bytes
 
-local Pool = {}
+local Sink = {}
+Sink.__index = Sink
+
+function Sink.new(pool)
+  return setmetatable({ pool = pool }, Sink)
+end
 
 ----------------------------------------------------------- the child ---
 
-function Pool:on_child_ready(child)
-  self.breaker:succeeded()
-  self.children:free(child)
+function Sink:ready(child)
+  local pool = self.pool
+  pool.breaker:succeeded()
+  pool.children:free(child)
 end
 
-function Pool:on_child_load_error(child, err)
-  self.breaker:child_broken(child, err)
+function Sink:load_error(child, err)
+  self.pool.breaker:child_broken(child, err)
 end
 
 -- The start deadline, a job's soft deadline, or the hard one after it.
-function Pool:on_child_timer(child)
-  if child.state == "starting" then return self.deadlines:start_timed_out(child) end
+function Sink:timer(child)
+  local pool = self.pool
+  if child.state == "starting" then return pool.deadlines:start_timed_out(child) end
   local job = child.job
   if not job then return end
-  if job.interrupt then return self.deadlines:kill_job(child, job) end
-  self.deadlines:job_timed_out(child, job)
+  if job.interrupt then return pool.deadlines:kill_job(child, job) end
+  pool.deadlines:job_timed_out(child, job)
 end
 
-function Pool:on_child_channel_error(child)
-  self.children:retire(child, true)
+function Sink:channel_error(child)
+  self.pool.children:retire(child, true)
 end
 
-function Pool:on_child_exit(child, jobs, started, err, status, signal)
-  self.children:remove(child)
-  local endings = self.endings
+function Sink:exit(child, jobs, started, err, status, signal)
+  local pool = self.pool
+  pool.children:remove(child)
+  local endings = pool.endings
   local blamed = child.killed_for
   for i, job in ipairs(jobs) do
     if started[i] and (not blamed or blamed == job) then endings:fail(job, err)
     else endings:give_back(job) end
   end
-  if #jobs == 0 and not child.ready and not child.start_reported and not self.closing then
-    self.breaker:failed(err) -- died before READY, and nothing said so yet
+  if #jobs == 0 and not child.ready and not child.start_reported and not pool.closing then
+    pool.breaker:failed(err) -- died before READY, and nothing said so yet
   end
-  if self.events.listeners.exit then self.events:emit("exit", child.pid, status, signal) end
-  self.dispatch:pump()
+  if pool.events.listeners.exit then pool.events:emit("exit", child.pid, status, signal) end
+  pool.dispatch:pump()
 end
 
 -- A job a fault left behind: not ended, not waiting in the source, not left
@@ -148,77 +156,82 @@ local function end_stranded(pool, job, err)
   job.error, job.state, job.child = err, "failed", nil
 end
 
-function Pool:on_child_fault(child, head, trace)
-  self.events:internal_error(trace)
+function Sink:fault(child, head, trace)
+  local pool = self.pool
+  pool.events:internal_error(trace)
   local err = errors.new("EINTERNAL", "an internal error of moonjob ended the job: "
     .. tostring(trace):match("^[^\n]*"))
   local jobs = { head }
   for _, job in ipairs(child.exit_jobs or {}) do jobs[#jobs + 1] = job end
   for _, job in ipairs(jobs) do
-    if stranded(job, child) then end_stranded(self, job, err) end
+    if stranded(job, child) then end_stranded(pool, job, err) end
   end
   local ok, again = true, nil
   if child.state == "gone" then
-    ok, again = pcall(self.children.remove, self.children, child)
+    ok, again = pcall(pool.children.remove, pool.children, child)
   elseif child.state ~= "killed" then
     child.killed_for, child.failure = child.killed_for or child.job, child.failure or err
-    ok, again = pcall(self.children.retire, self.children, child, true)
+    ok, again = pcall(pool.children.retire, pool.children, child, true)
   end
-  if ok then ok, again = pcall(self.dispatch.pump, self.dispatch) end
-  if not ok then self.events:internal_error(again) end
+  if ok then ok, again = pcall(pool.dispatch.pump, pool.dispatch) end
+  if not ok then pool.events:internal_error(again) end
 end
 
 ------------------------------------------------------------- its job ---
 
-function Pool:on_child_done(child, job, result_bytes)
+function Sink:done(child, job, result_bytes)
+  local pool = self.pool
   job[RESULT_BYTES] = result_bytes -- in its slot (Job.SLOT): this runs for every job
   if rawget(job, "error") ~= nil then job.error = nil end
-  if self.events.listeners.completed then -- decoded once for them; bytes that do not decode fail the job
-    local ok, why = Job.decode(self, job)
+  if pool.events.listeners.completed then -- decoded once for them; bytes that do not decode fail the job
+    local ok, why = Job.decode(pool, job)
     if not ok then
       job.result_bytes = nil
       local err = errors.new("EPROTO", "the child's result cannot be decoded: " .. why)
-      return self:on_child_failed(child, job, err)
+      return self:failed(child, job, err)
     end
   end
-  self.endings:finish(job, "completed")
-  self.dispatch:child_next(child)
+  pool.endings:finish(job, "completed")
+  pool.dispatch:child_next(child)
 end
 
-function Pool:on_child_failed(child, job, err)
-  self.endings:fail(job, err)
+function Sink:failed(child, job, err)
+  local pool = self.pool
+  pool.endings:fail(job, err)
   if err.code == "ENOMEM" then -- the heap hit memory_limit: start afresh
     child.recycle = true -- it takes no more jobs, and ends once free (children:free)
-    self.dispatch:take_back(child) -- a job the child started already runs there
+    pool.dispatch:take_back(child) -- a job the child started already runs there
   end
-  self.dispatch:child_next(child)
+  pool.dispatch:child_next(child)
 end
 
-function Pool:on_child_progress(child, job, bytes)
+function Sink:progress(child, job, bytes)
+  local pool = self.pool
   job.progress_bytes = bytes
   local owner = job.owner
   if owner and owner.progress then owner:progress(job, bytes) end
-  if self.events.listeners.progress then self.events:emit("progress", job, job.progress) end
+  if pool.events.listeners.progress then pool.events:emit("progress", job, job.progress) end
 end
 
-function Pool:on_child_output(child, job, stream, line)
+function Sink:output(child, job, stream, line)
+  local pool = self.pool
   if job then
     job.logs[#job.logs + 1] = line
     local owner = job.owner
     if owner and owner.output then owner:output(job, stream, line) end
   end
-  if self.echo == true then
+  if pool.echo == true then
     local who = job and ("job " .. tostring(job.id)) or ("child " .. tostring(child.pid))
     io.stderr:write("[" .. who .. "] " .. line .. "\n") -- one write: lines never interleave mid-line
-  elseif self.echo then -- the user's function runs protected, as listeners do
-    local ok, err = xpcall(self.echo, debug.traceback, line, job, child.pid)
-    if not ok then self.events:report("echo", err) end
+  elseif pool.echo then -- the user's function runs protected, as listeners do
+    local ok, err = xpcall(pool.echo, debug.traceback, line, job, child.pid)
+    if not ok then pool.events:report("echo", err) end
   end
-  if job and self.events.listeners.log then self.events:emit("log", job, line, stream) end
+  if job and pool.events.listeners.log then pool.events:emit("log", job, line, stream) end
 end
 
-function Pool:on_child_lines(child, job, text)
-  self.lines:output(text, job)
+function Sink:lines(child, job, text)
+  self.pool.lines:output(text, job)
 end
 
-return Pool
+return Sink
