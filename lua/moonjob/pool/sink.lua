@@ -5,9 +5,8 @@
 -- output part, moonjob.pool.child_output) holds the sink and tells its pool
 -- what happened through these methods and no other: every frame, line of
 -- output, timer and exit of a child arrives here, and each method turns it
--- into pool actions (a job's
--- ending, the child's freeing or retiring, the breaker, events, the owner
--- of batches). This is the one place they are documented:
+-- into pool actions (a job's ending, the child's freeing or retiring, the
+-- breaker, events, the owner of batches). This is the one place they are documented:
 --
 --   sink:ready(child)
 --       READY: the child loaded the processor; child.state is "idle",
