@@ -26,6 +26,24 @@ rq.describe(function()
       q:close()
     end)
 
+    it("takes a fetch of big jobs as large as its default size lets it ask for", function()
+      -- No size given: a child per CPU, and a fetch asks for that many jobs
+      -- and one more; each near the 1 MiB a pool on Redis reads by default.
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      local n = require("moonjob.core").cpu_count() + 1
+      local jobs = {}
+      for i = 1, n do jobs[i] = assert(q:add({ echo = ("x"):rep(900 * 1024) .. i })) end
+      local p = rq.pool(name, {})
+      for i = 1, n do
+        local result, err = jobs[i]:wait(20)
+        assert.is_nil(err)
+        assert.equal(900 * 1024 + #tostring(i), #result.echo)
+      end
+      p:close()
+      q:close()
+    end)
+
     it("retries with the attempts and backoff given by the producer, and keeps the processor's error fields", function()
       local name = rq.new_queue()
       local p = rq.pool(name, { size = 1 })

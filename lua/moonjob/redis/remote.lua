@@ -67,7 +67,7 @@ local FENCE_AT = 4 / 5          -- unconfirmed for this part of a lease: stopped
 local FENCE_STEPS = 30          -- fence checked every lease/30; its kill lease/30 later
 local RETRY_FIRST_MS, RETRY_MAX_MS = Reports.RETRY_FIRST_MS, Reports.RETRY_MAX_MS -- fetches too
 local PAUSED = names.PAUSED     -- fetch's answer while the queue is paused
-local D = Options.REDIS_DEFAULTS
+local value = Options.value -- an option, or its default (REDIS_DEFAULTS)
 
 -- Remote.new(port, opts) -> remote: `port` is the pool's moonjob.pool.port;
 -- opts (the pool's): redis, queue, lease
@@ -78,12 +78,12 @@ local D = Options.REDIS_DEFAULTS
 function Remote.new(port, opts)
   local self = setmetatable({
     port = port, name = opts.queue, prefix = names.prefix(opts.queue),
-    lease_ms = math.floor((opts.lease or D.lease) * 1000),
-    prefetch = opts.prefetch or opts.size or D.prefetch,
-    poll_ms = math.floor((opts.poll or D.poll) * 1000),
-    keep_count = opts.keep or D.keep, keep_age_ms = math.floor((opts.keep_age or D.keep_age) * 1000),
-    keep_failed_age_ms = math.floor((opts.keep_failed_age or D.keep_failed_age) * 1000),
-    worker_id = (opts.worker_name or D.worker_name) .. names.random_hex(8),
+    lease_ms = math.floor(value(opts, "lease") * 1000),
+    prefetch = value(opts, "prefetch"),
+    poll_ms = math.floor(value(opts, "poll") * 1000),
+    keep_count = value(opts, "keep"), keep_age_ms = math.floor(value(opts, "keep_age") * 1000),
+    keep_failed_age_ms = math.floor(value(opts, "keep_failed_age") * 1000),
+    worker_id = value(opts, "worker_name") .. names.random_hex(8),
     fetched = {},     -- remote id -> job in the pool: held (no child started it yet) or running
     nfetched = 0, fetch_retry_ms = RETRY_FIRST_MS,
     max_token = 0,    -- the number of the newest token a fetch brought
@@ -94,16 +94,16 @@ function Remote.new(port, opts)
   }, Remote)
   local c, err = client.new(opts.redis, {
     timeout_ms = math.max(500, math.min(self.lease_ms * FENCE_AT, 5000)),
-    -- a fetch's jobs (prefetch and the size option: 1 when unset, as prefetch's
-    -- default), or the library's text (setup's FUNCTION LIST WITHCODE)
-    max_reply = (port.max_payload + 4096) * math.max(1, self.prefetch + (opts.size or D.prefetch)) + 65536
-      + #library.text(),
+    -- a fetch's jobs (as many as the room it asks for: the pool's size, a
+    -- child per CPU when unset, and prefetch), or the library's text
+    -- (setup's FUNCTION LIST WITHCODE)
+    max_reply = (port.max_payload + 4096) * math.max(1, self.prefetch + port.size) + 65536 + #library.text(),
     on_state = function(up, why) self:_state(up, why) end,
   })
   if not c then error("moonjob.pool: option 'redis': " .. err, 4) end
   self.client = c
   self.reports = Reports.new(self)            -- the jobs' ends, told to Redis
-  self.updates = Updates.new(self, opts.keep_logs or D.keep_logs) -- starts, progress, output
+  self.updates = Updates.new(self, value(opts, "keep_logs")) -- starts, progress, output
   c:subscribe(self.prefix .. "events", function(kind, message) self:_message(kind, message) end)
   self:_start_timers()
   return self
