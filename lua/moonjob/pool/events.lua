@@ -10,8 +10,8 @@
 -- `listeners` field and test `listeners[event]` before calling emit on the
 -- job path: an event nobody listens to costs no call and no vararg.
 -- Exposes: events:on(event, fn), events:off(event, fn) (pool:on and pool:off),
--- events:emit(event, ...), events:internal_error(message). Calls on the other
--- parts: nothing.
+-- events:emit(event, ...), events:internal_error(message).
+-- Calls: nothing (no other part).
 --
 -- Caveat: events are emitted from inside the loop; a listener must not block
 -- on a job (the loop cannot run inside itself) and gets a clear error if it tries.

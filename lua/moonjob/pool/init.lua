@@ -73,7 +73,7 @@ local Metrics = require "moonjob.pool.metrics"
 local Pool = {}
 Pool.__index = Pool
 
-local DEFAULTS = Options.DEFAULTS
+local value = Options.value -- an option, or its default (moonjob.pool.options)
 local DATA_BYTES = Job.SLOT.data_bytes
 
 local next_seq = 0 -- job numbers are unique across the pools of a program
@@ -99,8 +99,7 @@ end
 local function make_parts(self, opts)
   self.events = Events.new()
   self.tally = Tally.new(self)
-  local limited = opts.rate or opts.group_concurrency or opts.group_rate -- (one job per child: moonjob.pool.limits)
-  self.dispatch = Dispatch.new(self, opts.pipeline or (limited and 1) or DEFAULTS.pipeline)
+  self.dispatch = Dispatch.new(self, value(opts, "pipeline"))
   self.endings = Endings.new(self)
   self.deadlines = Deadlines.new(self)
   self.breaker = Breaker.new(self)
@@ -117,35 +116,35 @@ function Pool.new(processor, opts)
   opts = Options.check(opts)
   local ok, err = Options.check_processor(processor)
   if not ok then return nil, err end
-  local child_program = opts.child or core.child_path()
+  local child_program = value(opts, "child")
   ok, err = Options.check_child_program(child_program)
   if not ok then return nil, err end
 
   local self = setmetatable({
     processor = processor,
     name = opts.name, -- its label in pool:metrics() (moonjob.pool.metrics)
-    size = opts.size or core.cpu_count(),
-    min_size = opts.min_size or DEFAULTS.min_size,
+    size = value(opts, "size"),
+    min_size = value(opts, "min_size"),
     idle_timeout = opts.idle_timeout,
-    max_payload = opts.max_payload or (opts.redis and DEFAULTS.remote_max_payload) or DEFAULTS.max_payload,
+    max_payload = value(opts, "max_payload"),
     timeout = opts.timeout,
-    kill_after = opts.kill_after or DEFAULTS.kill_after,
-    ack_timeout = opts.ack_timeout or DEFAULTS.ack_timeout,
-    start_timeout = opts.start_timeout or DEFAULTS.start_timeout,
+    kill_after = value(opts, "kill_after"),
+    ack_timeout = value(opts, "ack_timeout"),
+    start_timeout = value(opts, "start_timeout"),
     max_jobs_per_child = opts.max_jobs_per_child,
-    max_log_bytes = opts.max_log_bytes or DEFAULTS.max_log_bytes,
-    codec = opts.codec or (opts.redis and "json") or "lua",
-    echo = opts.echo ~= false and (opts.echo or true), -- true, or a function(line, job, pid)
+    max_log_bytes = value(opts, "max_log_bytes"),
+    codec = value(opts, "codec"),
+    echo = value(opts, "echo"), -- true, false or a function(line, job, pid)
     child_program = child_program,
     child_args = Options.child_args(opts),
     child_env = { "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath,
       "MOONJOB_REDIS=" }, -- a Redis URL (its password) is the parent's, not the processors',
     source = Source.new_local(loop.now, opts), -- the waiting jobs (moonjob.pool.source)
-    attempts = opts.attempts or DEFAULTS.attempts,
+    attempts = value(opts, "attempts"),
     backoff = opts.backoff,
     dedupe = opts.dedupe,
     cache_ttl = opts.cache,
-    cache = opts.cache and Cache.new(opts.cache_max or DEFAULTS.cache_max),
+    cache = opts.cache and Cache.new(value(opts, "cache_max")),
     max_queue = opts.max_queue,
     by_key = {},                   -- key -> the waiting or running job with that key
     nactive = 0, ndeferred = 0,    -- jobs running; deferred endings and breaker passes (drain waits)

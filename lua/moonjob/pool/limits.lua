@@ -40,6 +40,7 @@
 -- job.holds_group (a plain field: the job holds a place of its group).
 -- Exposes: the source interface (push, pop_ready, peek_ready, pop_any,
 -- remove, count, ready_count, next_due), limits:release(job).
+-- Calls: nothing of the pool (it holds its own Waiting).
 --
 -- Caveats: a job handed out is counted against the rates even if it comes
 -- back without starting (a child found gone, an open circuit breaker's

@@ -17,6 +17,8 @@
 -- Metrics.untrack(pool), Metrics.pool_text(pool), Metrics.all_families(),
 -- Metrics.all_text(),
 -- Metrics.LAG_INTERVAL_MS, Metrics.DURATION_BOUNDS, Metrics.sampling().
+-- Calls, for a pool's text: pool.children:array(), pool.tally (its counts
+-- and run-time histogram).
 --
 -- Caveats: the lag is seen only at the sampler's ticks (and, when read, as
 -- how overdue the next one is): a block shorter than LAG_INTERVAL_MS that

@@ -12,6 +12,9 @@
 -- between the checker and the user's line, exactly as they did when these
 -- lived in the pool module: call check only from Pool.new and check_add only from
 -- pool:add, directly, or the error blames the wrong line.
+--
+-- Calls: nothing (plain functions; every default is here: DEFAULTS,
+-- REDIS_DEFAULTS, and Options.value for those computed from other options).
 local errors = require "moonjob.errors"
 local Backoff = require "moonjob.backoff"
 local names = require "moonjob.redis.names"
@@ -43,6 +46,39 @@ Options.REDIS_DEFAULTS = {
   keep = "", keep_age = 86400, keep_failed_age = 7 * 86400, keep_logs = 100,
   worker_name = "",
 }
+
+-- Options.limited(opts): whether a pool has limits of its own (a rate or a
+-- group limit): its source is then moonjob.pool.limits, and a child takes
+-- one job at a time (a job starts as the limits count it).
+function Options.limited(opts)
+  return (opts.rate or opts.group_concurrency or opts.group_rate) ~= nil
+end
+
+-- Defaults that depend on the machine or on the other options.
+local COMPUTED = {
+  size = function() return require("moonjob.core").cpu_count() end, -- a child per CPU
+  child = function() return require("moonjob.core").child_path() end, -- beside core.so
+  codec = function(opts) return opts.redis and "json" or "lua" end, -- Redis carries JSON
+  max_payload = function(opts)
+    return opts.redis and Options.DEFAULTS.remote_max_payload or Options.DEFAULTS.max_payload
+  end,
+  pipeline = function(opts) return Options.limited(opts) and 1 or Options.DEFAULTS.pipeline end,
+  echo = function() return true end, -- children's output on stderr, tagged
+  prefetch = function(opts) return opts.size or Options.REDIS_DEFAULTS.prefetch end,
+}
+
+-- Options.value(opts, name) -> option `name`: the one given, else its
+-- default (computed, or from DEFAULTS or REDIS_DEFAULTS), nil for an
+-- option that has none.
+function Options.value(opts, name)
+  local v = opts[name]
+  if v ~= nil then return v end
+  local compute = COMPUTED[name]
+  if compute then return compute(opts) end
+  v = Options.DEFAULTS[name]
+  if v ~= nil then return v end
+  return Options.REDIS_DEFAULTS[name]
+end
 
 local OPTIONS = {
   size = "number", max_payload = "number", codec = "string", echo = "echo",

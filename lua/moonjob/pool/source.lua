@@ -11,6 +11,7 @@
 -- `prefetch` jobs), so dispatch, priorities among fetched jobs,
 -- give-backs and cancel work the same for both; Redis is asked only when
 -- there is room, never inside pop_ready (which must answer at once).
+-- Calls: nothing (a plain constructor and the interface's documentation).
 --
 --   source:push(job)      a job joins the waiting jobs: a new one (pool:add), a
 --                         retry (job.run_at, loop.now() ms, lies ahead), a job
@@ -111,6 +112,7 @@
 -- keeps its own fields on its jobs (moonjob.redis.remote: token, lease_from,
 -- abandoned, reported, retry_never).
 
+local Options = require "moonjob.pool.options"
 local Waiting = require "moonjob.pool.waiting"
 
 local Source = {}
@@ -140,7 +142,7 @@ end
 -- pool's options `opts` holding a rate, group_concurrency or group_rate, the source is
 -- a moonjob.pool.limits (loaded only then) around the same queue.
 function Source.new_local(now, opts)
-  if opts and (opts.rate or opts.group_concurrency or opts.group_rate) then
+  if opts and Options.limited(opts) then
     return require("moonjob.pool.limits").new(now, opts)
   end
   return setmetatable(Waiting.new(now), Local)

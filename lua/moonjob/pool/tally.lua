@@ -10,7 +10,7 @@
 -- pool was made (pool:metrics(), moonjob.pool.metrics).
 -- Exposes: tally:bump(name), tally:sample_wait(ms), tally:sample_run(ms),
 -- tally:report() (pool:stats()).
--- Reads, for report: the pool's source, size and nactive, the dispatch's
+-- Calls, for report: the pool's source, size and nactive, the dispatch's
 -- prefetched count (jobs in a child not started yet wait too), the
 -- children (pool.children:count_all(), :snapshot()) and, for a pool on
 -- Redis, its owner's counts (pool.owner:stats()).

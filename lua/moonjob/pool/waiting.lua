@@ -24,7 +24,7 @@
 -- it ahead of everything queued after it at its priority.
 --
 -- The pool does not call this module directly: it reaches it as its local job
--- source, under the interface of moonjob.pool.source.
+-- source, under the interface of moonjob.pool.source. Calls: nothing.
 --
 -- Jobs are moonjob.job objects: their id, qindex and priority are read and
 -- written in the job's own slots (Job.SLOT), not through its metatable, which
