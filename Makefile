@@ -159,12 +159,13 @@ chaos: deps all
 # preloaded into luajit only (spec/support/helpers.lua takes LD_PRELOAD out of the
 # environment of the shells and tools the specs start, and puts it back for
 # the luajit commands they run, through MOONJOB_PRELOAD). Every finding is
-# written under $(SAN_BUILD)/logs, in the parent or in any child, and fails the
-# target. LeakSanitizer is off: LuaJIT's heap is mmap'd memory it does not
-# scan, so every C allocation referenced only from a Lua object (a process's
-# buffers, lua-cjson's) reads as a leak when a program ends with os.exit, a
-# false report by construction. In this build the child skips its RLIMIT_DATA backstop (ASan's
-# shadow memory does not fit under it); memory_limit is still enforced by the
+# written under $(SAN_BUILD)/logs, in the parent or in any child, and counts
+# as a failure of the run (parallel_run.lua --findings). LeakSanitizer is
+# off: LuaJIT's heap is mmap'd memory it does not scan, so every C
+# allocation referenced only from a Lua object (a process's buffers,
+# lua-cjson's) reads as a leak when a program ends with os.exit, a false
+# report by construction. In this build the child skips its RLIMIT_DATA
+# backstop (ASan's shadow memory does not fit under it); memory_limit is still enforced by the
 # counting allocator, which is what the specs check.
 SAN_BUILD  = build-sanitize
 SAN_FLAGS  = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -179,10 +180,8 @@ SAN_ENV    = ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:log_path=$(SAN_LOGS)/as
 sanitize: deps browser-deps all
 	$(MAKE) BUILD=$(SAN_BUILD) CFLAGS="$(SAN_FLAGS)" LDFLAGS="-fsanitize=address,undefined" all spec-host
 	rm -rf $(SAN_LOGS) && mkdir -p $(SAN_LOGS)
-	$(SAN_ENV) $(PARALLEL) --busted "LD_PRELOAD=$(SAN_RT) $(LUA) /usr/bin/busted --cpath='$(SAN_BUILD)/?.so'" $(SPECS); \
-	  status=$$?; \
-	  if [ -n "$$(ls $(SAN_LOGS))" ]; then echo "sanitizer findings:"; cat $(SAN_LOGS)/*; status=1; fi; \
-	  exit $$status
+	$(SAN_ENV) $(PARALLEL) --findings $(SAN_LOGS) \
+	  --busted "LD_PRELOAD=$(SAN_RT) $(LUA) /usr/bin/busted --cpath='$(SAN_BUILD)/?.so'" $(SPECS)
 
 # Runs the example processor over the example NDJSON file (one line fails on
 # purpose, so the command's exit status 1 is expected and shown, not fatal).

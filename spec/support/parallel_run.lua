@@ -2,7 +2,7 @@
 -- processes at once; `make test`, `make test-fast` and `make sanitize` use it.
 --
 --   luajit spec/support/parallel_run.lua [--jobs N] [--busted CMD]
---     [--exclude-tags=TAGS] [--record] [PATH...]
+--     [--exclude-tags=TAGS] [--findings DIR] [--record] [PATH...]
 --
 -- PATHs are spec files or folders (default: spec); each *_spec.lua file found
 -- is one busted process, started longest first by the seconds it took last
@@ -13,10 +13,17 @@
 -- they measure time windows and should not compete with each other.
 --
 -- Each file's output goes to a log, shown in full when the file has a
--- failure. The run ends with one line, "N passed, N failed" (errors and files
--- that ended without busted's summary count as failed), and exits 1 when
--- anything failed. Every spec file already starts its servers on free ports
--- and makes its own temporary files, so files do not collide.
+-- failure. The run ends with one line, "N passed, N failed" (errors, files
+-- that ended without busted's summary or past their time bound, and each
+-- file a sanitizer wrote in the --findings folder count as failed), and
+-- exits 1 when anything failed or no spec file was found. Every spec file
+-- already starts its servers on free ports and makes its own temporary
+-- files, so files do not collide.
+--
+-- Caveats: each busted runs under timeout(1) (UNIT_SECONDS, a bound that
+-- only catches a hang the specs' own watchdog cannot see, such as a call
+-- blocked outside the loop), in a process group of its own: Ctrl-C stops
+-- this runner, and the files already started run on to their end.
 local ffi = require "ffi"
 ffi.cdef [[
 int poll(void *fds, unsigned long nfds, int timeout);
@@ -26,6 +33,7 @@ int clock_gettime(int clock, struct moonjob_run_timespec *ts);
 
 local TIMES_FILE = "spec/support/spec_times.txt"
 local DEFAULT_SECONDS = 5 -- a file not timed yet
+local UNIT_SECONDS = 600 -- the bound on one busted process
 -- Files that measure windows of time (rates, stalls, schedules), run in turn.
 local SERIAL = {
   "spec/redis/schedules_spec.lua", "spec/redis/stalls_spec.lua", "spec/redis/limits_spec.lua",
@@ -58,6 +66,7 @@ local function parse_args(argv)
     if a == "--jobs" then o.jobs = assert(tonumber(argv[i + 1]), "--jobs takes a number"); i = i + 1
     elseif a == "--busted" then o.busted = assert(argv[i + 1], "--busted takes a command"); i = i + 1
     elseif a == "--record" then o.record = true
+    elseif a == "--findings" then o.findings = assert(argv[i + 1], "--findings takes a folder"); i = i + 1
     elseif a:match("^%-%-") then o.flags[#o.flags + 1] = a -- passed to busted
     else o.paths[#o.paths + 1] = a end
     i = i + 1
@@ -70,7 +79,7 @@ end
 local function spec_files(paths)
   local files, seen = {}, {}
   for _, path in ipairs(paths) do
-    local p = io.popen("find " .. shell_quote(path) .. " -name '*_spec.lua' -not -path '*/node_modules/*' | sort")
+    local p = io.popen("find " .. shell_quote(path) .. " -name '*_spec.lua' -not -path '*/node_modules/*' 2>/dev/null | sort")
     for file in p:lines() do
       if not seen[file] then seen[file] = true; files[#files + 1] = file end
     end
@@ -104,7 +113,8 @@ local function start(unit, o, dir, index)
   unit.log, unit.status_file = ("%s/%d.log"):format(dir, index), ("%s/%d.status"):format(dir, index)
   local quoted = {}
   for i, f in ipairs(unit.files) do quoted[i] = shell_quote(f) end
-  local command = ("%s %s %s"):format(o.busted, table.concat(o.flags, " "), table.concat(quoted, " "))
+  local command = ("timeout --kill-after=10 %d env %s %s %s"):format(UNIT_SECONDS, o.busted,
+    table.concat(o.flags, " "), table.concat(quoted, " "))
   os.execute(("(%s >%s 2>&1 </dev/null; echo $? >%s.tmp; mv %s.tmp %s) &"):format(
     command, unit.log, unit.status_file, unit.status_file, unit.status_file))
   unit.started = now()
@@ -128,12 +138,13 @@ local function finish(unit, total, o)
   if not counts then counts = { passed = 0, failed = 1, pending = 0 } -- no summary: it died
   elseif status ~= 0 and counts.failed == 0 then counts.failed = 1 end -- a non-zero exit, e.g. the hang watchdog
   for k, v in pairs(counts) do total[k] = total[k] + v end
-  io.write(("%7.1f s  %s: %d passed, %d failed\n"):format(unit.seconds_taken,
-    table.concat(unit.files, " "), counts.passed, counts.failed))
+  io.write(("%7.1f s  %s  %d ok%s\n"):format(unit.seconds_taken, table.concat(unit.files, " "), counts.passed,
+    counts.failed > 0 and (", %d FAILED"):format(counts.failed) or ""))
   if counts.failed > 0 then
     total.failed_units[#total.failed_units + 1] = unit
-    io.write(("---- %s (exit %s) ----\n%s\n---- end of %s ----\n"):format(unit.files[1],
-      tostring(status), log or "(no output)", unit.files[1]))
+    local why = status == 124 and (" (stopped after %d s)"):format(UNIT_SECONDS) or ""
+    io.write(("---- %s (exit %s%s) ----\n%s\n---- end of %s ----\n"):format(unit.files[1],
+      tostring(status), why, log or "(no output)", unit.files[1]))
   end
   io.flush()
 end
@@ -144,7 +155,10 @@ local function record_times(units, times)
     for _, f in ipairs(unit.files) do times[f] = share end
   end
   local names = {}
-  for f in pairs(times) do names[#names + 1] = f end
+  for f in pairs(times) do
+    local there = io.open(f)
+    if there then there:close(); names[#names + 1] = f end -- a file since removed is forgotten
+  end
   table.sort(names)
   local out = assert(io.open(TIMES_FILE, "w"))
   out:write("# seconds each spec file took in `make test` (luajit spec/support/parallel_run.lua --record)\n")
@@ -152,15 +166,32 @@ local function record_times(units, times)
   out:close()
 end
 
+-- Each file a sanitizer wrote in folder `dir` (nil: none asked) counts as a
+-- failure; their text is shown.
+local function findings(dir, total)
+  if not dir then return end
+  local p = io.popen("ls " .. shell_quote(dir) .. " 2>/dev/null")
+  for name in p:lines() do
+    total.failed = total.failed + 1
+    io.write(("---- sanitizer finding %s ----\n%s\n"):format(name, read_file(dir .. "/" .. name) or ""))
+  end
+  p:close()
+end
+
 local function run(o)
   local times = load_times()
-  local units = make_units(spec_files(o.paths), times)
+  local files = spec_files(o.paths)
+  if #files == 0 then
+    io.write("no spec file (*_spec.lua) under ", table.concat(o.paths, " "), "\n0 passed, 1 failed\n")
+    return false
+  end
+  local units = make_units(files, times)
   local dir = os.tmpname()
   os.remove(dir)
   assert(os.execute("mkdir -p " .. dir) == 0)
   local total = { passed = 0, failed = 0, pending = 0, failed_units = {} }
   local began, next_unit, running = now(), 1, {}
-  io.write(("running %d spec files in %d busted processes at most\n"):format(#units, o.jobs))
+  io.write(("running %d spec files, %d busted processes at once\n"):format(#files, o.jobs))
   while next_unit <= #units or #running > 0 do
     while #running < o.jobs and next_unit <= #units do
       start(units[next_unit], o, dir, next_unit)
@@ -177,6 +208,7 @@ local function run(o)
   end
   os.execute("rm -rf " .. shell_quote(dir))
   if o.record then record_times(units, times) end
+  findings(o.findings, total)
   for _, unit in ipairs(total.failed_units) do io.write("failed: ", table.concat(unit.files, " "), "\n") end
   if total.pending > 0 then io.write(total.pending, " pending\n") end
   io.write(("%.1f s in all\n"):format(now() - began))
