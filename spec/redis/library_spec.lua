@@ -93,6 +93,18 @@ describe("the Redis library's parts", function()
     assert.equal(#library.PARTS, n)
   end)
 
+  it("joins every part file of its folder, each once", function()
+    local listed, found = {}, {}
+    for _, name in ipairs(library.PARTS) do
+      assert.is_nil(listed[name .. ".lua"], name .. " is listed twice")
+      listed[name .. ".lua"] = true
+    end
+    local p = io.popen("ls lua/moonjob/redis/functions")
+    for file in p:lines() do found[file] = true end
+    p:close()
+    assert.same(found, listed)
+  end)
+
   it("keeps each part under 500 lines, and version() in register.lua", function()
     for _, name in ipairs(library.PARTS) do
       local f = assert(io.open("lua/moonjob/redis/functions/" .. name .. ".lua"))

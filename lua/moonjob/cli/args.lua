@@ -105,11 +105,14 @@ the Redis function library (docs/REDIS.md); workers and producers load it:
                         redis-cli -x FUNCTION LOAD REPLACE
   library --line N      the part and its line that a Redis error's
                         user_function:N names
+
+the commands on a Redis queue (worker, add, status, operating, schedule,
+dashboard) take:
   --redis URL           redis://[user:password@]host[:port][/db]; default:
                         $MOONJOB_REDIS (keeps a password out of `ps`)
   --queue NAME          the queue's name
   --lease S             seconds a fetched job is held before another worker
-                        may take it, renewed every S/3 (default 30)
+                        may take it, renewed every S/12 (default 30)
   --grace S             seconds running jobs get to finish when the worker
                         stops (default 30)
   --prefetch N          jobs held beyond the running ones (default: -j)

@@ -288,7 +288,7 @@ end
 function Remote:_give_back_lost(id, worker, token)
   local n = type(token) == "string" and tonumber(token:match("/(%d+)$"))
   if worker ~= self.worker_id or not n or n <= self.max_token then return end
-  if self.fetched[id] or self.reports:pending(id) then return end
+  if self.fetched[id] or self.reports:unanswered(id) then return end
   self.reports:release_unfetched(id, token, true) -- ESTALE: it was taken meanwhile, nothing to say
 end
 

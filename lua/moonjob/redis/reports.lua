@@ -24,7 +24,7 @@
 -- Exposes: attempt_failed(job, err) and ending(job, state) (the owner
 -- hook's, passed on by the remote), completed, failed, rate_limited,
 -- release, release_unfetched(id, token [, unsure]), send_again(),
--- pending(id), idle(), close(); the fields reporting and nreports (read by
+-- unanswered(id), idle(), close(); the fields reporting and nreports (read by
 -- the remote's renewal).
 -- Calls: the remote's client, prefix, worker_id, counts, port, up, closed,
 -- want, _forget, _trouble, _fine, _give_back_unstarted; remote.updates:send.
@@ -68,7 +68,7 @@ function Reports:idle()
 end
 
 -- The job of remote id `id` whose report is not answered yet, or nil.
-function Reports:pending(id)
+function Reports:unanswered(id)
   return self.reporting[id]
 end
 
