@@ -9,8 +9,10 @@
 -- time (spec/support/spec_times.txt; --record writes this run's times there),
 -- N at a time (default 6, or $SPEC_JOBS). Most of the suite waits on servers,
 -- children and timers rather than using a CPU, so more processes than
--- cores pay. The files of a SERIAL set run one after another in one process:
--- they measure time windows and should not compete with each other.
+-- cores pay. The files of the ALONE set measure windows of time and how
+-- soon things happen (rates, stalls, schedules, a dead link's PING): they
+-- run last, in ALONE_LANES processes (each a share of the files, one after
+-- another), with nothing else beside them.
 --
 -- Each file's output goes to a log, shown in full when the file has a
 -- failure. The run ends with one line, "N passed, N failed" (errors, files
@@ -34,10 +36,11 @@ int clock_gettime(int clock, struct moonjob_run_timespec *ts);
 local TIMES_FILE = "spec/support/spec_times.txt"
 local DEFAULT_SECONDS = 5 -- a file not timed yet
 local UNIT_SECONDS = 600 -- the bound on one busted process
--- Files that measure windows of time (rates, stalls, schedules), run in turn.
-local SERIAL = {
+-- Files that time what they watch, run last and alone (see above).
+local ALONE_LANES = 2
+local ALONE = {
   "spec/redis/schedules_spec.lua", "spec/redis/stalls_spec.lua", "spec/redis/limits_spec.lua",
-  "spec/pool/limits_spec.lua", "spec/cli/rate_spec.lua",
+  "spec/pool/limits_spec.lua", "spec/cli/rate_spec.lua", "spec/redis/server_faults_spec.lua",
 }
 
 local function now()
@@ -94,19 +97,45 @@ local function load_times()
   return times
 end
 
--- The units of work: one per file, but the SERIAL files present share one.
-local function make_units(files, times)
-  local serial, units, together = {}, {}, { files = {}, seconds = 0 }
-  for _, f in ipairs(SERIAL) do serial[f] = true end
+local function by_seconds(a, b) return a.seconds > b.seconds end
+
+-- The ALONE files present, in ALONE_LANES units of about equal time (each
+-- file, longest first, to the lane with the least so far).
+local function alone_lanes(files, times)
+  table.sort(files, function(a, b) return (times[a] or DEFAULT_SECONDS) > (times[b] or DEFAULT_SECONDS) end)
+  local lanes = {}
+  for i = 1, math.min(ALONE_LANES, #files) do lanes[i] = { files = {}, seconds = 0, alone = true } end
   for _, f in ipairs(files) do
-    local unit = serial[f] and together or { files = {}, seconds = 0 }
-    unit.files[#unit.files + 1] = f
-    unit.seconds = unit.seconds + (times[f] or DEFAULT_SECONDS)
-    if unit ~= together then units[#units + 1] = unit end
+    table.sort(lanes, function(a, b) return a.seconds < b.seconds end)
+    lanes[1].files[#lanes[1].files + 1] = f
+    lanes[1].seconds = lanes[1].seconds + (times[f] or DEFAULT_SECONDS)
   end
-  if #together.files > 0 then units[#units + 1] = together end
-  table.sort(units, function(a, b) return a.seconds > b.seconds end)
+  table.sort(lanes, by_seconds)
+  return lanes
+end
+
+-- The units of work, longest first: one per file, and last the lanes of
+-- the ALONE files present.
+local function make_units(files, times)
+  local alone, units, quiet = {}, {}, {}
+  for _, f in ipairs(ALONE) do alone[f] = true end
+  for _, f in ipairs(files) do
+    if alone[f] then quiet[#quiet + 1] = f
+    else units[#units + 1] = { files = { f }, seconds = times[f] or DEFAULT_SECONDS } end
+  end
+  table.sort(units, by_seconds)
+  for _, lane in ipairs(alone_lanes(quiet, times)) do units[#units + 1] = lane end
   return units
+end
+
+-- Whether `unit` may start beside the `running` ones: an ALONE lane only
+-- beside the other lanes.
+local function may_start(unit, running, jobs)
+  if not unit.alone then return #running < jobs end
+  for _, other in ipairs(running) do
+    if not other.alone then return false end
+  end
+  return true
 end
 
 local function start(unit, o, dir, index)
@@ -151,7 +180,7 @@ end
 
 local function record_times(units, times)
   for _, unit in ipairs(units) do
-    local share = unit.seconds_taken / #unit.files -- a serial set's time, shared evenly
+    local share = unit.seconds_taken / #unit.files -- a lane's time, shared evenly
     for _, f in ipairs(unit.files) do times[f] = share end
   end
   local names = {}
@@ -193,7 +222,7 @@ local function run(o)
   local began, next_unit, running = now(), 1, {}
   io.write(("running %d spec files, %d busted processes at once\n"):format(#files, o.jobs))
   while next_unit <= #units or #running > 0 do
-    while #running < o.jobs and next_unit <= #units do
+    while next_unit <= #units and may_start(units[next_unit], running, o.jobs) do
       start(units[next_unit], o, dir, next_unit)
       running[#running + 1] = units[next_unit]
       next_unit = next_unit + 1
