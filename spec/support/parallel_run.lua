@@ -75,6 +75,7 @@ local function parse_args(argv)
     i = i + 1
   end
   if #o.paths == 0 then o.paths = { "spec" } end
+  o.jobs = math.max(1, o.jobs)
   return o
 end
 
@@ -131,7 +132,8 @@ end
 -- Whether `unit` may start beside the `running` ones: an ALONE lane only
 -- beside the other lanes.
 local function may_start(unit, running, jobs)
-  if not unit.alone then return #running < jobs end
+  if #running >= jobs then return false end
+  if not unit.alone then return true end
   for _, other in ipairs(running) do
     if not other.alone then return false end
   end
@@ -172,16 +174,22 @@ local function finish(unit, total, o)
   if counts.failed > 0 then
     total.failed_units[#total.failed_units + 1] = unit
     local why = status == 124 and (" (stopped after %d s)"):format(UNIT_SECONDS) or ""
-    io.write(("---- %s (exit %s%s) ----\n%s\n---- end of %s ----\n"):format(unit.files[1],
-      tostring(status), why, log or "(no output)", unit.files[1]))
+    local names = table.concat(unit.files, " ")
+    io.write(("---- %s (exit %s%s) ----\n%s\n---- end of %s ----\n"):format(names,
+      tostring(status), why, log or "(no output)", names))
   end
   io.flush()
 end
 
+-- A unit's files' times: its time, shared in the proportions of their
+-- times before (a lane's files run in one process, timed together).
 local function record_times(units, times)
   for _, unit in ipairs(units) do
-    local share = unit.seconds_taken / #unit.files -- a lane's time, shared evenly
-    for _, f in ipairs(unit.files) do times[f] = share end
+    local before = 0
+    for _, f in ipairs(unit.files) do before = before + (times[f] or DEFAULT_SECONDS) end
+    for _, f in ipairs(unit.files) do
+      times[f] = unit.seconds_taken * (times[f] or DEFAULT_SECONDS) / before
+    end
   end
   local names = {}
   for f in pairs(times) do
@@ -208,6 +216,14 @@ local function findings(dir, total)
 end
 
 local function run(o)
+  for _, path in ipairs(o.paths) do
+    local there = io.open(path)
+    if not there then
+      io.write("no such spec file or folder: ", path, "\n0 passed, 1 failed\n")
+      return false
+    end
+    there:close()
+  end
   local times = load_times()
   local files = spec_files(o.paths)
   if #files == 0 then

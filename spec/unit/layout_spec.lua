@@ -152,8 +152,13 @@ local function defaults_outside(files, names)
   for _, path in ipairs(files) do
     for i, line in ipairs(lines_of(path)) do
       local code = line:gsub("%-%-.*$", "")
-      for name, after in code:gmatch("opts%.([%w_]+)%s+or%s+([^\n]*)") do
-        if names[name] and not from_options(after) then found[#found + 1] = ("%s:%d: %s"):format(path, i, name) end
+      for name, at in code:gmatch("opts%.([%w_]+)%s+or%s+()") do
+        local after = code:sub(at)
+        local default = from_options(after) and after:match("^[%w_%.]+%s*(.*)$")
+        local chained = default and default:match("^or%f[^%w_]") -- `or DEFAULTS.x or 30`
+        if names[name] and (not default or chained) then
+          found[#found + 1] = ("%s:%d: %s"):format(path, i, name)
+        end
       end
     end
   end
@@ -243,11 +248,14 @@ describe("the map of the code", function()
     local path = os.tmpname()
     local f = assert(io.open(path, "w"))
     f:write("local lease = opts.lease or 30\nlocal size = opts.size or DEFAULTS.size\n",
-      "local echo = opts.echo or true\nlocal codec = opts.codec or (opts.redis and 'json')\n")
+      "local echo = opts.echo or true\nlocal codec = opts.codec or (opts.redis and 'json')\n",
+      "local k, l = opts.keep or REDIS_DEFAULTS.keep, opts.lease or 30\n",
+      "local p = opts.poll or REDIS_DEFAULTS.poll or 1\n")
     f:close()
     local found = defaults_outside({ path }, option_names())
     os.remove(path)
-    assert.same({ path .. ":1: lease", path .. ":3: echo", path .. ":4: codec" }, found)
+    assert.same({ path .. ":1: lease", path .. ":3: echo", path .. ":4: codec", path .. ":5: lease",
+      path .. ":6: poll" }, found)
   end)
 
   it("keeps every Lua module under lua/ within 600 lines, and its functions within 80", function()

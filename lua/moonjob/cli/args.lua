@@ -106,20 +106,22 @@ the Redis function library (docs/REDIS.md); workers and producers load it:
   library --line N      the part and its line that a Redis error's
                         user_function:N names
 
-the commands on a Redis queue (worker, add, status, operating, schedule,
-dashboard) take:
+the commands on Redis (worker, add, status, the operating commands, schedule,
+dashboard) take --redis, those on one queue --queue, the others as they say:
   --redis URL           redis://[user:password@]host[:port][/db]; default:
                         $MOONJOB_REDIS (keeps a password out of `ps`)
   --queue NAME          the queue's name
-  --lease S             seconds a fetched job is held before another worker
-                        may take it, renewed every S/12 (default 30)
-  --grace S             seconds running jobs get to finish when the worker
-                        stops (default 30)
-  --prefetch N          jobs held beyond the running ones (default: -j)
-  --keep N, --keep-age S  finished jobs kept in Redis, by count per state
-                        (default: any number) and age (default 86400 s:
-                        a day; failed ones: --keep-failed-age, a week)
-  --keep-failed-age S   seconds failed jobs are kept (default 604800)
+  --lease S             for worker: seconds a fetched job is held before
+                        another worker may take it, renewed every S/12
+                        (default 30)
+  --grace S             for worker: seconds running jobs get to finish when
+                        the worker stops (default 30)
+  --prefetch N          for worker: jobs held beyond the running ones
+                        (default: -j)
+  --keep N, --keep-age S  for worker: finished jobs kept in Redis, by count
+                        per state (default: any number) and age (default
+                        86400 s: a day; failed ones: --keep-failed-age, a week)
+  --keep-failed-age S   for worker: seconds failed jobs are kept (default 604800)
   --priority P, --delay S   for add: lower runs first; seconds before it may run
   --group NAME          for add and schedule add: the jobs' group (a tenant, a
                         customer): groups take turns, each under its limits

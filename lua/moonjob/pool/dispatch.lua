@@ -155,12 +155,13 @@ function Dispatch:pump()
   local children, source, ranks = pool.children, pool.source, self.ranks
   local child = children:next_idle()
   while child do
-    local job = source:pop_ready()
+    local now = loop.now() -- a job's start (job.started) is the instant its source counted it at
+    local job = source:pop_ready(now)
     if job then
       local best = ranks.best_sent
       if not (best and (job[PRIORITY] or 0) > best and ranks:rescue(job, child)) then
         children:pop_idle()
-        self:send(child, job)
+        self:send(child, job, now)
       end -- else better jobs stuck behind a long one came back: pick again
     elseif not ((self.nprefetched > 0 or pool.batches) and self:steal()) then
       break

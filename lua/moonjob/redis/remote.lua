@@ -29,7 +29,7 @@
 --   * reports each end with the job's token (moonjob.redis.reports,
 --     remote.reports: complete, fail, ratelimited, release), sent again
 --     until it lands, the job's lease renewed meanwhile: a job whose report
---     is pending is never fenced;
+--     is unanswered is never fenced;
 --   * fences itself: a job whose lease was last confirmed more than
 --     4/5 of a lease ago (renewals failing: Redis down, link cut) is stopped
 --     (interrupted, then killed lease/30 later at most) and dropped without
@@ -409,7 +409,7 @@ function Remote:_renew(only)
 end
 
 -- The renewal's answer: every lease it does not name is ours until
--- sent_at + lease. A job whose report is pending is not looked at: the
+-- sent_at + lease. A job whose report is unanswered is not looked at: the
 -- report's own answer says whether it landed.
 function Remote:_renewed(reply, sent, sent_at)
   local bad = {}

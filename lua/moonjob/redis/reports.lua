@@ -11,7 +11,7 @@
 -- with the connection is sent again (after a back-off, or once the
 -- connection is back) until it lands or Redis answers ESTALE, and the job's
 -- lease is renewed meanwhile (the remote's renewals name the jobs in
--- `reporting`): a job whose report is pending is never fenced. An ESTALE
+-- `reporting`): a job whose report is unanswered is never fenced. An ESTALE
 -- answer to a report sent again after its first send's answer was lost is
 -- checked against the job in Redis (the first send may have landed), so a
 -- refusal said is a true one. A report Redis refuses for good is said once
