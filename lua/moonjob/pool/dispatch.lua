@@ -155,13 +155,12 @@ function Dispatch:pump()
   local children, source, ranks = pool.children, pool.source, self.ranks
   local child = children:next_idle()
   while child do
-    local now = loop.now() -- a job's start (job.started) is the instant its source counted it at
-    local job = source:pop_ready(now)
+    local job = source:pop_ready()
     if job then
       local best = ranks.best_sent
       if not (best and (job[PRIORITY] or 0) > best and ranks:rescue(job, child)) then
         children:pop_idle()
-        self:send(child, job, now)
+        self:send(child, job)
       end -- else better jobs stuck behind a long one came back: pick again
     elseif not ((self.nprefetched > 0 or pool.batches) and self:steal()) then
       break

@@ -213,9 +213,8 @@ end
 
 -- The next job that may start now, or nil: the pool's rate first (nil while
 -- it says no), then jobs whose group may not start are parked on the way.
--- now: the caller's clock reading (the job's start is counted at it).
-function Limits:pop_ready(now)
-  now = now or self.now()
+function Limits:pop_ready()
+  local now = self.now()
   self.rate_refused = now < self:rate_open_at()
   if self.rate_refused then return nil end
   local inner = self.inner

@@ -18,11 +18,9 @@
 --                         given back because no child took it (it keeps its id,
 --                         so it goes ahead of the jobs added after it at its
 --                         priority), or one the breaker put back
---   source:pop_ready([now]) -> the next job that may run now, or nil: lowest
+--   source:pop_ready()    -> the next job that may run now, or nil: lowest
 --                         job.priority first (default 0), then lowest id; delayed
---                         jobs whose run_at has passed count as ready. now:
---                         the pump's loop.now(), the job's start (a source
---                         with limits counts the start at it)
+--                         jobs whose run_at has passed count as ready
 --   source:peek_ready()   -> the job pop_ready would return, left waiting, or
 --                         nil (the pool compares its priority with the jobs
 --                         sent ahead to busy children)
