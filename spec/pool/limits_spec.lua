@@ -312,3 +312,40 @@ describe("moonjob.pool.limits, on a clock of its own", function()
     assert.truthy(src:pop_ready())
   end)
 end)
+
+describe("moonjob.pool.limits, on a clock that moves while it looks", function()
+  local Job = require "moonjob.job"
+  local Limits = require "moonjob.pool.limits"
+
+  -- A clock that moves 0.3 ms at each read (a live clock on a busy
+  -- machine), and raises once read too often: a look that spins fails.
+  local function moving_clock(from)
+    local t, reads = from, 0
+    return function()
+      reads = reads + 1
+      if reads > 10000 then error("the look spins: the clock was read 10,000 times") end
+      t = t + 0.3
+      return t
+    end, function(at) t, reads = at, 0 end
+  end
+
+  for _, look in ipairs({ "pop_ready", "peek_ready" }) do
+    it(look .. " ends when a group's ring opens during the look", function()
+      local now, set = moving_clock(0)
+      local src = Limits.new(now, { group_rate = { max = 1, per = 0.2 } })
+      local mt = Job.metatable({})
+      local first, second = Job.new(mt, 1, 0), Job.new(mt, 2, 0)
+      first.group, second.group = "g", "g"
+      src:push(first)
+      set(0)
+      assert.equal(first, src:pop_ready()) -- the ring's one start, at 0.3
+      src:push(second)
+      set(199.7) -- the look starts just before the ring opens (at 200.3) and runs past it
+      local got = src[look](src)
+      assert.truthy(got == nil or got == second)
+      if look == "pop_ready" and got then return end -- taken: it started once its ring opened
+      set(400)
+      assert.equal(second, src:pop_ready())
+    end)
+  end
+end)

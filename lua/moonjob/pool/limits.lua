@@ -221,6 +221,7 @@ function Limits:pop_ready()
   while true do
     local job = inner:pop()
     if not job then return nil end
+    now = self.now() -- (the clock moves: a time older than the queue's would park a due job again and again)
     local group = group_of(job)
     local why = group and self:blocks(group, now)
     if not why then
@@ -244,6 +245,7 @@ function Limits:peek_ready()
   local inner = self.inner
   while true do
     local job = inner:peek()
+    now = self.now() -- (as in pop_ready)
     local group = job and group_of(job)
     local why = group and self:blocks(group, now)
     if not why then return job end
