@@ -25,7 +25,9 @@
 -- Caveats: each busted runs under timeout(1) (UNIT_SECONDS, a bound that
 -- only catches a hang the specs' own watchdog cannot see, such as a call
 -- blocked outside the loop), in a process group of its own: Ctrl-C stops
--- this runner, and the files already started run on to their end.
+-- this runner, and the files already started run on to their end. When a
+-- file ends, whatever is left in its group (servers and workers a killed
+-- busted could not stop) is killed by that group's id.
 local ffi = require "ffi"
 ffi.cdef [[
 int poll(void *fds, unsigned long nfds, int timeout);
@@ -146,8 +148,9 @@ local function start(unit, o, dir, index)
   for i, f in ipairs(unit.files) do quoted[i] = shell_quote(f) end
   local command = ("timeout --kill-after=10 %d env %s %s %s"):format(UNIT_SECONDS, o.busted,
     table.concat(o.flags, " "), table.concat(quoted, " "))
-  os.execute(("(%s >%s 2>&1 </dev/null; echo $? >%s.tmp; mv %s.tmp %s) &"):format(
-    command, unit.log, unit.status_file, unit.status_file, unit.status_file))
+  unit.pid_file = unit.status_file .. ".pid"
+  os.execute(("(%s >%s 2>&1 </dev/null & echo $! >%s; wait $!; echo $? >%s.tmp; mv %s.tmp %s) &"):format(
+    command, unit.log, unit.pid_file, unit.status_file, unit.status_file, unit.status_file))
   unit.started = now()
 end
 
@@ -161,8 +164,16 @@ local function summary(log)
   return counts
 end
 
+-- timeout(1) leads a process group of its own: what the file started and
+-- left running (a server, a worker, once its busted was killed) is in it.
+local function end_leftovers(unit)
+  local pgid = tonumber(read_file(unit.pid_file) or "")
+  if pgid and pgid > 1 then os.execute(("kill -KILL -%d 2>/dev/null"):format(pgid)) end
+end
+
 local function finish(unit, total, o)
   unit.seconds_taken = now() - unit.started
+  end_leftovers(unit)
   local log = read_file(unit.log)
   local status = tonumber(read_file(unit.status_file) or "")
   local counts = summary(log)
