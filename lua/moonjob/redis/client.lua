@@ -291,7 +291,7 @@ function Client:_reload(conn, args, cb, tries)
   self.reloads[#self.reloads + 1] = { args, cb, nil, tries }
   if self.reloading then return end
   self.reloading, self.ready = true, false -- new calls wait until it is loaded
-  setup.ensure_library(conn, function(err, kind)
+  setup.ensure_library(conn, self.target, function(err, kind)
     self.reloading = false
     if self.conn ~= conn or kind == "connection" or kind == "state" then
       -- this connection goes (down, or not a primary): the next one loads it
