@@ -58,11 +58,11 @@ rq.describe(function()
       assert.not_matches("pw%-d", err)
       -- another moonjob's library (another text, the same name)
       local other = helpers.write_file(os.tmpname(),
-        (require("moonjob.redis.library").text():gsub('return "(%d+)" end', 'return "%1-other" end')))
+        (require("moonjob.redis.library").text():gsub('VERSION, OLDEST_CLIENT = "(%d+)"', 'VERSION, OLDEST_CLIENT = "%1-other"')))
       faults.load_library(server, other)
       q, err = moonjob.queue(url, "tenant-d-jobs", { timeout = 20 })
       assert.is_nil(q)
-      assert.matches("is not this moonjob's version", err)
+      assert.matches("is version %d+%-other, not this moonjob's %d+", err)
       -- without function|list the version says it
       local url_c = faults.tenant(server, "tenant-e", "pw-e")
       q, err = moonjob.queue(url_c, "tenant-e-jobs", { timeout = 20 })

@@ -57,10 +57,15 @@ local function reply(server, req, status, t)
   server:respond(req, status, Operate.encode(t))
 end
 
+-- An error's message as a page may see it: without the Redis URL.
+local function public(server, message)
+  return server.client:without_address(message)
+end
+
 local function fail(server, req, err)
   local code = type(err) == "table" and err.code or "EINTERNAL"
   reply(server, req, STATUS[code] or 502, { error = { code = code,
-    message = type(err) == "table" and tostring(err.message) or tostring(err) } })
+    message = public(server, type(err) == "table" and err.message or err) } })
 end
 
 local function counts_of(c)
@@ -103,7 +108,7 @@ function Api:queues(server, req)
   for _, c in ipairs(list) do
     local row = counts_of(c)
     row.name = c.name
-    if c.error then row.error = { code = c.error.code, message = tostring(c.error.message) } end
+    if c.error then row.error = { code = c.error.code, message = public(server, c.error.message) } end
     local m = not c.error and producer.attach(self.client, c.name):metrics({ minutes = SPARK_MINUTES })
     local spark = {}
     for i, minute in ipairs(m and m.minutes or {}) do spark[i] = minute.completed end

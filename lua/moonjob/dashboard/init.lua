@@ -24,7 +24,9 @@
 --     cannot act through a visitor's browser;
 --   * on loopback without a token the Host header must name loopback: a
 --     DNS name rebound to 127.0.0.1 by another site is refused;
---   * the Redis URL (and its password) is never sent to a page.
+--   * the Redis URL (and its password) is never sent to a page: when Redis
+--     is unreachable a page reads "Redis is unreachable: connection refused",
+--     and the URL (password masked) goes to stderr, once per outage.
 local core = require "moonjob.core"
 local client = require "moonjob.redis.client"
 local api = require "moonjob.dashboard.api"
@@ -144,11 +146,28 @@ function Server:handle(req)
   if static then return self:respond(req, 200, static[1], static[2]) end
   if req.path == "/metrics" and req.method == "GET" then
     local text, err = require("moonjob.dashboard.metrics").render(self)
-    if not text then return self:respond(req, 503, "# " .. tostring(err) .. "\n", "text/plain; charset=utf-8") end
+    if not text then
+      return self:respond(req, 503, "# " .. self.client:without_address(err) .. "\n", "text/plain; charset=utf-8")
+    end
     return self:respond(req, 200, text, "text/plain; version=0.0.4; charset=utf-8")
   end
   if req.path:sub(1, 5) == "/api/" then return self.api:handle(self, req) end
   self:respond(req, 404, '{"error":{"code":"ENOTFOUND","message":"no such page"}}')
+end
+
+-- The operator hears on stderr when Redis goes (its URL, the password
+-- masked, and why: once per reason while it lasts, as the client says it)
+-- and when it is back; a page hears only "Redis is unreachable"
+-- (client:without_address).
+local function redis_state(target)
+  local name, down = target and client.display(target) or "", false
+  return function(up, why)
+    if up and down then io.stderr:write(("moonjob dashboard: Redis %s is reachable again\n"):format(name)) end
+    if not up then
+      io.stderr:write(("moonjob dashboard: Redis %s is unreachable: %s\n"):format(name, tostring(why)))
+    end
+    down = not up
+  end
 end
 
 -- dashboard.start(opts) -> server | nil, err. opts: redis (URL), listen
@@ -163,7 +182,8 @@ function M.start(opts)
   end
   local files, ferr = read_static()
   if not files then return nil, ferr end
-  local c, err = client.new(opts.redis, { timeout_ms = (opts.timeout or 5) * 1000 })
+  local c, err = client.new(opts.redis, { timeout_ms = (opts.timeout or 5) * 1000,
+    on_state = redis_state(client.parse(opts.redis)) })
   if not c then return nil, err end
   local self = setmetatable({ client = c, token = opts.token, files = files,
     check_host = loopback(host) and not opts.token, api = api.new(c) }, Server)

@@ -114,6 +114,30 @@ local function connection_error(self, why)
   return ("EREDIS: %s: %s"):format(self.name, why or "not connected")
 end
 
+-- A connection error's reason with no part of the address, or nil when its
+-- words hold some (then none is given).
+local function plain_reason(self, why)
+  why = why:match("^cannot connect to .-: (.+)$") or why
+  if why:match("^cannot resolve ") then why = "its host name does not resolve" end
+  local t = self.target
+  for _, part in ipairs({ "redis://", t.host, ":" .. t.port, t.user or "redis://" }) do
+    if why:find(part, 1, true) then return nil end
+  end
+  return (why:gsub("^(%u)(%l)", function(a, b) return a:lower() .. b end)) -- "Connection refused"
+end
+
+-- client:without_address(text) -> text, or, for an error of this client's
+-- connection (it names the URL: user, host, port, database), "Redis is
+-- unreachable: connection refused" with nothing of the URL: what a page
+-- may be shown (the dashboard; the URL is for its operator's log).
+function Client:without_address(text)
+  text = tostring(text)
+  local at = text:find(self.name, 1, true)
+  if not at then return text end
+  local reason = plain_reason(self, (text:sub(at + #self.name):gsub("^:%s*", "")))
+  return reason and reason ~= "" and "Redis is unreachable: " .. reason or "Redis is unreachable"
+end
+
 function Client:_connect()
   if self.closed then return end
   local conn
@@ -291,7 +315,7 @@ function Client:_reload(conn, args, cb, tries)
   self.reloads[#self.reloads + 1] = { args, cb, nil, tries }
   if self.reloading then return end
   self.reloading, self.ready = true, false -- new calls wait until it is loaded
-  setup.ensure_library(conn, function(err, kind)
+  setup.ensure_library(conn, self.target, function(err, kind)
     self.reloading = false
     if self.conn ~= conn or kind == "connection" or kind == "state" then
       -- this connection goes (down, or not a primary): the next one loads it

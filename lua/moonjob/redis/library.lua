@@ -6,7 +6,8 @@
 -- its own in a do ... end block (functions/base.lua says how they share).
 --
 --   library.text()      -> the library, as FUNCTION LOAD takes it
---   library.version()   -> what its moonjob_version answers
+--   library.version()   -> what its moonjob_version answers ("7")
+--   library.oldest_client() -> the oldest moonjob version it serves
 --   library.where(n)    -> the part and the line in it of the text's line n
 --   library.explain(e)  -> a Redis error with its user_function:N lines placed
 --
@@ -32,7 +33,7 @@ end
 
 local DIR = own_dir() .. "/functions/"
 
-local text, version, parts -- parts: { { name, path, first line, line count } } in order
+local text, version, oldest, parts -- parts: { { name, path, first line, line count } } in order
 
 local function read_part(name)
   local path = DIR .. name .. ".lua"
@@ -61,7 +62,10 @@ local function assemble()
     line = line + lines
   end
   text = table.concat(pieces)
-  version = text:match('local function version%(%) return "([^"]*)" end')
+  version, oldest = text:match('local VERSION, OLDEST_CLIENT = "(%d+)", "(%d+)"')
+  if not version then
+    error("moonjob.redis.library: register.lua must declare local VERSION, OLDEST_CLIENT = \"N\", \"M\"", 0)
+  end
 end
 
 -- library.text() -> the assembled library (the same text for the process's life)
@@ -70,10 +74,17 @@ function M.text()
   return text
 end
 
--- library.version() -> the version its moonjob_version answers ("6")
+-- library.version() -> the version its moonjob_version answers ("7")
 function M.version()
   if not text then assemble() end
   return version
+end
+
+-- library.oldest_client() -> the oldest moonjob version whose calls it
+-- serves ("7"): what `FCALL moonjob_version 0 oldest` answers
+function M.oldest_client()
+  if not text then assemble() end
+  return oldest
 end
 
 -- library.where(n) -> the part's file name ("groups.lua"), the line in it,

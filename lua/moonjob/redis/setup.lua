@@ -1,18 +1,23 @@
 -- moonjob.redis.setup -- what moonjob.redis.client runs on a new connection
--- before its first call, one command at a time:
+-- before its first call, its commands in order:
 --   * AUTH and SELECT, as the URL says (every connection);
 --   * then, on the connection that makes calls:
 --     - the eviction policy: a server that may evict any key when full
 --       (maxmemory-policy allkeys-*) would lose jobs without a word, so it is
 --       refused (CONFIG GET, else INFO memory; when the user may run
 --       neither, the check is skipped);
---     - the function library (moonjob.redis.library): loaded only when the
---       server's copy differs from ours (FUNCTION LIST ... WITHCODE, compared
---       byte for byte). When
---       loading is denied (NOPERM: an ACL user of one tenant), a copy loaded
---       by an admin is used if it is ours (or, when FUNCTION LIST is denied
---       too, if moonjob_version says our version); anything else is refused
---       with the command an admin runs;
+--     - the function library (moonjob.redis.library), the server's for every
+--       program of every moonjob version: ours is loaded when none is, or
+--       when the loaded one is older (its moonjob_version) or ours in another
+--       text (FUNCTION LIST ... WITHCODE, compared byte for byte). A newer one
+--       is never replaced: it is used when it still serves this version's
+--       calls (`moonjob_version 0 oldest`), else the program is refused and
+--       told to upgrade. Reading and loading are guarded (LIBRARY_GUARD) so
+--       that two programs connecting at once do not undo each other's load.
+--       When loading is denied (NOPERM: an ACL user of one tenant), a copy
+--       loaded by an admin is used if it is ours (or, when FUNCTION LIST is
+--       denied too, if moonjob_version says our version) or a newer one that
+--       serves ours; anything else is refused with the command an admin runs;
 --     - a primary: moonjob_writable is refused with READONLY, MASTERDOWN or
 --       LOADING when the server is not a writable primary now.
 -- done(nil) once set up, else done(why, kind): kind "state" (the server's
@@ -114,58 +119,201 @@ local function check_policy(conn, next)
   end)
 end
 
--- What FUNCTION LIST says of the moonjob library: "same", "different",
--- "missing", or "unknown" (this user may not list functions).
+-- The library is the server's, shared by every program of every moonjob
+-- version that connects. LIBRARY_GUARD: the key (in database 0 whatever the
+-- URL's database) that every moonjob from version 7 on WATCHes before it
+-- reads what is loaded, and increments in the transaction that loads its
+-- own: a load by another program in between aborts that transaction, and
+-- the program reads again (docs/REDIS.md, "Versions on one server").
+M.LIBRARY_GUARD = "mj:library"
+local LOAD_TRIES = 5
+
+-- The whole number a version text begins with ("7", "7-dev"), or nil.
+local function version_number(v)
+  return type(v) == "string" and tonumber(v:match("^%d+")) or nil
+end
+
+-- Sends each of list's commands in order; cb(got) once all answered, got[i]
+-- = { value, err, kind } of list[i].
+local function pipeline(conn, list, cb)
+  local got, left = {}, #list
+  local function answer(i, v, err, kind)
+    got[i] = { v, err, kind }
+    left = left - 1
+    if left == 0 then cb(got) end
+  end
+  for i, args in ipairs(list) do
+    local ok, err = conn:command(args, function(v, e, k) answer(i, v, e, k) end)
+    if not ok then answer(i, nil, err, "connection") end
+  end
+end
+
+-- The first answer of got that ends the set-up (the connection lost, the
+-- server not a primary now), as refusal() tells it, or nil.
+local function fatal(got)
+  for _, r in ipairs(got) do
+    if r[3] == "connection" or (r[2] and M.state_refusal(r[2])) then return refusal(r[2], r[3]) end
+  end
+end
+
+-- WATCHes the guard: cb(true), cb(false) when this user may not (an ACL
+-- without WATCH, SELECT or the key: its loads are not guarded), or cb(nil,
+-- err, kind).
+local function watch_guard(conn, db, cb)
+  local list = db == 0 and { { "WATCH", M.LIBRARY_GUARD } }
+    or { { "SELECT", 0 }, { "WATCH", M.LIBRARY_GUARD }, { "SELECT", db } }
+  pipeline(conn, list, function(got)
+    local err, kind = fatal(got)
+    if err then return cb(nil, err, kind) end
+    for _, r in ipairs(got) do
+      if r[2] then
+        if db ~= 0 and got[3][2] then return cb(nil, refusal(got[3][2], got[3][3])) end -- (not back in db)
+        command(conn, { "UNWATCH" }, function() end)
+        return cb(false)
+      end
+    end
+    cb(true)
+  end)
+end
+
+-- Reads the loaded library's version (FCALL_RO moonjob_version 0) into
+-- found, and when it is newer than ours the oldest version it serves; cb(found)
+-- or cb(nil, err, kind).
+local function read_version(conn, found, cb)
+  command(conn, { "FCALL_RO", "moonjob_version", 0 }, function(v, err, kind)
+    if err then
+      if kind ~= "connection" and M.function_missing(err) then return cb(found) end -- no such function
+      return cb(nil, refusal(err, kind))
+    end
+    found.exists, found.version = true, v
+    if (version_number(v) or 0) <= version_number(library.version()) then return cb(found) end
+    command(conn, { "FCALL_RO", "moonjob_version", 0, "oldest" }, function(o, oerr, okind)
+      if oerr then return cb(nil, refusal(oerr, okind)) end
+      found.oldest = o
+      cb(found)
+    end)
+  end)
+end
+
+-- What the server holds: cb(found) with found.exists, .same (our text, byte
+-- for byte), .listed (this user may list functions), .version, .oldest; or
+-- cb(nil, err, kind).
 local function loaded_library(conn, cb)
   command(conn, { "FUNCTION", "LIST", "LIBRARYNAME", "moonjob", "WITHCODE" }, function(v, err, kind)
+    local found = { exists = false, listed = not err }
     if err then
       if kind == "connection" or M.state_refusal(err) then return cb(nil, refusal(err, kind)) end
-      return cb("unknown")
+      return read_version(conn, found, cb) -- this user may not list functions
     end
-    local ours = library.text()
     for _, lib in ipairs(type(v) == "table" and v or {}) do
       local fields = {}
       for i = 1, #lib - 1, 2 do fields[lib[i]] = lib[i + 1] end
       if fields.library_name == "moonjob" then
-        return cb(fields.library_code == ours and "same" or "different")
+        found.exists, found.same = true, fields.library_code == library.text()
       end
     end
-    cb("missing")
+    if not found.exists or found.same then return cb(found) end
+    read_version(conn, found, cb)
   end)
+end
+
+-- What to do with what the server holds: "use" it, "load" ours (none is
+-- loaded), "replace" it with ours (an older version, or ours in another
+-- text), or "refuse" (a newer version that no longer serves ours).
+local function decide(found)
+  if found.same then return "use" end
+  if not found.exists then return "load" end
+  local theirs, ours = version_number(found.version), version_number(library.version())
+  if theirs and theirs > ours then
+    return (version_number(found.oldest) or math.huge) <= ours and "use" or "refuse"
+  end
+  -- (FUNCTION LIST denied: the version is what can be compared)
+  if not found.listed and found.version == library.version() then return "use" end
+  return "replace"
+end
+
+local function newer_refusal(found)
+  return ("the Redis server has moonjob library version %s, newer than this moonjob's %s, and it no longer"
+    .. " serves this version's calls (it serves moonjob %s and later): upgrade moonjob on this host. A newer"
+    .. " library is never replaced by an older one (docs/REDIS.md, \"Versions on one server\")")
+    :format(found.version, library.version(), tostring(found.oldest or found.version)), "refused"
 end
 
 local ADMIN_HINT = "an admin loads it once: moonjob library | redis-cli -x FUNCTION LOAD REPLACE"
   .. " (docs/REDIS.md, \"A tenant limited to its own queues\")"
 
--- Loading was denied: the loaded copy will do only if it is ours.
-local function denied(conn, found, load_err, next)
-  local version = library.version()
-  local function refuse(what)
-    next(("the moonjob function library in Redis %s and this user may not load it (%s); %s")
-      :format(what, load_err:match("^%S+") or load_err, ADMIN_HINT), "refused")
+-- Loading was denied (NOPERM: a tenant's ACL) and the loaded library, if
+-- any, will not do: the refusal, with what an admin runs.
+local function denied(found, load_err)
+  local what, ours = "is not loaded", library.version()
+  if found.version == ours then
+    what = ("is version %s in another text than this moonjob's"):format(ours)
+  elseif found.exists then
+    what = ("is version %s, not this moonjob's %s"):format(tostring(found.version or "unknown"), ours)
   end
-  if found == "missing" then return refuse("is not loaded") end
-  if found == "different" then return refuse("is not this moonjob's version " .. tostring(version)) end
-  -- FUNCTION LIST was denied too: the version is what can be compared
-  command(conn, { "FCALL_RO", "moonjob_version", 0 }, function(v, err, kind)
-    if kind == "connection" then return next(err, "connection") end
-    if err and M.state_refusal(err) then return next(refusal(err, kind)) end
-    if v ~= nil and v == version then return next() end
-    refuse(err and "is not loaded" or ("is version " .. tostring(v) .. ", not this moonjob's " .. tostring(version)))
+  return ("the moonjob function library in Redis %s and this user may not load it (%s); %s")
+    :format(what, load_err:match("^%S+") or load_err, ADMIN_HINT), "refused"
+end
+
+-- Loads ours: FUNCTION LOAD when none is loaded (it fails if another program
+-- loaded one meanwhile), REPLACE otherwise; guarded, in a transaction that
+-- increments the guard (aborted if another program loaded meanwhile).
+-- cb(nil) loaded, cb(err, kind), or cb(nil, nil, true): read again.
+local function load(conn, db, found, guarded, cb)
+  local args = found.exists and { "FUNCTION", "LOAD", "REPLACE", library.text() }
+    or { "FUNCTION", "LOAD", library.text() }
+  local list = { args }
+  if guarded then
+    list = { { "MULTI" }, args }
+    if db ~= 0 then list[#list + 1] = { "SELECT", 0 } end
+    list[#list + 1] = { "INCR", M.LIBRARY_GUARD }
+    if db ~= 0 then list[#list + 1] = { "SELECT", db } end
+    list[#list + 1] = { "EXEC" }
+  end
+  pipeline(conn, list, function(got)
+    local loaded = got[guarded and 2 or 1]
+    local err, kind = fatal(got)
+    if not err then err, kind = loaded[2], loaded[3] end -- (refused as it was queued: NOPERM)
+    if not err and guarded and not got[1][2] then
+      local exec = got[#got]
+      if exec[2] then err, kind = exec[2], exec[3]
+      elseif exec[1] == nil then return cb(nil, nil, true) -- aborted: another program loaded meanwhile
+      elseif type(exec[1][1]) == "table" then err, kind = exec[1][1].err, "reply" end
+    end
+    if err and kind ~= "connection" and err:find("already exists", 1, true) then return cb(nil, nil, true) end
+    cb(err, kind)
   end)
 end
 
--- The library at our version on the server, loaded only when it is not.
-function M.ensure_library(conn, next)
-  loaded_library(conn, function(found, err, kind)
-    if not found then return next(err, kind) end
-    if found == "same" then return next() end
-    command(conn, { "FUNCTION", "LOAD", "REPLACE", library.text() }, function(_, lerr, lkind)
-      if not lerr then return next() end
-      if lkind ~= "connection" and lerr:match("^NOPERM") then return denied(conn, found, lerr, next) end
-      next(refusal(library.explain(lerr), lkind)) -- (a line of the text named by its part)
+-- The library on the server: ours loaded when none is, or an older one; a
+-- newer one kept (used when it serves this version, else refused). Reads
+-- again (up to LOAD_TRIES times) when another program loaded meanwhile.
+local function settle_library(conn, db, next, tries)
+  watch_guard(conn, db, function(guarded, werr, wkind)
+    if guarded == nil then return next(werr, wkind) end
+    loaded_library(conn, function(found, err, kind)
+      if not found then return next(err, kind) end
+      local what = decide(found)
+      if what == "use" or what == "refuse" then
+        if guarded then command(conn, { "UNWATCH" }, function() end) end
+        if what == "use" then return next() end
+        return next(newer_refusal(found))
+      end
+      load(conn, db, found, guarded, function(lerr, lkind, again)
+        if again and tries < LOAD_TRIES then return settle_library(conn, db, next, tries + 1) end
+        if again then return next("the moonjob library kept changing while this program loaded it", "state") end
+        if not lerr then return next() end
+        if lkind ~= "connection" and lerr:match("^NOPERM") then return next(denied(found, lerr)) end
+        next(refusal(library.explain(lerr), lkind)) -- (a line of the text named by its part)
+      end)
     end)
   end)
+end
+
+-- ensure_library(conn, target, next): the library on the server, as
+-- settle_library says; next(nil) or next(why, kind).
+function M.ensure_library(conn, target, next)
+  settle_library(conn, target.db, next, 1)
 end
 
 local function check_primary(conn, next)
@@ -181,7 +329,7 @@ function M.run(conn, target, calls, done)
   local steps = auth_steps(target)
   if calls then
     steps[#steps + 1] = check_policy
-    steps[#steps + 1] = M.ensure_library
+    steps[#steps + 1] = function(c, next) M.ensure_library(c, target, next) end
     steps[#steps + 1] = check_primary
   end
   chain(conn, steps, done)

@@ -1,12 +1,13 @@
 -- part: base.lua
 -- moonjob's queue, as a library of Redis Functions (Redis 7). This library
 -- runs inside Redis, not in moonjob: workers and producers load it (FUNCTION
--- LOAD REPLACE) when they connect and the server's copy is not this text, or
--- when a call meets "Function not found" (moonjob.redis.setup; an ACL user
--- that may not load it uses an admin's copy at this version), and every
--- change of a queue's state is one FCALL, so it is atomic. docs/REDIS.md is
--- the contract for other languages. Bump version() (register.lua) with any
--- change of what a function takes or answers.
+-- LOAD REPLACE) when they connect and the server's copy is not this text and
+-- not a newer version, or when a call meets "Function not found"
+-- (moonjob.redis.setup; an ACL user that may not load it uses an admin's
+-- copy at this version), and every change of a queue's state is one FCALL,
+-- so it is atomic. docs/REDIS.md is the contract for other languages. Bump
+-- VERSION (register.lua) with any change of the library, and OLDEST_CLIENT
+-- with any change an older moonjob's calls would be misread by.
 --
 -- One library, assembled from the parts in this folder in a fixed order
 -- (moonjob.redis.library: this part first, register.lua last). Each part is

@@ -3,7 +3,20 @@
 -- with their flags.
 
 do
-local function version() return "6" end
+-- VERSION: a whole number, one more whenever the library changes; the
+-- programs of other versions compare it (moonjob.redis.setup). OLDEST_CLIENT:
+-- the oldest moonjob version whose calls this library still serves as that
+-- version's own library did; a program of that version or later that finds
+-- this newer library loaded keeps it and uses it (one of an older version is
+-- refused, told to upgrade). Raise it when a call of an older program would
+-- be misread (docs/REDIS.md, "Versions on one server").
+local VERSION, OLDEST_CLIENT = "7", "7"
+
+-- moonjob_version -> VERSION; with the argument "oldest" -> OLDEST_CLIENT.
+local function version(_, args)
+  if args[1] == "oldest" then return OLDEST_CLIENT end
+  return VERSION
+end
 
 redis.register_function("moonjob_add", F.add)
 redis.register_function("moonjob_fetch", F.fetch)
