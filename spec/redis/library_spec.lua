@@ -130,7 +130,8 @@ describe("the Redis library's parts", function()
     end
     assert.same({}, set)
     local allowed = { redis = true, cjson = true, math = true, string = true, table = true, tonumber = true,
-      tostring = true, type = true, pairs = true, ipairs = true, unpack = true, pcall = true, assert = true }
+      tostring = true, type = true, pairs = true, ipairs = true, unpack = true, pcall = true, assert = true,
+      error = true }
     for name in pairs(read) do assert.is_true(allowed[name] == true, "the library reads the global " .. name) end
   end)
 

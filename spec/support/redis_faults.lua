@@ -6,6 +6,8 @@
 --   faults.replica_of(replica, primary)    -- REPLICAOF, waits until the link is up
 --   local proxy = faults.proxy(server)     -- a TCP proxy; proxy:freeze() turns every link
 --   proxy.url ... proxy:stop()             --   open now into a black hole (no byte, no close)
+--   faults.proxy(server, { { "answer", "mark" }, { "ask", "HMGET.*token" } })
+--                                          -- cuts: each link cut once, in turn (proxy:fired())
 --   faults.in_namespace(hosts, script)     -- runs a Lua script with /etc/hosts replaced
 --   faults.black_hole(port)                -- [::1]:port takes no new connection, silently
 --
@@ -55,14 +57,26 @@ function M.role(server)
 end
 
 local PROXY = [[
-import signal, socket, sys, threading
+import re, signal, socket, sys, threading
 target = int(sys.argv[1])
+fired_path = sys.argv[2]
+cuts = [(sys.argv[i], re.compile(sys.argv[i + 1].encode(), re.S)) for i in range(3, len(sys.argv), 2)]
+lock = threading.Lock()
 accepted = [0]
 frozen_below = [0]   # links numbered below this are black holes
 def freeze(*_):
     frozen_below[0] = accepted[0]
 signal.signal(signal.SIGUSR1, freeze)
-def pipe(n, a, b):
+def cut_here(way, data):
+    # the first cut not made yet, if it is for this way and data holds its pattern
+    with lock:
+        if cuts and cuts[0][0] == way and cuts[0][1].search(data):
+            cuts.pop(0)
+            with open(fired_path, "a") as f:
+                f.write(way + "\n")
+            return True
+    return False
+def pipe(n, a, b, way):
     try:
         while True:
             data = a.recv(65536)
@@ -70,6 +84,8 @@ def pipe(n, a, b):
                 break
             if n < frozen_below[0]:
                 continue     # swallowed: no answer, no close, as a link that died silently
+            if cut_here(way, data):
+                break        # swallowed, and the link closed both ways
             b.sendall(data)
     except OSError:
         pass
@@ -88,18 +104,25 @@ while True:
     upstream = socket.create_connection(("127.0.0.1", target))
     n = accepted[0]
     accepted[0] += 1
-    threading.Thread(target=pipe, args=(n, client, upstream), daemon=True).start()
-    threading.Thread(target=pipe, args=(n, upstream, client), daemon=True).start()
+    threading.Thread(target=pipe, args=(n, client, upstream, "ask"), daemon=True).start()
+    threading.Thread(target=pipe, args=(n, upstream, client, "answer"), daemon=True).start()
 ]]
 
 local Proxy = {}
 Proxy.__index = Proxy
 
-function M.proxy(server)
+-- cuts (optional): { way, pattern } pairs, made one after the other: the
+-- first chunk going that way ("ask": to Redis, "answer": from it) that
+-- matches the pattern (a Python regular expression, no spaces nor quotes;
+-- "." matches line ends too) is swallowed and its link closed both ways;
+-- then the next cut waits for its own chunk.
+function M.proxy(server, cuts)
   local dir = helpers.tmpdir()
   helpers.write_file(dir .. "/proxy.py", PROXY)
-  local pid = assert(tonumber(helpers.first_line(("python3 %s/proxy.py %d > %s/port & echo $!")
-    :format(dir, server.port, dir))))
+  local args = {}
+  for _, c in ipairs(cuts or {}) do args[#args + 1] = c[1] .. " '" .. c[2] .. "'" end
+  local pid = assert(tonumber(helpers.first_line(("python3 %s/proxy.py %d %s/fired %s > %s/port & echo $!")
+    :format(dir, server.port, dir, table.concat(args, " "), dir))))
   local self = setmetatable({ pid = pid, dir = dir }, Proxy)
   helpers.wait_for(function()
     local f = io.open(dir .. "/port")
@@ -114,6 +137,16 @@ end
 -- Every link open now stops carrying bytes, for good; new links work.
 function Proxy:freeze()
   os.execute(("kill -USR1 %d"):format(self.pid))
+end
+
+-- The cuts made so far, in order: { "answer", "ask", ... }.
+function Proxy:fired()
+  local out = {}
+  local f = io.open(self.dir .. "/fired")
+  if not f then return out end
+  for line in f:lines() do out[#out + 1] = line end
+  f:close()
+  return out
 end
 
 function Proxy:stop()

@@ -262,7 +262,11 @@ end
 -- ours in flight), the active jobs last fetched by this worker under a
 -- token newer than any it received are given back. A fetch that runs in
 -- Redis later still (a cut network resending it) leaves its jobs to their
--- lease, as before.
+-- lease, as before. The recovery ends only once every look landed: one cut
+-- off by the connection (before the ZRANGE's answer, or between it and the
+-- HMGETs' answers) leaves lost_fetch set, and the whole recovery runs again
+-- when the connection is back (_state calls want). Running it twice is
+-- harmless: a job given back holds no token of ours any more.
 function Remote:_recover_lost_fetch()
   self.fetching = true
   self.client:call({ "ZRANGE", self.prefix .. "active", -2000, -1 }, function(ids, _, kind)
@@ -272,13 +276,14 @@ function Remote:_recover_lost_fetch()
       self.lost_fetch = false
       return self:want()
     end
-    local left = #ids
+    local left, cut = #ids, false
     for _, id in ipairs(ids) do
-      self.client:call({ "HMGET", self.prefix .. "j:" .. id, "worker", "token" }, function(f)
+      self.client:call({ "HMGET", self.prefix .. "j:" .. id, "worker", "token" }, function(f, _, hkind)
         if type(f) == "table" then self:_give_back_lost(id, f[1], f[2]) end
+        cut = cut or hkind == "connection"
         left = left - 1
         if left > 0 then return end
-        self.fetching, self.lost_fetch = false, false
+        self.fetching, self.lost_fetch = false, cut -- (cut: again, whole, once the connection is back)
         self:want()
       end)
     end

@@ -108,6 +108,7 @@ local function debounce_key(p, debounce_id) return p .. "debounce:" .. debounce_
 -- nil (no such job delayed: a new one is made, and the key names it).
 local function debounce(p, args, now)
   local joined_id = redis.pcall("GET", debounce_key(p, args[16]))
+  H.wrong_type(joined_id, "GET " .. debounce_key(p, args[16])) -- (any other error: the add's)
   if type(joined_id) ~= "string" then return nil end -- none, or a key of another type (SET replaces it)
   local key = job_key(p, joined_id)
   local f = job_fields(key, "state", "nonce", "debounce", "made")

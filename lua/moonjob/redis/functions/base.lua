@@ -67,6 +67,8 @@
 -- reads job hashes with redis.pcall: a job key of another type, a hash that
 -- is gone or a field out of range is that job's failure (EINPUT, kept in
 -- <p>failed) or a count in <p>totals "missing", never the whole call's.
+-- Only WRONGTYPE says a key is of another type: any other error of a read
+-- (an ACL's denial) is the call's, raised before that job's first write.
 
 local H = {} -- helpers and bounds: base.lua, metrics, states, cron, add
 local G = {} -- the groups' functions: fairness and limits per group (groups.lua, G.take: fetch.lua)
@@ -115,11 +117,22 @@ local function refuse(fn, what, value)
   return redis.error_reply(("EINPUT %s: %s, not '%s'"):format(fn, what, tostring(value):sub(1, 64)))
 end
 
+-- r, what a redis.pcall answered -> true when it is WRONGTYPE (a key of
+-- another type, written by another client: the caller's case). Any other
+-- error (an ACL that denies the command, ...) says nothing of the key: it is
+-- the call's, raised with what (the command and its key) added.
+local function wrong_type(r, what)
+  if type(r) ~= "table" or not r.err then return false end
+  if string.find(r.err, "^WRONGTYPE") then return true end
+  error({ err = r.err .. " (" .. what .. ")" })
+end
+
 -- A job's fields, or nil and why: redis.pcall, since HMGET on a key of
--- another type raises (and a raise would stop the call half done).
+-- another type raises (and a raise would stop the call half done). Any
+-- other error raises (wrong_type): callers read before they write.
 local function job_fields(key, ...)
   local f = redis.pcall("HMGET", key, ...)
-  if f.err then
+  if wrong_type(f, "HMGET " .. key) then
     return nil, ("the key %s holds a %s, not a job hash (written by another client)"):format(
       key, redis.call("TYPE", key).ok)
   end
@@ -180,5 +193,5 @@ H.LOG_KEEP_MAX = LOG_KEEP_MAX
 H.now_ms, H.job_key, H.publish, H.err_json, H.number_in = now_ms, job_key, publish, err_json, number_in
 H.refuse, H.job_fields, H.count_total, H.count_missing = refuse, job_fields, count_total, count_missing
 H.log_key, H.delete_job, H.check_numbers, H.check_args = log_key, delete_job, check_numbers, check_args
-H.SETS, H.member_id = SETS, member_id
+H.SETS, H.member_id, H.wrong_type = SETS, member_id, wrong_type
 end

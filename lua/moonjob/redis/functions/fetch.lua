@@ -12,7 +12,7 @@ local check_numbers, retain, fail_entry, look_at = H.check_numbers, H.retain, H.
 local recover_stalled, promote_delayed = H.recover_stalled, H.promote_delayed
 local fire_schedules, next_schedule = S.fire_schedules, S.next_schedule
 local read_limits, rate_room, allowance = L.read_limits, L.rate_room, L.allowance
-local count_starts = L.count_starts
+local count_starts, wrong_type = L.count_starts, H.wrong_type
 
 local FETCH_NUMBERS = {
   { 2, "N must be a whole number from 0 to 2^31", 0, ATTEMPTS_MAX, true },
@@ -91,19 +91,41 @@ end
 -- POP_BUDGET more, so a backlog of expired jobs is cleared in a few calls.
 local POP_BUDGET = 1000
 
+-- take_one, protected: a raise (an error of a read that is not the key's,
+-- wrong_type) comes back as nil, false, the error, its entry not yet
+-- written (take_one reads before it writes).
+local function try_take(...)
+  local ok, row, kind = pcall(take_one, ...)
+  if ok then return row, kind end
+  return nil, false, row
+end
+
+-- An entry popped for a job that take_one could not read goes back in
+-- line, where it was (group g, if given: in its group's index too). The
+-- error is the fetch's when it hands out no job; else the jobs taken come
+-- back and the next fetch meets the error first.
+local function put_back(p, member, score, e, rows, now, g)
+  redis.call("ZADD", p .. "wait", score, member)
+  if g then G.index(p, g, score, member, now) end
+  if #rows == 0 then error(e) end
+end
+
 -- take in group mode: each job from the group whose turn it is (G.pick),
 -- under the groups' limits glim. A job of a group comes with its group
 -- (its row's 10th element). -> rows, tokens, missing.
 function G.take(p, worker, n, lease, max_payload, now, glim)
   local rows, tokens, missing, budget = {}, {}, 0, n + POP_BUDGET
   while #rows < n and budget > 0 do
-    local g, member, dropped = G.pick(p, now, glim)
+    local g, member, dropped, score = G.pick(p, now, glim)
     if not (g or dropped) then break end
     budget = budget - 1
     if g and redis.call("ZREM", p .. "wait", member) == 1 then -- (else: an entry whose job no longer waits)
       local token_no = redis.call("INCR", p .. "tokens")
-      local row, kind = take_one(p, string.sub(member, 18), worker, token_no, lease, max_payload, now)
-      if row then
+      local row, kind, e = try_take(p, string.sub(member, 18), worker, token_no, lease, max_payload, now)
+      if e then
+        put_back(p, member, score, e, rows, now, g)
+        break
+      elseif row then
         if g ~= "" then row[10] = g end
         rows[#rows + 1] = row
         tokens[#tokens + 1] = row[2]
@@ -133,8 +155,13 @@ local function take(p, worker, n, lease, max_payload, now, glim, grouped)
     budget = budget - #popped / 2
     local token_no = redis.call("INCRBY", p .. "tokens", #popped / 2) - #popped / 2
     for i = 1, #popped, 2 do
-      local row, kind = take_one(p, string.sub(popped[i], 18), worker, token_no + 1, lease, max_payload, now)
-      if row then
+      local row, kind, e = try_take(p, string.sub(popped[i], 18), worker, token_no + 1, lease, max_payload, now)
+      if e then
+        for j = #popped - 1, i + 2, -2 do redis.call("ZADD", p .. "wait", popped[j + 1], popped[j]) end
+        put_back(p, popped[i], popped[i + 1], e, rows, now)
+        budget = 0
+        break
+      elseif row then
         token_no = token_no + 1
         rows[#rows + 1] = row
         tokens[#tokens + 1] = row[2]
@@ -181,7 +208,7 @@ local function fetch(keys, args)
   retain(p, args, now, n)
   if redis.call("EXISTS", p .. "paused") == 1 then return { PAUSED } end
   local out = { -1 }
-  local lim, glim = read_limits(p)
+  local lim, glim = read_limits(p, true)
   local held_back, free = nil, tonumber(args[8] or "")
   local hold = redis.call("PTTL", p .. "limited") -- an ERATELIMIT hold: nothing now
   if hold > 0 then
@@ -193,7 +220,8 @@ local function fetch(keys, args)
   -- the token counter is checked before anything is popped (a pop is not
   -- undone if the call then fails): a key another client spoiled is said
   local counter = redis.pcall("INCRBY", p .. "tokens", 0)
-  if type(counter) == "table" and counter.err then
+  if type(counter) == "table" and counter.err and (counter.err:find("not an integer", 1, true)
+      or wrong_type(counter, "INCRBY " .. p .. "tokens")) then -- (another error: the call's, raised)
     return redis.error_reply(("ERR %stokens is not a counter (%s): another client wrote it; delete it "
       .. "(DEL %stokens) and restart the workers"):format(p, counter.err, p))
   end

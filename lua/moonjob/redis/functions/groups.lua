@@ -46,9 +46,10 @@ function G.on(p) return redis.call("EXISTS", p .. "groups", p .. "gparked") > 0 
 
 -- ZADD to a key of the groups' bookkeeping; one of another type (written
 -- by another client) is replaced, so that it never fails a call half-way.
+-- Any other error raises (H.wrong_type): the key is not deleted for it.
 function G.zadd(key, ...)
   local r = redis.pcall("ZADD", key, ...)
-  if type(r) == "table" and r.err then
+  if H.wrong_type(r, "ZADD " .. key) then
     redis.call("DEL", key)
     r = redis.call("ZADD", key, ...)
   end
@@ -59,7 +60,7 @@ end
 -- it holds none).
 function G.has(key, g)
   local r = redis.pcall("ZSCORE", key, g)
-  if type(r) == "table" and r.err then
+  if H.wrong_type(r, "ZSCORE " .. key) then
     redis.call("DEL", key)
     return false
   end
@@ -205,9 +206,9 @@ end
 -- The group whose turn it is, and the member popped from its index: the
 -- first group in the ring whose first job has the best priority waiting
 -- (among the next GROUP_WALK_MAX, else the group of the job first in
--- line), else the best that may take one; nil, nil when none may, and whether
--- the walk took groups out of the ring (parked or empty: a walk again
--- reaches further).
+-- line), else the best that may take one, and the member's score; nil, nil
+-- when none may, and whether the walk took groups out of the ring (parked or
+-- empty: a walk again reaches further).
 function G.pick(p, now, glim)
   local head = redis.call("ZRANGE", p .. "wait", 0, 0, "WITHSCORES")
   if #head == 0 then return nil, nil, false end
@@ -239,10 +240,10 @@ function G.pick(p, now, glim)
   if not (found and found_prio <= best) then found = G.of_head(p, head[1], now, glim) or found end
   if not found then return nil, nil, dropped end
   local set, turn = G.set(p, found), redis.call("INCR", p .. "turn") -- (drawn first: a pop is not undone)
-  local member = redis.call("ZPOPMIN", set)[1]
+  local popped = redis.call("ZPOPMIN", set)
   if redis.call("ZCARD", set) == 0 then redis.call("ZREM", p .. "groups", found)
   else redis.call("ZADD", p .. "groups", turn, found) end -- its turn is over
-  return found, member
+  return found, popped[1], false, popped[2]
 end
 
 -- Groups with no waiting job left (after a drain) leave the ring and the

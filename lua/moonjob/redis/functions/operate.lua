@@ -155,9 +155,9 @@ local function clean(keys, args)
   local before = tonumber(args[4] or "") or (now_ms() - (tonumber(args[2]) or 0))
   local ids = redis.call("ZRANGEBYSCORE", p .. state, "-inf", before, "LIMIT", 0, tonumber(args[3]) or 1000)
   for _, id in ipairs(ids) do
-    redis.call("ZREM", p .. state, id)
     local key = job_key(p, id)
-    local f = job_fields(key, "state")
+    local f = job_fields(key, "state") -- (read first: an error of the read leaves the entry)
+    redis.call("ZREM", p .. state, id)
     if not f or f[1] == state then delete_job(p, id, key) end -- one that ran again is kept
   end
   return { #ids, redis.call("ZCOUNT", p .. state, "-inf", before), before }
@@ -168,9 +168,9 @@ local function empty_set(p, set, limit)
   local members = redis.call("ZRANGE", p .. set, 0, limit - 1)
   for _, m in ipairs(members) do
     local id = member_id(set, m)
-    redis.call("ZREM", p .. set, m)
     local key = job_key(p, id)
-    local f = job_fields(key, "state", "group")
+    local f = job_fields(key, "state", "group") -- (read first, as clean)
+    redis.call("ZREM", p .. set, m)
     local here = f and f[1] and SETS[f[1]] == set
     if here and set == "wait" then G.unindex(p, f[2], m) end
     if here and set == "active" and f[2] then redis.call("SREM", p .. "ga:" .. f[2], id) end

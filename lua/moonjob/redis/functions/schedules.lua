@@ -151,14 +151,17 @@ local function fire_one(p, id, now)
 end
 
 -- pcall: a schedules key of another type (written by another client) fires
--- nothing, and never stops a fetch.
+-- nothing, and never stops a fetch; any other error is the fetch's (raised
+-- before it takes a job). A schedule's hash that cannot be read for another
+-- reason than its type raises too (read_schedule): it is not ended.
 local function fire_schedules(p, now)
   local due = redis.pcall("ZRANGEBYSCORE", p .. "schedules", "-inf", now, "LIMIT", 0, FIRE_MAX)
-  if due.err then return end
+  if H.wrong_type(due, "ZRANGEBYSCORE " .. p .. "schedules") then return end
   for _, id in ipairs(due) do fire_one(p, id, now) end
 end
 
--- When the next schedule is due (server ms), or nil.
+-- When the next schedule is due (server ms), or nil, also when it cannot be
+-- read (fetch asks after it took jobs: a raise would lose their answer).
 local function next_schedule(p)
   local first = redis.pcall("ZRANGE", p .. "schedules", 0, 0, "WITHSCORES")
   if first.err then return nil end
@@ -227,7 +230,7 @@ local function schedule(keys, args)
   local id, key = args[1], schedule_key(p, args[1])
   local spec = cjson.encode({ unpack(args, 2, #args) })
   local old = redis.pcall("HMGET", key, "spec", "next")
-  if old.err then return redis.error_reply("EINPUT moonjob_schedule: the key " .. key .. " is not a schedule "
+  if H.wrong_type(old, "HMGET " .. key) then return redis.error_reply("EINPUT moonjob_schedule: the key " .. key .. " is not a schedule "
     .. "hash (written by another client); delete it or choose another id") end
   if old[1] == spec then return { "unchanged", tonumber(old[2] or "") or -1 } end
   local now = now_ms()
@@ -264,7 +267,8 @@ local function schedules(keys, args)
   for _, id in ipairs(redis.call("ZRANGE", p .. "schedules", offset, offset + limit - 1)) do
     local f = redis.pcall("HMGET", schedule_key(p, id), unpack(SCHEDULE_FIELDS))
     local row = { id }
-    for i = 1, #SCHEDULE_FIELDS do row[i + 1] = (not f.err and f[i]) or false end
+    local bad = H.wrong_type(f, "HMGET " .. schedule_key(p, id))
+    for i = 1, #SCHEDULE_FIELDS do row[i + 1] = (not bad and f[i]) or false end
     out[#out + 1] = row
   end
   return out

@@ -24,9 +24,9 @@ local function trim(p, set, keep_count, keep_age_ms, now, most)
     for _, id in ipairs(oldest) do removed[#removed + 1] = id end
   end
   for _, id in ipairs(removed) do
-    redis.call("ZREM", p .. set, id)
     local key = job_key(p, id)
-    local f = job_fields(key, "cache_until")
+    local f = job_fields(key, "cache_until") -- (read first: an error of the read leaves the entry)
+    redis.call("ZREM", p .. set, id)
     local cache_until = f and tonumber(f[1]) or 0
     if cache_until > now then
       redis.call("PEXPIREAT", key, cache_until)

@@ -44,7 +44,7 @@ end
 local function view(p, id, preview)
   local f = redis.pcall("HMGET", job_key(p, id), unpack(VIEW_FIELDS))
   local out = { id }
-  if f.err then
+  if H.wrong_type(f, "HMGET " .. job_key(p, id)) then
     out[2] = "invalid"
     for i = 2, #VIEW_FIELDS do out[i + 1] = false end
     return out
