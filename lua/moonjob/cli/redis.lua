@@ -269,6 +269,35 @@ function Adds:summary()
   end
 end
 
+-- The lines of file `input`, without their newlines (the last one also
+-- without), each with every byte it holds: LuaJIT's file:lines() reads with
+-- fgets and cuts a line at a NUL byte, joining the rest to the next line.
+local function lines_of(input)
+  local block, at, parts = "", 1, {} -- parts: the line so far, when it began in an earlier block
+  return function()
+    while true do
+      local nl = block:find("\n", at, true)
+      if nl then
+        local line = block:sub(at, nl - 1)
+        at = nl + 1
+        if #parts == 0 then return line end
+        parts[#parts + 1] = line
+        line, parts = table.concat(parts), {}
+        return line
+      end
+      if at <= #block then parts[#parts + 1] = block:sub(at) end
+      block, at = input:read(65536), 1
+      if not block then
+        block = ""
+        if #parts == 0 then return nil end
+        local line = table.concat(parts)
+        parts = {}
+        return line
+      end
+    end
+  end
+end
+
 -- moonjob add: one job per NDJSON line (--raw: per line of text, its data
 -- the line as a JSON string), sent with up to WINDOW calls in
 -- flight; prints each job's id in input order. A line whose call was sent but
@@ -296,7 +325,7 @@ function M.add(input_path, o)
   if not q then say(tostring(err)) return EXIT_FAILED end
   local adds = Adds.new(q, opts, o.dedupe, o.raw)
   local line_no = 0
-  for line in input:lines() do
+  for line in lines_of(input) do
     line_no = line_no + 1
     adds:line(line_no, line)
     if adds.inflight >= WINDOW then loop.wait_until(function() return adds.inflight < WINDOW / 2 end) end

@@ -286,9 +286,22 @@ local function cjson_message(err)
     :gsub("^Found too many nested data structures %(%d+%)", TOO_DEEP))
 end
 
+-- Why a text with a NUL byte at `at` is not JSON (JSON has none outside
+-- strings, where it is written \u0000). cjson stops reading at a NUL, taking
+-- `{"a":1}\0junk` for `{"a":1}`: what it reads before it says whether the
+-- NUL is trailing data, breaks the value, or comes after an error of its own.
+local function nul_message(text, at)
+  local ok, err = pcall(decode_safe.decode, sub(text, 1, at - 1))
+  if ok then return ("trailing data at character %d: a NUL byte after the JSON value"):format(at) end
+  if find(tostring(err), "T_END", 1, true) then
+    return ("unexpected NUL byte at character %d"):format(at)
+  end
+  return cjson_message(err)
+end
+
 -- Shared with the Lua decoder (moonjob.codec.json_lua): the same cjson
 -- settings and the same words.
-M.cjson_decode, M.cjson_message = decode_safe.decode, cjson_message
+M.cjson_decode, M.cjson_message, M.nul_message = decode_safe.decode, cjson_message, nul_message
 
 -- The Lua decoder (moonjob.codec.json_lua: the UTF-8 check in Lua, then
 -- cjson or a parser in Lua), loaded the first time it is needed: always
@@ -302,7 +315,7 @@ end
 ------------------------------------------------- decoding with the C half ---
 
 -- core/json_scan.c's statuses (core/json_scan.h).
-local PLAIN, REWRITTEN, ROOM, BAD_UTF8, BAD_NUMBER, FIXUPS = 0, 1, 2, 3, 7, 8
+local PLAIN, REWRITTEN, ROOM, BAD_UTF8, BAD_NUMBER, FIXUPS, NUL = 0, 1, 2, 3, 7, 8, 9
 local NUMBER_ERRORS = {
   [4] = "is an integer beyond 64 bits; write it as a string",
   [5] = "is beyond the range of a double (about 1.8e308)",
@@ -424,6 +437,7 @@ local function c_decode(text)
   local at = scan.at
   if status == BAD_UTF8 then return nil, ("invalid UTF-8 at byte %d (JSON text is UTF-8)"):format(at) end
   if status == BAD_NUMBER then return nil, why_not_json(text, ("invalid number at character %d"):format(at)) end
+  if status == NUL then return nil, nul_message(text, at) end
   local number = text:sub(at, at + scan.length - 1)
   return nil, ("number %s at character %d %s"):format(number, at, NUMBER_ERRORS[status])
 end

@@ -17,7 +17,7 @@ local M = {}
 
 local MAX_DEPTH, array_mt, null = json.MAX_DEPTH, json.array_mt, json.null
 local TOO_DEEP = json.too_deep(MAX_DEPTH)
-local cjson_decode, cjson_message = json.cjson_decode, json.cjson_message
+local cjson_decode, cjson_message, nul_message = json.cjson_decode, json.cjson_message, json.nul_message
 
 ------------------------------------------------------ the Lua parser ---
 -- For texts with an empty array or a number that cjson would change in them.
@@ -198,6 +198,8 @@ end
 function M.decode(text)
   local bad = lua_utf8_error_at(text)
   if bad then return nil, ("invalid UTF-8 at byte %d (JSON text is UTF-8)"):format(bad) end
+  local nul = text:find("\0", 1, true) -- (cjson would stop there; never JSON, in a string or out)
+  if nul then return nil, nul_message(text, nul) end
   local decode = needs_lua_decoder(text) and lua_decode or cjson_decode
   local ok, value = pcall(decode, text)
   if not ok then return nil, cjson_message(value) end
