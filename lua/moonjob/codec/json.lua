@@ -60,6 +60,12 @@ local cjson = require "cjson"
 local buffer = require "string.buffer"
 local ffi = require "ffi"
 
+-- Kept at load: in a child, a processor may remove or replace the globals
+-- (`pcall = nil`, `math = nil`), and the next job must still run.
+local error, getmetatable, ipairs, next, pairs, pcall, require, setmetatable, tonumber, tostring, type =
+  error, getmetatable, ipairs, next, pairs, pcall, require, setmetatable, tonumber, tostring, type
+local floor, huge, sort = math.floor, math.huge, table.sort
+
 local M = {}
 M.null = cjson.null
 M.array_mt = { __name = "moonjob.json.array" }
@@ -96,10 +102,10 @@ end
 escapes["\127"] = "\\u007f"
 
 local function number_text(n)
-  if n ~= n or n == math.huge or n == -math.huge then
+  if n ~= n or n == huge or n == -huge then
     error("cannot write " .. tostring(n) .. " in JSON", 0)
   end
-  if n == math.floor(n) and n >= -2^53 and n <= 2^53 then
+  if n == floor(n) and n >= -2^53 and n <= 2^53 then
     return ("%.0f"):format(n)
   end
   for _, fmt in ipairs({ "%.15g", "%.16g" }) do
@@ -118,7 +124,7 @@ local function array_length(t)
   if first ~= nil and type(first) ~= "number" then return nil end
   local n = 0
   for k in pairs(t) do
-    if type(k) ~= "number" or k < 1 or k ~= math.floor(k) then return nil end
+    if type(k) ~= "number" or k < 1 or k ~= floor(k) then return nil end
     n = n + 1
   end
   for i = 1, n do if t[i] == nil then return nil end end
@@ -146,7 +152,7 @@ end
 local keys_at = {}
 
 local function sort_keys(keys, n)
-  if n > 12 then return table.sort(keys) end
+  if n > 12 then return sort(keys) end
   for i = 2, n do
     local k, j = keys[i], i - 1
     while j > 0 and keys[j] > k do
@@ -194,7 +200,7 @@ local function write_numbered_object(out, t, depth)
     if kt ~= "string" and kt ~= "number" then error("cannot write a " .. kt .. " key in JSON", 0) end
     entries[#entries + 1] = { kt == "number" and number_text(k) or k, k }
   end
-  table.sort(entries, key_order)
+  sort(entries, key_order)
   out:put("{")
   for i, entry in ipairs(entries) do
     if i > 1 then out:put(",") end
