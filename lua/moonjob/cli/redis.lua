@@ -14,6 +14,7 @@
 -- one line per job that failed or will be retried (--quiet: none;
 -- --verbose: every job), and at the end what it did.
 local core = require "moonjob.core"
+local ffi = require "ffi"
 local json = require "moonjob.codec.json"
 local loop = require "moonjob.loop"
 local moonjob = require "moonjob"
@@ -269,32 +270,26 @@ function Adds:summary()
   end
 end
 
--- The lines of file `input`, without their newlines (the last one also
--- without), each with every byte it holds: LuaJIT's file:lines() reads with
--- fgets and cuts a line at a NUL byte, joining the rest to the next line.
+-- The lines of file `input` (an io file), without their newlines, each
+-- with every byte it holds, read as they arrive: LuaJIT's file:lines()
+-- reads with fgets and cuts a line at a NUL byte, joining the rest to the
+-- next line; getline(3) says how long a line is. (The FFI hands an io file
+-- over as its FILE *.)
+for _, decl in ipairs({ "long getline(char **line, size_t *n, void *stream);", "void free(void *p);" }) do
+  pcall(ffi.cdef, decl) -- one by one: another module may have declared one already
+end
+
 local function lines_of(input)
-  local block, at, parts = "", 1, {} -- parts: the line so far, when it began in an earlier block
+  local line, size = ffi.new("char *[1]"), ffi.new("size_t[1]")
   return function()
-    while true do
-      local nl = block:find("\n", at, true)
-      if nl then
-        local line = block:sub(at, nl - 1)
-        at = nl + 1
-        if #parts == 0 then return line end
-        parts[#parts + 1] = line
-        line, parts = table.concat(parts), {}
-        return line
-      end
-      if at <= #block then parts[#parts + 1] = block:sub(at) end
-      block, at = input:read(65536), 1
-      if not block then
-        block = ""
-        if #parts == 0 then return nil end
-        local line = table.concat(parts)
-        parts = {}
-        return line
-      end
+    local n = tonumber(ffi.C.getline(line, size, input))
+    if n < 0 then -- the end (or a read error, which ends the input as file:lines() did)
+      ffi.C.free(line[0])
+      line[0], size[0] = nil, 0
+      return nil
     end
+    if n > 0 and line[0][n - 1] == 10 then n = n - 1 end
+    return ffi.string(line[0], n)
   end
 end
 
