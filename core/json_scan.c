@@ -15,7 +15,9 @@
  *   - numbers with a fraction or an exponent beyond a double's range, or not
  *     zero but too small for one: an error (their decimal exponent decides;
  *     strtod in the C locale decides the few near the edges);
- *   - number tokens outside JSON's grammar (cjson takes `1.`): an error.
+ *   - number tokens outside JSON's grammar (cjson takes `1.`): an error;
+ *   - a NUL byte outside strings: an error (cjson stops reading at one, and
+ *     would take `{"a":1}\0junk` for `{"a":1}`; in a string cjson refuses it).
  * When nothing is found (most texts) cjson decodes the text itself. When
  * every marker is the value of a member of the top object whose key has no
  * escape (records with big ids), the scan says FIXUPS and lists those members
@@ -36,7 +38,7 @@
  * asks cjson about the text itself.
  *
  * Errors come in this order: invalid UTF-8 anywhere, then the first number
- * error, then cjson's own. The status numbers are in json_scan.h.
+ * error or NUL byte, then cjson's own. The status numbers are in json_scan.h.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* strtod_l, newlocale */
@@ -434,8 +436,10 @@ int moonjob_json_scan(const char *text, size_t len, char *out, size_t room, int 
         return mj_finish(r, MOONJOB_JSON_BAD_UTF8);
       }
       i += n;
+    } else if (c == 0) { /* cjson would stop here and take the text before for the whole */
+      r->at = (double) (i + 1);
+      return mj_stop(&st, i, MOONJOB_JSON_NUL, r);
     } else {
-      if (c == 0) st.fixable = 0; /* cjson stops at a NUL: what follows is not in its value */
       i++;
     }
   }

@@ -25,8 +25,9 @@ enum {
   MOONJOB_JSON_OVERFLOW = 5,   /* the number at r->at is beyond a double's range */
   MOONJOB_JSON_UNDERFLOW = 6,  /* the number at r->at is not zero but would read as 0 */
   MOONJOB_JSON_BAD_NUMBER = 7, /* the token at r->at is not a JSON number */
-  MOONJOB_JSON_FIXUPS = 8      /* every marker is a member of the top object: decode the text
+  MOONJOB_JSON_FIXUPS = 8,     /* every marker is a member of the top object: decode the text
                                   as is, then set the r->fixups members (no copy to walk) */
+  MOONJOB_JSON_NUL = 9         /* a NUL byte outside strings at r->at */
 };
 
 /* The members a text's top object may have fixed up after cjson (more: a copy). */

@@ -11,7 +11,8 @@
  * CAP_SYS_RESOURCE, so a processor cannot raise them back, and
  * CAP_SYS_PTRACE, CAP_SYS_ADMIN and CAP_PERFMON, so that it cannot read its
  * parent, which is not dumpable once it has started a child
- * (core/parent/spawn.c). stdout and stderr
+ * (core/parent/spawn.c), nor its siblings: each child makes itself not
+ * dumpable (PR_SET_DUMPABLE 0) before any processor code runs. stdout and stderr
  * become counted streams (output.c); the channel becomes blocking.
  *
  * Caveats: the child dies with its parent, taking its process group along (a
@@ -237,6 +238,10 @@ static void set_up_process(const child_options_t *o) {
     become_user(o->user); /* before NPROC: root is exempt from it */
     watch_parent();       /* the kernel clears the death signal when credentials change */
   }
+  /* Not dumpable: the other children of the pool run as the same user, and
+   * would otherwise read this one's memory (another job's data) and /proc
+   * files, or trace it. After become_user, which would only clear it too. */
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) setup_call_failed("set PR_SET_DUMPABLE (not dumpable)");
   start_parent_watcher();
   drop_capabilities();
   limit(RLIMIT_CORE, "RLIMIT_CORE (no core files)", 0);

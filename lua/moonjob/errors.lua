@@ -7,6 +7,12 @@
 -- on arrival (errors.wrap).
 local M = {}
 
+-- Kept at load: in a child, a processor may remove or replace the globals
+-- (`pcall = nil`), and the errors of its next jobs must still be made.
+local error, io, pairs, pcall, setmetatable, tostring, xpcall =
+  error, io, pairs, pcall, setmetatable, tostring, xpcall
+local getinfo = debug.getinfo
+
 local Error = {}
 Error.__index = Error
 Error.__tostring = function(e) return tostring(e.code) .. ": " .. tostring(e.message) end
@@ -57,17 +63,17 @@ local SIGNAL_NAMES = { [1] = "SIGHUP", [2] = "Ctrl-C", [15] = "SIGTERM" }
 -- True when the caller of __tostring (stack level 3 from here) is the
 -- message handler of luajit.c's REPL (see above).
 local function called_by_repl_handler()
-  local handler, raiser = debug.getinfo(3, "Sf"), debug.getinfo(4, "f")
+  local handler, raiser = getinfo(3, "Sf"), getinfo(4, "f")
   if not (handler and raiser) or handler.what ~= "C" or raiser.func ~= error then return false end
   local level = 5
   while true do
-    local info = debug.getinfo(level, "Sf")
+    local info = getinfo(level, "Sf")
     if not info then return false end
     if info.func == pcall or info.func == xpcall then return false end
     if info.what == "main" then
-      return info.source == "=stdin" and debug.getinfo(level + 2, "S") == nil
+      return info.source == "=stdin" and getinfo(level + 2, "S") == nil
     end
-    if info.what == "C" and debug.getinfo(level + 1, "S") == nil then
+    if info.what == "C" and getinfo(level + 1, "S") == nil then
       return true -- the bottom, the main chunk gone: the REPL's "= pool:run(...)" is a tail call
     end
     level = level + 1

@@ -31,6 +31,98 @@ describe("processor files", function()
     end)
   end)
 
+  describe("a processor that removes every global", function()
+    -- the runner keeps its own references from before the processor loaded:
+    -- the jobs after it run in the same child, their endings as before
+    local function after_clearing(opts)
+      local pool = h.pool("clears_globals.lua", opts)
+      local json = opts.codec == "json" and require "moonjob.codec.json"
+      local function put(v) return json and assert(json.encode(v)) or v end
+      local function got(v, ...) if json and v then return (json.decode(v)), ... end return v, ... end
+      local progress = {}
+      pool:on("progress", function(_, value) progress[#progress + 1] = value end)
+      assert.same({ "cleared" }, { got(pool:run(put("clear"))) })
+      assert.same({ { list = { 1, 2 }, x = "y" } }, { got(pool:run(put({ list = { 1, 2 }, x = "y" }))) })
+      local logged = pool:add(put("log"))
+      assert.same({ "logged" }, { got(logged:wait()) })
+      assert.same({ "logged 1 true" }, logged.logs)
+      assert.same({ { n = 1 } }, progress)
+      local _, err = pool:run(put("fail"))
+      assert.equal("EMINE", err and err.code)
+      assert.equal("my own error", err.message)
+      assert.equal(3, err.n)
+      local spun = pool:add(put("spin"), { timeout = 0.2 })
+      _, err = spun:wait()
+      assert.equal("ETIMEDOUT", err and err.code, err and err.message)
+      assert.same({ "cleaned up after timeout" }, spun.logs)
+      assert.equal("still here", got(pool:run(put("still here"))))
+      assert.equal(1, pool:stats().spawned)
+      return pool
+    end
+
+    -- every module a child runs per job, kept in its locals: its functions
+    -- read no global (the runner hides batch and encode from package.loaded)
+    local CHILD_MODULES = { "moonjob.child.runner", "moonjob.child.batch", "moonjob.child.encode",
+      "moonjob.codec.json", "moonjob.codec.json_c", "moonjob.codec.json_lua", "moonjob.codec.utf8",
+      "moonjob.codec.resultline", "moonjob.errors", "moonjob.json" }
+
+    it("is met by modules whose functions read no global, only locals kept at load", function()
+      local read = {}
+      for _, name in ipairs(CHILD_MODULES) do
+        local path = "lua/" .. name:gsub("%.", "/") .. ".lua"
+        local listing = io.popen(h.LUAJIT .. " -bl " .. path)
+        local in_main = false
+        for line in listing:lines() do
+          local where = line:match("^%-%- BYTECODE %-%- (%S+)")
+          if where then in_main = where:find(":0%-%d+$") ~= nil end
+          local global = line:match('GGET .*; "(.-)"$')
+          if global and not in_main then read[#read + 1] = path .. ": " .. global end
+        end
+        assert.is_true(listing:close())
+      end
+      assert.same({}, read)
+      local pool = h.pool("clears_globals.lua", { size = 1 })
+      local known = {}
+      for _, name in ipairs(CHILD_MODULES) do known[name] = true end
+      for _, name in ipairs(assert(pool:run("modules"))) do
+        assert.is_true(known[name], name .. " is loaded in the child: add it to CHILD_MODULES")
+      end
+    end)
+
+    it("leaves its child running jobs, codec lua", function()
+      after_clearing({ size = 1, jit = false })
+    end)
+
+    it("leaves its child running jobs, codec json", function()
+      local pool = after_clearing({ size = 1, jit = false, codec = "json" })
+      -- (the codec's rarer ways: a copy with markers, 64-bit integers)
+      local text = '{"a":[[]],"b":[12345678901234567890,-9007199254740993],"c":1e400}'
+      local _, err = pool:run(text)
+      assert.equal("EINPUT", err and err.code)
+      text = '{"a":[[]],"b":[12345678901234567890,-9007199254740993]}'
+      assert.equal(text, pool:run(text))
+    end)
+
+    it("leaves its child running the lines of moonjob run, batch after batch", function()
+      local lines = { '"clear"' }
+      for i = 2, 600 do lines[i] = tostring(i) end
+      lines[300] = '"fail"'
+      local out, err, status = h.sh(h.LUAJIT .. " scripts/moonjob run -j 1 spec/fixtures/clears_globals.lua",
+        table.concat(lines, "\n") .. "\n")
+      assert.equal(1, status, err) -- (one line failed)
+      local n = 0
+      for line in out:gmatch("[^\n]+") do
+        n = n + 1
+        if line:find('^{"line":300,') then
+          assert.matches('"status":"failed","error":{"code":"EMINE","message":"my own error","n":3}', line, 1, true)
+        else
+          assert.matches('"status":"completed"', line)
+        end
+      end
+      assert.equal(600, n)
+    end)
+  end)
+
   describe("failures", function()
     it("error('msg') fails with EPROCESSOR and a traceback naming the file and line", function()
       local pool = h.pool("fails.lua", { size = 1 })

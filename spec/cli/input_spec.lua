@@ -117,6 +117,7 @@ describe("moonjob run's numbers", function()
     { "NaN", einput = "not valid JSON" },
     { "Infinity", einput = "not valid JSON" },
     { '["\\ud800", "1234567890123456"]', einput = "invalid unicode escape" },
+    { '{"a":1}\0junk', einput = "not valid JSON: trailing data at character 8: a NUL byte" },
   }
 
   it("cross exactly (64-bit integers beyond 2^53), or fail with EINPUT saying why, never silently", function()

@@ -174,6 +174,30 @@ describe("moonjob add --raw #slow", function()
     assert.equal("", out)
     assert.matches("line 1 is not JSON %(.*%); skipped %(for plain%-text lines use %-%-raw%)", err)
   end)
+
+  -- (a reader that stops at a NUL, as C's fgets does, would take line 1 for
+  -- `{"a":1}` and join what follows the NUL to the next line)
+  it("reads a NUL byte as one of its line's: after the JSON it is trailing data, with --raw it is kept", function()
+    local out, err, status = h.sh(("%s add --redis %s --queue nulq"):format(MOONJOB, server.url),
+      '{"a":1}\0junk\n{"b":2}\n{"c":3}\0')
+    assert.equal(1, status)
+    local said = "is not JSON %(trailing data at character 8: a NUL byte after the JSON value%); skipped"
+    assert.matches("line 1 " .. said, err)
+    assert.matches("line 3 " .. said, err)
+    local ids = {}
+    for id in out:gmatch("[^\n]+") do ids[#ids + 1] = id end
+    assert.equal(1, #ids, out)
+    local q = assert(moonjob.queue(server.url, "nulq"))
+    assert.same({ b = 2 }, assert(q:job(ids[1])).data)
+    out, err, status = h.sh(("%s add --raw --redis %s --queue nulq"):format(MOONJOB, server.url), "a\0b\nc\n")
+    assert.equal(0, status, err)
+    ids = {}
+    for id in out:gmatch("[^\n]+") do ids[#ids + 1] = id end
+    assert.equal(2, #ids, out)
+    assert.equal("a\0b", assert(q:job(ids[1])).data)
+    assert.equal("c", assert(q:job(ids[2])).data)
+    q:close()
+  end)
 end)
 
 describe("the pool's raw option", function()

@@ -1,4 +1,5 @@
 local json = require "moonjob.codec.json"
+local json_lua = require "moonjob.codec.json_lua"
 
 describe("moonjob.codec.json", function()
   describe(".encode()", function()
@@ -52,6 +53,30 @@ describe("moonjob.codec.json", function()
       local v2, err2 = json.decode("[1, [], ")
       assert.is_nil(v2)
       assert.is_string(err2)
+    end)
+
+    -- cjson stops reading at a NUL byte: what follows it must not be dropped
+    -- unseen, on the C path (plain, fixups, copy) and the Lua one alike
+    it("refuses a NUL byte after the value as trailing data, with and without the C half", function()
+      local TRAILING = {
+        ['{"a":1}\0junk'] = 8, ['{"a":1}\0'] = 8, ['[1]\0x'] = 4, ['1\0'] = 2, ['"x" \0y'] = 5,
+        ['{"a":12345678901234567890}\0j'] = 27, ['{"a":[]}\0'] = 9, ['[[], 12345678901234567890]\0'] = 27,
+        ['{"a":1}\n\0{"b":2}'] = 9,
+      }
+      for name, decode in pairs({ c = json.decode, lua = json_lua.decode }) do
+        for text, at in pairs(TRAILING) do
+          assert.same({ nil, ("trailing data at character %d: a NUL byte after the JSON value"):format(at) },
+            { decode(text) }, name .. ": " .. ("%q"):format(text))
+        end
+        -- before the value's end: refused too
+        assert.same({ nil, "unexpected NUL byte at character 6" }, { decode('{"a":\0}') }, name)
+        assert.same({ nil, "unexpected NUL byte at character 1" }, { decode('\0{"a":1}') }, name)
+        assert.is_nil((decode('["a\0b"]')), name)
+        assert.is_nil((decode('["a\0b", []]')), name)
+        -- not UTF-8 comes first, as for any other error
+        assert.same({ nil, "invalid UTF-8 at byte 10 (JSON text is UTF-8)" }, { decode('{"a":1}\0 \255') }, name)
+      end
+      assert.same({ "a\0b" }, json.decode('["a\\u0000b"]')) -- (written as an escape it is a string's byte)
     end)
   end)
 end)

@@ -112,3 +112,63 @@ describe("a secret in the parent's environment", function()
     assert(ok, failure)
   end)
 end)
+
+-- Children of one pool run as one user (root without CAP_SYS_PTRACE when
+-- the suite runs as root, see above): each makes itself not dumpable before
+-- any processor code runs, so that a sibling can read neither its memory
+-- (another job's data) nor its /proc files, nor trace it.
+describe("a job's data in another child of the same pool", function()
+  after_each(h.cleanup)
+
+  local function assert_kept_apart(report)
+    assert.is_nil(report.error)
+    assert.not_equal(report.sibling, report.pid) -- (the probe ran in another child)
+    assert.matches("^denied: .*Permission denied", report.memory, "a sibling read the child's memory: " .. json.encode(report))
+    assert.matches("^denied: .*Permission denied", report.environ, "a sibling read the child's environment")
+    assert.equal("denied: Operation not permitted", report.ptrace, "a sibling traced the child")
+  end
+
+  it("cannot be read by a sibling from /proc/<child>/mem, nor traced", function()
+    local dir = h.tmpdir()
+    local secret = new_password()
+    local pool = h.pool("sibling_secrets.lua", { size = 2 })
+    local holder = pool:add({ hold = secret:reverse(), wait = dir .. "/done" })
+    h.wait_started(holder)
+    local pid = holder.child.pid
+    local report, err = pool:run({ probe = pid, secret = secret:reverse() })
+    h.write_file(dir .. "/done", "")
+    assert.equal(pid, holder:wait())
+    os.execute("rm -rf " .. dir)
+    assert.is_nil(err, err and tostring(err))
+    assert_kept_apart(report)
+  end)
+
+  -- (as root, the test above has root children without CAP_SYS_PTRACE;
+  -- here they are an unprivileged user's, without the pool's `user`)
+  it("cannot be read by a sibling in a program run by an unprivileged user either", function()
+    if not h.AS_ROOT or not h.first_line("command -v setpriv") then
+      pending("needs root and setpriv to run the program as another user")
+      return
+    end
+    local dir = h.tmpdir()
+    os.execute("chmod a+rwx " .. dir)
+    local program = h.write_file(dir .. "/program.lua", [[
+local moonjob = require "moonjob"
+local json = require "moonjob.codec.json"
+local processor, secret, dir = arg[1], arg[2], arg[3]
+local pool = assert(moonjob.pool(processor, { size = 2, echo = false }))
+local holder = pool:add({ hold = secret, wait = dir .. "/done", pid_file = dir .. "/pid" })
+local report, err = pool:run({ probe = dir .. "/pid", secret = secret })
+io.open(dir .. "/done", "w"):close()
+assert(holder:wait())
+pool:close()
+io.write(assert(json.encode(report or { error = tostring(err) })), "\n")
+]])
+    os.execute("chmod a+r " .. program)
+    local out, err, status = h.sh(("setpriv --reuid=65534 --regid=65534 --clear-groups %s %s %s %s %s")
+      :format(h.LUAJIT, program, h.abs(h.fixture("sibling_secrets.lua")), new_password():reverse(), dir))
+    os.execute("rm -rf " .. dir)
+    assert.equal(0, status, err)
+    assert_kept_apart(assert(json.decode(out), "not a report: " .. out))
+  end)
+end)

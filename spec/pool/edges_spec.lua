@@ -178,6 +178,43 @@ describe("an error raised while the pool handles a child's report", function()
     assert.equal(0, pool.nactive)
   end)
 
+  -- The child had already started the job sent behind (it runs the next
+  -- as soon as it sent the first one's DONE): that job is no fault's and
+  -- runs again on a fresh child, its attempt not counted.
+  it("fails the job it was about, and the next job its child had started runs on a fresh child", function()
+    local dir = h.tmpdir()
+    local pool = h.pool("gated.lua", { size = 1, pipeline = 2 })
+    local reports = 0
+    pool:on("error", function() reports = reports + 1 end)
+    pool.dispatch.budget_ms = 1e6 -- (white box) it sends the next job behind a head however long it runs
+    for _ = 1, 3 do assert(pool:run({})) end -- short jobs: it pipelines
+    local first = pool:add({ wait = dir .. "/go" })
+    local second = pool:add({ mark = dir .. "/second", ms = 50 })
+    raise_once(pool, "finish", first) -- as its DONE is handled
+    h.wait_started(first)
+    local child = first.child
+    h.wait_for(function() return #child.sent == 2 end) -- the second sent behind it
+    local first_pid = child.pid
+    -- without running the loop: the child ends the first job and starts the
+    -- second before the parent reads the first one's DONE
+    h.write_file(dir .. "/go", "")
+    for _ = 1, 500 do
+      if io.open(dir .. "/second") then break end
+      os.execute("sleep 0.01")
+    end
+    assert.truthy(io.open(dir .. "/second"), "the child did not start the second job")
+    local _, err = first:wait()
+    assert.equal("EINTERNAL", err and err.code)
+    local pid, err2 = second:wait()
+    os.execute("rm -rf " .. dir)
+    assert.is_nil(err2, err2 and tostring(err2))
+    assert.is_number(pid)
+    assert.not_equal(first_pid, pid)
+    assert.equal(1, second.attempts) -- (its run on the killed child not counted)
+    assert.equal(2, pool:stats().spawned)
+    assert.equal(1, reports)
+  end)
+
   it("ends the jobs a child's exit was ending, and close() still returns", function()
     local pool = h.pool("exits.lua", { size = 1 })
     local reports = 0

@@ -258,5 +258,54 @@ rq.describe(function()
       assert.is_true(c.waiting >= 4)
       q:close()
     end)
+
+    -- An error of moonjob's own while a job's DONE is handled kills its
+    -- child and fails that job, EINTERNAL, final on Redis. The next job the
+    -- child had already started met no fault: it runs on a fresh child.
+    it("runs on a fresh child the job its child started after one that met an internal error", function()
+      local name = rq.new_queue()
+      local dir = helpers.tmpdir()
+      local q = rq.new_producer(name)
+      local p = rq.close_after(assert(moonjob.pool(helpers.abs(helpers.fixture("gated.lua")),
+        { redis = rq.server().url, queue = name, size = 1, pipeline = 2, echo = false })))
+      local reports = 0
+      p:on("error", function() reports = reports + 1 end)
+      p.dispatch.budget_ms = 1e6 -- (white box) it sends the next job behind a head however long it runs
+      for _ = 1, 3 do assert(assert(q:add({})):wait(20)) end -- short jobs: it pipelines
+      local first = assert(q:add({ wait = dir .. "/go" }))
+      local second = assert(q:add({ mark = dir .. "/second", ms = 50 }))
+      local finish = p.endings.finish
+      p.endings.finish = function(self, job, ...) -- raises once, as the first job's DONE is handled
+        if not self.raised and job.remote_id == first.id then
+          self.raised = true
+          error("injected failure in finish")
+        end
+        return finish(self, job, ...)
+      end
+      local child
+      helpers.wait_for(function()
+        child = p.children:array()[1]
+        return child and #child.sent == 2 and child:taken()
+      end, 20)
+      local first_pid = child.pid
+      -- without running the loop: the child ends the first job and starts
+      -- the second before the worker reads the first one's DONE
+      helpers.write_file(dir .. "/go", "")
+      for _ = 1, 500 do
+        if io.open(dir .. "/second") then break end
+        os.execute("sleep 0.01")
+      end
+      assert.truthy(io.open(dir .. "/second"), "the child did not start the second job")
+      local _, err = first:wait(20)
+      assert.equal("EINTERNAL", err and err.code)
+      local pid, err2 = second:wait(20)
+      os.execute("rm -rf " .. dir)
+      assert.is_nil(err2, err2 and tostring(err2))
+      assert.is_number(pid)
+      assert.not_equal(first_pid, pid)
+      assert.equal(1, q:get(second.id).attempts)
+      assert.equal(1, reports)
+      q:close()
+    end)
   end)
 end)

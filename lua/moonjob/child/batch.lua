@@ -36,6 +36,16 @@ local channel = require "moonjob.channel"
 local buffer = require "string.buffer"
 local json = require "moonjob.codec.json"
 local encode = require "moonjob.child.encode"
+-- (loaded here, not with the first batch: by then a processor may have
+-- removed `require` and the globals the module reads at load)
+local lines_format = require "moonjob.codec.resultline"
+
+-- Kept at load, before the processor's file runs: a processor may remove or
+-- replace the globals (`pcall = nil`, `string = nil`), and the child must
+-- still run its next batch.
+local error, setmetatable, tonumber, tostring, type, xpcall =
+  error, setmetatable, tonumber, tostring, type, xpcall
+local find, sub, byte = string.find, string.sub, string.byte
 
 local M = {}
 
@@ -56,8 +66,6 @@ function M.setup(runner)
   cleanup = runner.cleanup
 end
 
-local lines_format = nil -- moonjob.codec.resultline, loaded with the first batch
-
 -- The child program's own functions through the FFI (the moonjob-child
 -- executable exports them as moonjob_*), so that the per-line loop stays
 -- compiled; channel's otherwise.
@@ -66,7 +74,7 @@ local line_done = channel.batch_line_done -- the line ended: no deadline until t
 -- batch_keep(buf): keeps string.buffer buf's bytes in the batch area; false when they do not fit
 local batch_keep = function(buf) return channel.batch_keep(buf:tostring()) end
 -- line_end(text, pos, len): where the line at pos ends (its newline, or len + 1)
-local line_end = function(text, pos, len) return string.find(text, "\n", pos, true) or len + 1 end
+local line_end = function(text, pos, len) return find(text, "\n", pos, true) or len + 1 end
 local record_buffer = buffer.new() -- the result line of the line just run, kept without a string
 do
   local ffi = require "ffi"
@@ -132,7 +140,6 @@ end
 -- when the batch is over (its end, a cut, a full area).
 local function run_lines(b)
   local text, len, line = b.text, #b.text, b.next_line - 1
-  local find, sub, byte = string.find, string.sub, string.byte
   local pos = b.pos
   while pos <= len + 1 do -- a block ending in a newline ends in a blank line
     local stop = line_end(text, pos, len)
@@ -219,7 +226,6 @@ end
 -- Returns true when the child must end after it (a line filled the heap: the
 -- pool's rule for ENOMEM).
 function M.run(number, meta, text)
-  lines_format = lines_format or require "moonjob.codec.resultline"
   local b = { text = text, pos = 1, next_line = meta.first_line, id = meta.id, attempt = meta.attempt,
     number = number, run = 0, completed = 0, failed = 0, extra = "",
     end_on_failure = meta.end_on_failure, line_timeout = meta.line_timeout }

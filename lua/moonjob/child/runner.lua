@@ -25,6 +25,17 @@ local encode = require "moonjob.child.encode"
 -- Nor the runner's parts: the batch runner holds the channel and the
 -- processor, and encode the limits results and errors must keep to.
 package.loaded["moonjob.child.batch"], package.loaded["moonjob.child.encode"] = nil, nil
+require "moonjob.codec.json_lua" -- (the codec loads it when a text needs it: by then a processor
+-- may have removed the globals its file reads at load)
+
+-- Kept at load, before the processor's file runs: a processor may remove or
+-- replace any global (`pcall = nil`, `math = nil`, `io = nil`), and its child
+-- must still run the next job. The modules the runner uses per job keep
+-- theirs the same way (spec/child/processor_spec.lua checks their bytecode).
+local assert, collectgarbage, error, loadfile, pairs, pcall, select, setmetatable, tostring, type, xpcall =
+  assert, collectgarbage, error, loadfile, pairs, pcall, select, setmetatable, tostring, type, xpcall
+local abs, concat, jit, package = math.abs, table.concat, jit, package
+local stdout, stderr = io.stdout, io.stderr -- the child's own, whatever a processor does to io
 
 local handler, to_error, encode_error = encode.handler, encode.to_error, encode.encode_error
 local failure_of, out_of_memory, is_memory_error = encode.failure_of, encode.out_of_memory, encode.is_memory_error
@@ -40,8 +51,8 @@ encode.use_options(options)
 -- What the processor printed is written, and counted, before the frame that
 -- ends its job (a job-ending frame carries the output byte counts).
 local function flush_output()
-  io.stdout:flush()
-  io.stderr:flush()
+  stdout:flush()
+  stderr:flush()
 end
 
 -- A command a processor runs writes to the child's stdout and stderr
@@ -100,7 +111,6 @@ Job.__index = Job
 -- batch: a batch of lines runs (moonjob.child.batch sets it): job:log() is
 -- then a line on stderr, which the child tags with the line running
 local sent = { batch = false }
-local stderr = io.stderr -- the child's own, whatever a processor does to io.stderr
 
 local function check_size(what, bytes)
   if #bytes > options.max_payload then
@@ -118,7 +128,7 @@ end
 function Job:log(...)
   local parts = { ... }
   for i = 1, select("#", ...) do parts[i] = tostring(parts[i]) end
-  local text = table.concat(parts, " ")
+  local text = concat(parts, " ")
   check_size("job:log(): the text", text)
   if sent.batch then -- tagged with its line and written with its output: no frame per log
     stderr:write(text, "\n")
@@ -191,7 +201,7 @@ local function decode_meta()
   local first = decoder:decode() -- negative: the batch ends at its first failed line (--halt)
   local line_timeout = nil -- { first, seconds }: each line's timeout (moonjob.pool.lines)
   if type(first) == "table" then first, line_timeout = first[1], first[2] end
-  return { id = id, attempt = attempt, name = name, first_line = first and math.abs(first),
+  return { id = id, attempt = attempt, name = name, first_line = first and abs(first),
     end_on_failure = first and first < 0, line_timeout = line_timeout }
 end
 

@@ -14,6 +14,7 @@
 -- one line per job that failed or will be retried (--quiet: none;
 -- --verbose: every job), and at the end what it did.
 local core = require "moonjob.core"
+local ffi = require "ffi"
 local json = require "moonjob.codec.json"
 local loop = require "moonjob.loop"
 local moonjob = require "moonjob"
@@ -269,6 +270,29 @@ function Adds:summary()
   end
 end
 
+-- The lines of file `input` (an io file), without their newlines, each
+-- with every byte it holds, read as they arrive: LuaJIT's file:lines()
+-- reads with fgets and cuts a line at a NUL byte, joining the rest to the
+-- next line; getline(3) says how long a line is. (The FFI hands an io file
+-- over as its FILE *.)
+for _, decl in ipairs({ "long getline(char **line, size_t *n, void *stream);", "void free(void *p);" }) do
+  pcall(ffi.cdef, decl) -- one by one: another module may have declared one already
+end
+
+local function lines_of(input)
+  local line, size = ffi.new("char *[1]"), ffi.new("size_t[1]")
+  return function()
+    local n = tonumber(ffi.C.getline(line, size, input))
+    if n < 0 then -- the end (or a read error, which ends the input as file:lines() did)
+      ffi.C.free(line[0])
+      line[0], size[0] = nil, 0
+      return nil
+    end
+    if n > 0 and line[0][n - 1] == 10 then n = n - 1 end
+    return ffi.string(line[0], n)
+  end
+end
+
 -- moonjob add: one job per NDJSON line (--raw: per line of text, its data
 -- the line as a JSON string), sent with up to WINDOW calls in
 -- flight; prints each job's id in input order. A line whose call was sent but
@@ -296,7 +320,7 @@ function M.add(input_path, o)
   if not q then say(tostring(err)) return EXIT_FAILED end
   local adds = Adds.new(q, opts, o.dedupe, o.raw)
   local line_no = 0
-  for line in input:lines() do
+  for line in lines_of(input) do
     line_no = line_no + 1
     adds:line(line_no, line)
     if adds.inflight >= WINDOW then loop.wait_until(function() return adds.inflight < WINDOW / 2 end) end

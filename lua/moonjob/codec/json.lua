@@ -60,6 +60,12 @@ local cjson = require "cjson"
 local buffer = require "string.buffer"
 local ffi = require "ffi"
 
+-- Kept at load: in a child, a processor may remove or replace the globals
+-- (`pcall = nil`, `math = nil`), and the next job must still run.
+local error, getmetatable, ipairs, next, pairs, pcall, require, setmetatable, tonumber, tostring, type =
+  error, getmetatable, ipairs, next, pairs, pcall, require, setmetatable, tonumber, tostring, type
+local floor, huge, sort = math.floor, math.huge, table.sort
+
 local M = {}
 M.null = cjson.null
 M.array_mt = { __name = "moonjob.json.array" }
@@ -96,10 +102,10 @@ end
 escapes["\127"] = "\\u007f"
 
 local function number_text(n)
-  if n ~= n or n == math.huge or n == -math.huge then
+  if n ~= n or n == huge or n == -huge then
     error("cannot write " .. tostring(n) .. " in JSON", 0)
   end
-  if n == math.floor(n) and n >= -2^53 and n <= 2^53 then
+  if n == floor(n) and n >= -2^53 and n <= 2^53 then
     return ("%.0f"):format(n)
   end
   for _, fmt in ipairs({ "%.15g", "%.16g" }) do
@@ -118,7 +124,7 @@ local function array_length(t)
   if first ~= nil and type(first) ~= "number" then return nil end
   local n = 0
   for k in pairs(t) do
-    if type(k) ~= "number" or k < 1 or k ~= math.floor(k) then return nil end
+    if type(k) ~= "number" or k < 1 or k ~= floor(k) then return nil end
     n = n + 1
   end
   for i = 1, n do if t[i] == nil then return nil end end
@@ -146,7 +152,7 @@ end
 local keys_at = {}
 
 local function sort_keys(keys, n)
-  if n > 12 then return table.sort(keys) end
+  if n > 12 then return sort(keys) end
   for i = 2, n do
     local k, j = keys[i], i - 1
     while j > 0 and keys[j] > k do
@@ -194,7 +200,7 @@ local function write_numbered_object(out, t, depth)
     if kt ~= "string" and kt ~= "number" then error("cannot write a " .. kt .. " key in JSON", 0) end
     entries[#entries + 1] = { kt == "number" and number_text(k) or k, k }
   end
-  table.sort(entries, key_order)
+  sort(entries, key_order)
   out:put("{")
   for i, entry in ipairs(entries) do
     if i > 1 then out:put(",") end
@@ -286,9 +292,22 @@ local function cjson_message(err)
     :gsub("^Found too many nested data structures %(%d+%)", TOO_DEEP))
 end
 
+-- Why a text with a NUL byte at `at` is not JSON (JSON has none outside
+-- strings, where it is written \u0000). cjson stops reading at a NUL, taking
+-- `{"a":1}\0junk` for `{"a":1}`: what it reads before it says whether the
+-- NUL is trailing data, breaks the value, or comes after an error of its own.
+local function nul_message(text, at)
+  local ok, err = pcall(decode_safe.decode, sub(text, 1, at - 1))
+  if ok then return ("trailing data at character %d: a NUL byte after the JSON value"):format(at) end
+  if find(tostring(err), "T_END", 1, true) then
+    return ("unexpected NUL byte at character %d"):format(at)
+  end
+  return cjson_message(err)
+end
+
 -- Shared with the Lua decoder (moonjob.codec.json_lua): the same cjson
 -- settings and the same words.
-M.cjson_decode, M.cjson_message = decode_safe.decode, cjson_message
+M.cjson_decode, M.cjson_message, M.nul_message = decode_safe.decode, cjson_message, nul_message
 
 -- The Lua decoder (moonjob.codec.json_lua: the UTF-8 check in Lua, then
 -- cjson or a parser in Lua), loaded the first time it is needed: always
@@ -302,7 +321,7 @@ end
 ------------------------------------------------- decoding with the C half ---
 
 -- core/json_scan.c's statuses (core/json_scan.h).
-local PLAIN, REWRITTEN, ROOM, BAD_UTF8, BAD_NUMBER, FIXUPS = 0, 1, 2, 3, 7, 8
+local PLAIN, REWRITTEN, ROOM, BAD_UTF8, BAD_NUMBER, FIXUPS, NUL = 0, 1, 2, 3, 7, 8, 9
 local NUMBER_ERRORS = {
   [4] = "is an integer beyond 64 bits; write it as a string",
   [5] = "is beyond the range of a double (about 1.8e308)",
@@ -424,6 +443,7 @@ local function c_decode(text)
   local at = scan.at
   if status == BAD_UTF8 then return nil, ("invalid UTF-8 at byte %d (JSON text is UTF-8)"):format(at) end
   if status == BAD_NUMBER then return nil, why_not_json(text, ("invalid number at character %d"):format(at)) end
+  if status == NUL then return nil, nul_message(text, at) end
   local number = text:sub(at, at + scan.length - 1)
   return nil, ("number %s at character %d %s"):format(number, at, NUMBER_ERRORS[status])
 end

@@ -11,6 +11,8 @@
 -- change both together.
 local ffi = require "ffi"
 
+local package, pcall = package, pcall -- (kept at load, as the codec's other parts keep theirs)
+
 if not pcall(ffi.typeof, "moonjob_json_scan_t") then -- (once per state: the module may load again)
   ffi.cdef [[
 typedef struct moonjob_json_scan_s {

@@ -13,11 +13,16 @@ local ffi = require "ffi"
 local json = require "moonjob.codec.json"
 local lua_utf8_error_at = require("moonjob.codec.utf8").lua_error_at
 
+-- Kept at load: in a child, a processor may remove or replace the globals
+-- (`pcall = nil`, `math = nil`), and the next job must still run.
+local error, pcall, setmetatable, tonumber = error, pcall, setmetatable, tonumber
+local char, floor, huge = string.char, math.floor, math.huge
+
 local M = {}
 
 local MAX_DEPTH, array_mt, null = json.MAX_DEPTH, json.array_mt, json.null
 local TOO_DEEP = json.too_deep(MAX_DEPTH)
-local cjson_decode, cjson_message = json.cjson_decode, json.cjson_message
+local cjson_decode, cjson_message, nul_message = json.cjson_decode, json.cjson_message, json.nul_message
 
 ------------------------------------------------------ the Lua parser ---
 -- For texts with an empty array or a number that cjson would change in them.
@@ -32,16 +37,16 @@ local function skip(s, i)
 end
 
 local function utf8_char(code)
-  if code < 0x80 then return string.char(code) end
+  if code < 0x80 then return char(code) end
   if code < 0x800 then
-    return string.char(0xC0 + math.floor(code / 0x40), 0x80 + code % 0x40)
+    return char(0xC0 + floor(code / 0x40), 0x80 + code % 0x40)
   end
   if code < 0x10000 then
-    return string.char(0xE0 + math.floor(code / 0x1000),
-      0x80 + math.floor(code / 0x40) % 0x40, 0x80 + code % 0x40)
+    return char(0xE0 + floor(code / 0x1000),
+      0x80 + floor(code / 0x40) % 0x40, 0x80 + code % 0x40)
   end
-  return string.char(0xF0 + math.floor(code / 0x40000), 0x80 + math.floor(code / 0x1000) % 0x40,
-    0x80 + math.floor(code / 0x40) % 0x40, 0x80 + code % 0x40)
+  return char(0xF0 + floor(code / 0x40000), 0x80 + floor(code / 0x1000) % 0x40,
+    0x80 + floor(code / 0x40) % 0x40, 0x80 + code % 0x40)
 end
 
 local simple_escapes = { b = "\b", f = "\f", n = "\n", r = "\r", t = "\t",
@@ -151,10 +156,10 @@ function parse_number(s, i)
   local v = tonumber(text)
   local zero = not (digits .. (fraction or "")):find("[1-9]")
   if v == nil then -- LuaJIT gives up on an exponent this long: its sign says which way
-    v = (zero or exponent:find("^[eE]%-")) and 0 or math.huge
+    v = (zero or exponent:find("^[eE]%-")) and 0 or huge
     if negative == "-" then v = -v end
   end
-  if v == math.huge or v == -math.huge then
+  if v == huge or v == -huge then
     number_fails(text, i, "is beyond the range of a double (about 1.8e308)")
   end
   if v == 0 and not zero then
@@ -198,6 +203,8 @@ end
 function M.decode(text)
   local bad = lua_utf8_error_at(text)
   if bad then return nil, ("invalid UTF-8 at byte %d (JSON text is UTF-8)"):format(bad) end
+  local nul = text:find("\0", 1, true) -- (cjson would stop there; never JSON, in a string or out)
+  if nul then return nil, nul_message(text, nul) end
   local decode = needs_lua_decoder(text) and lua_decode or cjson_decode
   local ok, value = pcall(decode, text)
   if not ok then return nil, cjson_message(value) end

@@ -14,7 +14,10 @@ local valid_text = require("moonjob.codec.utf8").valid_text
 
 local M = {}
 
-local floor = math.floor
+-- Kept at load: in a child, a processor may remove or replace the globals
+-- (`pcall = nil`, `math = nil`), and the next job must still run.
+local assert, ipairs, pairs, tostring, type = assert, ipairs, pairs, tostring, type
+local floor, sort = math.floor, table.sort
 
 -- The text of the integers 0..999 and of a thousandth's digits after the
 -- point (".4", ".41", ".412"; "" for none): a batch writes a number per line
@@ -75,7 +78,7 @@ local function put_error_fields(out, err)
     end
   end
   if not names then return end
-  table.sort(names)
+  sort(names)
   for _, name in ipairs(names) do
     local value, why = err[name], nil
     if type(value) == "string" then value = text(value) else value, why = json.encode(value) end

@@ -14,6 +14,9 @@ local ffi = require "ffi"
 local M = {}
 
 local find, byte, sub = string.find, string.byte, string.sub
+-- Kept at load: in a child, a processor may remove or replace the globals
+-- (`pcall = nil`, `math = nil`), and the next job must still run.
+local tonumber, concat = tonumber, table.concat
 local NON_ASCII = "[\128-\255]"
 
 -- The bytes a lead byte `c` takes after it, and the range of the first of
@@ -81,7 +84,7 @@ function M.to_utf8(s)
     at = error_at(s, from)
   end
   parts[#parts + 1] = sub(s, from)
-  return table.concat(parts)
+  return concat(parts)
 end
 
 -- utf8.valid_text(s) -> s, with each byte where it stops being UTF-8
@@ -97,7 +100,7 @@ function M.valid_text(s)
     at = from <= #s and error_at(s, from)
   end
   parts[#parts + 1] = s:sub(from)
-  return table.concat(parts)
+  return concat(parts)
 end
 
 return M

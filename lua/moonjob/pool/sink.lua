@@ -60,9 +60,11 @@
 --       reported once (events:internal_error); the job that was the child's
 --       head before the event, and the jobs an exit was ending, if they were
 --       left neither ended nor waiting, fail with EINTERNAL; the child, whose
---       bookkeeping may be half done, is killed (its running job fails with
---       EINTERNAL at its exit, the others wait again), and a gone one leaves
---       the pool.
+--       bookkeeping may be half done, is killed (blamed on that head: should
+--       the child still be running it, it fails with EINTERNAL at its exit;
+--       a job the child started after it, the next one sent, met no fault
+--       and is given back, to run on a fresh child; the others wait again),
+--       and a gone one leaves the pool.
 --
 -- Besides, a child reads (never writes) these pool fields: child_program,
 -- child_args, child_env, init_bytes, max_payload, max_log_bytes,
@@ -169,7 +171,9 @@ function Sink:fault(child, head, trace)
   if child.state == "gone" then
     ok, again = pcall(pool.children.remove, pool.children, child)
   elseif child.state ~= "killed" then
-    child.killed_for, child.failure = child.killed_for or child.job, child.failure or err
+    -- (not child.job: after a DONE or FAIL that is already the next job,
+    -- which the child may have started, and which met no fault)
+    child.killed_for, child.failure = child.killed_for or head or child.job, child.failure or err
     ok, again = pcall(pool.children.retire, pool.children, child, true)
   end
   if ok then ok, again = pcall(pool.dispatch.pump, pool.dispatch) end
