@@ -92,10 +92,11 @@ local function or_default(text, default)
 end
 
 -- A job's expire_at: EXPIRE_MS (args[15]) from now; fetch fails it with
--- EEXPIRED once past (it never runs, nor runs again).
+-- EEXPIRED once past (it never runs, nor runs again by its own retries).
+-- expire_ms keeps the span: a retry by hand counts it anew (operate.lua).
 local function set_expire(key, args, now)
   local expire = tonumber(args[15] or "")
-  if expire then redis.call("HSET", key, "expire_at", now + expire) end
+  if expire then redis.call("HSET", key, "expire_at", now + expire, "expire_ms", expire) end
 end
 
 -- <p>debounce:<id>: the id of the job a debounce id names while it is
@@ -119,7 +120,7 @@ local function debounce(p, args, now)
     or_default(args[5], "1"), "backoff", args[6], "timeout", or_default(args[7], "0"), "kill_after",
     or_default(args[8], "0"), "name", args[9], "cache", or_default(args[10], "0"))
   if args[12] == "1" then redis.call("HSET", key, "notify", "1") end
-  redis.call("HDEL", key, "expire_at", "group")
+  redis.call("HDEL", key, "expire_at", "expire_ms", "group")
   set_expire(key, args, now)
   if (args[18] or "") ~= "" then redis.call("HSET", key, "group", args[18]) end
   make_delayed(p, joined_id, key, now + delay)

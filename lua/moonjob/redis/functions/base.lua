@@ -55,7 +55,8 @@
 -- (ms), member (its wait member), notify ("1": publish its id on <p>done),
 -- cache_until (ms), nonce (tells this job from a later one with its id),
 -- progress (JSON text, the last reported), expire_at (ms: not started by
--- then, it fails with EEXPIRED), group (its group, absent for none).
+-- then, it fails with EEXPIRED), expire_ms (the span expire_at was counted
+-- with: a retry by hand counts it anew), group (its group, absent for none).
 --
 -- Time is always the server's (TIME), never a worker's clock. Results and
 -- failures carrying a token that is not the job's current one are refused:

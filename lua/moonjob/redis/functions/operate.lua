@@ -23,10 +23,24 @@ local function not_found(fn, id)
     :format(fn, tostring(id):sub(1, 200)))
 end
 
+-- A retried job's expiry counts anew from now, the span it was added with
+-- (expire_ms; a job stored without it: its expire_at less its created), so
+-- that a job failed EEXPIRED runs when retried. A span that is not a
+-- positive number drops the expiry.
+local function expire_again(key, now)
+  local f = redis.call("HMGET", key, "expire_ms", "expire_at", "created")
+  if not f[1] and not f[2] then return end
+  local span = tonumber(f[1] or "") or ((tonumber(f[2]) or 0) - (tonumber(f[3] or "") or math.huge))
+  if span > 0 and span < math.huge then redis.call("HSET", key, "expire_at", now + span)
+  else redis.call("HDEL", key, "expire_at", "expire_ms") end
+end
+
 -- A finished job made to wait again, as new: its attempts, result, error,
--- progress and log are cleared (its data, options and nonce kept).
+-- progress and log are cleared (its data, options and nonce kept), its
+-- expiry counted from now.
 local function run_again(p, id, key, state, now)
   redis.call("ZREM", p .. state, id)
+  expire_again(key, now)
   redis.call("PERSIST", key) -- a cached result's expiry
   redis.call("HDEL", key, "result", "error", "finished", "cancel", "progress", "cache_until", "ran",
     "started", "began", "worker")
