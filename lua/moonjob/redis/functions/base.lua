@@ -46,7 +46,8 @@
 --   <p>debounce:<id>  string: the job a debounce id names while it is delayed
 --   <p>schedules, <p>s:<id>  the schedules (schedules.lua)
 --   <p>groups, <p>gparked, <p>gw:<group>, <p>ga:<group>, <p>gs:<group>,
---   <p>gl:<group>, <p>ungrouped, <p>turn  the groups (groups.lua)
+--   <p>gl:<group>, <p>ungrouped, <p>turn, <p>gswitch, <p>gunpark  the
+--                  groups (groups.lua)
 -- Job fields: data (JSON text), priority, attempts (allowed), made (attempts
 -- started), backoff (JSON text or ""), timeout, kill_after, name, cache (s),
 -- state (waiting, delayed, active, completed, failed), token (of the run

@@ -96,8 +96,9 @@ local POP_BUDGET = 1000
 -- (its row's 10th element). -> rows, tokens, missing.
 function G.take(p, worker, n, lease, max_payload, now, glim)
   local rows, tokens, missing, budget = {}, {}, 0, n + POP_BUDGET
+  local cur = G.cursor(p) -- (the switch into group mode, if it goes on: G.copy)
   while #rows < n and budget > 0 do
-    local g, member, dropped = G.pick(p, now, glim)
+    local g, member, dropped = G.pick(p, now, glim, cur)
     if not (g or dropped) then break end
     budget = budget - 1
     if g and redis.call("ZREM", p .. "wait", member) == 1 then -- (else: an entry whose job no longer waits)
@@ -176,8 +177,15 @@ local function fetch(keys, args)
   fire_schedules(p, now)
   promote_delayed(p, now)
   local grouped = G.on(p) -- (looked at once: nothing below makes a job wait)
-  -- whatever this fetch may take: its answer counts the parked groups' times
-  if grouped then G.unpark_due(p, now) end
+  -- whatever this fetch may take: its answer counts the parked groups'
+  -- times; a step of the switch into group mode and of a walk over the
+  -- parked groups, if one goes on (then its answer says: again at once)
+  local steps = false
+  if grouped then
+    G.unpark_due(p, now)
+    steps = G.copy(p, now)
+    steps = G.unpark_step(p, now) or steps
+  end
   retain(p, args, now, n)
   if redis.call("EXISTS", p .. "paused") == 1 then return { PAUSED } end
   local out = { -1 }
@@ -211,6 +219,7 @@ local function fetch(keys, args)
   local parked = grouped and tonumber(redis.call("ZRANGE", p .. "gparked", 0, 0, "WITHSCORES")[2] or "")
   if parked and parked < math.huge and not (due and due <= parked) then due = parked end
   if held_back and not (due and due <= now + held_back) then due = now + held_back end
+  if steps then due = now end
   if due then out[1] = math.max(0, due - now) end
   return out
 end

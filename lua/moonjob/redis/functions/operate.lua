@@ -223,10 +223,11 @@ end
 -- tokens stays: a run of a job obliterated must never share its token with a
 -- run of a job added after (its late report would land in the new job).
 local QUEUE_KEYS = { "seq", "ids", "totals", "paused", "m:all", "limits", "limited", "starts", "groups", "gparked",
-  "ungrouped", "turn" }
+  "ungrouped", "turn", "gswitch", "gunpark" }
 
 -- obliterate(p; limit [, force]) -> { removed, left }: every job, schedule
--- and key of the queue (but its token counter), limit jobs per call; refused (EBUSY)
+-- and key of the queue (but its token counter), limit jobs per call, then
+-- the groups (left counts them once no job is left); refused (EBUSY)
 -- while jobs run, unless force "1" (their workers' reports are then
 -- refused). It pauses the queue until it is gone, so no worker takes a job
 -- between two calls (and a later call is not refused). Per-minute metrics
@@ -250,8 +251,8 @@ local function obliterate(keys, args)
   for _, set in ipairs({ "wait", "delayed", "active", "completed", "failed", "schedules" }) do
     left = left + redis.call("ZCARD", p .. set)
   end
+  if left == 0 then left = G.sweep(p, true) end -- (SWEEP_MAX groups per call)
   if left == 0 then
-    G.sweep(p, true)
     for _, k in ipairs(QUEUE_KEYS) do redis.call("DEL", p .. k) end
     local minute = math.floor(now_ms() / 60000)
     for m = minute - METRICS_TTL / 60, minute do redis.call("DEL", p .. "m:" .. m) end
