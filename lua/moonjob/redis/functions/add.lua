@@ -7,7 +7,7 @@ local FIELD_MAX, REGISTRY, SECONDS_MAX, DELAY_MS_MAX = H.FIELD_MAX, H.REGISTRY, 
 local ATTEMPTS_MAX, COUNT_MAX, NONCE_MAX, FINITE = H.ATTEMPTS_MAX, H.COUNT_MAX, H.NONCE_MAX, H.FINITE
 local now_ms, job_key, refuse, job_fields = H.now_ms, H.job_key, H.refuse, H.job_fields
 local delete_job, check_numbers, make_waiting = H.delete_job, H.check_numbers, H.make_waiting
-local make_delayed = H.make_delayed
+local make_delayed, debounce_key = H.make_delayed, H.debounce_key
 
 local ADD_NUMBERS = {
   { 3, "PRIORITY must be a finite number (lower runs first)", -FINITE, FINITE },
@@ -100,9 +100,9 @@ local function set_expire(key, args, now)
 end
 
 -- <p>debounce:<id>: the id of the job a debounce id names while it is
--- delayed (kept DEBOUNCE_KEEP_MS past its delay, then it expires).
+-- delayed (kept DEBOUNCE_KEEP_MS past its delay, then it expires; deleted
+-- with the job).
 local DEBOUNCE_KEEP_MS = 60000
-local function debounce_key(p, debounce_id) return p .. "debounce:" .. debounce_id end
 
 -- An add with DEBOUNCE_ID whose job is still delayed: that job takes this
 -- add's data and options, and its delay starts again. -> add's reply, or

@@ -20,6 +20,8 @@
 --   <p>gs:<group>  sorted set: the group's rate window (as <p>starts)
 --   <p>gl:<group>  string: the group's ERATELIMIT hold; its TTL is how long
 --   <p>turn        counter: the ring's turns
+--   <p>gkeys       sorted set: groups whose gs: or gl: key may be there, by
+--                  when it expires at the latest (ms; for obliterate)
 --   <p>gswitch     hash: s, m: the score and member of wait's last job
 --                  copied into <p>ungrouped, while the switch into group
 --                  mode goes on (s "": none yet)
@@ -255,6 +257,7 @@ function G.started(p, g, id, token, now, glim)
   if glim and glim.rate_max then
     redis.call("ZADD", p .. "gs:" .. g, now, token)
     redis.call("PEXPIRE", p .. "gs:" .. g, glim.rate_per + 1000)
+    H.note(p, "gkeys", g, now + glim.rate_per + 1000, now)
   end
 end
 
@@ -374,7 +377,10 @@ end
 -- (A group with no waiting job is not parked: G.enter parks it, by its
 -- hold, when one comes.)
 function G.hold(p, g, ms, now)
-  if redis.call("PTTL", p .. "gl:" .. g) < ms then redis.call("SET", p .. "gl:" .. g, "1", "PX", ms) end
+  if redis.call("PTTL", p .. "gl:" .. g) < ms then
+    redis.call("SET", p .. "gl:" .. g, "1", "PX", ms)
+    H.note(p, "gkeys", g, now + ms, now)
+  end
   if redis.call("ZCARD", G.set(p, g)) > 0 then G.park(p, g, now + ms, true) end
 end
 
