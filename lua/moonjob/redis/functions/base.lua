@@ -160,9 +160,14 @@ end
 -- member noted in the sorted set <p><set> until until_ms (a later time
 -- there stays): keys that outlive their job or group and expire by
 -- themselves, listed for obliterate; two whose time passed go each time,
--- so the list holds about the live ones.
+-- so the list holds about the live ones. A key of another type (another
+-- client's) is replaced: a note must not stop a call half done.
 local function note(p, set, member, until_ms, now)
-  redis.call("ZADD", p .. set, "GT", until_ms, member)
+  local r = redis.pcall("ZADD", p .. set, "GT", until_ms, member)
+  if type(r) == "table" and r.err then
+    redis.call("DEL", p .. set)
+    redis.call("ZADD", p .. set, until_ms, member)
+  end
   local old = redis.call("ZRANGEBYSCORE", p .. set, "-inf", now, "LIMIT", 0, 2)
   if #old > 0 then redis.call("ZREM", p .. set, unpack(old)) end
 end

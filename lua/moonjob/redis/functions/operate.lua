@@ -210,9 +210,14 @@ local function drain(keys, args)
 end
 
 -- Up to limit members of the sorted set <p><set> dropped, each with what
--- drop_one(p, member) deletes; -> how many were, how many are left.
+-- drop_one(p, member) deletes; -> how many were, how many are left. A key
+-- of another type (another client's) lists nothing: it goes.
 local function drop_listed(p, set, limit, drop_one)
-  local members = redis.call("ZRANGE", p .. set, 0, limit - 1)
+  local members = redis.pcall("ZRANGE", p .. set, 0, limit - 1)
+  if members.err then
+    redis.call("DEL", p .. set)
+    return 0, 0
+  end
   for _, m in ipairs(members) do
     redis.call("ZREM", p .. set, m)
     drop_one(p, m)
