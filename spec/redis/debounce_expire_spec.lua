@@ -128,6 +128,42 @@ rq.describe(function()
       assert.equal(1, #rq.read_lines(log))
     end)
 
+    it("counts a retried job's expiry anew from the retry, so the retry runs", function()
+      local name, log = rq.new_queue(), os.tmpname()
+      local q = rq.new_producer(name)
+      local ids = {}
+      for i = 1, 4 do ids[i] = assert(q:add({ log = log, echo = i }, { id = "x" .. i, expire = 1 })).id end
+      -- a job stored before the relative expiry was kept: its expire_at less its created
+      q.client:call_wait({ "HDEL", q.prefix .. "j:x4", "expire_ms" })
+      helpers.sleep(1.1)
+      rq.pool(name, { size = 1 })
+      assert(rq.wait_for(function() return q:counts().failed == 4 end), "the jobs did not expire")
+      assert.equal("EEXPIRED", assert(q:job("x1")).error.code)
+      local function moonjob(args)
+        return helpers.sh(("%s scripts/moonjob %s --redis %s"):format(helpers.LUAJIT, args, rq.server().url))
+      end
+      assert.equal("failed", assert(q:retry("x1")))
+      local out, err, status = moonjob("retry --queue " .. name .. " x2")
+      assert.equal(0, status, err)
+      assert.matches('"was":"failed"', out)
+      -- x3 and x4 by the bulk retry
+      out, err, status = moonjob("retry --all --queue " .. name)
+      assert.equal(0, status, err)
+      assert.matches('"count":2', out)
+      local function ended(id)
+        local state = assert(q:job(id)).state
+        return state == "completed" or state == "failed"
+      end
+      for _, id in ipairs(ids) do
+        assert(rq.wait_for(function() return ended(id) end), id .. " did not end")
+        local job = assert(q:job(id))
+        assert.equal("completed", job.state, id .. ": " .. tostring(job.error and job.error.message))
+        local f = q.client:call_wait({ "HMGET", q.prefix .. "j:" .. id, "expire_at", "run_at" })
+        assert.equal(1000, tonumber(f[1]) - tonumber(f[2]), id .. ": the expiry counts from the retry")
+      end
+      assert.equal(4, #rq.read_lines(log))
+    end)
+
     it("goes with a schedule's jobs", function()
       local name = rq.new_queue()
       local q = rq.new_producer(name)

@@ -179,7 +179,7 @@ function M.promote(q, id) return act(q, "moonjob_promote", id) end
 -- first answer gave (retry_all, clean). -> how many | nil, err (some may
 -- have been done: their count in err.done).
 local function bulk(q, limit, call_n, until_empty)
-  local done, before, total = 0, nil, nil
+  local done, before, total, last_left = 0, nil, nil, nil
   while not limit or done < limit do
     local n = limit and math.min(BULK, limit - done) or BULK
     local reply, err = call_n(n, before)
@@ -191,7 +191,10 @@ local function bulk(q, limit, call_n, until_empty)
     before = before or reply[3]
     total = total or (reply[1] + reply[2])
     local looked_at = reply[4] or reply[1] -- retry_all: entries whose job was gone count too
-    if reply[2] == 0 or looked_at == 0 or (done >= total and not until_empty) then break end
+    -- (until empty, a call that removed no job but left less did work: obliterate's groups)
+    local progress = looked_at > 0 or (until_empty and reply[2] < (last_left or math.huge))
+    if reply[2] == 0 or not progress or (done >= total and not until_empty) then break end
+    last_left = reply[2]
   end
   if done == 0 then -- nothing done: say so when the queue is not there at all
     local missing = no_queue_or(q, nil)

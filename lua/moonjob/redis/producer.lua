@@ -113,7 +113,9 @@ function Queue:on(event, fn)
   self.listeners[event] = fn
   if self.updating then return end
   self.updating = true
-  self.client:subscribe(self.prefix .. "updates", function(kind, message)
+  -- (a channel is the server's, not a database's: the library publishes
+  -- on the one of the database the job's worker fetched it from)
+  self.client:subscribe(self.prefix .. "updates@" .. self.client.target.db, function(kind, message)
     if kind ~= "message" then return end
     local m = json.decode(message)
     if type(m) ~= "table" or m.id == nil then return end

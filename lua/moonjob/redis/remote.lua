@@ -202,7 +202,8 @@ function Remote:want(probe)
   local sent_at = loop.now()
   self.client:call({ "FCALL", "moonjob_fetch", 1, self.prefix, self.worker_id, n, self.lease_ms,
       self.keep_count, self.keep_age_ms, math.floor(self.port.max_payload), -- MAX_PAYLOAD is whole
-      self.keep_failed_age_ms, math.max(0, self.port.size - self.nfetched) }, -- FREE: under a limit, no more
+      self.keep_failed_age_ms, math.max(0, self.port.size - self.nfetched), -- FREE: under a limit, no more
+      self.client.target.db }, -- DB: its jobs' updates go to <prefix>updates@DB, this database's listeners
     function(reply, err, kind)
       self.fetching = false
       if not reply then return self:_fetch_failed(err, kind) end

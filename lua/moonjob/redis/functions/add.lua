@@ -7,7 +7,7 @@ local FIELD_MAX, REGISTRY, SECONDS_MAX, DELAY_MS_MAX = H.FIELD_MAX, H.REGISTRY, 
 local ATTEMPTS_MAX, COUNT_MAX, NONCE_MAX, FINITE = H.ATTEMPTS_MAX, H.COUNT_MAX, H.NONCE_MAX, H.FINITE
 local now_ms, job_key, refuse, job_fields = H.now_ms, H.job_key, H.refuse, H.job_fields
 local delete_job, check_numbers, make_waiting = H.delete_job, H.check_numbers, H.make_waiting
-local make_delayed = H.make_delayed
+local make_delayed, debounce_key = H.make_delayed, H.debounce_key
 
 local ADD_NUMBERS = {
   { 3, "PRIORITY must be a finite number (lower runs first)", -FINITE, FINITE },
@@ -92,16 +92,17 @@ local function or_default(text, default)
 end
 
 -- A job's expire_at: EXPIRE_MS (args[15]) from now; fetch fails it with
--- EEXPIRED once past (it never runs, nor runs again).
+-- EEXPIRED once past (it never runs, nor runs again by its own retries).
+-- expire_ms keeps the span: a retry by hand counts it anew (operate.lua).
 local function set_expire(key, args, now)
   local expire = tonumber(args[15] or "")
-  if expire then redis.call("HSET", key, "expire_at", now + expire) end
+  if expire then redis.call("HSET", key, "expire_at", now + expire, "expire_ms", expire) end
 end
 
 -- <p>debounce:<id>: the id of the job a debounce id names while it is
--- delayed (kept DEBOUNCE_KEEP_MS past its delay, then it expires).
+-- delayed (kept DEBOUNCE_KEEP_MS past its delay, then it expires; deleted
+-- with the job).
 local DEBOUNCE_KEEP_MS = 60000
-local function debounce_key(p, debounce_id) return p .. "debounce:" .. debounce_id end
 
 -- An add with DEBOUNCE_ID whose job is still delayed: that job takes this
 -- add's data and options, and its delay starts again. -> add's reply, or
@@ -120,7 +121,7 @@ local function debounce(p, args, now)
     or_default(args[5], "1"), "backoff", args[6], "timeout", or_default(args[7], "0"), "kill_after",
     or_default(args[8], "0"), "name", args[9], "cache", or_default(args[10], "0"))
   if args[12] == "1" then redis.call("HSET", key, "notify", "1") end
-  redis.call("HDEL", key, "expire_at", "group")
+  redis.call("HDEL", key, "expire_at", "expire_ms", "group")
   set_expire(key, args, now)
   if (args[18] or "") ~= "" then redis.call("HSET", key, "group", args[18]) end
   make_delayed(p, joined_id, key, now + delay)

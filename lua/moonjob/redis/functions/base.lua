@@ -45,9 +45,12 @@
 --   <p>updates     pub/sub channel for producers: a running job's progress
 --                  and log lines, as JSON
 --   <p>debounce:<id>  string: the job a debounce id names while it is delayed
+--   <p>cached      sorted set: completed jobs trimmed but kept for their
+--                  cache (their hash expires then), by when (ms)
 --   <p>schedules, <p>s:<id>  the schedules (schedules.lua)
 --   <p>groups, <p>gparked, <p>gw:<group>, <p>ga:<group>, <p>gs:<group>,
---   <p>gl:<group>, <p>ungrouped, <p>turn  the groups (groups.lua)
+--   <p>gl:<group>, <p>ungrouped, <p>turn, <p>gswitch, <p>gunpark, <p>gkeys
+--                  the groups (groups.lua)
 -- Job fields: data (JSON text), priority, attempts (allowed), made (attempts
 -- started), backoff (JSON text or ""), timeout, kill_after, name, cache (s),
 -- state (waiting, delayed, active, completed, failed), token (of the run
@@ -56,7 +59,8 @@
 -- (ms), member (its wait member), notify ("1": publish its id on <p>done),
 -- cache_until (ms), nonce (tells this job from a later one with its id),
 -- progress (JSON text, the last reported), expire_at (ms: not started by
--- then, it fails with EEXPIRED), group (its group, absent for none).
+-- then, it fails with EEXPIRED), expire_ms (the span expire_at was counted
+-- with: a retry by hand counts it anew), group (its group, absent for none).
 --
 -- Time is always the server's (TIME), never a worker's clock. Results and
 -- failures carrying a token that is not the job's current one are refused:
@@ -154,9 +158,32 @@ end
 -- A job's log lines (job:log() and its output on a worker): a list.
 local function log_key(p, id) return p .. "log:" .. id end
 
--- A job and its log, deleted.
+-- <p>debounce:<id>: the job a debounce id names (add.lua).
+local function debounce_key(p, debounce_id) return p .. "debounce:" .. debounce_id end
+
+-- A job and its log, deleted, and the debounce key that names it (it
+-- would name no job, and outlive an obliterate).
 local function delete_job(p, id, key)
+  local d = redis.pcall("HGET", key, "debounce")
+  if type(d) == "string" and d ~= "" and redis.pcall("GET", debounce_key(p, d)) == id then
+    redis.call("DEL", debounce_key(p, d))
+  end
   redis.call("DEL", key, log_key(p, id))
+end
+
+-- member noted in the sorted set <p><set> until until_ms (a later time
+-- there stays): keys that outlive their job or group and expire by
+-- themselves, listed for obliterate; two whose time passed go each time,
+-- so the list holds about the live ones. A key of another type (another
+-- client's) is replaced: a note must not stop a call half done.
+local function note(p, set, member, until_ms, now)
+  local r = redis.pcall("ZADD", p .. set, "GT", until_ms, member)
+  if type(r) == "table" and r.err then
+    redis.call("DEL", p .. set)
+    redis.call("ZADD", p .. set, until_ms, member)
+  end
+  local old = redis.call("ZRANGEBYSCORE", p .. set, "-inf", now, "LIMIT", 0, 2)
+  if #old > 0 then redis.call("ZREM", p .. set, unpack(old)) end
 end
 
 -- The sorted set of each state's jobs, and the id in one of its members.
@@ -194,4 +221,5 @@ H.now_ms, H.job_key, H.publish, H.err_json, H.number_in = now_ms, job_key, publi
 H.refuse, H.job_fields, H.count_total, H.count_missing = refuse, job_fields, count_total, count_missing
 H.log_key, H.delete_job, H.check_numbers, H.check_args = log_key, delete_job, check_numbers, check_args
 H.SETS, H.member_id, H.wrong_type = SETS, member_id, wrong_type
+H.debounce_key, H.note = debounce_key, note
 end

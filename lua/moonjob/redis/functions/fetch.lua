@@ -22,6 +22,7 @@ local FETCH_NUMBERS = {
   { 6, "MAX_PAYLOAD must be a whole number of bytes from 0 (no bound) to 2^53", 0, COUNT_MAX, true },
   { 7, "KEEP_FAILED_AGE_MS must be a number of ms from 0 to 1e15", 0, 1e15 },
   { 8, "FREE must be a whole number from 0 to 2^31", 0, ATTEMPTS_MAX, true },
+  { 9, "DB must be the worker's database, a whole number from 0 to 2^31", 0, ATTEMPTS_MAX, true },
 }
 
 -- A field out of its range ("" or absent: its default) -> why, or nil.
@@ -55,10 +56,12 @@ local function unfit(id, f)
     or bad_field("priority", f[9], -FINITE, FINITE, false, "a finite number")
 end
 
--- A waiting entry popped by fetch: its reply row (handed out to worker
--- with token number token_no), or nil and "failed" (failed in place: out
--- of range, over max_payload, expired; never sent) or what look_at said.
-local function take_one(p, id, worker, token_no, lease, max_payload, now)
+-- A waiting entry popped by fetch: its reply row (handed out to worker w
+-- { id, lease, max_payload, db } with token number token_no), or nil and
+-- "failed" (failed in place: out of range, over max_payload, expired;
+-- never sent) or what look_at said. The job keeps w.db (its channel of
+-- updates: runs.lua).
+local function take_one(p, id, w, token_no, now)
   local key = job_key(p, id)
   local kind, f = look_at(p, id, key, "waiting", now, "data", "attempts", "backoff", "timeout",
     "kill_after", "name", "made", "priority", "expire_at")
@@ -71,8 +74,8 @@ local function take_one(p, id, worker, token_no, lease, max_payload, now)
     return nil, "failed"
   end
   local why, code = unfit(id, f), nil
-  if not why and max_payload > 0 and #f[2] > max_payload then
-    why = ("the job data is %d bytes, more than the worker's max_payload (%d)"):format(#f[2], max_payload)
+  if not why and w.max_payload > 0 and #f[2] > w.max_payload then
+    why = ("the job data is %d bytes, more than the worker's max_payload (%d)"):format(#f[2], w.max_payload)
     code = "EPAYLOAD"
   end
   if why then
@@ -80,10 +83,11 @@ local function take_one(p, id, worker, token_no, lease, max_payload, now)
     fail_entry(p, id, key, now, why, false, code)
     return nil, "failed"
   end
-  local token = worker .. "/" .. token_no
-  redis.call("HSET", key, "state", "active", "token", token, "worker", worker, "started", now,
+  local token = w.id .. "/" .. token_no
+  redis.call("HSET", key, "state", "active", "token", token, "worker", w.id, "started", now,
     "ran", "0", "made", made, "began", "")
-  redis.call("ZADD", p .. "active", now + lease, id)
+  if w.db then redis.call("HSET", key, "db", w.db) end
+  redis.call("ZADD", p .. "active", now + w.lease, id)
   return { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7] }
 end
 
@@ -113,15 +117,16 @@ end
 -- take in group mode: each job from the group whose turn it is (G.pick),
 -- under the groups' limits glim. A job of a group comes with its group
 -- (its row's 10th element). -> rows, tokens, missing.
-function G.take(p, worker, n, lease, max_payload, now, glim)
+function G.take(p, w, n, now, glim)
   local rows, tokens, missing, budget = {}, {}, 0, n + POP_BUDGET
+  local cur = G.cursor(p) -- (the switch into group mode, if it goes on: G.copy)
   while #rows < n and budget > 0 do
-    local g, member, dropped, score = G.pick(p, now, glim)
+    local g, member, dropped, score = G.pick(p, now, glim, cur)
     if not (g or dropped) then break end
     budget = budget - 1
     if g and redis.call("ZREM", p .. "wait", member) == 1 then -- (else: an entry whose job no longer waits)
       local token_no = redis.call("INCR", p .. "tokens")
-      local row, kind, e = try_take(p, string.sub(member, 18), worker, token_no, lease, max_payload, now)
+      local row, kind, e = try_take(p, string.sub(member, 18), w, token_no, now)
       if e then
         put_back(p, member, score, e, rows, now, g)
         break
@@ -138,12 +143,12 @@ function G.take(p, worker, n, lease, max_payload, now, glim)
   return rows, tokens, missing
 end
 
--- Up to n waiting jobs handed out to worker (grouped: G.on). -> their
+-- Up to n waiting jobs handed out to worker w (grouped: G.on). -> their
 -- reply rows, tokens. Tokens: one counter step per pop, one number per job
 -- (never reused).
-local function take(p, worker, n, lease, max_payload, now, glim, grouped)
+local function take(p, w, n, now, glim, grouped)
   if n > 0 and grouped then
-    local rows, tokens, missing = G.take(p, worker, n, lease, max_payload, now, glim)
+    local rows, tokens, missing = G.take(p, w, n, now, glim)
     count_missing(p, missing)
     return rows, tokens
   end
@@ -155,7 +160,7 @@ local function take(p, worker, n, lease, max_payload, now, glim, grouped)
     budget = budget - #popped / 2
     local token_no = redis.call("INCRBY", p .. "tokens", #popped / 2) - #popped / 2
     for i = 1, #popped, 2 do
-      local row, kind, e = try_take(p, string.sub(popped[i], 18), worker, token_no + 1, lease, max_payload, now)
+      local row, kind, e = try_take(p, string.sub(popped[i], 18), w, token_no + 1, now)
       if e then
         for j = #popped - 1, i + 2, -2 do redis.call("ZADD", p .. "wait", popped[j + 1], popped[j]) end
         put_back(p, popped[i], popped[i + 1], e, rows, now)
@@ -177,7 +182,7 @@ end
 -- A fetch's first element while the queue is paused: no job comes with it.
 local PAUSED = -2
 
--- fetch(p; worker, n, lease_ms, keep_count, keep_age_ms, max_payload [, keep_failed_age_ms [, free]])
+-- fetch(p; worker, n, lease_ms, keep_count, keep_age_ms, max_payload [, keep_failed_age_ms [, free [, db]]])
 -- -> { next_due_ms, job, ... } ({ -2 } while the queue is paused); each job is
 -- { id, token, data, made, attempts, backoff, timeout, kill_after, name }.
 -- Recovers stalled jobs, makes due delayed jobs ready and trims finished
@@ -189,22 +194,31 @@ local PAUSED = -2
 -- or -1. Due schedules fire first (fire_schedules). Under the queue's limits
 -- (rate, concurrency, an ERATELIMIT hold) it hands out fewer jobs (under a
 -- rate at most free, the worker's idle children), and next_due_ms says when to look
--- again for a rate window or hold. With groups, jobs come round-robin
+-- again for a rate window or hold. db: the worker's database (its jobs'
+-- progress and log lines go to <p>updates@<db>: runs.lua). With groups, jobs come round-robin
 -- between them (groups.lua), under each group's limits.
 local function fetch(keys, args)
   local p, worker = keys[1], args[1]
   if not worker or worker == "" then return refuse("moonjob_fetch", "WORKER must be a name", "") end
   local refused = check_numbers("moonjob_fetch", args, FETCH_NUMBERS)
   if refused then return refused end
-  local n, lease = tonumber(args[2]) or 1, tonumber(args[3]) or 30000
-  local max_payload = tonumber(args[6]) or 0
+  local n = tonumber(args[2]) or 1
+  local w = { id = worker, lease = tonumber(args[3]) or 30000, max_payload = tonumber(args[6]) or 0,
+    db = tonumber(args[9] or "") }
   local now = now_ms()
   recover_stalled(p, now)
   fire_schedules(p, now)
   promote_delayed(p, now)
   local grouped = G.on(p) -- (looked at once: nothing below makes a job wait)
-  -- whatever this fetch may take: its answer counts the parked groups' times
-  if grouped then G.unpark_due(p, now) end
+  -- whatever this fetch may take: its answer counts the parked groups'
+  -- times; a step of the switch into group mode and of a walk over the
+  -- parked groups, if one goes on (then its answer says: again at once)
+  local steps = false
+  if grouped then
+    G.unpark_due(p, now)
+    steps = G.copy(p, now)
+    steps = G.unpark_step(p, now) or steps
+  end
   retain(p, args, now, n)
   if redis.call("EXISTS", p .. "paused") == 1 then return { PAUSED } end
   local out = { -1 }
@@ -225,7 +239,7 @@ local function fetch(keys, args)
     return redis.error_reply(("ERR %stokens is not a counter (%s): another client wrote it; delete it "
       .. "(DEL %stokens) and restart the workers"):format(p, counter.err, p))
   end
-  local rows, tokens = take(p, worker, n, lease, max_payload, now, glim, grouped)
+  local rows, tokens = take(p, w, n, now, glim, grouped)
   for _, row in ipairs(rows) do out[#out + 1] = row end
   count_starts(p, lim, tokens, now)
   if lim and lim.rate_max and not held_back then -- the window just filled: when it has room
@@ -239,6 +253,7 @@ local function fetch(keys, args)
   local parked = grouped and tonumber(redis.call("ZRANGE", p .. "gparked", 0, 0, "WITHSCORES")[2] or "")
   if parked and parked < math.huge and not (due and due <= parked) then due = parked end
   if held_back and not (due and due <= now + held_back) then due = now + held_back end
+  if steps then due = now end
   if due then out[1] = math.max(0, due - now) end
   return out
 end

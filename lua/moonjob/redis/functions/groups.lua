@@ -20,12 +20,20 @@
 --   <p>gs:<group>  sorted set: the group's rate window (as <p>starts)
 --   <p>gl:<group>  string: the group's ERATELIMIT hold; its TTL is how long
 --   <p>turn        counter: the ring's turns
+--   <p>gkeys       sorted set: groups whose gs: or gl: key may be there, by
+--                  when it expires at the latest (ms; for obliterate)
+--   <p>gswitch     hash: s, m: the score and member of wait's last job
+--                  copied into <p>ungrouped, while the switch into group
+--                  mode goes on (s "": none yet)
+--   <p>gunpark     string: the ZSCAN cursor of the walk over <p>gparked
+--                  after a group limit changed, while it goes on
 -- <p>wait stays the set of every waiting job (listings, counts and drain
 -- see no difference); the group sets index it. A queue whose waiting jobs
 -- have no group keeps no index ("group mode" is off: groups and gparked are
 -- empty) and fetch pops wait directly; the first grouped job made waiting
 -- turns it on (every job waiting then is of no group: wait is copied into
--- <p>ungrouped), and it turns off once the index is empty. An index
+-- <p>ungrouped, SWITCH_STEP jobs per call, G.copy), and it turns off once
+-- the index is empty. An index
 -- entry whose job no longer waits is dropped when fetch reaches it (its
 -- ZREM from wait says 0), so a path that misses one loses nothing.
 
@@ -35,6 +43,11 @@ local read_limits = L.read_limits
 
 local GROUP_WALK_MAX = 64 -- groups looked at per job handed out (then: the group of the job first in line)
 local UNPARK_MAX = 100 -- parked groups whose time came, back in the ring per fetch
+-- Work of one call over a whole set, at most: no call blocks Redis long
+-- however many jobs wait (one step of each is a few ms).
+local SWITCH_STEP = 1000 -- waiting jobs looked at per step of the switch into group mode
+local UNPARK_STEP = 1000 -- parked groups looked at again per step after a group limit changed
+local SWEEP_MAX = 1000 -- groups swept per call (drain, obliterate)
 local LIST_GROUPS_MAX = 1000
 
 function G.set(p, g)
@@ -90,8 +103,8 @@ function G.index(p, g, prio, member, now)
   local on = G.on(p)
   if g == "" then
     if not on then return end
-  elseif not on and redis.call("ZUNIONSTORE", p .. "ungrouped", 1, p .. "wait") > 0 then
-    G.enter(p, "", now) -- the switch: every job waiting until now is of no group
+  elseif not on and redis.call("EXISTS", p .. "wait") == 1 then
+    G.switch(p, now) -- every job waiting until now is of no group
   end
   G.zadd(G.set(p, g), prio, member)
   if G.enter(p, g, now) and redis.call("ZCARD", p .. "groups") == 1
@@ -100,15 +113,82 @@ function G.index(p, g, prio, member, now)
   end
 end
 
+-- The switch into group mode: every job waiting now is of no group, and
+-- <p>ungrouped must index them. They are copied in wait's order, from its
+-- head, SWITCH_STEP per call (this one, then each fetch: G.copy); "" keeps
+-- its turn in the ring meanwhile, and G.pick takes a job of no group only
+-- while the first of <p>ungrouped comes before the cursor (every job not
+-- copied comes after it), else nothing of a worse priority.
+function G.switch(p, now)
+  redis.call("UNLINK", p .. "ungrouped") -- (entries of jobs that no longer wait, if any)
+  redis.call("DEL", p .. "gswitch")
+  redis.call("HSET", p .. "gswitch", "s", "", "m", "")
+  G.zadd(p .. "groups", redis.call("INCR", p .. "turn"), "")
+  G.copy(p, now)
+end
+
+-- The switch's cursor { score, member } (score "": nothing copied yet), or
+-- nil when no switch goes on.
+function G.cursor(p)
+  local c = redis.pcall("HMGET", p .. "gswitch", "s", "m")
+  if c.err or not c[1] then return nil end
+  return c
+end
+
+-- Whether first ({ member, score } of <p>ungrouped, or empty) comes before
+-- every job of no group not copied yet (cur: G.cursor's; nil: no switch).
+-- wait orders equal scores by member: "<16-digit arrival>:<id>".
+function G.copied(cur, first)
+  if not cur then return true end
+  if not first[1] or cur[1] == "" then return false end
+  local s, cs = tonumber(first[2]), tonumber(cur[1])
+  if s ~= cs then return s < cs end
+  local a, b = tonumber(string.sub(first[1], 1, 16)), tonumber(string.sub(cur[2], 1, 16))
+  if a and b then return a <= b end
+  return first[1] == cur[2]
+end
+
+-- One step of the switch: the next SWITCH_STEP members of wait after the
+-- cursor, those of no group copied into <p>ungrouped (a member already
+-- there is set again, never doubled). A sentinel member just after the
+-- cursor, added and removed in this call, gives their rank (the cursor's
+-- job may have left wait). -> whether the switch goes on.
+function G.copy(p, now)
+  local cur = G.cursor(p)
+  if not cur then return false end
+  local wait, start = p .. "wait", 0
+  if cur[1] ~= "" then
+    local sentinel = cur[2] .. "\0"
+    redis.call("ZADD", wait, cur[1], sentinel)
+    start = redis.call("ZRANK", wait, sentinel)
+    redis.call("ZREM", wait, sentinel)
+  end
+  local got = redis.call("ZRANGE", wait, start, start + SWITCH_STEP - 1, "WITHSCORES")
+  for i = 1, #got, 2 do
+    local g = redis.pcall("HGET", job_key(p, string.sub(got[i], 18)), "group")
+    if type(g) ~= "string" or g == "" then G.zadd(p .. "ungrouped", got[i + 1], got[i]) end
+  end
+  if #got < 2 * SWITCH_STEP then -- the last step
+    redis.call("DEL", p .. "gswitch")
+    G.enter(p, "", now)
+    return false
+  end
+  redis.call("HSET", p .. "gswitch", "s", got[#got], "m", got[#got - 1])
+  if not G.has(p .. "groups", "") then G.zadd(p .. "groups", redis.call("INCR", p .. "turn"), "") end
+  return true
+end
+
 -- A waiting job (member) of group g (nil: none) no longer waits; a group
 -- left with none leaves the ring (or the parked set: a hold stays in its
 -- gl key, and G.enter parks the group again).
 function G.unindex(p, g, member)
   if not member then return end
-  local set = G.set(p, g or "")
-  if redis.call("ZREM", set, member) == 1 and redis.call("ZCARD", set) == 0 then
-    redis.call("ZREM", p .. "groups", g or "")
-    redis.call("ZREM", p .. "gparked", g or "")
+  g = g or ""
+  local set = G.set(p, g)
+  if redis.call("ZREM", set, member) == 1 and redis.call("ZCARD", set) == 0
+      and (g ~= "" or redis.call("EXISTS", p .. "gswitch") == 0) then -- (while the switch goes on, "" stays)
+    redis.call("ZREM", p .. "groups", g)
+    redis.call("ZREM", p .. "gparked", g)
   end
 end
 
@@ -140,14 +220,34 @@ end
 
 -- Every parked group is looked at again under the new limits (a group
 -- limit changed): back to the ring, or parked again as G.enter (a hold)
--- and G.room (a cap, a window) say. One call over all of them.
+-- and G.room (a cap, a window) say. In steps: this call takes the first
+-- (G.unpark_step), each fetch the next, until the walk is over.
 function G.unpark_all(p)
-  local now = now_ms()
-  local _, glim = read_limits(p)
-  for _, g in ipairs(redis.call("ZRANGE", p .. "gparked", 0, -1)) do
-    redis.call("ZREM", p .. "gparked", g)
-    if G.enter(p, g, now) then G.room(p, g, now, glim) end
+  redis.call("SET", p .. "gunpark", "0")
+  G.unpark_step(p, now_ms())
+end
+
+-- One step of the walk over the parked groups (ZSCAN: a group parked
+-- again meanwhile may come twice, none that stays parked is missed). ->
+-- whether the walk goes on.
+function G.unpark_step(p, now)
+  local cursor = redis.pcall("GET", p .. "gunpark")
+  if type(cursor) ~= "string" then
+    if cursor then redis.call("DEL", p .. "gunpark") end -- (a key of another type: no walk)
+    return false
   end
+  local _, glim = read_limits(p)
+  local r = redis.call("ZSCAN", p .. "gparked", cursor, "COUNT", UNPARK_STEP)
+  for i = 1, #r[2], 2 do
+    local g = r[2][i]
+    if redis.call("ZREM", p .. "gparked", g) == 1 and G.enter(p, g, now) then G.room(p, g, now, glim) end
+  end
+  if r[1] == "0" then
+    redis.call("DEL", p .. "gunpark")
+    return false
+  end
+  redis.call("SET", p .. "gunpark", r[1])
+  return true
 end
 
 -- The job of group g that fetch hands out now counts against its cap and
@@ -158,6 +258,7 @@ function G.started(p, g, id, token, now, glim)
   if glim and glim.rate_max then
     redis.call("ZADD", p .. "gs:" .. g, now, token)
     redis.call("PEXPIRE", p .. "gs:" .. g, glim.rate_per + 1000)
+    H.note(p, "gkeys", g, now + glim.rate_per + 1000, now)
   end
 end
 
@@ -196,10 +297,14 @@ end
 
 -- The group of the job first in line (wait's head), if it is in the ring
 -- and may take a job now: what G.pick takes when its walk found no group
--- with that priority (a group further on in turn order).
-function G.of_head(p, head, now, glim)
+-- with that priority (a group further on in turn order). nil, true: the
+-- head is of no group and not copied yet (cur: the switch's cursor).
+function G.of_head(p, head, now, glim, cur)
   local g = redis.pcall("HGET", job_key(p, string.sub(head, 18)), "group")
   if type(g) ~= "string" then g = "" end
+  if g == "" and not G.copied(cur, redis.call("ZRANGE", p .. "ungrouped", 0, 0, "WITHSCORES")) then
+    return nil, true
+  end
   if redis.call("ZSCORE", p .. "groups", g) and G.room(p, g, now, glim) then return g end
 end
 
@@ -209,7 +314,7 @@ end
 -- line), else the best that may take one, and the member's score; nil, nil
 -- when none may, and whether the walk took groups out of the ring (parked or
 -- empty: a walk again reaches further).
-function G.pick(p, now, glim)
+function G.pick(p, now, glim, cur)
   local head = redis.call("ZRANGE", p .. "wait", 0, 0, "WITHSCORES")
   if #head == 0 then return nil, nil, false end
   local best = tonumber(head[2])
@@ -221,10 +326,10 @@ function G.pick(p, now, glim)
       local g = ring[i]
       after, walked = "(" .. ring[i + 1], walked + 1
       local first = redis.call("ZRANGE", G.set(p, g), 0, 0, "WITHSCORES")
-      if #first == 0 then
+      if #first == 0 and not (g == "" and cur) then
         redis.call("ZREM", p .. "groups", g)
         dropped = true
-      else
+      elseif #first > 0 and (g ~= "" or G.copied(cur, first)) then -- ("" while its next job may not be copied: not now)
         local prio = tonumber(first[2])
         if not found or prio < found_prio then
           if G.room(p, g, now, glim) then
@@ -237,34 +342,46 @@ function G.pick(p, now, glim)
       end
     end
   end
-  if not (found and found_prio <= best) then found = G.of_head(p, head[1], now, glim) or found end
+  if not (found and found_prio <= best) then
+    local g, uncopied = G.of_head(p, head[1], now, glim, cur)
+    if uncopied then return nil, nil, false end -- no job of a worse priority before it: the next fetch copies it
+    found = g or found
+  end
   if not found then return nil, nil, dropped end
   local set, turn = G.set(p, found), redis.call("INCR", p .. "turn") -- (drawn first: a pop is not undone)
   local popped = redis.call("ZPOPMIN", set)
-  if redis.call("ZCARD", set) == 0 then redis.call("ZREM", p .. "groups", found)
+  if redis.call("ZCARD", set) == 0 and not (found == "" and cur) then redis.call("ZREM", p .. "groups", found)
   else redis.call("ZADD", p .. "groups", turn, found) end -- its turn is over
   return found, popped[1], false, popped[2]
 end
 
--- Groups with no waiting job left (after a drain) leave the ring and the
--- parked set; with all, every group goes and its keys are deleted
--- (obliterate).
+-- Once no job waits (a drain, an obliterate), the groups leave the ring
+-- and the parked set with their waiting sets (entries whose job no longer
+-- waits); with all, their other keys are deleted too (obliterate). At most
+-- SWEEP_MAX groups per call; -> how many are left in the ring and the
+-- parked set.
 function G.sweep(p, all)
+  redis.call("DEL", p .. "gswitch", p .. "gunpark") -- (nothing left to copy or to walk)
+  local left = 0
   for _, ring in ipairs({ "groups", "gparked" }) do
-    for _, g in ipairs(redis.call("ZRANGE", p .. ring, 0, -1)) do
-      if all or redis.call("ZCARD", G.set(p, g)) == 0 then
-        redis.call("ZREM", p .. ring, g)
-        if all then redis.call("DEL", G.set(p, g), p .. "ga:" .. g, p .. "gs:" .. g, p .. "gl:" .. g) end
-      end
+    for _, g in ipairs(redis.call("ZRANGE", p .. ring, 0, SWEEP_MAX - 1)) do
+      redis.call("ZREM", p .. ring, g)
+      redis.call("UNLINK", G.set(p, g))
+      if all and g ~= "" then redis.call("DEL", p .. "ga:" .. g, p .. "gs:" .. g, p .. "gl:" .. g) end
     end
+    left = left + redis.call("ZCARD", p .. ring)
   end
+  return left
 end
 
 -- ratelimited for a job of group g: the group holds back for ms.
 -- (A group with no waiting job is not parked: G.enter parks it, by its
 -- hold, when one comes.)
 function G.hold(p, g, ms, now)
-  if redis.call("PTTL", p .. "gl:" .. g) < ms then redis.call("SET", p .. "gl:" .. g, "1", "PX", ms) end
+  if redis.call("PTTL", p .. "gl:" .. g) < ms then
+    redis.call("SET", p .. "gl:" .. g, "1", "PX", ms)
+    H.note(p, "gkeys", g, now + ms, now)
+  end
   if redis.call("ZCARD", G.set(p, g)) > 0 then G.park(p, g, now + ms, true) end
 end
 

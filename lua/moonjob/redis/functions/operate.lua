@@ -23,10 +23,24 @@ local function not_found(fn, id)
     :format(fn, tostring(id):sub(1, 200)))
 end
 
+-- A retried job's expiry counts anew from now, the span it was added with
+-- (expire_ms; a job stored without it: its expire_at less its created), so
+-- that a job failed EEXPIRED runs when retried. A span that is not a
+-- positive number drops the expiry.
+local function expire_again(key, now)
+  local f = redis.call("HMGET", key, "expire_ms", "expire_at", "created")
+  if not f[1] and not f[2] then return end
+  local span = tonumber(f[1] or "") or ((tonumber(f[2]) or 0) - (tonumber(f[3] or "") or math.huge))
+  if span > 0 and span < math.huge then redis.call("HSET", key, "expire_at", now + span)
+  else redis.call("HDEL", key, "expire_at", "expire_ms") end
+end
+
 -- A finished job made to wait again, as new: its attempts, result, error,
--- progress and log are cleared (its data, options and nonce kept).
+-- progress and log are cleared (its data, options and nonce kept), its
+-- expiry counted from now.
 local function run_again(p, id, key, state, now)
   redis.call("ZREM", p .. state, id)
+  expire_again(key, now)
   redis.call("PERSIST", key) -- a cached result's expiry
   redis.call("HDEL", key, "result", "error", "finished", "cancel", "progress", "cache_until", "ran",
     "started", "began", "worker")
@@ -195,24 +209,41 @@ local function drain(keys, args)
   return { removed, left }
 end
 
--- Up to limit schedules deleted; -> how many.
-local function drop_schedules(p, limit)
-  local ids = redis.call("ZRANGE", p .. "schedules", 0, limit - 1)
-  for _, id in ipairs(ids) do
-    redis.call("ZREM", p .. "schedules", id)
-    redis.call("DEL", schedule_key(p, id))
+-- Up to limit members of the sorted set <p><set> dropped, each with what
+-- drop_one(p, member) deletes; -> how many were, how many are left. A key
+-- of another type (another client's) lists nothing: it goes.
+local function drop_listed(p, set, limit, drop_one)
+  local members = redis.pcall("ZRANGE", p .. set, 0, limit - 1)
+  if members.err then
+    redis.call("DEL", p .. set)
+    return 0, 0
   end
-  return #ids
+  for _, m in ipairs(members) do
+    redis.call("ZREM", p .. set, m)
+    drop_one(p, m)
+  end
+  return #members, redis.call("ZCARD", p .. set)
 end
+
+-- What obliterate's drop_listed deletes with a schedule, a group noted in
+-- <p>gkeys (its window and hold), a job noted in <p>cached (kept past its
+-- trimming for its cache).
+local DROP = {
+  schedules = function(p, id) redis.call("DEL", schedule_key(p, id)) end,
+  gkeys = function(p, g) redis.call("DEL", p .. "gs:" .. g, p .. "gl:" .. g) end,
+  cached = function(p, id) delete_job(p, id, job_key(p, id)) end,
+}
 
 -- The keys of a queue that are not jobs (obliterate deletes them last).
 -- tokens stays: a run of a job obliterated must never share its token with a
 -- run of a job added after (its late report would land in the new job).
 local QUEUE_KEYS = { "seq", "ids", "totals", "paused", "m:all", "limits", "limited", "starts", "groups", "gparked",
-  "ungrouped", "turn" }
+  "ungrouped", "turn", "gswitch", "gunpark", "gkeys", "cached" }
 
 -- obliterate(p; limit [, force]) -> { removed, left }: every job, schedule
--- and key of the queue (but its token counter), limit jobs per call; refused (EBUSY)
+-- and key of the queue (but its token counter), limit jobs per call, then
+-- the groups and the keys that outlive a job or group (<p>gkeys,
+-- <p>cached; left counts them once no job is left); refused (EBUSY)
 -- while jobs run, unless force "1" (their workers' reports are then
 -- refused). It pauses the queue until it is gone, so no worker takes a job
 -- between two calls (and a later call is not refused). Per-minute metrics
@@ -231,13 +262,19 @@ local function obliterate(keys, args)
   for _, set in ipairs({ "wait", "delayed", "active", "completed", "failed" }) do
     if removed < limit then removed = removed + empty_set(p, set, limit - removed) end
   end
-  if removed < limit then removed = removed + drop_schedules(p, limit - removed) end
+  if removed < limit then removed = removed + drop_listed(p, "schedules", limit - removed, DROP.schedules) end
   local left = 0
   for _, set in ipairs({ "wait", "delayed", "active", "completed", "failed", "schedules" }) do
     left = left + redis.call("ZCARD", p .. set)
   end
+  if left == 0 then left = G.sweep(p, true) end -- (SWEEP_MAX groups per call)
+  for _, set in ipairs({ "gkeys", "cached" }) do
+    if left == 0 then
+      local _, rest = drop_listed(p, set, limit, DROP[set])
+      left = rest
+    end
+  end
   if left == 0 then
-    G.sweep(p, true)
     for _, k in ipairs(QUEUE_KEYS) do redis.call("DEL", p .. k) end
     local minute = math.floor(now_ms() / 60000)
     for m = minute - METRICS_TTL / 60, minute do redis.call("DEL", p .. "m:" .. m) end

@@ -20,6 +20,15 @@ local function holds(key, token, ...)
   return nil
 end
 
+-- The channel of a running job's progress and log lines: <p>updates@<db>,
+-- the database its worker said it fetched from (fetch's DB), since a
+-- channel is shared by every database of the server and a queue's name may
+-- be used in several; <p>updates when its worker said none.
+local function updates_channel(p, db)
+  if db then return p .. "updates@" .. db end
+  return p .. "updates"
+end
+
 -- renew(p; lease_ms, id, token, ran, id, token, ran, ...) -> { id, code, reason, ... }
 -- for each job whose lease this worker no longer holds (ELOST) or whose
 -- cancel was asked (ECANCELED, with the reason). The others' leases now end
@@ -235,7 +244,8 @@ local function get(keys, args)
 end
 
 -- progress(p; id, token, json) -> "OK" | "ESTALE": a running job's progress
--- (the last one wins), published on <p>updates as {"id":..,"progress":..}.
+-- (the last one wins), published on its updates_channel as
+-- {"id":..,"progress":..}.
 local function progress(keys, args)
   local p, id, token = keys[1], args[1], args[2]
   if #args < 3 then return refuse("moonjob_progress", "it takes ID TOKEN PROGRESS; arguments given", #args) end
@@ -243,25 +253,27 @@ local function progress(keys, args)
     return refuse("moonjob_progress", "PROGRESS must be JSON text", args[3])
   end
   local key = job_key(p, id)
-  if not holds(key, token) then return "ESTALE" end
+  local f = holds(key, token, "db")
+  if not f then return "ESTALE" end
   redis.call("HSET", key, "progress", args[3])
-  redis.call("PUBLISH", p .. "updates", '{"id":' .. cjson.encode(id) .. ',"progress":' .. args[3] .. "}")
+  redis.call("PUBLISH", updates_channel(p, f[3]), '{"id":' .. cjson.encode(id) .. ',"progress":' .. args[3] .. "}")
   return "OK"
 end
 
 -- log(p; id, token, keep, line...) -> "OK" | "ESTALE": lines appended to a
 -- running job's log, of which the last keep are kept; each published on
--- <p>updates as {"id":..,"log":"<line>"}.
+-- its updates_channel as {"id":..,"log":"<line>"}.
 local function log(keys, args)
   local p, id, token, fn = keys[1], args[1], args[2], "moonjob_log"
   local refused = check_args(fn, args, 4, "it takes ID TOKEN KEEP LINE...",
     { { 3, "KEEP must be a whole number from 1 to " .. LOG_KEEP_MAX, 1, LOG_KEEP_MAX, true } })
   if refused then return refused end
-  if not holds(job_key(p, id), token) then return "ESTALE" end
-  local lk = log_key(p, id)
+  local f = holds(job_key(p, id), token, "db")
+  if not f then return "ESTALE" end
+  local lk, channel = log_key(p, id), updates_channel(p, f[3])
   for i = 4, #args do
     redis.call("RPUSH", lk, args[i])
-    redis.call("PUBLISH", p .. "updates", '{"id":' .. cjson.encode(id) .. ',"log":' .. cjson.encode(args[i]) .. "}")
+    redis.call("PUBLISH", channel, '{"id":' .. cjson.encode(id) .. ',"log":' .. cjson.encode(args[i]) .. "}")
   end
   redis.call("LTRIM", lk, -tonumber(args[3]), -1)
   return "OK"

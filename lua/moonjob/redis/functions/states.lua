@@ -8,7 +8,7 @@
 do
 local SECONDS_MAX, job_key, publish, err_json = H.SECONDS_MAX, H.job_key, H.publish, H.err_json
 local number_in, job_fields, count_total = H.number_in, H.job_fields, H.count_total
-local count_missing, log_key, delete_job = H.count_missing, H.log_key, H.delete_job
+local count_missing, log_key, delete_job, note = H.count_missing, H.log_key, H.delete_job, H.note
 local record_metrics, run_ms = H.record_metrics, H.run_ms
 
 -- Finished jobs are kept by count and by age, a bounded amount of work per
@@ -31,6 +31,7 @@ local function trim(p, set, keep_count, keep_age_ms, now, most)
     if cache_until > now then
       redis.call("PEXPIREAT", key, cache_until)
       redis.call("PEXPIREAT", log_key(p, id), cache_until)
+      note(p, "cached", id, cache_until, now) -- (for obliterate)
     else
       delete_job(p, id, key)
     end
