@@ -93,8 +93,26 @@ describe("a command the library runs, denied by an ACL #slow", function()
     assert.is_not.equal("", server:cli("ZSCORE", "mj:{grouped}:wait", s.member))
     assert.is_not.equal("", server:cli("ZSCORE", "mj:{grouped}:gw:tenant-a", s.member))
     assert.matches("HMGET mj:{grouped}:j:" .. job.id, out, 1, true)
+    -- put back in its group alone: not copied into the index of no group
+    assert.equal("", server:cli("ZSCORE", "mj:{grouped}:ungrouped", s.member))
     local taken = server:cli("FCALL", "moonjob_fetch", "1", "mj:{grouped}:", "admin", "5", "30000", "", "", "0")
     assert.matches('"echo":"g"', taken, 1, true) -- the next fetch allowed to read it takes it
+    assert.matches("tenant%-a", taken) -- with its group (its limits count it)
+    assert.equal("0", server:cli("ZCARD", "mj:{grouped}:gw:tenant-a"))
+  end)
+
+  it("a fetch that may not read a due delayed job answers the error; the job stays delayed", function()
+    local server = rf.server()
+    no_hmget(server, "~*:limits")
+    local d = rf.producer(server, "later")
+    local job = assert(d:add({ echo = "d" }, { delay = 0.05 }))
+    helpers.sleep(0.1)
+    local out = fetch_as_w(server, "later", 1)
+    assert.matches("HMGET mj:{later}:j:" .. job.id, out, 1, true)
+    assert.equal("delayed", stored(server, "later", job.id).state)
+    assert.is_not.equal("", server:cli("ZSCORE", "mj:{later}:delayed", job.id)) -- still due, not lost
+    local taken = server:cli("FCALL", "moonjob_fetch", "1", "mj:{later}:", "admin", "5", "30000", "", "", "0")
+    assert.matches('"echo":"d"', taken, 1, true)
   end)
 
   it("a fetch that may not read a stalled job answers the error; the job is not replaced", function()

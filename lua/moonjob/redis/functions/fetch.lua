@@ -109,8 +109,8 @@ end
 -- error is the fetch's when it hands out no job; else the jobs taken come
 -- back and the next fetch meets the error first.
 local function put_back(p, member, score, e, rows, now, g)
+  if g then G.index(p, g, score, member, now) end -- (before wait: indexing may switch into group mode, copying wait)
   redis.call("ZADD", p .. "wait", score, member)
-  if g then G.index(p, g, score, member, now) end
   if #rows == 0 then error(e) end
 end
 

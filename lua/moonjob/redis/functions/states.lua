@@ -187,9 +187,11 @@ local function promote_delayed(p, now)
   local due = redis.call("ZRANGEBYSCORE", p .. "delayed", "-inf", now, "LIMIT", 0, 1000)
   local missing = 0
   for _, id in ipairs(due) do
-    redis.call("ZREM", p .. "delayed", id)
     local key = job_key(p, id)
+    -- read first: a read that raises (an error of the call, not WRONGTYPE)
+    -- must leave the entry in place, as Redis undoes no write before it
     local kind, f = look_at(p, id, key, "delayed", now, "priority", "group")
+    redis.call("ZREM", p .. "delayed", id)
     if kind == "ok" then
       make_waiting(p, id, key, now, f[2], nil, f[3])
     elseif kind == "missing" then
