@@ -99,6 +99,17 @@ rq.describe(function()
     end)
   end)
 
+  describe("no library loaded yet", function()
+    it("is loaded by a user that may read the guard but not write it (unguarded)", function()
+      local server = rq.server()
+      server:cli("FUNCTION", "DELETE", "moonjob")
+      assert.equal("OK", server:cli("ACL", "SETUSER", "reader", "on", ">pw", "~mj:{guard-ro}:*", "~mj:queues",
+        "%R~" .. setup.LIBRARY_GUARD, "&*", "+@all"))
+      run_one(("redis://reader:pw@127.0.0.1:%d/0"):format(server.port), "guard-ro")
+      assert.equal(tostring(OURS), loaded_version(server))
+    end)
+  end)
+
   describe("a library loaded by an older moonjob", function()
     it("is replaced by this version's", function()
       local server = rq.server()

@@ -255,11 +255,24 @@ local function denied(found, load_err)
     :format(what, load_err:match("^%S+") or load_err, ADMIN_HINT), "refused"
 end
 
+-- Whether a guarded load's own bookkeeping (the guard's INCR, a SELECT
+-- around it) was refused as it was queued (an ACL that may read the guard
+-- but not write it): the transaction was discarded (EXECABORT, the WATCH
+-- with it) and the load goes again without the guard.
+local function guard_refused(got)
+  for i = 3, #got - 1 do
+    local err = got[i][2]
+    if err and got[i][3] ~= "connection" and not M.state_refusal(err) then return true end
+  end
+  return false
+end
+
 -- Loads ours: FUNCTION LOAD when none is loaded (it fails if another program
 -- loaded one meanwhile), REPLACE otherwise; guarded, in a transaction that
 -- increments the guard (aborted if another program loaded meanwhile).
 -- cb(nil) loaded, cb(err, kind), or cb(nil, nil, true): read again.
-local function load(conn, db, found, guarded, cb)
+local load
+function load(conn, db, found, guarded, cb)
   local args = found.exists and { "FUNCTION", "LOAD", "REPLACE", library.text() }
     or { "FUNCTION", "LOAD", library.text() }
   local list = { args }
@@ -272,6 +285,7 @@ local function load(conn, db, found, guarded, cb)
   end
   pipeline(conn, list, function(got)
     local loaded = got[guarded and 2 or 1]
+    if guarded and guard_refused(got) then return load(conn, db, found, false, cb) end
     local err, kind = fatal(got)
     if not err then err, kind = loaded[2], loaded[3] end -- (refused as it was queued: NOPERM)
     if not err and guarded and not got[1][2] then
@@ -292,7 +306,10 @@ local function settle_library(conn, db, next, tries)
   watch_guard(conn, db, function(guarded, werr, wkind)
     if guarded == nil then return next(werr, wkind) end
     loaded_library(conn, function(found, err, kind)
-      if not found then return next(err, kind) end
+      if not found then
+        if guarded then command(conn, { "UNWATCH" }, function() end) end
+        return next(err, kind)
+      end
       local what = decide(found)
       if what == "use" or what == "refuse" then
         if guarded then command(conn, { "UNWATCH" }, function() end) end
