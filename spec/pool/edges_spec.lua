@@ -189,7 +189,7 @@ describe("an error raised while the pool handles a child's report", function()
     pool.dispatch.budget_ms = 1e6 -- (white box) it sends the next job behind a head however long it runs
     for _ = 1, 3 do assert(pool:run({})) end -- short jobs: it pipelines
     local first = pool:add({ wait = dir .. "/go" })
-    local second = pool:add({ mark = dir .. "/second", ms = 50 })
+    local second = pool:add({ mark = dir .. "/second", wait = dir .. "/release" })
     raise_once(pool, "finish", first) -- as its DONE is handled
     h.wait_started(first)
     local child = first.child
@@ -199,11 +199,14 @@ describe("an error raised while the pool handles a child's report", function()
     -- second before the parent reads the first one's DONE
     h.write_file(dir .. "/go", "")
     for _ = 1, 500 do
-      if io.open(dir .. "/second") then break end
+      if h.exists(dir .. "/second") then break end
       os.execute("sleep 0.01")
     end
-    assert.truthy(io.open(dir .. "/second"), "the child did not start the second job")
+    assert.truthy(h.exists(dir .. "/second"), "the child did not start the second job")
     local _, err = first:wait()
+    -- its child is killed by now: the second job, held there by the file, runs
+    -- again on a fresh child, which finds it
+    h.write_file(dir .. "/release", "")
     assert.equal("EINTERNAL", err and err.code)
     local pid, err2 = second:wait()
     os.execute("rm -rf " .. dir)

@@ -159,6 +159,13 @@ function M.lines(path)
   return list
 end
 
+-- Whether a file `path` exists (the handle that tells is closed).
+function M.exists(path)
+  local f = io.open(path)
+  if f then f:close() end
+  return f ~= nil
+end
+
 function M.write_file(path, text)
   local f = assert(io.open(path, "wb"))
   f:write(text)
