@@ -262,6 +262,7 @@ rq.describe(function()
     end)
 
     it("counts from the server's time when FROM_MS is empty, and writes nothing (FCALL_RO)", function()
+      local keys = client:call_wait({ "DBSIZE" }) -- (mj:library, the loads' guard: moonjob.redis.setup)
       local t = assert(client:call_wait({ "TIME" }))
       local now = tonumber(t[1]) * 1000
       local reply = assert(fcall("* * * * *", "", "", ""))
@@ -270,7 +271,7 @@ rq.describe(function()
       assert.equal(0, reply[1] % 60000)
       local ro = assert(fcall("0 0 * * *", ms_of("2025-01-01 00:00"), 0, 2, "FCALL_RO"))
       assert.same({ ms_of("2025-01-02 00:00"), ms_of("2025-01-03 00:00") }, { ro[1], ro[2], ro[3] })
-      assert.equal(0, client:call_wait({ "DBSIZE" }))
+      assert.equal(keys, client:call_wait({ "DBSIZE" }))
     end)
 
     it("takes FROM_MS 0..1e15, OFFSET_MIN -1439..1439 and COUNT 1..100, and refuses the rest", function()
