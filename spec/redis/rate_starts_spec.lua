@@ -110,6 +110,34 @@ rq.describe(function()
       within_rate(all, 5, 500, "jobs")
     end)
 
+    it("a fetch answered past the start bound: its job goes back uncounted, said once, and runs later", function()
+      local name, log = rq.new_queue(), os.tmpname()
+      local q = rq.new_producer(name)
+      assert(q:set_rate({ max = 1, per = 0.5 })) -- start bound: 25 ms
+      local said = {}
+      local pool = rq.close_after(assert(moonjob.pool(FAST, { redis = rq.server().url, queue = name, size = 1,
+        echo = false })))
+      pool:on("redis", function(_, why) if tostring(why):find("start bound", 1, true) then said[#said + 1] = why end end)
+      local ids = {}
+      add_jobs(q, log, 2, "p", nil, ids)
+      assert(rq.wait_for(function() return #rq.read_lines(log) == 1 end), "the first job did not start")
+      -- the window is full until 525 ms after the first hand-out: the
+      -- worker's next fetch, sent then, is answered only when the pause ends
+      local handed = tonumber(q.client:call_wait({ "HGET", q.prefix .. "j:p1", "started" }))
+      local t = q.client:call_wait({ "TIME" })
+      local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+      helpers.sleep(math.max(0, handed + 200 - now) / 1000)
+      assert.equal("OK", q.client:call_wait({ "CLIENT", "PAUSE", 1000, "ALL" }))
+      assert(rq.wait_for(function() return q:counts().completed == 2 end, 30), "the jobs did not all complete")
+      local by_id, all = starts(log, "")
+      each_once(q, ids, by_id)
+      within_rate(all, 1, 500, "jobs")
+      assert.equal(1, #said, "the late answer was not said, or said more than once")
+      assert.matches("later than the rate's start bound %(25 ms%): its jobs were given back", said[1])
+      assert.is_true(pool:stats().redis.released >= 1)
+      assert.equal(1, assert(q:job("p2")).attempts) -- the run given back did not count
+    end)
+
     it("group_rate max = 2 per 0.5 s, 3 workers of 4 slow-loading children: never 3 of a group in 0.5 s", function()
       local name, log = rq.new_queue(), os.tmpname()
       local q = rq.new_producer(name)
