@@ -43,6 +43,7 @@ local ALONE_LANES = 1 -- (2 saves ~35 s, but the group-rate window spec then fai
 local ALONE = {
   "spec/redis/schedules_spec.lua", "spec/redis/stalls_spec.lua", "spec/redis/limits_spec.lua",
   "spec/pool/limits_spec.lua", "spec/cli/rate_spec.lua", "spec/redis/server_faults_spec.lua",
+  "spec/redis/rate_starts_spec.lua",
 }
 
 local function now()

@@ -86,11 +86,12 @@ function M.close_after(obj)
   return obj
 end
 
--- A `moonjob worker` process; returns its pid and the path of its stderr.
-function M.start_worker(queue, args)
+-- A `moonjob worker` process (of processor, a path: remote.lua by default);
+-- returns its pid and the path of its stderr.
+function M.start_worker(queue, args, processor)
   local log = os.tmpname()
   local cmd = ("%s scripts/moonjob worker %s --redis %s --queue %s %s 2>%s >/dev/null & echo $!")
-    :format(helpers.LUAJIT, M.PROCESSOR, server.url, queue, args or "", log)
+    :format(helpers.LUAJIT, processor or M.PROCESSOR, server.url, queue, args or "", log)
   local pid = assert(tonumber(helpers.first_line(cmd)))
   M.close_after({ close = function() os.execute(("kill -KILL %d 2>/dev/null"):format(pid)) end })
   return pid, log

@@ -23,6 +23,7 @@
 --   children:next_idle()   -> the free child on top of the stack, or nil
 --   children:pop_idle()    -> takes it off the stack
 --   children:has_idle()    -> whether one is free
+--   children:can_start()   -> how many could start a job now (free_count)
 --   children:free(child)   a child is free: it waits on the stack or retires
 --   children:retire(child, kill), children:remove(child) (its exit),
 --   children:start()
@@ -109,6 +110,20 @@ end
 
 function Children:has_idle()
   return #self.idle > 0
+end
+
+-- How many children could start a job the moment it is sent: the idle ones
+-- (a walk of the stack: entries whose child is no longer idle do not
+-- count), and the places no child fills yet (a pool that starts children
+-- as the work needs them); not the children still loading their processor,
+-- nor those ending.
+function Children:can_start()
+  local n, idle = math.max(0, self.pool.size - self:count()), self.idle
+  for i = 1, #idle do
+    local child = idle[i]
+    if child.state == "idle" and not child.retiring then n = n + 1 end
+  end
+  return n
 end
 
 -- A child is free again: it takes the next job, or is recycled.

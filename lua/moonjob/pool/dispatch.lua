@@ -30,6 +30,10 @@
 --     back and run elsewhere (a timer looks again when a head reaches it);
 --     a batch of lines that has run that long has its lines not started cut
 --     off (moonjob.pool.lines).
+--   * A job its owner bounded (job.start_by, loop.now() ms: a Redis rate
+--     counted it as started by then) goes only to an idle child, never
+--     behind a busy one, and only until then: found ready later, it goes
+--     back to its owner (owner:late) instead.
 --   * Priorities: a job added later with a better priority goes ahead of every
 --     job still waiting in the pool at once, and of the jobs already sent to
 --     a child once it has waited 2 ms: dispatch.ranks (moonjob.pool.ranks)
@@ -53,14 +57,15 @@
 -- dispatch:room_again(), dispatch:close().
 -- Calls: pool.source (pop_ready, push, next_due), pool.children
 -- (next_idle, pop_idle, has_idle, free, retire, ensure, array, snapshot),
--- pool.breaker:check, pool.owner:want,
+-- pool.breaker:check, pool.owner (want; late, for a job with a start bound),
 -- pool.endings:give_back, pool.lines (wire_first_line, cuttable, cut,
 -- hand_back), pool.tally:sample_wait, pool.events:emit (the `active`
 -- listeners), ranks
 -- (sent_ahead, none_ahead, check_source, rescue, close).
 --
 -- Caveats: a job data over PIPELINE_MAX_BYTES is only given to an idle child
--- (a child's read-ahead holds whole frames in memory). No closure is made in
+-- (a child's read-ahead holds whole frames in memory), and so is one with a
+-- start bound (behind a busy child it would start late). No closure is made in
 -- the methods pump runs for every job: LuaJIT cannot compile a function that
 -- makes one (it aborts its traces), and those methods must stay compiled.
 local buffer = require "string.buffer"
@@ -158,7 +163,8 @@ function Dispatch:pump()
     local job = source:pop_ready()
     if job then
       local best = ranks.best_sent
-      if not (best and (job[PRIORITY] or 0) > best and ranks:rescue(job, child)) then
+      if rawget(job, "start_by") and self:late(job) then -- (its owner took it back: pick again)
+      elseif not (best and (job[PRIORITY] or 0) > best and ranks:rescue(job, child)) then
         children:pop_idle()
         self:send(child, job)
       end -- else better jobs stuck behind a long one came back: pick again
@@ -174,6 +180,14 @@ function Dispatch:pump()
   pool.breaker:check()
   local owner = pool.owner
   if owner then owner:want() end
+end
+
+-- Whether a job its owner bounded (job.start_by) is past its bound, read
+-- on a fresh clock: then it goes back to its owner, unsent.
+function Dispatch:late(job)
+  if loop.now() <= job.start_by then return false end
+  job.owner:late(job)
+  return true
 end
 
 -------------------------------------------------------- one child's jobs ---
@@ -320,7 +334,7 @@ function Dispatch:take_one(child, depth, now)
   local job = source:pop_ready()
   if not job then return "none" end
   local data = job[DATA_BYTES]
-  if data and #data > PIPELINE_MAX_BYTES then
+  if data and #data > PIPELINE_MAX_BYTES or rawget(job, "start_by") then
     source:push(job) -- it waits for an idle child
     return "none"
   end

@@ -8,7 +8,8 @@
 --
 -- Owns: nothing; a port's fields size, max_payload and kill_after are the
 -- pool's settings, fixed when the pool is made.
--- Calls: pool.source:push, pool.dispatch (pump, has_started),
+-- Calls: pool.source (push, ready_count), pool.children:can_start,
+-- pool.dispatch (pump, has_started),
 -- pool.events:emit, pool.endings (fail, cancel, finish, leave, retry_delay,
 -- retried), pool.breaker (stalled, failing), pool.deadlines:hasten_kill.
 local Port = {}
@@ -36,6 +37,14 @@ function Port:retry_delay(job, err) return self.pool.endings:retry_delay(job, er
 function Port:note_retry(job, err, delay) self.pool.endings:retried(job, err, delay) end
 function Port:has_started(job) return self.pool.dispatch:has_started(job) end
 function Port:hasten_kill(job, seconds) return self.pool.deadlines:hasten_kill(job, seconds) end
+
+-- How many more jobs the pool could start the moment they come: its
+-- children that could start one now, less the jobs already waiting for
+-- one (never below 0).
+function Port:free()
+  local pool = self.pool
+  return math.max(0, pool.children:can_start() - pool.source:ready_count())
+end
 
 -- False while starts fail and no child is ready: jobs taken now would wait.
 function Port:can_run() return not self.pool.breaker:stalled() end

@@ -76,6 +76,9 @@
 --                               (the encoded value)
 --   owner:output(job, stream, line)
 --                               (optional) a line its job printed or logged
+--   owner:late(job)             (for an owner that sets job.start_by) a job
+--                               found ready past its start_by, never sent:
+--                               the owner takes it back (port:cancel_job)
 --
 -- What an owner calls on its port (moonjob.pool.port: Pool.new hands the
 -- owner a port, never the pool, so none of this is on the pool users hold):
@@ -94,6 +97,10 @@
 --   port:hasten_kill(job, s)    -> true if the job was running and already
 --                               interrupted: its hard kill comes in s seconds
 --   port:has_started(job)       -> whether a child started it
+--   port:free()                 -> how many more jobs the pool could start the
+--                               moment they come (children idle or not yet
+--                               started, less the jobs waiting for one; not
+--                               the children still loading)
 --   port:can_run()              -> false while starts fail and no child is
 --                               ready (take no jobs: they would only wait)
 --   port:start_error()          -> why (the start error) while can_run is false
@@ -110,7 +117,11 @@
 -- SIGKILLed at once rather than after SIGTERM's grace: the job goes back to
 -- its source, where another host may start it right away. An owner also
 -- keeps its own fields on its jobs (moonjob.redis.remote: token, lease_from,
--- abandoned, reported, retry_never).
+-- abandoned, reported, retry_never). One more the pool reads: job.start_by
+-- (loop.now() ms), set by an owner whose job must start by then (a Redis
+-- rate counts it as started then): such a job is sent only to an idle child,
+-- never prefetched behind a busy one, and found ready later it goes to
+-- owner:late instead.
 
 local Options = require "moonjob.pool.options"
 local Waiting = require "moonjob.pool.waiting"

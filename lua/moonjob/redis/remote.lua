@@ -4,8 +4,8 @@
 -- steps are the library, functions/*.lua). A pool created with { redis =
 -- url, queue = name } has one Remote as its owner (pool.owner). It talks to
 -- the pool only through the owner hook documented in moonjob.pool.source (a
--- moonjob.pool.port: new_job, accept, pump, fail_job, cancel_job, ...; its
--- own want, attempt_failed, ending, stop, close, stats), and:
+-- moonjob.pool.port: new_job, accept, pump, fail_job, cancel_job, free, ...;
+-- its own want, attempt_failed, ending, late, stop, close, stats), and:
 --   * fetches jobs in batches while the pool has room: `size` running plus
 --     `prefetch` waiting in the pool (default: the `size` option, else 1), each
 --     fetched job holding a lease (`lease` seconds) and a token; a fetch
@@ -15,6 +15,11 @@
 --     fetched that no child started, says so once (`redis` "paused", then
 --     "resumed") and fetches again once fetch hands out jobs (a poll, or
 --     "resumed");
+--   * under a rate, asks for no more jobs than its children can start at
+--     once (FREE: idle children, not those still loading or restarting; it
+--     fetches again when one becomes free meanwhile), and gives back a job
+--     no idle child took within the rate's start bound of sending the fetch
+--     (moonjob.redis.start_bounds, remote.bounds);
 --   * tells Redis which jobs started, and sends a running job's progress
 --     and output lines (moonjob.redis.updates, remote.updates);
 --   * fetches nothing while the processor cannot load (the pool's breaker
@@ -58,6 +63,7 @@ local library = require "moonjob.redis.library"
 local Options = require "moonjob.pool.options"
 local Reports = require "moonjob.redis.reports"
 local Updates = require "moonjob.redis.updates"
+local StartBounds = require "moonjob.redis.start_bounds"
 
 local Remote = {}
 Remote.__index = Remote
@@ -104,6 +110,7 @@ function Remote.new(port, opts)
   self.client = c
   self.reports = Reports.new(self)            -- the jobs' ends, told to Redis
   self.updates = Updates.new(self, value(opts, "keep_logs")) -- starts, progress, output
+  self.bounds = StartBounds.new(self)         -- jobs fetched under a rate, sent in time or given back
   c:subscribe(self.prefix .. "events", function(kind, message) self:_message(kind, message) end)
   self:_start_timers()
   return self
@@ -191,6 +198,9 @@ function Remote:want(probe)
   if self.stopping or not self.up then return end
   if self.fetching then
     if probe then self.probe_pending = true end
+    -- a child became free since: under a rate the fetch in flight did not
+    -- count it, so fetch again once it answers
+    if not self.fetch_again and self.port:free() > self.fetch_free then self.fetch_again = true end
     return
   end
   if self.lost_fetch then return self:_recover_lost_fetch() end
@@ -198,11 +208,11 @@ function Remote:want(probe)
   local n = self:room()
   if n <= 0 and not probe then return end
   n = math.max(n, 0)
-  self.fetching = true
-  local sent_at = loop.now()
+  self.fetching, self.fetch_again, self.fetch_free = true, false, self.port:free()
+  local sent_at = loop.now() -- (no later than Redis hands the jobs out: their start bounds count from it)
   self.client:call({ "FCALL", "moonjob_fetch", 1, self.prefix, self.worker_id, n, self.lease_ms,
       self.keep_count, self.keep_age_ms, math.floor(self.port.max_payload), -- MAX_PAYLOAD is whole
-      self.keep_failed_age_ms, math.max(0, self.port.size - self.nfetched), -- FREE: under a limit, no more
+      self.keep_failed_age_ms, self.fetch_free, -- FREE: under a limit, no more
       self.client.target.db }, -- DB: its jobs' updates go to <prefix>updates@DB, this database's listeners
     function(reply, err, kind)
       self.fetching = false
@@ -210,9 +220,10 @@ function Remote:want(probe)
       self:_fine("fetch")
       self.fetch_retry_ms = RETRY_FIRST_MS
       self:_fetched(reply, n, sent_at)
-      if self.probe_pending then
-        self.probe_pending = false
-        self:want(true)
+      if self.probe_pending or self.fetch_again then
+        local probe = self.probe_pending
+        self.probe_pending, self.fetch_again = false, false
+        self:want(probe)
       end
     end)
 end
@@ -240,15 +251,17 @@ end
 function Remote:_fetched(reply, n, sent_at)
   if reply[1] == PAUSED then return self:_paused(true) end
   if self.paused then self:_paused(false) end
-  local got = 0
+  local got, start_by = 0, nil
   for i = 2, #reply do
     if self.stopping then -- the pool closed while the fetch was in flight: give them back
       self.reports:release_unfetched(reply[i][1], reply[i][2])
     else
       got = got + 1
-      self:_take(reply[i], sent_at)
+      local job = self:_take(reply[i], sent_at)
+      start_by = job.start_by and math.min(start_by or math.huge, job.start_by) or start_by
     end
   end
+  if start_by then self.bounds:fetched(start_by, sent_at) end
   if got > 0 then
     self.port:pump()
     if got >= n then self:want() end
@@ -306,13 +319,15 @@ function Remote:_arm_delayed(ms)
   self.due_timer:start(ms + 1)
 end
 
--- A fetched job becomes a pool job. Malformed or oversized jobs fail at
--- once (reported to Redis, no attempt at running them).
+-- A fetched job becomes a pool job (-> it). Malformed or oversized jobs
+-- fail at once (reported to Redis, no attempt at running them).
 function Remote:_take(f, sent_at)
   local port = self.port
   local id, token, data = f[1], f[2], f[3]
   local job = port:new_job()
   job.owner, job.remote_id, job.token, job.lease_from = self, id, token, sent_at
+  local bound = tonumber(f[11])
+  if bound then job.start_by = sent_at + bound end -- (a rate's: sent to an idle child by then, or given back)
   self.max_token = math.max(self.max_token, tonumber(token:match("/(%d+)$")) or 0)
   job.attempts, job.max_attempts = 0, 1
   if f[9] and f[9] ~= "" then job.name = f[9] end
@@ -330,12 +345,14 @@ function Remote:_take(f, sent_at)
   end
   job.data_bytes = data
   port:accept(job)
+  return job
 end
 
 function Remote:_refuse(job, code, message)
   job.attempts = job.attempts + 1
   job.retry_never = true
   self.port:fail_job(job, errors.new(code, message))
+  return job
 end
 
 -- Stops a job here (running: interrupted; waiting in the pool: taken out)
@@ -494,6 +511,10 @@ end
 function Remote:attempt_failed(job, err) return self.reports:attempt_failed(job, err) end
 function Remote:ending(job, state) return self.reports:ending(job, state) end
 
+-- A job fetched under a rate that no child took by its start_by: given
+-- back (moonjob.redis.start_bounds).
+function Remote:late(job) return self.bounds:late(job) end
+
 -- A child started the job, a running job reported progress or wrote an
 -- output line: told to Redis (moonjob.redis.updates).
 function Remote:started(job) self.updates:started(job) end
@@ -540,6 +561,7 @@ function Remote:close()
   if self.due_timer then self.due_timer:close() end -- made when first needed
   self.reports:close()
   self.updates:close()
+  self.bounds:close()
   self.client:close()
 end
 

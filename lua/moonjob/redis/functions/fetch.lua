@@ -114,10 +114,18 @@ local function put_back(p, member, score, e, rows, now, g)
   if #rows == 0 then error(e) end
 end
 
+-- The reply row's start bound (its 11th element; its 10th, its group, ""
+-- for none): the least of the queue rate's (bound: nil without one) and,
+-- for a job of a group, the group rate's. None when no rate applies.
+local function bind_start(row, bound, g, glim)
+  if g and g ~= "" and glim and glim.rate_max then bound = math.min(bound or glim.start_ms, glim.start_ms) end
+  if bound then row[10], row[11] = row[10] or "", bound end
+end
+
 -- take in group mode: each job from the group whose turn it is (G.pick),
 -- under the groups' limits glim. A job of a group comes with its group
 -- (its row's 10th element). -> rows, tokens, missing.
-function G.take(p, w, n, now, glim)
+function G.take(p, w, n, now, glim, bound)
   local rows, tokens, missing, budget = {}, {}, 0, n + POP_BUDGET
   local cur = G.cursor(p) -- (the switch into group mode, if it goes on: G.copy)
   while #rows < n and budget > 0 do
@@ -132,6 +140,7 @@ function G.take(p, w, n, now, glim)
         break
       elseif row then
         if g ~= "" then row[10] = g end
+        bind_start(row, bound, g, glim)
         rows[#rows + 1] = row
         tokens[#tokens + 1] = row[2]
         G.started(p, g, row[1], row[2], now, glim)
@@ -143,12 +152,13 @@ function G.take(p, w, n, now, glim)
   return rows, tokens, missing
 end
 
--- Up to n waiting jobs handed out to worker w (grouped: G.on). -> their
--- reply rows, tokens. Tokens: one counter step per pop, one number per job
--- (never reused).
-local function take(p, w, n, now, glim, grouped)
+-- Up to n waiting jobs handed out to worker w (grouped: G.on; bound: the
+-- queue rate's start bound, nil without a rate). -> their reply rows,
+-- tokens. Tokens: one counter step per pop, one number per job (never
+-- reused).
+local function take(p, w, n, now, glim, grouped, bound)
   if n > 0 and grouped then
-    local rows, tokens, missing = G.take(p, w, n, now, glim)
+    local rows, tokens, missing = G.take(p, w, n, now, glim, bound)
     count_missing(p, missing)
     return rows, tokens
   end
@@ -168,6 +178,7 @@ local function take(p, w, n, now, glim, grouped)
         break
       elseif row then
         token_no = token_no + 1
+        bind_start(row, bound)
         rows[#rows + 1] = row
         tokens[#tokens + 1] = row[2]
       elseif kind == "missing" then
@@ -184,7 +195,10 @@ local PAUSED = -2
 
 -- fetch(p; worker, n, lease_ms, keep_count, keep_age_ms, max_payload [, keep_failed_age_ms [, free [, db]]])
 -- -> { next_due_ms, job, ... } ({ -2 } while the queue is paused); each job is
--- { id, token, data, made, attempts, backoff, timeout, kill_after, name }.
+-- { id, token, data, made, attempts, backoff, timeout, kill_after, name
+-- [, group [, start_ms]] }: its group ("" for none), and under a rate the
+-- ms within which the worker must start it (from when it sent this call),
+-- else give it back.
 -- Recovers stalled jobs, makes due delayed jobs ready and trims finished
 -- jobs (keep_count, keep_age_ms; once per fetch, not per job) first. A job
 -- whose fields are out of range fails with EINPUT here, one whose data is
@@ -196,7 +210,8 @@ local PAUSED = -2
 -- rate at most free, the worker's idle children), and next_due_ms says when to look
 -- again for a rate window or hold. db: the worker's database (its jobs'
 -- progress and log lines go to <p>updates@<db>: runs.lua). With groups, jobs come round-robin
--- between them (groups.lua), under each group's limits.
+-- between them (groups.lua), under each group's limits. free: the worker's
+-- children that can start a job now.
 local function fetch(keys, args)
   local p, worker = keys[1], args[1]
   if not worker or worker == "" then return refuse("moonjob_fetch", "WORKER must be a name", "") end
@@ -239,7 +254,7 @@ local function fetch(keys, args)
     return redis.error_reply(("ERR %stokens is not a counter (%s): another client wrote it; delete it "
       .. "(DEL %stokens) and restart the workers"):format(p, counter.err, p))
   end
-  local rows, tokens = take(p, w, n, now, glim, grouped)
+  local rows, tokens = take(p, w, n, now, glim, grouped, lim and lim.start_ms)
   for _, row in ipairs(rows) do out[#out + 1] = row end
   count_starts(p, lim, tokens, now)
   if lim and lim.rate_max and not held_back then -- the window just filled: when it has room

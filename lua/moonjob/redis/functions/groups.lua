@@ -17,7 +17,8 @@
 --                  when to look again (ms; one at its cap: when the first
 --                  lease of its jobs ends, or sooner, when one leaves active)
 --   <p>ga:<group>  set: the group's active jobs (its cap counts them)
---   <p>gs:<group>  sorted set: the group's rate window (as <p>starts)
+--   <p>gs:<group>  sorted set: the group's rate window (as <p>starts: each
+--                  hand-out scored by its job's latest start)
 --   <p>gl:<group>  string: the group's ERATELIMIT hold; its TTL is how long
 --   <p>turn        counter: the ring's turns
 --   <p>gkeys       sorted set: groups whose gs: or gl: key may be there, by
@@ -251,14 +252,14 @@ function G.unpark_step(p, now)
 end
 
 -- The job of group g that fetch hands out now counts against its cap and
--- rate.
+-- rate (a start at now + the rate's start bound, as count_starts).
 function G.started(p, g, id, token, now, glim)
   if g == "" then return end
   redis.call("SADD", p .. "ga:" .. g, id)
   if glim and glim.rate_max then
-    redis.call("ZADD", p .. "gs:" .. g, now, token)
-    redis.call("PEXPIRE", p .. "gs:" .. g, glim.rate_per + 1000)
-    H.note(p, "gkeys", g, now + glim.rate_per + 1000, now)
+    redis.call("ZADD", p .. "gs:" .. g, now + glim.start_ms, token)
+    redis.call("PEXPIRE", p .. "gs:" .. g, glim.rate_per + glim.start_ms + 1000)
+    H.note(p, "gkeys", g, now + glim.rate_per + glim.start_ms + 1000, now)
   end
 end
 

@@ -1,20 +1,28 @@
 -- part: limits.lua
 -- Limits across every worker of a queue, kept in Redis and applied by
 -- fetch with the server's clock:
---   <p>limits   hash: rate_max, rate_per (ms): at most rate_max jobs handed
---               out in any rate_per ms; concurrency: at most that many
+--   <p>limits   hash: rate_max, rate_per (ms): at most rate_max jobs
+--               start in any rate_per ms; concurrency: at most that many
 --               active at once (held or running); group_rate_max,
 --               group_rate_per, group_concurrency: the same for each
 --               group (groups.lua)
---   <p>starts   sorted set: the tokens handed out in the last rate_per ms,
---               by the time they were (a sliding window: exact for any
+--   <p>starts   sorted set: the tokens handed out lately, each scored by
+--               the latest time its job may start: its hand-out plus the
+--               rate's start bound (a sliding window: exact for any
 --               window, not only whole seconds)
 --   <p>limited  string: present while the queue holds back after a job
 --               said the remote side pushed back (ERATELIMIT); its TTL is
 --               how long
--- Under a rate, fetch hands out no more jobs than the worker has idle
--- children (FREE): a job held, not started, would start later than it
--- counted. Under a concurrency cap held jobs count as active: a worker may
+-- A job is counted when it is handed out, but it starts on the worker a
+-- little later: the rate's start bound B (start_bound) is how much later
+-- at most. Each fetch's reply gives its jobs' bound; the worker gives back
+-- a job it has not sent to an idle child within B of sending its fetch
+-- (which is no later than the hand-out: no clock between hosts matters). A
+-- hand-out at t counts as a start at t + B, so that at most rate_max are
+-- handed out in any rate_per + B ms: then, each starting within [t, t + B],
+-- at most rate_max start in any rate_per ms. The same holds for each
+-- group's rate (groups.lua). Under a rate, fetch hands out no more jobs
+-- than the worker has children that can start one now (FREE). Under a concurrency cap held jobs count as active: a worker may
 -- hold them ahead while the cap is far, but near it takes no more than
 -- FREE (else one worker could hold every place with its children busy).
 
@@ -25,11 +33,18 @@ local publish, refuse, check_numbers = H.publish, H.refuse, H.check_numbers
 local LIMIT_FIELDS = { "rate_max", "rate_per", "concurrency", "group_rate_max", "group_rate_per",
   "group_concurrency" }
 
--- Limits { rate_max, rate_per, concurrency } (numbers or nil) from three
--- fields, or nil when they say none.
+-- A rate's start bound (ms): per/20, from 10 ms to 1 s. It costs the
+-- rate per/(per + B) of its throughput: at most 5% from per = 200 ms on.
+local function start_bound(per)
+  return math.min(1000, math.max(10, math.floor(per / 20)))
+end
+
+-- Limits { rate_max, rate_per, start_ms, concurrency } (numbers or nil)
+-- from three fields, or nil when they say none.
 local function limit_set(max, per, concurrency)
   local lim = { rate_max = tonumber(max), rate_per = tonumber(per), concurrency = tonumber(concurrency) }
-  if not (lim.rate_max and lim.rate_per) then lim.rate_max, lim.rate_per = nil, nil end
+  if not (lim.rate_max and lim.rate_per) then lim.rate_max, lim.rate_per = nil, nil
+  else lim.start_ms = start_bound(lim.rate_per) end
   if not (lim.rate_max or lim.concurrency) then return nil end
   return lim
 end
@@ -44,7 +59,8 @@ local function read_limits(p, strict)
 end
 
 -- The rate's window: how many more jobs it takes now, and when (ms from
--- now) it next has room if none. A starts key of another type (written by
+-- now) it next has room if none. An entry counts while its score (its
+-- job's latest start) is at most rate_per ms ago. A starts key of another type (written by
 -- another client) is bookkeeping of ours: it is replaced.
 local function rate_room(p, lim, now)
   local key = p .. "starts"
@@ -75,16 +91,17 @@ local function allowance(p, lim, n, free, now)
   return n, nil
 end
 
--- Jobs handed out count in the rate's window (one entry per token; ZADD
--- in chunks: Lua's unpack has a bound).
+-- Jobs handed out count in the rate's window as starts at now + its start
+-- bound (one entry per token; ZADD in chunks: Lua's unpack has a bound).
 local function count_starts(p, lim, tokens, now)
   if not (lim and lim.rate_max) or #tokens == 0 then return end
+  local at = now + lim.start_ms
   for first = 1, #tokens, 500 do
     local args = { "ZADD", p .. "starts" }
-    for i = first, math.min(first + 499, #tokens) do args[#args + 1] = now; args[#args + 1] = tokens[i] end
+    for i = first, math.min(first + 499, #tokens) do args[#args + 1] = at; args[#args + 1] = tokens[i] end
     redis.call(unpack(args))
   end
-  redis.call("PEXPIRE", p .. "starts", lim.rate_per + 1000)
+  redis.call("PEXPIRE", p .. "starts", lim.rate_per + lim.start_ms + 1000)
 end
 
 -- freed jobs left the active set: under a concurrency limit, when that
@@ -140,7 +157,8 @@ local function limit(keys, args)
 end
 
 -- limits(p) -> { rate_max, rate_per_ms, concurrency, limited_ms,
--- started_in_window, active, group_rate_max, group_rate_per_ms,
+-- started_in_window (handed out, counted until rate_per ms after their
+-- start bound), active, group_rate_max, group_rate_per_ms,
 -- group_concurrency, groups_ready, groups_parked } (0 for none; groups_*:
 -- groups with waiting jobs that may take one now, and that may not).
 local function limits(keys)
