@@ -59,7 +59,7 @@ local function check_add(args, fn)
   local refused = check_numbers(fn, args, ADD_NUMBERS)
   if refused then return refused end
   if args[6] ~= "" then
-    local ok, spec = pcall(cjson.decode, args[6])
+    local ok, spec = H.json_decode(args[6])
     if not ok or type(spec) ~= "table" then
       return refuse(fn, "BACKOFF must be empty or a JSON object such as {\"type\":\"fixed\",\"delay\":1}", args[6])
     end

@@ -107,6 +107,13 @@ local function err_json(code, message) -- (keys in sorted order, as moonjob.code
   return '{"code":' .. cjson.encode(code) .. ',"message":' .. cjson.encode(message) .. "}"
 end
 
+-- JSON text decoded: true, the value; or false. A NUL byte is refused
+-- (Redis's cjson stops reading at one: "1\0junk" would pass as 1).
+local function json_decode(text)
+  if type(text) ~= "string" or text:find("\0", 1, true) then return false end
+  return pcall(cjson.decode, text)
+end
+
 -- text as a number from low to high (whole: no fraction), or nil. tonumber
 -- reads "nan" and "inf" as numbers: NaN fails every comparison.
 local function number_in(text, low, high, whole)
@@ -218,6 +225,7 @@ H.FIELD_MAX, H.REGISTRY, H.SECONDS_MAX, H.DELAY_MS_MAX = FIELD_MAX, REGISTRY, SE
 H.ATTEMPTS_MAX, H.COUNT_MAX, H.NONCE_MAX, H.FINITE = ATTEMPTS_MAX, COUNT_MAX, NONCE_MAX, FINITE
 H.LOG_KEEP_MAX = LOG_KEEP_MAX
 H.now_ms, H.job_key, H.publish, H.err_json, H.number_in = now_ms, job_key, publish, err_json, number_in
+H.json_decode = json_decode
 H.refuse, H.job_fields, H.count_total, H.count_missing = refuse, job_fields, count_total, count_missing
 H.log_key, H.delete_job, H.check_numbers, H.check_args = log_key, delete_job, check_numbers, check_args
 H.SETS, H.member_id, H.wrong_type = SETS, member_id, wrong_type

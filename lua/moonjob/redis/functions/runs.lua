@@ -249,7 +249,7 @@ end
 local function progress(keys, args)
   local p, id, token = keys[1], args[1], args[2]
   if #args < 3 then return refuse("moonjob_progress", "it takes ID TOKEN PROGRESS; arguments given", #args) end
-  if not pcall(cjson.decode, args[3]) then
+  if not H.json_decode(args[3]) then
     return refuse("moonjob_progress", "PROGRESS must be JSON text", args[3])
   end
   local key = job_key(p, id)
