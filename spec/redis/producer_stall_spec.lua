@@ -130,10 +130,50 @@ describe("adds through a Redis stall past the reply deadline #slow", function()
       local ids = {}
       for id in out:gmatch("[^\n]+") do ids[#ids + 1] = id end
       assert.equal(600, #ids)
-      for i = 1, 300 do assert.equal(printed[i], ids[i]) end
+      local again = {}
+      for _, id in ipairs(ids) do assert.is_nil(again[id]); again[id] = true end
+      for _, id in ipairs(printed) do assert.is_true(again[id], id) end
+      for i = 1, 300 - 256 do assert.equal(printed[i], ids[i]) end -- answered before the stall
       local _, count = jobs_of(server, "s")
       assert.equal(600, count)
     end)
+
+  it("the library answers a named call sent again from what it remembered, until its sheet is gone", function()
+    local function add(data, sheet, call, forget)
+      return server:cli("FCALL", "moonjob_add", "1", "mj:{lib}:", "", data, "0", "0", "1", "", "0", "0", "", "0",
+        "0", "0", "n-" .. data, "", "", "", "", "", sheet, call, forget or "")
+    end
+    local q = assert(moonjob.queue(server.url, "lib")) -- loads the library
+    rq.close_after(q)
+    local first = add('{"a":1}', "p1.0", "1")
+    assert.equal(first, add('{"a":1}', "p1.0", "1")) -- the same id, state, joined and nonce
+    assert.equal(first, add('{"a":2}', "p1.0", "1")) -- by its name alone
+    local _, count = jobs_of(server, "lib")
+    assert.equal(1, count)
+    local ttl = tonumber(server:cli("PTTL", "mj:{lib}:added:p1.0"))
+    assert.is_true(ttl > 590000 and ttl <= 600000, tostring(ttl))
+    assert.equal("2", server:cli("HLEN", "mj:{lib}:added:p1.0")) -- the call and the mark of its expiry
+    assert.not_equal(first, add('{"a":3}', "p1.0", "2")) -- another call of the sheet
+    -- a later call forgets the sheet; past it, the same call adds again
+    add('{"a":4}', "p1.1", "1", "p1.0")
+    assert.equal("0", server:cli("EXISTS", "mj:{lib}:added:p1.0"))
+    assert.not_equal(first, add('{"a":1}', "p1.0", "1"))
+    _, count = jobs_of(server, "lib")
+    assert.equal(4, count)
+    server:cli("SET", "mj:{lib}:added:bad", "x")
+    assert.matches("EINPUT moonjob_add: mj:{lib}:added:bad is not a hash", add('{"a":5}', "bad", "1"), 1, true)
+    assert.matches("SHEET needs CALL", add('{"a":5}', "p1.2", ""), 1, true)
+    assert.equal(4, select(2, jobs_of(server, "lib")))
+  end)
+
+  it("refuse a resolve out of range", function()
+    assert.has_error(function() moonjob.queue(server.url, "x", { resolve = 301 }) end,
+      "moonjob.queue(): option 'resolve' must be a number of seconds from 0 to 300")
+    local _, err, status = helpers.sh(("%s scripts/moonjob add --redis %s --queue x --resolve -1 </dev/null")
+      :format(helpers.LUAJIT, server.url))
+    assert.equal(2, status)
+    assert.matches("--resolve needs a number of seconds from 0 to 300", err, 1, true)
+  end)
 
   it("q:add with resolve = 0 says the job may or may not have been added", function()
     local q = assert(moonjob.queue(server.url, "api", { resolve = 0 }))
