@@ -164,6 +164,12 @@ describe("adds through a Redis stall past the reply deadline #slow", function()
     assert.matches("EINPUT moonjob_add: mj:{lib}:added:bad is not a hash", add('{"a":5}', "bad", "1"), 1, true)
     assert.matches("SHEET needs CALL", add('{"a":5}', "p1.2", ""), 1, true)
     assert.equal(4, select(2, jobs_of(server, "lib")))
+    -- obliterate finds every sheet (p1.0 was made again after it was forgotten)
+    assert.equal("p1.1\np1.0", server:cli("ZRANGE", "mj:{lib}:sheets", "0", "-1"))
+    server:cli("DEL", "mj:{lib}:added:bad") -- not a sheet: none of moonjob's
+    assert(q:obliterate({ force = true }))
+    assert.equal("", server:cli("KEYS", "mj:{lib}:added:*"))
+    assert.equal("0", server:cli("EXISTS", "mj:{lib}:sheets"))
   end)
 
   it("refuse a resolve out of range", function()

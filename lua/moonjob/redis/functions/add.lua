@@ -216,30 +216,47 @@ end
 -- send should it run after the second. The key lives ADDED_KEEP_MS from when
 -- it was made (its field "" says it has its expiry: no PEXPIRE per add); a
 -- producer names a new sheet each minute at least, and deletes a sheet whose
--- every reply it got at once (FORGET).
+-- every reply it got at once (FORGET). <p>sheets: the sheets by when they
+-- expire (ms), for obliterate; pruned as sheets are made, and expiring with
+-- the last (redis.pcall: a key of another type there costs only that).
 local ADDED_KEEP_MS = 600000
+
+-- A named call's reply kept; sheet: its name when its key is new (the key
+-- then gets its expiry and joins <p>sheets).
+local function remember(p, key, call, reply, sheet, now)
+  if not sheet then return redis.call("HSET", key, call, cmsgpack.pack(reply)) end
+  redis.call("HSET", key, call, cmsgpack.pack(reply), "", "1")
+  redis.call("PEXPIRE", key, ADDED_KEEP_MS)
+  redis.pcall("ZREMRANGEBYSCORE", p .. "sheets", "-inf", now)
+  redis.pcall("ZADD", p .. "sheets", now + ADDED_KEEP_MS, sheet)
+  redis.pcall("PEXPIRE", p .. "sheets", ADDED_KEEP_MS)
+end
 
 local function add(keys, args)
   local refused = check_add(args)
   if refused then return refused end
-  local p, sheet = keys[1], args[19] or ""
-  if sheet == "" then return add_job(p, args, now_ms()) end
+  local p, sheet, now = keys[1], args[19] or "", now_ms()
+  if sheet == "" then return add_job(p, args, now) end
   local key, call = p .. "added:" .. sheet, args[20]
   local before = redis.pcall("HMGET", key, call, "")
   if before.err then
     return redis.error_reply("EINPUT moonjob_add: " .. key .. " is not a hash; delete it or choose another SHEET")
   end
-  local reply = before[1] and cmsgpack.unpack(before[1]) or add_job(p, args, now_ms())
-  if not before[1] and reply.err == nil then
-    if before[2] then
-      redis.call("HSET", key, call, cmsgpack.pack(reply))
-    else
-      redis.call("HSET", key, call, cmsgpack.pack(reply), "", "1")
-      redis.call("PEXPIRE", key, ADDED_KEEP_MS)
-    end
+  local reply = before[1] and cmsgpack.unpack(before[1]) or add_job(p, args, now)
+  if not before[1] and reply.err == nil then remember(p, key, call, reply, not before[2] and sheet, now) end
+  if (args[21] or "") ~= "" then
+    redis.call("DEL", p .. "added:" .. args[21])
+    redis.pcall("ZREM", p .. "sheets", args[21])
   end
-  if (args[21] or "") ~= "" then redis.call("DEL", p .. "added:" .. args[21]) end
   return reply
+end
+
+-- obliterate's: every sheet of the queue.
+function H.drop_sheets(p)
+  local sheets = redis.pcall("ZRANGE", p .. "sheets", 0, -1)
+  if sheets.err then return end
+  for _, sheet in ipairs(sheets) do redis.call("DEL", p .. "added:" .. sheet) end
+  redis.call("DEL", p .. "sheets")
 end
 
 H.check_add, H.or_default, H.add_job = check_add, or_default, add_job

@@ -238,6 +238,7 @@ local function obliterate(keys, args)
   end
   if left == 0 then
     G.sweep(p, true)
+    H.drop_sheets(p) -- the replies producers' adds are remembered by (add.lua)
     for _, k in ipairs(QUEUE_KEYS) do redis.call("DEL", p .. k) end
     local minute = math.floor(now_ms() / 60000)
     for m = minute - METRICS_TTL / 60, minute do redis.call("DEL", p .. "m:" .. m) end
