@@ -5,8 +5,8 @@
 --
 -- The library (redis/functions/) runs inside Redis, as text, and cannot
 -- require this module: it keeps its own copies (REGISTRY, PAUSED,
--- RUN_MS_MARK, SECONDS_MAX, ATTEMPTS_MAX, ADDED_KEEP_MS), which must stay equal to these
--- (spec/redis/library_spec.lua compares them). Small, and requiring
+-- RUN_MS_MARK, SECONDS_MAX, ATTEMPTS_MAX, ADDED_KEEP_MS), which must stay
+-- equal to these (spec/redis/library_spec.lua compares them). Small, and requiring
 -- nothing when loaded: a pool's options and its Redis owner
 -- (moonjob.redis.remote) load it without the producer.
 

@@ -44,6 +44,7 @@
 --   <p>updates     pub/sub channel for producers: a running job's progress
 --                  and log lines, as JSON
 --   <p>debounce:<id>  string: the job a debounce id names while it is delayed
+--   <p>added:<sheet>, <p>sheets  the replies of a producer's named adds (add.lua)
 --   <p>schedules, <p>s:<id>  the schedules (schedules.lua)
 --   <p>groups, <p>gparked, <p>gw:<group>, <p>ga:<group>, <p>gs:<group>,
 --   <p>gl:<group>, <p>ungrouped, <p>turn  the groups (groups.lua)
