@@ -129,7 +129,7 @@ describe("the Redis library's parts", function()
       (op == "GGET" and read or set)[name] = true
     end
     assert.same({}, set)
-    local allowed = { redis = true, cjson = true, math = true, string = true, table = true, tonumber = true,
+    local allowed = { redis = true, cjson = true, cmsgpack = true, math = true, string = true, table = true, tonumber = true,
       tostring = true, type = true, pairs = true, ipairs = true, unpack = true, pcall = true, assert = true,
       error = true }
     for name in pairs(read) do assert.is_true(allowed[name] == true, "the library reads the global " .. name) end
@@ -164,7 +164,8 @@ describe("the Redis library's parts", function()
       local expr = assert(text:match("\nlocal " .. name .. " = ([^\n]*)"), name)
       return assert(loadstring("return " .. expr:gsub("%s*%-%-.*$", "")))()
     end
-    for _, name in ipairs({ "REGISTRY", "PAUSED", "RUN_MS_MARK", "SECONDS_MAX", "ATTEMPTS_MAX" }) do
+    for _, name in ipairs({ "REGISTRY", "PAUSED", "RUN_MS_MARK", "SECONDS_MAX", "ATTEMPTS_MAX",
+      "ADDED_KEEP_MS" }) do
       assert.equal(names[name], copy(name), name)
     end
   end)

@@ -127,6 +127,10 @@ dashboard) take --redis, those on one queue --queue, the others as they say:
                         customer): groups take turns, each under its limits
   --dedupe              for add: each job's id from its line (SHA-1), so adding
                         the same lines again adds nothing twice
+  --resolve S           for add: seconds a line whose reply was lost (Redis
+                        stalled, the link dropped) is asked for again, and
+                        Redis is waited for (default and most 300; 0: such a
+                        line is unknown at once)
 
   -h, --help            show this help
   --version             show the version
@@ -138,6 +142,7 @@ Ctrl-C, 143 SIGTERM, 129 SIGHUP)
 ]=]
 
 local SECONDS_MAX = require("moonjob.pool.options").SECONDS_MAX -- the pool's own bound on its times
+local RESOLVE_MAX = require("moonjob.redis.names").RESOLVE_MAX
 
 local function positive_integer(text)
   local n = tonumber(text)
@@ -234,6 +239,10 @@ local VALUED = {
   ["--keep-age"] = { "keep_age", positive_seconds, "a number", SECONDS_POSITIVE },
   ["--prefetch"] = { "prefetch", whole_up_to_million, "a number", "a whole number from 0 to 1e6" },
   ["--delay"] = { "delay", seconds, "a number", SECONDS_ANY },
+  ["--resolve"] = { "resolve", function(text)
+    local n = tonumber(text)
+    if n and n >= 0 and n <= RESOLVE_MAX then return n end
+  end, "a number", ("a number of seconds from 0 to %d"):format(RESOLVE_MAX) },
   ["--keep-failed-age"] = { "keep_failed_age", positive_seconds, "a number", SECONDS_POSITIVE },
   ["--keep-logs"] = { "keep_logs", function(text)
     local n = tonumber(text)

@@ -20,6 +20,7 @@ local loop = require "moonjob.loop"
 local moonjob = require "moonjob"
 local add = require "moonjob.redis.add"
 local client = require "moonjob.redis.client"
+local ledger = require "moonjob.redis.ledger"
 local names = require "moonjob.redis.names"
 local stops = require "moonjob.cli.stops"
 
@@ -202,20 +203,22 @@ function Adds:refused(n, why)
   say(("line %d: not added: %s"):format(n, why))
 end
 
--- Waits (up to the client's timeout from when it went down) for a connection,
--- so that every call is sent at once: a call left waiting could be sent later
--- or never, and its line could not be told "not added" from "unknown".
+-- Waits (up to --resolve seconds from when it went down, at least the
+-- client's timeout) for a connection, so that every call is sent at once: a
+-- stall the lost replies outlive is one the lines still to come wait out.
 function Adds:connected()
   local c = self.q.client
   if c.ready then self.down_since = nil return true end
   self.down_since = self.down_since or loop.now()
-  local deadline = self.down_since + c.timeout_ms
+  local deadline = self.down_since + math.max(c.timeout_ms, self.q.resolve_ms)
   loop.wait_until(function() return c.ready or c.closed or loop.now() >= deadline end)
   return c.ready
 end
 
 -- A reply that did not come (the connection dropped, Redis stalled past the
--- reply deadline) after the call was sent: the job may have been added.
+-- reply deadline) after the call was sent is asked for again, for up to
+-- --resolve seconds (moonjob.redis.ledger); past them the job may or may not
+-- have been added: "unknown".
 function Adds:send(n, line)
   if not self:connected() then
     return self:refused(n, "Redis unreachable: " .. tostring(self.q.client.why or "no connection"))
@@ -223,11 +226,11 @@ function Adds:send(n, line)
   local q = self.q
   local args = add.args(q.prefix, line, self.opts, false, nil, self.dedupe and "join" or nil)
   self.inflight = self.inflight + 1
-  q.client:call(args, function(reply, err, kind)
+  ledger.send(q.client, q.ledger, args, q.resolve_ms, function(reply, err, _, unknown)
     self.inflight = self.inflight - 1
     if reply then
       self.added, self.ids[n] = self.added + 1, reply[1]
-    elseif kind == "connection" then
+    elseif unknown then
       self.unknown, self.ids[n] = self.unknown + 1, false
       say(("line %d: unknown whether it was added (sent, but no reply: %s)"):format(n, tostring(err)))
     else
@@ -261,8 +264,8 @@ end
 
 function Adds:summary()
   if self.unknown == 0 then return end
-  say(("%d line(s) added, %d not added, %d unknown: sent, but Redis did not reply in time, so they may or "
-    .. "may not have been added"):format(self.added, self.failed, self.unknown))
+  say(("%d line(s) added, %d not added, %d unknown: sent, but Redis did not reply within --resolve (%g s), so "
+    .. "they may or may not have been added"):format(self.added, self.failed, self.unknown, self.q.resolve_ms / 1000))
   if self.dedupe then
     say("running the same lines again with --dedupe is safe: jobs Redis still keeps are joined, not added twice")
   else
@@ -296,7 +299,8 @@ end
 -- moonjob add: one job per NDJSON line (--raw: per line of text, its data
 -- the line as a JSON string), sent with up to WINDOW calls in
 -- flight; prints each job's id in input order. A line whose call was sent but
--- got no reply is "unknown", never "failed" (the job may be in Redis). With
+-- got no reply is sent again (moonjob.redis.ledger: Redis answers it once);
+-- past --resolve it is "unknown", never "failed" (the job may be in Redis). With
 -- --dedupe each line's id is "d:" .. the SHA-1 of the line and a finished job
 -- still kept with it is joined, not replaced: adding the same lines again
 -- adds only what is missing (identical lines are one job).
@@ -316,7 +320,7 @@ function M.add(input_path, o)
   local opts = add_options(o)
   local ok, why = pcall(add.args, "", "{}", opts) -- raises on a bad option
   if not ok then say((tostring(why):gsub("^[^:]*:%d+: ", ""))) return EXIT_USAGE end
-  local q, err = moonjob.queue(o.redis, o.queue)
+  local q, err = moonjob.queue(o.redis, o.queue, { resolve = o.resolve })
   if not q then say(tostring(err)) return EXIT_FAILED end
   local adds = Adds.new(q, opts, o.dedupe, o.raw)
   local line_no = 0

@@ -8,6 +8,7 @@
 -- another function, or the error blames the wrong line.
 local Backoff = require "moonjob.backoff"
 local errors = require "moonjob.errors"
+local fcall = require "moonjob.redis.fcall"
 local json = require "moonjob.codec.json"
 local names = require "moonjob.redis.names"
 
@@ -119,6 +120,16 @@ function M.args(prefix, text, opts, notify, nonce, existing)
     seconds(opts, "timeout") or 0, seconds(opts, "kill_after") or 0, name or "",
     seconds(opts, "cache") or 0, max_queue, notify == false and "0" or "1", nonce or "", existing or "",
     ms_option(opts, "expire"), debounce_id, debounce_ms, group or "" }
+end
+
+-- The error of an add without a reply (moonjob.redis.ledger's send): a
+-- refusal as fcall.reply_error makes it; unknown (sent, no reply within
+-- resolve_ms): EREDIS saying that the job may or may not have been added.
+function M.send_error(err, unknown, resolve_ms)
+  local e = fcall.reply_error(err)
+  if not unknown then return e end
+  return errors.new("EREDIS", ("unknown whether the job was added: it was sent, but no reply came (asked again for "
+    .. "%g s): %s"):format(resolve_ms / 1000, e.message))
 end
 
 -- Encodes data for the queue: exact JSON, at most max_payload bytes.

@@ -236,7 +236,10 @@ end
 
 -- client:call(args, cb): cb(reply) or cb(nil, err, kind) with kind "reply"
 -- (the server refused the call itself: err is its message), "transient" (the
--- server refused for now: M.refusal_kind) or "connection". Two refusals never
+-- server refused for now: M.refusal_kind) or "connection"; after a
+-- "connection" error cb's fourth argument is true when the call was handed
+-- to a connection (it may have run: its reply was lost), nil when it never
+-- was (it waited for a connection until timeout_ms, or the client closed). Two refusals never
 -- reach cb, as the call never ran: "Function not found" (the library is
 -- loaded again on that connection and the call sent again, twice at most)
 -- and READONLY, MASTERDOWN or LOADING (the server is not a primary now: the
@@ -258,7 +261,7 @@ function Client:call(args, cb, tries)
         e = connection_error(self, e)
       end
       if kind ~= "connection" then self:_settle(conn) end
-      cb(v, e, kind)
+      cb(v, e, kind, kind == "connection" or nil)
     end)
     if ok then return end
     self.why = err

@@ -5,8 +5,8 @@
 --
 -- The library (redis/functions/) runs inside Redis, as text, and cannot
 -- require this module: it keeps its own copies (REGISTRY, PAUSED,
--- RUN_MS_MARK, SECONDS_MAX, ATTEMPTS_MAX), which must stay equal to these
--- (spec/redis/library_spec.lua compares them). Small, and requiring
+-- RUN_MS_MARK, SECONDS_MAX, ATTEMPTS_MAX, ADDED_KEEP_MS), which must stay
+-- equal to these (spec/redis/library_spec.lua compares them). Small, and requiring
 -- nothing when loaded: a pool's options and its Redis owner
 -- (moonjob.redis.remote) load it without the producer.
 
@@ -22,6 +22,13 @@ M.RUN_MS_MARK = "\0ms" -- moonjob_complete's first argument: quads, each with it
 -- Redis again (for producers in other languages).
 M.SECONDS_MAX = 1e9    -- every time: timeout, kill_after, cache, delay, a rate's window
 M.ATTEMPTS_MAX = 2 ^ 31 -- attempts; also a rate's max and a concurrency
+
+-- An add whose reply was lost: Redis remembers a named call's reply for
+-- ADDED_KEEP_MS; the producer sends such a call again for at most
+-- RESOLVE_MAX seconds from its first send (the default, and the most
+-- `resolve` takes): every copy of it then runs well within what Redis keeps.
+M.ADDED_KEEP_MS = 600000
+M.RESOLVE_MAX = 300
 
 -- The key prefix of a queue: every key shares the hash tag {name}.
 function M.prefix(name)

@@ -30,7 +30,9 @@ local client = require "moonjob.redis.client"
 local errors = require "moonjob.errors"
 local fcall = require "moonjob.redis.fcall"
 local handle = require "moonjob.redis.handle"
+local loop = require "moonjob.loop"
 local json = require "moonjob.codec.json"
+local ledger = require "moonjob.redis.ledger"
 local limits = require "moonjob.redis.limits"
 local names = require "moonjob.redis.names"
 local operate = require "moonjob.redis.operate"
@@ -44,9 +46,15 @@ local reply_error = fcall.reply_error
 
 -- moonjob.queue(url, name [, opts]) -> queue | nil, err. Waits for the first
 -- connection (opts.timeout, seconds, default 5). opts.max_payload: bytes of
--- JSON a job's data may take (default 1 MiB).
+-- JSON a job's data may take (default 1 MiB). opts.resolve: seconds an add
+-- whose reply was lost is sent again for (moonjob.redis.ledger; default and
+-- most names.RESOLVE_MAX, 0: none, the add is then "unknown" at once).
 function M.new(url, name, opts)
   opts = opts or {}
+  local resolve = opts.resolve or names.RESOLVE_MAX
+  if type(resolve) ~= "number" or not (resolve >= 0 and resolve <= names.RESOLVE_MAX) then
+    error(("moonjob.queue(): option 'resolve' must be a number of seconds from 0 to %d"):format(names.RESOLVE_MAX), 2)
+  end
   local ok, err = names.check_name(name)
   if not ok then return nil, err end
   local c
@@ -54,14 +62,19 @@ function M.new(url, name, opts)
   if not c then return nil, err end
   ok, err = c:wait_ready()
   if not ok then c:close(); return nil, err end
-  return M.attach(c, name, opts.max_payload)
+  local q = M.attach(c, name, opts.max_payload)
+  q.resolve_ms = resolve * 1000
+  return q
 end
 
 -- A queue handle on client c (moonjob.queue's own, or the dashboard's one
--- connection for every queue); closing it closes that client.
+-- connection for every queue); closing it closes that client. Its random
+-- text makes its nonces and names its adds (moonjob.redis.ledger).
 function M.attach(c, name, max_payload)
+  local random = names.random_hex(8)
   return setmetatable({ client = c, name = name, prefix = names.prefix(name), max_payload = max_payload or 1024 * 1024,
-    waiters = {}, listeners = {}, nonce_prefix = names.random_hex(8), nonces = 0 }, Queue)
+    waiters = {}, listeners = {}, nonce_prefix = random, nonces = 0, ledger = ledger.new(random),
+    resolve_ms = names.RESOLVE_MAX * 1000 }, Queue)
 end
 
 -- moonjob.queues(url [, opts]) -> { { name, counts... }, ... } sorted by
@@ -141,13 +154,19 @@ end
 -- queue:add(data [, opts]) -> job | nil, err. opts as pool:add's (id, priority,
 -- delay, attempts, backoff, timeout, kill_after, name, dedupe) and cache
 -- (seconds the result is kept and returned to an add with the same id),
--- max_queue (refuse with EQUEUEFULL when that many jobs wait).
+-- max_queue (refuse with EQUEUEFULL when that many jobs wait). A reply lost
+-- (Redis stalled, the link dropped) is asked for again for up to the
+-- queue's `resolve` seconds; past them the error says the job may or may
+-- not have been added.
 function Queue:add(data, opts)
   local text, err = add.encode(data, self.max_payload)
   if not text then return nil, err end
-  local reply
-  reply, err = self.client:call_wait(add.args(self.prefix, text, opts, true, self:_nonce()))
-  if not reply then return nil, reply_error(err) end
+  local args = add.args(self.prefix, text, opts, true, self:_nonce())
+  local reply, unknown
+  reply, err, unknown = loop.await(function(cb)
+    ledger.send(self.client, self.ledger, args, self.resolve_ms, function(r, e, _, u) cb(r, e, u) end)
+  end)
+  if not reply then return nil, add.send_error(err, unknown, self.resolve_ms) end
   return handle.new(self, reply)
 end
 

@@ -1,6 +1,7 @@
 -- part: add.lua
 -- moonjob_add: a job made, waiting or delayed, or the one holding its id
--- joined; its expiry and debounce. add_job also makes a schedule's jobs.
+-- joined; its expiry and debounce; a named call's reply remembered, so that
+-- the call sent again answers the same. add_job also makes a schedule's jobs.
 
 do
 local FIELD_MAX, REGISTRY, SECONDS_MAX, DELAY_MS_MAX = H.FIELD_MAX, H.REGISTRY, H.SECONDS_MAX, H.DELAY_MS_MAX
@@ -76,6 +77,14 @@ local function check_add(args, fn)
   if args[18] and #args[18] > FIELD_MAX then
     return refuse(fn, "GROUP must take at most " .. FIELD_MAX .. " bytes (empty: no group)", "...")
   end
+  for i = 19, 21 do
+    if args[i] and #args[i] > NONCE_MAX then
+      return refuse(fn, "SHEET, CALL and FORGET must take at most " .. NONCE_MAX .. " bytes each", "...")
+    end
+  end
+  if (args[19] or "") ~= "" and (args[20] or "") == "" then
+    return refuse(fn, "SHEET needs CALL (the call's name in it)", "")
+  end
   return check_expire_debounce(args, fn)
 end
 
@@ -131,7 +140,8 @@ end
 
 -- add(p; id, data, priority, delay_ms, attempts, backoff, timeout, kill_after,
 --     name, cache, max_queue, notify [, nonce [, existing [, expire_ms
---     [, debounce_id, debounce_ms [, group]]]]]) -> { id, state, joined [, nonce] }
+--     [, debounce_id, debounce_ms [, group [, sheet, call [, forget]]]]]]])
+--     -> { id, state, joined [, nonce] }
 -- id "" draws a number; id "\0dedupe" is "d:" .. the SHA-1 of data. A job with
 -- that id waiting, delayed or running is joined (joined = 1); a completed one
 -- whose cache has not ended is returned as it is, and with existing "join"
@@ -144,6 +154,8 @@ end
 -- made is delayed, an add replaces that job's data and options and restarts
 -- its delay of debounce_ms (joined = 1); otherwise a new job is made,
 -- delayed debounce_ms. group: the job's group (groups.lua; "" none).
+-- sheet, call, forget: the call's name, remembered with its reply (add,
+-- below).
 -- add_job does it once the arguments are checked (a schedule's slots are
 -- added through it too).
 local function add_job(p, args, now)
@@ -199,12 +211,49 @@ local function add_job(p, args, now)
   return added(args, id, "waiting", 0, nonce)
 end
 
+-- <p>added:<sheet>: a hash, a call's name -> the reply (msgpack) moonjob_add
+-- gave it, for a producer that names its calls (SHEET and CALL): a call sent
+-- again after its reply was lost (a stall past the producer's reply deadline,
+-- a dropped link) gets that reply and adds nothing, and so does the first
+-- send should it run after the second. The key lives ADDED_KEEP_MS from when
+-- it was made (its field "" says it has its expiry: no PEXPIRE per add); a
+-- producer names a new sheet each minute at least, and deletes a sheet whose
+-- every reply it got at once (FORGET). <p>sheets: the sheets by when they
+-- expire (ms), for obliterate; pruned as sheets are made, and expiring with
+-- the last (redis.pcall: a key of another type there costs only that).
+local ADDED_KEEP_MS = 600000
+
+-- A named call's reply kept; sheet: its name when its key is new (the key
+-- then gets its expiry and joins <p>sheets).
+local function remember(p, key, call, reply, sheet, now)
+  if not sheet then return redis.call("HSET", key, call, cmsgpack.pack(reply)) end
+  redis.call("HSET", key, call, cmsgpack.pack(reply), "", "1")
+  redis.call("PEXPIRE", key, ADDED_KEEP_MS)
+  redis.pcall("ZREMRANGEBYSCORE", p .. "sheets", "-inf", now)
+  redis.pcall("ZADD", p .. "sheets", now + ADDED_KEEP_MS, sheet)
+  redis.pcall("PEXPIRE", p .. "sheets", ADDED_KEEP_MS)
+end
+
 local function add(keys, args)
   local refused = check_add(args)
   if refused then return refused end
-  return add_job(keys[1], args, now_ms())
+  local p, sheet, now = keys[1], args[19] or "", now_ms()
+  if sheet == "" then return add_job(p, args, now) end
+  local key, call = p .. "added:" .. sheet, args[20]
+  local before = redis.pcall("HMGET", key, call, "")
+  if before.err then
+    return redis.error_reply("EINPUT moonjob_add: " .. key .. " is not a hash; delete it or choose another SHEET")
+  end
+  local reply = before[1] and cmsgpack.unpack(before[1]) or add_job(p, args, now)
+  if not before[1] and reply.err == nil then remember(p, key, call, reply, not before[2] and sheet, now) end
+  if (args[21] or "") ~= "" then
+    redis.call("DEL", p .. "added:" .. args[21])
+    redis.pcall("ZREM", p .. "sheets", args[21])
+  end
+  return reply
 end
 
+-- obliterate's: every sheet of the queue.
 H.check_add, H.or_default, H.add_job = check_add, or_default, add_job
 F.add = add
 end

@@ -47,6 +47,7 @@
 --   <p>debounce:<id>  string: the job a debounce id names while it is delayed
 --   <p>cached      sorted set: completed jobs trimmed but kept for their
 --                  cache (their hash expires then), by when (ms)
+--   <p>added:<sheet>, <p>sheets  the replies of a producer's named adds (add.lua)
 --   <p>schedules, <p>s:<id>  the schedules (schedules.lua)
 --   <p>groups, <p>gparked, <p>gw:<group>, <p>ga:<group>, <p>gs:<group>,
 --   <p>gl:<group>, <p>ungrouped, <p>turn, <p>gswitch, <p>gunpark, <p>gkeys

@@ -227,18 +227,19 @@ end
 
 -- What obliterate's drop_listed deletes with a schedule, a group noted in
 -- <p>gkeys (its window and hold), a job noted in <p>cached (kept past its
--- trimming for its cache).
+-- trimming for its cache), a sheet of named adds noted in <p>sheets.
 local DROP = {
   schedules = function(p, id) redis.call("DEL", schedule_key(p, id)) end,
   gkeys = function(p, g) redis.call("DEL", p .. "gs:" .. g, p .. "gl:" .. g) end,
   cached = function(p, id) delete_job(p, id, job_key(p, id)) end,
+  sheets = function(p, sheet) redis.call("DEL", p .. "added:" .. sheet) end, -- (producers' named adds: add.lua)
 }
 
 -- The keys of a queue that are not jobs (obliterate deletes them last).
 -- tokens stays: a run of a job obliterated must never share its token with a
 -- run of a job added after (its late report would land in the new job).
 local QUEUE_KEYS = { "seq", "ids", "totals", "paused", "m:all", "limits", "limited", "starts", "groups", "gparked",
-  "ungrouped", "turn", "gswitch", "gunpark", "gkeys", "cached" }
+  "ungrouped", "turn", "gswitch", "gunpark", "gkeys", "cached", "sheets" }
 
 -- obliterate(p; limit [, force]) -> { removed, left }: every job, schedule
 -- and key of the queue (but its token counter), limit jobs per call, then
@@ -268,7 +269,7 @@ local function obliterate(keys, args)
     left = left + redis.call("ZCARD", p .. set)
   end
   if left == 0 then left = G.sweep(p, true) end -- (SWEEP_MAX groups per call)
-  for _, set in ipairs({ "gkeys", "cached" }) do
+  for _, set in ipairs({ "gkeys", "cached", "sheets" }) do
     if left == 0 then
       local _, rest = drop_listed(p, set, limit, DROP[set])
       left = rest
