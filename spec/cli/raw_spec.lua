@@ -198,6 +198,13 @@ describe("moonjob add --raw #slow", function()
     assert.equal("c", assert(q:job(ids[2])).data)
     q:close()
   end)
+
+  it("says a read error of its input and exits 1, not 0 as if the input had ended", function()
+    local dir = h.tmpdir() -- (a directory opens, and reading it fails: EISDIR)
+    local _, err, status = h.sh(("%s add --redis %s --queue readerr %s"):format(MOONJOB, server.url, dir))
+    assert.equal(1, status, err)
+    assert.matches("cannot read " .. dir:gsub("%p", "%%%0") .. " after line 0: Is a directory", err)
+  end)
 end)
 
 describe("the pool's raw option", function()

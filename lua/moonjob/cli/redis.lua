@@ -278,15 +278,20 @@ end
 -- reads with fgets and cuts a line at a NUL byte, joining the rest to the
 -- next line; getline(3) says how long a line is. (The FFI hands an io file
 -- over as its FILE *.)
-for _, decl in ipairs({ "long getline(char **line, size_t *n, void *stream);", "void free(void *p);" }) do
+-- A read error ends the lines too, and is noted in state.read_error (the
+-- system's words) for the command to say and fail with.
+for _, decl in ipairs({ "long getline(char **line, size_t *n, void *stream);", "void free(void *p);",
+  "int ferror(void *stream);", "char *strerror(int errnum);" }) do
   pcall(ffi.cdef, decl) -- one by one: another module may have declared one already
 end
 
-local function lines_of(input)
+local function lines_of(input, state)
   local line, size = ffi.new("char *[1]"), ffi.new("size_t[1]")
   return function()
     local n = tonumber(ffi.C.getline(line, size, input))
-    if n < 0 then -- the end (or a read error, which ends the input as file:lines() did)
+    if n < 0 then -- the end, or a read error
+      local errno = ffi.errno()
+      if ffi.C.ferror(input) ~= 0 then state.read_error = ffi.string(ffi.C.strerror(errno)) end
       ffi.C.free(line[0])
       line[0], size[0] = nil, 0
       return nil
@@ -323,8 +328,8 @@ function M.add(input_path, o)
   local q, err = moonjob.queue(o.redis, o.queue, { resolve = o.resolve })
   if not q then say(tostring(err)) return EXIT_FAILED end
   local adds = Adds.new(q, opts, o.dedupe, o.raw)
-  local line_no = 0
-  for line in lines_of(input) do
+  local line_no, reading = 0, {}
+  for line in lines_of(input, reading) do
     line_no = line_no + 1
     adds:line(line_no, line)
     if adds.inflight >= WINDOW then loop.wait_until(function() return adds.inflight < WINDOW / 2 end) end
@@ -336,6 +341,11 @@ function M.add(input_path, o)
   local printed = adds:printed()
   if input ~= io.stdin then input:close() end
   q:close()
+  if reading.read_error then
+    say("cannot read ", input_path or "standard input", " after line ", line_no, ": ", reading.read_error,
+      "; the lines before it were added (their ids are printed)")
+    return EXIT_FAILED
+  end
   return (adds.failed == 0 and adds.unknown == 0 and printed) and EXIT_OK or EXIT_FAILED
 end
 
