@@ -42,7 +42,10 @@ function StartBounds:fetched(start_by, sent_at)
   else
     remote:_fine("late")
   end
-  self.timer:start(math.max(0, start_by - now) + 1)
+  if not self.armed_at or start_by < self.armed_at then -- (an earlier deadline keeps the timer: it looks at all)
+    self.armed_at = start_by
+    self.timer:start(math.max(0, start_by - now) + 1)
+  end
 end
 
 -- The jobs no child took by their start_by go back to the queue; the
@@ -56,6 +59,7 @@ function StartBounds:give_back_late()
       elseif not soonest or by < soonest then soonest = by end
     end
   end
+  self.armed_at = soonest
   if soonest then self.timer:start(soonest - now + 1) end
 end
 

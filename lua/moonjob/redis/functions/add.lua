@@ -229,7 +229,10 @@ local function remember(p, key, call, reply, sheet, now)
   if not sheet then return redis.call("HSET", key, call, cmsgpack.pack(reply)) end
   redis.call("HSET", key, call, cmsgpack.pack(reply), "", "1")
   redis.call("PEXPIRE", key, ADDED_KEEP_MS)
-  redis.pcall("ZREMRANGEBYSCORE", p .. "sheets", "-inf", now)
+  -- (the ended ones go 100 at a time, one step per new sheet: bounded
+  -- after a burst of short-lived producers)
+  local ended = redis.pcall("ZRANGEBYSCORE", p .. "sheets", "-inf", now, "LIMIT", 0, 100)
+  if type(ended) == "table" and not ended.err and #ended > 0 then redis.pcall("ZREM", p .. "sheets", unpack(ended)) end
   redis.pcall("ZADD", p .. "sheets", now + ADDED_KEEP_MS, sheet)
   redis.pcall("PEXPIRE", p .. "sheets", ADDED_KEEP_MS)
 end
@@ -241,7 +244,7 @@ local function add(keys, args)
   if sheet == "" then return add_job(p, args, now) end
   local key, call = p .. "added:" .. sheet, args[20]
   local before = redis.pcall("HMGET", key, call, "")
-  if before.err then
+  if H.wrong_type(before, "HMGET " .. key) then -- (any other error is the call's: raised, sent again)
     return redis.error_reply("EINPUT moonjob_add: " .. key .. " is not a hash; delete it or choose another SHEET")
   end
   local reply = before[1] and cmsgpack.unpack(before[1]) or add_job(p, args, now)

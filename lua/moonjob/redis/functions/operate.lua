@@ -276,7 +276,7 @@ local function obliterate(keys, args)
     end
   end
   if left == 0 then
-    for _, k in ipairs(QUEUE_KEYS) do redis.call("DEL", p .. k) end
+    for _, k in ipairs(QUEUE_KEYS) do redis.call("UNLINK", p .. k) end -- (starts may hold a million entries)
     local minute = math.floor(now_ms() / 60000)
     for m = minute - METRICS_TTL / 60, minute do redis.call("DEL", p .. "m:" .. m) end
   end
