@@ -85,8 +85,7 @@ local function take_one(p, id, w, token_no, now)
   end
   local token = w.id .. "/" .. token_no
   redis.call("HSET", key, "state", "active", "token", token, "worker", w.id, "started", now,
-    "ran", "0", "made", made, "began", "")
-  if w.db then redis.call("HSET", key, "db", w.db) end
+    "ran", "0", "made", made, "began", "", "db", w.db or "") -- (in one HSET: this runs for every job)
   redis.call("ZADD", p .. "active", now + w.lease, id)
   return { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7] }
 end

@@ -25,7 +25,7 @@ end
 -- channel is shared by every database of the server and a queue's name may
 -- be used in several; <p>updates when its worker said none.
 local function updates_channel(p, db)
-  if db then return p .. "updates@" .. db end
+  if db and db ~= "" then return p .. "updates@" .. db end -- ("": fetched by a worker that passed none)
   return p .. "updates"
 end
 
