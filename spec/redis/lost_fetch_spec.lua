@@ -9,17 +9,7 @@ local rf = require "redis_workers"
 
 local LEASE = 60 -- the lost jobs' lease: far longer than the wait below
 
--- How many of a queue's jobs were recovered from a worker when their lease
--- ran out (ESTALLED kept in the job's error though it completed later).
-local function recovered(server, queue)
-  return tonumber(server:cli("EVAL", [[
-    local n = 0
-    for _, key in ipairs(redis.call("KEYS", KEYS[1])) do
-      local e = redis.call("HGET", key, "error")
-      if e and e:find("ESTALLED", 1, true) then n = n + 1 end
-    end
-    return n]], "1", ("mj:{%s}:j:*"):format(queue)))
-end
+local recovered = rf.recovered
 
 describe("a fetch whose answer was lost", function()
   after_each(rf.close_all)

@@ -37,18 +37,7 @@ local function run(server, queue, stall, w)
   return took, rf.lines(log), table.concat(stderr, "\n")
 end
 
--- How many of a queue's jobs were taken back from a worker when their lease
--- ran out (ESTALLED kept in the job's error though it completed later): a
--- job left idle for a lease, or fenced, is; a job given back is not.
-local function recovered(server, queue)
-  return tonumber(server:cli("EVAL", [[
-    local n = 0
-    for _, key in ipairs(redis.call("KEYS", KEYS[1])) do
-      local e = redis.call("HGET", key, "error")
-      if e and e:find("ESTALLED", 1, true) then n = n + 1 end
-    end
-    return n]], "1", ("mj:{%s}:j:*"):format(queue)))
-end
+local recovered = rf.recovered
 
 local function assert_ran_once_each(lines, jobs)
   local seen = {}
