@@ -6,6 +6,7 @@
 //   node spec/browser/dashboard.js URL QUEUE FAILED_ID ERROR_CODE [PAGED_QUEUE TOTAL]
 //   node spec/browser/dashboard.js --token URL TOKEN QUEUE
 //   node spec/browser/dashboard.js --groups URL QUEUE
+//   node spec/browser/dashboard.js --unreachable URL SECRET...
 //
 // URL is the dashboard's address; QUEUE has one worker process, and its job
 // FAILED_ID failed with ERROR_CODE but passes when run again; PAGED_QUEUE
@@ -17,7 +18,10 @@
 // 2 s, group A at its cap, group B held back by ERATELIMIT and group C
 // ready (spec/support/held_groups.lua, cap_and_hold): the queue's page must
 // show the group limits in its limits note and a "Held-back groups" card
-// with A and B, each with why. Environment:
+// with A and B, each with why. With --unreachable, the dashboard's Redis
+// is down: the queues page and a queue's page must say "Redis is
+// unreachable" in the banner, and no SECRET (the Redis URL's user, host,
+// port...) anywhere in the page, its text or its markup. Environment:
 //   MOONJOB_ADD_JOB       a shell command that adds one job to QUEUE and
 //                         prints its id (the job added while paused)
 //   MOONJOB_SCREENSHOTS   a directory: the three pages saved there as PNG
@@ -40,14 +44,18 @@ const PAUSED_WATCH_MS = 3000; // how long a job added while paused must stay wai
 
 const tokenMode = process.argv[2] === "--token";
 const groupsMode = process.argv[2] === "--groups";
+const unreachableMode = process.argv[2] === "--unreachable";
+const secrets = unreachableMode ? process.argv.slice(4) : [];
 const [url, queue, failedId, errorCode] = tokenMode ? [process.argv[3], process.argv[5], "-", "-"]
-  : groupsMode ? [process.argv[3], process.argv[4], "-", "-"] : process.argv.slice(2);
+  : groupsMode ? [process.argv[3], process.argv[4], "-", "-"]
+  : unreachableMode ? [process.argv[3], "orders", "-", "-"] : process.argv.slice(2);
 const token = tokenMode ? process.argv[4] : "";
 const [pagedQueue, pagedTotal] = tokenMode ? [] : [process.argv[6], Number(process.argv[7])];
 if (!url || !queue || !failedId || !errorCode || (tokenMode && !token)) {
   console.error("usage: node spec/browser/dashboard.js URL QUEUE FAILED_ID ERROR_CODE\n" +
     "       node spec/browser/dashboard.js --token URL TOKEN QUEUE\n" +
-    "       node spec/browser/dashboard.js --groups URL QUEUE");
+    "       node spec/browser/dashboard.js --groups URL QUEUE\n" +
+    "       node spec/browser/dashboard.js --unreachable URL SECRET...");
   process.exit(2);
 }
 
@@ -254,6 +262,22 @@ async function seeGroups(page) {
   await screenshot(page, "dashboard-groups.png");
 }
 
+// --unreachable: the banner says Redis is unreachable, and the page holds
+// nothing of the Redis URL (secrets), in its text or its markup.
+async function seeUnreachable(page) {
+  if (secrets.length === 0) throw new Error("--unreachable needs the secrets the page must not show");
+  for (const [where, target] of [["the queues page", url], ["a queue's page", `${url}#/queue/${queue}`]]) {
+    await page.goto(target, { waitUntil: "load" });
+    await expectText(page, '[data-test="error-banner"]', { has: "Redis is unreachable" },
+      `Redis is unreachable, in the banner of ${where}`);
+    const shown = await page.evaluate(() => document.body.innerText + "\n" + document.documentElement.outerHTML);
+    for (const secret of secrets) {
+      if (shown.includes(secret)) throw new Error(`${where} shows "${secret}" of the Redis URL`);
+    }
+    ok(`nothing of the Redis URL on ${where}`);
+  }
+}
+
 async function main() {
   const browser = await puppeteer.launch({
     executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
@@ -269,7 +293,9 @@ async function main() {
       if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) problems.push("console: " + m.text());
     });
     page.on("dialog", (d) => d.accept());
-    if (groupsMode) {
+    if (unreachableMode) {
+      await seeUnreachable(page);
+    } else if (groupsMode) {
       await seeGroups(page);
     } else if (tokenMode) {
       await tokenChecks(page);

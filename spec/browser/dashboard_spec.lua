@@ -6,7 +6,8 @@
 -- Pause stops the worker (a job added then stays waiting) and Resume runs
 -- it. With a token: refused without it, kept by the tab once given; and no
 -- polling while the tab is hidden. A queue's groups held back, with why
--- (dashboard.js --groups).
+-- (dashboard.js --groups). A Redis that is down: the banner says so, and
+-- nothing of its URL is on the page (dashboard.js --unreachable).
 --
 -- MOONJOB_SCREENSHOTS=DIR saves the three pages there (docs/images/ holds
 -- the ones the guide shows: MOONJOB_SCREENSHOTS=docs/images busted <this file>).
@@ -28,8 +29,8 @@ end
 
 -- `moonjob dashboard` on a free loopback port; -> its URL, read from the
 -- line it says on stderr once it listens. env: set before the command.
-local function start_dashboard(env)
-  local pid, log = start(("dashboard --redis %s --listen 127.0.0.1:0"):format(rq.server().url), env)
+local function start_dashboard(env, redis_url)
+  local pid, log = start(("dashboard --redis %s --listen 127.0.0.1:0"):format(redis_url or rq.server().url), env)
   local url
   helpers.wait_for(function()
     assert(helpers.running(pid), "moonjob dashboard exited: " .. table.concat(rq.read_lines(log), "\n"))
@@ -107,6 +108,18 @@ rq.describe(function()
       local url = start_dashboard()
       drive("--groups " .. url .. " tenants", { "the group limits in the limits note", "group B held by ERATELIMIT",
         "group A at its cap" })
+    end)
+
+    it("says Redis is unreachable in the banner, with nothing of its URL on the page", function()
+      need_driver()
+      local down = require("redis_server").start()
+      down:kill9() -- nothing listens on its port now
+      local user, password = "dashuser", "dash-pw-9"
+      local url = start_dashboard(nil, ("redis://%s:%s@127.0.0.1:%d/3"):format(user, password, down.port))
+      drive(("--unreachable %s %s %s redis:// 127.0.0.1:%d"):format(url, user, password, down.port),
+        { "Redis is unreachable, in the banner of the queues page", "nothing of the Redis URL on the queues page",
+          "nothing of the Redis URL on a queue's page" })
+      down:stop()
     end)
 
     it("needs its token: EAUTH without it; opened once with ?token=, the tab keeps it; polls while visible", function()
