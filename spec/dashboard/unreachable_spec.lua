@@ -22,12 +22,7 @@ local ROUTES = {
   { "POST", "/api/queues/orders/jobs/j1/promote" }, { "POST", "/api/queues/orders/jobs/j1/cancel" },
 }
 
-local function read(path)
-  local f = io.open(path, "rb")
-  local text = f and f:read("*a") or ""
-  if f then f:close() end
-  return text
-end
+local read = require("redis_workers").read -- (the whole file, or "")
 
 -- Every route at once (each waits for Redis up to the dashboard's 5 s);
 -- -> { { route, status, body } } in ROUTES' order.

@@ -70,7 +70,6 @@ function M.free_memory(server)
   server:cli("CONFIG", "SET", "maxmemory", "0")
 end
 
--- The whole of file `path`, or "" when it cannot be read (yet).
 -- How many of a queue's jobs were taken back from a worker when their lease
 -- ran out (ESTALLED kept in the job's error though it completed later): a
 -- job left idle for a lease, or fenced, is; a job given back is not.
@@ -84,6 +83,7 @@ function M.recovered(server, queue)
     return n]], "1", ("mj:{%s}:j:*"):format(queue)))
 end
 
+-- The whole of file `path`, or "" when it cannot be read (yet).
 function M.read(path)
   return cli.read(path) or ""
 end
