@@ -41,7 +41,7 @@ describe("a worker's reports within the functions' ranges #slow", function()
     local server = rf.server()
     local q = rf.producer(server, "nul")
     local client = assert(require("moonjob.redis.client").new(server.url))
-    local _, err = client:call_wait({ "FCALL", "moonjob_progress", 1, "mj:{nul}:", "1", "t", "1\0junk" })
+    local _, err = client:call_wait({ "FCALL", "moonjob_progress", 1, "mj:{nul}:", "1", "t", '{"p":1}\0junk' })
     assert.matches("PROGRESS must be JSON text", tostring(err), 1, true)
     _, err = client:call_wait({ "FCALL", "moonjob_add", 1, "mj:{nul}:", "", "{}", "0", "0", "1",
       '{"type":"fixed","delay":1}\0junk', "0", "0", "", "0", "0", "0" })
