@@ -174,5 +174,22 @@ rq.describe(function()
       assert(q:obliterate({ force = true }))
       print_slow_calls(q)
     end)
+
+    -- (a job taken out of wait takes its group out of the ring with it: the
+    -- sweep meets groups whose jobs left wait by another way, here a DEL)
+    it("sweeps 3,000 groups left in the ring in steps when a queue is obliterated", function()
+      local q = rq.new_producer(rq.new_queue())
+      assert(q:counts()) -- (the library loaded)
+      local G = 3000
+      pipe_adds(q, G, function(i) return "j" .. i, "g" .. i end) -- a group each, all waiting
+      assert.equal(G, zcard(q, "groups"))
+      assert.equal(1, q.client:call_wait({ "DEL", q.prefix .. "wait" }))
+      local got = assert(q.client:call_wait({ "FCALL", "moonjob_obliterate", 1, q.prefix, 10000, 1 }))
+      local rest = zcard(q, "groups") + zcard(q, "gparked")
+      assert.is_true(rest >= G - 2 * STEP, ("the obliterate swept %d groups in one call"):format(G - rest))
+      assert.equal(rest, got[2]) -- what is left, said
+      assert(q:obliterate({ force = true })) -- the client's loop sweeps the rest
+      assert.equal(0, zcard(q, "groups") + zcard(q, "gparked"))
+    end)
   end)
 end)
