@@ -26,7 +26,7 @@ M.SHEBANG = "#!lua name=moonjob"
 local function own_dir()
   local source = debug.getinfo(1, "S").source
   local path = source:sub(1, 1) == "@" and source:sub(2)
-    or package.searchpath("moonjob.redis.library", package.path)
+    or (package.searchpath and package.searchpath("moonjob.redis.library", package.path)) -- (Lua 5.1: none)
   assert(path, "moonjob.redis.library: cannot tell where this module is")
   return path:match("^(.*)/[^/]*$") or "."
 end

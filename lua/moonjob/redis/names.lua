@@ -50,12 +50,20 @@ function M.register(c, name)
   c:call({ "SADD", M.REGISTRY, name }, function() end)
 end
 
--- n random bytes as hex (the clock and pid, whole, when /dev/urandom is not
--- there): a worker's id (moonjob.redis.remote), a queue object's nonces.
+-- What stands for random bytes when /dev/urandom is not there: the clock
+-- and pid, whole; without moonjob's core (moonjob.producer on any Lua), the
+-- time, the CPU clock and a fresh table's address.
+local function not_random()
+  local ok, core = pcall(require, "moonjob.core")
+  if ok then return tostring(require("moonjob.loop").now()) .. tostring(core.getpid()) end
+  return tostring(os.time()) .. tostring(os.clock()) .. tostring({})
+end
+
+-- n random bytes as hex: a worker's id (moonjob.redis.remote), a queue
+-- object's nonces.
 function M.random_hex(n)
   local f = io.open("/dev/urandom", "rb")
-  local bytes = f and f:read(n)
-    or tostring(require("moonjob.loop").now()) .. tostring(require("moonjob.core").getpid())
+  local bytes = f and f:read(n) or not_random()
   if f then f:close() end
   return (bytes:gsub(".", function(ch) return ("%02x"):format(ch:byte()) end))
 end
