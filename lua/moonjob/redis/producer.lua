@@ -29,6 +29,7 @@ local add = require "moonjob.redis.add"
 local client = require "moonjob.redis.client"
 local errors = require "moonjob.errors"
 local fcall = require "moonjob.redis.fcall"
+local flow = require "moonjob.redis.flow"
 local handle = require "moonjob.redis.handle"
 local loop = require "moonjob.loop"
 local json = require "moonjob.codec.json"
@@ -170,6 +171,51 @@ function Queue:add(data, opts)
   return handle.new(self, reply)
 end
 
+-- queue:add_flow(tree) -> the root's job | nil, err: a tree of jobs added
+-- whole in one call (moonjob.redis.flow says the tree's form), or nothing
+-- of it when any part is refused (EINPUT, EPAYLOAD naming the part; EEXISTS
+-- when an id given is kept already). Each job's handle has .children, the
+-- handles of its children in the tree's order (a child on another queue of
+-- the tag: a handle of that queue, on this queue's connection). A parent
+-- runs once each child has ended (docs/guide/flows.md).
+function Queue:add_flow(tree)
+  local args, nodes = flow.args(tree, self.name, { max_payload = self.max_payload,
+    nonce = function() return self:_nonce() end })
+  if not args then return nil, nodes end
+  local reply, err = self.client:call_wait(args)
+  if not reply then return nil, reply_error(err) end
+  local jobs = {}
+  for i, n in ipairs(nodes) do
+    local job = handle.new(self:_sibling(n.queue), { reply[2 * i - 1], "", 0, reply[2 * i] })
+    job.state = i == 1 and #(n.node.children or {}) > 0 and "waiting-children" or nil
+    job.children = {}
+    jobs[i] = job
+    if n.parent > 0 then table.insert(jobs[n.parent].children, job) end
+  end
+  return jobs[1]
+end
+
+-- This queue, or another on its connection (a flow's child's).
+function Queue:_sibling(name)
+  if name == self.name then return self end
+  self.siblings = self.siblings or {}
+  local q = self.siblings[name] or M.attach(self.client, name, self.max_payload)
+  self.siblings[name] = q
+  return q
+end
+
+-- queue:children(id or job) -> { { id, queue, state, result | error }, ... }
+-- in the flow's order | nil, err: a flow's parent's children, each as it
+-- ended (its result or error, kept with the parent whatever retention did
+-- to the child), or the state of one still pending ("missing": gone).
+function Queue:children(job)
+  local id, nonce = handle.id_and_nonce(job)
+  local rows, err = self.client:call_wait({ "FCALL", "moonjob_children", 1, self.prefix, id, nonce })
+  if err then return nil, reply_error(err) end
+  if not rows then return nil, errors.new("ENOTFOUND", "no job " .. tostring(id) .. " in queue " .. self.name) end
+  return flow.children(rows)
+end
+
 -- queue:get(id or job) -> { id, state, result, error, attempts, ... } | nil (not
 -- kept; for a handle also: another job holds its id now), err
 function Queue:get(job)
@@ -197,7 +243,7 @@ function Queue:cancel(job, reason)
 end
 
 -- queue:counts() -> { waiting, delayed, active, completed, failed, missing,
--- paused, held, exists } | nil, err. missing: jobs found gone from Redis
+-- paused, held, exists, waiting_children } | nil, err. missing: jobs found gone from Redis
 -- (evicted, deleted by hand); paused: true while the queue is paused; held:
 -- active jobs whose worker has not said yet that they started (workers say
 -- so within 200 ms of a start); exists: false when the queue has no key at
@@ -207,7 +253,8 @@ function Queue:counts()
   local c, err = self.client:call_wait({ "FCALL", "moonjob_counts", 1, self.prefix })
   if not c then return nil, reply_error(err) end
   return { waiting = c[1], delayed = c[2], active = c[3], completed = c[4], failed = c[5],
-    missing = c[6] or 0, paused = c[7] == 1, held = c[8] or 0, exists = c[9] ~= 0 }
+    missing = c[6] or 0, paused = c[7] == 1, held = c[8] or 0, exists = c[9] ~= 0,
+    waiting_children = c[10] or 0 }
 end
 
 -- Whether the queue exists: it has a key, or a worker or producer has
