@@ -207,6 +207,7 @@ bench: deps bench-deps all $(BUILD)/bench-floor
 	$(LUA) bench/cli.lua
 	$(LUA) bench/datasets.lua
 	$(LUA) bench/redis.lua
+	$(LUA) bench/flows.lua
 	$(LUA) bench/dashboard.lua
 
 # Modules an older layout installed and this one has not, removed by

@@ -25,6 +25,7 @@ local clients = require "moonjob.producer.clients"
 local codec = require "moonjob.producer.codec"
 local errors = require "moonjob.errors"
 local fcall = require "moonjob.redis.fcall"
+local flow = require "moonjob.redis.flow"
 local link = require "moonjob.producer.link"
 local names = require "moonjob.redis.names"
 local queue_calls = require "moonjob.redis.queue_calls"
@@ -96,6 +97,12 @@ local function make_link(c, opts)
   return link.new(a, opts.server or ("%s:%d"):format(o.host, o.port), name, o.db)
 end
 
+-- A queue object on link l.
+local function new_queue(l, name, max_payload, json)
+  return setmetatable({ client = l, name = name, prefix = names.prefix(name), max_payload = max_payload,
+    json = json, nonce_prefix = names.random_hex(8), nonces = 0 }, Queue)
+end
+
 -- producer.queue(client, name [, opts]) -> queue | nil, err. opts: json (a
 -- codec: encode, decode), max_payload (bytes of a job's JSON, default 1
 -- MiB), server (a name for the server of a client given: the library is
@@ -120,8 +127,7 @@ function M.queue(client, name, opts)
   if not json then return input_error(why) end
   local l, err = make_link(client, opts)
   if not l then return nil, err end
-  return setmetatable({ client = l, name = name, prefix = names.prefix(name), max_payload = max_payload,
-    json = json, nonce_prefix = names.random_hex(8), nonces = 0 }, Queue)
+  return new_queue(l, name, max_payload, json)
 end
 
 function Queue:__tostring()
@@ -209,6 +215,22 @@ function Queue:add_bulk(list, opts)
   return jobs
 end
 
+-- q:add_flow(tree) -> the root's job | nil, err: a parent job and its
+-- children (to any depth) added whole in one call, or nothing of it, as
+-- moonjob.queue's q:add_flow (moonjob.redis.flow checks and writes the
+-- tree; docs/guide/flows.md). Each job has .children, its children's jobs
+-- in the tree's order.
+function Queue:add_flow(tree)
+  local args, nodes = flow.args(tree, self.name, { max_payload = self.max_payload, codec = self.json,
+    nonce = function() return self:_nonce() end })
+  if not args then return nil, nodes end
+  local reply, err = self.client:call_wait(args)
+  if err then return nil, add_error(err) end
+  return flow.handles(nodes, reply, function(name) -- (a child's queue: on this queue's link)
+    return name == self.name and self or new_queue(self.client, name, self.max_payload, self.json)
+  end, new_job)
+end
+
 -- q:wait(id or job [, timeout]) -> result | nil, err: its error (failed),
 -- ETIMEDOUT once timeout seconds passed (nil: no end), ENOTFOUND. Looks at
 -- the job with a growing pause (10 ms, then half as long again each time,
@@ -233,11 +255,13 @@ function Queue:wait(job, timeout)
 end
 
 -- One job, and the counts (moonjob.redis.queue_calls): q:get(id or job),
--- q:cancel(id or job [, reason]), q:counts(), q:exists().
+-- q:cancel(id or job [, reason]), q:counts(), q:exists(), q:children(id or
+-- job) (a flow's parent's children, each as it ended).
 Queue.get = queue_calls.get
 Queue.cancel = queue_calls.cancel
 Queue.counts = queue_calls.counts
 Queue.exists = queue_calls.exists
+Queue.children = queue_calls.children
 
 -- Repeating jobs (moonjob.redis.schedules), as moonjob.queue's, a mistake
 -- as nil, EINPUT: q:schedule(id, when [, data [, opts]]), q:unschedule(id),

@@ -64,6 +64,28 @@ rq.describe(function()
           { "counts", "4", "0", "true" } }, rows)
       end)
 
+      it("adds a flow: the children run before their parent, whose children's results are kept", function()
+        local queue = rq.new_queue()
+        rq.start_worker(queue, "-j 2")
+        local rows = run(lua, queue, [[
+          local q = assert(producer.queue(CLIENT, "QUEUE"))
+          local root = assert(q:add_flow({ data = { echo = "parent" }, children = {
+            { data = { echo = "a" } }, { data = { echo = "b" }, children = { { data = { echo = "c" } } } } } }))
+          say("root", root.state, #root.children, #root.children[2].children)
+          say("parent", assert(root:wait(30)).echo)
+          for _, c in ipairs(assert(q:children(root))) do say("child", c.state, c.result.echo) end
+          local _, err = q:add_flow({ data = {}, children = { { data = {}, on_fail = "sometimes" } } })
+          say("bad", err.code, err.message)
+          local c = assert(q:counts())
+          say("counts", c.completed, c.waiting_children)
+        ]])
+        assert.same({ { "root", "waiting-children", "2", "1" }, { "parent", "parent" }, { "child", "completed", "a" },
+          { "child", "completed", "b" } }, { unpack(rows, 1, 4) })
+        assert.equal("EINPUT", rows[5][2])
+        assert.matches("root.children[1]: on_fail must be", rows[5][3], 1, true)
+        assert.same({ "counts", "4", "0" }, rows[6])
+      end)
+
       it("loads the library on a server without one, and again after FUNCTION FLUSH, resending the call", function()
         local server = rq.server()
         server:cli("FUNCTION", "FLUSH")

@@ -29,6 +29,7 @@
 local add = require "moonjob.redis.add"
 local client = require "moonjob.redis.client"
 local fcall = require "moonjob.redis.fcall"
+local flow = require "moonjob.redis.flow"
 local handle = require "moonjob.redis.handle"
 local loop = require "moonjob.loop"
 local json = require "moonjob.codec.json"
@@ -171,16 +172,36 @@ function Queue:add(data, opts)
   return handle.new(self, reply)
 end
 
+-- queue:add_flow(tree) -> the root's job | nil, err: a tree of jobs added
+-- whole in one call (moonjob.redis.flow says the tree's form), or nothing
+-- of it when any part is refused (EINPUT, EPAYLOAD naming the part; EEXISTS
+-- when an id given is kept already). Each job's handle has .children, the
+-- handles of its children in the tree's order (a child on another queue of
+-- the tag: a handle of that queue, on this queue's connection). A parent
+-- runs once each child has ended (docs/guide/flows.md).
+function Queue:add_flow(tree)
+  local args, nodes = flow.args(tree, self.name, { max_payload = self.max_payload,
+    nonce = function() return self:_nonce() end })
+  if not args then return nil, nodes end
+  local reply, err = self.client:call_wait(args)
+  if not reply then return nil, reply_error(err) end
+  return flow.handles(nodes, reply, function(name) -- (a child's queue: on this queue's connection)
+    return name == self.name and self or M.attach(self.client, name, self.max_payload)
+  end, handle.new)
+end
+
+
 function Queue:close()
   self.client:close()
 end
 
 -- One job, and the counts (moonjob.redis.queue_calls): q:get(id or job),
--- q:cancel(id or job [, reason]), q:counts(), q:exists().
+-- q:cancel(id or job [, reason]), q:counts(), q:exists(), q:children(id or job).
 Queue.get = queue_calls.get
 Queue.cancel = queue_calls.cancel
 Queue.counts = queue_calls.counts
 Queue.exists = queue_calls.exists
+Queue.children = queue_calls.children
 
 -- Seeing and acting on jobs (moonjob.redis.operate): q:jobs(state [, opts]),
 -- q:job(id [, opts]), q:retry(id), q:remove(id), q:promote(id),

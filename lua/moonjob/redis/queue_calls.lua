@@ -1,5 +1,5 @@
 -- moonjob.redis.queue_calls -- the calls of a queue that both producers
--- make alike: q:get, q:cancel, q:counts, q:exists of moonjob.queue
+-- make alike: q:get, q:cancel, q:counts, q:exists, q:children of moonjob.queue
 -- (moonjob.redis.producer) and of the pure-Lua moonjob.producer, which take
 -- them from here by name. Each is a function of the queue `q`: its client
 -- (call_wait(args) -> reply | nil, err), prefix, name and json (the codec
@@ -8,6 +8,7 @@
 -- Pure Lua, as moonjob.redis.fcall: loaded on any Lua.
 local errors = require "moonjob.errors"
 local fcall = require "moonjob.redis.fcall"
+local flow = require "moonjob.redis.flow"
 
 local M = {}
 
@@ -47,7 +48,7 @@ function M.cancel(q, job, reason)
 end
 
 -- queue:counts() -> { waiting, delayed, active, completed, failed, missing,
--- paused, held, exists } | nil, err. missing: jobs found gone from Redis
+-- paused, held, exists, waiting_children } | nil, err. missing: jobs found gone from Redis
 -- (evicted, deleted by hand); paused: true while the queue is paused; held:
 -- active jobs whose worker has not said yet that they started (workers say
 -- so within 200 ms of a start); exists: false when the queue has no key at
@@ -57,7 +58,8 @@ function M.counts(q)
   local c, err = q.client:call_wait({ "FCALL", "moonjob_counts", 1, q.prefix })
   if not c then return nil, reply_error(err) end
   return { waiting = c[1], delayed = c[2], active = c[3], completed = c[4], failed = c[5],
-    missing = c[6] or 0, paused = c[7] == 1, held = c[8] or 0, exists = c[9] ~= 0 }
+    missing = c[6] or 0, paused = c[7] == 1, held = c[8] or 0, exists = c[9] ~= 0,
+    waiting_children = c[10] or 0 }
 end
 
 -- What a wait for job `id` gives once it ended or timeout seconds passed,
@@ -73,6 +75,18 @@ function M.outcome(q, id, info, err, timeout)
   if info.state == "completed" then return info.result end
   if info.state == "failed" then return nil, info.error end
   return nil, errors.new("ETIMEDOUT", ("job %s did not finish within %g s"):format(tostring(id), timeout))
+end
+
+-- queue:children(id or job) -> { { id, queue, state, result | error }, ... }
+-- in the flow's order | nil, err: a flow's parent's children, each as it
+-- ended (its result or error, kept with the parent whatever retention did
+-- to the child), or the state of one still pending ("missing": gone).
+function M.children(q, job)
+  local id, nonce = M.id_and_nonce(job)
+  local rows, err = q.client:call_wait({ "FCALL", "moonjob_children", 1, q.prefix, id, nonce })
+  if err then return nil, reply_error(err) end
+  if not rows then return nil, errors.new("ENOTFOUND", "no job " .. tostring(id) .. " in queue " .. q.name) end
+  return flow.children(rows, q.json)
 end
 
 -- Whether the queue exists: it has a key, or a worker or producer has
