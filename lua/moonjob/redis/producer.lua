@@ -190,7 +190,6 @@ function Queue:add_flow(tree)
   end, handle.new)
 end
 
-
 function Queue:close()
   self.client:close()
 end
