@@ -143,11 +143,8 @@ function Queue:on(event, fn)
   end)
 end
 
--- A nonce no other add gives: this queue object's random prefix and a count.
-function Queue:_nonce()
-  self.nonces = self.nonces + 1
-  return self.nonce_prefix .. "." .. self.nonces
-end
+-- A nonce no other add gives (moonjob.redis.queue_calls).
+Queue._nonce = queue_calls.nonce
 
 function Queue:__tostring()
   return ("moonjob queue %s on %s"):format(self.name, self.client.name)

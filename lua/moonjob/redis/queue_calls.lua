@@ -1,7 +1,7 @@
--- moonjob.redis.queue_calls -- the calls of a queue that both producers
--- make alike: q:get, q:cancel, q:counts, q:exists, q:children of moonjob.queue
--- (moonjob.redis.producer) and of the pure-Lua moonjob.producer, which take
--- them from here by name. Each is a function of the queue `q`: its client
+-- moonjob.redis.queue_calls -- what both producers do alike: q:get,
+-- q:cancel, q:counts, q:exists, q:children and an add's nonce, of
+-- moonjob.queue (moonjob.redis.producer) and of the pure-Lua
+-- moonjob.producer, which take them from here by name. Each is a function of the queue `q`: its client
 -- (call_wait(args) -> reply | nil, err), prefix, name and json (the codec
 -- that reads results: moonjob.queue's is moonjob's exact one).
 --
@@ -19,6 +19,13 @@ local reply_error = fcall.reply_error
 function M.id_and_nonce(job)
   if type(job) == "table" and job.id ~= nil then return job.id, job.nonce or "" end
   return tostring(job), ""
+end
+
+-- A nonce no other add gives: the queue object's random prefix
+-- (q.nonce_prefix) and a count (q.nonces).
+function M.nonce(q)
+  q.nonces = q.nonces + 1
+  return q.nonce_prefix .. "." .. q.nonces
 end
 
 -- queue:get(id or job) -> { id, state, result, error, attempts, ... } | nil (not
