@@ -145,6 +145,26 @@ describe("installing #slow", function()
     assert.same({}, recorded_switches(src .. "/build/moonjob/core.so")) -- make's build/ untouched
   end)
 
+  it("with luarocks make of moonjob-producer-scm-1.rockspec: the pure-Lua producer alone, whole, "
+    .. "loaded by Lua 5.4 from that tree", function()
+    local home = work .. "/producer"
+    local tree = home .. "/tree"
+    assert(os.execute("mkdir -p " .. home) == 0)
+    local _, err, status = h.sh(clean(home, src, LUAROCKS .. "make moonjob-producer-scm-1.rockspec --tree "
+      .. tree .. " --deps-mode=none\n"))
+    assert.equal(0, status, err)
+    assert.is_nil(io.open(tree .. "/share/lua/5.1/moonjob/init.lua"), "moonjob's C side was installed too")
+    assert.is_nil(io.open(tree .. "/share/lua/5.1/moonjob/redis/client.lua"), "moonjob's C side was installed too")
+    -- (in `work`, where no lua/ folder is: every module comes from the tree)
+    local script = ([[lua5.4 -e "package.path = '%s/share/lua/5.1/?.lua;' .. package.path
+      local producer = require 'moonjob.producer'
+      print(#require('moonjob.redis.library').text() > 100000, package.searchpath('moonjob.producer', package.path))"
+    ]]):format(tree)
+    local out, err2, status2 = h.sh(clean(home, work, script))
+    assert.equal(0, status2, err2)
+    assert.equal("true\t" .. tree .. "/share/lua/5.1/moonjob/producer.lua\n", out)
+  end)
+
   it("with make rock: a source rock of the checkout that luarocks builds offline", function()
     local home = work .. "/rock"
     assert(os.execute("mkdir -p " .. home) == 0)

@@ -45,7 +45,7 @@ rq.describe(function()
       assert.matches("offset 26 is past the end: queue .* holds 26 waiting", err.message)
       _, err = q:jobs("done")
       assert.equal("EINPUT", err.code)
-      assert.matches("state must be waiting, delayed, active, completed or failed, not 'done'", err.message)
+      assert.matches("state must be waiting, delayed, active, completed, failed or waiting%-children, not 'done'", err.message)
       assert.has_error(function() q:jobs("waiting", { limit = 0 }) end,
         "queue:jobs(): option 'limit' must be a whole number from 1 to 1000")
       assert.has_error(function() q:jobs("waiting", { size = 1 }) end)

@@ -16,25 +16,7 @@ local setup = require "moonjob.redis.setup"
 local OURS = tonumber(library.version())
 local NEWER = tostring(OURS + 1)
 
--- This library's text at another version, serving programs from `oldest`
--- on (the form before that declaration, one version only, is the older one's).
-local function text_at(version, oldest)
-  local text, n = library.text():gsub('local VERSION, OLDEST_CLIENT = "[^"]*", "[^"]*"',
-    ('local VERSION, OLDEST_CLIENT = "%s", "%s"'):format(version, oldest or version))
-  if n == 0 then
-    text, n = library.text():gsub('local function version%(%) return "[^"]*" end',
-      ('local function version() return "%s" end'):format(version))
-  end
-  assert(n == 1, "the library's version declaration was not found")
-  return text
-end
-
--- Loads a library text as an admin would (moonjob library | redis-cli -x ...).
-local function load_text(server, text)
-  local path = helpers.write_file(os.tmpname(), text)
-  faults.load_library(server, path)
-  os.remove(path)
-end
+local text_at, load_text = faults.library_at, faults.load_text
 
 local function loaded_version(server)
   return server:cli("FCALL_RO", "moonjob_version", "0")

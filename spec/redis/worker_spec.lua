@@ -21,7 +21,7 @@ rq.describe(function()
         assert.equal(0.1, result.echo.x)
         assert.equal(jobs[i].id, result.id) -- processors see the queue's id
       end
-      assert.same({ waiting = 0, delayed = 0, active = 0, completed = 50, failed = 0, missing = 0, paused = false, held = 0, exists = true }, q:counts())
+      assert.same({ waiting = 0, delayed = 0, active = 0, completed = 50, failed = 0, missing = 0, paused = false, held = 0, exists = true, waiting_children = 0 }, q:counts())
       p:close()
       q:close()
     end)

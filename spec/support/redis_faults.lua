@@ -3,6 +3,7 @@
 --
 --   faults.tenant(server, "tenant-a", "pw", { list = true })  -- an ACL user limited to its queues
 --   faults.load_library(server)            -- as an admin does: moonjob library | redis-cli -x FUNCTION LOAD REPLACE
+--   faults.load_text(server, faults.library_at("8"))  -- another moonjob version's library
 --   faults.replica_of(replica, primary)    -- REPLICAOF, waits until the link is up
 --   local proxy = faults.proxy(server)     -- a TCP proxy; proxy:freeze() turns every link
 --   proxy.url ... proxy:stop()             --   open now into a black hole (no byte, no close)
@@ -40,6 +41,28 @@ function M.load_library(server, path)
   if not path then command = helpers.LUAJIT .. " scripts/moonjob library | " .. command end
   local out = helpers.first_line(command)
   assert(out == "moonjob", out)
+end
+
+-- This moonjob's library text at another version, serving programs from
+-- `oldest` on (the form before that declaration, one version only, is the
+-- older one's): another moonjob's library, as a rolling upgrade meets it.
+function M.library_at(version, oldest)
+  local library = require "moonjob.redis.library"
+  local text, n = library.text():gsub('local VERSION, OLDEST_CLIENT = "[^"]*", "[^"]*"',
+    ('local VERSION, OLDEST_CLIENT = "%s", "%s"'):format(version, oldest or version))
+  if n == 0 then
+    text, n = library.text():gsub('local function version%(%) return "[^"]*" end',
+      ('local function version() return "%s" end'):format(version))
+  end
+  assert(n == 1, "the library's version declaration was not found")
+  return text
+end
+
+-- Loads a library text as an admin would (moonjob library | redis-cli -x ...).
+function M.load_text(server, text)
+  local path = helpers.write_file(os.tmpname(), text)
+  M.load_library(server, path)
+  os.remove(path)
 end
 
 local function link_up(replica)

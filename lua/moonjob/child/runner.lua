@@ -191,18 +191,20 @@ local function fail_interrupted(number, job)
   fail(number, err)
 end
 
--- The job's meta: its id, attempt, name, and the number of its first line
--- when it is a batch of lines (else false), encoded one after the other (no
--- table to build in the parent for each job).
+-- The job's meta: its id, attempt, name, the number of its first line
+-- when it is a batch of lines (else false), and a flow's parent's children
+-- (else nil), encoded one after the other (no table to build in the parent
+-- for each job).
 local function decode_meta()
   local id = decoder:decode()
   local attempt = decoder:decode()
   local name = decoder:decode()
   local first = decoder:decode() -- negative: the batch ends at its first failed line (--halt)
+  local children = decoder:decode()
   local line_timeout = nil -- { first, seconds }: each line's timeout (moonjob.pool.lines)
   if type(first) == "table" then first, line_timeout = first[1], first[2] end
   return { id = id, attempt = attempt, name = name, first_line = first and abs(first),
-    end_on_failure = first and first < 0, line_timeout = line_timeout }
+    end_on_failure = first and first < 0, line_timeout = line_timeout, children = children }
 end
 
 -- Decodes the job's data (a batch's lines stay text); false and an error

@@ -97,10 +97,11 @@ local wire_first_line = Lines.wire_first_line
 local encode = buffer.encode
 
 -- The metadata the child reads before a job's data (child/runner.lua's
--- decode_meta): the job's id, attempt, name and first line, encoded one after
--- the other. For a first attempt without a name or lines, the common case, it
--- is sent as two parts: the id's encoding and these bytes, made once.
-local PLAIN_FIRST_ATTEMPT = buffer.new():encode(1):encode(nil):encode(false):tostring()
+-- decode_meta): the job's id, attempt, name, first line and children (a
+-- flow's parent on Redis), encoded one after the other. For a first attempt
+-- without a name, lines or children, the common case, it is sent as two
+-- parts: the id's encoding and these bytes, made once.
+local PLAIN_FIRST_ATTEMPT = buffer.new():encode(1):encode(nil):encode(false):encode(nil):tostring()
 
 -- Dispatch.new(pool, pipeline) -> the dispatch of a pool whose children hold
 -- at most `pipeline` jobs each.
@@ -128,12 +129,13 @@ function Dispatch:send(child, job, now)
   Job.grow(job)
   local attempt = (job[ATTEMPTS] or 0) + 1
   local id, name, first = rawget(job, "remote_id") or job[ID], rawget(job, "name"), rawget(job, "first_line")
+  local children = rawget(job, "children")
   local meta, rest = nil, PLAIN_FIRST_ATTEMPT
-  if attempt == 1 and name == nil and not first then
+  if attempt == 1 and name == nil and not first and not children then
     meta = encode(id)
   else
     meta, rest = self.meta:reset():encode(id):encode(attempt):encode(name)
-      :encode(first and wire_first_line(job) or false):tostring(), ""
+      :encode(first and wire_first_line(job) or false):encode(children):tostring(), ""
   end
   if not child:run(job, meta, rest) then -- the child is gone: it holds no place either
     pool.children:retire(child, true)

@@ -6,10 +6,13 @@
 -- A bad option raises (a bug of the caller), at the level of the user's
 -- line: args is called straight from q:add (or under pcall), never through
 -- another function, or the error blames the wrong line.
+--
+-- Pure Lua, for moonjob.producer too (any Lua): JSON goes through the codec
+-- a caller gives (encode(v) -> text | nil, err), moonjob's exact one
+-- (moonjob.codec.json, LuaJIT only) when none is given.
 local Backoff = require "moonjob.backoff"
 local errors = require "moonjob.errors"
 local fcall = require "moonjob.redis.fcall"
-local json = require "moonjob.codec.json"
 local names = require "moonjob.redis.names"
 
 local M = {}
@@ -65,8 +68,8 @@ end
 -- waits for, passes false. nonce: stored with a new job (see
 -- moonjob.redis.producer's header); existing "join": a finished job still
 -- kept with the id is returned, not replaced (a re-add of the same lines
--- adds nothing twice).
-function M.args(prefix, text, opts, notify, nonce, existing)
+-- adds nothing twice). codec: writes the backoff (default: moonjob's exact).
+function M.args(prefix, text, opts, notify, nonce, existing, codec)
   opts = opts or {}
   if type(opts) ~= "table" then error("queue:add(): options must be a table", 3) end
   for k in pairs(opts) do
@@ -102,7 +105,7 @@ function M.args(prefix, text, opts, notify, nonce, existing)
     end
     local ok, why = Backoff.check(opts.backoff)
     if not ok then error("queue:add(): option 'backoff' " .. why, 3) end
-    backoff = assert(json.encode(opts.backoff))
+    backoff = assert((codec or require("moonjob.codec.json")).encode(opts.backoff))
   end
   local name = opts.name
   if name ~= nil and type(name) ~= "string" then error("queue:add(): option 'name' must be a string", 3) end
@@ -132,9 +135,10 @@ function M.send_error(err, unknown, resolve_ms)
     .. "%g s): %s"):format(resolve_ms / 1000, e.message))
 end
 
--- Encodes data for the queue: exact JSON, at most max_payload bytes.
-function M.encode(data, max_payload)
-  local text, err = json.encode(data)
+-- Encodes data for the queue, at most max_payload bytes of JSON: with
+-- codec (encode(v) -> text | nil, err), default moonjob's exact JSON.
+function M.encode(data, max_payload, codec)
+  local text, err = (codec or require("moonjob.codec.json")).encode(data)
   if not text then return nil, errors.new("EPAYLOAD", "the job data cannot be written as JSON: " .. err) end
   if #text > max_payload then
     return nil, errors.new("EPAYLOAD", ("the job data takes %d bytes of JSON, more than max_payload (%d)")

@@ -4,10 +4,12 @@
 -- schedules, limits): a refusal as an error object, an error's JSON text,
 -- "no such queue".
 --
--- `q` is a queue object of moonjob.redis.producer: its client, prefix, name
--- and counts() are what these use.
+-- `q` is a queue object of moonjob.redis.producer or moonjob.producer: its
+-- client (call_wait), prefix, name and counts() are what these use. Pure
+-- Lua: moonjob.producer loads it on any Lua, where moonjob's exact codec
+-- (LuaJIT's FFI) may not load; that codec is required only when no other is
+-- given.
 local errors = require "moonjob.errors"
-local json = require "moonjob.codec.json"
 
 local M = {}
 
@@ -18,9 +20,10 @@ function M.reply_error(err)
   return errors.new("EREDIS", tostring(err))
 end
 
--- An error's JSON text (a job's `error` field) as an error object.
-function M.decode_error(text)
-  local t = text and json.decode(text)
+-- An error's JSON text (a job's `error` field) as an error object; codec:
+-- the queue's JSON (default: moonjob's exact codec).
+function M.decode_error(text, codec)
+  local t = text and (codec or require("moonjob.codec.json")).decode(text)
   if type(t) ~= "table" then return errors.new("EREMOTE", tostring(text)) end
   return errors.wrap(t)
 end

@@ -6,8 +6,8 @@
 -- the queue's "done" channel, one subscription per queue object for all its
 -- handles, and looks at the job once a second besides.
 local core = require "moonjob.core"
-local errors = require "moonjob.errors"
 local loop = require "moonjob.loop"
+local queue_calls = require "moonjob.redis.queue_calls"
 
 local M = {}
 local Handle = {}
@@ -21,11 +21,6 @@ function M.new(queue, reply)
     queue = queue }, Handle)
 end
 
--- An id, or a handle (its id and nonce).
-function M.id_and_nonce(job)
-  if getmetatable(job) == Handle then return job.id, job.nonce or "" end
-  return tostring(job), ""
-end
 
 -- Listening on the queue's "done" channel: one subscription per queue
 -- object; q.waiters maps a job's id to its waiter { check = true when the
@@ -72,16 +67,8 @@ end
 -- job:wait([timeout]) -> result | nil, err (ETIMEDOUT when timeout seconds pass).
 function Handle:wait(timeout)
   local info, err = wait_ended(self, timeout)
-  if err then return nil, err end
-  if not info then
-    return nil, errors.new("ENOTFOUND", ("job %s is not in queue %s: no longer kept (retention), or lost "
-      .. "by Redis (a restart without persistence, a failover) and its id may be another job's now")
-      :format(self.id, self.queue.name))
-  end
-  self.state = info.state
-  if info.state == "completed" then return info.result end
-  if info.state == "failed" then return nil, info.error end
-  return nil, errors.new("ETIMEDOUT", ("job %s did not finish within %g s"):format(self.id, timeout))
+  if info then self.state = info.state end
+  return queue_calls.outcome(self.queue, self.id, info, err, timeout)
 end
 
 function Handle:get() return self.queue:get(self) end

@@ -6,7 +6,7 @@
 -- its own in a do ... end block (functions/base.lua says how they share).
 --
 --   library.text()      -> the library, as FUNCTION LOAD takes it
---   library.version()   -> what its moonjob_version answers ("7")
+--   library.version()   -> what its moonjob_version answers ("8")
 --   library.oldest_client() -> the oldest moonjob version it serves
 --   library.where(n)    -> the part and the line in it of the text's line n
 --   library.explain(e)  -> a Redis error with its user_function:N lines placed
@@ -17,7 +17,7 @@ local M = {}
 
 -- The parts, in the order they are joined: each takes from the ones before.
 M.PARTS = { "base", "metrics", "states", "cron", "add", "schedules", "limits", "groups", "fetch", "runs",
-  "views", "operate", "register" }
+  "flows", "views", "operate", "register" }
 
 M.SHEBANG = "#!lua name=moonjob"
 
@@ -26,7 +26,7 @@ M.SHEBANG = "#!lua name=moonjob"
 local function own_dir()
   local source = debug.getinfo(1, "S").source
   local path = source:sub(1, 1) == "@" and source:sub(2)
-    or package.searchpath("moonjob.redis.library", package.path)
+    or (package.searchpath and package.searchpath("moonjob.redis.library", package.path)) -- (Lua 5.1: none)
   assert(path, "moonjob.redis.library: cannot tell where this module is")
   return path:match("^(.*)/[^/]*$") or "."
 end
@@ -74,7 +74,7 @@ function M.text()
   return text
 end
 
--- library.version() -> the version its moonjob_version answers ("7")
+-- library.version() -> the version its moonjob_version answers ("8")
 function M.version()
   if not text then assemble() end
   return version

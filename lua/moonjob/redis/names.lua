@@ -30,18 +30,35 @@ M.ATTEMPTS_MAX = 2 ^ 31 -- attempts; also a rate's max and a concurrency
 M.ADDED_KEEP_MS = 600000
 M.RESOLVE_MAX = 300
 
--- The key prefix of a queue: every key shares the hash tag {name}.
+-- The key prefix of a queue: every key shares one hash tag, so one cluster
+-- slot. A plain name is the tag, whole: "images" -> "mj:{images}:". A name
+-- "{TAG}REST" shares TAG's slot with every queue named so, and with the
+-- queue TAG: "{shop}/images" -> "mj:{shop}/images:" (a flow's jobs may be on
+-- such queues: one FCALL reaches them all). REST has no ":", so no two
+-- queues' keys can meet.
 function M.prefix(name)
+  if name:sub(1, 1) == "{" then return "mj:" .. name .. ":" end
   return "mj:{" .. name .. "}:"
 end
 
--- names.check_name(name) -> true | nil, why: a queue's name goes inside
--- the hash tag, whole, and into the registry.
+local NAME_RULE = "a queue name must be a non-empty string of at most 200 characters without control characters:"
+  .. " a plain name without { } (\"images\"), or {TAG}NAME (\"{shop}/images\": queues of one TAG share a"
+  .. " Redis slot) with a TAG and a NAME that are not empty, neither with { }, NAME without ':'"
+
+-- names.check_name(name) -> true | nil, why: a queue's name goes into its
+-- prefix (M.prefix) and into the registry.
 function M.check_name(name)
-  if type(name) ~= "string" or name == "" or #name > 200 or name:find("[{}%c]") then
-    return nil, "a queue name must be a non-empty string of at most 200 characters without { } or control characters"
-  end
+  if type(name) ~= "string" or name == "" or #name > 200 or name:find("%c") then return nil, NAME_RULE end
+  if not name:find("[{}]") then return true end
+  local tag, rest = name:match("^{([^{}]+)}([^{}]+)$")
+  if not tag or rest:find(":", 1, true) then return nil, NAME_RULE end
   return true
+end
+
+-- The hash tag of a queue's keys (M.prefix's): queues with one tag share a
+-- Redis slot, and only they may be in one flow.
+function M.tag(name)
+  return name:match("^{([^{}]+)}") or name
 end
 
 -- The queue's name in the registry moonjob.queues() reads (best effort: a
@@ -50,12 +67,20 @@ function M.register(c, name)
   c:call({ "SADD", M.REGISTRY, name }, function() end)
 end
 
--- n random bytes as hex (the clock and pid, whole, when /dev/urandom is not
--- there): a worker's id (moonjob.redis.remote), a queue object's nonces.
+-- What stands for random bytes when /dev/urandom is not there: the clock
+-- and pid, whole; without moonjob's core (moonjob.producer on any Lua), the
+-- time, the CPU clock and a fresh table's address.
+local function not_random()
+  local ok, core = pcall(require, "moonjob.core")
+  if ok then return tostring(require("moonjob.loop").now()) .. tostring(core.getpid()) end
+  return tostring(os.time()) .. tostring(os.clock()) .. tostring({})
+end
+
+-- n random bytes as hex: a worker's id (moonjob.redis.remote), a queue
+-- object's nonces.
 function M.random_hex(n)
   local f = io.open("/dev/urandom", "rb")
-  local bytes = f and f:read(n)
-    or tostring(require("moonjob.loop").now()) .. tostring(require("moonjob.core").getpid())
+  local bytes = f and f:read(n) or not_random()
   if f then f:close() end
   return (bytes:gsub(".", function(ch) return ("%02x"):format(ch:byte()) end))
 end

@@ -27,6 +27,7 @@
 -- Times are the Redis server's, in ms since the epoch; run times in ms.
 local errors = require "moonjob.errors"
 local fcall = require "moonjob.redis.fcall"
+local flow = require "moonjob.redis.flow"
 local json = require "moonjob.codec.json"
 local names = require "moonjob.redis.names"
 local utf8 = require "moonjob.codec.utf8"
@@ -35,8 +36,9 @@ local M = {}
 
 local call, no_queue_or, decode_error = fcall.call, fcall.no_queue_or, fcall.decode_error
 
-local STATES = { waiting = true, delayed = true, active = true, completed = true, failed = true }
-local STATE_LIST = "waiting, delayed, active, completed or failed"
+local STATES = { waiting = true, delayed = true, active = true, completed = true, failed = true,
+  ["waiting-children"] = true }
+local STATE_LIST = "waiting, delayed, active, completed, failed or waiting-children"
 local VIEW_FIELDS = { "state", "name", "data", "result", "error", "made", "attempts", "progress",
   "created", "started", "finished", "worker", "run_at", "priority", "cancel", "ran", "began" }
 local BULK = 1000 -- jobs per call of the bulk functions
@@ -138,6 +140,8 @@ function M.jobs(q, state, opts)
 end
 
 -- q:job(id [, { log = n }]) -> job (with job.log, its last n log lines;
+-- a flow's child: job.parent = { queue, id }; a parent: job.children, as
+-- q:children gives them;
 -- default every line kept) | nil, err (ENOTFOUND, ENOQUEUE).
 function M.job(q, id, opts)
   local fn = "queue:job()"
@@ -149,6 +153,11 @@ function M.job(q, id, opts)
       .. "longer kept)"):format(tostring(id), q.name)))
   end
   local job = job_of(reply)
+  local place = reply[#VIEW_FIELDS + 3] -- (a library before flows has none: the log is then there)
+  if #reply > #VIEW_FIELDS + 3 and type(place) == "table" then
+    if place[1] ~= "" then job.parent = { queue = place[1], id = place[2] } end
+    if #place[3] > 0 then job.children = flow.children(place[3]) end
+  end
   local log = reply[#reply]
   job.log = setmetatable({}, json.array_mt) -- written as [] when empty
   for i = 1, #log do job.log[i] = log[i] end -- without the reply's n
@@ -156,8 +165,8 @@ function M.job(q, id, opts)
 end
 
 -- An action on one job (retry, remove, promote): the state it was in.
-local function act(q, fname, id)
-  local state, err = call(q, fname, 1, q.prefix, tostring(id))
+local function act(q, fname, id, extra)
+  local state, err = call(q, fname, 1, q.prefix, tostring(id), extra)
   if state then return state end
   if err.code == "ENOTFOUND" then return nil, no_queue_or(q, err) end
   return nil, err
@@ -166,9 +175,16 @@ end
 -- q:retry(id) -> the state it was in ("failed" or "completed") | nil, err:
 -- the job runs again, its attempts counted anew.
 function M.retry(q, id) return act(q, "moonjob_retry", id) end
--- q:remove(id) -> the state it was in | nil, err; a running job is ESTATE
--- (cancel it first).
-function M.remove(q, id) return act(q, "moonjob_remove", id) end
+-- q:remove(id [, { cascade = true }]) -> the state it was in | nil, err; a
+-- running job is ESTATE (cancel it first), and so is a flow's child its
+-- parent waits for, unless cascade: the parent then counts it as canceled
+-- (by default it fails, its other pending children canceled). Removing a
+-- parent cancels its pending children.
+function M.remove(q, id, opts)
+  opts = check_options("queue:remove()", opts, { cascade = true })
+  if not opts.cascade then return act(q, "moonjob_remove", id) end
+  return act(q, "moonjob_remove", id, "cascade")
+end
 -- q:promote(id) -> "delayed" (the state it was in) | nil, err: a delayed
 -- job may run now.
 function M.promote(q, id) return act(q, "moonjob_promote", id) end

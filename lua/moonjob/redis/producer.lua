@@ -20,15 +20,16 @@
 -- was reused): such a job is "no such job" (ENOTFOUND) to the handle.
 --
 -- The queue class is declared here, once, with every method: those of this
--- file (add, get, cancel, counts, exists, on, close) and those it takes
--- from moonjob.redis.operate (jobs, retry, clean, pause, metrics...),
+-- file (add, on, close) and those it takes from moonjob.redis.queue_calls
+-- (get, cancel, counts, exists: the pure-Lua moonjob.producer's too),
+-- moonjob.redis.operate (jobs, retry, clean, pause, metrics...),
 -- moonjob.redis.schedules and moonjob.redis.limits, plain functions of the
 -- queue. Their calls of the function library go through
 -- moonjob.redis.fcall; a job's handle is moonjob.redis.handle's.
 local add = require "moonjob.redis.add"
 local client = require "moonjob.redis.client"
-local errors = require "moonjob.errors"
 local fcall = require "moonjob.redis.fcall"
+local flow = require "moonjob.redis.flow"
 local handle = require "moonjob.redis.handle"
 local loop = require "moonjob.loop"
 local json = require "moonjob.codec.json"
@@ -36,6 +37,7 @@ local ledger = require "moonjob.redis.ledger"
 local limits = require "moonjob.redis.limits"
 local names = require "moonjob.redis.names"
 local operate = require "moonjob.redis.operate"
+local queue_calls = require "moonjob.redis.queue_calls"
 local schedules = require "moonjob.redis.schedules"
 
 local M = {}
@@ -74,7 +76,7 @@ function M.attach(c, name, max_payload)
   local random = names.random_hex(8)
   return setmetatable({ client = c, name = name, prefix = names.prefix(name), max_payload = max_payload or 1024 * 1024,
     waiters = {}, listeners = {}, nonce_prefix = random, nonces = 0, ledger = ledger.new(random),
-    resolve_ms = names.RESOLVE_MAX * 1000 }, Queue)
+    resolve_ms = names.RESOLVE_MAX * 1000, json = json }, Queue)
 end
 
 -- moonjob.queues(url [, opts]) -> { { name, counts... }, ... } sorted by
@@ -170,57 +172,36 @@ function Queue:add(data, opts)
   return handle.new(self, reply)
 end
 
--- queue:get(id or job) -> { id, state, result, error, attempts, ... } | nil (not
--- kept; for a handle also: another job holds its id now), err
-function Queue:get(job)
-  local id, nonce = handle.id_and_nonce(job)
-  local f, err = self.client:call_wait({ "FCALL", "moonjob_get", 1, self.prefix, id, nonce })
-  if err then return nil, reply_error(err) end
-  if not f then return nil end
-  local info = { id = tostring(id), state = f[1], attempts = tonumber(f[4]) or 0,
-    max_attempts = tonumber(f[5]), name = f[6] ~= "" and f[6] or nil,
-    created = tonumber(f[7]), started = tonumber(f[8]), finished = tonumber(f[9]) }
-  if f[2] then info.result = json.decode(f[2]) end
-  if f[3] then info.error = fcall.decode_error(f[3]) end
-  return info
+-- queue:add_flow(tree) -> the root's job | nil, err: a tree of jobs added
+-- whole in one call (moonjob.redis.flow says the tree's form), or nothing
+-- of it when any part is refused (EINPUT, EPAYLOAD naming the part; EEXISTS
+-- when an id given is kept already). Each job's handle has .children, the
+-- handles of its children in the tree's order (a child on another queue of
+-- the tag: a handle of that queue, on this queue's connection). A parent
+-- runs once each child has ended (docs/guide/flows.md).
+function Queue:add_flow(tree)
+  local args, nodes = flow.args(tree, self.name, { max_payload = self.max_payload,
+    nonce = function() return self:_nonce() end })
+  if not args then return nil, nodes end
+  local reply, err = self.client:call_wait(args)
+  if not reply then return nil, reply_error(err) end
+  return flow.handles(nodes, reply, function(name) -- (a child's queue: on this queue's connection)
+    return name == self.name and self or M.attach(self.client, name, self.max_payload)
+  end, handle.new)
 end
 
--- queue:cancel(id or job [, reason]) -> state it was in | nil, err. A running
--- job is interrupted on the host that runs it and fails with ECANCELED.
-function Queue:cancel(job, reason)
-  local id, nonce = handle.id_and_nonce(job)
-  local state, err = self.client:call_wait({ "FCALL", "moonjob_cancel", 1, self.prefix, id,
-    reason and tostring(reason) or "canceled", nonce })
-  if err then return nil, reply_error(err) end
-  if state == "ENOTFOUND" then return nil, errors.new("ENOTFOUND", "no job " .. tostring(id) .. " in queue " .. self.name) end
-  return state
-end
-
--- queue:counts() -> { waiting, delayed, active, completed, failed, missing,
--- paused, held, exists } | nil, err. missing: jobs found gone from Redis
--- (evicted, deleted by hand); paused: true while the queue is paused; held:
--- active jobs whose worker has not said yet that they started (workers say
--- so within 200 ms of a start); exists: false when the queue has no key at
--- all and is not registered (a name never used, or obliterated; a queue a
--- worker waits on is registered).
-function Queue:counts()
-  local c, err = self.client:call_wait({ "FCALL", "moonjob_counts", 1, self.prefix })
-  if not c then return nil, reply_error(err) end
-  return { waiting = c[1], delayed = c[2], active = c[3], completed = c[4], failed = c[5],
-    missing = c[6] or 0, paused = c[7] == 1, held = c[8] or 0, exists = c[9] ~= 0 }
-end
-
--- Whether the queue exists: it has a key, or a worker or producer has
--- registered it (a worker waits on it, though nothing was added yet).
-function Queue:exists()
-  local c, err = self:counts()
-  if not c then return nil, err end
-  return c.exists
-end
 
 function Queue:close()
   self.client:close()
 end
+
+-- One job, and the counts (moonjob.redis.queue_calls): q:get(id or job),
+-- q:cancel(id or job [, reason]), q:counts(), q:exists(), q:children(id or job).
+Queue.get = queue_calls.get
+Queue.cancel = queue_calls.cancel
+Queue.counts = queue_calls.counts
+Queue.exists = queue_calls.exists
+Queue.children = queue_calls.children
 
 -- Seeing and acting on jobs (moonjob.redis.operate): q:jobs(state [, opts]),
 -- q:job(id [, opts]), q:retry(id), q:remove(id), q:promote(id),

@@ -18,13 +18,17 @@
 -- zone with daylight saving time keeps the offset it was given until it is
 -- declared again (a worker that declares its schedules when it starts
 -- follows the change at its next start).
+--
+-- Pure Lua: moonjob.producer takes these methods too, on any Lua; data
+-- goes through the queue's codec, q.json.
 local add = require "moonjob.redis.add"
 local errors = require "moonjob.errors"
 local fcall = require "moonjob.redis.fcall"
-local json = require "moonjob.codec.json"
 local names = require "moonjob.redis.names"
 
 local M = {}
+
+local unpack = table.unpack or unpack -- (Lua 5.1, LuaJIT: unpack)
 
 local WHEN_OPTIONS = { cron = true, every = true, tz = true, start = true, stop = true, limit = true,
   catch_up = true }
@@ -100,8 +104,9 @@ local function when_args(when)
   return kind, spec, offset, epoch_ms(when, "start"), epoch_ms(when, "stop"), limit, catch_up
 end
 
--- One row of moonjob_schedules as a table (times in server ms).
-local function schedule_of(row)
+-- One row of moonjob_schedules as a table (times in server ms); json: the
+-- queue's codec.
+local function schedule_of(row, json)
   local f = {}
   for i, name in ipairs(FIELDS) do f[name] = row[i + 1] or nil end
   local ok, job = pcall(json.decode, f.job or "")
@@ -136,9 +141,9 @@ end
 -- arguments, appended to args (q:add's, checked as q:add checks them) ->
 -- args | nil, err (EPAYLOAD); raises on a bad option, as q:schedule's.
 local function job_args(q, args, data, opts)
-  local text, err = add.encode(data == nil and json.null or data, q.max_payload)
+  local text, err = add.encode(data == nil and q.json.null or data, q.max_payload, q.json)
   if not text then return nil, err end
-  local ok, a = pcall(add.args, q.prefix, text, opts, false)
+  local ok, a = pcall(add.args, q.prefix, text, opts, false, nil, nil, q.json)
   if not ok then
     error((tostring(a):gsub("^[^\n]-:%d+: ", ""):gsub("queue:add%(%)", "queue:schedule()")), 3)
   end
@@ -204,7 +209,7 @@ function M.schedules(q, opts)
     if not reply then return nil, err end
     total = reply[1]
     for i = 2, #reply do
-      local sc = schedule_of(reply[i])
+      local sc = schedule_of(reply[i], q.json)
       if not seen[sc.id] then seen[sc.id], out[#out + 1] = true, sc end
     end
     offset = offset + PAGE

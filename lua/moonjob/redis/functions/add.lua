@@ -138,6 +138,24 @@ local function debounce(p, args, now)
   return added(args, joined_id, "delayed", 1, f[2])
 end
 
+-- A new job's hash written from add's checked arguments (id: the job's;
+-- the state is its caller's), its queue registered. -> its nonce, priority
+-- and group ("" none).
+local function store_job(p, id, key, args, now)
+  local nonce = or_default(args[13], nil) or (now .. "." .. redis.call("INCR", p .. "seq"))
+  local prio = or_default(args[3], "0")
+  redis.call("HSET", key, "id", id, "data", args[2], "priority", prio, "attempts", or_default(args[5], "1"),
+    "made", 0, "backoff", args[6], "timeout", or_default(args[7], "0"), "kill_after", or_default(args[8], "0"),
+    "name", args[9], "cache", or_default(args[10], "0"), "notify", args[12], "created", now, "nonce", nonce)
+  set_expire(key, args, now)
+  local group = args[18] or ""
+  if group ~= "" then redis.call("HSET", key, "group", group) end
+  -- the registry moonjob.queues() reads; pcall: the one key outside the
+  -- queue's prefix, which an ACL user kept to its own keys may not write
+  redis.pcall("SADD", REGISTRY, H.queue_name(p))
+  return nonce, prio, group
+end
+
 -- add(p; id, data, priority, delay_ms, attempts, backoff, timeout, kill_after,
 --     name, cache, max_queue, notify [, nonce [, existing [, expire_ms
 --     [, debounce_id, debounce_ms [, group [, sheet, call [, forget]]]]]]])
@@ -159,14 +177,14 @@ end
 -- add_job does it once the arguments are checked (a schedule's slots are
 -- added through it too).
 local function add_job(p, args, now)
-  local id, data = args[1], args[2]
+  local id = args[1]
   if (args[16] or "") ~= "" then
     local reply = debounce(p, args, now)
     if reply then return reply end
   end
   if id == "" then -- a number no job holds (an explicit id may have taken it)
     repeat id = tostring(redis.call("INCR", p .. "ids")) until redis.call("EXISTS", job_key(p, id)) == 0
-  elseif id == "\0dedupe" then id = "d:" .. redis.sha1hex(data) end
+  elseif id == "\0dedupe" then id = "d:" .. redis.sha1hex(args[2]) end
   local key = job_key(p, id)
   local f, why = job_fields(key, "state", "cache_until", "nonce")
   if not f then return redis.error_reply("EINPUT moonjob_add: " .. why .. "; delete it or choose another id") end
@@ -186,17 +204,7 @@ local function add_job(p, args, now)
     redis.call("ZREM", p .. "failed", id)
   end
   delete_job(p, id, key) -- a finished job, or a hash written around moonjob_add
-  local nonce = or_default(args[13], nil) or (now .. "." .. redis.call("INCR", p .. "seq"))
-  local prio = or_default(args[3], "0")
-  redis.call("HSET", key, "id", id, "data", data, "priority", prio, "attempts", or_default(args[5], "1"),
-    "made", 0, "backoff", args[6], "timeout", or_default(args[7], "0"), "kill_after", or_default(args[8], "0"),
-    "name", args[9], "cache", or_default(args[10], "0"), "notify", args[12], "created", now, "nonce", nonce)
-  set_expire(key, args, now)
-  local group = args[18] or ""
-  if group ~= "" then redis.call("HSET", key, "group", group) end
-  -- the registry moonjob.queues() reads; pcall: the one key outside the
-  -- queue's prefix, which an ACL user kept to its own keys may not write
-  redis.pcall("SADD", REGISTRY, string.sub(p, 5, -3))
+  local nonce, prio, group = store_job(p, id, key, args, now)
   local delay = math.floor(tonumber(or_default(args[4], 0)))
   if (args[16] or "") ~= "" then
     delay = tonumber(args[17])
@@ -257,6 +265,6 @@ local function add(keys, args)
 end
 
 -- obliterate's: every sheet of the queue.
-H.check_add, H.or_default, H.add_job = check_add, or_default, add_job
+H.check_add, H.or_default, H.add_job, H.store_job = check_add, or_default, add_job, store_job
 F.add = add
 end

@@ -49,19 +49,22 @@
 --                  cache (their hash expires then), by when (ms)
 --   <p>added:<sheet>, <p>sheets  the replies of a producer's named adds (add.lua)
 --   <p>schedules, <p>s:<id>  the schedules (schedules.lua)
+--   <p>parents, <p>deps:<id>, <p>kids:<id>  the flows (flows.lua)
 --   <p>groups, <p>gparked, <p>gw:<group>, <p>ga:<group>, <p>gs:<group>,
 --   <p>gl:<group>, <p>ungrouped, <p>turn, <p>gswitch, <p>gunpark, <p>gkeys
 --                  the groups (groups.lua)
 -- Job fields: data (JSON text), priority, attempts (allowed), made (attempts
 -- started), backoff (JSON text or ""), timeout, kill_after, name, cache (s),
--- state (waiting, delayed, active, completed, failed), token (of the run
+-- state (waiting, delayed, active, completed, failed, waiting-children), token (of the run
 -- holding the lease), worker, result (JSON text), error (JSON text), cancel
 -- (the reason, once asked while active), created, started, finished, run_at
 -- (ms), member (its wait member), notify ("1": publish its id on <p>done),
 -- cache_until (ms), nonce (tells this job from a later one with its id),
 -- progress (JSON text, the last reported), expire_at (ms: not started by
 -- then, it fails with EEXPIRED), expire_ms (the span expire_at was counted
--- with: a retry by hand counts it anew), group (its group, absent for none).
+-- with: a retry by hand counts it anew), group (its group, absent for none),
+-- parent, pslot (a flow's child: its parent's job key, its entry there),
+-- kids (a flow's parent: how many children it was added with), deadline.
 --
 -- Time is always the server's (TIME), never a worker's clock. Results and
 -- failures carrying a token that is not the job's current one are refused:
@@ -170,13 +173,24 @@ local function log_key(p, id) return p .. "log:" .. id end
 local function debounce_key(p, debounce_id) return p .. "debounce:" .. debounce_id end
 
 -- A job and its log, deleted, and the debounce key that names it (it
--- would name no job, and outlive an obliterate).
+-- would name no job, and outlive an obliterate). A job of a flow tells its
+-- flow first (flows.lua): a child its parent still counts counts as
+-- canceled there; a parent's pending children are canceled, its own keys go.
 local function delete_job(p, id, key)
-  local d = redis.pcall("HGET", key, "debounce")
-  if type(d) == "string" and d ~= "" and redis.pcall("GET", debounce_key(p, d)) == id then
-    redis.call("DEL", debounce_key(p, d))
+  local d = redis.pcall("HMGET", key, "debounce", "parent", "kids")
+  if type(d) ~= "table" or d.err then d = {} end
+  if d[1] and d[1] ~= "" and redis.pcall("GET", debounce_key(p, d[1])) == id then
+    redis.call("DEL", debounce_key(p, d[1]))
   end
+  if d[2] or d[3] then H.flow_gone(p, id, key, d[2], d[3]) end
   redis.call("DEL", key, log_key(p, id))
+end
+
+-- A queue's name from its prefix (moonjob.redis.names.prefix's inverse):
+-- "mj:{images}:" -> "images", "mj:{shop}/images:" -> "{shop}/images".
+local function queue_name(p)
+  if string.sub(p, -2) == "}:" then return string.sub(p, 5, -3) end
+  return string.sub(p, 4, -2)
 end
 
 -- member noted in the sorted set <p><set> until until_ms (a later time
@@ -196,7 +210,7 @@ end
 
 -- The sorted set of each state's jobs, and the id in one of its members.
 local SETS = { waiting = "wait", delayed = "delayed", active = "active", completed = "completed",
-  failed = "failed" }
+  failed = "failed", ["waiting-children"] = "parents" }
 
 local function member_id(set, member) -- (wait's members are "<arrival>:<id>")
   if set == "wait" then return string.sub(member, 18) end
@@ -230,5 +244,5 @@ H.json_decode = json_decode
 H.refuse, H.job_fields, H.count_total, H.count_missing = refuse, job_fields, count_total, count_missing
 H.log_key, H.delete_job, H.check_numbers, H.check_args = log_key, delete_job, check_numbers, check_args
 H.SETS, H.member_id, H.wrong_type = SETS, member_id, wrong_type
-H.debounce_key, H.note = debounce_key, note
+H.debounce_key, H.note, H.queue_name = debounce_key, note, queue_name
 end

@@ -64,7 +64,7 @@ end
 local function take_one(p, id, w, token_no, now)
   local key = job_key(p, id)
   local kind, f = look_at(p, id, key, "waiting", now, "data", "attempts", "backoff", "timeout",
-    "kill_after", "name", "made", "priority", "expire_at")
+    "kill_after", "name", "made", "priority", "expire_at", "kids")
   if kind ~= "ok" then return nil, kind end
   local made = (tonumber(f[8]) or 0) + 1
   local expired = tonumber(f[10] or "")
@@ -87,6 +87,9 @@ local function take_one(p, id, w, token_no, now)
   redis.call("HSET", key, "state", "active", "token", token, "worker", w.id, "started", now,
     "ran", "0", "made", made, "began", "", "db", w.db or "") -- (in one HSET: this runs for every job)
   redis.call("ZADD", p .. "active", now + w.lease, id)
+  if f[11] then -- a flow's parent: its children's ends come with it (flows.lua)
+    return { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7], "", "", H.children_rows(p, id) }
+  end
   return { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7] }
 end
 
@@ -195,9 +198,10 @@ local PAUSED = -2
 -- fetch(p; worker, n, lease_ms, keep_count, keep_age_ms, max_payload [, keep_failed_age_ms [, free [, db]]])
 -- -> { next_due_ms, job, ... } ({ -2 } while the queue is paused); each job is
 -- { id, token, data, made, attempts, backoff, timeout, kill_after, name
--- [, group [, start_ms]] }: its group ("" for none), and under a rate the
--- ms within which the worker must start it (from when it sent this call),
--- else give it back.
+-- [, group [, start_ms [, children]]] }: its group ("" for none), under a
+-- rate the ms within which the worker must start it (from when it sent this
+-- call), else give it back ("" for none), and for a flow's parent its
+-- children's rows (flows.lua's children_rows).
 -- Recovers stalled jobs, makes due delayed jobs ready and trims finished
 -- jobs (keep_count, keep_age_ms; once per fetch, not per job) first. A job
 -- whose fields are out of range fails with EINPUT here, one whose data is
@@ -234,6 +238,7 @@ local function fetch(keys, args)
     steps = G.unpark_step(p, now) or steps
   end
   retain(p, args, now, n)
+  H.look_at_parents(p, now)
   if redis.call("EXISTS", p .. "paused") == 1 then return { PAUSED } end
   local out = { -1 }
   local lim, glim = read_limits(p, true)
@@ -266,6 +271,8 @@ local function fetch(keys, args)
   if slot and not (due and due <= slot) then due = slot end
   local parked = grouped and tonumber(redis.call("ZRANGE", p .. "gparked", 0, 0, "WITHSCORES")[2] or "")
   if parked and parked < math.huge and not (due and due <= parked) then due = parked end
+  local parent = tonumber(redis.call("ZRANGE", p .. "parents", 0, 0, "WITHSCORES")[2] or "") -- (its deadline, its look)
+  if parent and not (due and due <= parent) then due = parent end
   if held_back and not (due and due <= now + held_back) then due = now + held_back end
   if steps then due = now end
   if due then out[1] = math.max(0, due - now) end

@@ -152,7 +152,7 @@ local function limit(keys, args)
   if specs == CONCURRENCY_NUMBERS or tonumber(args[2]) == 0 or kind:find("^group_") then
     publish(p, "added") -- workers look again
   end
-  redis.pcall("SADD", REGISTRY, string.sub(p, 5, -3))
+  redis.pcall("SADD", REGISTRY, H.queue_name(p))
   return "OK"
 end
 

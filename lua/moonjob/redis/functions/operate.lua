@@ -118,11 +118,16 @@ local function drop(p, id, key, state, member, group)
   delete_job(p, id, key)
 end
 
--- remove(p; id) -> the state it was in. A running job is refused (cancel it
--- first: its worker would report into a job that is gone).
+-- remove(p; id [, "cascade"]) -> the state it was in. A running job is
+-- refused (cancel it first: its worker would report into a job that is
+-- gone); so is a flow's child its parent waits for, unless "cascade": then
+-- its parent counts it as canceled (by default the parent fails, and its
+-- other pending children are canceled). A parent's pending children are
+-- canceled with it (flows.lua).
 local function remove(keys, args)
   local p, id, fn = keys[1], args[1], "moonjob_remove"
-  if not id or id == "" then return refuse(fn, "it takes ID", "") end
+  if not id or id == "" then return refuse(fn, "it takes ID [cascade]", "") end
+  if args[2] and args[2] ~= "" and args[2] ~= "cascade" then return refuse(fn, "the second argument may only be cascade", args[2]) end
   local key = job_key(p, id)
   local f = job_fields(key, "state", "member", "group")
   if not f then -- a key of another type: it holds no job, it goes
@@ -132,6 +137,11 @@ local function remove(keys, args)
   if not f[1] then return not_found(fn, id) end
   if f[1] == "active" then
     return state_error(fn, id, "active", "cancel it first (moonjob_cancel), then remove it")
+  end
+  local pq, pid = H.counted_by(key)
+  if pq and args[2] ~= "cascade" then
+    return state_error(fn, id, f[1], ("its parent %s in queue %s waits for it: remove it with cascade (the parent"
+      .. " then counts it as canceled, and by default fails), or cancel the parent"):format(pid, pq))
   end
   drop(p, id, key, f[1], f[2], f[3])
   return f[1]
@@ -260,12 +270,12 @@ local function obliterate(keys, args)
   end
   redis.call("SET", p .. "paused", "obliterating")
   local limit, removed = tonumber(args[1]) or 1000, 0
-  for _, set in ipairs({ "wait", "delayed", "active", "completed", "failed" }) do
+  for _, set in ipairs({ "parents", "wait", "delayed", "active", "completed", "failed" }) do
     if removed < limit then removed = removed + empty_set(p, set, limit - removed) end
   end
   if removed < limit then removed = removed + drop_listed(p, "schedules", limit - removed, DROP.schedules) end
   local left = 0
-  for _, set in ipairs({ "wait", "delayed", "active", "completed", "failed", "schedules" }) do
+  for _, set in ipairs({ "parents", "wait", "delayed", "active", "completed", "failed", "schedules" }) do
     left = left + redis.call("ZCARD", p .. set)
   end
   if left == 0 then left = G.sweep(p, true) end -- (SWEEP_MAX groups per call)
@@ -287,7 +297,7 @@ end
 -- job (running jobs go on); workers hear "paused" / "resumed" on <p>events.
 local function pause(keys)
   redis.call("SET", keys[1] .. "paused", "1")
-  redis.pcall("SADD", REGISTRY, string.sub(keys[1], 5, -3)) -- listed, though nothing was added yet
+  redis.pcall("SADD", REGISTRY, H.queue_name(keys[1])) -- listed, though nothing was added yet
   publish(keys[1], "paused")
   return "OK"
 end

@@ -88,11 +88,11 @@ local function complete(keys, args)
   for i = first, #args - step + 1, step do
     local id, token = args[i], args[i + 1]
     local key = job_key(p, id)
-    local f = holds(key, token, "cache", "notify", "started", "group")
+    local f = holds(key, token, "cache", "notify", "started", "group", "parent")
     if f then
       local ms = timed and number_in(args[i + 3], 0, 1e15) or nil
       -- totals and metrics counted once for the batch
-      local fin = { f[3], f[4], f[5], f[6], batched = true, run_ms = ms }
+      local fin = { f[3], f[4], f[5], f[6], f[7], batched = true, run_ms = ms }
       finish(p, id, key, "completed", "result", args[i + 2], now, fin)
       out[#out + 1] = "OK"
       done = done + 1
@@ -119,7 +119,7 @@ local function fail(keys, args)
     { { 4, "RETRY_MS must be -1 (no retry) or a number of ms up to 1e12", -1, DELAY_MS_MAX } })
   if refused then return refused end
   local key = job_key(p, id)
-  local f = holds(key, token, "made", "attempts", "cancel", "cache", "notify", "started", "group")
+  local f = holds(key, token, "made", "attempts", "cancel", "cache", "notify", "started", "group", "parent")
   if not f then return "ESTALE" end
   local now = now_ms()
   local retry = tonumber(args[4]) or -1
@@ -132,7 +132,7 @@ local function fail(keys, args)
     slot_freed(p, 1)
     return redis.call("HGET", key, "state")
   end
-  local fin = { f[6], f[7], f[8], f[9], ran = true, run_ms = number_in(args[5], 0, 1e15) }
+  local fin = { f[6], f[7], f[8], f[9], f[10], ran = true, run_ms = number_in(args[5], 0, 1e15) }
   finish(p, id, key, "failed", "error", args[3], now, fin)
   slot_freed(p, 1)
   return "failed"
@@ -204,7 +204,8 @@ end
 -- cancel(p; id, reason [, nonce]) -> the state the job was in, or "ENOTFOUND"
 -- (also when nonce is given and is not the job's). A waiting or delayed job
 -- fails with ECANCELED at once; a running one is interrupted by the worker
--- that holds it ("cancel <id>" on the channel, and the worker's next renew).
+-- that holds it ("cancel <id>" on the channel, and the worker's next renew);
+-- a parent waiting for its children fails at once, and they are canceled.
 local function cancel(keys, args)
   local p, id, reason, nonce = keys[1], args[1], args[2] or "canceled", args[3]
   if not id or id == "" then return refuse("moonjob_cancel", "it takes ID [REASON [NONCE]]", "") end
@@ -221,6 +222,9 @@ local function cancel(keys, args)
   elseif state == "active" then
     redis.call("HSET", key, "cancel", reason)
     publish(p, "cancel " .. id)
+    return state
+  elseif state == "waiting-children" then -- (flows.lua: its pending children are canceled too)
+    H.cancel_parent(p, id, key, reason, now)
     return state
   else
     return state

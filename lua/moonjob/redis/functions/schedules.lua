@@ -239,7 +239,7 @@ local function schedule(keys, args)
     "stop", args[6], "limit", or_default(args[7], "0"), "catch_up", or_default(args[8], "one"),
     "job", cjson.encode(job), "spec", spec)
   if not old[1] then redis.call("HSET", key, "runs", 0, "created", now) end
-  redis.pcall("SADD", REGISTRY, string.sub(p, 5, -3))
+  redis.pcall("SADD", REGISTRY, H.queue_name(p))
   local s = assert(read_schedule(key))
   advance(p, id, key, s, now - 1, nil) -- a slot at now is due now
   local nxt = redis.call("HGET", key, "next")

@@ -77,11 +77,12 @@ local function make_delayed(p, id, key, run_at)
   redis.call("ZADD", p .. "delayed", run_at, id)
 end
 
--- f: the job's cache, notify, started and group fields when the caller read
--- them already; f.batched: the caller records metrics and totals for the batch;
--- f.run_ms: the run time its worker measured (then it began run_ms ago).
+-- f: the job's cache, notify, started, group and parent fields when the
+-- caller read them already; f.batched: the caller records metrics and totals
+-- for the batch; f.run_ms: the run time its worker measured (then it began
+-- run_ms ago). A flow's child tells its parent, in this call (flows.lua).
 local function finish(p, id, key, state, field, value, now, f)
-  f = f or redis.call("HMGET", key, "cache", "notify", "started", "group")
+  f = f or redis.call("HMGET", key, "cache", "notify", "started", "group", "parent")
   local cache = state == "completed" and number_in(f[1], 0, SECONDS_MAX) or 0
   redis.call("ZREM", p .. "active", id)
   G.left(p, f[4], id)
@@ -98,6 +99,7 @@ local function finish(p, id, key, state, field, value, now, f)
     record_metrics(p, now, state == "completed" and 1 or 0, state == "failed" and 1 or 0, { ms })
   end
   if f[2] == "1" then redis.call("PUBLISH", p .. "done", id) end
+  if f[5] then H.child_ended(key, f[5], state, value, now) end
 end
 
 -- A job moonjob cannot run fails for good with EINPUT (or code), kept in

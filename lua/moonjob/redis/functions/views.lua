@@ -72,7 +72,7 @@ local JOBS_NUMBERS = {
 local function set_of(fn, state)
   local set = SETS[state or ""]
   if set then return set end
-  return nil, refuse(fn, "STATE must be waiting, delayed, active, completed or failed", state or "")
+  return nil, refuse(fn, "STATE must be waiting, delayed, active, completed, failed or waiting-children", state or "")
 end
 
 -- jobs(p; state, offset, limit, order, preview) -> { total, job, ... }: a page
@@ -103,8 +103,9 @@ local function jobs(keys, args)
   return out
 end
 
--- job(p; id [, log_lines]) -> { view..., log } (log: its last log_lines
--- lines, default all kept) or nil when no such job is kept.
+-- job(p; id [, log_lines]) -> { view..., flow, log } (flow: H.flow_of's;
+-- log: its last log_lines lines, default all kept) or nil when no such job
+-- is kept.
 local function job(keys, args)
   local p, id = keys[1], args[1]
   if not id or id == "" then return refuse("moonjob_job", "it takes ID [LOG_LINES]", "") end
@@ -119,6 +120,7 @@ local function job(keys, args)
     local got = redis.pcall("LRANGE", log_key(p, id), n and -n or 0, -1)
     if not got.err then log = got end
   end
+  v[#v + 1] = H.flow_of(p, id) -- (before the log: a client of version 7 reads the log last)
   v[#v + 1] = log
   return v
 end
@@ -140,15 +142,15 @@ end
 -- the queue's keys, which an ACL user may not read.
 local function exists(p)
   local keys = { "wait", "delayed", "active", "completed", "failed", "totals", "seq", "ids", "paused",
-    "schedules" }
+    "schedules", "parents" }
   for i, k in ipairs(keys) do keys[i] = p .. k end
   if redis.call("EXISTS", unpack(keys)) > 0 then return 1 end
-  local registered = redis.pcall("SISMEMBER", REGISTRY, string.sub(p, 5, -3))
+  local registered = redis.pcall("SISMEMBER", REGISTRY, H.queue_name(p))
   return registered == 1 and 1 or 0
 end
 
 -- counts(p) -> { waiting, delayed, active, completed, failed, missing,
--- paused, held, exists }: completed and failed count every job that ended so
+-- paused, held, exists, waiting_children }: completed and failed count every job that ended so
 -- (not only the ones kept); missing, the set entries found with their job
 -- gone (evicted); paused 1 while the queue is paused; held, the active jobs
 -- not started yet (held_count); exists 0 when the queue has no key at all.
@@ -158,7 +160,8 @@ local function counts(keys)
   if totals.err then totals = {} end -- a spoiled totals key: its counts read as 0
   return { redis.call("ZCARD", p .. "wait"), redis.call("ZCARD", p .. "delayed"),
     redis.call("ZCARD", p .. "active"), tonumber(totals[1]) or 0, tonumber(totals[2]) or 0,
-    tonumber(totals[3]) or 0, redis.call("EXISTS", p .. "paused"), held_count(p), exists(p) }
+    tonumber(totals[3]) or 0, redis.call("EXISTS", p .. "paused"), held_count(p), exists(p),
+    redis.call("ZCARD", p .. "parents") }
 end
 
 F.jobs, F.job, F.counts = jobs, job, counts

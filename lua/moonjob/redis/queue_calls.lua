@@ -1,0 +1,100 @@
+-- moonjob.redis.queue_calls -- the calls of a queue that both producers
+-- make alike: q:get, q:cancel, q:counts, q:exists, q:children of moonjob.queue
+-- (moonjob.redis.producer) and of the pure-Lua moonjob.producer, which take
+-- them from here by name. Each is a function of the queue `q`: its client
+-- (call_wait(args) -> reply | nil, err), prefix, name and json (the codec
+-- that reads results: moonjob.queue's is moonjob's exact one).
+--
+-- Pure Lua, as moonjob.redis.fcall: loaded on any Lua.
+local errors = require "moonjob.errors"
+local fcall = require "moonjob.redis.fcall"
+local flow = require "moonjob.redis.flow"
+
+local M = {}
+
+local reply_error = fcall.reply_error
+
+-- An id, or a job handle of either producer (its id and nonce: the calls
+-- then answer for that job only, never for a later job given its id).
+function M.id_and_nonce(job)
+  if type(job) == "table" and job.id ~= nil then return job.id, job.nonce or "" end
+  return tostring(job), ""
+end
+
+-- queue:get(id or job) -> { id, state, result, error, attempts, ... } | nil (not
+-- kept; for a handle also: another job holds its id now), err
+function M.get(q, job)
+  local id, nonce = M.id_and_nonce(job)
+  local f, err = q.client:call_wait({ "FCALL", "moonjob_get", 1, q.prefix, id, nonce })
+  if err then return nil, reply_error(err) end
+  if not f then return nil end
+  local info = { id = tostring(id), state = f[1], attempts = tonumber(f[4]) or 0,
+    max_attempts = tonumber(f[5]), name = f[6] ~= "" and f[6] or nil,
+    created = tonumber(f[7]), started = tonumber(f[8]), finished = tonumber(f[9]) }
+  if f[2] then info.result = q.json.decode(f[2]) end
+  if f[3] then info.error = fcall.decode_error(f[3], q.json) end
+  return info
+end
+
+-- queue:cancel(id or job [, reason]) -> state it was in | nil, err. A running
+-- job is interrupted on the host that runs it and fails with ECANCELED.
+function M.cancel(q, job, reason)
+  local id, nonce = M.id_and_nonce(job)
+  local state, err = q.client:call_wait({ "FCALL", "moonjob_cancel", 1, q.prefix, id,
+    reason and tostring(reason) or "canceled", nonce })
+  if err then return nil, reply_error(err) end
+  if state == "ENOTFOUND" then return nil, errors.new("ENOTFOUND", "no job " .. tostring(id) .. " in queue " .. q.name) end
+  return state
+end
+
+-- queue:counts() -> { waiting, delayed, active, completed, failed, missing,
+-- paused, held, exists, waiting_children } | nil, err. missing: jobs found gone from Redis
+-- (evicted, deleted by hand); paused: true while the queue is paused; held:
+-- active jobs whose worker has not said yet that they started (workers say
+-- so within 200 ms of a start); exists: false when the queue has no key at
+-- all and is not registered (a name never used, or obliterated; a queue a
+-- worker waits on is registered).
+function M.counts(q)
+  local c, err = q.client:call_wait({ "FCALL", "moonjob_counts", 1, q.prefix })
+  if not c then return nil, reply_error(err) end
+  return { waiting = c[1], delayed = c[2], active = c[3], completed = c[4], failed = c[5],
+    missing = c[6] or 0, paused = c[7] == 1, held = c[8] or 0, exists = c[9] ~= 0,
+    waiting_children = c[10] or 0 }
+end
+
+-- What a wait for job `id` gives once it ended or timeout seconds passed,
+-- from q:get's info, err then: its result | nil, its error (failed), err,
+-- ENOTFOUND (not kept) or ETIMEDOUT (not ended).
+function M.outcome(q, id, info, err, timeout)
+  if err then return nil, err end
+  if not info then
+    return nil, errors.new("ENOTFOUND", ("job %s is not in queue %s: no longer kept (retention), or lost "
+      .. "by Redis (a restart without persistence, a failover) and its id may be another job's now")
+      :format(tostring(id), q.name))
+  end
+  if info.state == "completed" then return info.result end
+  if info.state == "failed" then return nil, info.error end
+  return nil, errors.new("ETIMEDOUT", ("job %s did not finish within %g s"):format(tostring(id), timeout))
+end
+
+-- queue:children(id or job) -> { { id, queue, state, result | error }, ... }
+-- in the flow's order | nil, err: a flow's parent's children, each as it
+-- ended (its result or error, kept with the parent whatever retention did
+-- to the child), or the state of one still pending ("missing": gone).
+function M.children(q, job)
+  local id, nonce = M.id_and_nonce(job)
+  local rows, err = q.client:call_wait({ "FCALL", "moonjob_children", 1, q.prefix, id, nonce })
+  if err then return nil, reply_error(err) end
+  if not rows then return nil, errors.new("ENOTFOUND", "no job " .. tostring(id) .. " in queue " .. q.name) end
+  return flow.children(rows, q.json)
+end
+
+-- Whether the queue exists: it has a key, or a worker or producer has
+-- registered it (a worker waits on it, though nothing was added yet).
+function M.exists(q)
+  local c, err = q:counts()
+  if not c then return nil, err end
+  return c.exists
+end
+
+return M
