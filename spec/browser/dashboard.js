@@ -7,6 +7,7 @@
 //   node spec/browser/dashboard.js --token URL TOKEN QUEUE
 //   node spec/browser/dashboard.js --groups URL QUEUE
 //   node spec/browser/dashboard.js --unreachable URL SECRET...
+//   node spec/browser/dashboard.js --flow URL QUEUE
 //
 // URL is the dashboard's address; QUEUE has one worker process, and its job
 // FAILED_ID failed with ERROR_CODE but passes when run again; PAGED_QUEUE
@@ -21,7 +22,12 @@
 // with A and B, each with why. With --unreachable, the dashboard's Redis
 // is down: the queues page and a queue's page must say "Redis is
 // unreachable" in the banner, and no SECRET (the Redis URL's user, host,
-// port...) anywhere in the page, its text or its markup. Environment:
+// port...) anywhere in the page, its text or its markup. With --flow,
+// QUEUE holds a flow's parent "page" waiting for its children: img1
+// (completed) and img2 (failed EBAD) on the queue {QUEUE}/images, txt
+// waiting on QUEUE: its tab counts it, its page lists the children, and a
+// child's link opens it on its own queue, linked back to its parent.
+// Environment:
 //   MOONJOB_ADD_JOB       a shell command that adds one job to QUEUE and
 //                         prints its id (the job added while paused)
 //   MOONJOB_SCREENSHOTS   a directory: the three pages saved there as PNG
@@ -45,9 +51,10 @@ const PAUSED_WATCH_MS = 3000; // how long a job added while paused must stay wai
 const tokenMode = process.argv[2] === "--token";
 const groupsMode = process.argv[2] === "--groups";
 const unreachableMode = process.argv[2] === "--unreachable";
+const flowMode = process.argv[2] === "--flow";
 const secrets = unreachableMode ? process.argv.slice(4) : [];
 const [url, queue, failedId, errorCode] = tokenMode ? [process.argv[3], process.argv[5], "-", "-"]
-  : groupsMode ? [process.argv[3], process.argv[4], "-", "-"]
+  : groupsMode || flowMode ? [process.argv[3], process.argv[4], "-", "-"]
   : unreachableMode ? [process.argv[3], "orders", "-", "-"] : process.argv.slice(2);
 const token = tokenMode ? process.argv[4] : "";
 const [pagedQueue, pagedTotal] = tokenMode ? [] : [process.argv[6], Number(process.argv[7])];
@@ -55,7 +62,8 @@ if (!url || !queue || !failedId || !errorCode || (tokenMode && !token)) {
   console.error("usage: node spec/browser/dashboard.js URL QUEUE FAILED_ID ERROR_CODE\n" +
     "       node spec/browser/dashboard.js --token URL TOKEN QUEUE\n" +
     "       node spec/browser/dashboard.js --groups URL QUEUE\n" +
-    "       node spec/browser/dashboard.js --unreachable URL SECRET...");
+    "       node spec/browser/dashboard.js --unreachable URL SECRET...\n" +
+    "       node spec/browser/dashboard.js --flow URL QUEUE");
   process.exit(2);
 }
 
@@ -278,6 +286,31 @@ async function seeUnreachable(page) {
   }
 }
 
+// --flow: the parent counted and listed on its tab, its children on its
+// page, a child on another queue opened from there, its parent linked back.
+async function seeFlow(page) {
+  const images = `{${queue}}/images`;
+  await page.goto(`${url}#/queue/${encodeURIComponent(queue)}`, { waitUntil: "load" });
+  await expectText(page, '[data-test="state-tab-waiting-children"]', { is: "Waiting children 1" },
+    "the Waiting children tab with its count");
+  await click(page, '[data-test="state-tab-waiting-children"]', "Waiting children tab");
+  await click(page, '[data-test="job-row"][data-id="page"] [data-test="job-link"]', "link to the parent");
+  await expectText(page, '[data-test="job-state"]', { is: "waiting-children" }, "the parent waiting for children");
+  await expectText(page, '[data-test="children-count"]', { is: "2 of 3 ended" }, "its children counted");
+  const child = (id, test) => `[data-test="child-row"][data-id="${id}"] [data-test="${test}"]`;
+  await expectText(page, child("img1", "child-state"), { is: "completed" }, "img1 completed");
+  await expectText(page, child("img1", "child-queue"), { is: images }, `img1 on the queue ${images}`);
+  await expectText(page, child("img2", "error-code"), { is: "EBAD" }, "img2 failed EBAD");
+  await expectText(page, child("txt", "child-state"), { is: "waiting" }, "txt waiting");
+  await screenshot(page, "dashboard-flow.png");
+  await click(page, child("img1", "child-link"), "link to the child img1");
+  await expectText(page, '[data-test="crumb-queue"]', { is: images }, `the child's page on the queue ${images}`);
+  await expectText(page, '[data-test="job-state"]', { is: "completed" }, "the child's state");
+  await expectText(page, '[data-test="parent-link"]', { is: `page in ${queue} (waiting-children)` }, "its parent linked");
+  await click(page, '[data-test="parent-link"]', "link to the parent");
+  await expectShown(page, '[data-test="job-children"]', "back on the parent's page");
+}
+
 async function main() {
   const browser = await puppeteer.launch({
     executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
@@ -295,6 +328,8 @@ async function main() {
     page.on("dialog", (d) => d.accept());
     if (unreachableMode) {
       await seeUnreachable(page);
+    } else if (flowMode) {
+      await seeFlow(page);
     } else if (groupsMode) {
       await seeGroups(page);
     } else if (tokenMode) {

@@ -6,7 +6,9 @@
 -- Pause stops the worker (a job added then stays waiting) and Resume runs
 -- it. With a token: refused without it, kept by the tab once given; and no
 -- polling while the tab is hidden. A queue's groups held back, with why
--- (dashboard.js --groups). A Redis that is down: the banner says so, and
+-- (dashboard.js --groups). A flow: its parent on the Waiting children tab,
+-- its children on its page, linked across queues (dashboard.js --flow). A
+-- Redis that is down: the banner says so, and
 -- nothing of its URL is on the page (dashboard.js --unreachable).
 --
 -- MOONJOB_SCREENSHOTS=DIR saves the three pages there (docs/images/ holds
@@ -108,6 +110,22 @@ rq.describe(function()
       local url = start_dashboard()
       drive("--groups " .. url .. " tenants", { "the group limits in the limits note", "group B held by ERATELIMIT",
         "group A at its cap" })
+    end)
+
+    it("shows a flow: the parent waiting on its tab, its children on its page, linked across queues", function()
+      need_driver()
+      local images = "{pages}/images"
+      local q = rq.new_producer("pages")
+      assert(q:add_flow({ id = "page", data = { page = 1 }, children = {
+        { id = "img1", queue = images, data = { order = 1 } },
+        { id = "img2", queue = images, data = { fail = true }, on_fail = "continue" },
+        { id = "txt", data = { n = 3 } },
+      } }))
+      rq.pool(images, { size = 1 })
+      local qi = rq.new_producer(images)
+      assert(rq.wait_for(function() local c = qi:counts() return c.completed + c.failed == 2 end), "the images ran")
+      drive("--flow " .. start_dashboard() .. " pages", { "the Waiting children tab with its count",
+        "img2 failed EBAD", "its parent linked", "back on the parent's page" })
     end)
 
     it("says Redis is unreachable in the banner, with nothing of its URL on the page", function()

@@ -6,24 +6,7 @@ local json = require "moonjob.codec.json"
 local dashboard = require "moonjob.dashboard"
 local rq = require "redis_queue"
 local held_groups = require "held_groups"
-
--- curl in the background while the loop runs; -> status, body.
-local function http(server, method, path, headers, body)
-  local out = os.tmpname()
-  local args = { "curl -s -o " .. out .. " -w '%{http_code}' -X " .. method }
-  for k, v in pairs(headers or {}) do args[#args + 1] = ("-H '%s: %s'"):format(k, v) end
-  if body then args[#args + 1] = "--data-binary '" .. body:gsub("'", "'\\''") .. "'" end
-  args[#args + 1] = "'http://" .. server:address() .. path .. "'"
-  local code_file = os.tmpname()
-  local pid = tonumber(helpers.first_line(table.concat(args, " ") .. " >" .. code_file .. " 2>/dev/null & echo $!"))
-  helpers.wait_for(function() return not helpers.running(pid) end, 20)
-  local status = tonumber(helpers.first_line("cat " .. code_file))
-  local f = io.open(out, "rb")
-  local text = f and f:read("*a") or ""
-  if f then f:close() end
-  os.remove(out); os.remove(code_file)
-  return status, text
-end
+local http = require "dashboard_http"
 
 local ACT = { ["X-Moonjob-Token"] = "x", ["Content-Type"] = "application/json" }
 

@@ -6,6 +6,7 @@
 -- load the function library themselves, load it again after FUNCTION FLUSH,
 -- and get errors as nil, err. (spec/support/pure_lua.lua runs the programs.)
 local faults = require "redis_faults"
+local helpers = require "helpers"
 local library = require "moonjob.redis.library"
 local pure_lua = require "pure_lua"
 local rq = require "redis_queue"
@@ -193,6 +194,64 @@ rq.describe(function()
       assert.matches("upgrade moonjob on this host", rows[1][3], 1, true)
       assert.equal(newer, loaded_version(server))
       faults.load_library(server)
+    end)
+  end)
+
+  describe("moonjob.producer on OpenResty's client", function()
+    -- Debian's nginx.redis (lua-nginx-redis, which depends on nginx-extras:
+    -- unpacked here, not installed), run by LuaJIT with LuaSocket standing
+    -- in for ngx.socket.tcp: the client's own code, the adapter's use of it.
+    local dir
+    setup(function()
+      dir = helpers.tmpdir()
+      local _, err, status = helpers.sh(("cd %s && apt-get download lua-nginx-redis && dpkg -x lua-nginx-redis_*.deb x")
+        :format(dir))
+      assert(status == 0, "cannot unpack Debian's lua-nginx-redis: " .. err)
+    end)
+    teardown(function() if dir then os.execute("rm -rf " .. dir) end end)
+
+    it("adds jobs and bulks through its methods, and a flow too long for them through its socket", function()
+      local queue = rq.new_queue()
+      rq.start_worker(queue, "-j 2")
+      local body = ([==[
+        package.path = "%s/x/usr/share/lua/5.1/?.lua;" .. package.path
+        local socket = require "socket"
+        local function flat(t, out) -- a cosocket sends nested lists of strings and numbers
+          for _, v in ipairs(t) do if type(v) == "table" then flat(v, out) else out[#out + 1] = tostring(v) end end
+          return out
+        end
+        ngx = { null = setmetatable({}, { __tostring = function() return "null" end }), socket = {},
+          sleep = socket.sleep, now = socket.gettime, update_time = function() end }
+        function ngx.socket.tcp()
+          local s, w = socket.tcp(), {}
+          function w:settimeout(ms) s:settimeout(ms / 1000) end
+          function w:connect(host, port) return s:connect(host, port) end
+          function w:send(data) return s:send(type(data) == "table" and table.concat(flat(data, {})) or data) end
+          function w:receive(pattern) return s:receive(pattern) end
+          function w:close() return s:close() end
+          return w
+        end
+        local red = require("nginx.redis"):new()
+        red:set_timeout(5000)
+        assert(red:connect("127.0.0.1", PORT))
+        local q = assert(producer.queue(red, "QUEUE"))
+        local job = assert(q:add({ echo = "one" }))
+        say("one", assert(job:wait(30)).echo)
+        local jobs = assert(q:add_bulk({ { echo = "a" }, { echo = "b" } }))
+        say("bulk", assert(jobs[1]:wait(30)).echo, assert(jobs[2]:wait(30)).echo)
+        local _, err = q:add({}, { delay = 60, max_queue = 1 }) -- one job delayed, a second refused
+        _, err = q:add({}, { delay = 60, max_queue = 1 })
+        say("full", err.code)
+        say("missing", tostring(q:get("no-such-job")))
+        local children = {}
+        for i = 1, 500 do children[i] = { data = { echo = i } } end
+        local root = assert(q:add_flow({ data = { echo = "root" }, children = children }))
+        say("flow", #root.children, assert(root:wait(60)).echo, #assert(q:children(root)))
+        say("still usable", red:get("no-such-key") == ngx.null)
+      ]==]):format(dir)
+      local rows = run("luajit", queue, body)
+      assert.same({ { "one", "one" }, { "bulk", "a", "b" }, { "full", "EQUEUEFULL" }, { "missing", "nil" },
+        { "flow", "500", "root", "500" }, { "still usable", "true" } }, rows)
     end)
   end)
 

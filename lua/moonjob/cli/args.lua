@@ -73,11 +73,19 @@ NDJSON there too):
   queues                the server's queues with their counts
   jobs [--state S] [--limit N] [--offset N]
                         a page of the jobs in state S: waiting (default),
-                        delayed, active, completed or failed
-  job ID                one job: data, result or error, log, attempts, times
+                        delayed, active, completed, failed or
+                        waiting-children (a flow's parents whose children
+                        have not all ended)
+  job ID                one job: data, result or error, log, attempts, times;
+                        a flow's parent: its children (id, queue, state,
+                        result or error); a flow's child: its parent
   retry ID... | --all [--state completed]
                         run failed (or completed) jobs again
-  remove ID...          remove jobs that are not running
+  remove ID... [--cascade]
+                        remove jobs that are not running (a flow's parent:
+                        its pending children are canceled); a flow's child
+                        its parent waits for only with --cascade (the parent
+                        counts it as canceled: by default it then fails)
   promote ID...         run delayed jobs now
   clean --state S --older-than SECONDS [--limit N]
                         remove completed or failed jobs older than SECONDS
@@ -249,10 +257,11 @@ local VALUED = {
     if n and n >= 0 and n <= 10000 and n % 1 == 0 then return n end
   end, "a number", "a whole number from 0 to 10000" },
   ["--state"] = { "state", function(text)
-    if text == "waiting" or text == "delayed" or text == "active" or text == "completed" or text == "failed" then
+    if text == "waiting" or text == "delayed" or text == "active" or text == "completed" or text == "failed"
+        or text == "waiting-children" then
       return text
     end
-  end, "a state", "waiting, delayed, active, completed or failed" },
+  end, "a state", "waiting, delayed, active, completed, failed or waiting-children" },
   ["--limit"] = { "limit", positive_integer, "a number", WHOLE_2_31 },
   ["--offset"] = { "offset", function(text)
     local n = tonumber(text)
@@ -288,7 +297,7 @@ local FLAGS = {
   ["-k"] = "keep_order", ["--keep-order"] = "keep_order", ["--resume"] = "resume",
   ["--watch"] = "watch", ["--progress"] = "progress", ["--dedupe"] = "dedupe", ["--raw"] = "raw",
   ["--until-empty"] = "until_empty", ["--quiet"] = "quiet", ["--verbose"] = "verbose", ["--json"] = "json",
-  ["--all"] = "all",
+  ["--all"] = "all", ["--cascade"] = "cascade",
 }
 
 -- An option with its value in the same word: `--name=value`, `-jVALUE` or

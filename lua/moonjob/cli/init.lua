@@ -96,6 +96,9 @@ local function remote_command(command, o)
   if o.rate then -- (a queue on Redis is limited across its workers, not by one of them)
     return usage_error(("--rate is for moonjob run, not moonjob %s"):format(command))
   end
+  if o.cascade and command ~= "remove" then
+    return usage_error(("--cascade is for moonjob remove, not moonjob %s"):format(command))
+  end
   if OPERATE[command] then return operate_command(command, o) end
   if command == "dashboard" then
     if o.positional[2] then return usage_error(("unexpected argument '%s'"):format(o.positional[2])) end

@@ -3,9 +3,10 @@
 --
 --   moonjob queues                                   the queues, with counts
 --   moonjob jobs --queue Q [--state S] [--limit N] [--offset N]
---   moonjob job --queue Q ID
+--   moonjob job --queue Q ID                         (a flow's: its parent, its children)
 --   moonjob retry --queue Q ID... | --all [--state completed]
---   moonjob remove | promote --queue Q ID...
+--   moonjob remove --queue Q ID... [--cascade]
+--   moonjob promote --queue Q ID...
 --   moonjob clean --queue Q --state S --older-than SECONDS [--limit N]
 --   moonjob pause | resume --queue Q
 --   moonjob status --queue Q [--watch [--until-empty]]
@@ -166,14 +167,16 @@ function M.queues(o)
   local list, err = moonjob.queues(o.redis)
   if not list then say(tostring(err)) return EXIT_FAILED end
   local out = new_out(o)
+  local columns, parents = { "name", "waiting", "delayed", "active", "held", "completed", "failed", "paused" }, 0
   for _, q in ipairs(list) do
     out:object({ name = q.name, waiting = q.waiting, delayed = q.delayed, active = q.active, held = q.held,
-      completed = q.completed, failed = q.failed, paused = q.paused,
+      completed = q.completed, failed = q.failed, paused = q.paused, waiting_children = q.waiting_children or 0,
       error = q.error and tostring(q.error) or nil })
+    parents = parents + (q.waiting_children or 0)
   end
   if out.table and #list == 0 then say("no queue on this server (a queue appears once a moonjob program used it)") end
-  return out:flush({ "name", "waiting", "delayed", "active", "held", "completed", "failed", "paused" })
-    and EXIT_OK or EXIT_FAILED
+  if parents > 0 then table.insert(columns, 3, "waiting_children") end -- (a column only where flows wait)
+  return out:flush(columns) and EXIT_OK or EXIT_FAILED
 end
 
 function M.jobs(o)
@@ -188,10 +191,57 @@ function M.jobs(o)
   return out:flush({ "id", "state", "name", "attempts", "at", "outcome" }) and EXIT_OK or EXIT_FAILED
 end
 
+local CHILDREN_SHOWN = 50 -- a parent's children listed on a terminal (--json: each one)
+
+-- A flow's child's end in short: its result, or its error's code and message.
+local function child_outcome(child)
+  if child.error then return tostring(child.error.code) .. ": " .. tostring(child.error.message) end
+  if child.result ~= nil then return Operate.encode(child.result) end
+  return ""
+end
+
+-- "3: 1 completed, 1 failed, 1 pending" of a parent's children.
+local function children_summary(children)
+  local n, order = {}, { "completed", "failed", "ignored", "pending" }
+  for _, child in ipairs(children) do
+    local kind = (child.state == "completed" or child.state == "failed" or child.state == "ignored")
+      and child.state or "pending"
+    n[kind] = (n[kind] or 0) + 1
+  end
+  local parts = {}
+  for _, kind in ipairs(order) do if n[kind] then parts[#parts + 1] = n[kind] .. " " .. kind end end
+  return #children .. ": " .. table.concat(parts, ", ")
+end
+
+-- A parent's children on a terminal: a summary line, then one line each
+-- (id, queue, state, its result or error in short, cut to the width).
+local function write_children(out, children)
+  out:write("children  ", children_summary(children), "\n")
+  local shown, widths = math.min(#children, CHILDREN_SHOWN), { 0, 0, 0 }
+  for i = 1, shown do
+    local c = children[i]
+    for k, v in ipairs({ c.id, c.queue, c.state }) do widths[k] = math.min(40, math.max(widths[k], #cell(v))) end
+  end
+  local width = M.terminal_width()
+  for i = 1, shown do
+    local c, parts = children[i], { "" }
+    for k, v in ipairs({ c.id, c.queue, c.state }) do
+      v = cell(v):sub(1, widths[k])
+      parts[#parts + 1] = v .. string.rep(" ", widths[k] - #v)
+    end
+    parts[#parts + 1] = cell(child_outcome(c))
+    out:write((table.concat(parts, "  "):sub(1, math.max(10, width - 1)):gsub("%s+$", "")), "\n")
+  end
+  if #children > shown then
+    out:write(("  and %d more (--json lists each one)\n"):format(#children - shown))
+  end
+end
+
 function M.job(id, o)
   local q = open_queue(o)
   if not q then return EXIT_FAILED end
   local job, err = q:job(id)
+  if job then Operate.parent_state(q, job) end
   q:close()
   if not job then say(tostring(err)) return EXIT_FAILED end
   local out = new_out(o)
@@ -207,12 +257,17 @@ function M.job(id, o)
     if job[k] then out:write(("%-9s %s\n"):format(k, when(job[k]))) end
   end
   if job.ms then out:write(("%-9s %d ms\n"):format("ran", job.ms)) end
+  if job.parent then
+    local p = job.parent
+    out:write(("%-9s %s in queue %s%s\n"):format("parent", cell(p.id), cell(p.queue), p.state and " (" .. p.state .. ")" or ""))
+  end
   out:write("data      ", clean(Operate.encode(job.data)), "\n")
   if job.result ~= nil then out:write("result    ", clean(Operate.encode(job.result)), "\n") end
   if job.error then
     out:write("error     ", clean(job.error.code), ": ", clean(job.error.message), "\n")
     if job.error.traceback then out:write(clean(job.error.traceback), "\n") end
   end
+  if job.children then write_children(out, job.children) end
   if #job.log > 0 then out:write("log\n  ", clean(table.concat(job.log, "\n  ")), "\n") end
   return out:done() and EXIT_OK or EXIT_FAILED
 end
@@ -223,13 +278,16 @@ function M.each(action, ids, o)
   local q = existing_queue(o)
   if not q then return EXIT_FAILED end
   local out, failed = new_out(o), 0
+  local opts = action == "remove" and o.cascade and { cascade = true } or nil
   for _, id in ipairs(ids) do
-    local was, err = q[action](q, id)
+    local was, err = q[action](q, id, opts)
     if was then
       out:object({ id = id, action = action, was = was })
     else
       failed = failed + 1
-      say(("%s %s: %s"):format(action, id, tostring(err)))
+      local hint = action == "remove" and err.code == "ESTATE" and tostring(err.message):find("with cascade", 1, true)
+        and " (here: moonjob remove --cascade)" or ""
+      say(("%s %s: %s%s"):format(action, id, tostring(err), hint))
     end
   end
   q:close()

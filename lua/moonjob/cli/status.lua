@@ -7,13 +7,16 @@
 -- has not started them yet (prefetched; workers say a job started within
 -- 200 ms, so a job may show as held that long after its start). completed and failed count every job that ever ended so.
 -- `paused` ends the line while the queue is paused, `missing N` once jobs
--- were found gone from Redis. A queue with no key at all is "no such
+-- were found gone from Redis, `waiting-children N` while N of a flow's
+-- parents wait for their children (said only then, so that the line of a
+-- queue without flows reads as before; --json always has waiting_children). A queue with no key at all is "no such
 -- queue" (exit 1), not a line of zeros.
 --
 -- --watch: every second; on a terminal the line is redrawn in place with the
 -- rate (jobs ended per second over the last 10 s) and an ETA for what waits
 -- and runs; elsewhere one line per second. --until-empty: ends (exit 0) once
--- nothing waits, is delayed or runs. Ctrl-C ends a watch with exit 0.
+-- nothing waits, is delayed, runs or waits for children (a flow's parent
+-- whose children run on another queue still has to run). Ctrl-C ends a watch with exit 0.
 -- --json: one JSON object per look instead of the line.
 --
 -- Once (not --watch), a line for the queue's limits, one for its groups
@@ -114,6 +117,7 @@ end
 function M.counts_line(c)
   local line = ("waiting %d, delayed %d, running %d, held %d, completed %d, failed %d"):format(
     c.waiting, c.delayed, c.active - c.held, c.held, c.completed, c.failed)
+  if (c.waiting_children or 0) > 0 then line = line .. (", waiting-children %d"):format(c.waiting_children) end
   if (c.missing or 0) > 0 then
     line = line .. (", missing %d (gone from Redis: evicted or deleted)"):format(c.missing)
   end
@@ -158,7 +162,8 @@ end
 local function show(c, rate, o, in_place, more)
   if o.json then
     local t = { waiting = c.waiting, delayed = c.delayed, running = c.active - c.held, held = c.held,
-      completed = c.completed, failed = c.failed, missing = c.missing, paused = c.paused, rate = rate }
+      completed = c.completed, failed = c.failed, missing = c.missing, paused = c.paused, rate = rate,
+      waiting_children = c.waiting_children or 0 }
     if more then
       t.limits = { rate = more.limits.rate, concurrency = more.limits.concurrency,
         held_back = more.limits.held_back, group_rate = more.limits.group_rate,
@@ -172,7 +177,7 @@ local function show(c, rate, o, in_place, more)
     for _, extra in ipairs(more.lines) do line = line .. "\n" .. extra end
   end
   if o.watch and rate then
-    line = line .. (" | %.1f jobs/s, %s"):format(rate, eta_text(c.waiting + c.active, rate))
+    line = line .. (" | %.1f jobs/s, %s"):format(rate, eta_text(c.waiting + c.active + (c.waiting_children or 0), rate))
   end
   if in_place then -- one row, so that \r and erase-line redraw all of it
     return write("\r\27[K", line:sub(1, operate.terminal_width() - 1))
@@ -217,7 +222,7 @@ function M.run(o)
     local rate = rate_of:add(c)
     if not show(c, rate, o, in_place, more) then status = EXIT_FAILED break end
     if not o.watch then break end
-    if o.until_empty and c.waiting + c.delayed + c.active == 0 then break end
+    if o.until_empty and c.waiting + c.delayed + c.active + (c.waiting_children or 0) == 0 then break end
     if not second() then break end
     local err
     c, err = q:counts()

@@ -6,9 +6,15 @@
 --   GET  /api/queues                         every queue, counts, a 30-minute sparkline
 --   GET  /api/queues/NAME                    counts, the last hour's metrics, limits, groups held back, schedules
 --   GET  /api/queues/NAME/jobs?state=&offset=&limit=   a page of jobs (previews)
---   GET  /api/queues/NAME/jobs/ID            one job, whole, with its log
+--   GET  /api/queues/NAME/jobs/ID            one job, whole, with its log (a flow's: its
+--                                            parent with its state, its children)
 --   POST /api/queues/NAME/pause | resume | retry-all | clean
 --   POST /api/queues/NAME/jobs/ID/retry | remove | promote | cancel
+--                                            (remove {"cascade":true}: a flow's child
+--                                            its parent waits for, too)
+--
+-- NAME and ID are percent-encoded path segments ("{shop}/images" is
+-- %7Bshop%7D%2Fimages): each segment is decoded after the path is split.
 --
 -- Errors are {"error":{"code","message"}} with a status that says the kind:
 -- 400 bad input, 404 no such queue or job, 409 a job in another state or a
@@ -70,7 +76,8 @@ end
 
 local function counts_of(c)
   return { waiting = c.waiting, delayed = c.delayed, active = c.active, held = c.held,
-    completed = c.completed, failed = c.failed, paused = c.paused, missing = c.missing }
+    completed = c.completed, failed = c.failed, paused = c.paused, missing = c.missing,
+    waiting_children = c.waiting_children or 0 }
 end
 
 local function minute_row(row)
@@ -161,7 +168,7 @@ end
 function Api:job(server, req, q, id)
   local job, err = q:job(id)
   if not job then return fail(server, req, err) end
-  reply(server, req, 200, job_out(job))
+  reply(server, req, 200, job_out(Operate.parent_state(q, job)))
 end
 
 local QUEUE_ACTIONS = {
@@ -178,7 +185,12 @@ local QUEUE_ACTIONS = {
 
 local JOB_ACTIONS = {
   retry = function(q, id) return q:retry(id) end,
-  remove = function(q, id) return q:remove(id) end,
+  remove = function(q, id, body)
+    if body.cascade ~= nil and type(body.cascade) ~= "boolean" then
+      return nil, { code = "EINPUT", message = "cascade must be true or false" }
+    end
+    return q:remove(id, body.cascade and { cascade = true } or nil)
+  end,
   promote = function(q, id) return q:promote(id) end,
   cancel = function(q, id) return q:cancel(id, "canceled from the dashboard") end,
 }
@@ -193,7 +205,7 @@ function Api:act(server, req, q, action, id)
   if c and not c.exists then return fail(server, req, fcall.no_queue(q)) end
   local ok, result, err
   if id then
-    ok, result, err = pcall(JOB_ACTIONS[action], q, id)
+    ok, result, err = pcall(JOB_ACTIONS[action], q, id, body)
   else
     ok, result, err = pcall(QUEUE_ACTIONS[action], q, body)
   end

@@ -3,7 +3,9 @@
 --
 --   moonjob_queue_jobs{queue,state}              gauge: jobs by state now (waiting,
 --                                                delayed, running, held: a partition,
---                                                running + held = active)
+--                                                running + held = active; and
+--                                                waiting-children: a flow's parents
+--                                                waiting for their children)
 --   moonjob_queue_paused{queue}                  gauge: 1 while paused
 --   moonjob_queue_completed_total{queue}         counter: jobs that ever completed
 --   moonjob_queue_failed_total{queue}            counter: jobs that ever failed for good
@@ -26,8 +28,9 @@ end
 -- One queue's samples added to the families f. -> true | nil, err.
 local function add_queue(f, server, c)
   local q = c.name
-  local values = { waiting = c.waiting, delayed = c.delayed, running = c.active - c.held, held = c.held }
-  for _, state in ipairs({ "waiting", "delayed", "running", "held" }) do
+  local values = { waiting = c.waiting, delayed = c.delayed, running = c.active - c.held, held = c.held,
+    ["waiting-children"] = c.waiting_children or 0 }
+  for _, state in ipairs({ "waiting", "delayed", "running", "held", "waiting-children" }) do
     f.jobs.samples[#f.jobs.samples + 1] = { labels = { queue = q, state = state }, value = values[state] }
   end
   f.paused.samples[#f.paused.samples + 1] = { labels = { queue = q }, value = c.paused and 1 or 0 }
@@ -50,7 +53,8 @@ function M.render(server)
   if not list then return nil, err end
   local f = {
     jobs = family("moonjob_queue_jobs", "gauge",
-      "Jobs in the queue by state (running: started on a worker; held: fetched, not started)."),
+      "Jobs in the queue by state (running: started on a worker; held: fetched, not started;"
+      .. " waiting-children: a flow's parents waiting for their children)."),
     paused = family("moonjob_queue_paused", "gauge", "1 while the queue is paused."),
     completed = family("moonjob_queue_completed_total", "counter", "Jobs of the queue that ever completed."),
     failed = family("moonjob_queue_failed_total", "counter", "Jobs of the queue that ever failed for good."),

@@ -313,15 +313,37 @@ end
 -- operate.record(job) -> a job of q:jobs or q:job as plain data, to be
 -- written as JSON: its error an object of code, message and its other
 -- fields (an error object is not plain data).
+local function plain_error(err)
+  local e = { code = err.code, message = err.message }
+  for k, v in pairs(err) do if type(k) == "string" then e[k] = v end end
+  return e
+end
+
 function M.record(job)
   local out = {}
   for k, v in pairs(job) do out[k] = v end
-  if job.error then
-    local e = { code = job.error.code, message = job.error.message }
-    for k, v in pairs(job.error) do if type(k) == "string" then e[k] = v end end
-    out.error = e
+  if job.error then out.error = plain_error(job.error) end
+  if job.children then -- (a flow's parent: each child's error too)
+    out.children = setmetatable({}, json.array_mt)
+    for i, child in ipairs(job.children) do
+      local c = {}
+      for k, v in pairs(child) do c[k] = v end
+      if child.error then c.error = plain_error(child.error) end
+      out.children[i] = c
+    end
   end
   return out
+end
+
+-- operate.parent_state(q, job) -> job, its parent (a flow's child's
+-- job.parent, as q:job gives it) with the state it is in now ("missing"
+-- when it is no longer kept): one call more, for views of the job.
+function M.parent_state(q, job)
+  local parent = job.parent
+  if not parent then return job end
+  local info, err = q:_sibling(parent.queue):get(parent.id)
+  if info then parent.state = info.state elseif not err then parent.state = "missing" end
+  return job
 end
 
 -- A copy of v whose strings (keys too) are UTF-8 (utf8.to_utf8).

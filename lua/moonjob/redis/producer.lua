@@ -185,11 +185,17 @@ function Queue:add_flow(tree)
   if not args then return nil, nodes end
   local reply, err = self.client:call_wait(args)
   if not reply then return nil, reply_error(err) end
-  return flow.handles(nodes, reply, function(name) -- (a child's queue: on this queue's connection)
-    return name == self.name and self or M.attach(self.client, name, self.max_payload)
-  end, handle.new)
+  return flow.handles(nodes, reply, function(name) return self:_sibling(name) end, handle.new)
 end
 
+-- This queue, or another on its connection (a flow's child's or parent's).
+function Queue:_sibling(name)
+  if name == self.name then return self end
+  self.siblings = self.siblings or {}
+  local q = self.siblings[name] or M.attach(self.client, name, self.max_payload)
+  self.siblings[name] = q
+  return q
+end
 
 function Queue:close()
   self.client:close()

@@ -5,7 +5,10 @@
 //   #/                                every queue: counts, a 30-minute sparkline
 //   #/queue/NAME?state=S&offset=N     a queue: the last hour's chart, tabs per
 //                                     state, a page of jobs, queue actions
-//   #/queue/NAME/job/ID               one job: data, result or error, log, actions
+//   #/queue/NAME/job/ID               one job: data, result or error, log, actions;
+//                                     a flow's: its parent, its children (linked)
+// NAME and ID are percent-encoded (encodeURIComponent) in routes and API
+// paths: a queue "{shop}/images" is %7Bshop%7D%2Fimages, one path segment.
 // It asks the JSON API (lua/moonjob/dashboard/api.lua) again every 2 s while
 // the tab is visible, and redraws only when an answer changed.
 //
@@ -19,7 +22,8 @@
 
 const POLL_MS = 2000;
 const PAGE_SIZE = 20;
-const STATES = ["waiting", "delayed", "active", "completed", "failed"];
+const STATES = ["waiting", "delayed", "active", "completed", "failed", "waiting-children"];
+const ENDED = ["completed", "failed", "ignored"]; // a flow's child's states once it ended
 const SVG_NS = "http://www.w3.org/2000/svg";
 const NUMBER = new Intl.NumberFormat();
 
@@ -290,7 +294,9 @@ const queuesPage = {
           q.paused ? badge("paused", "paused", "paused-badge") : null,
           q.error ? h("div", { class: "err small", test: "queue-error" }, // its counts could not be read
             `${q.error.code || "ERROR"}: ${q.error.message || ""}`) : null),
-        h("td", { class: "n" }, num(q.waiting)),
+        h("td", { class: "n" }, num(q.waiting), q.waiting_children ? h("a", { class: "muted small",
+          href: link.queue(q.name, "waiting-children"), test: "waiting-children-count" },
+          ` (${num(q.waiting_children)} waiting for children)`) : null),
         h("td", { class: "n" }, num(q.delayed)),
         h("td", { class: "n" }, num(q.active), q.held ? h("span", { class: "muted small" }, ` (${num(q.held)} held)`) : null),
         h("td", { class: "n" }, num(q.completed)),
@@ -319,7 +325,13 @@ const DETAIL = {
   active: { time: "Started", at: (j) => j.started || j.created },
   completed: { time: "Finished", at: (j) => j.finished },
   failed: { time: "Failed at", at: (j) => j.finished },
+  "waiting-children": { time: "Created", at: (j) => j.created },
 };
+
+// A state's name on a tab: "Waiting children".
+const stateLabel = (state) => state[0].toUpperCase() + state.slice(1).replace("-", " ");
+// Its count in a queue's counts (the API's names have "_").
+const stateCount = (counts, state) => counts[state.replace("-", "_")];
 
 // The last column: the error, the result, or the data.
 function jobSummary(job) {
@@ -460,7 +472,7 @@ const queuePage = {
     const tabs = STATES.map((state) => h("a", {
       href: link.queue(route.name, state), test: "state-tab-" + state,
       class: "tab" + (state === route.state ? " current" : "") + (state === "failed" && c.failed ? " tab-bad" : ""),
-    }, state[0].toUpperCase() + state.slice(1), " ", h("span", { class: "count" }, num(c[state])),
+    }, stateLabel(state), " ", h("span", { class: "count" }, num(stateCount(c, state))),
       state === "active" && c.held ? h("span", { class: "muted small" }, ` (${num(c.held)} held)`) : null));
     return h("section", {},
       h("div", { class: "title" },
@@ -484,17 +496,31 @@ const queuePage = {
 
 // ------------------------------------------------------------ #/queue/NAME/job/ID
 
+// What removing the job does besides: a flow's parent cancels its pending
+// children; a child its parent waits for is removed with cascade (the
+// parent counts it as canceled: by default it fails).
+function removeNote(job) {
+  const pending = (job.children || []).filter((c) => !ENDED.includes(c.state)).length;
+  if (job.state === "waiting-children" && pending) return ` Its ${num(pending)} pending children are canceled.`;
+  if (job.parent && job.parent.state === "waiting-children" && !ENDED.includes(job.state)) {
+    return ` Its parent ${job.parent.id} waits for it: it counts it as canceled (by default it then fails).`;
+  }
+  return "";
+}
+
 function jobActions(route, job) {
-  const post = (what) => () => api("POST", jobPath(route.name, job.id) + "/" + what);
+  const post = (what, body) => () => api("POST", jobPath(route.name, job.id) + "/" + what, body);
   const buttons = [];
   if (job.state === "failed" || job.state === "completed") buttons.push(actionButton("Retry", "retry", "primary", post("retry")));
   if (job.state === "delayed") buttons.push(actionButton("Promote", "promote", "primary", post("promote")));
-  if (["waiting", "delayed", "active"].includes(job.state) && !job.cancel) {
+  if (["waiting", "delayed", "active", "waiting-children"].includes(job.state) && !job.cancel) {
     buttons.push(actionButton("Cancel", "cancel", "plain", post("cancel")));
   }
   if (job.state !== "active") {
+    const note = removeNote(job);
     buttons.push(actionButton("Remove", "remove", "danger",
-      () => (confirm(`Remove job ${job.id}? It cannot be brought back.`) ? post("remove")() : undefined),
+      () => (confirm(`Remove job ${job.id}?${note} It cannot be brought back.`)
+        ? post("remove", job.parent ? { cascade: true } : undefined)() : undefined),
       () => { location.hash = link.queue(route.name, job.state); }));
   }
   return h("div", { class: "actions" }, buttons);
@@ -523,6 +549,41 @@ function errorSection(error) {
     error.traceback ? h("pre", { class: "traceback", test: "traceback" }, String(error.traceback)) : null);
 }
 
+// A flow's child's end in short: its error, its result, or nothing yet.
+function childOutcome(child) {
+  if (child.error) {
+    return h("span", { class: "err" }, h("code", { class: "code", test: "error-code" }, child.error.code || "ERROR"),
+      " ", preview(child.error.message || ""));
+  }
+  return child.result !== undefined ? h("code", { class: "preview" }, preview(child.result)) : "";
+}
+
+// A flow's parent's children, in the flow's order, each linked to its page
+// (a child on another queue of the tag: that queue's); a child's own
+// children are on its page.
+function childrenCard(children) {
+  if (!children || !children.length) return null;
+  const ended = children.filter((c) => ENDED.includes(c.state)).length;
+  const rows = children.map((c) => h("tr", { test: "child-row", "data-id": c.id, "data-queue": c.queue },
+    h("td", {}, h("a", { href: link.job(c.queue, c.id), class: "job-id", test: "child-link" }, c.id)),
+    h("td", {}, h("a", { href: link.queue(c.queue), test: "child-queue" }, c.queue)),
+    h("td", {}, badge(c.state, c.state, "child-state")),
+    h("td", { class: "summary" }, childOutcome(c))));
+  return h("section", { class: "card", test: "job-children" },
+    h("div", { class: "card-head" }, h("h2", {}, "Children"),
+      h("span", { class: "muted", test: "children-count" }, `${num(ended)} of ${num(children.length)} ended`)),
+    h("table", { class: "data", test: "children" },
+      h("thead", {}, h("tr", {}, ["ID", "Queue", "State", "Result or error"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, rows)));
+}
+
+// A flow's child's parent: linked, with its queue when another, and its state.
+function parentLink(route, parent) {
+  if (!parent) return null;
+  return h("a", { href: link.job(parent.queue, parent.id), test: "parent-link" }, parent.id,
+    parent.queue !== route.name ? " in " + parent.queue : "", parent.state ? ` (${parent.state})` : "");
+}
+
 const jobPage = {
   load: (route) => api("GET", jobPath(route.name, route.id)),
   render(route, job) {
@@ -533,6 +594,7 @@ const jobPage = {
         badge(state, job.state, "job-state"), jobActions(route, job)),
       h("div", { class: "card" }, facts([
         ["Queue", h("a", { href: link.queue(route.name, job.state) }, route.name)],
+        ["Parent", parentLink(route, job.parent), "parent"],
         ["Name", job.name],
         ["State", state + (job.cancel ? " (cancel asked: " + job.cancel + ")" : "")],
         ["Attempts", num(job.attempts) + " of " + num(job.max_attempts), "attempts"],
@@ -546,6 +608,7 @@ const jobPage = {
         ["Progress", progressView(job.progress), "progress"],
       ])),
       job.error ? errorSection(job.error) : null,
+      childrenCard(job.children),
       job.result !== undefined || job.result_preview != null ? h("section", { class: "card" }, h("h2", {}, "Result"),
         h("pre", { test: "job-result" }, job.result !== undefined ? pretty(job.result) : job.result_preview)) : null,
       h("section", { class: "card" }, h("h2", {}, "Data"),
