@@ -10,8 +10,10 @@ local rq = require "redis_queue"
 local GUIDE = "docs/guide/producer.md"
 local PROCESSOR = helpers.abs(helpers.fixture("flow.lua")) -- returns { id, data, children }
 
--- A location of the spec's own, beside the guide's: refusals a handler gets
--- from q:add as nil, err.
+-- Locations of the spec's own, beside the guide's: refusals a handler gets
+-- from q:add as nil, err; a flow of 500 children, whose 9,000 arguments are
+-- more than LuaJIT passes to the client's methods (the producer writes them
+-- on the client's cosocket itself).
 local REFUSALS = [[
   location = /refusals {
     content_by_lua_block {
@@ -27,6 +29,20 @@ local REFUSALS = [[
       red:set_keepalive(10000, 100)
       ngx.say(tostring(not_json))
       ngx.say(tostring(full))
+    }
+  }
+  location = /wide-flow {
+    content_by_lua_block {
+      local redis = require "nginx.redis"
+      local producer = require "moonjob.producer"
+      local red = redis:new()
+      red:set_timeout(5000)
+      assert(red:connect("127.0.0.1", REDIS_PORT))
+      local tree = { data = { parent = true }, children = {} }
+      for i = 1, 500 do tree.children[i] = { data = { part = i } } end
+      local root = assert(producer.queue(red, "wide")):add_flow(tree)
+      red:set_keepalive(10000, 100)
+      ngx.say(root.id, " ", #root.children)
     }
   }
 ]]
@@ -125,6 +141,18 @@ rq.describe(function()
       assert.matches("^EPAYLOAD: ", not_json)
       assert.matches("^EQUEUEFULL: ", full)
       assert.equal(1, rq.new_producer("full"):counts().waiting)
+      no_errors()
+    end)
+
+    it("adds a flow of 500 children from a handler, in one call", function()
+      local status, body = nginx:request("POST", "/wide-flow")
+      assert.equal(200, status, body)
+      local id, n = body:match("^(%S+) (%d+)\n$")
+      assert.equal("500", n, body)
+      local q = rq.new_producer("wide")
+      assert.equal("waiting-children", q:get(id).state)
+      assert.equal(500, #assert(q:children(id)))
+      assert.equal(500, q:counts().waiting)
       no_errors()
     end)
 
