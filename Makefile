@@ -61,7 +61,7 @@ DEB_PACKAGES += chromium        # the dashboard's browser spec (spec/browser/; N
 DEB_PACKAGES += faketime        # the schedules spec runs a worker whose clock is far off
 DEB_PACKAGES += lua5.1 lua5.4 lua-socket lua-redis # the pure-Lua producer's spec and bench: plain Luas, redis-lua
 
-.PHONY: all deps bench-deps browser-deps spec-host test test-fast sanitize chaos demo repl bench install uninstall clean
+.PHONY: all deps bench-deps browser-deps openresty-deps spec-host test test-fast sanitize chaos demo repl bench install uninstall clean
 
 IN_TREE = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="$(BUILD)/?.so;;"
 
@@ -134,13 +134,47 @@ $(BUILD)/spec-failing.so: spec/support/host/failing.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(WARN) -fPIC -shared $(LDFLAGS) -o $@ spec/support/host/failing.c -ldl
 
+# Debian's nginx with the Lua module, for the OpenResty spec
+# (spec/openresty/): downloaded with apt-get download (no root needed) into
+# $(OPENRESTY_DIR)/debs and unpacked with dpkg -x into $(OPENRESTY_DIR)/root,
+# never installed: installing libnginx-mod-http-lua replaces the system's
+# LuaJIT (libluajit-5.1-2, which moonjob builds with) by OpenResty's
+# (libluajit2-5.1-2), the only one the module runs on. The spec runs nginx
+# from there with LD_LIBRARY_PATH on the unpacked libraries
+# (spec/support/openresty.lua). The shared libraries nginx and the module
+# link (OPENRESTY_LIBS) are fetched too when not installed. The package lists
+# are kept in $(OPENRESTY_DIR)/packages: a change of them fetches again.
+# When apt-get knows no such package, its lists are updated once (sudo when
+# not root), as make deps does.
+OPENRESTY_DIR      = build/openresty
+OPENRESTY_PACKAGES = nginx libnginx-mod-http-lua libnginx-mod-http-ndk lua-resty-core \
+                     lua-resty-lrucache libluajit2-5.1-2 libluajit2-5.1-common lua-nginx-redis
+OPENRESTY_LIBS     = libcrypt1 libpcre2-8-0 libpcre3 libssl3 zlib1g libgcc-s1
+openresty-deps:
+	@want='$(OPENRESTY_PACKAGES) $(OPENRESTY_LIBS)'; \
+	if [ "$$(cat $(OPENRESTY_DIR)/packages 2>/dev/null)" = "$$want" ] && [ -x $(OPENRESTY_DIR)/root/usr/sbin/nginx ]; then exit 0; fi; \
+	rm -rf $(OPENRESTY_DIR) && mkdir -p $(OPENRESTY_DIR)/debs $(OPENRESTY_DIR)/root || exit 1; \
+	get='$(OPENRESTY_PACKAGES)'; \
+	for p in $(OPENRESTY_LIBS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || get="$$get $$p"; \
+	done; \
+	echo "downloading Debian packages into $(OPENRESTY_DIR)/debs (not installed): $$get"; \
+	cd $(OPENRESTY_DIR)/debs || exit 1; \
+	if ! apt-get download -q $$get; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && apt-get download -q $$get || exit 1; \
+	fi; \
+	for d in *.deb; do dpkg -x "$$d" ../root || exit 1; done; \
+	cd ../root && test -x usr/sbin/nginx && test -f usr/lib/nginx/modules/ngx_http_lua_module.so || exit 1; \
+	echo "$$want" > ../packages
+
 # The suite runs as several busted processes at once, a spec file each
 # (spec/support/parallel_run.lua: longest first, one log per file, shown when
 # it fails), and ends with one line, "N passed, N failed". SPEC_JOBS sets how
 # many run at once; `make test SPECS=spec/redis` runs a part.
 SPECS      ?= spec
 PARALLEL   = $(LUA) spec/support/parallel_run.lua
-test: deps browser-deps all spec-host
+test: deps browser-deps openresty-deps all spec-host
 	$(PARALLEL) --busted "$(BUSTED)" $(SPECS)
 
 # The inner loop: every spec but those tagged #slow (Redis, the REPL,
@@ -178,7 +212,7 @@ SAN_ENV    = ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:log_path=$(SAN_LOGS)/as
 
 # (all: the plain build too, for the one process a spec runs without the
 # sanitizers: a worker under libfaketime, which hangs beside ASan's runtime)
-sanitize: deps browser-deps all
+sanitize: deps browser-deps openresty-deps all
 	$(MAKE) BUILD=$(SAN_BUILD) CFLAGS="$(SAN_FLAGS)" LDFLAGS="-fsanitize=address,undefined" all spec-host
 	rm -rf $(SAN_LOGS) && mkdir -p $(SAN_LOGS)
 	$(SAN_ENV) $(PARALLEL) --findings $(SAN_LOGS) \

@@ -5,6 +5,7 @@
 --   server:cli("FCALL", ...)                -- redis-cli, output as a string
 --   server:kill9(); server:restart()         -- crash and come back from the AOF
 --   server:stop()                           -- by its pid, directory removed
+--   redis_server.free_port()                -- a loopback port nobody listens on
 --
 -- The server runs in the foreground of a shell's background job whose pid we
 -- record (no daemonize: the pid is the server's own), so it is ended by pid,
@@ -88,5 +89,7 @@ function Server:stop()
   end
   os.execute("rm -rf " .. self.dir)
 end
+
+M.free_port = free_port
 
 return M
