@@ -235,7 +235,7 @@ describe("flows on Redis #slow", function()
       seen[id] = true
     end
     assert.same({ "2", "3" }, { ids[3], ids[4] })
-    assert.equal("2", server:cli("SCARD", "mj:{ids}:deps:" .. root.id))
+    assert.equal("3", server:cli("SCARD", "mj:{ids}:deps:" .. root.id))
     worker(server, "ids", "-j 2")
     local result = assert(root:wait(20))
     assert.same({ "drawn", "two", "three" }, { result.children[1].result.data.name,
@@ -294,7 +294,7 @@ describe("flows on Redis #slow", function()
         { data = 2, children_deadline = 5 } } }))
       refused("EINPUT", "its DELAY_MS must be 0", q:add_flow({ data = 1, children = {
         { data = 2, delay = 5, children = { { data = 3 } } } } }))
-      refused("EINPUT", "key of another type", q:add_flow({ data = 1, children = { { id = "text", data = 2 } } }))
+      refused("EINPUT", "the key mj:{bad}/a:j:text holds a string, not a job hash", q:add_flow({ data = 1, children = { { id = "text", data = 2 } } }))
       -- the largest flow, and the deepest, are taken
       wide.children[1000] = nil
       assert(q:add_flow(wide))
@@ -322,7 +322,7 @@ describe("flows on Redis #slow", function()
       raw("EINPUT", "must share the root's hash tag", function(c) c[5] = "mj:{other}/b:" end)
       raw("EINPUT", "QUEUE must be its queue's place in KEYS", function(c) c[at(c, 2, 1)] = "3" end)
       raw("EINPUT", "an id must be in the flow once", function(c) c[at(c, 2, 5)], c[at(c, 5, 5)] = "d", "d" end)
-      raw("EEXISTS", "a job taken is kept", function(c) c[at(c, 4, 5)] = "taken" end)
+      raw("EEXISTS", "a job taken is kept", function(c) c[at(c, 5, 5)] = "taken" end)
       raw("EINPUT", "its DELAY_MS must be 0", function(c) c[at(c, 2, 8)] = "10" end)
       raw("EINPUT", "CHILDREN_DEADLINE_MS is for a job with children", function(c) c[at(c, 3, 4)] = "10" end)
       raw("EINPUT", "the count of arguments was", function(c) c[#c] = nil end)
@@ -330,7 +330,7 @@ describe("flows on Redis #slow", function()
       -- 33 deep, by hand: each job the child of the one before
       raw("EINPUT", "a flow is at most 32 jobs deep", function(c)
         local node = { unpack(c, at(c, 2, 1), at(c, 2, 18)) }
-        for i = #c, 5 + c[3], -1 do c[i] = nil end
+        for i = #c, 4 + c[3], -1 do c[i] = nil end
         c[#c + 1] = 33
         for i = 1, 33 do
           for f = 1, 18 do c[#c + 1] = node[f] end

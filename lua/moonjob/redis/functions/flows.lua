@@ -108,7 +108,8 @@ local function check_id(node, i, seen)
   node.id = id
 end
 
--- The whole call checked before its first write -> nil, the nodes; or the refusal.
+-- The whole call checked before its first write -> nil, the nodes, the job
+-- keys the flow names (key -> its node); or the refusal.
 local function check_flow(keys, args)
   local tag = tag_of(keys[1] or "")
   if not tag then return refuse(FN, "KEYS[1] must be the root's queue prefix, mj:{NAME}: or mj:{TAG}NAME:", keys[1] or "") end
@@ -138,7 +139,7 @@ local function check_flow(keys, args)
     local refused = check_id(node, i, seen)
     if refused then return refused end
   end
-  return nil, nodes
+  return nil, nodes, seen
 end
 
 -- Child node (the i-th) linked to its parent node: pending there.
@@ -157,14 +158,15 @@ end
 
 -- add_flow(K prefixes; COUNT, node...) -> { id, nonce, ... } in node order.
 local function add_flow(keys, args)
-  local refused, nodes = check_flow(keys, args)
+  local refused, nodes, named = check_flow(keys, args)
   if refused then return refused end
   local now, out = now_ms(), {}
   for i, node in ipairs(nodes) do
     local p, a = node.prefix, node.args
     local id = node.id
-    if not id then -- a number no job holds, as add's
-      repeat id = tostring(redis.call("INCR", p .. "ids")) until redis.call("EXISTS", job_key(p, id)) == 0
+    if not id then -- a number no job holds, as add's, nor a later job of the flow names
+      repeat id = tostring(redis.call("INCR", p .. "ids"))
+      until redis.call("EXISTS", job_key(p, id)) == 0 and not named[job_key(p, id)]
     end
     node.id, node.key = id, job_key(p, id)
     local nonce, prio, group = H.store_job(p, id, node.key, a, now)
