@@ -198,4 +198,33 @@ describe("a flow's failures on Redis #slow", function()
     assert.equal("failed", q:remove(b.id))
     assert.same({ "failed", "ECHILD" }, ended(root))
   end)
+
+  it("a parent gone from Redis while its children run is not brought back when they end", function()
+    local server = rf.server()
+    local q = rf.producer(server, "{vp}/main")
+    local root = assert(q:add_flow({ data = { name = "root" }, children = {
+      { queue = "{vp}/kids", data = { name = "a" } }, { queue = "{vp}/kids", data = { name = "b" } } } }))
+    server:cli("DEL", "mj:{vp}/main:j:" .. root.id) -- (evicted, or deleted around moonjob)
+    worker(server, "{vp}/kids", "-j 1")
+    helpers.wait_for(function() return root.children[2]:get().state == "completed" end, 20)
+    assert.equal("completed", root.children[1]:get().state)
+    assert.same({ "mj:{vp}/main:ids" }, keys(server, "mj:{vp}/main:*")) -- (its id counter)
+  end)
+
+  it("adding a job with the id of a waiting parent joins it, as it joins any pending job", function()
+    local server = rf.server()
+    local q = rf.producer(server, "join")
+    local root = assert(q:add_flow({ id = "p", data = { name = "root" }, children = {
+      { id = "m", data = { name = "m" }, children = { { data = { name = "g" } } } } } }))
+    for _, id in ipairs({ "p", "m" }) do
+      local job = assert(q:add({ name = "another" }, { id = id }))
+      assert.same({ id, "waiting-children", true }, { job.id, job.state, job.joined })
+      assert.same({ name = id == "p" and "root" or "m" }, q:job(id).data)
+    end
+    assert.equal("waiting", root.children[1].children[1]:get().state)
+    worker(server, "join", "-j 2")
+    local result = assert(root:wait(20))
+    assert.same({ "m", "g" }, { result.children[1].result.data.name,
+      result.children[1].result.children[1].result.data.name })
+  end)
 end)

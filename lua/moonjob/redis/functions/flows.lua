@@ -219,6 +219,10 @@ local function count_child(p, id, key, slot, state, value, now)
   local deps = p .. "deps:" .. id
   if redis.call("SREM", deps, slot) == 0 then return end
   local kids = p .. "kids:" .. id
+  if redis.call("EXISTS", key) == 0 then -- the parent is gone (evicted, deleted around moonjob): its keys too
+    redis.call("ZREM", p .. "parents", id)
+    return redis.call("DEL", deps, kids)
+  end
   local on_fail = string.sub(redis.call("HGET", kids, slot) or "?fail", 2)
   if state == "completed" then
     redis.call("HSET", kids, slot, "c" .. value)
@@ -279,6 +283,7 @@ function H.look_at_parents(p, now)
     local deadline = f and tonumber(f[2] or "")
     if not (f and f[1] == "waiting-children") then
       redis.call("ZREM", p .. "parents", id)
+      if f and not f[1] then redis.call("DEL", p .. "deps:" .. id, p .. "kids:" .. id) end -- (its hash gone)
     elseif deadline and deadline <= now then
       end_parent(p, id, key, err_json("ETIMEDOUT", ("its children did not all end by its children_deadline"
         .. " (%d pending)"):format(redis.call("SCARD", p .. "deps:" .. id))), "ETIMEDOUT", now)
