@@ -89,10 +89,15 @@ describe("a flow's failures on Redis #slow", function()
     local q = rf.producer(server, "{dl}/main")
     local root = assert(q:add_flow({ data = { name = "root", trace = trace }, children_deadline = 600,
       children = { runs_long("a", trace, started), { queue = "{dl}/idle", data = { name = "b" } } } }))
+    local short = assert(q:add_flow({ data = { name = "short" }, children_deadline = 0.3,
+      children = { { queue = "{dl}/idle", data = { name = "c" } } } }))
     local key = "mj:{dl}/main:j:" .. root.id
     local made, deadline = server:cli("HGET", key, "created"), server:cli("HGET", key, "deadline")
     assert.equal(600000, tonumber(deadline) - tonumber(made))
     worker(server, "{dl}/main", "-j 1")
+    local _, late = short:wait(8) -- (its deadline's own time: not the next look, 10 s later)
+    assert.same({ "ETIMEDOUT", "failed", "ECANCELED" }, { late.code, ended(short.children[1])[1],
+      ended(short.children[1])[2] })
     helpers.wait_for(function() return helpers.exists(started) end, 20)
     assert.equal("waiting-children", root:get().state)
     -- the deadline made to pass now: fetch looks at a parent when its score
@@ -181,6 +186,15 @@ describe("a flow's failures on Redis #slow", function()
     local root = assert(q:add_flow({ data = { name = "root" }, children = {
       { data = { name = "a" } }, { data = { name = "b" } } } }))
     local a, b = root.children[1], root.children[2]
+    -- where jobs are seen: the parent's pending children, a child's parent
+    local seen = assert(q:job(root.id))
+    assert.same({ "waiting-children", a.id, "waiting", b.id, "waiting" }, { seen.state, seen.children[1].id,
+      seen.children[1].state, seen.children[2].id, seen.children[2].state })
+    assert.same({ queue = "rc", id = root.id }, assert(q:job(b.id)).parent)
+    assert.is_nil(assert(q:job(b.id)).children)
+    assert.same({ 1, 2 }, { q:counts().waiting_children, q:counts().waiting })
+    local page = assert(q:jobs("waiting-children"))
+    assert.same({ root.id }, { page[1].id, page[2] })
     local before = keys(server, "*")
     local state, err = q:remove(a.id)
     assert.is_nil(state)
@@ -226,5 +240,22 @@ describe("a flow's failures on Redis #slow", function()
     local result = assert(root:wait(20))
     assert.same({ "m", "g" }, { result.children[1].result.data.name,
       result.children[1].result.children[1].result.data.name })
+  end)
+
+  it("a waiting parent is not failed for a stale entry an earlier job with its id left behind", function()
+    local server = rf.server()
+    local q = rf.producer(server, "stale")
+    local root = assert(q:add_flow({ id = "p", data = { name = "root" }, children = {
+      { queue = "{stale}/gate", data = { name = "a" } } } }))
+    -- what a job p lost by Redis (evicted) leaves in the sets of the states it was in
+    server:cli("ZADD", "mj:{stale}:active", "0", "p")
+    server:cli("ZADD", "mj:{stale}:wait", "0", "0000000000000001:p")
+    worker(server, "stale", "-j 1")
+    helpers.wait_for(function()
+      return server:cli("ZCARD", "mj:{stale}:active") == "0" and server:cli("ZCARD", "mj:{stale}:wait") == "0"
+    end, 20)
+    assert.equal("waiting-children", root:get().state)
+    worker(server, "{stale}/gate", "-j 1")
+    assert.equal("a", assert(root:wait(20)).children[1].result.data.name)
   end)
 end)
