@@ -211,6 +211,16 @@ describe("a flow's failures on Redis #slow", function()
     -- a parent counts a removed child once: removing b now (ended) changes nothing there
     assert.equal("failed", q:remove(b.id))
     assert.same({ "failed", "ECHILD" }, ended(root))
+    -- a child that is a parent itself: removed with cascade, its own pending children are canceled
+    local top = assert(q:add_flow({ data = { name = "top" }, children = {
+      { data = { name = "m" }, children = { { data = { name = "g" } } } } } }))
+    local m = top.children[1]
+    assert.equal("ESTATE", select(2, q:remove(m.id)).code)
+    assert.equal("waiting-children", q:remove(m.id, { cascade = true }))
+    assert.same({ "failed", "ECANCELED" }, ended(m.children[1]))
+    local _, top_err = top:wait(5)
+    assert.same({ "ECHILD", m.id, "ECANCELED" }, { top_err.code, top_err.child.id, top_err.error.code })
+    assert.same({}, keys(server, "*deps:*"))
   end)
 
   it("a parent gone from Redis while its children run is not brought back when they end", function()

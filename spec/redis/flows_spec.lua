@@ -125,8 +125,11 @@ describe("flows on Redis #slow", function()
     local q = rf.producer(server, "{paused}/main")
     local root = assert(q:add_flow(tree))
     local x, y = root.children[1], root.children[2]
-    local paused, paused_log = worker(server, "{paused}/main", "-j 1 --prefetch 0 --lease 30")
+    -- a long lease: its renewals (every lease/12) are not due when it wakes,
+    -- so its first act then is the report of its run of x, refused
+    local paused, paused_log = worker(server, "{paused}/main", "-j 1 --prefetch 0 --lease 120")
     helpers.wait_for(function() return helpers.exists(started) end, 20)
+    helpers.wait_for(function() return server:cli("HGET", "mj:{paused}/main:j:" .. x.id, "ran") == "1" end, 20)
     os.execute("kill -STOP " .. paused)
     redis_queue.close_after({ close = function() os.execute("kill -CONT " .. paused .. " 2>/dev/null") end })
     -- its lease made to run out now (what a pause past the lease does)
