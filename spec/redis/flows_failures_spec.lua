@@ -1,8 +1,8 @@
 -- Flows on Redis when things go wrong, with real `moonjob worker` processes:
 -- each on_fail of a child, a child retried then completed, a parent past its
--- children_deadline, a child gone from Redis (EMISSING), cancel and remove
--- cascades. (Trees that run: flows_spec.lua; trees refused whole:
--- flows_refused_spec.lua.)
+-- children_deadline, a child or a parent gone from Redis, cancel and remove
+-- cascades, an add or a stale entry meeting a waiting parent's id. (Trees
+-- that run, and trees refused whole: flows_spec.lua.)
 local fr = require "flow_runs"
 local helpers = require "helpers"
 local rf = require "redis_workers"
