@@ -161,7 +161,8 @@ end
 --     [, debounce_id, debounce_ms [, group [, sheet, call [, forget]]]]]]])
 --     -> { id, state, joined [, nonce] }
 -- id "" draws a number; id "\0dedupe" is "d:" .. the SHA-1 of data. A job with
--- that id waiting, delayed or running is joined (joined = 1); a completed one
+-- that id waiting, delayed, running or waiting for its children (a flow's
+-- parent) is joined (joined = 1); a completed one
 -- whose cache has not ended is returned as it is, and with existing "join"
 -- any finished one still kept; otherwise the id starts a new job. nonce (""
 -- or absent: made here) is stored with the job; a call that passed one gets
@@ -189,7 +190,7 @@ local function add_job(p, args, now)
   local f, why = job_fields(key, "state", "cache_until", "nonce")
   if not f then return redis.error_reply("EINPUT moonjob_add: " .. why .. "; delete it or choose another id") end
   local state = f[1]
-  if state == "waiting" or state == "delayed" or state == "active"
+  if state == "waiting" or state == "delayed" or state == "active" or state == "waiting-children"
       or (state == "completed" and (tonumber(f[2]) or 0) > now)
       or ((state == "completed" or state == "failed") and args[14] == "join") then
     if args[12] == "1" and state ~= "completed" and state ~= "failed" then redis.call("HSET", key, "notify", "1") end

@@ -108,7 +108,8 @@ local function check_id(node, i, seen)
   node.id = id
 end
 
--- The whole call checked before its first write -> nil, the nodes; or the refusal.
+-- The whole call checked before its first write -> nil, the nodes, the job
+-- keys the flow names (key -> its node); or the refusal.
 local function check_flow(keys, args)
   local tag = tag_of(keys[1] or "")
   if not tag then return refuse(FN, "KEYS[1] must be the root's queue prefix, mj:{NAME}: or mj:{TAG}NAME:", keys[1] or "") end
@@ -138,7 +139,7 @@ local function check_flow(keys, args)
     local refused = check_id(node, i, seen)
     if refused then return refused end
   end
-  return nil, nodes
+  return nil, nodes, seen
 end
 
 -- Child node (the i-th) linked to its parent node: pending there.
@@ -157,14 +158,15 @@ end
 
 -- add_flow(K prefixes; COUNT, node...) -> { id, nonce, ... } in node order.
 local function add_flow(keys, args)
-  local refused, nodes = check_flow(keys, args)
+  local refused, nodes, named = check_flow(keys, args)
   if refused then return refused end
   local now, out = now_ms(), {}
   for i, node in ipairs(nodes) do
     local p, a = node.prefix, node.args
     local id = node.id
-    if not id then -- a number no job holds, as add's
-      repeat id = tostring(redis.call("INCR", p .. "ids")) until redis.call("EXISTS", job_key(p, id)) == 0
+    if not id then -- a number no job holds, as add's, nor a later job of the flow names
+      repeat id = tostring(redis.call("INCR", p .. "ids"))
+      until redis.call("EXISTS", job_key(p, id)) == 0 and not named[job_key(p, id)]
     end
     node.id, node.key = id, job_key(p, id)
     local nonce, prio, group = H.store_job(p, id, node.key, a, now)
@@ -217,6 +219,10 @@ local function count_child(p, id, key, slot, state, value, now)
   local deps = p .. "deps:" .. id
   if redis.call("SREM", deps, slot) == 0 then return end
   local kids = p .. "kids:" .. id
+  if redis.call("EXISTS", key) == 0 then -- the parent is gone (evicted, deleted around moonjob): its keys too
+    redis.call("ZREM", p .. "parents", id)
+    return redis.call("DEL", deps, kids)
+  end
   local on_fail = string.sub(redis.call("HGET", kids, slot) or "?fail", 2)
   if state == "completed" then
     redis.call("HSET", kids, slot, "c" .. value)
@@ -277,6 +283,7 @@ function H.look_at_parents(p, now)
     local deadline = f and tonumber(f[2] or "")
     if not (f and f[1] == "waiting-children") then
       redis.call("ZREM", p .. "parents", id)
+      if f and not f[1] then redis.call("DEL", p .. "deps:" .. id, p .. "kids:" .. id) end -- (its hash gone)
     elseif deadline and deadline <= now then
       end_parent(p, id, key, err_json("ETIMEDOUT", ("its children did not all end by its children_deadline"
         .. " (%d pending)"):format(redis.call("SCARD", p .. "deps:" .. id))), "ETIMEDOUT", now)

@@ -130,7 +130,7 @@ local function classify(p, id, key, now, f, why)
     return "bad"
   end
   if state == "waiting" or state == "delayed" or state == "active" or state == "completed"
-      or state == "failed" then
+      or state == "failed" or state == "waiting-children" then
     return "stale"
   end
   fail_entry(p, id, key, now, "the job's state '" .. tostring(state):sub(1, 64) .. "' is not one moonjob knows")
