@@ -199,22 +199,20 @@ rq.describe(function()
 
   describe("moonjob.producer on OpenResty's client", function()
     -- Debian's nginx.redis (lua-nginx-redis, which depends on nginx-extras:
-    -- unpacked here, not installed), run by LuaJIT with LuaSocket standing
-    -- in for ngx.socket.tcp: the client's own code, the adapter's use of it.
-    local dir
+    -- unpacked by `make openresty-deps`, not installed), run by LuaJIT with
+    -- LuaSocket standing in for ngx.socket.tcp: the client's own code, the
+    -- adapter's use of it.
+    local dir = require("openresty").ROOT
     setup(function()
-      dir = helpers.tmpdir()
-      local _, err, status = helpers.sh(("cd %s && apt-get download lua-nginx-redis && dpkg -x lua-nginx-redis_*.deb x")
-        :format(dir))
-      assert(status == 0, "cannot unpack Debian's lua-nginx-redis: " .. err)
+      assert(helpers.exists(dir .. "/usr/share/lua/5.1/nginx/redis.lua"),
+        "Debian's lua-nginx-redis is not unpacked under " .. dir .. ": run `make openresty-deps`")
     end)
-    teardown(function() if dir then os.execute("rm -rf " .. dir) end end)
 
     it("adds jobs and bulks through its methods, and a flow too long for them through its socket", function()
       local queue = rq.new_queue()
       rq.start_worker(queue, "-j 2")
       local body = ([==[
-        package.path = "%s/x/usr/share/lua/5.1/?.lua;" .. package.path
+        package.path = "%s/usr/share/lua/5.1/?.lua;" .. package.path
         local socket = require "socket"
         local function flat(t, out) -- a cosocket sends nested lists of strings and numbers
           for _, v in ipairs(t) do if type(v) == "table" then flat(v, out) else out[#out + 1] = tostring(v) end end
