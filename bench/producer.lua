@@ -55,7 +55,7 @@ local BODY = [[
 
 local RUNS = {
   { name = "luajit, redis-lua: q:add", lua = "luajit", client = 'require("redis").connect("127.0.0.1", PORT)' },
-  { name = "lua5.1, redis-lua: q:add", lua = "lua5.1", client = 'require("redis").connect("127.0.0.1", PORT)' },
+  { name = "lua5.3, redis-lua: q:add", lua = "lua5.3", client = 'require("redis").connect("127.0.0.1", PORT)' },
   { name = "lua5.4, LuaSocket: q:add", lua = "lua5.4", client = "{ port = PORT }" },
   { name = ("lua5.4, LuaSocket: q:add_bulk (%d a pipeline)"):format(BULK), lua = "lua5.4", client = "{ port = PORT }",
     bulk = BULK },

@@ -145,12 +145,12 @@ describe("installing #slow", function()
     assert.same({}, recorded_switches(src .. "/build/moonjob/core.so")) -- make's build/ untouched
   end)
 
-  it("with luarocks make of moonjob-producer-scm-1.rockspec: the pure-Lua producer alone, whole, "
+  it("with luarocks make of rocks/moonjob-producer-scm-1.rockspec: the pure-Lua producer alone, whole, "
     .. "loaded by Lua 5.4 from that tree", function()
     local home = work .. "/producer"
     local tree = home .. "/tree"
     assert(os.execute("mkdir -p " .. home) == 0)
-    local _, err, status = h.sh(clean(home, src, LUAROCKS .. "make moonjob-producer-scm-1.rockspec --tree "
+    local _, err, status = h.sh(clean(home, src, LUAROCKS .. "make rocks/moonjob-producer-scm-1.rockspec --tree "
       .. tree .. " --deps-mode=none\n"))
     assert.equal(0, status, err)
     assert.is_nil(io.open(tree .. "/share/lua/5.1/moonjob/init.lua"), "moonjob's C side was installed too")

@@ -259,14 +259,14 @@ rq.describe(function()
       server:cli("FUNCTION", "FLUSH")
       local queue = rq.new_queue()
       rq.start_worker(queue)
-      local rows = run("lua5.1", queue, [==[
+      local rows = run("lua5.3", queue, [==[
         local redis = require "redis"
         local c = redis.connect("127.0.0.1", PORT)
         local calls, commands = 0, {}
         local client = { call = function(self, argv) -- redis-lua raises on an error reply
           calls = calls + 1
           commands[argv[1]] = commands[argv[1]] or redis.command(argv[1])
-          local ok, v = pcall(commands[argv[1]], c, unpack(argv, 2))
+          local ok, v = pcall(commands[argv[1]], c, (table.unpack or unpack)(argv, 2))
           if ok then return v end
           local refused = tostring(v):match("redis error: (.*)$")
           if refused then return nil, refused end

@@ -3,7 +3,9 @@ package = "moonjob-producer"
 version = "scm-1"
 -- The pure-Lua producer alone (moonjob.producer): no C, no FFI, for
 -- OpenResty and Lua 5.1 to 5.4, installed with `luarocks make
--- moonjob-producer-scm-1.rockspec` from a checkout (docs/guide/producer.md).
+-- rocks/moonjob-producer-scm-1.rockspec` from the checkout's top (docs/guide/producer.md;
+-- in its own folder: `luarocks make` with no argument, the whole rock,
+-- must find one rockspec at the top).
 -- Only its modules and the Redis library's parts it loads into Redis; the
 -- whole moonjob rock (moonjob-scm-1.rockspec) holds them too, so a tree
 -- needs one of the two. The install spec (spec/install_spec.lua) checks that
