@@ -9,33 +9,16 @@
 -- and against the target (under 50 ms for / and /metrics with 100,000 jobs).
 -- Listing is paged in Redis, so the times should not depend on the number
 -- of jobs. Each process is ended by its pid.
-package.path = "lua/?.lua;lua/?/init.lua;spec/support/?.lua;" .. package.path
+package.path = "lua/?.lua;lua/?/init.lua;bench/?.lua;spec/support/?.lua;" .. package.path
 package.cpath = "build/?.so;" .. package.cpath
 
 local moonjob = require "moonjob"
-local core = require "moonjob.core"
-local loop = require "moonjob.loop"
 local redis_server = require "redis_server"
 
 local WAITING = tonumber(os.getenv("BENCH_DASHBOARD_JOBS")) or 100000
 local COMPLETED, TRIES = 20000, 30
-local LUAJIT = 'env LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" luajit'
-
-local function first_line(cmd)
-  local p = io.popen(cmd)
-  local line = p:read("*l")
-  p:close()
-  return line
-end
-
-local function wait_for(pred, seconds)
-  local deadline = loop.now() + seconds * 1000
-  local poll = core.timer(function() end)
-  poll:start(10, 10)
-  loop.wait_until(function() return pred() or loop.now() > deadline end)
-  poll:close()
-  return pred()
-end
+local common = require "common"
+local LUAJIT, first_line, wait_for = common.LUAJIT, common.first_line, common.wait_for
 
 local function add_jobs(q, n, from)
   local pending = 0

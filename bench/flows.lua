@@ -9,11 +9,10 @@
 --    from their start to the last completion (the parents run after their
 --    children, so a flow's jobs take two rounds of fetches).
 -- Each process is ended by its pid.
-package.path = "lua/?.lua;lua/?/init.lua;spec/support/?.lua;" .. package.path
+package.path = "lua/?.lua;lua/?/init.lua;bench/?.lua;spec/support/?.lua;" .. package.path
 package.cpath = "build/?.so;" .. package.cpath
 
 local moonjob = require "moonjob"
-local core = require "moonjob.core"
 local loop = require "moonjob.loop"
 local redis_server = require "redis_server"
 local library = require "moonjob.redis.library"
@@ -21,28 +20,13 @@ local library = require "moonjob.redis.library"
 local FLOWS = tonumber(os.getenv("BENCH_FLOWS")) or 2000
 local WIDTH = 10
 local JOBS = FLOWS * (WIDTH + 1)
-local LUAJIT = 'env LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" luajit'
+local common = require "common"
+local LUAJIT, first_line, wait_for = common.LUAJIT, common.first_line, common.wait_for
 
 local server = redis_server.start()
 local q, q_err = moonjob.queue(server.url, "bench")
 if not q then server:stop() error(q_err) end
 local running = {}
-
-local function first_line(cmd)
-  local p = io.popen(cmd)
-  local line = p:read("*l")
-  p:close()
-  return line
-end
-
-local function wait_for(pred, seconds)
-  local deadline = loop.now() + seconds * 1000
-  local poll = core.timer(function() end)
-  poll:start(10, 10)
-  loop.wait_until(function() return pred() or loop.now() > deadline end)
-  poll:close()
-  return pred()
-end
 
 local function start_worker()
   local pid = assert(tonumber(first_line(("%s scripts/moonjob worker bench/noop.lua --redis %s --queue bench"

@@ -22,7 +22,7 @@
 -- 8. Redis memory per group: 1,000 groups of 10 waiting jobs each, next to
 --    10,000 waiting jobs of no group.
 -- Each process is ended by its pid.
-package.path = "lua/?.lua;lua/?/init.lua;spec/support/?.lua;" .. package.path
+package.path = "lua/?.lua;lua/?/init.lua;bench/?.lua;spec/support/?.lua;" .. package.path
 package.cpath = "build/?.so;" .. package.cpath
 
 local moonjob = require "moonjob"
@@ -33,23 +33,8 @@ local helpers = require "helpers" -- loaded by redis_server already: its sleep
 local library = require "moonjob.redis.library"
 
 local JOBS = tonumber(os.getenv("BENCH_REDIS_JOBS")) or 60000
-local LUAJIT = 'env LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" luajit'
-
-local function sh_first_line(cmd)
-  local p = io.popen(cmd)
-  local line = p:read("*l")
-  p:close()
-  return line
-end
-
-local function wait_for(pred, seconds)
-  local deadline = loop.now() + seconds * 1000
-  local poll = core.timer(function() end)
-  poll:start(10, 10)
-  loop.wait_until(function() return pred() or loop.now() > deadline end)
-  poll:close()
-  return pred()
-end
+local common = require "common"
+local LUAJIT, sh_first_line, wait_for = common.LUAJIT, common.first_line, common.wait_for
 
 -- Commands the server ran (those inside functions included), and the calls
 -- clients made (every command but the ones functions ran).
