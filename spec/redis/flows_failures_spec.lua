@@ -51,7 +51,8 @@ describe("a flow's failures on Redis #slow", function()
       q:children(root)[3].state })
   end)
 
-  it("on_fail continue: the parent runs and sees the error; ignore: it runs without it; a child retried "
+  it("on_fail continue: the parent runs and sees the error; ignore: it runs, the child in its place without "
+      .. "its error; a child retried "
       .. "then completed counts as completed", function()
     local server = rf.server()
     local trace = os.tmpname()
@@ -65,10 +66,12 @@ describe("a flow's failures on Redis #slow", function()
     worker(server, "oc", "-j 2")
     local result = assert(root:wait(20))
     local seen = result.children -- job.children as the parent's processor had it
-    assert.equal(3, #seen) -- b left out
+    assert.equal(4, #seen) -- each in its place: b as ignored, without its error
     assert.same({ kids[1].id, "failed", "EBAD" }, { seen[1].id, seen[1].state, seen[1].error.code })
-    assert.same({ kids[3].id, "completed", "c" }, { seen[2].id, seen[2].state, seen[2].result.data.name })
-    assert.same({ kids[4].id, "completed", "d" }, { seen[3].id, seen[3].state, seen[3].result.data.name })
+    assert.same({ kids[2].id, "ignored" }, { seen[2].id, seen[2].state })
+    assert.is_nil(seen[2].error)
+    assert.same({ kids[3].id, "completed", "c" }, { seen[3].id, seen[3].state, seen[3].result.data.name })
+    assert.same({ kids[4].id, "completed", "d" }, { seen[4].id, seen[4].state, seen[4].result.data.name })
     assert.equal(2, assert(kids[3]:get()).attempts)
     local t = trace_of(trace)
     assert.equal(2, count(t.starts.c))

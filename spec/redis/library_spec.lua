@@ -113,7 +113,7 @@ describe("the Redis library's parts", function()
       assert.is_true(count <= 500, name .. ": " .. count .. " lines")
     end
     assert.equal("8", library.version())
-    assert.equal("7", library.oldest_client())
+    assert.equal("8", library.oldest_client())
     local text = library.text()
     local before = text:sub(1, text:find('local VERSION, OLDEST_CLIENT = "', 1, true) - 1)
     assert.equal("register.lua", (library.where(select(2, before:gsub("\n", "")) + 1)))

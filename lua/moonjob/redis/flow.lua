@@ -170,14 +170,13 @@ function M.children(rows, codec)
 end
 
 -- The same rows as a processor's job.children: plain tables (they cross to
--- the child), the children ignored by their on_fail left out.
+-- the child); a child whose failure its on_fail ignores keeps its place,
+-- as state "ignored" without its error.
 function M.children_for_processor(rows)
-  local out = {}
-  for _, child in ipairs(M.children(rows)) do
-    if child.state ~= "ignored" then
-      if child.error then child.error = setmetatable(child.error, nil) end
-      out[#out + 1] = child
-    end
+  local out = M.children(rows)
+  for _, child in ipairs(out) do
+    if child.state == "ignored" then child.error = nil end
+    if child.error then child.error = setmetatable(child.error, nil) end
   end
   return out
 end

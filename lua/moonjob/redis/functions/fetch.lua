@@ -74,8 +74,15 @@ local function take_one(p, id, w, token_no, now)
     return nil, "failed"
   end
   local why, code = unfit(id, f), nil
-  if not why and w.max_payload > 0 and #f[2] > w.max_payload then
-    why = ("the job data is %d bytes, more than the worker's max_payload (%d)"):format(#f[2], w.max_payload)
+  local children, bytes = nil, #(f[2] or "")
+  if f[11] and not why then -- a flow's parent: its children's ends come with it (flows.lua)
+    children = H.children_rows(p, id)
+    for _, text in ipairs(children) do bytes = bytes + #text + 8 end -- (+ RESP's framing, about)
+  end
+  if not why and w.max_payload > 0 and bytes > w.max_payload then
+    why = children and ("the job's data and its children's ends (results, errors, ids) take %d bytes, more than the"
+      .. " worker's max_payload (%d)"):format(bytes, w.max_payload)
+      or ("the job data is %d bytes, more than the worker's max_payload (%d)"):format(bytes, w.max_payload)
     code = "EPAYLOAD"
   end
   if why then
@@ -87,9 +94,7 @@ local function take_one(p, id, w, token_no, now)
   redis.call("HSET", key, "state", "active", "token", token, "worker", w.id, "started", now,
     "ran", "0", "made", made, "began", "", "db", w.db or "") -- (in one HSET: this runs for every job)
   redis.call("ZADD", p .. "active", now + w.lease, id)
-  if f[11] then -- a flow's parent: its children's ends come with it (flows.lua)
-    return { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7], "", "", H.children_rows(p, id) }
-  end
+  if children then return { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7], "", "", children } end
   return { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7] }
 end
 
@@ -195,6 +200,9 @@ end
 -- A fetch's first element while the queue is paused: no job comes with it.
 local PAUSED = -2
 
+-- Parents due a look (flows.lua) bring an idle worker back no sooner.
+local PARENTS_AGAIN_MS = 1000
+
 -- fetch(p; worker, n, lease_ms, keep_count, keep_age_ms, max_payload [, keep_failed_age_ms [, free [, db]]])
 -- -> { next_due_ms, job, ... } ({ -2 } while the queue is paused); each job is
 -- { id, token, data, made, attempts, backoff, timeout, kill_after, name
@@ -272,6 +280,7 @@ local function fetch(keys, args)
   local parked = grouped and tonumber(redis.call("ZRANGE", p .. "gparked", 0, 0, "WITHSCORES")[2] or "")
   if parked and parked < math.huge and not (due and due <= parked) then due = parked end
   local parent = tonumber(redis.call("ZRANGE", p .. "parents", 0, 0, "WITHSCORES")[2] or "") -- (its deadline, its look)
+  if parent then parent = math.max(parent, now + PARENTS_AGAIN_MS) end -- (more due than one look takes: not at once)
   if parent and not (due and due <= parent) then due = parent end
   if held_back and not (due and due <= now + held_back) then due = now + held_back end
   if steps then due = now end

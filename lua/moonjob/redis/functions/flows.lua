@@ -31,7 +31,11 @@ local job_fields, now_ms, finish, make_waiting = H.job_fields, H.now_ms, H.finis
 local make_delayed, queue_name = H.make_delayed, H.queue_name
 
 local NODE_FIELDS, NODES_MAX, DEPTH_MAX = 18, 1000, 32
-local LOOK_MS = 10000 -- how often a waiting parent's children are looked at (gone ones: EMISSING)
+-- How often a waiting parent's children are looked at for gone ones
+-- (EMISSING): every LOOK_MS, and LOOK_MS_PER_PARENT more for each parent
+-- waiting; each fetch looks at LOOK_PARENTS due parents at most, and stops
+-- once it looked at about LOOK_BUDGET children.
+local LOOK_MS, LOOK_MS_PER_PARENT, LOOK_PARENTS, LOOK_BUDGET = 10000, 10, 20, 1000
 local ON_FAIL = { [""] = "fail", fail = "fail", continue = "continue", ignore = "ignore" }
 local FN = "moonjob_add_flow"
 
@@ -152,6 +156,8 @@ end
 
 local function wait_children(node, now)
   local deadline = node.deadline and now + node.deadline or ""
+  -- (an earlier parent with this id may have left them: a cached result expired)
+  redis.call("DEL", node.prefix .. "deps:" .. node.id, node.prefix .. "kids:" .. node.id)
   redis.call("HSET", node.key, "state", "waiting-children", "kids", node.kids, "deadline", deadline)
   redis.call("ZADD", node.prefix .. "parents", math.min(now + LOOK_MS, tonumber(deadline) or math.huge), node.id)
 end
@@ -273,11 +279,30 @@ function H.cancel_parent(p, id, key, reason, now)
   end_parent(p, id, key, err_json("ECANCELED", reason), "ECANCELED", now)
 end
 
--- fetch's: the parents due a look (2 per call): one past its deadline fails
+-- A waiting parent's pending children looked at: one whose hash is gone,
+-- or is no longer this parent's child (another job took its id, another
+-- client wrote its key), counts as failed (EMISSING). -> how many looked at.
+local function look_for_missing(p, id, key, now)
+  local pending = redis.call("SMEMBERS", p .. "deps:" .. id)
+  for _, slot in ipairs(pending) do
+    if redis.pcall("HGET", string.sub(slot, 5), "pslot") ~= slot then
+      count_child(p, id, key, slot, "failed", err_json("EMISSING", "the child's job was gone from Redis"
+        .. " (evicted, replaced, or deleted around moonjob) before it ended"), now)
+    end
+  end
+  return #pending
+end
+
+-- fetch's: the parents due a look (at most LOOK_PARENTS per call, and about
+-- LOOK_BUDGET children): one past its deadline fails
 -- (ETIMEDOUT); a child found gone (evicted, deleted around moonjob) counts
 -- as failed (EMISSING).
 function H.look_at_parents(p, now)
-  for _, id in ipairs(redis.call("ZRANGEBYSCORE", p .. "parents", "-inf", now, "LIMIT", 0, 2)) do
+  local budget = LOOK_BUDGET
+  -- (the more parents wait, the rarer each one's look: a steady cost per fetch)
+  local spacing = LOOK_MS + redis.call("ZCARD", p .. "parents") * LOOK_MS_PER_PARENT
+  for _, id in ipairs(redis.call("ZRANGEBYSCORE", p .. "parents", "-inf", now, "LIMIT", 0, LOOK_PARENTS)) do
+    if budget <= 0 then break end
     local key = job_key(p, id)
     local f = job_fields(key, "state", "deadline")
     local deadline = f and tonumber(f[2] or "")
@@ -288,13 +313,8 @@ function H.look_at_parents(p, now)
       end_parent(p, id, key, err_json("ETIMEDOUT", ("its children did not all end by its children_deadline"
         .. " (%d pending)"):format(redis.call("SCARD", p .. "deps:" .. id))), "ETIMEDOUT", now)
     else
-      for _, slot in ipairs(redis.call("SMEMBERS", p .. "deps:" .. id)) do
-        if redis.call("EXISTS", string.sub(slot, 5)) == 0 then
-          count_child(p, id, key, slot, "failed", err_json("EMISSING", "the child's job was gone from Redis"
-            .. " (evicted, or deleted around moonjob) before it ended"), now)
-        end
-      end
-      redis.call("ZADD", p .. "parents", "XX", math.min(now + LOOK_MS, deadline or math.huge), id)
+      budget = budget - look_for_missing(p, id, key, now)
+      redis.call("ZADD", p .. "parents", "XX", math.min(now + spacing, deadline or math.huge), id)
     end
   end
 end
@@ -316,9 +336,11 @@ function H.children_rows(p, id)
     local cp, cid = split_key(ckey)
     local v = values[slot]
     local state, value = ENDED[string.sub(v, 1, 1)], string.sub(v, 2)
-    if not state then
-      local s = redis.pcall("HGET", ckey, "state")
-      state, value = type(s) == "string" and s or "missing", ""
+    if not state then -- pending (or, its parent failed first, ended on its own)
+      local s = redis.pcall("HMGET", ckey, "state", "result", "error")
+      if type(s) ~= "table" or s.err or not s[1] then s = { "missing" } end
+      state = s[1]
+      value = state == "completed" and s[2] or state == "failed" and s[3] or ""
     end
     out[#out + 1] = queue_name(cp)
     out[#out + 1] = cid

@@ -199,6 +199,7 @@ local function empty_set(p, set, limit)
     if here and set == "wait" then G.unindex(p, f[2], m) end
     if here and set == "active" and f[2] then redis.call("SREM", p .. "ga:" .. f[2], id) end
     if here or not f then delete_job(p, id, key) end
+    if set == "parents" and f and not f[1] then redis.call("DEL", p .. "deps:" .. id, p .. "kids:" .. id) end -- (its hash gone)
   end
   return #members
 end

@@ -31,6 +31,7 @@ local function trim(p, set, keep_count, keep_age_ms, now, most)
     if cache_until > now then
       redis.call("PEXPIREAT", key, cache_until)
       redis.call("PEXPIREAT", log_key(p, id), cache_until)
+      redis.call("PEXPIREAT", p .. "kids:" .. id, cache_until) -- (a flow's parent's children)
       note(p, "cached", id, cache_until, now) -- (for obliterate)
     else
       delete_job(p, id, key)
