@@ -51,7 +51,7 @@ describe("flows at their edges on Redis #slow", function()
     -- moonjob left): a new flow with its id must not take them
     server:cli("PERSIST", "mj:{cached}:kids:p1")
     server:cli("DEL", "mj:{cached}:j:p1")
-    local second = assert(q:add_flow({ id = "p1", data = { name = "root" },
+    local second = assert(q:add_flow({ id = "p1", cache = 60, data = { name = "root" }, -- (kept to be read)
       children = { { id = "c9", data = { name = "c9" } } } }))
     local result = assert(second:wait(20))
     assert.equal(1, #result.children)
