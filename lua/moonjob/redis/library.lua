@@ -81,7 +81,7 @@ function M.version()
 end
 
 -- library.oldest_client() -> the oldest moonjob version whose calls it
--- serves ("7"): what `FCALL moonjob_version 0 oldest` answers
+-- serves ("8"): what `FCALL moonjob_version 0 oldest` answers
 function M.oldest_client()
   if not text then assemble() end
   return oldest
