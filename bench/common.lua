@@ -1,6 +1,7 @@
 -- bench/common.lua -- what the Redis benches share: the command that runs
--- moonjob from the checkout, a shell command's first line, and a wait on
--- the loop (a 10 ms timer keeps it turning) for a condition or a deadline.
+-- moonjob from the checkout, a shell command's first line, a wait on the
+-- loop (a 10 ms timer keeps it turning) for a condition or a deadline, and
+-- `moonjob worker` processes started and ended by their pid.
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
 
@@ -23,6 +24,29 @@ function M.wait_for(pred, seconds)
   loop.wait_until(function() return pred() or loop.now() > deadline end)
   poll:close()
   return pred()
+end
+
+-- The `moonjob worker` processes not stopped yet: ended by their pid
+-- however the benchmark ends (stop_all), so a failed run leaves nothing.
+local running = {}
+
+-- A `moonjob worker` of processor (default bench/noop.lua) on queue of the
+-- server at url, with args; -> its pid.
+function M.start_worker(url, queue, args, processor)
+  local cmd = ("%s scripts/moonjob worker %s --redis %s --queue %s %s 2>/dev/null >/dev/null & echo $!")
+    :format(M.LUAJIT, processor or "bench/noop.lua", url, queue, args or "")
+  local pid = assert(tonumber(M.first_line(cmd)))
+  running[pid] = true
+  return pid
+end
+
+function M.stop(pid)
+  os.execute(("kill -KILL %d 2>/dev/null"):format(pid))
+  running[pid] = nil
+end
+
+function M.stop_all()
+  for pid in pairs(running) do M.stop(pid) end
 end
 
 return M

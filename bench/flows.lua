@@ -21,24 +21,13 @@ local FLOWS = tonumber(os.getenv("BENCH_FLOWS")) or 2000
 local WIDTH = 10
 local JOBS = FLOWS * (WIDTH + 1)
 local common = require "common"
-local LUAJIT, first_line, wait_for = common.LUAJIT, common.first_line, common.wait_for
+local wait_for = common.wait_for
 
 local server = redis_server.start()
 local q, q_err = moonjob.queue(server.url, "bench")
 if not q then server:stop() error(q_err) end
-local running = {}
-
-local function start_worker()
-  local pid = assert(tonumber(first_line(("%s scripts/moonjob worker bench/noop.lua --redis %s --queue bench"
-    .. " -j 2 2>/dev/null >/dev/null & echo $!"):format(LUAJIT, server.url))))
-  running[pid] = true
-  return pid
-end
-
-local function stop(pid)
-  os.execute(("kill -KILL %d 2>/dev/null"):format(pid))
-  running[pid] = nil
-end
+local function start_worker() return common.start_worker(server.url, "bench", "-j 2") end
+local stop = common.stop
 
 local function flush()
   q.client:call_wait({ "FLUSHDB" })
@@ -99,7 +88,7 @@ local function measure()
 end
 
 local ok, err = xpcall(measure, debug.traceback)
-for pid in pairs(running) do stop(pid) end
+common.stop_all()
 pcall(q.close, q)
 server:stop()
 if not ok then io.stderr:write(err, "\n") os.exit(1) end

@@ -59,23 +59,9 @@ local function floor_rate(clients)
   return tonumber(out and out:match("([%d.]+) requests per second")) or 0
 end
 
--- The worker processes not stopped yet: ended by their pid however the
--- benchmark ends, so that a failed run leaves nothing behind.
-local running = {}
-
--- A `moonjob worker` process running `processor` with `args`; its pid.
-local function start_worker(args, processor)
-  local cmd = ("%s scripts/moonjob worker %s --redis %s --queue bench %s 2>/dev/null >/dev/null & echo $!")
-    :format(LUAJIT, processor or "bench/noop.lua", server.url, args)
-  local pid = assert(tonumber(sh_first_line(cmd)))
-  running[pid] = true
-  return pid
-end
-
-local function stop(pid)
-  os.execute(("kill -KILL %d 2>/dev/null"):format(pid))
-  running[pid] = nil
-end
+-- A `moonjob worker` process on the queue running `processor` with `args`; its pid.
+local function start_worker(args, processor) return common.start_worker(server.url, "bench", args, processor) end
+local stop = common.stop
 
 -- n jobs added with moonjob add; groups: in that many groups, one group's
 -- jobs after the other's.
@@ -284,7 +270,7 @@ local ok, err = xpcall(function()
   groups_cost()
   group_memory()
 end, debug.traceback)
-for pid in pairs(running) do stop(pid) end
+common.stop_all()
 pcall(q.close, q)
 server:stop()
 if not ok then io.stderr:write(err, "\n") os.exit(1) end

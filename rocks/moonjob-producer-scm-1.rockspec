@@ -37,6 +37,7 @@ build = {
     ["moonjob.producer.codec"] = "lua/moonjob/producer/codec.lua",
     ["moonjob.producer.link"] = "lua/moonjob/producer/link.lua",
     ["moonjob.producer.resp"] = "lua/moonjob/producer/resp.lua",
+    ["moonjob.codec.children"] = "lua/moonjob/codec/children.lua",
     ["moonjob.errors"] = "lua/moonjob/errors.lua",
     ["moonjob.backoff"] = "lua/moonjob/backoff.lua",
     ["moonjob.redis.add"] = "lua/moonjob/redis/add.lua",

@@ -15,23 +15,7 @@ local function encoded(name)
   return (name:gsub("[^%w%-_.~]", function(c) return ("%%%02X"):format(c:byte()) end))
 end
 
--- A parent "page" on queue `name` with children img1 (completes) and img2
--- (fails, on_fail continue) on "{name}/images", which a pool runs, and txt
--- on `name`, which nothing runs. -> the producer of name, the images queue.
-local function half_done_flow()
-  local name = rq.new_queue()
-  local images = "{" .. name .. "}/images"
-  local q = rq.new_producer(name)
-  assert(q:add_flow({ id = "page", data = { page = 1 }, children = {
-    { id = "img1", queue = images, data = { n = 1 } },
-    { id = "img2", queue = images, data = { fail = true }, on_fail = "continue" },
-    { id = "txt", data = { n = 3 } },
-  } }))
-  rq.pool(images, { size = 1 })
-  local qi = rq.new_producer(images)
-  assert(rq.wait_for(function() local c = qi:counts() return c.completed + c.failed == 2 end), "the images ran")
-  return q, images
-end
+local half_done_flow = rq.half_done_flow
 
 rq.describe(function()
   describe("the dashboard's server on flows", function()

@@ -139,9 +139,7 @@ rq.describe(function()
       rq.pool(name, { size = 1 })
       assert(rq.wait_for(function() return q:counts().failed == 4 end), "the jobs did not expire")
       assert.equal("EEXPIRED", assert(q:job("x1")).error.code)
-      local function moonjob(args)
-        return helpers.sh(("%s scripts/moonjob %s --redis %s"):format(helpers.LUAJIT, args, rq.server().url))
-      end
+      local moonjob = rq.moonjob
       assert.equal("failed", assert(q:retry("x1")))
       local out, err, status = moonjob("retry --queue " .. name .. " x2")
       assert.equal(0, status, err)

@@ -3,39 +3,13 @@
 -- queues), one job's place in its flow (a parent's children, a child's
 -- parent) in NDJSON and on a terminal, and remove's refusal of a child its
 -- parent waits for, unless --cascade.
+local cli = require "cli"
 local helpers = require "helpers"
 local json = require "moonjob.codec.json"
 local rq = require "redis_queue"
 local terminal = require "terminal"
 
-local function moonjob(args, stdin)
-  return helpers.sh(("%s scripts/moonjob %s --redis %s"):format(helpers.LUAJIT, args, rq.server().url), stdin)
-end
-
-local function ndjson(out)
-  local rows = {}
-  for line in out:gmatch("[^\n]+") do rows[#rows + 1] = assert(json.decode(line)) end
-  return rows
-end
-
--- A parent "page" on queue `name` with three children: img1 (completes) and
--- img2 (fails, on_fail continue) on "{name}/images", which a pool runs,
--- and txt on `name` itself, which nothing runs: the parent keeps waiting.
--- -> the producer of `name`, the images queue's name.
-local function half_done_flow()
-  local name = rq.new_queue()
-  local images = "{" .. name .. "}/images"
-  local q = rq.new_producer(name)
-  assert(q:add_flow({ id = "page", data = { page = 1 }, children = {
-    { id = "img1", queue = images, data = { n = 1 } },
-    { id = "img2", queue = images, data = { fail = true }, on_fail = "continue" },
-    { id = "txt", data = { n = 3 } },
-  } }))
-  rq.pool(images, { size = 1 })
-  local qi = rq.new_producer(images)
-  assert(rq.wait_for(function() local c = qi:counts() return c.completed + c.failed == 2 end), "the images ran")
-  return q, images
-end
+local moonjob, half_done_flow, ndjson = rq.moonjob, rq.half_done_flow, cli.ndjson
 
 rq.describe(function()
   describe("the operating commands on flows", function()

@@ -3,18 +3,9 @@
 -- worker says on stderr. Output is NDJSON off a terminal; each refusal is
 -- one line on stderr and exit 1; usage errors exit 2.
 local helpers = require "helpers"
-local json = require "moonjob.codec.json"
 local rq = require "redis_queue"
 
-local function moonjob(args, stdin)
-  return helpers.sh(("%s scripts/moonjob %s --redis %s"):format(helpers.LUAJIT, args, rq.server().url), stdin)
-end
-
-local function ndjson(out)
-  local rows = {}
-  for line in out:gmatch("[^\n]+") do rows[#rows + 1] = assert(json.decode(line)) end
-  return rows
-end
+local moonjob, ndjson = rq.moonjob, require("cli").ndjson
 
 local wait_for = rq.wait_for
 

@@ -309,9 +309,7 @@ rq.describe(function()
   end)
 
   describe("moonjob schedule", function()
-    local function moonjob(args)
-      return helpers.sh(("%s scripts/moonjob %s --redis %s"):format(helpers.LUAJIT, args, rq.server().url))
-    end
+    local moonjob = rq.moonjob
 
     it("adds, lists and removes schedules; a bad one is a usage error", function()
       local name = rq.new_queue()

@@ -24,6 +24,13 @@ function M.by_line(out)
   return lines, n
 end
 
+-- NDJSON output decoded, a row per line; every line must be valid JSON.
+function M.ndjson(out)
+  local rows = {}
+  for text in out:gmatch("[^\n]+") do rows[#rows + 1] = assert(json.decode(text), "not JSON: " .. text) end
+  return rows
+end
+
 -- An input file of the given lines (strings, or tables written as JSON).
 function M.input_file(list)
   local t = {}

@@ -106,6 +106,32 @@ function M.worker_connected(log)
   end, 30)
 end
 
+-- The `moonjob` command on this file's server: `moonjob ARGS --redis URL`;
+-- -> stdout, stderr, exit status (helpers.sh's).
+function M.moonjob(args, stdin)
+  return helpers.sh(("%s scripts/moonjob %s --redis %s"):format(helpers.LUAJIT, args, server.url), stdin)
+end
+
+-- A flow half done on this file's server: a parent "page" on a new queue
+-- with three children, img1 (completes) and img2 (fails, on_fail continue)
+-- on "{queue}/images", which a pool runs, and txt on the queue itself,
+-- which nothing runs: the parent keeps waiting. -> the producer of the
+-- queue, the images queue's name.
+function M.half_done_flow()
+  local name = M.new_queue()
+  local images = "{" .. name .. "}/images"
+  local q = M.new_producer(name)
+  assert(q:add_flow({ id = "page", data = { page = 1 }, children = {
+    { id = "img1", queue = images, data = { n = 1 } },
+    { id = "img2", queue = images, data = { fail = true }, on_fail = "continue" },
+    { id = "txt", data = { n = 3 } },
+  } }))
+  M.pool(images, { size = 1 })
+  local qi = M.new_producer(images)
+  assert(M.wait_for(function() local c = qi:counts() return c.completed + c.failed == 2 end), "the images ran")
+  return q, images
+end
+
 -- One fetch that hands out nothing (N = 0): what an idle worker's poll
 -- does (it fires due schedules, promotes delayed jobs); -> its reply.
 function M.poll(q)

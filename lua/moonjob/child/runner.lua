@@ -21,6 +21,7 @@ local batch = require "moonjob.child.batch" -- requires the channel itself: befo
 package.loaded["moonjob.channel"], package.preload["moonjob.channel"] = nil, nil
 local buffer = require "string.buffer"
 local json = require "moonjob.codec.json"
+local child_rows = require "moonjob.codec.children" -- (a flow's parent's job.children)
 local encode = require "moonjob.child.encode"
 -- Nor the runner's parts: the batch runner holds the channel and the
 -- processor, and encode the limits results and errors must keep to.
@@ -204,7 +205,8 @@ local function decode_meta()
   local line_timeout = nil -- { first, seconds }: each line's timeout (moonjob.pool.lines)
   if type(first) == "table" then first, line_timeout = first[1], first[2] end
   return { id = id, attempt = attempt, name = name, first_line = first and abs(first),
-    end_on_failure = first and first < 0, line_timeout = line_timeout, children = children }
+    end_on_failure = first and first < 0, line_timeout = line_timeout,
+    children = children and child_rows.decode(children, json, true) }
 end
 
 -- Decodes the job's data (a batch's lines stay text); false and an error

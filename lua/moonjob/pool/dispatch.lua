@@ -98,7 +98,8 @@ local encode = buffer.encode
 
 -- The metadata the child reads before a job's data (child/runner.lua's
 -- decode_meta): the job's id, attempt, name, first line and children (a
--- flow's parent on Redis), encoded one after the other. For a first attempt
+-- flow's parent on Redis: Redis's rows, text, which the child decodes),
+-- encoded one after the other. For a first attempt
 -- without a name, lines or children, the common case, it is sent as two
 -- parts: the id's encoding and these bytes, made once.
 local PLAIN_FIRST_ATTEMPT = buffer.new():encode(1):encode(nil):encode(false):encode(nil):tostring()

@@ -16,6 +16,7 @@
 -- Pure Lua, as moonjob.redis.add: JSON through a codec given (opts.codec,
 -- children's codec), moonjob's exact one when none is.
 local add = require "moonjob.redis.add"
+local children = require "moonjob.codec.children"
 local errors = require "moonjob.errors"
 local names = require "moonjob.redis.names"
 
@@ -148,35 +149,14 @@ function M.handles(nodes, reply, queue_of, new_job)
   return jobs[1]
 end
 
--- A parent's children as moonjob_children (and moonjob_job, and a fetch)
--- give them: rows of queue, id, state, value -> { { id, queue, state,
--- result | error }, ... }; value is JSON text, read with codec (default:
--- moonjob's exact one).
+-- A parent's children as moonjob_children (and moonjob_job) give them:
+-- rows of queue, id, state, value -> { { id, queue, state, result | error
+-- }, ... } (moonjob.codec.children), values read with codec (default:
+-- moonjob's exact JSON), errors as error objects.
 function M.children(rows, codec)
-  local json = codec or require("moonjob.codec.json")
-  local out = {}
-  for i = 1, #rows, 4 do
-    local child = { queue = rows[i], id = rows[i + 1], state = rows[i + 2] }
-    local value = rows[i + 3]
-    if value ~= "" and child.state == "completed" then
-      child.result = json.decode(value)
-    elseif value ~= "" then
-      local e = json.decode(value)
-      child.error = errors.wrap(type(e) == "table" and e or { code = "EREMOTE", message = value })
-    end
-    out[#out + 1] = child
-  end
-  return out
-end
-
--- The same rows as a processor's job.children: plain tables (they cross to
--- the child); a child whose failure its on_fail ignores keeps its place,
--- as state "ignored" without its error.
-function M.children_for_processor(rows)
-  local out = M.children(rows)
+  local out = children.decode(rows, codec or require("moonjob.codec.json"))
   for _, child in ipairs(out) do
-    if child.state == "ignored" then child.error = nil end
-    if child.error then child.error = setmetatable(child.error, nil) end
+    if child.error then errors.wrap(child.error) end
   end
   return out
 end

@@ -56,7 +56,6 @@
 -- effects. Its late report is refused by token. Processors must be idempotent.
 local client = require "moonjob.redis.client"
 local errors = require "moonjob.errors"
-local flow = require "moonjob.redis.flow"
 local loop = require "moonjob.loop"
 local core = require "moonjob.core"
 local names = require "moonjob.redis.names"
@@ -333,7 +332,7 @@ function Remote:_take(f, sent_at)
   job.attempts, job.max_attempts = 0, 1
   if f[9] and f[9] ~= "" then job.name = f[9] end
   if type(f[10]) == "string" and f[10] ~= "" then job.group = f[10] end -- (its ERATELIMIT holds that group)
-  if type(f[12]) == "table" then job.children = flow.children_for_processor(f[12]) end -- (a flow's parent)
+  if type(f[12]) == "table" then job.children = f[12] end -- (a flow's parent: its children's rows, decoded in the child)
   self.fetched[id] = job
   self.nfetched = self.nfetched + 1
   self.counts.fetched = self.counts.fetched + 1

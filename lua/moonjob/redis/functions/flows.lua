@@ -298,10 +298,12 @@ end
 -- (ETIMEDOUT); a child found gone (evicted, deleted around moonjob) counts
 -- as failed (EMISSING).
 function H.look_at_parents(p, now)
+  local due = redis.call("ZRANGEBYSCORE", p .. "parents", "-inf", now, "LIMIT", 0, LOOK_PARENTS)
+  if #due == 0 then return end -- (every fetch of the queue: one command when none is due)
   local budget = LOOK_BUDGET
   -- (the more parents wait, the rarer each one's look: a steady cost per fetch)
   local spacing = LOOK_MS + redis.call("ZCARD", p .. "parents") * LOOK_MS_PER_PARENT
-  for _, id in ipairs(redis.call("ZRANGEBYSCORE", p .. "parents", "-inf", now, "LIMIT", 0, LOOK_PARENTS)) do
+  for _, id in ipairs(due) do
     if budget <= 0 then break end
     local key = job_key(p, id)
     local f = job_fields(key, "state", "deadline")
