@@ -1,8 +1,8 @@
 -- The pure-Lua producer (moonjob.producer): plain Lua programs, run by
--- LuaJIT, Lua 5.1 and Lua 5.4 with nothing of moonjob's build (no core.so,
+-- LuaJIT, Lua 5.2, 5.3 and 5.4 with nothing of moonjob's build (no core.so,
 -- no FFI), add jobs that a real `moonjob worker` process runs, through
--- Debian's redis-lua (LuaJIT, 5.1: Debian packages it for 5.1 to 5.3) or a
--- connection the producer opens from host and port (5.4: LuaSocket); they
+-- Debian's redis-lua (LuaJIT, 5.2, 5.3: Debian packages it for 5.1 to 5.3) or
+-- a connection the producer opens from host and port (5.4: LuaSocket); they
 -- load the function library themselves, load it again after FUNCTION FLUSH,
 -- and get errors as nil, err. (spec/support/pure_lua.lua runs the programs.)
 local faults = require "redis_faults"
@@ -130,6 +130,7 @@ rq.describe(function()
           code(q:add({ n = 2 }, { delay = 60, max_queue = 1 }))
           local jobs, err = q:add_bulk({ { n = 3 }, { n = 4 } }, { delay = 60, max_queue = 2 })
           say("bulk", tostring(jobs[1] and jobs[1].state), tostring(jobs[2]), err.code, err.errors[2].code, err.message)
+          code(q:add({ id = 123456789012345 })) -- more digits than cjson writes: refused, not rounded
         ]])
         local function row(i, code, message)
           assert.equal(code, rows[i][1], "row " .. i)
@@ -152,6 +153,7 @@ rq.describe(function()
         row(15, "EQUEUEFULL", "max_queue (1)")
         assert.same({ "bulk", "delayed", "false", "EQUEUEFULL", "EQUEUEFULL" }, { unpack(rows[16], 1, 5) })
         assert.matches("1 of 2 adds were refused; the first, job 2: ", rows[16][6], 1, true)
+        row(17, "EPAYLOAD", "the number 123456789012345 would lose digits in cjson")
       end)
     end)
   end

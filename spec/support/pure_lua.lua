@@ -1,5 +1,5 @@
 -- spec/support/pure_lua.lua -- runs a piece of Lua under another
--- interpreter (luajit, lua5.3, lua5.4), as a plain Lua program that uses
+-- interpreter (luajit, lua5.2, lua5.3, lua5.4), as a plain Lua program that uses
 -- moonjob.producer would: moonjob's modules from this checkout's lua/, the
 -- system's Lua libraries (lua-socket, lua-redis, lua-cjson), and nothing
 -- of moonjob's build (no core.so, no FFI codec).
@@ -17,12 +17,12 @@ local helpers = require "helpers"
 local M = {}
 
 -- The interpreters of the specs: LuaJIT and two PUC Luas (Debian's packages).
-M.INTERPRETERS = { "luajit", "lua5.3", "lua5.4" }
+M.INTERPRETERS = { "luajit", "lua5.2", "lua5.3", "lua5.4" }
 
 -- Debian packages redis-lua for Lua 5.1 to 5.3 only. (Not Debian's lua5.1:
 -- with it installed, LuaRocks' 5.1 tree runs lua5.1 rather than LuaJIT, and
 -- the install spec's `luarocks make` would make a moonjob command without the FFI.)
-M.HAS_REDIS_LUA = { luajit = true, ["lua5.3"] = true }
+M.HAS_REDIS_LUA = { luajit = true, ["lua5.2"] = true, ["lua5.3"] = true }
 
 local PRELUDE = [[
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
