@@ -88,6 +88,21 @@ describe("flows at their edges on Redis #slow", function()
     assert.equal("EMISSING", info.error.error.code)
   end)
 
+  it("a flow meeting a parents key of another type, or a parent with an expiry, is refused whole", function()
+    local server = rf.server()
+    local q = rf.producer(server, "hx")
+    server:cli("SET", "mj:{hx}:parents", "not a sorted set")
+    local _, err = q:add_flow({ data = 1, children = { { data = 2 } } })
+    assert.equal("EINPUT", err.code)
+    assert.matches("mj:{hx}:parents is a string", err.message, 1, true)
+    server:cli("DEL", "mj:{hx}:parents")
+    local reply = server:cli("FCALL", "moonjob_add_flow", "1", "mj:{hx}:", "2",
+      "1", "0", "", "", "", "{}", "0", "0", "1", "", "0", "0", "", "0", "0", "", "5000", "",
+      "1", "1", "", "", "", "{}", "0", "0", "1", "", "0", "0", "", "0", "0", "", "", "")
+    assert.matches("a job with children takes no EXPIRE_MS", reply, 1, true)
+    assert.same({}, keys(server, "mj:{hx}:*"))
+  end)
+
   it("obliterate deletes a gone parent's keys too", function()
     local server = rf.server()
     local q = rf.producer(server, "gone")

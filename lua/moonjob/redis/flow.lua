@@ -53,6 +53,10 @@ local function check_fields(node, path, is_root)
   if kids ~= nil and (type(kids) ~= "table" or next(kids) ~= nil and #kids == 0) then
     return refuse(path, "children must be a list of jobs")
   end
+  if node.expire ~= nil and kids and #kids > 0 then
+    return refuse(path, "expire is for a job without children (a parent's would count its children's time):"
+      .. " bound them with children_deadline")
+  end
   local d = node.children_deadline
   if d ~= nil and (type(d) ~= "number" or not (d > 0 and d <= names.SECONDS_MAX) or not (kids and #kids > 0)) then
     return refuse(path, "children_deadline must be a number of seconds, more than 0, on a job with children")

@@ -117,9 +117,14 @@ end
 local function check_flow(keys, args)
   local tag = tag_of(keys[1] or "")
   if not tag then return refuse(FN, "KEYS[1] must be the root's queue prefix, mj:{NAME}: or mj:{TAG}NAME:", keys[1] or "") end
-  for k = 2, #keys do
+  for k = 1, #keys do
     if tag_of(keys[k]) ~= tag then
       return refuse(FN, ("the queues of a flow must share the root's hash tag: name them {%s}NAME"):format(tag), keys[k])
+    end
+    local t = redis.call("TYPE", keys[k] .. "parents").ok -- (written after the jobs: checked before them)
+    if t ~= "none" and t ~= "zset" then
+      return redis.error_reply(("EINPUT %s: %sparents is a %s, not moonjob's sorted set of waiting parents (written"
+        .. " by another client); delete it"):format(FN, keys[k], t))
     end
   end
   local count = whole_in(args[1], 1, NODES_MAX)
@@ -137,6 +142,9 @@ local function check_flow(keys, args)
   for i, node in ipairs(nodes) do
     if node.kids and (tonumber(node.args[4]) or 0) > 0 then
       return refuse(FN, ("a job with children waits for them: its DELAY_MS must be 0 (job %d)"):format(i), node.args[4])
+    elseif node.kids and (node.args[15] or "") ~= "" then -- (it would count its children's time too)
+      return refuse(FN, ("a job with children takes no EXPIRE_MS: bound its children with CHILDREN_DEADLINE_MS"
+        .. " (job %d)"):format(i), node.args[15])
     elseif node.deadline and not node.kids then
       return refuse(FN, ("CHILDREN_DEADLINE_MS is for a job with children (job %d)"):format(i), node.deadline)
     end
