@@ -103,6 +103,38 @@ describe("flows at their edges on Redis #slow", function()
     assert.same({}, keys(server, "mj:{hx}:*"))
   end)
 
+  it("a child counted once stays as it was counted when it is run again by hand", function()
+    local server = rf.server()
+    local q = rf.producer(server, "{once}main")
+    local failing = os.tmpname() -- (the child fails while this file exists)
+    local root = assert(q:add_flow({ data = { name = "root" }, children = {
+      { on_fail = "continue", data = { name = "a", fail_while = failing } },
+      { queue = "{once}/idle", data = { name = "b" } } } })) -- (no worker: the parent keeps waiting)
+    fr.worker(server, "{once}main", "-j 1")
+    local a = root.children[1]
+    helpers.wait_for(function() return a:get().state == "failed" end, 20)
+    os.remove(failing)
+    assert.equal("failed", assert(q:retry(a.id)))
+    helpers.wait_for(function() return a:get().state == "completed" end, 20)
+    local listed = assert(q:children(root))
+    assert.same({ "failed", "EBAD" }, { listed[1].state, listed[1].error.code }) -- its first end, counted
+    assert.equal("waiting-children", assert(root:get()).state)
+    assert.equal("1", server:cli("SCARD", "mj:{once}main:deps:" .. root.id))
+  end)
+
+  it("draining or obliterating a children's queue counts them as canceled in their parents", function()
+    local server = rf.server()
+    local q = rf.producer(server, "{dr}main")
+    local drained = assert(q:add_flow({ data = 1, children = { { queue = "{dr}/b", data = 2 } } }))
+    local gone = assert(q:add_flow({ data = 1, children = { { queue = "{dr}/c", data = 3 } } }))
+    assert(rf.producer(server, "{dr}/b"):drain())
+    assert(rf.producer(server, "{dr}/c"):obliterate())
+    for _, root in ipairs({ drained, gone }) do
+      local info = assert(root:get())
+      assert.same({ "failed", "ECHILD", "ECANCELED" }, { info.state, info.error.code, info.error.error.code })
+    end
+  end)
+
   it("obliterate deletes a gone parent's keys too", function()
     local server = rf.server()
     local q = rf.producer(server, "gone")
