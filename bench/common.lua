@@ -9,12 +9,7 @@ local M = {}
 
 M.LUAJIT = 'env LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" luajit'
 
-function M.first_line(cmd)
-  local p = io.popen(cmd)
-  local line = p:read("*l")
-  p:close()
-  return line
-end
+M.first_line = require("helpers").first_line -- (spec/support's: the benches use its Redis server too)
 
 -- pred() once true, or false after `seconds`.
 function M.wait_for(pred, seconds)
