@@ -241,6 +241,7 @@ bench: deps bench-deps all $(BUILD)/bench-floor
 	$(LUA) bench/run.lua
 	$(LUA) bench/cli.lua
 	$(LUA) bench/datasets.lua
+	$(LUA) bench/life.lua
 	$(LUA) bench/redis.lua
 	$(LUA) bench/flows.lua
 	$(LUA) bench/producer.lua
