@@ -171,44 +171,43 @@ function Queue:add(data, opts)
   return new_job(self, reply)
 end
 
--- Refusals of some adds of a bulk -> one error: the first one's code, and
--- `errors`, each refusal by the index of its data.
-local function bulk_error(failed, first, total)
-  local n = 0
-  for _ in pairs(failed) do n = n + 1 end
-  return errors.new(failed[first].code, ("%d of %d adds were refused; the first, job %d: %s")
-    :format(n, total, first, failed[first].message), { errors = failed })
-end
-
 -- q:add_bulk(list [, opts]) -> jobs | nil, err, or jobs, err when some
 -- adds were refused (jobs[i] false for those; err.errors[i] says why).
--- One pipeline where the client has one; every add checked before any is
--- sent. opts: as q:add's, the same for every job (no id, dedupe key or
+-- Every job checked before any is sent, then up to 500 jobs per call
+-- (moonjob_add_bulk), the calls in one pipeline where the client has one.
+-- opts: as q:add's, the same for every job (no id, dedupe key or
 -- debounce: each names one job).
 function Queue:add_bulk(list, opts)
   if type(list) ~= "table" then return input_error("queue:add_bulk(): its first argument must be a list of data") end
-  if type(opts) == "table" and (opts.id ~= nil or opts.debounce ~= nil or type(opts.dedupe) == "string") then
-    return input_error("queue:add_bulk(): options 'id', 'debounce' and a dedupe key name one job: use q:add")
-  end
-  local calls = {}
+  local refusal = add.bulk_refusal(opts)
+  if refusal then return input_error(refusal) end
+  local texts = {}
   for i = 1, #list do
-    local args, err = self:_add_args(list[i], opts)
-    if not args then return nil, errors.new(err.code, ("job %d: %s"):format(i, err.message)) end
-    calls[i] = args
+    local text, err = add.encode(list[i], self.max_payload, self.json)
+    if not text then return nil, errors.new(err.code, ("job %d: %s"):format(i, err.message)) end
+    texts[i] = text
   end
-  if #calls == 0 then return {} end
-  local got, err = self.client:pipeline(calls)
+  local one, err = checked(add.args, self.prefix, "{}", opts, true, "", nil, self.json)
+  if not one then return nil, err end
+  if #texts == 0 then return {} end
+  local calls, argv = add.bulk_calls(one, texts), {}
+  for i, call in ipairs(calls) do argv[i] = call.args end
+  local got
+  got, err = self.client:pipeline(argv)
   if not got then return nil, add_error(err) end
   local jobs, failed, first = {}, nil, nil
-  for i, r in ipairs(got) do
-    if r[2] ~= nil then
-      failed, first = failed or {}, first or i
-      failed[i], jobs[i] = add_error(r[2]), false
-    else
-      jobs[i] = new_job(self, r[1])
+  for c, r in ipairs(got) do
+    for k = 0, math.min(add.BULK_CALL, #texts - calls[c].first + 1) - 1 do
+      local i, row = calls[c].first + k, r[1] and r[1][k + 1]
+      if type(row) == "table" then
+        jobs[i] = new_job(self, row)
+      else
+        failed, first = failed or {}, first or i
+        failed[i], jobs[i] = add_error(r[2] or row or "EREDIS no reply for this job"), false
+      end
     end
   end
-  if failed then return jobs, bulk_error(failed, first, #calls) end
+  if failed then return jobs, add.bulk_error(failed, first, #texts) end
   return jobs
 end
 

@@ -165,8 +165,10 @@ local Adds = {}
 Adds.__index = Adds
 
 function Adds.new(q, opts, dedupe, raw)
-  return setmetatable({ q = q, opts = opts, dedupe = dedupe, raw = raw, ids = {}, next_print = 1,
-    inflight = 0, added = 0, failed = 0, unknown = 0 }, Adds)
+  -- one: an add's arguments with these options, which the batches take
+  local one = add.args(q.prefix, "{}", opts, false, nil, dedupe and "join" or nil)
+  return setmetatable({ q = q, one = one, dedupe = dedupe, raw = raw, ids = {}, next_print = 1,
+    inflight = 0, added = 0, failed = 0, unknown = 0, batch = { lines = {}, texts = {} } }, Adds)
 end
 
 function Adds:flush()
@@ -215,28 +217,51 @@ function Adds:connected()
   return c.ready
 end
 
--- A reply that did not come (the connection dropped, Redis stalled past the
--- reply deadline) after the call was sent is asked for again, for up to
--- --resolve seconds (moonjob.redis.ledger); past them the job may or may not
--- have been added: "unknown".
-function Adds:send(n, line)
+-- The lines waiting to be sent go in one moonjob_add_bulk call of up to
+-- BATCH lines (add.bulk_calls). A reply that did not come (the connection
+-- dropped, Redis stalled past the reply deadline) after the call was sent is
+-- asked for again, for up to --resolve seconds (moonjob.redis.ledger); past
+-- them its jobs may or may not have been added: "unknown".
+local BATCH = 128
+
+function Adds:send()
+  local batch = self.batch
+  if #batch.lines == 0 then return end
+  self.batch = { lines = {}, texts = {} }
   if not self:connected() then
-    return self:refused(n, "Redis unreachable: " .. tostring(self.q.client.why or "no connection"))
+    for _, n in ipairs(batch.lines) do
+      self:refused(n, "Redis unreachable: " .. tostring(self.q.client.why or "no connection"))
+    end
+    return
   end
   local q = self.q
-  local args = add.args(q.prefix, line, self.opts, false, nil, self.dedupe and "join" or nil)
-  self.inflight = self.inflight + 1
-  ledger.send(q.client, q.ledger, args, q.resolve_ms, function(reply, err, _, unknown)
-    self.inflight = self.inflight - 1
-    if reply then
-      self.added, self.ids[n] = self.added + 1, reply[1]
-    elseif unknown then
-      self.unknown, self.ids[n] = self.unknown + 1, false
-      say(("line %d: unknown whether it was added (sent, but no reply: %s)"):format(n, tostring(err)))
-    else
-      self:refused(n, tostring(err))
+  local args = add.bulk_calls(self.one, batch.texts)[1].args
+  self.inflight = self.inflight + #batch.lines
+  ledger.send(q.client, q.ledger, args, q.resolve_ms, function(rows, err, _, unknown)
+    self.inflight = self.inflight - #batch.lines
+    for k, n in ipairs(batch.lines) do
+      local row = rows and rows[k]
+      if type(row) == "table" then
+        self.added, self.ids[n] = self.added + 1, row[1]
+      elseif unknown then
+        self.unknown, self.ids[n] = self.unknown + 1, false
+        say(("line %d: unknown whether it was added (sent, but no reply: %s)"):format(n, tostring(err)))
+      else
+        self:refused(n, tostring(row or err))
+      end
     end
   end)
+end
+
+-- A line to add, sent with the next batch.
+function Adds:take(n, line)
+  local batch = self.batch
+  batch.lines[#batch.lines + 1] = n
+  batch.texts[#batch.texts + 1] = line
+  if #batch.lines >= BATCH then
+    self:send()
+    loop.step() -- (its bytes written now: the next read may wait for input a long time)
+  end
 end
 
 function Adds:line(n, line)
@@ -258,7 +283,7 @@ function Adds:line(n, line)
     say(("line %d takes %d bytes, more than max_payload (%d); skipped"):format(n, #line, self.q.max_payload))
     self.failed, self.ids[n] = self.failed + 1, false
   else
-    self:send(n, line)
+    self:take(n, line)
   end
 end
 
@@ -302,15 +327,15 @@ local function lines_of(input, state)
 end
 
 -- moonjob add: one job per NDJSON line (--raw: per line of text, its data
--- the line as a JSON string), sent with up to WINDOW calls in
--- flight; prints each job's id in input order. A line whose call was sent but
+-- the line as a JSON string), sent BATCH lines per call with up to WINDOW
+-- lines in flight; prints each job's id in input order. A line whose call was sent but
 -- got no reply is sent again (moonjob.redis.ledger: Redis answers it once);
 -- past --resolve it is "unknown", never "failed" (the job may be in Redis). With
 -- --dedupe each line's id is "d:" .. the SHA-1 of the line and a finished job
 -- still kept with it is joined, not replaced: adding the same lines again
 -- adds only what is missing (identical lines are one job).
 function M.add(input_path, o)
-  local WINDOW = 256
+  local WINDOW = 2048 -- lines sent and not answered
   local input = io.stdin
   if (input_path == nil or input_path == "-") and core.closed_at_start(0) then
     say("standard input is closed", input_path and " (INPUT is -)" or " and no INPUT file was given",
@@ -335,6 +360,7 @@ function M.add(input_path, o)
     if adds.inflight >= WINDOW then loop.wait_until(function() return adds.inflight < WINDOW / 2 end) end
     adds:flush()
   end
+  adds:send()
   loop.wait_until(function() return adds.inflight == 0 end)
   adds:flush()
   adds:summary()

@@ -125,6 +125,45 @@ function M.args(prefix, text, opts, notify, nonce, existing, codec)
     ms_option(opts, "expire"), debounce_id, debounce_ms, group or "" }
 end
 
+-- Jobs per moonjob_add_bulk call (the library takes up to 1,000): a call
+-- holds Redis for about 10 us a job, and pipelined calls overlap.
+M.BULK_CALL = 500
+
+-- moonjob_add_bulk calls adding texts (JSON, each a job's data) with the
+-- options of `one`, an add's arguments from M.args (made with any data; no
+-- id but a dedupe of the data, no debounce: each names one job; the caller
+-- refused them). Their SHEET CALL FORGET (args[5..7]) are "", for a ledger
+-- to name. -> { { args, first = index of its first text }, ... }
+function M.bulk_calls(one, texts)
+  local calls, id = {}, one[5] == "\0dedupe" and one[5] or ""
+  for first = 1, #texts, M.BULK_CALL do
+    local args = { "FCALL", "moonjob_add_bulk", 1, one[4], "", "", "", one[7], one[8], one[9], one[10], one[11],
+      one[12], one[13], one[14], one[15], one[16], one[18], one[19], one[22] }
+    for i = first, math.min(#texts, first + M.BULK_CALL - 1) do
+      args[#args + 1] = id
+      args[#args + 1] = texts[i]
+    end
+    calls[#calls + 1] = { args = args, first = first }
+  end
+  return calls
+end
+
+-- Why bulk options are refused (they name one job), or nil.
+function M.bulk_refusal(opts)
+  if type(opts) == "table" and (opts.id ~= nil or opts.debounce ~= nil or type(opts.dedupe) == "string") then
+    return "queue:add_bulk(): options 'id', 'debounce' and a dedupe key name one job: use q:add"
+  end
+end
+
+-- A bulk add's error: how many of total were refused, the first (its
+-- index) said, each in .errors[i].
+function M.bulk_error(failed, first, total)
+  local n = 0
+  for _ in pairs(failed) do n = n + 1 end
+  return errors.new(failed[first].code, ("%d of %d adds were refused; the first, job %d: %s")
+    :format(n, total, first, failed[first].message), { errors = failed })
+end
+
 -- The error of an add without a reply (moonjob.redis.ledger's send): a
 -- refusal as fcall.reply_error makes it; unknown (sent, no reply within
 -- resolve_ms): EREDIS saying that the job may or may not have been added.

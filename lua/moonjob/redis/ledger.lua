@@ -46,9 +46,10 @@ function Ledger:_done(b)
   self.open[b], self.lost[b] = nil, nil
 end
 
--- Appends the name of a new call (SHEET, CALL, FORGET) to moonjob_add's
--- arguments, which must end at GROUP. -> the call's sheet.
-function Ledger:stamp(args)
+-- Writes the name of a new call (SHEET, CALL, FORGET) into args at `at`
+-- (moonjob_add_bulk's: 5), or appends it to moonjob_add's arguments, which
+-- must end at GROUP. -> the call's sheet.
+function Ledger:stamp(args, at)
   local now = loop.now()
   if self.count >= SHEET_CALLS or (self.count > 0 and now - self.opened >= SHEET_MS) then
     self.sheet, self.count = self.sheet + 1, 0
@@ -58,9 +59,10 @@ function Ledger:stamp(args)
   self.count = self.count + 1
   local b = self.sheet
   self.open[b] = (self.open[b] or 0) + 1
-  args[#args + 1] = self.producer .. "." .. b
-  args[#args + 1] = tostring(self.count)
-  args[#args + 1] = table.remove(self.forget, 1) or ""
+  at = at or #args + 1
+  args[at] = self.producer .. "." .. b
+  args[at + 1] = tostring(self.count)
+  args[at + 2] = table.remove(self.forget, 1) or ""
   return b
 end
 
@@ -78,11 +80,11 @@ local function later(ms, fn)
 end
 
 -- send(c, ledger, args, resolve_ms, cb): moonjob_add's args (ending at
--- GROUP) sent on client c under a new name; cb(reply) or cb(nil, err, kind,
+-- GROUP), or moonjob_add_bulk's, sent on client c under a new name; cb(reply) or cb(nil, err, kind,
 -- unknown), as client:call's, with unknown true when the call was sent but
 -- no reply came within resolve_ms of its first send (it may have run).
 function M.send(c, ledger, args, resolve_ms, cb)
-  local b = ledger:stamp(args)
+  local b = ledger:stamp(args, args[2] == "moonjob_add_bulk" and 5 or nil)
   local deadline, lost = loop.now() + resolve_ms, false
   local function try()
     c:call(args, function(reply, err, kind, sent)

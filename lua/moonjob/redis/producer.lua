@@ -28,6 +28,7 @@
 -- moonjob.redis.fcall; a job's handle is moonjob.redis.handle's.
 local add = require "moonjob.redis.add"
 local client = require "moonjob.redis.client"
+local errors = require "moonjob.errors"
 local fcall = require "moonjob.redis.fcall"
 local flow = require "moonjob.redis.flow"
 local handle = require "moonjob.redis.handle"
@@ -167,6 +168,44 @@ function Queue:add(data, opts)
   end)
   if not reply then return nil, add.send_error(err, unknown, self.resolve_ms) end
   return handle.new(self, reply)
+end
+
+-- queue:add_bulk(list [, opts]) -> jobs | nil, err, or jobs, err when some
+-- adds were refused (jobs[i] false for those; err.errors[i] says why), as
+-- moonjob.producer's: every job checked before any is sent, then up to 500
+-- jobs per moonjob_add_bulk call, the calls pipelined, each named by the
+-- ledger (a lost reply is asked for again, as q:add's). opts: as q:add's,
+-- the same for every job (no id, dedupe key or debounce).
+function Queue:add_bulk(list, opts)
+  if type(list) ~= "table" then error("queue:add_bulk(): its first argument must be a list of data", 2) end
+  local refusal = add.bulk_refusal(opts)
+  if refusal then error(refusal, 2) end
+  local texts = {}
+  for i = 1, #list do
+    local text, err = add.encode(list[i], self.max_payload)
+    if not text then return nil, errors.new(err.code, ("job %d: %s"):format(i, err.message)) end
+    texts[i] = text
+  end
+  local one = add.args(self.prefix, "{}", opts, true, "")
+  local calls, jobs, failed, first = add.bulk_calls(one, texts), {}, nil, nil
+  local function refused(i, e)
+    failed, first = failed or {}, (first and first < i) and first or i
+    failed[i], jobs[i] = e, false
+  end
+  local left = #calls
+  for _, call in ipairs(calls) do
+    ledger.send(self.client, self.ledger, call.args, self.resolve_ms, function(rows, err, _, unknown)
+      for k = 0, math.min(add.BULK_CALL, #texts - call.first + 1) - 1 do
+        local i, row = call.first + k, rows and rows[k + 1]
+        if type(row) == "table" then jobs[i] = handle.new(self, row)
+        else refused(i, rows and reply_error(row) or add.send_error(err, unknown, self.resolve_ms)) end
+      end
+      left = left - 1
+    end)
+  end
+  loop.wait_until(function() return left == 0 end)
+  if failed then return jobs, add.bulk_error(failed, first, #texts) end
+  return jobs
 end
 
 -- queue:add_flow(tree) -> the root's job | nil, err: a tree of jobs added

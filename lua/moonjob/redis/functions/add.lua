@@ -7,8 +7,8 @@ do
 local FIELD_MAX, REGISTRY, SECONDS_MAX, DELAY_MS_MAX = H.FIELD_MAX, H.REGISTRY, H.SECONDS_MAX, H.DELAY_MS_MAX
 local ATTEMPTS_MAX, COUNT_MAX, NONCE_MAX, FINITE = H.ATTEMPTS_MAX, H.COUNT_MAX, H.NONCE_MAX, H.FINITE
 local now_ms, job_key, refuse, job_fields = H.now_ms, H.job_key, H.refuse, H.job_fields
-local delete_job, check_numbers, make_waiting = H.delete_job, H.check_numbers, H.make_waiting
-local make_delayed, debounce_key = H.make_delayed, H.debounce_key
+local delete_job, check_numbers, line_up, wait_member = H.delete_job, H.check_numbers, H.line_up, H.wait_member
+local make_delayed, debounce_key, JOB_DEFAULTS = H.make_delayed, H.debounce_key, H.JOB_DEFAULTS
 
 local ADD_NUMBERS = {
   { 3, "PRIORITY must be a finite number (lower runs first)", -FINITE, FINITE },
@@ -124,7 +124,7 @@ local function debounce(p, args, now)
   local f = job_fields(key, "state", "nonce", "debounce", "made")
   -- only the job it made, delayed and never run (not one waiting out a
   -- retry's backoff, nor another job that got its id after a data loss)
-  if not (f and f[1] == "delayed" and f[3] == args[16] and f[4] == "0") then return nil end
+  if not (f and f[1] == "delayed" and f[3] == args[16] and (f[4] or "0") == "0") then return nil end
   local delay = tonumber(args[17])
   redis.call("HSET", key, "data", args[2], "priority", or_default(args[3], "0"), "attempts",
     or_default(args[5], "1"), "backoff", args[6], "timeout", or_default(args[7], "0"), "kill_after",
@@ -138,22 +138,77 @@ local function debounce(p, args, now)
   return added(args, joined_id, "delayed", 1, f[2])
 end
 
--- A new job's hash written from add's checked arguments (id: the job's;
--- the state is its caller's), its queue registered. -> its nonce, priority
--- and group ("" none).
-local function store_job(p, id, key, args, now)
-  local nonce = or_default(args[13], nil) or (now .. "." .. redis.call("INCR", p .. "seq"))
-  local prio = or_default(args[3], "0")
-  redis.call("HSET", key, "id", id, "data", args[2], "priority", prio, "attempts", or_default(args[5], "1"),
-    "made", 0, "backoff", args[6], "timeout", or_default(args[7], "0"), "kill_after", or_default(args[8], "0"),
-    "name", args[9], "cache", or_default(args[10], "0"), "notify", args[12], "created", now, "nonce", nonce)
-  set_expire(key, args, now)
-  local group = args[18] or ""
-  if group ~= "" then redis.call("HSET", key, "group", group) end
-  -- the registry moonjob.queues() reads; pcall: the one key outside the
-  -- queue's prefix, which an ACL user kept to its own keys may not write
+-- The options a job's hash holds only when not their default (JOB_DEFAULTS),
+-- by their place in add's arguments.
+local OPTION_FIELDS = { { 3, "priority" }, { 5, "attempts" }, { 6, "backoff" }, { 7, "timeout" },
+  { 8, "kill_after" }, { 9, "name" }, { 10, "cache" }, { 12, "notify" } }
+
+-- A number of counter <p>NAME: drawn one INCR at a time, or from the range a
+-- bulk add took for its whole call (batch[name] = { next, last }; past it,
+-- one INCR more: a drawn id an explicit one had taken).
+local function draw(p, name, batch)
+  local range = batch and batch[name]
+  if not range or range[1] > range[2] then return redis.call("INCR", p .. name) end
+  range[1] = range[1] + 1
+  return range[1] - 1
+end
+
+-- The queue in the registry moonjob.queues() reads, once per call; pcall:
+-- the one key outside the queue's prefix, which an ACL user kept to its own
+-- keys may not write.
+local function register(p, batch)
+  if batch and batch.registered then return end
   redis.pcall("SADD", REGISTRY, H.queue_name(p))
-  return nonce, prio, group
+  if batch then batch.registered = true end
+end
+
+-- What an add's jobs share, worked out once per call (a bulk add's jobs
+-- share their options): the time as text, and the fields of the options
+-- that are not their default (with the expiry and the group).
+local function shared(args, now)
+  local fields = {}
+  for _, o in ipairs(OPTION_FIELDS) do
+    local v = args[o[1]]
+    if v and v ~= "" and v ~= JOB_DEFAULTS[o[2]] then fields[#fields + 1] = o[2]; fields[#fields + 1] = v end
+  end
+  local expire = tonumber(args[15] or "")
+  if expire then
+    fields[#fields + 1] = "expire_at"; fields[#fields + 1] = now + expire
+    fields[#fields + 1] = "expire_ms"; fields[#fields + 1] = expire
+  end
+  local group = args[18] or ""
+  if group ~= "" then fields[#fields + 1] = "group"; fields[#fields + 1] = group end
+  return { now = tostring(now), fields = fields, prio = or_default(args[3], "0"), group = group }
+end
+
+-- A new job's hash written, in one HSET, from add's checked arguments (id:
+-- the job's), with extra's fields (its state's, the caller's). seq: its
+-- step of <p>seq (drawn when nil), which with the time makes its
+-- nonce when the add gave none; common: shared(args, now), when the caller
+-- worked it out. -> its nonce, priority and group ("" none).
+local function store_job(p, id, key, args, now, seq, extra, common)
+  common = common or shared(args, now)
+  local nonce = args[13] ~= "" and args[13]
+  if not nonce then nonce = common.now .. "." .. (seq or redis.call("INCR", p .. "seq")) end
+  local hset = { "HSET", key, "id", id, "data", args[2], "created", common.now, "nonce", nonce }
+  local fields = common.fields
+  for i = 1, #fields do hset[#hset + 1] = fields[i] end
+  for i = 1, extra and #extra or 0 do hset[#hset + 1] = extra[i] end
+  redis.call(unpack(hset))
+  return nonce, common.prio, common.group
+end
+
+-- A job with the id an add names, still there: joined when it waits,
+-- is delayed or runs (or its flow's children run), or is completed and
+-- cached, or finished and EXISTING is "join". -> add's reply, or nil.
+local function joined(key, args, f, id, now)
+  local state = f[1]
+  if state == "waiting" or state == "delayed" or state == "active" or state == "waiting-children"
+      or (state == "completed" and (tonumber(f[2]) or 0) > now)
+      or ((state == "completed" or state == "failed") and args[14] == "join") then
+    if args[12] == "1" and state ~= "completed" and state ~= "failed" then redis.call("HSET", key, "notify", "1") end
+    return added(args, id, state, 1, f[3])
+  end
 end
 
 -- add(p; id, data, priority, delay_ms, attempts, backoff, timeout, kill_after,
@@ -176,25 +231,25 @@ end
 -- sheet, call, forget: the call's name, remembered with its reply (add,
 -- below).
 -- add_job does it once the arguments are checked (a schedule's slots are
--- added through it too).
-local function add_job(p, args, now)
+-- added through it too; batch: a bulk add's, add_bulk).
+local function add_job(p, args, now, batch)
   local id = args[1]
-  if (args[16] or "") ~= "" then
+  local debounce_id = args[16] or ""
+  if debounce_id ~= "" then
     local reply = debounce(p, args, now)
     if reply then return reply end
   end
-  if id == "" then -- a number no job holds (an explicit id may have taken it)
-    repeat id = tostring(redis.call("INCR", p .. "ids")) until redis.call("EXISTS", job_key(p, id)) == 0
+  local drawn, state = id == "", nil
+  if drawn then -- a number no job holds (an explicit id may have taken it): its key is free
+    repeat id = tostring(draw(p, "ids", batch)) until redis.call("EXISTS", job_key(p, id)) == 0
   elseif id == "\0dedupe" then id = "d:" .. redis.sha1hex(args[2]) end
   local key = job_key(p, id)
-  local f, why = job_fields(key, "state", "cache_until", "nonce")
-  if not f then return redis.error_reply("EINPUT moonjob_add: " .. why .. "; delete it or choose another id") end
-  local state = f[1]
-  if state == "waiting" or state == "delayed" or state == "active" or state == "waiting-children"
-      or (state == "completed" and (tonumber(f[2]) or 0) > now)
-      or ((state == "completed" or state == "failed") and args[14] == "join") then
-    if args[12] == "1" and state ~= "completed" and state ~= "failed" then redis.call("HSET", key, "notify", "1") end
-    return added(args, id, state, 1, f[3])
+  if not drawn then
+    local f, why = job_fields(key, "state", "cache_until", "nonce")
+    if not f then return redis.error_reply("EINPUT moonjob_add: " .. why .. "; delete it or choose another id") end
+    local reply = joined(key, args, f, id, now)
+    if reply then return reply end
+    state = f[1]
   end
   local max_queue = tonumber(or_default(args[11], 0))
   if max_queue > 0 and redis.call("ZCARD", p .. "wait") + redis.call("ZCARD", p .. "delayed") >= max_queue then
@@ -204,19 +259,22 @@ local function add_job(p, args, now)
     redis.call("ZREM", p .. "completed", id)
     redis.call("ZREM", p .. "failed", id)
   end
-  delete_job(p, id, key) -- a finished job, or a hash written around moonjob_add
-  local nonce, prio, group = store_job(p, id, key, args, now)
-  local delay = math.floor(tonumber(or_default(args[4], 0)))
-  if (args[16] or "") ~= "" then
-    delay = tonumber(args[17])
-    redis.call("HSET", key, "debounce", args[16])
-    redis.call("SET", debounce_key(p, args[16]), id, "PX", delay + DEBOUNCE_KEEP_MS)
-  end
+  if not drawn then delete_job(p, id, key) end -- a finished job, or a hash written around moonjob_add
+  local delay = debounce_id ~= "" and tonumber(args[17]) or math.floor(tonumber(or_default(args[4], 0)))
+  local seq = draw(p, "seq", batch)
+  local common = batch and batch.common or shared(args, now)
+  local member = wait_member(seq, id)
+  local extra = delay > 0 and { "state", "delayed", "run_at", now + delay }
+    or { "state", "waiting", "member", member, "run_at", common.now }
+  if debounce_id ~= "" then extra[#extra + 1] = "debounce"; extra[#extra + 1] = debounce_id end
+  local nonce, prio, group = store_job(p, id, key, args, now, seq, extra, common)
+  register(p, batch)
+  if debounce_id ~= "" then redis.call("SET", debounce_key(p, debounce_id), id, "PX", delay + DEBOUNCE_KEEP_MS) end
   if delay > 0 then
-    make_delayed(p, id, key, now + delay)
+    redis.call("ZADD", p .. "delayed", now + delay, id)
     return added(args, id, "delayed", 0, nonce)
   end
-  make_waiting(p, id, key, now, prio, nil, group)
+  line_up(p, batch and batch.prio or H.number_in(prio, -math.huge, math.huge) or 0, member, group, now, batch)
   return added(args, id, "waiting", 0, nonce)
 end
 
@@ -246,26 +304,106 @@ local function remember(p, key, call, reply, sheet, now)
   redis.pcall("PEXPIRE", p .. "sheets", ADDED_KEEP_MS)
 end
 
-local function add(keys, args)
-  local refused = check_add(args)
-  if refused then return refused end
-  local p, sheet, now = keys[1], args[19] or "", now_ms()
-  if sheet == "" then return add_job(p, args, now) end
-  local key, call = p .. "added:" .. sheet, args[20]
+-- A named call's reply: the one remembered when the call ran already,
+-- else make()'s, remembered when ok(reply) (sheet, call, forget: the call's
+-- name, as add's SHEET CALL FORGET; "" sheet: not named). fn names the
+-- function in a refusal.
+local function answer_once(p, sheet, call, forget, now, fn, make, ok)
+  if sheet == "" then return make() end
+  local key = p .. "added:" .. sheet
   local before = redis.pcall("HMGET", key, call, "")
   if H.wrong_type(before, "HMGET " .. key) then -- (any other error is the call's: raised, sent again)
-    return redis.error_reply("EINPUT moonjob_add: " .. key .. " is not a hash; delete it or choose another SHEET")
+    return redis.error_reply("EINPUT " .. fn .. ": " .. key .. " is not a hash; delete it or choose another SHEET")
   end
-  local reply = before[1] and cmsgpack.unpack(before[1]) or add_job(p, args, now)
-  if not before[1] and reply.err == nil then remember(p, key, call, reply, not before[2] and sheet, now) end
-  if (args[21] or "") ~= "" then
-    redis.call("DEL", p .. "added:" .. args[21])
-    redis.pcall("ZREM", p .. "sheets", args[21])
+  local reply = before[1] and cmsgpack.unpack(before[1]) or make()
+  if not before[1] and ok(reply) then remember(p, key, call, reply, not before[2] and sheet, now) end
+  if forget ~= "" then
+    redis.call("DEL", p .. "added:" .. forget)
+    redis.pcall("ZREM", p .. "sheets", forget)
   end
   return reply
 end
 
+local function succeeded(reply) return reply.err == nil end
+
+local function add(keys, args)
+  local refused = check_add(args)
+  if refused then return refused end
+  local p, now = keys[1], now_ms()
+  return answer_once(p, args[19] or "", args[20], args[21] or "", now, "moonjob_add",
+    function() return add_job(p, args, now) end, succeeded)
+end
+
+-- add_bulk's arguments before its jobs, and its jobs' most in one call (a
+-- call holds Redis: about 10 us a job).
+local BULK_HEAD, BULK_MAX = 16, 1000
+
+-- add_bulk's options as one add's arguments (ID and DATA: its jobs').
+local function bulk_template(args)
+  return { "", "{}", args[4], args[5], args[6], args[7], args[8], args[9], args[10], args[11], args[12], args[13],
+    "", args[14], args[15], "", "", args[16] }
+end
+
+-- Each job of a bulk add made or joined: its row as add's reply, or its
+-- refusal as text ("EINPUT ...", "EQUEUEFULL ..."), in order.
+local function bulk_rows(p, args, t, now)
+  local n = (#args - BULK_HEAD) / 2
+  local drawn = 0
+  for i = BULK_HEAD + 1, #args, 2 do if args[i] == "" then drawn = drawn + 1 end end
+  local batch = { seq = { redis.call("INCRBY", p .. "seq", n) - n + 1 }, common = shared(t, now) }
+  batch.prio = H.number_in(batch.common.prio, -math.huge, math.huge) or 0
+  batch.seq[2] = batch.seq[1] + n - 1
+  if drawn > 0 then batch.ids = { redis.call("INCRBY", p .. "ids", drawn) - drawn + 1 } end
+  if batch.ids then batch.ids[2] = batch.ids[1] + drawn - 1 end
+  local rows = {}
+  for i = BULK_HEAD + 1, #args, 2 do
+    local id, data, row = args[i], args[i + 1], nil
+    if #id > FIELD_MAX then
+      row = "EINPUT moonjob_add_bulk: a job's id must take at most " .. FIELD_MAX .. " bytes"
+    elseif data == "" then
+      row = "EINPUT moonjob_add_bulk: DATA must be JSON text, not ''"
+    else
+      t[1], t[2] = id, data
+      row = add_job(p, t, now, batch)
+      if row.err then row = row.err end
+    end
+    rows[#rows + 1] = row
+  end
+  return rows
+end
+
+-- add_bulk(p; sheet, call, forget, priority, delay_ms, attempts, backoff,
+--     timeout, kill_after, name, cache, max_queue, notify, existing,
+--     expire_ms, group, id, data [, id, data ...]) -> { row, ... }
+-- Up to BULK_MAX jobs in one call, all with the options given once (as
+-- add's), each with its id ("" draws one, "\0dedupe" the data's) and data.
+-- Each job's row is add's reply { id, state, joined, nonce } (the nonce
+-- made here), or the text of its refusal: a bad id or data, EQUEUEFULL,
+-- a job key of another type. The options are checked before anything is
+-- written (EINPUT: no job added); sheet, call and forget name the call as
+-- add's do ("" sheet: not named).
+local function add_bulk(keys, args)
+  local fn = "moonjob_add_bulk"
+  if #args < BULK_HEAD + 2 or (#args - BULK_HEAD) % 2 ~= 0 then
+    return refuse(fn, "it takes SHEET CALL FORGET PRIORITY DELAY_MS ATTEMPTS BACKOFF TIMEOUT KILL_AFTER NAME "
+      .. "CACHE MAX_QUEUE NOTIFY EXISTING EXPIRE_MS GROUP, then ID DATA pairs; the count of arguments was", #args)
+  end
+  if (#args - BULK_HEAD) / 2 > BULK_MAX then
+    return refuse(fn, "it takes at most " .. BULK_MAX .. " jobs per call; the count of jobs was", (#args - BULK_HEAD) / 2)
+  end
+  if #args[1] > NONCE_MAX or #args[2] > NONCE_MAX or #args[3] > NONCE_MAX then
+    return refuse(fn, "SHEET, CALL and FORGET must take at most " .. NONCE_MAX .. " bytes each", "...")
+  end
+  if args[1] ~= "" and args[2] == "" then return refuse(fn, "SHEET needs CALL (the call's name in it)", "") end
+  local t = bulk_template(args)
+  local refused = check_add(t, fn)
+  if refused then return refused end
+  local p, now = keys[1], now_ms()
+  return answer_once(p, args[1], args[2], args[3], now, fn, function() return bulk_rows(p, args, t, now) end,
+    function() return true end)
+end
+
 -- obliterate's: every sheet of the queue.
-H.check_add, H.or_default, H.add_job, H.store_job = check_add, or_default, add_job, store_job
-F.add = add
+H.check_add, H.or_default, H.add_job, H.store_job, H.register = check_add, or_default, add_job, store_job, register
+F.add, F.add_bulk = add, add_bulk
 end

@@ -66,6 +66,11 @@
 -- parent, pslot (a flow's child: its parent's job key, its entry there),
 -- kids (a flow's parent: how many children it was added with), deadline.
 --
+-- A job's options (priority, attempts, backoff, timeout, kill_after, name,
+-- cache, notify) and made are written only when not their default (each
+-- field written costs Redis, and most jobs take the defaults): readers take
+-- an absent one as JOB_DEFAULTS says (H.defaulted).
+--
 -- Time is always the server's (TIME), never a worker's clock. Results and
 -- failures carrying a token that is not the job's current one are refused:
 -- a worker that lost its lease cannot overwrite the run that replaced it.
@@ -95,6 +100,19 @@ local COUNT_MAX = 2 ^ 53
 local NONCE_MAX = 128
 local LOG_KEEP_MAX = 10000     -- a job's log lines kept, at most
 local FINITE = 1.7976931348623157e308 -- the largest double: inf and NaN are beyond it
+
+-- The value of each job field the hash holds only when it is not this.
+local JOB_DEFAULTS = { priority = "0", attempts = "1", backoff = "", timeout = "0", kill_after = "0", name = "",
+  cache = "0", notify = "0", made = "0" }
+
+-- f, the fields names read of an existing job (HMGET), with an absent one
+-- of JOB_DEFAULTS as its default.
+local function defaulted(f, names)
+  for i, name in ipairs(names) do
+    if f[i] == nil or f[i] == false then f[i] = JOB_DEFAULTS[name] or f[i] end
+  end
+  return f
+end
 
 local function now_ms()
   local t = redis.call("TIME")
@@ -245,4 +263,5 @@ H.refuse, H.job_fields, H.count_total, H.count_missing = refuse, job_fields, cou
 H.log_key, H.delete_job, H.check_numbers, H.check_args = log_key, delete_job, check_numbers, check_args
 H.SETS, H.member_id, H.wrong_type = SETS, member_id, wrong_type
 H.debounce_key, H.note, H.queue_name = debounce_key, note, queue_name
+H.JOB_DEFAULTS, H.defaulted = JOB_DEFAULTS, defaulted
 end

@@ -12,7 +12,7 @@ local check_numbers, retain, fail_entry, look_at = H.check_numbers, H.retain, H.
 local recover_stalled, promote_delayed = H.recover_stalled, H.promote_delayed
 local fire_schedules, next_schedule = S.fire_schedules, S.next_schedule
 local read_limits, rate_room, allowance = L.read_limits, L.rate_room, L.allowance
-local count_starts, wrong_type = L.count_starts, H.wrong_type
+local count_starts, wrong_type, defaulted = L.count_starts, H.wrong_type, H.defaulted
 
 local FETCH_NUMBERS = {
   { 2, "N must be a whole number from 0 to 2^31", 0, ATTEMPTS_MAX, true },
@@ -56,6 +56,9 @@ local function unfit(id, f)
     or bad_field("priority", f[9], -FINITE, FINITE, false, "a finite number")
 end
 
+-- take_one's fields of a job (state first), to default (H.defaulted).
+local TAKE_FIELDS = { "state", "data", "attempts", "backoff", "timeout", "kill_after", "name", "made", "priority" }
+
 -- A waiting entry popped by fetch: its reply row (handed out to worker w
 -- { id, lease, max_payload, db } with token number token_no), or nil and
 -- "failed" (failed in place: out of range, over max_payload, expired;
@@ -66,6 +69,8 @@ local function take_one(p, id, w, token_no, now)
   local kind, f = look_at(p, id, key, "waiting", now, "data", "attempts", "backoff", "timeout",
     "kill_after", "name", "made", "priority", "expire_at", "kids")
   if kind ~= "ok" then return nil, kind end
+  local first = not f[8] -- never fetched, released or retried: no field of a run to reset
+  defaulted(f, TAKE_FIELDS)
   local made = (tonumber(f[8]) or 0) + 1
   local expired = tonumber(f[10] or "")
   if expired and now > expired then
@@ -90,10 +95,17 @@ local function take_one(p, id, w, token_no, now)
     fail_entry(p, id, key, now, why, false, code)
     return nil, "failed"
   end
-  local token = w.id .. "/" .. token_no
-  redis.call("HSET", key, "state", "active", "token", token, "worker", w.id, "started", now,
-    "ran", "0", "made", made, "began", "", "db", w.db or "") -- (in one HSET: this runs for every job)
-  redis.call("ZADD", p .. "active", now + w.lease, id)
+  -- (every job passes here: the fetch's times are text already, and the
+  -- first run's HSET writes no field of a run before it)
+  local token = w.token .. token_no
+  if first then
+    redis.call("HSET", key, "state", "active", "token", token, "worker", w.id, "started", w.now, "made", "1",
+      "db", w.db_text)
+  else
+    redis.call("HSET", key, "state", "active", "token", token, "worker", w.id, "started", w.now,
+      "ran", "0", "made", made, "began", "", "db", w.db_text)
+  end
+  redis.call("ZADD", p .. "active", w.until_ms, id)
   if children then return { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7], "", "", children } end
   return { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7] }
 end
@@ -232,6 +244,10 @@ local function fetch(keys, args)
   local w = { id = worker, lease = tonumber(args[3]) or 30000, max_payload = tonumber(args[6]) or 0,
     db = tonumber(args[9] or "") }
   local now = now_ms()
+  -- what take_one writes for each job, as text once (Redis's Lua formats
+  -- a number slowly)
+  w.token, w.now, w.until_ms = worker .. "/", tostring(now), tostring(now + w.lease)
+  w.db_text = w.db and tostring(w.db) or ""
   recover_stalled(p, now)
   fire_schedules(p, now)
   promote_delayed(p, now)

@@ -184,6 +184,7 @@ local function add_flow(keys, args)
     end
     node.id, node.key = id, job_key(p, id)
     local nonce, prio, group = H.store_job(p, id, node.key, a, now)
+    H.register(p)
     if node.parent > 0 then link(nodes[node.parent], node, i) end
     local delay = math.floor(tonumber(a[4]) or 0)
     if node.kids then wait_children(node, now)

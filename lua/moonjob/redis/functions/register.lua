@@ -10,7 +10,7 @@ do
 -- this newer library loaded keeps it and uses it (one of an older version is
 -- refused, told to upgrade). Raise it when a call of an older program would
 -- be misread (docs/REDIS.md, "Versions on one server").
-local VERSION, OLDEST_CLIENT = "8", "8"
+local VERSION, OLDEST_CLIENT = "9", "8"
 
 -- moonjob_version -> VERSION; with the argument "oldest" -> OLDEST_CLIENT.
 local function version(_, args)
@@ -19,6 +19,7 @@ local function version(_, args)
 end
 
 redis.register_function("moonjob_add", F.add)
+redis.register_function("moonjob_add_bulk", F.add_bulk)
 redis.register_function("moonjob_add_flow", F.add_flow)
 redis.register_function{ function_name = "moonjob_children", callback = F.children, flags = { "no-writes" } }
 redis.register_function("moonjob_fetch", F.fetch)

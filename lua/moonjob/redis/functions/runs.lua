@@ -84,7 +84,7 @@ local function complete(keys, args)
       .. "RUN_MS quads); the count of arguments was", #args)
   end
   local now = now_ms()
-  local out, runs, done = {}, {}, 0
+  local out, runs, done, now_text = {}, {}, 0, tostring(now)
   for i = first, #args - step + 1, step do
     local id, token = args[i], args[i + 1]
     local key = job_key(p, id)
@@ -92,7 +92,7 @@ local function complete(keys, args)
     if f then
       local ms = timed and number_in(args[i + 3], 0, 1e15) or nil
       -- totals and metrics counted once for the batch
-      local fin = { f[3], f[4], f[5], f[6], f[7], batched = true, run_ms = ms }
+      local fin = { f[3], f[4], f[5], f[6], f[7], batched = true, run_ms = ms, now_text = now_text }
       finish(p, id, key, "completed", "result", args[i + 2], now, fin)
       out[#out + 1] = "OK"
       done = done + 1
@@ -233,17 +233,20 @@ local function cancel(keys, args)
   return state
 end
 
+local GET_FIELDS = { "state", "result", "error", "made", "attempts", "name", "created", "started", "finished",
+  "nonce" }
+
 -- get(p; id [, nonce]) -> { state, result, error, made, attempts, name,
 -- created, started, finished } or nil when no such job is kept (also when
 -- nonce is given and is not the job's). A key of another type reads as the
 -- failed job (EINPUT) the next fetch makes of it.
 local function get(keys, args)
   if not args[1] then return refuse("moonjob_get", "it takes ID [NONCE]", "") end
-  local f, why = job_fields(job_key(keys[1], args[1]), "state", "result", "error", "made",
-    "attempts", "name", "created", "started", "finished", "nonce")
+  local f, why = job_fields(job_key(keys[1], args[1]), unpack(GET_FIELDS))
   if not f then return { "failed", false, err_json("EINPUT", why), "0", "1", "" } end
   if not f[1] or not nonce_fits(f[10], args[2]) then return nil end
   f[10] = nil
+  H.defaulted(f, GET_FIELDS)
   return f
 end
 

@@ -53,6 +53,34 @@ local function retain(p, args, now, batch)
   trim(p, "failed", keep_count, keep_failed_age, now, most)
 end
 
+-- A job in line: its entry in wait (member, score prio) and in its
+-- group's index (group: "" none). "added" is said on the queue's channel
+-- when the line was empty; batch (a bulk add's): said once per call, and
+-- the groups' switch read once (a bulk add's jobs share their group).
+local function line_up(p, prio, member, group, now, batch)
+  if not (batch and batch.said) then
+    if redis.call("ZCARD", p .. "wait") == 0 then publish(p, "added") end
+    if batch then batch.said = true end
+  end
+  if batch and group == "" then
+    if batch.grouped == nil then batch.grouped = G.on(p) end
+    if not batch.grouped then return redis.call("ZADD", p .. "wait", prio, member) end
+  end
+  G.index(p, group, prio, member, now) -- (before wait: the switch to groups copies wait)
+  redis.call("ZADD", p .. "wait", prio, member)
+end
+
+-- A job's place in line: its arrival number (one step of <p>seq), 16
+-- digits, and id. (Padded by hand below 10^14, where tostring writes every
+-- digit: string.format costs Redis's Lua several times more, on every add.)
+local function wait_member(seq, id)
+  if seq < 1e14 then
+    local digits = tostring(seq)
+    return string.rep("0", 16 - #digits) .. digits .. ":" .. id
+  end
+  return string.format("%016d", seq) .. ":" .. id
+end
+
 -- prio: the job's priority when the caller read it already. One that is not
 -- a finite number (written around moonjob_add) waits with 0: ZADD refuses NaN,
 -- and the fetch that takes the job fails it with EINPUT.
@@ -65,12 +93,10 @@ local function make_waiting(p, id, key, now, prio, member, group)
   end
   prio = number_in(prio, -math.huge, math.huge) or 0
   if not (member and string.sub(member, 18) == id) then
-    member = string.format("%016d", redis.call("INCR", p .. "seq")) .. ":" .. id
+    member = wait_member(redis.call("INCR", p .. "seq"), id)
   end
   redis.call("HSET", key, "state", "waiting", "member", member, "run_at", now)
-  if redis.call("ZCARD", p .. "wait") == 0 then publish(p, "added") end
-  G.index(p, group or "", prio, member, now) -- (before wait: the switch to groups copies wait)
-  redis.call("ZADD", p .. "wait", prio, member)
+  line_up(p, prio, member, group or "", now)
 end
 
 local function make_delayed(p, id, key, run_at)
@@ -81,19 +107,20 @@ end
 -- f: the job's cache, notify, started, group and parent fields when the
 -- caller read them already; f.batched: the caller records metrics and totals
 -- for the batch; f.run_ms: the run time its worker measured (then it began
--- run_ms ago). A flow's child tells its parent, in this call (flows.lua).
+-- run_ms ago); f.now_text: now as text. A flow's child tells its parent, in this call (flows.lua).
 local function finish(p, id, key, state, field, value, now, f)
   f = f or redis.call("HMGET", key, "cache", "notify", "started", "group", "parent")
   local cache = state == "completed" and number_in(f[1], 0, SECONDS_MAX) or 0
   redis.call("ZREM", p .. "active", id)
   G.left(p, f[4], id)
-  local fields = { "HSET", key, "state", state, field, value, "finished", now, "token", "" }
+  local at = f.now_text or now -- (a batch's time as text once: Redis's Lua formats a number slowly)
+  local fields = { "HSET", key, "state", state, field, value, "finished", at, "token", "" }
   if cache > 0 then
     fields[#fields + 1] = "cache_until"; fields[#fields + 1] = now + math.floor(cache * 1000)
   end
   if f.run_ms then fields[#fields + 1] = "began"; fields[#fields + 1] = now - f.run_ms end
   redis.call(unpack(fields))
-  redis.call("ZADD", p .. state, now, id)
+  redis.call("ZADD", p .. state, at, id)
   if not f.batched then
     count_total(p, state, 1)
     local ms = f.ran and (f.run_ms or run_ms(f[3], now))
@@ -205,6 +232,7 @@ local function promote_delayed(p, now)
 end
 
 H.retain, H.make_waiting, H.make_delayed, H.finish = retain, make_waiting, make_delayed, finish
+H.line_up, H.wait_member = line_up, wait_member
 H.fail_entry, H.look_at, H.recover_stalled = fail_entry, look_at, recover_stalled
 H.promote_delayed = promote_delayed
 end

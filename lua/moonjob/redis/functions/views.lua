@@ -49,6 +49,7 @@ local function view(p, id, preview)
     for i = 2, #VIEW_FIELDS do out[i + 1] = false end
     return out
   end
+  if f[1] then H.defaulted(f, VIEW_FIELDS) end
   local cut = {}
   for i, v in ipairs(VIEW_FIELDS) do
     local value = f[i]
