@@ -61,7 +61,7 @@ DEB_PACKAGES += chromium        # the dashboard's browser spec (spec/browser/; N
 DEB_PACKAGES += faketime        # the schedules spec runs a worker whose clock is far off
 DEB_PACKAGES += lua5.2 lua5.3 lua5.4 lua-socket lua-redis # the pure-Lua producer's spec and bench: plain Luas, redis-lua
 
-.PHONY: all deps bench-deps browser-deps openresty-deps spec-host test test-fast sanitize chaos demo repl bench install uninstall clean
+.PHONY: all deps bench-deps bullmq-deps browser-deps openresty-deps spec-host test test-fast sanitize chaos demo repl bench install uninstall clean
 
 IN_TREE = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="$(BUILD)/?.so;;"
 
@@ -121,6 +121,14 @@ browser-deps: deps
 	@test -d spec/browser/node_modules/puppeteer-core || npm ci --prefix spec/browser --no-audit --no-fund
 bench-deps:
 	$(call install_missing,$(BENCH_PACKAGES))
+
+# BullMQ, which bench/life.lua runs next to moonjob: the exact version of
+# bench/bullmq/package-lock.json. Without npm, nothing (the bench says BullMQ
+# was skipped); a failed download leaves BullMQ out, not the rest of the bench.
+bullmq-deps:
+	@if ! command -v npm >/dev/null 2>&1; then echo "bullmq-deps: npm not found; the bench leaves BullMQ out"; \
+	elif [ ! -d bench/bullmq/node_modules ]; then npm ci --prefix bench/bullmq --no-audit --no-fund \
+	  || echo "bullmq-deps: npm ci failed; the bench leaves BullMQ out"; fi
 
 # Programs the specs need: a C program embedding LuaJIT (the spec that closes
 # many Lua states) and a library that makes one set-up call of the child fail
@@ -237,7 +245,7 @@ $(BUILD)/bench-floor: bench/floor.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(WARN) -o $@ bench/floor.c
 
-bench: deps bench-deps all $(BUILD)/bench-floor
+bench: deps bench-deps bullmq-deps all $(BUILD)/bench-floor
 	$(LUA) bench/run.lua
 	$(LUA) bench/cli.lua
 	$(LUA) bench/datasets.lua

@@ -1,7 +1,8 @@
 -- bench/common.lua -- what the Redis benches share: the command that runs
 -- moonjob from the checkout, a shell command's first line, a wait on the
 -- loop (a 10 ms timer keeps it turning) for a condition or a deadline, and
--- `moonjob worker` processes started and ended by their pid.
+-- `moonjob worker` processes (and other commands, in a process group of
+-- their own) started and ended by their pid.
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
 
@@ -9,12 +10,20 @@ local M = {}
 
 M.LUAJIT = 'env LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" luajit'
 
-M.first_line = require("helpers").first_line -- (spec/support's: the benches use its Redis server too)
+local helpers = require "helpers" -- spec/support's: the benches use its Redis server too
+M.first_line = helpers.first_line
+local running_process = helpers.running
+
+-- spec/support's hang catcher ends a process whose loop runs more than a
+-- minute past its last bounded wait's start: a bench's waits are bounded by
+-- their own deadline, so each wait and each turn of its poll tells it so.
+local progress = debug.getregistry()["moonjob.spec.progress"]
 
 -- pred() once true, or false after `seconds`.
 function M.wait_for(pred, seconds)
+  progress.last = core.hrtime()
   local deadline = loop.now() + seconds * 1000
-  local poll = core.timer(function() end)
+  local poll = core.timer(function() progress.last = core.hrtime() end)
   poll:start(10, 10)
   loop.wait_until(function() return pred() or loop.now() > deadline end)
   poll:close()
@@ -35,7 +44,22 @@ function M.start_worker(url, queue, args, processor)
   return pid
 end
 
+-- A shell command (its output redirected) started by setsid in a process
+-- group of its own; -> its pid, which is also the group's id: stop() ends
+-- the group, so what it forked (BullMQ's sandboxed processors) goes too.
+function M.start_group(cmd)
+  local pid = assert(tonumber(M.first_line(("setsid %s & echo $!"):format(cmd))))
+  running[pid] = "group"
+  return pid
+end
+
+-- Waits until pid has ended (a zombie counts as ended); false after `seconds`.
+function M.wait_gone(pid, seconds)
+  return M.wait_for(function() return not running_process(pid) end, seconds)
+end
+
 function M.stop(pid)
+  if running[pid] == "group" then os.execute(("kill -KILL -- -%d 2>/dev/null"):format(pid)) end
   os.execute(("kill -KILL %d 2>/dev/null"):format(pid))
   running[pid] = nil
 end
