@@ -19,9 +19,9 @@
  * neither an object nor an array 1..n, nesting deeper than
  * MJ_RESULT_MAX_DEPTH, a value of another type (cdata, functions, a
  * light userdata other than cjson.null), a string that is not UTF-8, a
- * number that is not finite, or whose %.17g form would be decided by a
- * rounding tie (LuaJIT's string.format rounds a tie away from zero, the C
- * library to even), a result longer than max_payload, a line that does not
+ * number that is not finite, or whose form would be decided by a rounding
+ * tie (LuaJIT's string.format rounds a tie away from zero, the C library to
+ * even), a result longer than max_payload, a line that does not
  * fit in the area's room. The runner then does it in Lua, as before, and
  * errors keep their words. So the bytes are the same either way
  * (spec/child/result_line_spec.lua compares them on generated values).
@@ -67,20 +67,68 @@ static void out_uint(mj_out_t *o, uint64_t v) {
   out_bytes(o, digits + i, sizeof digits - (size_t) i);
 }
 
-/* Whether n's first `digits` + 1 significant digits (rounded there) are 17
- * digits, a 5, then zeros: its %.17g may round a tie. With 780 the
- * expansion is exact (a double's has at most 767 significant digits); 24,
- * cheaper, rules out nearly all. */
-static int maybe_tie(double n, int digits) {
+/* The position (1-based) of the last significant digit that is not 0 in
+ * n's exact decimal expansion, as far as its first `digits` + 1 (rounded
+ * there: with 780 the expansion is whole, a double's has at most 767
+ * significant digits), and that digit in *last. */
+static int last_digit(double n, int digits, char *last) {
   char text[800];
   snprintf(text, sizeof text, "%.*e", digits, n);
-  int seen = 0;
+  int seen = 0, at = 0;
   for (const char *d = text; *d != 'e' && *d != '\0'; d++) {
     if (*d < '0' || *d > '9') continue;
     seen++;
-    if ((seen == 18 && *d != '5') || (seen > 18 && *d != '0')) return 0;
+    if (*d != '0') at = seen, *last = *d;
   }
-  return 1;
+  return at;
+}
+
+/* The precision p (15, 16 or 17) at which %.{p}g of n rounds a tie (its
+ * exact value has p + 1 significant digits, the last a 5), or 0. There
+ * LuaJIT's string.format rounds away from zero and the C library to even;
+ * elsewhere both write the digits correctly rounded, the same. */
+static int tie_precision(double n) {
+  char last = 0;
+  int at = last_digit(n, 24, &last); /* (rules out nearly all, cheaply) */
+  if (at < 16 || at > 18 || last != '5') return 0;
+  return last_digit(n, 780, &last) == at ? at - 1 : 0;
+}
+
+static const double powers_of_ten[] = {1, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12};
+
+/* The common case without the C library's formatting: n (not whole) is
+ * the double nearest m / 10^k for a whole m of at most 15 digits, and
+ * 1e-4 <= |n| < 1e15. Then its %.15g is m's digits with the point k from
+ * the right, trailing zeros dropped (the double nearest a decimal of 15
+ * digits rounds back to it there, and %g writes no exponent in that range),
+ * and it reads back equal: json.number_text's choice. Returns whether it
+ * wrote n so. (m / 10^k, both exact, rounds as strtod of the decimal does.) */
+static int out_short_decimal(mj_out_t *o, double n) {
+  double a = fabs(n);
+  if (!(a >= 1e-4 && a < 1e15)) return 0;
+  for (int k = 1; k < (int) (sizeof powers_of_ten / sizeof powers_of_ten[0]); k++) {
+    double m = nearbyint(a * powers_of_ten[k]);
+    if (m >= 1e15) return 0;
+    if (m / powers_of_ten[k] != a) continue;
+    char digits[40];
+    int len = 0;
+    uint64_t v = (uint64_t) m;
+    while (k > 0 && v % 10 == 0) v /= 10, k--; /* (trailing zeros) */
+    for (int i = 0; v != 0 || i <= k; i++) {
+      if (i == k && i > 0) digits[len++] = '.';
+      digits[len++] = (char) ('0' + v % 10);
+      v /= 10;
+    }
+    if (n < 0) digits[len++] = '-';
+    for (int i = 0; i < len / 2; i++) {
+      char c = digits[i];
+      digits[i] = digits[len - 1 - i];
+      digits[len - 1 - i] = c;
+    }
+    out_bytes(o, digits, (size_t) len);
+    return 1;
+  }
+  return 0;
 }
 
 /* A number as json.number_text writes it. Returns 0, or -1 to decline. */
@@ -91,21 +139,18 @@ static int out_number(mj_out_t *o, double n) {
     out_uint(o, (uint64_t) fabs(n));
     return 0;
   }
+  if (out_short_decimal(o, n)) return 0;
+  int tie = tie_precision(n);
   char text[64];
-  for (int precision = 15; precision <= 16; precision++) {
+  for (int precision = 15; precision <= 17; precision++) {
+    if (precision == tie) return -1; /* (the Lua encoder writes it as LuaJIT rounds) */
     int len = snprintf(text, sizeof text, "%.*g", precision, n);
-    if (strtod_l(text, NULL, result_locale) == n) {
+    if (precision == 17 || strtod_l(text, NULL, result_locale) == n) {
       out_bytes(o, text, (size_t) len);
       return 0;
     }
   }
-  /* %.17g: a tie there (the exact value has 18 significant digits, the
-   * last a 5) is rounded otherwise by LuaJIT: declined. A shorter or a
-   * round-tripping form above has no tie to round (a tie never reads back). */
-  if (maybe_tie(n, 24) && maybe_tie(n, 780)) return -1;
-  int len = snprintf(text, sizeof text, "%.17g", n);
-  out_bytes(o, text, (size_t) len);
-  return 0;
+  return -1;
 }
 
 static const char hex_digits[] = "0123456789abcdef";

@@ -20,17 +20,21 @@ local function without_ms(text)
   return (text:gsub(',"ms":[%d.e+-]+}$', ',"ms":0}'))
 end
 
--- Whether number n is written with %.17g and rounds a tie there (its
--- exact value, from the C library, has 18 significant digits, the last a
--- 5): LuaJIT rounds it away from zero, the C library to even, and the C
--- writer leaves such a number to the Lua encoder.
+-- Whether number n is written as json.number_text does (the shortest of
+-- %.15g, %.16g and %.17g that reads back equal) after a form that rounds a
+-- tie (its exact value, from the C library, has p + 1 significant digits,
+-- the last a 5): LuaJIT rounds it away from zero, the C library to even, and
+-- the C writer leaves such a number to the Lua encoder.
 local function rounds_a_tie(n)
   if n == math.floor(n) and math.abs(n) <= 2 ^ 53 then return false end
-  if tonumber(("%.15g"):format(n)) == n or tonumber(("%.16g"):format(n)) == n then return false end
   local text = ffi.new("char[800]")
   ffi.C.snprintf(text, 800, "%.780e", ffi.new("double", n))
-  local digits = ffi.string(text):gsub("e.*$", ""):gsub("%D", "")
-  return digits:sub(18, 18) == "5" and digits:find("[1-9]", 19) == nil
+  local digits = ffi.string(text):gsub("e.*$", ""):gsub("%D", ""):gsub("0+$", "")
+  for p = 15, 17 do
+    if #digits == p + 1 and digits:sub(-1) == "5" then return true end
+    if tonumber(("%." .. p .. "g"):format(n)) == n then return false end
+  end
+  return false
 end
 
 -- Whether the C writer declines generated value v (a number that rounds a tie).
