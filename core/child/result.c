@@ -131,15 +131,10 @@ static int out_short_decimal(mj_out_t *o, double n) {
   return 0;
 }
 
-/* A number as json.number_text writes it. Returns 0, or -1 to decline. */
-static int out_number(mj_out_t *o, double n) {
-  if (!isfinite(n)) return -1;
-  if (n == floor(n) && fabs(n) <= 9007199254740992.0) {
-    if (signbit(n)) OUT_LITERAL(o, "-");
-    out_uint(o, (uint64_t) fabs(n));
-    return 0;
-  }
-  if (out_short_decimal(o, n)) return 0;
+/* A number the short form does not fit: the first of %.15g, %.16g, %.17g
+ * that reads back equal, in the C locale (a processor may have set another:
+ * LuaJIT's own formatting ignores it). Returns 0, or -1 to decline. */
+static int out_long_number(mj_out_t *o, double n) {
   int tie = tie_precision(n);
   char text[64];
   for (int precision = 15; precision <= 17; precision++) {
@@ -151,6 +146,21 @@ static int out_number(mj_out_t *o, double n) {
     }
   }
   return -1;
+}
+
+/* A number as json.number_text writes it. Returns 0, or -1 to decline. */
+static int out_number(mj_out_t *o, double n) {
+  if (!isfinite(n)) return -1;
+  if (n == floor(n) && fabs(n) <= 9007199254740992.0) {
+    if (signbit(n)) OUT_LITERAL(o, "-");
+    out_uint(o, (uint64_t) fabs(n));
+    return 0;
+  }
+  if (out_short_decimal(o, n)) return 0;
+  locale_t outer = uselocale(result_locale);
+  int status = out_long_number(o, n);
+  uselocale(outer);
+  return status;
 }
 
 static const char hex_digits[] = "0123456789abcdef";
@@ -364,9 +374,7 @@ static int channel_keep_completed(lua_State *L) {
   out_uint(&o, (uint64_t) line);
   OUT_LITERAL(&o, ",\"status\":\"completed\",\"result\":");
   char *result_at = o.p;
-  locale_t outer = uselocale(result_locale);
   int status = out_value(L, &o, 1, 0);
-  uselocale(outer);
   lua_settop(L, 5);
   if (status != 0 || o.full || (double) (o.p - result_at) > max_payload) return 0;
   OUT_LITERAL(&o, ",\"attempts\":");
