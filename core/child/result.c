@@ -380,9 +380,11 @@ static int channel_keep_completed(lua_State *L) {
   OUT_LITERAL(&o, ",\"attempts\":");
   out_uint(&o, (uint64_t) attempt);
   OUT_LITERAL(&o, ",\"ms\":");
-  out_ms(&o, moonjob_now_ms() - t0);
+  uint64_t now = monotonic_ns();
+  out_ms(&o, (double) now / 1e6 - t0);
   OUT_LITERAL(&o, "}\n");
   if (o.full) return 0;
+  line_end_stamp = now; /* (the next line's start: moonjob_batch_next) */
   size_t len = (size_t) (o.p - (area + used));
   __atomic_store_n(&shared->batch_kept, MJ_KEPT(MJ_KEPT_LINES(k) + 1, used + len), __ATOMIC_RELEASE);
   lua_pushboolean(L, 1);
