@@ -26,8 +26,11 @@
  * errors keep their words. So the bytes are the same either way
  * (spec/child/result_line_spec.lua compares them on generated values).
  *
- * It runs no metamethod and allocates nothing: what it reads stays on the
- * Lua stack while it writes.
+ * It runs no metamethod and makes nothing in the Lua heap: what it reads
+ * stays on the Lua stack while it writes (the stack may grow; past its
+ * bound it declines). An object of more than 32 keys has its list of keys
+ * malloc'd (a memory error raised while the stack grows would leak that
+ * list: once, at a full heap).
  */
 #include "child.h"
 
