@@ -539,7 +539,8 @@ static int open_channel(lua_State *L) {
     {"interrupt", channel_interrupt}, {"batch_next", channel_batch_next},
     {"batch_keep", channel_batch_keep}, {"now", channel_now}, {"output_lines", channel_output_lines},
     {"output_flush", channel_output_flush}, {"line_timeout", channel_line_timeout},
-    {"protect", channel_protect}, {"batch_line_done", channel_batch_line_done}, {NULL, NULL}};
+    {"protect", channel_protect}, {"batch_line_done", channel_batch_line_done},
+    {"keep_completed", channel_keep_completed}, {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, funcs);
 #define MJ_SET_TYPE(name)               \

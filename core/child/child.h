@@ -120,4 +120,7 @@ static int channel_now(lua_State *L);
 static int channel_output_lines(lua_State *L);
 static int channel_output_flush(lua_State *L);
 
+/* result.c */
+static int channel_keep_completed(lua_State *L);
+
 #endif

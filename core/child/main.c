@@ -22,7 +22,7 @@
  * and stderr), channel.c (reading the channel ahead, the shared gate, the
  * moonjob.channel module), interrupt.c (stopping a running job), exports.c
  * and ../json_scan.c (the functions the FFI calls; json_scan.c is core.so's
- * too).
+ * too), result.c (a batch line's result line, written in C).
  */
 #include "child.h"
 
@@ -33,6 +33,7 @@
 #include "interrupt.c"
 #include "exports.c"
 #include "../json_scan.c"
+#include "result.c"
 
 /* A whole number in decimal digits only, at most max. Returns 0 or -1. */
 static int parse_whole(const char *text, unsigned long long max, unsigned long long *out) {

@@ -24,9 +24,13 @@
 -- command line decides whether it runs again alone (--attempts,
 -- moonjob.cli.batch_jobs).
 --
--- The per-line loop runs at about 200,000 lines/s: it makes no closure and
--- no string beyond the line's own, and calls the child program's C functions
--- through the FFI so that it stays compiled.
+-- The per-line loop makes no closure and no string beyond the line's own
+-- and its name, and calls the child program's C functions through the FFI
+-- so that it stays compiled. A completed line's result line is written by
+-- C straight into the batch area (channel.keep_completed,
+-- core/child/result.c: the bytes the codec and moonjob.codec.resultline
+-- write); what it declines (a result with a metatable, a cdata, bad UTF-8,
+-- a line the area has no room for...) is written here in Lua as before.
 --
 -- Caveats: it requires `moonjob.channel`, which only moonjob.child.runner can
 -- (the runner requires this module before it takes the channel out of
@@ -57,11 +61,13 @@ local result_problem, failure_of, out_of_memory = encode.result_problem, encode.
 -- while a batch runs: a line's log is then a tagged line on stderr), its
 -- flush_output(), and the processor's cleanup(job, reason) or nil.
 local processor, Job, sent, flush_output, cleanup = nil, nil, nil, nil, nil
+local max_payload = 64 * 1024 * 1024 -- the runner's options.max_payload (batch.setup)
 local decode_line = json.decode -- a line's data from its text (--raw: the text itself)
 
--- batch.setup(runner) with runner = { processor, Job, sent, flush_output, cleanup }.
+-- batch.setup(runner) with runner = { processor, Job, sent, flush_output, cleanup, max_payload }.
 function M.setup(runner)
   processor, Job, sent, flush_output = runner.processor, runner.Job, runner.sent, runner.flush_output
+  max_payload = runner.max_payload or max_payload
   if runner.raw then decode_line = function(text) return text end end -- moonjob run --raw
   cleanup = runner.cleanup
 end
@@ -71,6 +77,7 @@ end
 -- compiled; channel's otherwise.
 local batch_next, now, output_lines = channel.batch_next, channel.now, channel.output_lines
 local line_done = channel.batch_line_done -- the line ended: no deadline until the next starts
+local keep_completed = channel.keep_completed
 -- batch_keep(buf): keeps string.buffer buf's bytes in the batch area; false when they do not fit
 local batch_keep = function(buf) return channel.batch_keep(buf:tostring()) end
 -- line_end(text, pos, len): where the line at pos ends (its newline, or len + 1)
@@ -159,20 +166,26 @@ local function run_lines(b)
         lines_format.put_failed(record_buffer, line, input_error(err), b.attempt, now() - t0)
         completed = false
       else
-        -- the same fields as a job of its own (the runner's run_job); the
-        -- line number's text is made once, for its name and its result line
-        local line_text = tostring(line)
-        local job = setmetatable({ id = b.id, attempt = b.attempt, name = "line " .. line_text,
+        -- the same fields as a job of its own (the runner's run_job)
+        local job = setmetatable({ id = b.id, attempt = b.attempt, name = "line " .. line,
           number = b.number, data = data }, Job)
         b.job = job -- (for cleanup, should its deadline pass)
         local result = processor(job)
         line_done() -- (its deadline does not run while its result is written)
-        completed = completed_line(line_text, b.attempt, result, now() - t0)
+        if keep_completed(result, line, b.attempt, t0, max_payload) then -- written in the area
+          completed = "kept"
+        else
+          completed = completed_line(line, b.attempt, result, now() - t0)
+        end
       end
       b.line = nil
     end
     line_done() -- (again for a completed line: the other ways end here)
-    if not keep(b, completed) then return true end
+    if completed == "kept" then
+      b.run, b.completed = b.run + 1, b.completed + 1
+    elseif not keep(b, completed) then
+      return true
+    end
   end
   return true
 end

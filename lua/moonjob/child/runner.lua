@@ -273,7 +273,7 @@ function M.main()
     return 3
   end
   batch.setup({ processor = processor, Job = Job, sent = sent, flush_output = flush_output,
-    cleanup = cleanup, raw = options.raw })
+    cleanup = cleanup, raw = options.raw, max_payload = options.max_payload })
   flush_output() -- what the file printed at load or in init() is counted in READY: it is no job's
   channel.send(channel.READY, 0)
   while true do
