@@ -153,6 +153,17 @@ local function draw(p, name, batch)
   return range[1] - 1
 end
 
+-- A number no job holds as an id (an explicit id may have taken it): its
+-- key is free. A bulk add's range of ids all found free (batch.ids.free)
+-- needs no look at each.
+local function free_id(p, batch)
+  local range = batch and batch.ids
+  if range and range.free and range[1] <= range[2] then return tostring(draw(p, "ids", batch)) end
+  local id
+  repeat id = tostring(draw(p, "ids", batch)) until redis.call("EXISTS", job_key(p, id)) == 0
+  return id
+end
+
 -- The queue in the registry moonjob.queues() reads, once per call; pcall:
 -- the one key outside the queue's prefix, which an ACL user kept to its own
 -- keys may not write.
@@ -240,8 +251,7 @@ local function add_job(p, args, now, batch)
     if reply then return reply end
   end
   local drawn, state = id == "", nil
-  if drawn then -- a number no job holds (an explicit id may have taken it): its key is free
-    repeat id = tostring(draw(p, "ids", batch)) until redis.call("EXISTS", job_key(p, id)) == 0
+  if drawn then id = free_id(p, batch)
   elseif id == "\0dedupe" then id = "d:" .. redis.sha1hex(args[2]) end
   local key = job_key(p, id)
   if not drawn then
@@ -344,6 +354,17 @@ local function bulk_template(args)
     "", args[14], args[15], "", "", args[16] }
 end
 
+-- How many of the ids of range (first, last) a job holds.
+local function held_ids(p, range)
+  local held = 0
+  for first = range[1], range[2], 1000 do
+    local keys = {}
+    for n = first, math.min(range[2], first + 999) do keys[#keys + 1] = job_key(p, n) end
+    held = held + redis.call("EXISTS", unpack(keys))
+  end
+  return held
+end
+
 -- Each job of a bulk add made or joined: its row as add's reply, or its
 -- refusal as text ("EINPUT ...", "EQUEUEFULL ..."), in order.
 local function bulk_rows(p, args, t, now)
@@ -353,8 +374,14 @@ local function bulk_rows(p, args, t, now)
   local batch = { seq = { redis.call("INCRBY", p .. "seq", n) - n + 1 }, common = shared(t, now) }
   batch.prio = H.number_in(batch.common.prio, -math.huge, math.huge) or 0
   batch.seq[2] = batch.seq[1] + n - 1
-  if drawn > 0 then batch.ids = { redis.call("INCRBY", p .. "ids", drawn) - drawn + 1 } end
-  if batch.ids then batch.ids[2] = batch.ids[1] + drawn - 1 end
+  if drawn > 0 then
+    local last = redis.call("INCRBY", p .. "ids", drawn)
+    batch.ids = { last - drawn + 1, last }
+    batch.ids.free = held_ids(p, batch.ids) == 0 -- (one look for them all)
+  end
+  -- its jobs' entries in wait go in at once at the end, unless max_queue
+  -- counts the jobs waiting after each
+  if (tonumber(t[11]) or 0) == 0 then batch.waiting = {} end
   local rows = {}
   for i = BULK_HEAD + 1, #args, 2 do
     local id, data, row = args[i], args[i + 1], nil
@@ -369,6 +396,7 @@ local function bulk_rows(p, args, t, now)
     end
     rows[#rows + 1] = row
   end
+  H.enter_wait(p, batch)
   return rows
 end
 

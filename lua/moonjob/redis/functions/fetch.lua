@@ -60,7 +60,8 @@ end
 local TAKE_FIELDS = { "state", "data", "attempts", "backoff", "timeout", "kill_after", "name", "made", "priority" }
 
 -- A waiting entry popped by fetch: its reply row (handed out to worker w
--- { id, lease, max_payload, db } with token number token_no), or nil and
+-- { id, lease, max_payload, db } with token number token_no; its entry in
+-- active added, or left in w.leased for the caller to add), or nil and
 -- "failed" (failed in place: out of range, over max_payload, expired;
 -- never sent) or what look_at said. The job keeps w.db (its channel of
 -- updates: runs.lua).
@@ -105,7 +106,12 @@ local function take_one(p, id, w, token_no, now)
     redis.call("HSET", key, "state", "active", "token", token, "worker", w.id, "started", w.now,
       "ran", "0", "made", made, "began", "", "db", w.db_text)
   end
-  redis.call("ZADD", p .. "active", w.until_ms, id)
+  if w.leased then -- (one ZADD for the fetch's jobs: take)
+    w.leased[#w.leased + 1] = w.until_ms
+    w.leased[#w.leased + 1] = id
+  else
+    redis.call("ZADD", p .. "active", w.until_ms, id)
+  end
   if children then return { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7], "", "", children } end
   return { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7] }
 end
@@ -171,6 +177,16 @@ function G.take(p, w, n, now, glim, bound)
   return rows, tokens, missing
 end
 
+-- The entries in active of the jobs take handed out (w.leased: score,
+-- id, ...), in ZADDs of at most 1,000 (unpack's bound is about 8,000).
+local function add_leased(p, w)
+  local leased = w.leased
+  for first = 1, #leased, 2000 do
+    redis.call("ZADD", p .. "active", unpack(leased, first, math.min(#leased, first + 1999)))
+  end
+  w.leased = nil
+end
+
 -- Up to n waiting jobs handed out to worker w (grouped: G.on; bound: the
 -- queue rate's start bound, nil without a rate). -> their reply rows,
 -- tokens. Tokens: one counter step per pop, one number per job (never
@@ -183,6 +199,7 @@ local function take(p, w, n, now, glim, grouped, bound)
   end
   local rows, tokens, missing = {}, {}, 0
   local budget = n + POP_BUDGET
+  w.leased = {} -- their entries in active, added at once below (G.take adds each as it goes: G.room reads them)
   while #rows < n and budget > 0 do
     local popped = redis.call("ZPOPMIN", p .. "wait", math.min(n - #rows, budget))
     if #popped == 0 then break end
@@ -205,6 +222,7 @@ local function take(p, w, n, now, glim, grouped, bound)
       end
     end
   end
+  add_leased(p, w)
   count_missing(p, missing)
   return rows, tokens
 end

@@ -84,7 +84,7 @@ local function complete(keys, args)
       .. "RUN_MS quads); the count of arguments was", #args)
   end
   local now = now_ms()
-  local out, runs, done, now_text = {}, {}, 0, tostring(now)
+  local out, runs, done, now_text, moved = {}, {}, 0, tostring(now), {}
   for i = first, #args - step + 1, step do
     local id, token = args[i], args[i + 1]
     local key = job_key(p, id)
@@ -92,7 +92,7 @@ local function complete(keys, args)
     if f then
       local ms = timed and number_in(args[i + 3], 0, 1e15) or nil
       -- totals and metrics counted once for the batch
-      local fin = { f[3], f[4], f[5], f[6], f[7], batched = true, run_ms = ms, now_text = now_text }
+      local fin = { f[3], f[4], f[5], f[6], f[7], batched = true, run_ms = ms, now_text = now_text, moved = moved }
       finish(p, id, key, "completed", "result", args[i + 2], now, fin)
       out[#out + 1] = "OK"
       done = done + 1
@@ -101,6 +101,7 @@ local function complete(keys, args)
       out[#out + 1] = "ESTALE"
     end
   end
+  H.move_finished(p, moved, "completed", now_text)
   if done > 0 then
     count_total(p, "completed", done)
     record_metrics(p, now, done, 0, runs)

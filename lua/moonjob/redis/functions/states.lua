@@ -64,10 +64,25 @@ local function line_up(p, prio, member, group, now, batch)
   end
   if batch and group == "" then
     if batch.grouped == nil then batch.grouped = G.on(p) end
+    if not batch.grouped and batch.waiting then -- (in wait with the batch's others: enter_wait)
+      batch.waiting[#batch.waiting + 1] = prio
+      batch.waiting[#batch.waiting + 1] = member
+      return
+    end
     if not batch.grouped then return redis.call("ZADD", p .. "wait", prio, member) end
   end
   G.index(p, group, prio, member, now) -- (before wait: the switch to groups copies wait)
   redis.call("ZADD", p .. "wait", prio, member)
+end
+
+-- The entries line_up left in batch.waiting (score, member, ...) put in
+-- wait at once, in ZADDs of at most 1,000 (unpack's bound is about 8,000).
+local function enter_wait(p, batch)
+  local waiting = batch.waiting or {}
+  for first = 1, #waiting, 2000 do
+    redis.call("ZADD", p .. "wait", unpack(waiting, first, math.min(#waiting, first + 1999)))
+  end
+  batch.waiting = nil
 end
 
 -- A job's place in line: its arrival number (one step of <p>seq), 16
@@ -107,11 +122,19 @@ end
 -- f: the job's cache, notify, started, group and parent fields when the
 -- caller read them already; f.batched: the caller records metrics and totals
 -- for the batch; f.run_ms: the run time its worker measured (then it began
--- run_ms ago); f.now_text: now as text. A flow's child tells its parent, in this call (flows.lua).
+-- run_ms ago); f.now_text: now as text; f.moved: a list the job's id goes
+-- in, for its caller to move from active to its state's set with the
+-- batch's others (H.move_finished: fewer calls), unless it has a group
+-- (G.left reads active). A flow's child tells its parent, in this call (flows.lua).
 local function finish(p, id, key, state, field, value, now, f)
   f = f or redis.call("HMGET", key, "cache", "notify", "started", "group", "parent")
   local cache = state == "completed" and number_in(f[1], 0, SECONDS_MAX) or 0
-  redis.call("ZREM", p .. "active", id)
+  local moved = f.moved
+  if moved and not f[4] then
+    moved[#moved + 1] = id -- (its caller moves it from active to state with the batch's others)
+  else
+    redis.call("ZREM", p .. "active", id)
+  end
   G.left(p, f[4], id)
   local at = f.now_text or now -- (a batch's time as text once: Redis's Lua formats a number slowly)
   local fields = { "HSET", key, "state", state, field, value, "finished", at, "token", "" }
@@ -120,7 +143,7 @@ local function finish(p, id, key, state, field, value, now, f)
   end
   if f.run_ms then fields[#fields + 1] = "began"; fields[#fields + 1] = now - f.run_ms end
   redis.call(unpack(fields))
-  redis.call("ZADD", p .. state, at, id)
+  if not (moved and not f[4]) then redis.call("ZADD", p .. state, at, id) end
   if not f.batched then
     count_total(p, state, 1)
     local ms = f.ran and (f.run_ms or run_ms(f[3], now))
@@ -231,8 +254,22 @@ local function promote_delayed(p, now)
   count_missing(p, missing)
 end
 
+-- The jobs finish left in f.moved moved at once from active to the set of
+-- state, with the score at (now as text), in calls of at most 1,000 jobs
+-- (unpack's bound is about 8,000 values).
+local function move_finished(p, moved, state, at)
+  for first = 1, #moved, 1000 do
+    local last = math.min(#moved, first + 999)
+    redis.call("ZREM", p .. "active", unpack(moved, first, last))
+    local scored = {}
+    for i = first, last do scored[#scored + 1] = at; scored[#scored + 1] = moved[i] end
+    redis.call("ZADD", p .. state, unpack(scored))
+  end
+end
+
 H.retain, H.make_waiting, H.make_delayed, H.finish = retain, make_waiting, make_delayed, finish
-H.line_up, H.wait_member = line_up, wait_member
+H.move_finished = move_finished
+H.line_up, H.wait_member, H.enter_wait = line_up, wait_member, enter_wait
 H.fail_entry, H.look_at, H.recover_stalled = fail_entry, look_at, recover_stalled
 H.promote_delayed = promote_delayed
 end
