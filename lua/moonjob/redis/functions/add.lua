@@ -334,28 +334,20 @@ local function answer_once(p, sheet, call, forget, now, fn, make, ok)
   return reply
 end
 
-local function succeeded(reply) return reply.err == nil end
-
 local function add(keys, args)
   local refused = check_add(args)
   if refused then return refused end
   local p, now = keys[1], now_ms()
   return answer_once(p, args[19] or "", args[20], args[21] or "", now, "moonjob_add",
-    function() return add_job(p, args, now) end, succeeded)
+    function() return add_job(p, args, now) end, function(reply) return reply.err == nil end)
 end
 
 -- add_bulk's arguments before its jobs, and its jobs' most in one call (a
 -- call holds Redis: about 10 us a job).
-local BULK_HEAD, BULK_MAX = 16, 1000
-
--- add_bulk's options as one add's arguments (ID and DATA: its jobs').
-local function bulk_template(args)
-  return { "", "{}", args[4], args[5], args[6], args[7], args[8], args[9], args[10], args[11], args[12], args[13],
-    "", args[14], args[15], "", "", args[16] }
-end
+local BULK = { head = 16, most = 1000 }
 
 -- How many of the ids of range (first, last) a job holds.
-local function held_ids(p, range)
+function H.held_ids(p, range)
   local held = 0
   for first = range[1], range[2], 1000 do
     local keys = {}
@@ -368,22 +360,22 @@ end
 -- Each job of a bulk add made or joined: its row as add's reply, or its
 -- refusal as text ("EINPUT ...", "EQUEUEFULL ..."), in order.
 local function bulk_rows(p, args, t, now)
-  local n = (#args - BULK_HEAD) / 2
+  local n = (#args - BULK.head) / 2
   local drawn = 0
-  for i = BULK_HEAD + 1, #args, 2 do if args[i] == "" then drawn = drawn + 1 end end
+  for i = BULK.head + 1, #args, 2 do if args[i] == "" then drawn = drawn + 1 end end
   local batch = { seq = { redis.call("INCRBY", p .. "seq", n) - n + 1 }, common = shared(t, now) }
   batch.prio = H.number_in(batch.common.prio, -math.huge, math.huge) or 0
   batch.seq[2] = batch.seq[1] + n - 1
   if drawn > 0 then
     local last = redis.call("INCRBY", p .. "ids", drawn)
     batch.ids = { last - drawn + 1, last }
-    batch.ids.free = held_ids(p, batch.ids) == 0 -- (one look for them all)
+    batch.ids.free = H.held_ids(p, batch.ids) == 0 -- (one look for them all)
   end
   -- its jobs' entries in wait go in at once at the end, unless max_queue
   -- counts the jobs waiting after each
   if (tonumber(t[11]) or 0) == 0 then batch.waiting = {} end
   local rows = {}
-  for i = BULK_HEAD + 1, #args, 2 do
+  for i = BULK.head + 1, #args, 2 do
     local id, data, row = args[i], args[i + 1], nil
     if #id > FIELD_MAX then
       row = "EINPUT moonjob_add_bulk: a job's id must take at most " .. FIELD_MAX .. " bytes"
@@ -403,7 +395,7 @@ end
 -- add_bulk(p; sheet, call, forget, priority, delay_ms, attempts, backoff,
 --     timeout, kill_after, name, cache, max_queue, notify, existing,
 --     expire_ms, group, id, data [, id, data ...]) -> { row, ... }
--- Up to BULK_MAX jobs in one call, all with the options given once (as
+-- Up to BULK.most jobs in one call, all with the options given once (as
 -- add's), each with its id ("" draws one, "\0dedupe" the data's) and data.
 -- Each job's row is add's reply { id, state, joined, nonce } (the nonce
 -- made here), or the text of its refusal: a bad id or data, EQUEUEFULL,
@@ -412,18 +404,20 @@ end
 -- add's do ("" sheet: not named).
 local function add_bulk(keys, args)
   local fn = "moonjob_add_bulk"
-  if #args < BULK_HEAD + 2 or (#args - BULK_HEAD) % 2 ~= 0 then
+  if #args < BULK.head + 2 or (#args - BULK.head) % 2 ~= 0 then
     return refuse(fn, "it takes SHEET CALL FORGET PRIORITY DELAY_MS ATTEMPTS BACKOFF TIMEOUT KILL_AFTER NAME "
       .. "CACHE MAX_QUEUE NOTIFY EXISTING EXPIRE_MS GROUP, then ID DATA pairs; the count of arguments was", #args)
   end
-  if (#args - BULK_HEAD) / 2 > BULK_MAX then
-    return refuse(fn, "it takes at most " .. BULK_MAX .. " jobs per call; the count of jobs was", (#args - BULK_HEAD) / 2)
+  if (#args - BULK.head) / 2 > BULK.most then
+    return refuse(fn, "it takes at most " .. BULK.most .. " jobs per call; the count of jobs was", (#args - BULK.head) / 2)
   end
   if #args[1] > NONCE_MAX or #args[2] > NONCE_MAX or #args[3] > NONCE_MAX then
     return refuse(fn, "SHEET, CALL and FORGET must take at most " .. NONCE_MAX .. " bytes each", "...")
   end
   if args[1] ~= "" and args[2] == "" then return refuse(fn, "SHEET needs CALL (the call's name in it)", "") end
-  local t = bulk_template(args)
+  -- its options as one add's arguments (ID and DATA: each job's)
+  local t = { "", "{}", args[4], args[5], args[6], args[7], args[8], args[9], args[10], args[11], args[12], args[13],
+    "", args[14], args[15], "", "", args[16] }
   local refused = check_add(t, fn)
   if refused then return refused end
   local p, now = keys[1], now_ms()
