@@ -250,6 +250,7 @@ bench: deps bench-deps bullmq-deps all $(BUILD)/bench-floor
 	$(LUA) bench/cli.lua
 	$(LUA) bench/datasets.lua
 	$(LUA) bench/life.lua
+	$(LUA) bench/steps.lua
 	$(LUA) bench/redis.lua
 	$(LUA) bench/flows.lua
 	$(LUA) bench/producer.lua
