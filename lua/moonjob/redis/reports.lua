@@ -2,7 +2,8 @@
 -- here, each with the job's token, sent until they land.
 --
 -- A part of a moonjob.redis.remote (remote.reports, made in Remote.new).
--- The reports: complete (the completions of one loop turn in one FCALL),
+-- The reports: complete (the completions gathered while the last batch
+-- was in flight, or of one loop turn, in one FCALL),
 -- fail (with the retry delay the pool's backoff computed, or -1 for a final
 -- failure), ratelimited, release (the pool is closing and the job never
 -- ran, or stopped: not counted).
@@ -19,8 +20,8 @@
 --
 -- Owns: `reporting` (remote id -> job whose report is not answered yet:
 -- the remote's renewals keep their leases), `nreports`, the reports to send
--- again (`retry`, its back-off `retry_ms` and timer), this loop turn's
--- `completions`.
+-- again (`retry`, its back-off `retry_ms` and timer), the `completions` not
+-- sent yet and whether a batch of them is in flight (`completing`).
 -- Exposes: attempt_failed(job, err) and ending(job, state) (the owner
 -- hook's, passed on by the remote), completed, failed, rate_limited,
 -- release, release_unfetched(id, token [, unsure]), send_again(),
@@ -53,7 +54,8 @@ function Reports.new(remote)
     retry = {},       -- reports to send again (refused for now, or the connection lost)
     nreports = 0,     -- reports sent and not settled yet
     retry_ms = RETRY_FIRST_MS,
-    completions = nil, -- this loop turn's completions, sent at its end
+    completions = nil, -- completions not sent yet: at the loop turn's end, or once the batch in flight is answered
+    completing = false, -- a batch of completions is in flight
   }, Reports)
   self.retry_timer = core.timer(function()
     self.retry_armed = false
@@ -142,10 +144,7 @@ function Reports:completed(job, result_bytes)
   if not batch then
     batch = { args = { "FCALL", "moonjob_complete", 1, remote.prefix, RUN_MS_MARK }, jobs = {} }
     self.completions = batch
-    loop.defer(function()
-      self.completions = nil
-      self:_report("complete", batch.args, batch.jobs)
-    end)
+    if not self.completing then loop.defer(function() self:_send_completions() end) end
   end
   local args = batch.args
   args[#args + 1] = job.remote_id
@@ -153,6 +152,17 @@ function Reports:completed(job, result_bytes)
   args[#args + 1] = Job.bytes(result_bytes)
   args[#args + 1] = run_ms(job)
   batch.jobs[#batch.jobs + 1] = job
+  self.reporting[job.remote_id] = job -- (its lease renewed while it waits to be sent)
+end
+
+-- The completions gathered, in one FCALL. One is in flight at a time: those
+-- that end meanwhile go in the next, sent when its answer comes (a busy
+-- worker's batches grow with its rate, an idle one's wait a loop turn).
+function Reports:_send_completions()
+  local batch = self.completions
+  if not batch or self.completing then return end
+  self.completions, self.completing = nil, true
+  self:_report("complete", batch.args, batch.jobs)
 end
 
 -- moonjob_fail's RETRY_MS: -1 (no retry), else whole ms up to 10^12 (the
@@ -259,6 +269,10 @@ end
 
 function Reports:_answered(report, reply, err, kind)
   local remote = self.remote
+  if report.what == "complete" and self.completing then -- the next batch's turn (this one, if retried, apart)
+    self.completing = false
+    if not remote.closed then self:_send_completions() end
+  end
   if remote.closed then return self:_settled(report) end
   if kind == "connection" then -- it may have been sent and run: the next answer is checked
     report.unsure = true
