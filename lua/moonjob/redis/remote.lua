@@ -280,8 +280,8 @@ function Remote:_fetched(reply, n, sent_at)
       self.reports:release_unfetched(reply[i][1], reply[i][2])
     else
       got = got + 1
-      local job = self:_take(reply[i], sent_at)
-      start_by = job.start_by and math.min(start_by or math.huge, job.start_by) or start_by
+      local by = self:_take(reply[i], sent_at)
+      start_by = by and math.min(start_by or math.huge, by) or start_by
     end
   end
   if start_by then self.bounds:fetched(start_by, sent_at) end
@@ -342,15 +342,16 @@ function Remote:_arm_delayed(ms)
   self.due_timer:start(ms + 1)
 end
 
--- A fetched job becomes a pool job (-> it). Malformed or oversized jobs
--- fail at once (reported to Redis, no attempt at running them).
+-- A fetched job becomes a pool job (-> when it must start by, under a rate).
+-- Malformed or oversized jobs fail at once (reported to Redis, no attempt
+-- at running them).
 function Remote:_take(f, sent_at)
   local port = self.port
   local id, token, data = f[1], f[2], f[3]
   local job = port:new_job()
   job.owner, job.remote_id, job.token, job.lease_from = self, id, token, sent_at
-  local bound = tonumber(f[11])
-  if bound then job.start_by = sent_at + bound end -- (a rate's: sent to an idle child by then, or given back)
+  local bound, by = tonumber(f[11]), nil
+  if bound then by = StartBounds.bind(job, bound, sent_at) end -- (a rate's: started by then, or given back)
   self.max_token = math.max(self.max_token, tonumber(token:match("/(%d+)$")) or 0)
   job.attempts, job.max_attempts = 0, 1
   if f[9] and f[9] ~= "" then job.name = f[9] end
@@ -369,14 +370,13 @@ function Remote:_take(f, sent_at)
   end
   job.data_bytes = data
   port:accept(job)
-  return job
+  return by
 end
 
 function Remote:_refuse(job, code, message)
   job.attempts = job.attempts + 1
   job.retry_never = true
   self.port:fail_job(job, errors.new(code, message))
-  return job
 end
 
 -- Stops a job here (running: interrupted; waiting in the pool: taken out)

@@ -252,19 +252,33 @@ function G.unpark_step(p, now)
 end
 
 -- The job of group g that fetch hands out now counts against its cap and
--- rate (a start at now + the rate's start bound, as count_starts).
+-- rate (a start at now + the rate's start bound, or its ahead bound for a
+-- job beyond the fetch's first glim.short, as count_starts).
 function G.started(p, g, id, token, now, glim)
+  if glim then glim.taken = (glim.taken or 0) + 1 end
   if g == "" then return end
   redis.call("SADD", p .. "ga:" .. g, id)
   if glim and glim.rate_max then
-    redis.call("ZADD", p .. "gs:" .. g, now + glim.start_ms, token)
-    redis.call("PEXPIRE", p .. "gs:" .. g, glim.rate_per + glim.start_ms + 1000)
-    H.note(p, "gkeys", g, now + glim.rate_per + glim.start_ms + 1000, now)
+    local ahead = glim.taken > (glim.short or glim.taken)
+    redis.call("ZADD", p .. "gs:" .. g, now + (ahead and glim.ahead_ms or glim.start_ms), token)
+    redis.call("PEXPIRE", p .. "gs:" .. g, glim.rate_per + glim.ahead_ms + 1000)
+    H.note(p, "gkeys", g, now + glim.rate_per + glim.ahead_ms + 1000, now)
   end
 end
 
+-- Whether group g may take a job held ahead (fetch's glim.taken at its
+-- glim.short or past it): only while the fetch's N (glim.margin) stays far
+-- from its cap and from half its rate window (as the queue's rate).
+function G.far(p, g, glim)
+  if not glim.short or glim.taken < glim.short then return true end
+  local margin = glim.margin
+  if glim.concurrency and redis.call("SCARD", p .. "ga:" .. g) + margin >= glim.concurrency then return false end
+  return not glim.rate_max or redis.call("ZCARD", p .. "gs:" .. g) + margin <= glim.rate_max / 2
+end
+
 -- Whether group g may take a job now under the groups' limits glim; if
--- not, it is parked until it may.
+-- not, it is parked until it may (false, true: it may, but not held ahead:
+-- G.far; not parked).
 function G.room(p, g, now, glim)
   if g == "" or not glim then return true end
   local c = glim.concurrency
@@ -293,6 +307,7 @@ function G.room(p, g, now, glim)
       return false
     end
   end
+  if not G.far(p, g, glim) then return false, true end
   return true
 end
 
@@ -333,10 +348,11 @@ function G.pick(p, now, glim, cur)
       elseif #first > 0 and (g ~= "" or G.copied(cur, first)) then -- ("" while its next job may not be copied: not now)
         local prio = tonumber(first[2])
         if not found or prio < found_prio then
-          if G.room(p, g, now, glim) then
+          local ok, near = G.room(p, g, now, glim)
+          if ok then
             found, found_prio = g, prio
             if prio <= best then break end
-          else
+          elseif not near then
             dropped = true
           end
         end
