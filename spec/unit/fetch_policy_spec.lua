@@ -26,7 +26,8 @@ describe("moonjob.redis.fetch_policy", function()
     for _ = 1, 500 do p:ran(0) end
     assert.equal(128, p:held_max()) -- MIN_CAP for a small worker
     assert.equal(2 + 128, p:most())
-    assert.equal(16 * 64, measured(16, 0, 2000):held_max()) -- PER_CHILD_MAX per child
+    assert.equal(8 * 64, measured(8, 0, 2000):held_max()) -- PER_CHILD_MAX per child
+    assert.equal(1024, measured(32, 0, 2000):held_max()) -- MAX_CAP
   end)
 
   it("never holds more than 100 ms of estimated work per child", function()

@@ -13,8 +13,9 @@
 --     lease/LEASE_PARTS if less: a worker never sits on more than that
 --     much work, so a worker started later gets the rest at once, and jobs
 --     too long for the horizon are not held at all;
---   * and at most `cap` = size * PER_CHILD_MAX jobs (at least MIN_CAP), which
---     also bounds a fetch's reply;
+--   * and at most `cap` = size * PER_CHILD_MAX jobs (from MIN_CAP to
+--     MAX_CAP), which also bounds a fetch's reply (moonjob.redis.client's
+--     max_reply: jobs of max_payload each);
 --   * cautious at first: size jobs beyond the running ones before any run
 --     time is known, then one more for each run measured, up to the bound;
 --   * it fetches when it may take at least half of what it may hold, or
@@ -31,6 +32,7 @@ FetchPolicy.HORIZON_MS = 100   -- estimated work held per child, at most
 FetchPolicy.LEASE_PARTS = 20   -- and no more than lease/20 of it
 FetchPolicy.PER_CHILD_MAX = 64 -- jobs held per child, at most
 FetchPolicy.MIN_CAP = 128      -- ... though a small worker may hold this many
+FetchPolicy.MAX_CAP = 1024     -- ... and a large one no more
 FetchPolicy.WEIGHT = 1 / 8     -- weight of the newest run time in the average
 local FLOOR_MS = 0.001         -- an estimate below this counts as this
 
@@ -42,7 +44,7 @@ function FetchPolicy.new(size, lease_ms)
   return setmetatable({
     size = size_, horizon_ms = horizon_ms,
     look_ms = math.max(1, math.floor(horizon_ms)), -- how often the worker calls look
-    cap = math.max(FetchPolicy.MIN_CAP, size_ * FetchPolicy.PER_CHILD_MAX),
+    cap = math.min(FetchPolicy.MAX_CAP, math.max(FetchPolicy.MIN_CAP, size_ * FetchPolicy.PER_CHILD_MAX)),
     avg = nil,     -- ms, nil until a run ended
     samples = 0,   -- runs measured
     busy_ms = 0,   -- the youngest running job's age while every child is busy, else 0
