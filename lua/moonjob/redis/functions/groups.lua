@@ -261,53 +261,56 @@ function G.started(p, g, id, token, now, glim)
   if glim and glim.rate_max then
     local ahead = glim.taken > (glim.short or glim.taken)
     redis.call("ZADD", p .. "gs:" .. g, now + (ahead and glim.ahead_ms or glim.start_ms), token)
+    glim.noted = glim.noted or {}
+    if glim.noted[g] then return end -- (once per group and call: now is the call's)
+    glim.noted[g] = true
     redis.call("PEXPIRE", p .. "gs:" .. g, glim.rate_per + glim.ahead_ms + 1000)
     H.note(p, "gkeys", g, now + glim.rate_per + glim.ahead_ms + 1000, now)
   end
 end
 
--- Whether group g may take a job held ahead (fetch's glim.taken at its
--- glim.short or past it): only while the fetch's N (glim.margin) stays far
--- from its cap and from half its rate window (as the queue's rate).
-function G.far(p, g, glim)
-  if not glim.short or glim.taken < glim.short then return true end
-  local margin = glim.margin
-  if glim.concurrency and redis.call("SCARD", p .. "ga:" .. g) + margin >= glim.concurrency then return false end
-  return not glim.rate_max or redis.call("ZCARD", p .. "gs:" .. g) + margin <= glim.rate_max / 2
-end
-
 -- Whether group g may take a job now under the groups' limits glim; if
--- not, it is parked until it may (false, true: it may, but not held ahead:
--- G.far; not parked).
+-- not, it is parked until it may. For a job held ahead (fetch's glim.taken
+-- at its glim.short or past it), only while the fetch's N (glim.margin)
+-- stays far from the cap and from half the rate's window (as the queue's
+-- rate); else false, true: not now, though not parked.
 function G.room(p, g, now, glim)
   if g == "" or not glim then return true end
-  local c = glim.concurrency
-  if c and redis.call("SCARD", p .. "ga:" .. g) >= c then
-    -- a job that left active by another way (its hash deleted by hand, an
-    -- obliterate) must not hold its group's place for ever: one no longer
-    -- active is dropped, and a full group is parked until the first lease
-    -- of its jobs ends (or one leaves active: G.left), then looked at again
-    local first_end = math.huge
-    for _, id in ipairs(redis.call("SMEMBERS", p .. "ga:" .. g)) do
-      local lease_end = tonumber(redis.call("ZSCORE", p .. "active", id) or "")
-      if lease_end then first_end = math.min(first_end, lease_end)
-      else redis.call("SREM", p .. "ga:" .. g, id) end
+  local c, near = glim.concurrency, false
+  local ahead = glim.short and glim.taken >= glim.short
+  if c then
+    local active = redis.call("SCARD", p .. "ga:" .. g)
+    if active >= c then
+      -- a job that left active by another way (its hash deleted by hand, an
+      -- obliterate) must not hold its group's place for ever: one no longer
+      -- active is dropped, and a full group is parked until the first lease
+      -- of its jobs ends (or one leaves active: G.left), then looked at again
+      local first_end = math.huge
+      for _, id in ipairs(redis.call("SMEMBERS", p .. "ga:" .. g)) do
+        local lease_end = tonumber(redis.call("ZSCORE", p .. "active", id) or "")
+        if lease_end then first_end = math.min(first_end, lease_end)
+        else redis.call("SREM", p .. "ga:" .. g, id) end
+      end
+      active = redis.call("SCARD", p .. "ga:" .. g)
+      if active >= c then
+        G.park(p, g, math.max(first_end, now) + 1)
+        return false
+      end
     end
-    if redis.call("SCARD", p .. "ga:" .. g) >= c then
-      G.park(p, g, math.max(first_end, now) + 1)
-      return false
-    end
+    near = ahead and active + glim.margin >= c
   end
   if glim.rate_max then
     local key = p .. "gs:" .. g
     redis.call("ZREMRANGEBYSCORE", key, "-inf", "(" .. (now - glim.rate_per))
-    if redis.call("ZCARD", key) >= glim.rate_max then
+    local count = redis.call("ZCARD", key)
+    if count >= glim.rate_max then
       local oldest = redis.call("ZRANGE", key, 0, 0, "WITHSCORES")
       G.park(p, g, tonumber(oldest[2]) + glim.rate_per + 1)
       return false
     end
+    near = near or ahead and count + glim.margin > glim.rate_max / 2
   end
-  if not G.far(p, g, glim) then return false, true end
+  if near then return false, true end
   return true
 end
 
