@@ -264,6 +264,7 @@ function G.started(p, g, id, token, now, glim)
     glim.noted = glim.noted or {}
     if glim.noted[g] then return end -- (once per group and call: now is the call's)
     glim.noted[g] = true
+    redis.call("ZREMRANGEBYSCORE", p .. "gs:" .. g, "-inf", "(" .. (now - glim.rate_per)) -- (G.room may not trim)
     redis.call("PEXPIRE", p .. "gs:" .. g, glim.rate_per + glim.ahead_ms + 1000)
     H.note(p, "gkeys", g, now + glim.rate_per + glim.ahead_ms + 1000, now)
   end
@@ -301,14 +302,17 @@ function G.room(p, g, now, glim)
   end
   if glim.rate_max then
     local key = p .. "gs:" .. g
-    redis.call("ZREMRANGEBYSCORE", key, "-inf", "(" .. (now - glim.rate_per))
-    local count = redis.call("ZCARD", key)
+    local count, half = redis.call("ZCARD", key), ahead and glim.rate_max / 2 - glim.margin
+    if count >= glim.rate_max or half and count > half then -- (else far whatever has left the window: no trim)
+      redis.call("ZREMRANGEBYSCORE", key, "-inf", "(" .. (now - glim.rate_per))
+      count = redis.call("ZCARD", key)
+    end
     if count >= glim.rate_max then
       local oldest = redis.call("ZRANGE", key, 0, 0, "WITHSCORES")
       G.park(p, g, tonumber(oldest[2]) + glim.rate_per + 1)
       return false
     end
-    near = near or ahead and count + glim.margin > glim.rate_max / 2
+    near = near or half and count > half
   end
   if near then return false, true end
   return true
