@@ -257,17 +257,33 @@ end
 function G.started(p, g, id, token, now, glim)
   if glim then glim.taken = (glim.taken or 0) + 1 end
   if g == "" then return end
-  redis.call("SADD", p .. "ga:" .. g, id)
-  if glim and glim.rate_max then
+  local added = redis.call("SADD", p .. "ga:" .. g, id)
+  if not glim then return end
+  local seen = G.seen(glim, g)
+  if seen.a then seen.a = seen.a + added end
+  if glim.rate_max then
     local ahead = glim.taken > (glim.short or glim.taken)
     redis.call("ZADD", p .. "gs:" .. g, now + (ahead and glim.ahead_ms or glim.start_ms), token)
-    glim.noted = glim.noted or {}
-    if glim.noted[g] then return end -- (once per group and call: now is the call's)
-    glim.noted[g] = true
+    if seen.w then seen.w = seen.w + 1 end -- (a token is never in the window already)
+    if seen.noted then return end -- (once per group and call: now is the call's)
+    seen.noted = true
     redis.call("ZREMRANGEBYSCORE", p .. "gs:" .. g, "-inf", "(" .. (now - glim.rate_per)) -- (G.room may not trim)
     redis.call("PEXPIRE", p .. "gs:" .. g, glim.rate_per + glim.ahead_ms + 1000)
     H.note(p, "gkeys", g, now + glim.rate_per + glim.ahead_ms + 1000, now)
   end
+end
+
+-- What this call knows of group g under glim (a table of read_limits',
+-- made for this call): a, its active count; w, its window's count, trimmed
+-- or not (never fewer than those in it); noted, its window's keys noted.
+-- Nothing else changes them while a fetch takes jobs: G.started counts
+-- what it adds.
+function G.seen(glim, g)
+  local all = glim.seen
+  if not all then all = {}; glim.seen = all end
+  local one = all[g]
+  if not one then one = {}; all[g] = one end
+  return one
 end
 
 -- Whether group g may take a job now under the groups' limits glim; if
@@ -279,8 +295,10 @@ function G.room(p, g, now, glim)
   if g == "" or not glim then return true end
   local c, near = glim.concurrency, false
   local ahead = glim.short and glim.taken >= glim.short
+  local seen = G.seen(glim, g)
   if c then
-    local active = redis.call("SCARD", p .. "ga:" .. g)
+    local active = seen.a or redis.call("SCARD", p .. "ga:" .. g)
+    seen.a = active
     if active >= c then
       -- a job that left active by another way (its hash deleted by hand, an
       -- obliterate) must not hold its group's place for ever: one no longer
@@ -293,6 +311,7 @@ function G.room(p, g, now, glim)
         else redis.call("SREM", p .. "ga:" .. g, id) end
       end
       active = redis.call("SCARD", p .. "ga:" .. g)
+      seen.a = active
       if active >= c then
         G.park(p, g, math.max(first_end, now) + 1)
         return false
@@ -302,11 +321,12 @@ function G.room(p, g, now, glim)
   end
   if glim.rate_max then
     local key = p .. "gs:" .. g
-    local count, half = redis.call("ZCARD", key), ahead and glim.rate_max / 2 - glim.margin
+    local count, half = seen.w or redis.call("ZCARD", key), ahead and glim.rate_max / 2 - glim.margin
     if count >= glim.rate_max or half and count > half then -- (else far whatever has left the window: no trim)
       redis.call("ZREMRANGEBYSCORE", key, "-inf", "(" .. (now - glim.rate_per))
       count = redis.call("ZCARD", key)
     end
+    seen.w = count
     if count >= glim.rate_max then
       local oldest = redis.call("ZRANGE", key, 0, 0, "WITHSCORES")
       G.park(p, g, tonumber(oldest[2]) + glim.rate_per + 1)
