@@ -6,8 +6,10 @@
 --
 --   * the estimate is a moving average of the run times of the jobs that
 --     ended here (WEIGHT for the newest), raised to the age of the youngest
---     running job while every child is busy (`busy_for`): jobs already
---     running longer than the average say the next ones may be as long;
+--     running job while every child is busy (`look`, every horizon): jobs
+--     already running longer than the average say the next ones may be as
+--     long, and the jobs held beyond twice the bound then go back (`look`
+--     says how many);
 --   * the worker holds at most size * horizon / estimate jobs beyond its
 --     running ones, horizon HORIZON_MS (100 ms of work per child) or
 --     lease/LEASE_PARTS if less: a worker never sits on more than that
