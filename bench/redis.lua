@@ -18,9 +18,13 @@
 -- 6. Redis memory per schedule (used_memory before and after 10,000).
 -- 7. The cost of groups: run 2 again with the jobs in 10 groups (added
 --    group after group: the case round-robin is for), and with a group
---    concurrency that never binds, in turns with the plain queue.
+--    concurrency or a group rate that never binds, in turns with the plain
+--    queue.
 -- 8. Redis memory per group: 1,000 groups of 10 waiting jobs each, next to
 --    10,000 waiting jobs of no group.
+-- BENCH_REDIS_SECTIONS="5,7" runs only those sections (1-4 go together:
+-- "2" runs them); BENCH_REDIS_WORKER_FLAGS replaces the queue runs' worker
+-- flags ("-j 2 --prefetch 32"; "-j 2" for the defaults).
 -- Each process is ended by its pid.
 package.path = "lua/?.lua;lua/?/init.lua;bench/?.lua;spec/support/?.lua;" .. package.path
 package.cpath = "build/?.so;" .. package.cpath
@@ -33,6 +37,17 @@ local helpers = require "helpers" -- loaded by redis_server already: its sleep
 local library = require "moonjob.redis.library"
 
 local JOBS = tonumber(os.getenv("BENCH_REDIS_JOBS")) or 60000
+local WORKER_FLAGS = os.getenv("BENCH_REDIS_WORKER_FLAGS") or "-j 2 --prefetch 32"
+local SECTIONS = os.getenv("BENCH_REDIS_SECTIONS")
+
+-- Whether section n runs (all of them unless BENCH_REDIS_SECTIONS names some).
+local function runs(n)
+  if not SECTIONS then return true end
+  for s in SECTIONS:gmatch("%d+") do
+    if tonumber(s) == n or (n == 1 and tonumber(s) <= 4) then return true end
+  end
+  return false
+end
 local common = require "common"
 local LUAJIT, sh_first_line, wait_for = common.LUAJIT, common.first_line, common.wait_for
 
@@ -85,7 +100,7 @@ local function queue_rate(workers, groups)
   local calls0, fcalls0 = total_calls(server)
   local t0 = loop.now()
   local pids = {}
-  for i = 1, workers do pids[i] = start_worker("-j 2 --keep 1000000 --prefetch 32") end
+  for i = 1, workers do pids[i] = start_worker(WORKER_FLAGS .. " --keep 1000000") end
   local ok = wait_for(function()
     local c = q:counts()
     return c and c.completed >= before + JOBS
@@ -210,7 +225,7 @@ local function in_turns(title, variants, set_up)
     end
   end
   local first = median(rates[variants[1].name])
-  print(("\n%s, 1 worker (2 children), %d no-op jobs, median of 3 in turns:"):format(title, JOBS))
+  print(("\n%s, 1 worker (%s), %d no-op jobs, median of 3 in turns:"):format(title, WORKER_FLAGS, JOBS))
   for _, v in ipairs(variants) do
     local r = median(rates[v.name])
     print(("  %-20s %8.0f jobs/s  %5.2f of %s"):format(v.name, r, r / first, variants[1].name))
@@ -240,10 +255,14 @@ local GROUPED = {
   { name = "plain" },
   { name = "10 groups", groups = 10 },
   { name = "10 groups, cap 1000", groups = 10, group_concurrency = 1000 },
+  { name = "10 groups, 10^6/s each", groups = 10, group_rate = { max = 1000000, per = 1 } },
 }
 
 local function groups_cost()
-  in_turns("groups", GROUPED, function(v) assert(q:set_group_concurrency(v.group_concurrency)) end)
+  in_turns("groups", GROUPED, function(v)
+    assert(q:set_group_concurrency(v.group_concurrency))
+    assert(q:set_group_rate(v.group_rate))
+  end)
 end
 
 -- 8. memory per group
@@ -264,11 +283,11 @@ local function group_memory()
 end
 
 local ok, err = xpcall(function()
-  measure()
-  limits_cost()
-  schedule_memory()
-  groups_cost()
-  group_memory()
+  if runs(1) then measure() end
+  if runs(5) then limits_cost() end
+  if runs(6) then schedule_memory() end
+  if runs(7) then groups_cost() end
+  if runs(8) then group_memory() end
 end, debug.traceback)
 common.stop_all()
 pcall(q.close, q)

@@ -125,7 +125,8 @@ dashboard) take --redis, those on one queue --queue, the others as they say:
   --grace S             for worker: seconds running jobs get to finish when
                         the worker stops (default 30)
   --prefetch N          for worker: jobs held beyond the running ones
-                        (default: -j)
+                        (default: about 100 ms of work per child, from the
+                        jobs' measured run time)
   --keep N, --keep-age S  for worker: finished jobs kept in Redis, by count
                         per state (default: any number) and age (default
                         86400 s: a day; failed ones: --keep-failed-age, a week)

@@ -35,14 +35,14 @@ Options.DEFAULTS = {
 }
 
 -- A pool on Redis (moonjob.redis.remote reads these): a lease of 30 s, a
--- look at an empty queue every second, `prefetch` the `size` option when
--- given, else 1. Retention: finished jobs are kept by age, any number of
+-- look at an empty queue every second, `prefetch` adapted to the jobs' run
+-- time (moonjob.redis.fetch_policy) unless given. Retention: finished jobs are kept by age, any number of
 -- them (a count bound, `keep`, is the user's choice: "" is moonjob_fetch's
 -- empty KEEP_COUNT): completed ones a day, failed ones a week (to be looked
 -- at and retried); the last 100 log lines of each job. No worker_name: the
 -- worker's id is its random part alone.
 Options.REDIS_DEFAULTS = {
-  lease = 30, poll = 1, prefetch = 1,
+  lease = 30, poll = 1, prefetch = "adaptive",
   keep = "", keep_age = 86400, keep_failed_age = 7 * 86400, keep_logs = 100,
   worker_name = "",
 }
@@ -64,7 +64,6 @@ local COMPUTED = {
   end,
   pipeline = function(opts) return Options.limited(opts) and 1 or Options.DEFAULTS.pipeline end,
   echo = function() return true end, -- children's output on stderr, tagged
-  prefetch = function(opts) return opts.size or Options.REDIS_DEFAULTS.prefetch end,
 }
 
 -- Options.value(opts, name) -> option `name`: the one given, else its

@@ -17,9 +17,10 @@
 -- Redis keeps the limits and fetch applies them with the server's clock
 -- (functions/limits.lua): the rate is a sliding window over the times
 -- jobs were handed out, exact for any window; the concurrency counts the
--- queue's active jobs (held ahead by a worker, or running). Under a rate a
+-- queue's active jobs (held ahead by a worker, or running). Near a limit a
 -- worker takes no job beyond its idle children, so a job starts within
--- milliseconds of being counted (and each start costs a round trip).
+-- milliseconds of being counted; far from it, it holds jobs ahead, each
+-- under a rate counted until its longer ahead bound (functions/limits.lua).
 -- A processor that meets the remote side's own limit raises
 -- error({ code = "ERATELIMIT", retry_after = s }): its job waits again
 -- without costing an attempt, and the queue (for a job of a group: its

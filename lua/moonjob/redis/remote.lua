@@ -7,9 +7,10 @@
 -- moonjob.pool.port: new_job, accept, pump, fail_job, cancel_job, free, ...;
 -- its own want, attempt_failed, ending, late, stop, close, stats), and:
 --   * fetches jobs in batches while the pool has room: `size` running plus
---     `prefetch` waiting in the pool (default: the `size` option, else 1), each
---     fetched job holding a lease (`lease` seconds) and a token; a fetch
---     refused for now (OOM, LOADING, ...) is tried again after a back-off;
+--     `prefetch` waiting in the pool, each fetched job holding a lease
+--     (`lease` seconds) and a token; a fetch refused for now (OOM, LOADING,
+--     ...) is tried again after a back-off; without `prefetch`, how many
+--     wait follows the jobs' run time (remote.policy, fetch_policy.lua);
 --   * fetches nothing while the queue is paused (moonjob_pause: fetch answers
 --     -2, and "paused" on the queue's channel), gives back the jobs it
 --     fetched that no child started, says so once (`redis` "paused", then
@@ -64,6 +65,7 @@ local Options = require "moonjob.pool.options"
 local Reports = require "moonjob.redis.reports"
 local Updates = require "moonjob.redis.updates"
 local StartBounds = require "moonjob.redis.start_bounds"
+local FetchPolicy = require "moonjob.redis.fetch_policy"
 
 local Remote = {}
 Remote.__index = Remote
@@ -82,10 +84,14 @@ local value = Options.value -- an option, or its default (REDIS_DEFAULTS)
 -- docs/reference/options.md; the defaults are moonjob.pool.options'
 -- (REDIS_DEFAULTS).
 function Remote.new(port, opts)
+  local prefetch = value(opts, "prefetch")
+  local lease_ms = math.floor(value(opts, "lease") * 1000)
+  local adapts = prefetch == "adaptive"
+  local policy = adapts and FetchPolicy.new(port.size, lease_ms) or FetchPolicy.fixed(prefetch, port.size)
   local self = setmetatable({
     port = port, name = opts.queue, prefix = names.prefix(opts.queue),
-    lease_ms = math.floor(value(opts, "lease") * 1000),
-    prefetch = value(opts, "prefetch"),
+    lease_ms = lease_ms,
+    policy = policy, adapts = adapts, -- (adapts: no prefetch option; the policy follows run times)
     poll_ms = math.floor(value(opts, "poll") * 1000),
     keep_count = value(opts, "keep"), keep_age_ms = math.floor(value(opts, "keep_age") * 1000),
     keep_failed_age_ms = math.floor(value(opts, "keep_failed_age") * 1000),
@@ -101,9 +107,9 @@ function Remote.new(port, opts)
   local c, err = client.new(opts.redis, {
     timeout_ms = math.max(500, math.min(self.lease_ms * FENCE_AT, 5000)),
     -- a fetch's jobs (as many as the room it asks for: the pool's size, a
-    -- child per CPU when unset, and prefetch), or the library's text
-    -- (setup's FUNCTION LIST WITHCODE)
-    max_reply = (port.max_payload + 4096) * math.max(1, self.prefetch + port.size) + 65536 + #library.text(),
+    -- child per CPU when unset, and prefetch or the policy's bound), or the
+    -- library's text (setup's FUNCTION LIST WITHCODE)
+    max_reply = (port.max_payload + 4096) * math.max(1, policy:most()) + 65536 + #library.text(),
     on_state = function(up, why) self:_state(up, why) end,
   })
   if not c then error("moonjob.pool: option 'redis': " .. err, 4) end
@@ -126,6 +132,23 @@ function Remote:_start_timers()
   self.poll_timer = core.timer(function() self:want(true) end)
   self.poll_timer:start(self.poll_ms, self.poll_ms)
   self.fetch_timer = core.timer(function() self:want() end)
+  if not self.adapts then return end
+  self.policy_timer = core.timer(function() self:_look_at_held() end)
+  self.policy_timer:start(self.policy.look_ms, self.policy.look_ms)
+end
+
+-- Every horizon: the policy sees the running jobs' age; jobs held beyond its
+-- bound (longer than it thought) go back for other workers.
+function Remote:_look_at_held()
+  if self.stopping then return end
+  local port, now, running, youngest = self.port, loop.now(), 0, math.huge
+  for _, job in pairs(self.fetched) do
+    if not job.abandoned and port:has_started(job) then
+      running, youngest = running + 1, math.min(youngest, job.started and now - job.started or 0)
+    end
+  end
+  local back = self.policy:look(running, youngest, self.nfetched - running)
+  if back > 0 then self:_give_back_unstarted("held beyond the fetch policy's bound", nil, back) end
 end
 
 function Remote:_state(up, why)
@@ -174,7 +197,7 @@ function Remote:room()
     self.broken_by = nil
     port:emit_event("redis", "mended", "the processor loads again: fetching resumes")
   end
-  return port.size + self.prefetch - self.nfetched
+  return port.size + self.policy:held_max() - self.nfetched
 end
 
 -- The processor cannot load here: said once per cause. The pool keeps
@@ -206,7 +229,7 @@ function Remote:want(probe)
   if self.lost_fetch then return self:_recover_lost_fetch() end
   if self.paused and not probe then return end -- the poll and "resumed" look
   local n = self:room()
-  if n <= 0 and not probe then return end
+  if not probe and not self.policy:fetch_now(n, self.port:free()) then return end
   n = math.max(n, 0)
   self.fetching, self.fetch_again, self.fetch_free = true, false, self.port:free()
   local sent_at = loop.now() -- (no later than Redis hands the jobs out: their start bounds count from it)
@@ -257,8 +280,8 @@ function Remote:_fetched(reply, n, sent_at)
       self.reports:release_unfetched(reply[i][1], reply[i][2])
     else
       got = got + 1
-      local job = self:_take(reply[i], sent_at)
-      start_by = job.start_by and math.min(start_by or math.huge, job.start_by) or start_by
+      local by = self:_take(reply[i], sent_at)
+      start_by = by and math.min(start_by or math.huge, by) or start_by
     end
   end
   if start_by then self.bounds:fetched(start_by, sent_at) end
@@ -319,15 +342,16 @@ function Remote:_arm_delayed(ms)
   self.due_timer:start(ms + 1)
 end
 
--- A fetched job becomes a pool job (-> it). Malformed or oversized jobs
--- fail at once (reported to Redis, no attempt at running them).
+-- A fetched job becomes a pool job (-> when it must start by, under a rate).
+-- Malformed or oversized jobs fail at once (reported to Redis, no attempt
+-- at running them).
 function Remote:_take(f, sent_at)
   local port = self.port
   local id, token, data = f[1], f[2], f[3]
   local job = port:new_job()
   job.owner, job.remote_id, job.token, job.lease_from = self, id, token, sent_at
-  local bound = tonumber(f[11])
-  if bound then job.start_by = sent_at + bound end -- (a rate's: sent to an idle child by then, or given back)
+  local bound, by = tonumber(f[11]), nil
+  if bound then by = StartBounds.bind(job, bound, sent_at) end -- (a rate's: started by then, or given back)
   self.max_token = math.max(self.max_token, tonumber(token:match("/(%d+)$")) or 0)
   job.attempts, job.max_attempts = 0, 1
   if f[9] and f[9] ~= "" then job.name = f[9] end
@@ -346,14 +370,13 @@ function Remote:_take(f, sent_at)
   end
   job.data_bytes = data
   port:accept(job)
-  return job
+  return by
 end
 
 function Remote:_refuse(job, code, message)
   job.attempts = job.attempts + 1
   job.retry_never = true
   self.port:fail_job(job, errors.new(code, message))
-  return job
 end
 
 -- Stops a job here (running: interrupted; waiting in the pool: taken out)
@@ -473,12 +496,13 @@ end
 
 ------------------------------------------------------------ pausing ---
 
--- The jobs fetched here that no child started (of group `group`, if given) go
--- back to the queue, at their place in line (released uncounted). -> how
--- many.
-function Remote:_give_back_unstarted(why, group)
+-- The jobs fetched here that no child started (of group `group`, if given;
+-- `most` of them at most, if given) go back to the queue, at their place in
+-- line (released uncounted). -> how many.
+function Remote:_give_back_unstarted(why, group, most)
   local given = 0
   for _, job in pairs(self.fetched) do
+    if most and given >= most then break end
     if not job.abandoned and (group == nil or job.group == group)
         and self.port:cancel_job(job, why, "ECLOSED", true) then
       given = given + 1
@@ -509,8 +533,15 @@ end
 -- An attempt failed (the queue decides on its retry), or the job ends in
 -- the pool: told to Redis (moonjob.redis.reports). ending: true when the
 -- job leaves the pool instead.
-function Remote:attempt_failed(job, err) return self.reports:attempt_failed(job, err) end
-function Remote:ending(job, state) return self.reports:ending(job, state) end
+-- Either way its run time is a sample for the fetch policy.
+function Remote:attempt_failed(job, err)
+  self.policy:ended(job, loop.now())
+  return self.reports:attempt_failed(job, err)
+end
+function Remote:ending(job, state)
+  self.policy:ended(job, loop.now())
+  return self.reports:ending(job, state)
+end
 
 -- A job fetched under a rate that no child took by its start_by: given
 -- back (moonjob.redis.start_bounds).
@@ -556,7 +587,7 @@ function Remote:close()
   end)
   ticker:close()
   self.closed = true
-  for _, t in ipairs({ self.renew_timer, self.fence_timer, self.poll_timer, self.fetch_timer }) do
+  for _, t in ipairs({ self.renew_timer, self.fence_timer, self.poll_timer, self.fetch_timer, self.policy_timer }) do
     t:close()
   end
   if self.due_timer then self.due_timer:close() end -- made when first needed

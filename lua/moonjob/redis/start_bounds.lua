@@ -13,9 +13,17 @@
 -- gives back the ones still waiting then, so that another worker may take
 -- them. Given back: released, no attempt counted (its hand-out stays in the
 -- window).
+-- A bound of PIPELINED_MS or more (a job held ahead while the rate is far
+-- from binding: functions/limits.lua) is long enough for the job to wait
+-- behind a busy child like any other (the pool's read-ahead): such a job
+-- has no start_by but a recall_at, a quarter of its bound earlier, when
+-- the timer takes it back unless its child started it (the shared page's
+-- gate decides); the quarter (250 ms for 1 s) is what the parent's loop
+-- may be late by.
 --
 -- Owns: that timer.
--- Exposes: fetched(start_by, sent_at), late(job), close().
+-- Exposes: bind(job, bound, sent_at), fetched(start_by, sent_at), late(job),
+-- close().
 -- Calls: the remote's port (cancel_job), fetched, _trouble, _fine.
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
@@ -23,10 +31,23 @@ local loop = require "moonjob.loop"
 local StartBounds = {}
 StartBounds.__index = StartBounds
 
+StartBounds.PIPELINED_MS = 400 -- a bound this long lets a job wait behind a busy child
+
 function StartBounds.new(remote)
   local self = setmetatable({ remote = remote }, StartBounds)
   self.timer = core.timer(function() self:give_back_late() end)
   return self
+end
+
+-- A job fetched at sent_at must start within bound ms: job.start_by (sent
+-- to an idle child by then), or job.recall_at for a long bound. -> either.
+function StartBounds.bind(job, bound, sent_at)
+  if bound >= StartBounds.PIPELINED_MS then
+    job.recall_at = sent_at + bound - bound / 4
+    return job.recall_at
+  end
+  job.start_by = sent_at + bound
+  return job.start_by
 end
 
 -- A fetch sent at sent_at brought jobs with a start bound, the first due
@@ -53,7 +74,7 @@ end
 function StartBounds:give_back_late()
   local now, soonest = loop.now(), nil
   for _, job in pairs(self.remote.fetched) do
-    local by = job.start_by
+    local by = job.start_by or job.recall_at -- (recall_at: in a child too; its gate says whether it started)
     if by and job.state == "waiting" and not job.abandoned then
       if by < now then self:late(job)
       elseif not soonest or by < soonest then soonest = by end

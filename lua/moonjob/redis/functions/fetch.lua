@@ -12,7 +12,8 @@ local check_numbers, retain, fail_entry, look_at = H.check_numbers, H.retain, H.
 local recover_stalled, promote_delayed = H.recover_stalled, H.promote_delayed
 local fire_schedules, next_schedule = S.fire_schedules, S.next_schedule
 local read_limits, rate_room, allowance = L.read_limits, L.rate_room, L.allowance
-local count_starts, wrong_type, defaulted = L.count_starts, H.wrong_type, H.defaulted
+local count_starts, bound_ahead, wrong_type = L.count_starts, L.bound_ahead, H.wrong_type
+local defaulted = H.defaulted
 
 local FETCH_NUMBERS = {
   { 2, "N must be a whole number from 0 to 2^31", 0, ATTEMPTS_MAX, true },
@@ -291,7 +292,11 @@ local function fetch(keys, args)
   elseif lim then
     n, held_back = allowance(p, lim, n, free, now)
   end
-  if glim and free then n = math.min(n, free) end -- (any group limit: no job held ahead, as under a rate)
+  -- the first `short` jobs go to children free now; the others are held
+  -- ahead: under a rate with the ahead bound, under a group limit only from
+  -- groups far from it (G.room). Without FREE (an older worker) all are short.
+  local short = math.min(n, free or n)
+  if glim then glim.short, glim.taken, glim.margin = short, 0, n end
   -- the token counter is checked before anything is popped (a pop is not
   -- undone if the call then fails): a key another client spoiled is said
   local counter = redis.pcall("INCRBY", p .. "tokens", 0)
@@ -302,7 +307,8 @@ local function fetch(keys, args)
   end
   local rows, tokens = take(p, w, n, now, glim, grouped, lim and lim.start_ms)
   for _, row in ipairs(rows) do out[#out + 1] = row end
-  count_starts(p, lim, tokens, now)
+  count_starts(p, lim, tokens, now, short)
+  bound_ahead(rows, short, lim, glim)
   if lim and lim.rate_max and not held_back then -- the window just filled: when it has room
     local _, wait = rate_room(p, lim, now)
     held_back = wait

@@ -252,47 +252,89 @@ function G.unpark_step(p, now)
 end
 
 -- The job of group g that fetch hands out now counts against its cap and
--- rate (a start at now + the rate's start bound, as count_starts).
+-- rate (a start at now + the rate's start bound, or its ahead bound for a
+-- job beyond the fetch's first glim.short, as count_starts).
 function G.started(p, g, id, token, now, glim)
+  if glim then glim.taken = (glim.taken or 0) + 1 end
   if g == "" then return end
-  redis.call("SADD", p .. "ga:" .. g, id)
-  if glim and glim.rate_max then
-    redis.call("ZADD", p .. "gs:" .. g, now + glim.start_ms, token)
-    redis.call("PEXPIRE", p .. "gs:" .. g, glim.rate_per + glim.start_ms + 1000)
-    H.note(p, "gkeys", g, now + glim.rate_per + glim.start_ms + 1000, now)
+  local added = redis.call("SADD", p .. "ga:" .. g, id)
+  if not glim then return end
+  local seen = G.seen(glim, g)
+  if seen.a then seen.a = seen.a + added end
+  if glim.rate_max then
+    local ahead = glim.taken > (glim.short or glim.taken)
+    redis.call("ZADD", p .. "gs:" .. g, now + (ahead and glim.ahead_ms or glim.start_ms), token)
+    if seen.w then seen.w = seen.w + 1 end -- (a token is never in the window already)
+    if seen.noted then return end -- (once per group and call: now is the call's)
+    seen.noted = true
+    redis.call("ZREMRANGEBYSCORE", p .. "gs:" .. g, "-inf", "(" .. (now - glim.rate_per)) -- (G.room may not trim)
+    redis.call("PEXPIRE", p .. "gs:" .. g, glim.rate_per + glim.ahead_ms + 1000)
+    H.note(p, "gkeys", g, now + glim.rate_per + glim.ahead_ms + 1000, now)
   end
 end
 
+-- What this call knows of group g under glim (a table of read_limits',
+-- made for this call): a, its active count; w, its window's count, trimmed
+-- or not (never fewer than those in it); noted, its window's keys noted.
+-- Nothing else changes them while a fetch takes jobs: G.started counts
+-- what it adds.
+function G.seen(glim, g)
+  local all = glim.seen
+  if not all then all = {}; glim.seen = all end
+  local one = all[g]
+  if not one then one = {}; all[g] = one end
+  return one
+end
+
 -- Whether group g may take a job now under the groups' limits glim; if
--- not, it is parked until it may.
+-- not, it is parked until it may. For a job held ahead (fetch's glim.taken
+-- at its glim.short or past it), only while the fetch's N (glim.margin)
+-- stays far from the cap and from half the rate's window (as the queue's
+-- rate); else false, true: not now, though not parked.
 function G.room(p, g, now, glim)
   if g == "" or not glim then return true end
-  local c = glim.concurrency
-  if c and redis.call("SCARD", p .. "ga:" .. g) >= c then
-    -- a job that left active by another way (its hash deleted by hand, an
-    -- obliterate) must not hold its group's place for ever: one no longer
-    -- active is dropped, and a full group is parked until the first lease
-    -- of its jobs ends (or one leaves active: G.left), then looked at again
-    local first_end = math.huge
-    for _, id in ipairs(redis.call("SMEMBERS", p .. "ga:" .. g)) do
-      local lease_end = tonumber(redis.call("ZSCORE", p .. "active", id) or "")
-      if lease_end then first_end = math.min(first_end, lease_end)
-      else redis.call("SREM", p .. "ga:" .. g, id) end
+  local c, near = glim.concurrency, false
+  local ahead = glim.short and glim.taken >= glim.short
+  local seen = G.seen(glim, g)
+  if c then
+    local active = seen.a or redis.call("SCARD", p .. "ga:" .. g)
+    seen.a = active
+    if active >= c then
+      -- a job that left active by another way (its hash deleted by hand, an
+      -- obliterate) must not hold its group's place for ever: one no longer
+      -- active is dropped, and a full group is parked until the first lease
+      -- of its jobs ends (or one leaves active: G.left), then looked at again
+      local first_end = math.huge
+      for _, id in ipairs(redis.call("SMEMBERS", p .. "ga:" .. g)) do
+        local lease_end = tonumber(redis.call("ZSCORE", p .. "active", id) or "")
+        if lease_end then first_end = math.min(first_end, lease_end)
+        else redis.call("SREM", p .. "ga:" .. g, id) end
+      end
+      active = redis.call("SCARD", p .. "ga:" .. g)
+      seen.a = active
+      if active >= c then
+        G.park(p, g, math.max(first_end, now) + 1)
+        return false
+      end
     end
-    if redis.call("SCARD", p .. "ga:" .. g) >= c then
-      G.park(p, g, math.max(first_end, now) + 1)
-      return false
-    end
+    near = ahead and active + glim.margin >= c
   end
   if glim.rate_max then
     local key = p .. "gs:" .. g
-    redis.call("ZREMRANGEBYSCORE", key, "-inf", "(" .. (now - glim.rate_per))
-    if redis.call("ZCARD", key) >= glim.rate_max then
+    local count, half = seen.w or redis.call("ZCARD", key), ahead and glim.rate_max / 2 - glim.margin
+    if count >= glim.rate_max or half and count > half then -- (else far whatever has left the window: no trim)
+      redis.call("ZREMRANGEBYSCORE", key, "-inf", "(" .. (now - glim.rate_per))
+      count = redis.call("ZCARD", key)
+    end
+    seen.w = count
+    if count >= glim.rate_max then
       local oldest = redis.call("ZRANGE", key, 0, 0, "WITHSCORES")
       G.park(p, g, tonumber(oldest[2]) + glim.rate_per + 1)
       return false
     end
+    near = near or half and count > half
   end
+  if near then return false, true end
   return true
 end
 
@@ -333,10 +375,11 @@ function G.pick(p, now, glim, cur)
       elseif #first > 0 and (g ~= "" or G.copied(cur, first)) then -- ("" while its next job may not be copied: not now)
         local prio = tonumber(first[2])
         if not found or prio < found_prio then
-          if G.room(p, g, now, glim) then
+          local ok, near = G.room(p, g, now, glim)
+          if ok then
             found, found_prio = g, prio
             if prio <= best then break end
-          else
+          elseif not near then
             dropped = true
           end
         end

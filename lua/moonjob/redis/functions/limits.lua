@@ -21,10 +21,21 @@
 -- hand-out at t counts as a start at t + B, so that at most rate_max are
 -- handed out in any rate_per + B ms: then, each starting within [t, t + B],
 -- at most rate_max start in any rate_per ms. The same holds for each
--- group's rate (groups.lua). Under a rate, fetch hands out no more jobs
--- than the worker has children that can start one now (FREE). Under a concurrency cap held jobs count as active: a worker may
--- hold them ahead while the cap is far, but near it takes no more than
--- FREE (else one worker could hold every place with its children busy).
+-- group's rate (groups.lua).
+-- The proof needs no common bound: a job counted at t + B_j starts within
+-- [t, t + B_j]; a hand-out at now sees every job counted at now - rate_per
+-- or later, which takes in every job whose start may share a window of
+-- rate_per with its own. So a worker may hold jobs ahead under a rate: the
+-- first FREE of a fetch (the worker's children that can start one now)
+-- take the start bound B, the others the ahead bound (ahead_bound: up to
+-- 1 s), while the window stays far from full: after the fetch, at least
+-- half of rate_max left (near it, no more than FREE: one worker holding
+-- ahead would leave the others' children idle, and the ahead bound keeps
+-- its entries counted longer). The same for each group's rate, and for a
+-- group's cap (held jobs count as active): ahead only while the group has
+-- more than the fetch's N places left (groups.lua, G.room). Under a
+-- concurrency cap held jobs count as active: a worker may hold them ahead
+-- while the cap is far, but near it takes no more than FREE.
 
 do
 local REGISTRY, DELAY_MS_MAX, ATTEMPTS_MAX, now_ms = H.REGISTRY, H.DELAY_MS_MAX, H.ATTEMPTS_MAX, H.now_ms
@@ -39,12 +50,19 @@ local function start_bound(per)
   return math.min(1000, math.max(10, math.floor(per / 20)))
 end
 
--- Limits { rate_max, rate_per, start_ms, concurrency } (numbers or nil)
--- from three fields, or nil when they say none.
+-- The bound of a job held ahead (ms): rate_per, from the start bound to
+-- 1 s. A held job starts within it or goes back; its entry counts that much
+-- longer in the window (what a rate that comes to bind pays once).
+local function ahead_bound(per)
+  return math.max(start_bound(per), math.min(1000, per))
+end
+
+-- Limits { rate_max, rate_per, start_ms, ahead_ms, concurrency } (numbers
+-- or nil) from three fields, or nil when they say none.
 local function limit_set(max, per, concurrency)
   local lim = { rate_max = tonumber(max), rate_per = tonumber(per), concurrency = tonumber(concurrency) }
   if not (lim.rate_max and lim.rate_per) then lim.rate_max, lim.rate_per = nil, nil
-  else lim.start_ms = start_bound(lim.rate_per) end
+  else lim.start_ms, lim.ahead_ms = start_bound(lim.rate_per), ahead_bound(lim.rate_per) end
   if not (lim.rate_max or lim.concurrency) then return nil end
   return lim
 end
@@ -72,11 +90,10 @@ local function rate_room(p, lim, now)
   return 0, oldest[2] and (tonumber(oldest[2]) + lim.rate_per + 1 - now) or lim.rate_per
 end
 
--- How many jobs fetch may hand out now under lim (at most n; under a rate,
--- at most free), and when to look again (ms from now) when the rate says
--- none, else nil.
+-- How many jobs fetch may hand out now under lim (at most n; near a cap or
+-- a full rate window, at most free), and when to look again (ms from now)
+-- when the rate says none, else nil.
 local function allowance(p, lim, n, free, now)
-  if free and lim.rate_max then n = math.min(n, free) end
   if lim.concurrency then
     local room = math.max(0, lim.concurrency - redis.call("ZCARD", p .. "active"))
     -- near the cap, no more than the worker can start now: one worker
@@ -86,22 +103,40 @@ local function allowance(p, lim, n, free, now)
   end
   if lim.rate_max and n > 0 then
     local left, wait = rate_room(p, lim, now)
+    if free and n > free and left - n < lim.rate_max / 2 then n = free end -- (near: none ahead)
     if left < n then return left, wait end
   end
   return n, nil
 end
 
--- Jobs handed out count in the rate's window as starts at now + its start
--- bound (one entry per token; ZADD in chunks: Lua's unpack has a bound).
-local function count_starts(p, lim, tokens, now)
+-- Jobs handed out count in the rate's window as starts at now + their
+-- bound: the start bound for the first `short`, the ahead bound for the
+-- others (one entry per token; ZADD in chunks: Lua's unpack has a bound).
+local function count_starts(p, lim, tokens, now, short)
   if not (lim and lim.rate_max) or #tokens == 0 then return end
-  local at = now + lim.start_ms
   for first = 1, #tokens, 500 do
     local args = { "ZADD", p .. "starts" }
-    for i = first, math.min(first + 499, #tokens) do args[#args + 1] = at; args[#args + 1] = tokens[i] end
+    for i = first, math.min(first + 499, #tokens) do
+      args[#args + 1] = now + (i > short and lim.ahead_ms or lim.start_ms)
+      args[#args + 1] = tokens[i]
+    end
     redis.call(unpack(args))
   end
-  redis.call("PEXPIRE", p .. "starts", lim.rate_per + lim.start_ms + 1000)
+  redis.call("PEXPIRE", p .. "starts", lim.rate_per + lim.ahead_ms + 1000)
+end
+
+-- The bound of a row held ahead (beyond the fetch's first `short`) that
+-- carries a start bound: the least ahead bound of the rates it is counted
+-- under (lim's; glim's for a job of a group), as its entries.
+local function bound_ahead(rows, short, lim, glim)
+  for i = short + 1, #rows do
+    local row = rows[i]
+    if row[11] then
+      local b = lim and lim.rate_max and lim.ahead_ms or math.huge
+      if glim and glim.rate_max and (row[10] or "") ~= "" then b = math.min(b, glim.ahead_ms) end
+      row[11] = b
+    end
+  end
 end
 
 -- freed jobs left the active set: under a concurrency limit, when that
@@ -178,6 +213,7 @@ local function limits(keys)
 end
 
 L.read_limits, L.rate_room, L.allowance, L.count_starts = read_limits, rate_room, allowance, count_starts
+L.bound_ahead = bound_ahead
 L.slot_freed = slot_freed
 F.limit, F.limits = limit, limits
 end
