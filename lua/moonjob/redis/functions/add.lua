@@ -342,6 +342,20 @@ local function add(keys, args)
     function() return add_job(p, args, now) end, function(reply) return reply.err == nil end)
 end
 
+-- A bulk add's job of a drawn id, no delay, no group and no max_queue
+-- (batch.plain): made waiting as add_job makes it, without the checks.
+function H.add_plain(p, t, now, batch)
+  local id = free_id(p, batch)
+  local seq = draw(p, "seq", batch)
+  local member = wait_member(seq, id)
+  local common = batch.common
+  local nonce = store_job(p, id, job_key(p, id), t, now, seq, { "state", "waiting", "member", member, "run_at",
+    common.now }, common)
+  register(p, batch)
+  line_up(p, batch.prio, member, "", now, batch)
+  return { id, "waiting", 0, nonce }
+end
+
 -- add_bulk's arguments before its jobs, and its jobs' most in one call (a
 -- call holds Redis: about 10 us a job).
 local BULK = { head = 16, most = 1000 }
@@ -374,6 +388,8 @@ local function bulk_rows(p, args, t, now)
   -- its jobs' entries in wait go in at once at the end, unless max_queue
   -- counts the jobs waiting after each
   if (tonumber(t[11]) or 0) == 0 then batch.waiting = {} end
+  -- its jobs of drawn ids take add_job's steps but the checks none needs
+  batch.plain = batch.waiting and (tonumber(t[4]) or 0) == 0 and t[18] == ""
   local rows = {}
   for i = BULK.head + 1, #args, 2 do
     local id, data, row = args[i], args[i + 1], nil
@@ -383,7 +399,7 @@ local function bulk_rows(p, args, t, now)
       row = "EINPUT moonjob_add_bulk: DATA must be JSON text, not ''"
     else
       t[1], t[2] = id, data
-      row = add_job(p, t, now, batch)
+      row = (id == "" and batch.plain) and H.add_plain(p, t, now, batch) or add_job(p, t, now, batch)
       if row.err then row = row.err end
     end
     rows[#rows + 1] = row
