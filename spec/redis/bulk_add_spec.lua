@@ -63,10 +63,18 @@ rq.describe(function()
       assert.equal("waiting", rows[1][2])
       assert.matches("^EINPUT moonjob_add_bulk: a job's id must take at most 1024 bytes", rows[2])
       assert.matches("^EINPUT moonjob_add_bulk: DATA must be JSON text", rows[3])
-      assert.matches("holds a string, not a job hash", rows[4], 1, true) -- a key of another type: that job's refusal only
+      assert.matches("^EINPUT moonjob_add_bulk: .*holds a string, not a job hash", rows[4]) -- a key of another type: that job's refusal only
       assert.equal("waiting", rows[5][2])
       assert.equal("waiting", rows[6][2])
       assert.matches("^EQUEUEFULL", rows[7]) -- max_queue 3, reached by the jobs before it
+      assert.equal(3, q:counts().waiting)
+    end)
+
+    it("a drawn id never takes a number an id named in the same call holds", function()
+      local q = rq.new_producer(rq.new_queue())
+      local rows = assert(bulk(q, {}, "", '{"a":1}', "2", '{"b":2}', "", '{"c":3}'))
+      assert.same({ "1", "2", "3" }, { rows[1][1], rows[2][1], rows[3][1] })
+      assert.same({ b = 2 }, assert(q:job("2")).data)
       assert.equal(3, q:counts().waiting)
     end)
 

@@ -55,7 +55,7 @@ function Reports.new(remote)
     nreports = 0,     -- reports sent and not settled yet
     retry_ms = RETRY_FIRST_MS,
     completions = nil, -- completions not sent yet: at the loop turn's end, or once the batch in flight is answered
-    completing = false, -- a batch of completions is in flight
+    completing = false, -- the batch of completions in flight (its first send), or false
   }, Reports)
   self.retry_timer = core.timer(function()
     self.retry_armed = false
@@ -161,8 +161,8 @@ end
 function Reports:_send_completions()
   local batch = self.completions
   if not batch or self.completing then return end
-  self.completions, self.completing = nil, true
-  self:_report("complete", batch.args, batch.jobs)
+  self.completions = nil
+  self.completing = self:_report("complete", batch.args, batch.jobs)
 end
 
 -- moonjob_fail's RETRY_MS: -1 (no retry), else whole ms up to 10^12 (the
@@ -243,6 +243,7 @@ function Reports:_report(what, args, jobs)
   self.nreports = self.nreports + 1
   for _, job in ipairs(jobs) do self.reporting[job.remote_id] = job end
   self:_send(report)
+  return report
 end
 
 function Reports:_send(report)
@@ -269,7 +270,7 @@ end
 
 function Reports:_answered(report, reply, err, kind)
   local remote = self.remote
-  if report.what == "complete" and self.completing then -- the next batch's turn (this one, if retried, apart)
+  if report == self.completing then -- the next batch's turn (this one, if retried, apart)
     self.completing = false
     if not remote.closed then self:_send_completions() end
   end

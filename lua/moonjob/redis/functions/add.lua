@@ -375,15 +375,18 @@ end
 -- refusal as text ("EINPUT ...", "EQUEUEFULL ..."), in order.
 local function bulk_rows(p, args, t, now)
   local n = (#args - BULK.head) / 2
-  local drawn = 0
-  for i = BULK.head + 1, #args, 2 do if args[i] == "" then drawn = drawn + 1 end end
+  local drawn, named = 0, false
+  for i = BULK.head + 1, #args, 2 do
+    if args[i] == "" then drawn = drawn + 1 elseif args[i] ~= "\0dedupe" then named = true end
+  end
   local batch = { seq = { redis.call("INCRBY", p .. "seq", n) - n + 1 }, common = shared(t, now) }
   batch.prio = H.number_in(batch.common.prio, -math.huge, math.huge) or 0
   batch.seq[2] = batch.seq[1] + n - 1
   if drawn > 0 then
     local last = redis.call("INCRBY", p .. "ids", drawn)
     batch.ids = { last - drawn + 1, last }
-    batch.ids.free = H.held_ids(p, batch.ids) == 0 -- (one look for them all)
+    -- (one look for them all; an id named in this call may take one of them)
+    batch.ids.free = not named and H.held_ids(p, batch.ids) == 0
   end
   -- its jobs' entries in wait go in at once at the end, unless max_queue
   -- counts the jobs waiting after each
@@ -399,8 +402,12 @@ local function bulk_rows(p, args, t, now)
       row = "EINPUT moonjob_add_bulk: DATA must be JSON text, not ''"
     else
       t[1], t[2] = id, data
-      row = (id == "" and batch.plain) and H.add_plain(p, t, now, batch) or add_job(p, t, now, batch)
-      if row.err then row = row.err end
+      -- (protected: a job's raise must not leave the others out of wait, whose
+      -- entries go in at the end)
+      local ok, made = pcall(id == "" and batch.plain and H.add_plain or add_job, p, t, now, batch)
+      row = made
+      if not ok then row = type(made) == "table" and made.err or tostring(made)
+      elseif made.err then row = string.gsub(made.err, "^(%u+) moonjob_add:", "%1 moonjob_add_bulk:") end
     end
     rows[#rows + 1] = row
   end
@@ -415,7 +422,7 @@ end
 -- add's), each with its id ("" draws one, "\0dedupe" the data's) and data.
 -- Each job's row is add's reply { id, state, joined, nonce } (the nonce
 -- made here), or the text of its refusal: a bad id or data, EQUEUEFULL,
--- a job key of another type. The options are checked before anything is
+-- a job key of another type, an error of its own writes. The options are checked before anything is
 -- written (EINPUT: no job added); sheet, call and forget name the call as
 -- add's do ("" sheet: not named).
 local function add_bulk(keys, args)
