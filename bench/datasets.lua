@@ -9,6 +9,8 @@
 -- run by bench/datasets/tiny.lua, and EVENTS web-log events of about 350
 -- bytes run by bench/datasets/events.lua (a few string operations, a result
 -- of 9 fields). On each, the contenders:
+--   plain_cjson  the same loop with its results written by cjson.encode
+--             (bench/datasets/plain_cjson.lua): a user's own script
 --   plain     one LuaJIT process: bench/datasets/plain.lua (cjson decodes,
 --             moonjob's encoder writes the result lines as moonjob does)
 --   j2        moonjob run -j 2 PROCESSOR FILE
@@ -78,6 +80,7 @@ local function read_number(path)
 end
 
 local PLAIN = LUA .. " bench/datasets/plain.lua "
+local PLAIN_CJSON = LUA .. " bench/datasets/plain_cjson.lua "
 local MOONJOB = "BENCH_CPU_FILE=" .. quote(cpu_file) .. " " .. LUA .. " bench/datasets/moonjob.lua run -j 2 "
 
 -- The contenders' commands for the dataset in file `input` (parts: its two
@@ -86,6 +89,7 @@ local function contenders(input, parts, proc, log_proc)
   local i, p = quote(input), quote(proc)
   return {
     { name = "plain", label = "plain LuaJIT + cjson", command = PLAIN .. p .. " " .. i },
+    { name = "plain_cjson", label = "plain, results by cjson.encode", command = PLAIN_CJSON .. p .. " " .. i },
     { name = "j2", label = "moonjob run -j 2", command = MOONJOB .. p .. " " .. i, moonjob = true },
     { name = "parallel", label = "parallel --pipepart -j 2",
       command = "parallel --pipepart --block -10 -j 2 -a " .. i .. " " .. PLAIN .. p },
@@ -130,8 +134,9 @@ local function report(title, lines, list, best)
       per_line(b.parent), per_line(b.parent and b.cpu - b.parent), idle * 100))
   end
   local w = function(name) return best[name].wall end
-  print(("  ratios: plain/j2 %.2f (goal >= 1.4)  parallel/j2 %.2f (goal > 1)  xargs/j2 %.2f"):format(
-    w("plain") / w("j2"), w("parallel") / w("j2"), w("xargs") / w("j2")))
+  print(("  ratios: plain/j2 %.2f, plain_cjson/j2 %.2f (goal >= 1.4 for both)  parallel/j2 %.2f (goal > 1)"
+    .. "  xargs/j2 %.2f"):format(w("plain") / w("j2"), w("plain_cjson") / w("j2"), w("parallel") / w("j2"),
+    w("xargs") / w("j2")))
   print(("          limits/j2 %.2f  log/j2 %.2f (goal <= 1.2)"):format(w("limits") / w("j2"), w("log") / w("j2")))
 end
 
