@@ -59,8 +59,11 @@ function M.wait_gone(pid, seconds)
 end
 
 function M.stop(pid)
-  if running[pid] == "group" then os.execute(("kill -KILL -- -%d 2>/dev/null"):format(pid)) end
-  os.execute(("kill -KILL %d 2>/dev/null"):format(pid))
+  if running[pid] == "group" then -- (its leader too: no kill of a pid that may be reused since)
+    os.execute(("kill -KILL -- -%d 2>/dev/null"):format(pid))
+  else
+    os.execute(("kill -KILL %d 2>/dev/null"):format(pid))
+  end
   running[pid] = nil
 end
 
