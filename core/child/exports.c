@@ -70,7 +70,11 @@ int moonjob_batch_keep(const void *text, size_t len) {
   uint64_t k = __atomic_load_n(&shared->batch_kept, __ATOMIC_RELAXED);
   size_t used = MJ_KEPT_BYTES(k);
   if (len > MJ_BATCH_AREA - used) return 0;
-  memcpy((char *) shared + MJ_SHARED_SIZE + used, text, len);
+  /* A blank line keeps no bytes, and its text may then be NULL (an empty
+   * string.buffer that never held any: one that only C-written lines used,
+   * channel.keep_completed); memcpy from NULL is undefined even for 0 bytes
+   * (UBSan aborts the child in make sanitize). It still counts as a line. */
+  if (len > 0) memcpy((char *) shared + MJ_SHARED_SIZE + used, text, len);
   __atomic_store_n(&shared->batch_kept, MJ_KEPT(MJ_KEPT_LINES(k) + 1, used + len), __ATOMIC_RELEASE);
   return 1;
 }
