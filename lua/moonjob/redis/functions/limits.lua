@@ -129,9 +129,10 @@ end
 -- carries a start bound: the least ahead bound of the rates it is counted
 -- under (lim's; glim's for a job of a group), as its entries.
 local function bound_ahead(rows, short, lim, glim)
+  if not ((lim and lim.rate_max) or (glim and glim.rate_max)) then return end
   for i = short + 1, #rows do
     local row = rows[i]
-    if row[11] then
+    if type(row[11]) == "number" then -- (a flow's parent has "" there: no bound)
       local b = lim and lim.rate_max and lim.ahead_ms or math.huge
       if glim and glim.rate_max and (row[10] or "") ~= "" then b = math.min(b, glim.ahead_ms) end
       row[11] = b
