@@ -350,10 +350,8 @@ function Remote:_take(f, sent_at)
   local id, token, data = f[1], f[2], f[3]
   local job = port:new_job()
   job.owner, job.remote_id, job.token, job.lease_from = self, id, token, sent_at
-  local bound, by = tonumber(f[11]), nil
-  if bound and bound >= 0 then -- (a rate's: started by then, or given back; a negative one is no bound)
-    by = StartBounds.bind(job, bound, sent_at)
-  end
+  local bound, by = tonumber(f[11]), nil -- (a rate's: started by then, or given back; a negative one: none)
+  if bound and bound >= 0 then by = StartBounds.bind(job, bound, sent_at) end
   self.max_token = math.max(self.max_token, tonumber(token:match("/(%d+)$")) or 0)
   job.attempts, job.max_attempts = 0, 1
   if f[9] and f[9] ~= "" then job.name = f[9] end
