@@ -10,7 +10,7 @@
 -- bytes run by bench/datasets/events.lua (a few string operations, a result
 -- of 9 fields). On each, the contenders:
 --   plain_cjson  the same loop with its results written by cjson.encode
---             (bench/datasets/plain_cjson.lua): a user's own script
+--             (PLAIN_ENCODE=cjson): a user's own script
 --   plain     one LuaJIT process: bench/datasets/plain.lua (cjson decodes,
 --             moonjob's encoder writes the result lines as moonjob does)
 --   j2        moonjob run -j 2 PROCESSOR FILE
@@ -80,7 +80,7 @@ local function read_number(path)
 end
 
 local PLAIN = LUA .. " bench/datasets/plain.lua "
-local PLAIN_CJSON = LUA .. " bench/datasets/plain_cjson.lua "
+local PLAIN_CJSON = "PLAIN_ENCODE=cjson " .. PLAIN
 local MOONJOB = "BENCH_CPU_FILE=" .. quote(cpu_file) .. " " .. LUA .. " bench/datasets/moonjob.lua run -j 2 "
 
 -- The contenders' commands for the dataset in file `input` (parts: its two

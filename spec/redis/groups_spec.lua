@@ -14,18 +14,9 @@ local function settled(q, n, seconds)
     "the jobs did not all complete")
 end
 
--- The most spans of `list` running at one time.
-local function most_at_once(list)
-  local most = 0
-  for _, a in ipairs(list) do
-    local n = 0
-    for _, b in ipairs(list) do if b.start <= a.start and b.finish > a.start then n = n + 1 end end
-    most = math.max(most, n)
-  end
-  return most
-end
-
 local fetch_ids = require("held_groups").fetch
+local counting = require "counting"
+local most_at_once = counting.most_at_once
 
 local function exists(q, key) return q.client:call_wait({ "EXISTS", q.prefix .. key }) == 1 end
 

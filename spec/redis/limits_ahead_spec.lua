@@ -7,6 +7,8 @@
 -- rate_starts.lua (each start on CLOCK_MONOTONIC, as rate_starts_spec.lua).
 local helpers = require "helpers"
 local rq = require "redis_queue"
+local counting = require "counting"
+local most_in_window, most_at_once = counting.most_in_window, counting.most_at_once
 
 local TOLERANCE_MS = 25 -- waking a child once its job is written (rate_starts_spec.lua says why)
 local STARTS = helpers.abs(helpers.fixture("rate_starts.lua"))
@@ -25,17 +27,6 @@ local function watch(q, n, key)
   return most, most_key
 end
 
--- The most times within any closed window of `width` ms.
-local function most_in_window(times, width)
-  table.sort(times)
-  local most, j = 0, 1
-  for i = 1, #times do
-    while times[i] - times[j] > width do j = j + 1 end
-    most = math.max(most, i - j + 1)
-  end
-  return most
-end
-
 -- The start times rate_starts.lua logged, of the ids beginning with prefix.
 local function starts(log, prefix)
   local times, ids = {}, {}
@@ -46,17 +37,6 @@ local function starts(log, prefix)
     if id:sub(1, #prefix) == prefix then times[#times + 1] = tonumber(ms) end
   end
   return times
-end
-
--- The most spans of the remote.lua fixture running at once.
-local function most_at_once(list)
-  local most = 0
-  for _, a in ipairs(list) do
-    local n = 0
-    for _, b in ipairs(list) do if b.start <= a.start and b.finish > a.start then n = n + 1 end end
-    most = math.max(most, n)
-  end
-  return most
 end
 
 rq.describe(function()

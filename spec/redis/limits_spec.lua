@@ -4,23 +4,14 @@
 -- bad input that changes nothing. Worker processes are real `moonjob worker`s.
 local helpers = require "helpers"
 local rq = require "redis_queue"
+local counting = require "counting"
+local most_in_window = counting.most_in_window
 
 -- The fixture's spans (rq.spans), by their start.
 local function spans(path)
   local out = rq.spans(path)
   table.sort(out, function(a, b) return a.start < b.start end)
   return out
-end
-
--- The most times found within any closed window of `width` ms.
-local function most_in_window(times, width)
-  table.sort(times)
-  local most, j = 0, 1
-  for i = 1, #times do
-    while times[i] - times[j] > width do j = j + 1 end
-    most = math.max(most, i - j + 1)
-  end
-  return most
 end
 
 local function settled(q, n)

@@ -15,21 +15,12 @@
 local helpers = require "helpers"
 local moonjob = require "moonjob"
 local rq = require "redis_queue"
+local counting = require "counting"
+local most_in_window = counting.most_in_window
 
 local TOLERANCE_MS = 25
 local FAST = helpers.abs(helpers.fixture("rate_starts.lua"))
 local SLOW_LOAD = helpers.abs(helpers.fixture("rate_starts_slow_load.lua"))
-
--- The most times within any closed window of `width` ms, and where it began.
-local function most_in_window(times, width)
-  table.sort(times)
-  local most, at, j = 0, nil, 1
-  for i = 1, #times do
-    while times[i] - times[j] > width do j = j + 1 end
-    if i - j + 1 > most then most, at = i - j + 1, times[j] end
-  end
-  return most, at
-end
 
 -- The starts the processors logged: { id = { start, ... } }, and every
 -- start time of the ids whose name begins with `prefix` ("" for all).
