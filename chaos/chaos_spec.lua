@@ -39,7 +39,9 @@ describe("chaos: three workers in network namespaces on one Redis", function()
 
   local function start_worker(i, url)
     local log = ("%s/worker%d.log"):format(server.dir, i)
-    local cmd = ("%s %s scripts/moonjob worker %s --redis %s --queue chaos -j 2 "
+    -- (--prefetch 2: the re-runs of an event are bounded below by what its
+    -- worker held, which the default would make follow the jobs' run times)
+    local cmd = ("%s %s scripts/moonjob worker %s --redis %s --queue chaos -j 2 --prefetch 2 "
       .. "--lease %g --grace 5 --keep 100000 2>>%s >/dev/null & echo $!"):format(hosts:exec(i), helpers.LUAJIT, PROCESSOR, url, LEASE, log)
     workers[i] = assert(tonumber(helpers.first_line(cmd)))
     all_workers[#all_workers + 1] = workers[i]
