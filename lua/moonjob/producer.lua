@@ -181,13 +181,10 @@ function Queue:add_bulk(list, opts)
   if type(list) ~= "table" then return input_error("queue:add_bulk(): its first argument must be a list of data") end
   local refusal = add.bulk_refusal(opts)
   if refusal then return input_error(refusal) end
-  local texts = {}
-  for i = 1, #list do
-    local text, err = add.encode(list[i], self.max_payload, self.json)
-    if not text then return nil, errors.new(err.code, ("job %d: %s"):format(i, err.message)) end
-    texts[i] = text
-  end
-  local one, err = checked(add.args, self.prefix, "{}", opts, true, "", nil, self.json)
+  local texts, err = add.encode_all(list, self.max_payload, self.json)
+  if not texts then return nil, err end
+  local one
+  one, err = checked(add.args, self.prefix, "{}", opts, true, "", nil, self.json)
   if not one then return nil, err end
   if #texts == 0 then return {} end
   local calls, argv = add.bulk_calls(one, texts), {}
@@ -195,20 +192,12 @@ function Queue:add_bulk(list, opts)
   local got
   got, err = self.client:pipeline(argv)
   if not got then return nil, add_error(err) end
-  local jobs, failed, first = {}, nil, nil
+  local tally = add.bulk_tally(#texts)
   for c, r in ipairs(got) do
-    for k = 0, math.min(add.BULK_CALL, #texts - calls[c].first + 1) - 1 do
-      local i, row = calls[c].first + k, r[1] and r[1][k + 1]
-      if type(row) == "table" then
-        jobs[i] = new_job(self, row)
-      else
-        failed, first = failed or {}, first or i
-        failed[i], jobs[i] = add_error(r[2] or row or "EREDIS no reply for this job"), false
-      end
-    end
+    tally:take(calls[c], r[1], function(row) return new_job(self, row) end,
+      function(row) return add_error(r[2] or row or "EREDIS no reply for this job") end)
   end
-  if failed then return jobs, add.bulk_error(failed, first, #texts) end
-  return jobs
+  return tally:result()
 end
 
 -- q:add_flow(tree) -> the root's job | nil, err: a parent job and its

@@ -70,6 +70,18 @@ rq.describe(function()
       assert.equal(3, q:counts().waiting)
     end)
 
+    it("q:add_bulk answers the jobs Redis refused apart, the others as handles", function()
+      local q = rq.new_producer(rq.new_queue())
+      local jobs, err = q:add_bulk({ { n = 1 }, { n = 2 }, { n = 3 }, { n = 4 }, { n = 5 } }, { max_queue = 3 })
+      assert.same({ "waiting", "waiting", "waiting", false, false },
+        { jobs[1].state, jobs[2].state, jobs[3].state, jobs[4], jobs[5] })
+      assert.equal("EQUEUEFULL", err.code)
+      assert.matches("2 of 5 adds were refused; the first, job 4", err.message, 1, true)
+      assert.same({ "EQUEUEFULL", "EQUEUEFULL" }, { err.errors[4].code, err.errors[5].code })
+      local _, bad = q:add_bulk({ { n = 1 }, { f = function() end } })
+      assert.matches("^job 2: ", bad.message)
+    end)
+
     it("a drawn id never takes a number an id named in the same call holds", function()
       local q = rq.new_producer(rq.new_queue())
       local rows = assert(bulk(q, {}, "", '{"a":1}', "2", '{"b":2}', "", '{"c":3}'))

@@ -139,13 +139,56 @@ function M.bulk_calls(one, texts)
   for first = 1, #texts, M.BULK_CALL do
     local args = { "FCALL", "moonjob_add_bulk", 1, one[4], "", "", "", one[7], one[8], one[9], one[10], one[11],
       one[12], one[13], one[14], one[15], one[16], one[18], one[19], one[22] }
-    for i = first, math.min(#texts, first + M.BULK_CALL - 1) do
+    local last = math.min(#texts, first + M.BULK_CALL - 1)
+    for i = first, last do
       args[#args + 1] = id
       args[#args + 1] = texts[i]
     end
-    calls[#calls + 1] = { args = args, first = first }
+    calls[#calls + 1] = { args = args, first = first, count = last - first + 1 }
   end
   return calls
+end
+
+-- The data of a bulk add written as JSON (as M.encode) -> texts | nil, err
+-- naming the first that cannot be ("job 2: ...").
+function M.encode_all(list, max_payload, codec)
+  local texts = {}
+  for i = 1, #list do
+    local text, err = M.encode(list[i], max_payload, codec)
+    if not text then return nil, errors.new(err.code, ("job %d: %s"):format(i, err.message)) end
+    texts[i] = text
+  end
+  return texts
+end
+
+-- What a bulk add's calls answered, gathered: tally:take(call, rows,
+-- make, refusal) for each call (rows: its reply, nil when the call failed;
+-- make(row) -> a job's handle; refusal(text or nil) -> the error of a job
+-- whose row is a refusal, or of every job of a failed call), then
+-- tally:result() -> jobs, or jobs and an error naming the refused ones.
+local Tally = {}
+Tally.__index = Tally
+
+function M.bulk_tally(total)
+  return setmetatable({ jobs = {}, failed = nil, first = nil, total = total }, Tally)
+end
+
+function Tally:take(call, rows, make, refusal)
+  for k = 1, call.count do
+    local i, row = call.first + k - 1, rows and rows[k]
+    if type(row) == "table" then
+      self.jobs[i] = make(row)
+    else
+      self.failed = self.failed or {}
+      self.failed[i], self.jobs[i] = refusal(row), false
+      if not self.first or i < self.first then self.first = i end
+    end
+  end
+end
+
+function Tally:result()
+  if self.failed then return self.jobs, M.bulk_error(self.failed, self.first, self.total) end
+  return self.jobs
 end
 
 -- Why bulk options are refused (they name one job), or nil.

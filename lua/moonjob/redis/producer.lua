@@ -28,7 +28,6 @@
 -- moonjob.redis.fcall; a job's handle is moonjob.redis.handle's.
 local add = require "moonjob.redis.add"
 local client = require "moonjob.redis.client"
-local errors = require "moonjob.errors"
 local fcall = require "moonjob.redis.fcall"
 local flow = require "moonjob.redis.flow"
 local handle = require "moonjob.redis.handle"
@@ -180,32 +179,20 @@ function Queue:add_bulk(list, opts)
   if type(list) ~= "table" then error("queue:add_bulk(): its first argument must be a list of data", 2) end
   local refusal = add.bulk_refusal(opts)
   if refusal then error(refusal, 2) end
-  local texts = {}
-  for i = 1, #list do
-    local text, err = add.encode(list[i], self.max_payload)
-    if not text then return nil, errors.new(err.code, ("job %d: %s"):format(i, err.message)) end
-    texts[i] = text
-  end
-  local one = add.args(self.prefix, "{}", opts, true, "")
-  local calls, jobs, failed, first = add.bulk_calls(one, texts), {}, nil, nil
-  local function refused(i, e)
-    failed, first = failed or {}, (first and first < i) and first or i
-    failed[i], jobs[i] = e, false
-  end
+  local texts, err = add.encode_all(list, self.max_payload)
+  if not texts then return nil, err end
+  local calls, tally = add.bulk_calls(add.args(self.prefix, "{}", opts, true, ""), texts), add.bulk_tally(#texts)
   local left = #calls
   for _, call in ipairs(calls) do
-    ledger.send(self.client, self.ledger, call.args, self.resolve_ms, function(rows, err, _, unknown)
-      for k = 0, math.min(add.BULK_CALL, #texts - call.first + 1) - 1 do
-        local i, row = call.first + k, rows and rows[k + 1]
-        if type(row) == "table" then jobs[i] = handle.new(self, row)
-        else refused(i, rows and reply_error(row) or add.send_error(err, unknown, self.resolve_ms)) end
-      end
+    ledger.send(self.client, self.ledger, call.args, self.resolve_ms, function(rows, e, _, unknown)
+      tally:take(call, rows, function(row) return handle.new(self, row) end, function(row)
+        return row and reply_error(row) or add.send_error(e, unknown, self.resolve_ms)
+      end)
       left = left - 1
     end)
   end
   loop.wait_until(function() return left == 0 end)
-  if failed then return jobs, add.bulk_error(failed, first, #texts) end
-  return jobs
+  return tally:result()
 end
 
 -- queue:add_flow(tree) -> the root's job | nil, err: a tree of jobs added
