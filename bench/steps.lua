@@ -75,7 +75,7 @@ local function measure()
     .. " %d per call"):format(JOBS, ADD_BATCH, DRAIN_BATCH))
   print(("%-22s %9s %9s %9s %9s   %8s %8s %12s"):format("server", "add", "fetch", "complete", "us/job",
     "PING", "FCALL", "empty fetch"))
-  for _, aof in ipairs({ "no", "yes" }) do
+  for _, aof in ipairs(os.getenv("STEPS_AOF") and { os.getenv("STEPS_AOF") } or { "no", "yes" }) do
     local server = redis_server.start({ extra = "--appendonly " .. aof })
     local ok, add, fetch, complete, calls = pcall(steps, server, "steps")
     server:stop()

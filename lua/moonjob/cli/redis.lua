@@ -222,7 +222,10 @@ end
 -- dropped, Redis stalled past the reply deadline) after the call was sent is
 -- asked for again, for up to --resolve seconds (moonjob.redis.ledger); past
 -- them its jobs may or may not have been added: "unknown".
-local BATCH = 128
+-- With --dedupe each job's row comes whole (its id named: about 80 bytes
+-- a line), and 128 keep a reply under 16 KB (a 256-row reply was seen cut
+-- by a stall); drawn ids come back as runs (add.bulk_rows), a few bytes.
+local BATCH, DEDUPE_BATCH = add.BULK_CALL, 128 -- (one call of add.bulk_calls)
 
 function Adds:send()
   local batch = self.batch
@@ -239,6 +242,7 @@ function Adds:send()
   self.inflight = self.inflight + #batch.lines
   ledger.send(q.client, q.ledger, args, q.resolve_ms, function(rows, err, _, unknown)
     self.inflight = self.inflight - #batch.lines
+    rows = add.bulk_rows(rows)
     for k, n in ipairs(batch.lines) do
       local row = rows and rows[k]
       if type(row) == "table" then
@@ -258,7 +262,7 @@ function Adds:take(n, line)
   local batch = self.batch
   batch.lines[#batch.lines + 1] = n
   batch.texts[#batch.texts + 1] = line
-  if #batch.lines >= BATCH then
+  if #batch.lines >= (self.dedupe and DEDUPE_BATCH or BATCH) then
     self:send()
     loop.step() -- (its bytes written now: the next read may wait for input a long time)
   end

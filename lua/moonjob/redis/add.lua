@@ -138,7 +138,7 @@ function M.bulk_calls(one, texts)
   local calls, id = {}, one[5] == "\0dedupe" and one[5] or ""
   for first = 1, #texts, M.BULK_CALL do
     local args = { "FCALL", "moonjob_add_bulk", 1, one[4], "", "", "", one[7], one[8], one[9], one[10], one[11],
-      one[12], one[13], one[14], one[15], one[16], one[18], one[19], one[22] }
+      one[12], one[13], one[14], one[15], one[16], one[18], one[19], one[22], "runs" }
     local last = math.min(#texts, first + M.BULK_CALL - 1)
     for i = first, last do
       args[#args + 1] = id
@@ -147,6 +147,25 @@ function M.bulk_calls(one, texts)
     calls[#calls + 1] = { args = args, first = first, count = last - first + 1 }
   end
   return calls
+end
+
+-- A moonjob_add_bulk reply (its REPLY "runs") -> one row per job: each run
+-- { count, first id, created, first seq } (its first element a number; a
+-- row's is an id, text) becomes its jobs' rows, as functions/add.lua says.
+function M.bulk_rows(reply)
+  if type(reply) ~= "table" then return reply end
+  local rows = {}
+  for _, item in ipairs(reply) do
+    if type(item) == "table" and type(item[1]) == "number" then
+      local count, id, created, seq = item[1], item[2], item[3], item[4]
+      for k = 0, count - 1 do
+        rows[#rows + 1] = { ("%.0f"):format(id + k), "waiting", 0, created .. "." .. ("%.0f"):format(seq + k) }
+      end
+    else
+      rows[#rows + 1] = item
+    end
+  end
+  return rows
 end
 
 -- The data of a bulk add written as JSON (as M.encode) -> texts | nil, err
@@ -174,6 +193,7 @@ function M.bulk_tally(total)
 end
 
 function Tally:take(call, rows, make, refusal)
+  rows = M.bulk_rows(rows)
   for k = 1, call.count do
     local i, row = call.first + k - 1, rows and rows[k]
     if type(row) == "table" then

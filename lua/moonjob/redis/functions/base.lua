@@ -102,6 +102,11 @@ local LOG_KEEP_MAX = 10000     -- a job's log lines kept, at most
 local FINITE = 1.7976931348623157e308 -- the largest double: inf and NaN are beyond it
 
 -- The value of each job field the hash holds only when it is not this.
+-- A job made with every option at its default (and no expiry, group,
+-- parent or children) has the field plain = "1": fetch and complete then
+-- read none of those fields (each field asked costs Redis, present or not).
+-- Whatever writes one of them on a job later deletes plain (HDEL), and so
+-- must a writer around moonjob_add; a hash without it is read in full.
 local JOB_DEFAULTS = { priority = "0", attempts = "1", backoff = "", timeout = "0", kill_after = "0", name = "",
   cache = "0", notify = "0", made = "0" }
 
@@ -154,10 +159,10 @@ end
 -- another type, written by another client: the caller's case). Any other
 -- error (an ACL that denies the command, ...) says nothing of the key: it is
 -- the call's, raised with what (the command and its key) added.
-local function wrong_type(r, what)
+local function wrong_type(r, command, key)
   if type(r) ~= "table" or not r.err then return false end
   if string.find(r.err, "^WRONGTYPE") then return true end
-  error({ err = r.err .. " (" .. what .. ")" })
+  error({ err = r.err .. " (" .. command .. " " .. key .. ")" })
 end
 
 -- A job's fields, or nil and why: redis.pcall, since HMGET on a key of
@@ -165,7 +170,7 @@ end
 -- other error raises (wrong_type): callers read before they write.
 local function job_fields(key, ...)
   local f = redis.pcall("HMGET", key, ...)
-  if wrong_type(f, "HMGET " .. key) then
+  if wrong_type(f, "HMGET", key) then
     return nil, ("the key %s holds a %s, not a job hash (written by another client)"):format(
       key, redis.call("TYPE", key).ok)
   end

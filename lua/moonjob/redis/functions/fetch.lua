@@ -60,17 +60,35 @@ end
 -- take_one's fields of a job (state first), to default (H.defaulted).
 local TAKE_FIELDS = { "state", "data", "attempts", "backoff", "timeout", "kill_after", "name", "made", "priority" }
 
+-- Job id's entry in active: in w.leased for take to add with the fetch's
+-- others (one ZADD), or now (G.take: G.room reads them).
+local function add_lease(p, w, id)
+  local leased = w.leased
+  if leased then
+    leased[#leased + 1] = w.until_ms
+    leased[#leased + 1] = id
+  else
+    redis.call("ZADD", p .. "active", w.until_ms, id)
+  end
+end
+
 -- A waiting entry popped by fetch: its reply row (handed out to worker w
 -- { id, lease, max_payload, db } with token number token_no; its entry in
 -- active added, or left in w.leased for the caller to add), or nil and
 -- "failed" (failed in place: out of range, over max_payload, expired;
 -- never sent) or what look_at said. The job keeps w.db (its channel of
 -- updates: runs.lua).
-local function take_one(p, id, w, token_no, now)
+local function take_one(p, id, w, token_no, now, s)
   local key = job_key(p, id)
-  local kind, f = look_at(p, id, key, "waiting", now, "data", "attempts", "backoff", "timeout",
-    "kill_after", "name", "made", "priority", "expire_at", "kids")
-  if kind ~= "ok" then return nil, kind end
+  if not (s and s[1] == "waiting") then -- (s: its fields state, data, made, plain when the caller read them)
+    local kind
+    kind, s = look_at(p, id, key, "waiting", now, "data", "made", "plain")
+    if kind ~= "ok" then return nil, kind end
+  end
+  -- (its options written: read them; the layout of TAKE_FIELDS)
+  local o = s[4] == "1" and {} or redis.call("HMGET", key, "attempts", "backoff", "timeout", "kill_after", "name",
+    "priority", "expire_at", "kids")
+  local f = { s[1], s[2], o[1], o[2], o[3], o[4], o[5], s[3], o[6], o[7], o[8] }
   local first = not f[8] -- never fetched, released or retried: no field of a run to reset
   defaulted(f, TAKE_FIELDS)
   local made = (tonumber(f[8]) or 0) + 1
@@ -107,14 +125,26 @@ local function take_one(p, id, w, token_no, now)
     redis.call("HSET", key, "state", "active", "token", token, "worker", w.id, "started", w.now,
       "ran", "0", "made", made, "began", "", "db", w.db_text)
   end
-  if w.leased then -- (one ZADD for the fetch's jobs: take)
-    w.leased[#w.leased + 1] = w.until_ms
-    w.leased[#w.leased + 1] = id
-  else
-    redis.call("ZADD", p .. "active", w.until_ms, id)
-  end
+  add_lease(p, w, id)
   if children then return { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7], "", "", children } end
   return { id, token, f[2], made, f[3], f[4], f[5], f[6], f[7] }
+end
+
+-- take_one's steps for the usual job (base.lua's plain, waiting, never
+-- run, its id in bounds), on its fields s (state, data, made, plain): the
+-- same writes, fewer steps. -> its row, or nil for take_one to take it.
+-- Its HSET is protected as take_one's is: an error of it leaves the job
+-- unwritten (the caller puts its entry back).
+local function take_plain(p, id, key, w, token_no, s)
+  if not (s[4] == "1" and s[1] == "waiting" and not s[3] and s[2]) or #id > FIELD_MAX then return nil end
+  local token = w.token .. token_no
+  local r = redis.pcall("HSET", key, "state", "active", "token", token, "worker", w.id, "started", w.now, "made", "1",
+    "db", w.db_text)
+  if type(r) == "table" and r.err then return false, r end
+  local leased = w.leased
+  leased[#leased + 1] = w.until_ms
+  leased[#leased + 1] = id
+  return { id, token, s[2], 1, "1", "", "0", "0", "" }
 end
 
 -- Entries failed in place do not count against n: a fetch pops up to
@@ -207,7 +237,12 @@ local function take(p, w, n, now, glim, grouped, bound)
     budget = budget - #popped / 2
     local token_no = redis.call("INCRBY", p .. "tokens", #popped / 2) - #popped / 2
     for i = 1, #popped, 2 do
-      local row, kind, e = try_take(p, string.sub(popped[i], 18), w, token_no + 1, now)
+      local id = string.sub(popped[i], 18)
+      local key = job_key(p, id)
+      local s = redis.pcall("HMGET", key, "state", "data", "made", "plain")
+      local row, kind, e = take_plain(p, id, key, w, token_no + 1, s)
+      if row == false then e = kind; row, kind = nil, nil
+      elseif not row then row, kind, e = try_take(p, id, w, token_no + 1, now, s) end
       if e then
         for j = #popped - 1, i + 2, -2 do redis.call("ZADD", p .. "wait", popped[j + 1], popped[j]) end
         put_back(p, popped[i], popped[i + 1], e, rows, now)
@@ -215,7 +250,7 @@ local function take(p, w, n, now, glim, grouped, bound)
         break
       elseif row then
         token_no = token_no + 1
-        bind_start(row, bound)
+        if bound then bind_start(row, bound) end
         rows[#rows + 1] = row
         tokens[#tokens + 1] = row[2]
       elseif kind == "missing" then
@@ -301,7 +336,7 @@ local function fetch(keys, args)
   -- undone if the call then fails): a key another client spoiled is said
   local counter = redis.pcall("INCRBY", p .. "tokens", 0)
   if type(counter) == "table" and counter.err and (counter.err:find("not an integer", 1, true)
-      or wrong_type(counter, "INCRBY " .. p .. "tokens")) then -- (another error: the call's, raised)
+      or wrong_type(counter, "INCRBY", p .. "tokens")) then -- (another error: the call's, raised)
     return redis.error_reply(("ERR %stokens is not a counter (%s): another client wrote it; delete it "
       .. "(DEL %stokens) and restart the workers"):format(p, counter.err, p))
   end

@@ -158,6 +158,7 @@ end
 local function link(parent, child, i)
   local slot = string.format("%04d", i) .. child.key
   redis.call("HSET", child.key, "parent", parent.key, "pslot", slot)
+  redis.call("HDEL", child.key, "plain") -- (its parent is read as it ends: base.lua)
   redis.call("SADD", parent.prefix .. "deps:" .. parent.id, slot)
   redis.call("HSET", parent.prefix .. "kids:" .. parent.id, slot, "?" .. child.on_fail)
 end
@@ -167,6 +168,7 @@ local function wait_children(node, now)
   -- (an earlier parent with this id may have left them: a cached result expired)
   redis.call("DEL", node.prefix .. "deps:" .. node.id, node.prefix .. "kids:" .. node.id)
   redis.call("HSET", node.key, "state", "waiting-children", "kids", node.kids, "deadline", deadline)
+  redis.call("HDEL", node.key, "plain") -- (fetch reads its kids: base.lua)
   redis.call("ZADD", node.prefix .. "parents", math.min(now + LOOK_MS, tonumber(deadline) or math.huge), node.id)
 end
 

@@ -63,7 +63,7 @@ function G.on(p) return redis.call("EXISTS", p .. "groups", p .. "gparked") > 0 
 -- Any other error raises (H.wrong_type): the key is not deleted for it.
 function G.zadd(key, ...)
   local r = redis.pcall("ZADD", key, ...)
-  if H.wrong_type(r, "ZADD " .. key) then
+  if H.wrong_type(r, "ZADD", key) then
     redis.call("DEL", key)
     r = redis.call("ZADD", key, ...)
   end
@@ -74,7 +74,7 @@ end
 -- it holds none).
 function G.has(key, g)
   local r = redis.pcall("ZSCORE", key, g)
-  if H.wrong_type(r, "ZSCORE " .. key) then
+  if H.wrong_type(r, "ZSCORE", key) then
     redis.call("DEL", key)
     return false
   end

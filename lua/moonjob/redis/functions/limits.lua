@@ -72,7 +72,7 @@ end
 -- takes a job): any other error raises, as no limit would be applied.
 local function read_limits(p, strict)
   local f = redis.pcall("HMGET", p .. "limits", unpack(LIMIT_FIELDS))
-  if strict and H.wrong_type(f, "HMGET " .. p .. "limits") or f.err then return nil, nil end
+  if strict and H.wrong_type(f, "HMGET", p .. "limits") or f.err then return nil, nil end
   return limit_set(f[1], f[2], f[3]), limit_set(f[4], f[5], f[6])
 end
 
@@ -83,7 +83,7 @@ end
 local function rate_room(p, lim, now)
   local key = p .. "starts"
   local trimmed = redis.pcall("ZREMRANGEBYSCORE", key, "-inf", "(" .. (now - lim.rate_per))
-  if H.wrong_type(trimmed, "ZREMRANGEBYSCORE " .. key) then redis.call("DEL", key) end
+  if H.wrong_type(trimmed, "ZREMRANGEBYSCORE", key) then redis.call("DEL", key) end
   local left = lim.rate_max - redis.call("ZCARD", key)
   if left > 0 then return left, nil end
   local oldest = redis.call("ZRANGE", key, 0, 0, "WITHSCORES")

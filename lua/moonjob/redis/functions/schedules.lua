@@ -156,7 +156,7 @@ end
 -- reason than its type raises too (read_schedule): it is not ended.
 local function fire_schedules(p, now)
   local due = redis.pcall("ZRANGEBYSCORE", p .. "schedules", "-inf", now, "LIMIT", 0, FIRE_MAX)
-  if H.wrong_type(due, "ZRANGEBYSCORE " .. p .. "schedules") then return end
+  if H.wrong_type(due, "ZRANGEBYSCORE", p .. "schedules") then return end
   for _, id in ipairs(due) do fire_one(p, id, now) end
 end
 
@@ -230,7 +230,7 @@ local function schedule(keys, args)
   local id, key = args[1], schedule_key(p, args[1])
   local spec = cjson.encode({ unpack(args, 2, #args) })
   local old = redis.pcall("HMGET", key, "spec", "next")
-  if H.wrong_type(old, "HMGET " .. key) then return redis.error_reply("EINPUT moonjob_schedule: the key " .. key .. " is not a schedule "
+  if H.wrong_type(old, "HMGET", key) then return redis.error_reply("EINPUT moonjob_schedule: the key " .. key .. " is not a schedule "
     .. "hash (written by another client); delete it or choose another id") end
   if old[1] == spec then return { "unchanged", tonumber(old[2] or "") or -1 } end
   local now = now_ms()
@@ -267,7 +267,7 @@ local function schedules(keys, args)
   for _, id in ipairs(redis.call("ZRANGE", p .. "schedules", offset, offset + limit - 1)) do
     local f = redis.pcall("HMGET", schedule_key(p, id), unpack(SCHEDULE_FIELDS))
     local row = { id }
-    local bad = H.wrong_type(f, "HMGET " .. schedule_key(p, id))
+    local bad = H.wrong_type(f, "HMGET", schedule_key(p, id))
     for i = 1, #SCHEDULE_FIELDS do row[i + 1] = (not bad and f[i]) or false end
     out[#out + 1] = row
   end

@@ -65,7 +65,7 @@ local function line_up(p, prio, member, group, now, batch)
   if batch and group == "" then
     if batch.grouped == nil then batch.grouped = G.on(p) end
     if not batch.grouped and batch.waiting then -- (in wait with the batch's others: enter_wait)
-      batch.waiting[#batch.waiting + 1] = prio
+      batch.waiting[#batch.waiting + 1] = batch.prio_text or prio -- (text: a number costs a format)
       batch.waiting[#batch.waiting + 1] = member
       return
     end
@@ -91,9 +91,10 @@ end
 local function wait_member(seq, id)
   if seq < 1e14 then
     local digits = tostring(seq)
-    return string.rep("0", 16 - #digits) .. digits .. ":" .. id
+    return string.rep("0", 16 - #digits) .. digits .. ":" .. id, digits
   end
-  return string.format("%016d", seq) .. ":" .. id
+  local digits = string.format("%d", seq)
+  return string.format("%016d", seq) .. ":" .. id, digits
 end
 
 -- prio: the job's priority when the caller read it already. One that is not

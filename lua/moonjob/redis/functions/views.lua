@@ -44,12 +44,13 @@ end
 local function view(p, id, preview)
   local f = redis.pcall("HMGET", job_key(p, id), unpack(VIEW_FIELDS))
   local out = { id }
-  if H.wrong_type(f, "HMGET " .. job_key(p, id)) then
+  if H.wrong_type(f, "HMGET", job_key(p, id)) then
     out[2] = "invalid"
     for i = 2, #VIEW_FIELDS do out[i + 1] = false end
     return out
   end
   if f[1] then H.defaulted(f, VIEW_FIELDS) end
+  f[13] = f[13] or f[9] -- (a job made waiting by an add has no run_at: it could run from when it was made)
   local cut = {}
   for i, v in ipairs(VIEW_FIELDS) do
     local value = f[i]
