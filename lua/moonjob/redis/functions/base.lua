@@ -56,9 +56,12 @@
 -- Job fields: data (JSON text), priority, attempts (allowed), made (attempts
 -- started), backoff (JSON text or ""), timeout, kill_after, name, cache (s),
 -- state (waiting, delayed, active, completed, failed, waiting-children), token (of the run
--- holding the lease), worker, result (JSON text), error (JSON text), cancel
--- (the reason, once asked while active), created, started, finished, run_at
--- (ms), member (its wait member), notify ("1": publish its id on <p>done),
+-- holding the lease; kept when the job ends, which the state says, and
+-- emptied when it waits again), worker, result (JSON text), error (JSON
+-- text), cancel (the reason, once asked while active), created, started,
+-- finished, run_at (ms; absent on a job an add made waiting: created), db
+-- (its worker's database; absent: 0), member (its wait member), notify
+-- ("1": publish its id on <p>done), plain (below),
 -- cache_until (ms), nonce (tells this job from a later one with its id),
 -- progress (JSON text, the last reported), expire_at (ms: not started by
 -- then, it fails with EEXPIRED), expire_ms (the span expire_at was counted
@@ -69,7 +72,11 @@
 -- A job's options (priority, attempts, backoff, timeout, kill_after, name,
 -- cache, notify) and made are written only when not their default (each
 -- field written costs Redis, and most jobs take the defaults): readers take
--- an absent one as JOB_DEFAULTS says (H.defaulted).
+-- an absent one as JOB_DEFAULTS says (H.defaulted). A job made with all of
+-- them at their default, and no expiry, group, parent or children, has
+-- plain = "1": fetch and complete then read none of them (each field asked
+-- costs Redis, present or not). Whatever writes one of them on a job later
+-- deletes plain (HDEL); a hash without it is read in full.
 --
 -- Time is always the server's (TIME), never a worker's clock. Results and
 -- failures carrying a token that is not the job's current one are refused:
@@ -102,11 +109,6 @@ local LOG_KEEP_MAX = 10000     -- a job's log lines kept, at most
 local FINITE = 1.7976931348623157e308 -- the largest double: inf and NaN are beyond it
 
 -- The value of each job field the hash holds only when it is not this.
--- A job made with every option at its default (and no expiry, group,
--- parent or children) has the field plain = "1": fetch and complete then
--- read none of those fields (each field asked costs Redis, present or not).
--- Whatever writes one of them on a job later deletes plain (HDEL), and so
--- must a writer around moonjob_add; a hash without it is read in full.
 local JOB_DEFAULTS = { priority = "0", attempts = "1", backoff = "", timeout = "0", kill_after = "0", name = "",
   cache = "0", notify = "0", made = "0" }
 

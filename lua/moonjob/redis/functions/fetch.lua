@@ -138,8 +138,13 @@ end
 local function take_plain(p, id, key, w, token_no, s)
   if not (s[4] == "1" and s[1] == "waiting" and not s[3] and s[2]) or #id > FIELD_MAX then return nil end
   local token = w.token .. token_no
-  local r = redis.pcall("HSET", key, "state", "active", "token", token, "worker", w.id, "started", w.now, "made", "1",
-    "db", w.db_text)
+  local r
+  if w.db_text == "0" then -- (no db: database 0, runs.lua's updates_channel)
+    r = redis.pcall("HSET", key, "state", "active", "token", token, "worker", w.id, "started", w.now, "made", "1")
+  else
+    r = redis.pcall("HSET", key, "state", "active", "token", token, "worker", w.id, "started", w.now, "made", "1",
+      "db", w.db_text)
+  end
   if type(r) == "table" and r.err then return false, r end
   local leased = w.leased
   leased[#leased + 1] = w.until_ms

@@ -25,7 +25,8 @@ end
 -- channel is shared by every database of the server and a queue's name may
 -- be used in several; <p>updates when its worker said none.
 local function updates_channel(p, db)
-  if db and db ~= "" then return p .. "updates@" .. db end -- ("": fetched by a worker that passed none)
+  if not db then return p .. "updates@0" end -- (fetch writes no db for database 0)
+  if db ~= "" then return p .. "updates@" .. db end -- ("": fetched by a worker that passed none)
   return p .. "updates"
 end
 
@@ -97,7 +98,7 @@ local function complete(keys, args)
       local o = NONE
       if f[3] == "1" and ms then -- (the usual job, base.lua's plain: finish's steps, all it needs)
         moved[#moved + 1] = id
-        redis.call("HSET", key, "state", "completed", "result", args[i + 2], "finished", now_text, "token", "",
+        redis.call("HSET", key, "state", "completed", "result", args[i + 2], "finished", now_text,
           "began", ms == 0 and now_text or now - ms)
       else -- (its options; when it started, when its worker did not say how long it ran)
         o = redis.call("HMGET", key, "cache", "notify", "started", "group", "parent")

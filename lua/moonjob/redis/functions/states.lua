@@ -138,7 +138,7 @@ local function finish(p, id, key, state, field, value, now, f)
   end
   G.left(p, f[4], id)
   local at = f.now_text or now -- (a batch's time as text once: Redis's Lua formats a number slowly)
-  local fields = { "HSET", key, "state", state, field, value, "finished", at, "token", "" }
+  local fields = { "HSET", key, "state", state, field, value, "finished", at } -- (its token kept: base.lua)
   if cache > 0 then
     fields[#fields + 1] = "cache_until"; fields[#fields + 1] = now + math.floor(cache * 1000)
   end
