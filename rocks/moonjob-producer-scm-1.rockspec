@@ -54,6 +54,7 @@ build = {
     ["moonjob.redis.functions.states"] = "lua/moonjob/redis/functions/states.lua",
     ["moonjob.redis.functions.cron"] = "lua/moonjob/redis/functions/cron.lua",
     ["moonjob.redis.functions.add"] = "lua/moonjob/redis/functions/add.lua",
+    ["moonjob.redis.functions.bulk"] = "lua/moonjob/redis/functions/bulk.lua",
     ["moonjob.redis.functions.schedules"] = "lua/moonjob/redis/functions/schedules.lua",
     ["moonjob.redis.functions.limits"] = "lua/moonjob/redis/functions/limits.lua",
     ["moonjob.redis.functions.groups"] = "lua/moonjob/redis/functions/groups.lua",

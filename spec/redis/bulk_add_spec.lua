@@ -5,6 +5,7 @@
 -- it. A job's hash holds its options only when not their default, and
 -- every reader gives the default back.
 local rq = require "redis_queue"
+local add = require "moonjob.redis.add"
 local pure_lua = require "pure_lua"
 
 -- moonjob_add_bulk's head: SHEET CALL FORGET, then the options as add's
@@ -117,6 +118,61 @@ rq.describe(function()
       local again = assert(bulk(q, { sheet = "p.0", call = "1" }, "", '{"a":1}', "", '{"a":2}'))
       assert.same(first, again)
       assert.equal(2, q:counts().waiting)
+    end)
+
+    it("answers jobs made in a row as runs to a caller that asks, each the job's own id and nonce", function()
+      local q = rq.new_producer(rq.new_queue())
+      local reply = assert(bulk(q, {}, "runs", "", '{"a":1}', "", '{"a":2}', "", "", "", '{"a":3}', "\0dedupe",
+        '{"d":1}', "", '{"a":4}', "", '{"a":5}', "", '{"a":6}'))
+      -- two made in a row, a refusal, one, a job of a named id (its row), three
+      assert.equal(5, #reply)
+      assert.same({ 2, 1, 1, 3 }, { reply[1][1], reply[3][1], reply[3][1], reply[5][1] })
+      assert.matches("DATA must be JSON text", reply[2])
+      assert.equal("string", type(reply[4][1]))
+      local rows = add.bulk_rows(reply)
+      local data = { '{"a":1}', '{"a":2}', false, '{"a":3}', '{"d":1}', '{"a":4}', '{"a":5}', '{"a":6}' }
+      assert.equal(#data, #rows)
+      local ids = {}
+      for i, row in ipairs(rows) do
+        if data[i] then
+          assert.equal("waiting", row[2])
+          local f = q.client:call_wait({ "HMGET", q.prefix .. "j:" .. row[1], "id", "nonce", "state", "data" })
+          assert.same({ row[1], row[4], "waiting", data[i] }, { f[1], f[2], f[3], f[4] })
+          assert.is_nil(ids[row[1]])
+          ids[row[1]] = true
+          assert.equal("waiting", assert(q:get({ id = row[1], nonce = row[4] })).state)
+        end
+      end
+      -- the same call without REPLY: a row per job; with an odd count but no REPLY, refused
+      local plain_rows = assert(bulk(q, {}, "", '{"b":1}', "", '{"b":2}'))
+      assert.equal(2, #plain_rows)
+      assert.equal("string", type(plain_rows[1][1]))
+      local _, err = bulk(q, {}, "later", "", '{"b":3}')
+      assert.matches("the 17th is REPLY, which must be runs", tostring(err))
+    end)
+
+    it("marks a job plain only while it has no option to read, and runs and ends it either way", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      local function field(id, name) return q.client:call_wait({ "HGET", q.prefix .. "j:" .. id, name }) end
+      local rows = add.bulk_rows(assert(bulk(q, {}, "runs", "", '{"echo":1}')))
+      assert.equal("1", field(rows[1][1], "plain"))
+      assert.is_nil(field(rows[1][1], "run_at")) -- (read as created: its views say so)
+      assert.equal(assert(q:job(rows[1][1])).created, assert(q:job(rows[1][1])).run_at)
+      local notified = assert(q:add({ echo = 2 }, { id = "n" }))
+      assert.equal("n", field("n", "plain"))
+      assert(q:add({ echo = 3 }, { id = "three", attempts = 3 }))
+      assert.is_nil(field("three", "plain"))
+      -- joined by an add that asks to be told: no longer plain
+      local args = { "FCALL", "moonjob_add", 1, q.prefix, rows[1][1], "{}", "0", "0", "1", "", "0", "0", "", "0", "0",
+        "1" }
+      assert.equal(1, assert(q.client:call_wait(args))[3])
+      assert.is_nil(field(rows[1][1], "plain"))
+      local pool = rq.pool(name, { size = 1 })
+      assert.equal(2, assert(notified:wait(20)).echo)
+      rq.wait_for(function() return q:counts().completed == 3 end, 20)
+      for _, id in ipairs({ rows[1][1], "n", "three" }) do assert.equal("completed", field(id, "state")) end
+      pool:close()
     end)
 
     it("a job added with the defaults reads back with them, from every view", function()

@@ -24,14 +24,14 @@ describe("moonjob.redis.fetch_policy", function()
       assert.equal(2 + i, p:held_max())
     end
     for _ = 1, 500 do p:ran(0) end
-    assert.equal(128, p:held_max()) -- MIN_CAP for a small worker
-    assert.equal(2 + 128, p:most())
+    assert.equal(256, p:held_max()) -- MIN_CAP for a small worker
+    assert.equal(2 + 256, p:most())
     assert.equal(8 * 64, measured(8, 0, 2000):held_max()) -- PER_CHILD_MAX per child
     assert.equal(1024, measured(32, 0, 2000):held_max()) -- MAX_CAP
   end)
 
   it("never holds more than 100 ms of estimated work per child", function()
-    for _, case in ipairs({ { 2, 5, 40 }, { 2, 1, 128 }, { 4, 5, 80 }, { 2, 30, 6 }, { 2, 200, 1 }, { 2, 201, 0 },
+    for _, case in ipairs({ { 2, 5, 40 }, { 2, 1, 200 }, { 4, 5, 80 }, { 2, 30, 6 }, { 2, 200, 1 }, { 2, 201, 0 },
         { 1, 150, 0 }, { 8, 1000, 0 } }) do
       local size, ms, want = case[1], case[2], case[3]
       local p = measured(size, ms, 1000)
@@ -58,13 +58,13 @@ describe("moonjob.redis.fetch_policy", function()
 
   it("counts a busy worker's youngest running job as a lower bound of the next ones", function()
     local p = measured(2, 1, 1000)
-    assert.equal(128, p:held_max())
+    assert.equal(200, p:held_max()) -- 100 ms of 1 ms jobs per child
     assert.equal(0, p:look(2, 0.5, 100)) -- young jobs: the average says
     assert.equal(96, p:look(2, 50, 100)) -- both busy for 50 ms: 4 may be held, 100 is over twice that
     assert.equal(4, p:held_max())
     assert.equal(0, p:look(2, 50, 8)) -- twice: kept (no give-back for a wobble)
     assert.equal(0, p:look(1, 5000, 4)) -- a child is free: the average alone
-    assert.equal(128, p:held_max())
+    assert.equal(200, p:held_max())
   end)
 
   it("gives every held job back once the running ones outlast the horizon", function()
@@ -75,10 +75,10 @@ describe("moonjob.redis.fetch_policy", function()
   end)
 
   it("fetches when half of what it may hold is missing, or a child is free", function()
-    local p = measured(2, 0, 1000) -- 128 held at most
+    local p = measured(2, 0, 1000) -- 256 held at most
     assert.is_false(p:fetch_now(0, 0))
-    assert.is_false(p:fetch_now(63, 0))
-    assert.is_true(p:fetch_now(64, 0))
+    assert.is_false(p:fetch_now(127, 0))
+    assert.is_true(p:fetch_now(128, 0))
     assert.is_true(p:fetch_now(1, 1))
     local slow = measured(2, 200, 100) -- 1 held at most
     assert.is_true(slow:fetch_now(1, 0))

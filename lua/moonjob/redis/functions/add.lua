@@ -189,8 +189,10 @@ local function shared(args, now)
   end
   local group = args[18] or ""
   if group ~= "" then fields[#fields + 1] = "group"; fields[#fields + 1] = group end
-  -- (no option, expiry nor group: fetch and complete read no more of it)
-  if #fields == 0 then fields = { "plain", "1" } end
+  -- (no option but notify, no expiry nor group: fetch and complete read no
+  -- more of it; base.lua)
+  if #fields == 0 then fields = { "plain", "1" }
+  elseif #fields == 2 and fields[1] == "notify" then fields[3], fields[4] = "plain", "n" end
   return { now = tostring(now), fields = fields, prio = or_default(args[3], "0"), group = group }
 end
 

@@ -74,8 +74,8 @@
 -- field written costs Redis, and most jobs take the defaults): readers take
 -- an absent one as JOB_DEFAULTS says (H.defaulted). A job made with all of
 -- them at their default, and no expiry, group, parent or children, has
--- plain = "1": fetch and complete then read none of them (each field asked
--- costs Redis, present or not). Whatever writes one of them on a job later
+-- plain = "1" ("n": the same but notify "1"): fetch and complete then read
+-- none of them (each field asked costs Redis, present or not). Whatever writes one of them on a job later
 -- deletes plain (HDEL); a hash without it is read in full.
 --
 -- Time is always the server's (TIME), never a worker's clock. Results and

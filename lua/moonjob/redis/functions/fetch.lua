@@ -136,7 +136,9 @@ end
 -- Its HSET is protected as take_one's is: an error of it leaves the job
 -- unwritten (the caller puts its entry back).
 local function take_plain(p, id, key, w, token_no, s)
-  if not (s[4] == "1" and s[1] == "waiting" and not s[3] and s[2]) or #id > FIELD_MAX then return nil end
+  if not ((s[4] == "1" or s[4] == "n") and s[1] == "waiting" and not s[3] and s[2]) or #id > FIELD_MAX then
+    return nil
+  end
   local token = w.token .. token_no
   local r
   if w.db_text == "0" then -- (no db: database 0, runs.lua's updates_channel)

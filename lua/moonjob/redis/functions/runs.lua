@@ -96,10 +96,11 @@ local function complete(keys, args)
     if f then
       local ms = timed and number_in(args[i + 3], 0, 1e15) or nil
       local o = NONE
-      if f[3] == "1" and ms then -- (the usual job, base.lua's plain: finish's steps, all it needs)
+      if (f[3] == "1" or f[3] == "n") and ms then -- (base.lua's plain: finish's steps, all it needs)
         moved[#moved + 1] = id
         redis.call("HSET", key, "state", "completed", "result", args[i + 2], "finished", now_text,
           "began", ms == 0 and now_text or now - ms)
+        if f[3] == "n" then redis.call("PUBLISH", p .. "done", id) end
       else -- (its options; when it started, when its worker did not say how long it ran)
         o = redis.call("HMGET", key, "cache", "notify", "started", "group", "parent")
         -- totals and metrics counted once for the batch
