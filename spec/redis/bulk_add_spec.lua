@@ -126,9 +126,20 @@ rq.describe(function()
         '{"d":1}', "", '{"a":4}', "", '{"a":5}', "", '{"a":6}'))
       -- two made in a row, a refusal, one, a job of a named id (its row), three
       assert.equal(5, #reply)
-      assert.same({ 2, 1, 1, 3 }, { reply[1][1], reply[3][1], reply[3][1], reply[5][1] })
+      assert.same({ "\0run", "\0run", "\0run" }, { reply[1][1], reply[3][1], reply[5][1] })
+      assert.same({ 2, 1, 3 }, { reply[1][2], reply[3][2], reply[5][2] })
       assert.matches("DATA must be JSON text", reply[2])
-      assert.equal("string", type(reply[4][1]))
+      assert.equal(4, #reply[4]) -- (a row)
+      -- a client that reads integers as text gets the same rows
+      local as_text = {}
+      for i, item in ipairs(reply) do
+        if type(item) == "table" and #item == 5 then
+          as_text[i] = { item[1], tostring(item[2]), tostring(item[3]), item[4], tostring(item[5]) }
+        else
+          as_text[i] = item
+        end
+      end
+      assert.same(add.bulk_rows(reply), add.bulk_rows(as_text))
       local rows = add.bulk_rows(reply)
       local data = { '{"a":1}', '{"a":2}', false, '{"a":3}', '{"d":1}', '{"a":4}', '{"a":5}', '{"a":6}' }
       assert.equal(#data, #rows)
@@ -151,6 +162,21 @@ rq.describe(function()
       assert.matches("the 17th is REPLY, which must be runs", tostring(err))
     end)
 
+    it("puts jobs in line under a priority written as Lua reads it but Redis would not", function()
+      local q = rq.new_producer(rq.new_queue())
+      for _, prio in ipairs({ " 5", "5 ", "1e-400", "-0", "2.5" }) do
+        local args = { "FCALL", "moonjob_add_bulk", 1, q.prefix }
+        for i, a in ipairs(head()) do args[#args + 1] = i == 4 and prio or a end
+        args[#args + 1] = "runs"
+        args[#args + 1] = ""
+        args[#args + 1] = '{"p":"' .. prio .. '"}'
+        local id = add.bulk_rows(assert(q.client:call_wait(args)))[1][1]
+        local member = q.client:call_wait({ "HGET", q.prefix .. "j:" .. id, "member" })
+        assert.equal(tonumber(prio), tonumber(q.client:call_wait({ "ZSCORE", q.prefix .. "wait", member })), prio)
+      end
+      assert.equal(5, q:counts().waiting)
+    end)
+
     it("marks a job plain only while it has no option to read, and runs and ends it either way", function()
       local name = rq.new_queue()
       local q = rq.new_producer(name)
@@ -168,6 +194,18 @@ rq.describe(function()
         "1" }
       assert.equal(1, assert(q.client:call_wait(args))[3])
       assert.is_nil(field(rows[1][1], "plain"))
+      -- a plain job over a worker's max_payload fails EPAYLOAD at fetch, its data never sent
+      local big = add.bulk_rows(assert(bulk(q, {}, "runs", "", '{"big":"' .. ("x"):rep(200) .. '"}')))[1][1]
+      local fetched = assert(q.client:call_wait({ "FCALL", "moonjob_fetch", 1, q.prefix, "w", 10, 30000, "", 86400000,
+        100, "", 10, 0 }))
+      local taken = {}
+      for i = 2, #fetched do taken[fetched[i][1]] = true end
+      assert.is_nil(taken[big])
+      assert.equal("EPAYLOAD", assert(q:get(big)).error.code)
+      -- those it took go back for the pool below
+      for i = 2, #fetched do
+        q.client:call_wait({ "FCALL", "moonjob_release", 1, q.prefix, fetched[i][1], fetched[i][2] })
+      end
       local pool = rq.pool(name, { size = 1 })
       assert.equal(2, assert(notified:wait(20)).echo)
       rq.wait_for(function() return q:counts().completed == 3 end, 20)

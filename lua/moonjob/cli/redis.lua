@@ -159,6 +159,12 @@ local function add_options(o)
     kill_after = o.kill_after, priority = o.priority, delay = o.delay, dedupe = o.dedupe or nil, group = o.group }
 end
 
+-- Jobs of drawn ids made waiting come back as runs (add.bulk_rows), a few
+-- bytes a call; with --dedupe, --delay or --group each job's row comes
+-- whole (up to about 80 bytes a line), and 128 keep a reply under 16 KB (a
+-- 256-row reply was seen cut by a stall).
+local BATCH, WHOLE_BATCH = add.BULK_CALL, 128 -- (one call of add.bulk_calls)
+
 -- What each line came to: ids[n] = the job's id, or false (blank, skipped,
 -- refused, unknown); printed in input order as the gaps close.
 local Adds = {}
@@ -167,8 +173,11 @@ Adds.__index = Adds
 function Adds.new(q, opts, dedupe, raw)
   -- one: an add's arguments with these options, which the batches take
   local one = add.args(q.prefix, "{}", opts, false, nil, dedupe and "join" or nil)
+  -- (runs only come for waiting jobs of drawn ids: else every row whole)
+  local whole = dedupe or (opts.delay or 0) > 0 or (opts.group or "") ~= ""
   return setmetatable({ q = q, one = one, dedupe = dedupe, raw = raw, ids = {}, next_print = 1,
-    inflight = 0, added = 0, failed = 0, unknown = 0, batch = { lines = {}, texts = {} } }, Adds)
+    inflight = 0, added = 0, failed = 0, unknown = 0, batch = { lines = {}, texts = {} },
+    batch_size = whole and WHOLE_BATCH or BATCH }, Adds)
 end
 
 function Adds:flush()
@@ -218,15 +227,10 @@ function Adds:connected()
 end
 
 -- The lines waiting to be sent go in one moonjob_add_bulk call of up to
--- BATCH lines (add.bulk_calls). A reply that did not come (the connection
+-- batch_size lines (add.bulk_calls). A reply that did not come (the connection
 -- dropped, Redis stalled past the reply deadline) after the call was sent is
 -- asked for again, for up to --resolve seconds (moonjob.redis.ledger); past
 -- them its jobs may or may not have been added: "unknown".
--- With --dedupe each job's row comes whole (its id named: about 80 bytes
--- a line), and 128 keep a reply under 16 KB (a 256-row reply was seen cut
--- by a stall); drawn ids come back as runs (add.bulk_rows), a few bytes.
-local BATCH, DEDUPE_BATCH = add.BULK_CALL, 128 -- (one call of add.bulk_calls)
-
 function Adds:send()
   local batch = self.batch
   if #batch.lines == 0 then return end
@@ -262,7 +266,7 @@ function Adds:take(n, line)
   local batch = self.batch
   batch.lines[#batch.lines + 1] = n
   batch.texts[#batch.texts + 1] = line
-  if #batch.lines >= (self.dedupe and DEDUPE_BATCH or BATCH) then
+  if #batch.lines >= self.batch_size then
     self:send()
     loop.step() -- (its bytes written now: the next read may wait for input a long time)
   end

@@ -150,14 +150,15 @@ function M.bulk_calls(one, texts)
 end
 
 -- A moonjob_add_bulk reply (its REPLY "runs") -> one row per job: each run
--- { count, first id, created, first seq } (its first element a number; a
--- row's is an id, text) becomes its jobs' rows, as functions/add.lua says.
+-- { "\0run", count, first id, created, first seq } (five elements; a row
+-- has four) becomes its jobs' rows, as functions/bulk.lua says (integers
+-- read as numbers or as text: clients differ).
 function M.bulk_rows(reply)
   if type(reply) ~= "table" then return reply end
   local rows = {}
   for _, item in ipairs(reply) do
-    if type(item) == "table" and type(item[1]) == "number" then
-      local count, id, created, seq = item[1], item[2], item[3], item[4]
+    if type(item) == "table" and item[1] == "\0run" and item[5] ~= nil then
+      local count, id, created, seq = tonumber(item[2]), tonumber(item[3]), item[4], tonumber(item[5])
       for k = 0, count - 1 do
         rows[#rows + 1] = { ("%.0f"):format(id + k), "waiting", 0, created .. "." .. ("%.0f"):format(seq + k) }
       end

@@ -55,9 +55,9 @@ local function add_fast(key, data, batch)
   if not batch.runs then return { id, "waiting", 0, nonce } end
   local rows, run = batch.runs, batch.run
   if run and rows[#rows] == run then
-    run[1] = run[1] + 1
+    run[2] = run[2] + 1
   else
-    batch.run = { 1, n, common.now, seqs[1] - 1 }
+    batch.run = { "\0run", 1, n, common.now, seqs[1] - 1 }
     rows[#rows + 1] = batch.run
   end
 end
@@ -98,7 +98,9 @@ local function bulk_rows(p, args, t, now, head)
   end
   local batch = { seq = { redis.call("INCRBY", p .. "seq", n) - n + 1 }, common = shared(t, now) }
   batch.prio = H.number_in(batch.common.prio, -math.huge, math.huge) or 0
-  batch.prio_text = batch.prio == tonumber(batch.common.prio) and batch.common.prio or "0"
+  -- (its text in wait's ZADDs when it is the number's own: ZADD reads
+  -- fewer forms than tonumber, " 5" or "1e-400")
+  batch.prio_text = tostring(batch.prio) == batch.common.prio and batch.common.prio or batch.prio
   batch.seq[2] = batch.seq[1] + n - 1
   if drawn > 0 then
     local last = redis.call("INCRBY", p .. "ids", drawn)
@@ -147,9 +149,9 @@ end
 -- a job key of another type, an error of its own writes. With reply
 -- "runs" (a 17th argument before the jobs: the count of arguments is
 -- then odd), jobs of drawn ids made waiting in a row may come as one run
--- { count, first id, created, first seq } (integers but created): job k
--- (from 0) of the run is { first id + k, "waiting", 0, created .. "." ..
--- (first seq + k) }. The options are
+-- { "\0run", count, first id, created, first seq } (integers but created):
+-- job k (from 0) of the run is { first id + k, "waiting", 0, created ..
+-- "." .. (first seq + k) }. The options are
 -- checked before anything is written (EINPUT: no job added); sheet, call
 -- and forget name the call as add's do ("" sheet: not named).
 local function add_bulk(keys, args)

@@ -131,12 +131,13 @@ local function take_one(p, id, w, token_no, now, s)
 end
 
 -- take_one's steps for the usual job (base.lua's plain, waiting, never
--- run, its id in bounds), on its fields s (state, data, made, plain): the
--- same writes, fewer steps. -> its row, or nil for take_one to take it.
+-- run, its id in bounds, its data within the worker's max_payload), on its
+-- fields s (state, data, made, plain): the same writes, fewer steps. -> its row, or nil for take_one to take it.
 -- Its HSET is protected as take_one's is: an error of it leaves the job
 -- unwritten (the caller puts its entry back).
 local function take_plain(p, id, key, w, token_no, s)
-  if not ((s[4] == "1" or s[4] == "n") and s[1] == "waiting" and not s[3] and s[2]) or #id > FIELD_MAX then
+  if not ((s[4] == "1" or s[4] == "n") and s[1] == "waiting" and not s[3] and s[2]) or #id > FIELD_MAX
+      or (w.max_payload > 0 and #s[2] > w.max_payload) then
     return nil
   end
   local token = w.token .. token_no

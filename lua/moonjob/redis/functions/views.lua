@@ -50,7 +50,7 @@ local function view(p, id, preview)
     return out
   end
   if f[1] then H.defaulted(f, VIEW_FIELDS) end
-  f[13] = f[13] or f[9] -- (a job made waiting by an add has no run_at: it could run from when it was made)
+  if f[1] == "waiting" then f[13] = f[13] or f[9] end -- (one an add made waiting has no run_at: it could run from then)
   local cut = {}
   for i, v in ipairs(VIEW_FIELDS) do
     local value = f[i]
