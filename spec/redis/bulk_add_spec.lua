@@ -162,6 +162,26 @@ rq.describe(function()
       assert.matches("the 17th is REPLY, which must be runs", tostring(err))
     end)
 
+    it("writes ids, places in line, nonces and tokens digit for digit across thousands", function()
+      local q = rq.new_producer(rq.new_queue())
+      q.client:call_wait({ "SET", q.prefix .. "ids", 997 })
+      q.client:call_wait({ "SET", q.prefix .. "seq", 99997 })
+      q.client:call_wait({ "SET", q.prefix .. "tokens", 1998 })
+      local texts = {}
+      for i = 1, 6 do texts[#texts + 1] = "" texts[#texts + 1] = '{"i":' .. i .. "}" end
+      local rows = add.bulk_rows(assert(bulk(q, {}, "runs", unpack(texts))))
+      local fetched = assert(q.client:call_wait({ "FCALL", "moonjob_fetch", 1, q.prefix, "w", 6, 30000, "", 86400000,
+        0, "", 6, 0 }))
+      for i, row in ipairs(rows) do
+        local id, seq = 997 + i, 99997 + i
+        assert.equal(tostring(id), row[1])
+        local f = q.client:call_wait({ "HMGET", q.prefix .. "j:" .. row[1], "id", "member", "nonce", "token" })
+        assert.same({ tostring(id), ("%016d:%d"):format(seq, id), row[4], "w/" .. (1998 + i) }, { f[1], f[2], f[3], f[4] })
+        assert.matches("%." .. seq .. "$", row[4])
+        assert.equal("w/" .. (1998 + i), fetched[i + 1][2])
+      end
+    end)
+
     it("puts jobs in line under a priority written as Lua reads it but Redis would not", function()
       local q = rq.new_producer(rq.new_queue())
       for _, prio in ipairs({ " 5", "5 ", "1e-400", "-0", "2.5" }) do

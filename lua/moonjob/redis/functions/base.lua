@@ -128,6 +128,28 @@ end
 
 local function job_key(p, id) return p .. "j:" .. id end
 
+-- Whole numbers as text without a format each: Redis's Lua writes a number
+-- with sprintf, about 0.25 us, and a fetch or a bulk add writes several per
+-- job. Numbers in a row share their thousands, written once (digits: a
+-- table kept by the caller); the last three digits come from a table made
+-- at load (with the .. operator: no library is in reach then).
+local LAST3, SMALL = {}, {}
+for x = 0, 999 do
+  SMALL[x] = "" .. x
+  LAST3[x] = (x < 10 and "00" or x < 100 and "0" or "") .. x
+end
+
+-- n (a whole number from 0 to 1e14) as text; digits: {} kept between
+-- calls for numbers in a row.
+local function digits_of(n, digits)
+  if n >= 1e14 then return tostring(n) end -- (as it always was written there)
+  local t = math.floor(n / 1000)
+  local r = n - t * 1000
+  if t == 0 then return SMALL[r] end
+  if digits.t ~= t then digits.t, digits.text = t, tostring(t) end
+  return digits.text .. LAST3[r]
+end
+
 local function publish(p, message)
   redis.call("PUBLISH", p .. "events", message)
 end
@@ -265,6 +287,7 @@ H.FIELD_MAX, H.REGISTRY, H.SECONDS_MAX, H.DELAY_MS_MAX = FIELD_MAX, REGISTRY, SE
 H.ATTEMPTS_MAX, H.COUNT_MAX, H.NONCE_MAX, H.FINITE = ATTEMPTS_MAX, COUNT_MAX, NONCE_MAX, FINITE
 H.LOG_KEEP_MAX = LOG_KEEP_MAX
 H.now_ms, H.job_key, H.publish, H.err_json, H.number_in = now_ms, job_key, publish, err_json, number_in
+H.digits_of = digits_of
 H.json_decode = json_decode
 H.refuse, H.job_fields, H.count_total, H.count_missing = refuse, job_fields, count_total, count_missing
 H.log_key, H.delete_job, H.check_numbers, H.check_args = log_key, delete_job, check_numbers, check_args

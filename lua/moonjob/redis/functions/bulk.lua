@@ -43,7 +43,7 @@ local function add_fast(key, data, batch)
   local n = ids[1]
   if n > ids[2] or n >= 1e14 or seqs[1] >= 1e14 then return H.add_plain(batch.p, batch.t, batch.now, batch) end
   ids[1] = n + 1
-  local id, digits = tostring(n), tostring(seqs[1])
+  local id, digits = H.digits_of(n, batch.id_digits), H.digits_of(seqs[1], batch.seq_digits)
   seqs[1] = seqs[1] + 1
   local member = PAD[#digits] .. digits .. ":" .. id
   local nonce = common.now .. "." .. digits
@@ -71,6 +71,7 @@ local function ready_fast(p, t, now, batch)
   register(p, batch)
   if redis.call("ZCARD", p .. "wait") == 0 then H.publish(p, "added") end
   batch.said, batch.p, batch.t, batch.now, batch.fast = true, p, t, now, job_key(p, "")
+  batch.id_digits, batch.seq_digits = {}, {}
 end
 
 -- add_bulk's arguments before its jobs (16, or 17 with REPLY), and its
@@ -82,7 +83,8 @@ function H.held_ids(p, range)
   local held = 0
   for first = range[1], range[2], 1000 do
     local keys = {}
-    for n = first, math.min(range[2], first + 999) do keys[#keys + 1] = job_key(p, n) end
+    local digits = {}
+    for n = first, math.min(range[2], first + 999) do keys[#keys + 1] = job_key(p, H.digits_of(n, digits)) end
     held = held + redis.call("EXISTS", unpack(keys))
   end
   return held

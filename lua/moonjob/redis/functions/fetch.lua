@@ -140,7 +140,7 @@ local function take_plain(p, id, key, w, token_no, s)
       or (w.max_payload > 0 and #s[2] > w.max_payload) then
     return nil
   end
-  local token = w.token .. token_no
+  local token = w.token .. H.digits_of(token_no, w.digits)
   local r
   if w.db_text == "0" then -- (no db: database 0, runs.lua's updates_channel)
     r = redis.pcall("HSET", key, "state", "active", "token", token, "worker", w.id, "started", w.now, "made", "1")
@@ -310,6 +310,7 @@ local function fetch(keys, args)
   -- a number slowly)
   w.token, w.now, w.until_ms = worker .. "/", tostring(now), tostring(now + w.lease)
   w.db_text = w.db and tostring(w.db) or ""
+  w.digits = {} -- (its tokens' thousands: H.digits_of)
   recover_stalled(p, now)
   fire_schedules(p, now)
   promote_delayed(p, now)
