@@ -18,6 +18,7 @@ local moonjob = require "moonjob"
 local loop = require "moonjob.loop"
 local cjson = require "cjson"
 local redis_server = require "redis_server"
+local helpers = require "helpers"
 local common = require "common"
 local LUAJIT, wait_for = common.LUAJIT, common.wait_for
 
@@ -72,24 +73,13 @@ local function shell_quote(s)
   return "'" .. s:gsub("'", "'\\''") .. "'"
 end
 
-local function absolute(path)
-  if path:sub(1, 1) == "/" then return path end
-  return assert(os.getenv("PWD"), "PWD is not set") .. "/" .. path
-end
-
-local function exists(path)
-  local f = io.open(path)
-  if f then f:close() end
-  return f ~= nil
-end
-
 local function found(program)
   return os.execute("command -v " .. program .. " >/dev/null 2>&1") == 0
 end
 
 -- BullMQ's version when it can run here; else nil and why not.
 function M.bullmq_version()
-  if not exists(BULLMQ_DIR .. "/node_modules/bullmq/package.json") then
+  if not helpers.exists(BULLMQ_DIR .. "/node_modules/bullmq/package.json") then
     if not found("npm") then return nil, "npm not found" end
     return nil, ("no %s/node_modules: make bullmq-deps installs it"):format(BULLMQ_DIR)
   end
@@ -104,7 +94,7 @@ function M.node(...)
   local args = {}
   for i, a in ipairs({ ... }) do args[i] = shell_quote(tostring(a)) end
   local pid = common.start_group(("env BULLMQ_DIR=%s node bench/bullmq/life.js %s >%s 2>%s.err </dev/null")
-    :format(shell_quote(absolute(BULLMQ_DIR)), table.concat(args, " "), out, out))
+    :format(shell_quote(helpers.abs(BULLMQ_DIR)), table.concat(args, " "), out, out))
   local ended = common.wait_gone(pid, DEADLINE)
   common.stop(pid) -- its group: children it left behind
   local f, e = io.open(out), io.open(out .. ".err")

@@ -155,12 +155,12 @@ end
 
 -- A number no job holds as an id (an explicit id may have taken it): its
 -- key is free. A bulk add's range of ids all found free (batch.ids.free)
--- needs no look at each.
+-- needs no look at each; its numbers are written with digits_of.
 local function free_id(p, batch)
-  local range = batch and batch.ids
-  if range and range.free and range[1] <= range[2] then return tostring(draw(p, "ids", batch)) end
+  local range, digits = batch and batch.ids, batch and batch.id_digits or {}
+  if range and range.free and range[1] <= range[2] then return H.digits_of(draw(p, "ids", batch), digits) end
   local id
-  repeat id = tostring(draw(p, "ids", batch)) until redis.call("EXISTS", job_key(p, id)) == 0
+  repeat id = H.digits_of(draw(p, "ids", batch), digits) until redis.call("EXISTS", job_key(p, id)) == 0
   return id
 end
 
@@ -279,7 +279,7 @@ local function add_job(p, args, now, batch)
   if not drawn then delete_job(p, id, key) end -- a finished job, or a hash written around moonjob_add
   local delay = debounce_id ~= "" and tonumber(args[17]) or math.floor(tonumber(or_default(args[4], 0)))
   local common = batch and batch.common or shared(args, now)
-  local member, seq = wait_member(draw(p, "seq", batch), id)
+  local member, seq = wait_member(draw(p, "seq", batch), id, batch and batch.seq_digits)
   local extra = delay > 0 and { "state", "delayed", "run_at", now + delay }
     or { "state", "waiting", "member", member } -- (run_at: created, read so by views.lua)
   if debounce_id ~= "" then extra[#extra + 1] = "debounce"; extra[#extra + 1] = debounce_id end

@@ -1,77 +1,60 @@
 -- part: bulk.lua
 -- moonjob_add_bulk: many jobs of one set of options in one call, each made
 -- as moonjob_add makes it (add.lua), each answered with its own row or
--- refusal; jobs of drawn ids made waiting take a shorter path (add_fast),
+-- refusal; jobs of drawn ids made waiting take a shorter path (add_plain),
 -- answered in runs to a caller that takes them.
 
 do
 local FIELD_MAX, NONCE_MAX, now_ms, job_key, refuse = H.FIELD_MAX, H.NONCE_MAX, H.now_ms, H.job_key, H.refuse
-local wait_member, line_up, store_job, register = H.wait_member, H.line_up, H.store_job, H.register
+local wait_member, line_up, register = H.wait_member, H.line_up, H.register
 local draw, free_id, check_add, answer_once, add_job = H.draw, H.free_id, H.check_add, H.answer_once, H.add_job
 local shared = H.shared
 
--- A bulk add's job of a drawn id, no delay, no group and no max_queue
--- (batch.plain): made waiting as add_job makes it, without the checks.
-function H.add_plain(p, t, now, batch)
-  local id = free_id(p, batch)
-  local member, seq = wait_member(draw(p, "seq", batch), id)
-  local common = batch.common
-  local nonce = t[13] ~= "" and t[13] or common.now .. "." .. seq
-  local hset = { "HSET", job_key(p, id), "id", id, "data", t[2], "created", common.now, "nonce", nonce,
-    "state", "waiting", "member", member }
-  local fields = common.fields
-  for i = 1, #fields do hset[#hset + 1] = fields[i] end
-  redis.call(unpack(hset))
-  register(p, batch)
-  line_up(p, batch.prio, member, "", now, batch)
-  return { id, "waiting", 0, nonce }
-end
-
--- Zeros that pad a number of n digits to 16 (wait_member's padding; a
--- literal: the string library is out of reach while a library loads).
-local PAD = { "000000000000000", "00000000000000", "0000000000000", "000000000000", "00000000000",
-  "0000000000", "000000000", "00000000", "0000000", "000000", "00000", "0000",
-  "000", "00", "0", "" }
-
--- H.add_plain's job whose id is the next of the call's range found free
--- (batch.fast: the call was made ready for it, bulk_rows): the same writes
--- in fewer steps (Lua's own work was a third of a bulk add's cost). key:
--- the queue's job key without the id. -> its row; or, when the caller
--- takes runs (batch.runs), nil: the job is counted in a run of rows.
-local function add_fast(key, data, batch)
-  local ids, seqs, common = batch.ids, batch.seq, batch.common
-  local n = ids[1]
-  if n > ids[2] or n >= 1e14 or seqs[1] >= 1e14 then return H.add_plain(batch.p, batch.t, batch.now, batch) end
-  ids[1] = n + 1
-  local id, digits = H.digits_of(n, batch.id_digits), H.digits_of(seqs[1], batch.seq_digits)
-  seqs[1] = seqs[1] + 1
-  local member = PAD[#digits] .. digits .. ":" .. id
-  local nonce = common.now .. "." .. digits
-  redis.call("HSET", key .. id, "id", id, "data", data, "created", common.now, "nonce", nonce, "state", "waiting",
-    "member", member, unpack(common.fields))
-  local waiting = batch.waiting
-  waiting[#waiting + 1] = batch.prio_text
-  waiting[#waiting + 1] = member
-  if not batch.runs then return { id, "waiting", 0, nonce } end
-  local rows, run = batch.runs, batch.run
-  if run and rows[#rows] == run then
+-- A plain job's row (add's reply), or, to a caller that takes runs
+-- (batch.runs), nil when it joins the run of rows before it: ids from the
+-- call's free range and places in line are then both one more than the
+-- job's before (n: its id's number, seq: its place's).
+local function plain_row(batch, id, n, seq, nonce)
+  local rows = batch.runs
+  if not (rows and n and n < 1e14) then return { id, "waiting", 0, nonce } end
+  local run = batch.run
+  if run and rows[#rows] == run and batch.run_next == n then
     run[2] = run[2] + 1
   else
-    batch.run = { "\0run", 1, n, common.now, seqs[1] - 1 }
+    batch.run = { "\0run", 1, n, batch.common.now, seq }
     rows[#rows + 1] = batch.run
   end
+  batch.run_next = n + 1
 end
 
--- A bulk add's batch made ready for add_fast, if it can take it: ids drawn
--- free, no group mode, no nonce; registered and "added" said now.
-local function ready_fast(p, t, now, batch)
-  if not (batch.plain and batch.ids and batch.ids.free and t[13] == "") then return end
-  batch.grouped = G.on(p)
-  if batch.grouped then return end
-  register(p, batch)
-  if redis.call("ZCARD", p .. "wait") == 0 then H.publish(p, "added") end
-  batch.said, batch.p, batch.t, batch.now, batch.fast = true, p, t, now, job_key(p, "")
-  batch.id_digits, batch.seq_digits = {}, {}
+-- A bulk add's job of a drawn id, no delay, no group and no max_queue
+-- (batch.plain): made waiting as add_job makes it, without the checks (Lua's
+-- own work was a third of a bulk add's cost), its entry in wait put with
+-- the call's others (line_up, enter_wait).
+local function add_plain(p, data, now, batch)
+  local ids, seqs = batch.ids, batch.seq
+  local n, id = ids.free and ids[1] <= ids[2] and ids[1], nil
+  if n then -- (free_id's and draw's steps, inline: a call costs Redis's Lua on every job)
+    ids[1], id = n + 1, H.digits_of(n, batch.id_digits)
+  else
+    id = free_id(p, batch)
+  end
+  local seq = seqs[1] -- (the call drew one for each of its jobs)
+  seqs[1] = seq + 1
+  local member, digits = wait_member(seq, id, batch.seq_digits)
+  local common = batch.common
+  local nonce = common.now .. "." .. digits
+  redis.call("HSET", job_key(p, id), "id", id, "data", data, "created", common.now, "nonce", nonce, "state",
+    "waiting", "member", member, unpack(common.fields))
+  if batch.grouped == false then -- (line_up's own step once it looked: its entry in wait with the call's others)
+    local waiting = batch.waiting
+    waiting[#waiting + 1] = batch.prio_text
+    waiting[#waiting + 1] = member
+  else
+    register(p, batch)
+    line_up(p, batch.prio, member, "", now, batch)
+  end
+  return plain_row(batch, id, n or nil, seq, nonce)
 end
 
 -- add_bulk's arguments before its jobs (16, or 17 with REPLY), and its
@@ -115,7 +98,7 @@ local function bulk_rows(p, args, t, now, head)
   if (tonumber(t[11]) or 0) == 0 then batch.waiting = {} end
   -- its jobs of drawn ids take add_job's steps but the checks none needs
   batch.plain = batch.waiting and (tonumber(t[4]) or 0) == 0 and t[18] == ""
-  ready_fast(p, t, now, batch)
+  batch.id_digits, batch.seq_digits = {}, {}
   local rows = {}
   if head > BULK.head then batch.runs = rows end
   for i = head + 1, #args, 2 do
@@ -129,13 +112,13 @@ local function bulk_rows(p, args, t, now, head)
       -- (protected: a job's raise must not leave the others out of wait, whose
       -- entries go in at the end)
       local ok, made
-      if id == "" and batch.fast then ok, made = pcall(add_fast, batch.fast, data, batch)
-      else ok, made = pcall(id == "" and batch.plain and H.add_plain or add_job, p, t, now, batch) end
+      if id == "" and batch.plain then ok, made = pcall(add_plain, p, data, now, batch)
+      else ok, made = pcall(add_job, p, t, now, batch) end
       row = made
       if not ok then row = type(made) == "table" and made.err or tostring(made)
       elseif made and made.err then row = string.gsub(made.err, "^(%u+) moonjob_add:", "%1 moonjob_add_bulk:") end
     end
-    if row then rows[#rows + 1] = row end -- (else counted in a run: add_fast)
+    if row then rows[#rows + 1] = row end -- (else counted in a run: plain_row)
   end
   H.enter_wait(p, batch)
   return rows

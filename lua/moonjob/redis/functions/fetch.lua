@@ -13,7 +13,7 @@ local recover_stalled, promote_delayed = H.recover_stalled, H.promote_delayed
 local fire_schedules, next_schedule = S.fire_schedules, S.next_schedule
 local read_limits, rate_room, allowance = L.read_limits, L.rate_room, L.allowance
 local count_starts, bound_ahead, wrong_type = L.count_starts, L.bound_ahead, H.wrong_type
-local defaulted = H.defaulted
+local defaulted, PLAIN = H.defaulted, H.JOB_DEFAULTS -- (a plain job's options: base.lua)
 
 local FETCH_NUMBERS = {
   { 2, "N must be a whole number from 0 to 2^31", 0, ATTEMPTS_MAX, true },
@@ -72,6 +72,16 @@ local function add_lease(p, w, id)
   end
 end
 
+-- A job's first run begun: its fields written (none of a run to reset; no
+-- db for database 0: runs.lua's updates_channel). -> redis.pcall's answer.
+local function start_first_run(key, w, token)
+  if w.db_text == "0" then
+    return redis.pcall("HSET", key, "state", "active", "token", token, "worker", w.id, "started", w.now, "made", "1")
+  end
+  return redis.pcall("HSET", key, "state", "active", "token", token, "worker", w.id, "started", w.now, "made", "1",
+    "db", w.db_text)
+end
+
 -- A waiting entry popped by fetch: its reply row (handed out to worker w
 -- { id, lease, max_payload, db } with token number token_no; its entry in
 -- active added, or left in w.leased for the caller to add), or nil and
@@ -86,7 +96,7 @@ local function take_one(p, id, w, token_no, now, s)
     if kind ~= "ok" then return nil, kind end
   end
   -- (its options written: read them; the layout of TAKE_FIELDS)
-  local o = s[4] == "1" and {} or redis.call("HMGET", key, "attempts", "backoff", "timeout", "kill_after", "name",
+  local o = (s[4] == "1" or s[4] == "n") and {} or redis.call("HMGET", key, "attempts", "backoff", "timeout", "kill_after", "name",
     "priority", "expire_at", "kids")
   local f = { s[1], s[2], o[1], o[2], o[3], o[4], o[5], s[3], o[6], o[7], o[8] }
   local first = not f[8] -- never fetched, released or retried: no field of a run to reset
@@ -117,10 +127,10 @@ local function take_one(p, id, w, token_no, now, s)
   end
   -- (every job passes here: the fetch's times are text already, and the
   -- first run's HSET writes no field of a run before it)
-  local token = w.token .. token_no
+  local token = w.token .. H.digits_of(token_no, w.digits)
   if first then
-    redis.call("HSET", key, "state", "active", "token", token, "worker", w.id, "started", w.now, "made", "1",
-      "db", w.db_text)
+    local r = start_first_run(key, w, token)
+    if type(r) == "table" and r.err then error(r) end
   else
     redis.call("HSET", key, "state", "active", "token", token, "worker", w.id, "started", w.now,
       "ran", "0", "made", made, "began", "", "db", w.db_text)
@@ -141,18 +151,12 @@ local function take_plain(p, id, key, w, token_no, s)
     return nil
   end
   local token = w.token .. H.digits_of(token_no, w.digits)
-  local r
-  if w.db_text == "0" then -- (no db: database 0, runs.lua's updates_channel)
-    r = redis.pcall("HSET", key, "state", "active", "token", token, "worker", w.id, "started", w.now, "made", "1")
-  else
-    r = redis.pcall("HSET", key, "state", "active", "token", token, "worker", w.id, "started", w.now, "made", "1",
-      "db", w.db_text)
-  end
+  local r = start_first_run(key, w, token)
   if type(r) == "table" and r.err then return false, r end
   local leased = w.leased
   leased[#leased + 1] = w.until_ms
   leased[#leased + 1] = id
-  return { id, token, s[2], 1, "1", "", "0", "0", "" }
+  return { id, token, s[2], 1, PLAIN.attempts, PLAIN.backoff, PLAIN.timeout, PLAIN.kill_after, PLAIN.name }
 end
 
 -- Entries failed in place do not count against n: a fetch pops up to

@@ -91,8 +91,11 @@ local function complete(keys, args)
   for i = first, #args - step + 1, step do
     local id, token = args[i], args[i + 1]
     local key = job_key(p, id)
-    local f = token ~= "" and redis.pcall("HMGET", key, "token", "state", "plain") -- (holds' read, in fewer steps)
-    if not (f and f[1] == token and f[2] == "active") then f = f and f.err and holds(key, token, "plain") end
+    -- (holds' read, inline: its calls cost Redis's Lua on every job; a key
+    -- of another type goes through holds, which says so)
+    local f = token ~= "" and redis.pcall("HMGET", key, "token", "state", "plain")
+    if f and f.err then f = holds(key, token, "plain")
+    elseif f and not (f[1] == token and f[2] == "active") then f = nil end
     if f then
       local ms = timed and number_in(args[i + 3], 0, 1e15) or nil
       local o = NONE

@@ -85,16 +85,24 @@ local function enter_wait(p, batch)
   batch.waiting = nil
 end
 
+-- Zeros that pad a number of n digits to 16 (a literal: the string
+-- library is out of reach while a library loads).
+local PAD = { "000000000000000", "00000000000000", "0000000000000", "000000000000", "00000000000",
+  "0000000000", "000000000", "00000000", "0000000", "000000", "00000", "0000",
+  "000", "00", "0", "" }
+
 -- A job's place in line: its arrival number (one step of <p>seq), 16
--- digits, and id. (Padded by hand below 10^14, where tostring writes every
--- digit: string.format costs Redis's Lua several times more, on every add.)
-local function wait_member(seq, id)
+-- digits, and id; -> it, and the number's digits. (Padded by hand below
+-- 10^14, where digits_of writes every digit: string.format costs Redis's
+-- Lua several times more, on every add.) digits: digits_of's, for numbers
+-- in a row.
+local function wait_member(seq, id, digits)
   if seq < 1e14 then
-    local digits = tostring(seq)
-    return string.rep("0", 16 - #digits) .. digits .. ":" .. id, digits
+    local text = H.digits_of(seq, digits or {})
+    return PAD[#text] .. text .. ":" .. id, text
   end
-  local digits = string.format("%d", seq)
-  return string.format("%016d", seq) .. ":" .. id, digits
+  local text = string.format("%d", seq)
+  return string.format("%016d", seq) .. ":" .. id, text
 end
 
 -- prio: the job's priority when the caller read it already. One that is not
@@ -127,6 +135,8 @@ end
 -- in, for its caller to move from active to its state's set with the
 -- batch's others (H.move_finished: fewer calls), unless it has a group
 -- (G.left reads active). A flow's child tells its parent, in this call (flows.lua).
+-- (moonjob_complete takes these steps itself for a plain job: runs.lua;
+-- a step added here that such a job needs goes there too)
 local function finish(p, id, key, state, field, value, now, f)
   f = f or redis.call("HMGET", key, "cache", "notify", "started", "group", "parent")
   local cache = state == "completed" and number_in(f[1], 0, SECONDS_MAX) or 0
