@@ -13,7 +13,7 @@ usage: moonjob run PROCESSOR [INPUT] [options]
        moonjob worker PROCESSOR --redis URL --queue NAME [-j N] [--lease S] [--grace S]
        moonjob add --redis URL --queue NAME [INPUT] [--raw] [--dedupe] [--attempts N] [--priority P] [--delay S]
        moonjob status --redis URL --queue NAME [--watch [--until-empty]]
-       moonjob queues | jobs | job | retry | remove | promote | clean | pause | resume ...
+       moonjob queues | workers | jobs | job | retry | remove | promote | clean | pause | resume ...
        moonjob schedule add | list | remove ...
        moonjob dashboard --redis URL [--listen 127.0.0.1:7411] [--token T]
        moonjob library [--line N]
@@ -70,7 +70,11 @@ durable queues on Redis (README "Durable queues on Redis"):
 
 operating a queue (each prints NDJSON, or a table on a terminal; --json:
 NDJSON there too):
-  queues                the server's queues with their counts
+  queues                the server's queues with their counts (completed,
+                        failed: kept now; *_ever: every one that ended so)
+  workers [--queue Q]   the workers serving Q (or every queue) as their
+                        heartbeats say: host, pid, children, running jobs,
+                        last seen; "lapsed" once one missed 3 beats
   jobs [--state S] [--limit N] [--offset N]
                         a page of the jobs in state S: waiting (default),
                         delayed, active, completed, failed or

@@ -5,7 +5,8 @@
 --     [--attempts N] [--backoff SPEC] [--joblog FILE [--resume]] [--progress]
 --   moonjob worker | add ... (moonjob.cli.redis)
 --   moonjob status | queues | jobs | job | retry | remove | promote | clean | pause | resume
---     (moonjob.cli.status, moonjob.cli.operate); moonjob schedule (moonjob.cli.schedule)
+--     (moonjob.cli.status, moonjob.cli.operate); moonjob schedule (moonjob.cli.schedule);
+--     moonjob workers (moonjob.cli.workers)
 --   moonjob library [--line N]: the Redis function library (moonjob.redis.library)
 --
 -- Its options and help text: moonjob.cli.args; `moonjob run`: moonjob.cli.run
@@ -38,7 +39,8 @@ end
 -- The commands that look at and act on a queue, and the positional
 -- arguments each takes: "ids" one or more job ids, "id" exactly one.
 local OPERATE = { status = "none", queues = "none", jobs = "none", job = "id", retry = "ids",
-  remove = "ids", promote = "ids", clean = "none", pause = "none", resume = "none", schedule = "words" }
+  remove = "ids", promote = "ids", clean = "none", pause = "none", resume = "none", schedule = "words",
+  workers = "none" }
 
 local function operate_command(command, o)
   local operate = require "moonjob.cli.operate"
@@ -62,6 +64,7 @@ local function operate_command(command, o)
   if command == "status" then return require("moonjob.cli.status").run(o) end
   if command == "schedule" then return require("moonjob.cli.schedule").run(rest, o) end
   if command == "queues" then return operate.queues(o) end
+  if command == "workers" then return require("moonjob.cli.workers").run(o) end
   if command == "jobs" then
     if (o.limit or 0) > 1000 then return usage_error("--limit for moonjob jobs is at most 1000 (a page; --offset for the next)") end
     return operate.jobs(o)
@@ -86,7 +89,8 @@ local function remote_command(command, o)
   local remote = require "moonjob.cli.redis"
   local from_environment = redis_from_environment() -- wiped even when --redis is given
   o.redis = o.redis or from_environment
-  local bad = remote.check_target(o, usage_error, command == "queues" or command == "dashboard")
+  local bad = remote.check_target(o, usage_error, command == "queues" or command == "dashboard"
+    or command == "workers")
   if bad then return bad end
   if o.until_empty and not o.watch then return usage_error("--until-empty goes with --watch") end
   if o.raw and command ~= "add" then
@@ -148,7 +152,7 @@ function M.main(arguments)
   if command == "library" then return library_command(o) end
   if command ~= "run" then
     return usage_error(("unknown command '%s'; the commands are run, worker, add, status, queues, jobs, job, "
-      .. "retry, remove, promote, clean, pause, resume, schedule, dashboard and library"):format(command))
+      .. "retry, remove, promote, clean, pause, resume, schedule, workers, dashboard and library"):format(command))
   end
   local processor, input_path = o.positional[2], o.positional[3]
   if not processor then return usage_error("missing PROCESSOR: moonjob run PROCESSOR [INPUT]") end

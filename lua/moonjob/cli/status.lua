@@ -3,9 +3,14 @@
 --
 --   waiting 120, delayed 0, running 4, held 2, completed 880, failed 3
 --
--- running: jobs a worker has started; held: jobs fetched by a worker that
--- has not started them yet (prefetched; workers say a job started within
--- 200 ms, so a job may show as held that long after its start). completed and failed count every job that ever ended so.
+--   ever: completed 1204, failed 9
+--
+-- running: jobs the workers' children run, as their heartbeats say (within
+-- 200 ms of a start, however short the job); held: the other active jobs,
+-- fetched by a worker and not yet handed to a child. completed and failed:
+-- the jobs in those states now (kept by retention; a retry moves them);
+-- the "ever" line counts every job that ever ended so (--json:
+-- completed_ever, failed_ever; the line is left out of --watch's).
 -- `paused` ends the line while the queue is paused, `missing N` once jobs
 -- were found gone from Redis, `waiting-children N` while N of a flow's
 -- parents wait for their children (said only then, so that the line of a
@@ -116,7 +121,7 @@ end
 
 function M.counts_line(c)
   local line = ("waiting %d, delayed %d, running %d, held %d, completed %d, failed %d"):format(
-    c.waiting, c.delayed, c.active - c.held, c.held, c.completed, c.failed)
+    c.waiting, c.delayed, c.running or c.active - c.held, c.held, c.completed, c.failed)
   if (c.waiting_children or 0) > 0 then line = line .. (", waiting-children %d"):format(c.waiting_children) end
   if (c.missing or 0) > 0 then
     line = line .. (", missing %d (gone from Redis: evicted or deleted)"):format(c.missing)
@@ -137,7 +142,7 @@ local function new_rate() return setmetatable({ samples = {} }, Rate) end
 
 function Rate:add(c)
   local s = self.samples
-  s[#s + 1] = { at = loop.now(), ended = c.completed + c.failed }
+  s[#s + 1] = { at = loop.now(), ended = c.completed_ever + c.failed_ever }
   if #s > 11 then table.remove(s, 1) end
   if #s < 2 then return nil end
   local first, last = s[1], s[#s]
@@ -161,9 +166,10 @@ end
 -- One look's output; false when stdout failed.
 local function show(c, rate, o, in_place, more)
   if o.json then
-    local t = { waiting = c.waiting, delayed = c.delayed, running = c.active - c.held, held = c.held,
+    local t = { waiting = c.waiting, delayed = c.delayed, running = c.running, held = c.held,
       completed = c.completed, failed = c.failed, missing = c.missing, paused = c.paused, rate = rate,
-      waiting_children = c.waiting_children or 0 }
+      waiting_children = c.waiting_children or 0, completed_ever = c.completed_ever,
+      failed_ever = c.failed_ever, workers = c.workers }
     if more then
       t.limits = { rate = more.limits.rate, concurrency = more.limits.concurrency,
         held_back = more.limits.held_back, group_rate = more.limits.group_rate,
@@ -173,6 +179,7 @@ local function show(c, rate, o, in_place, more)
     return write(json.encode(t), "\n")
   end
   local line = M.counts_line(c)
+  if not o.watch then line = line .. ("\never: completed %d, failed %d"):format(c.completed_ever, c.failed_ever) end
   if more then
     for _, extra in ipairs(more.lines) do line = line .. "\n" .. extra end
   end

@@ -75,9 +75,9 @@ local function fail(server, req, err)
 end
 
 local function counts_of(c)
-  return { waiting = c.waiting, delayed = c.delayed, active = c.active, held = c.held,
-    completed = c.completed, failed = c.failed, paused = c.paused, missing = c.missing,
-    waiting_children = c.waiting_children or 0 }
+  return { waiting = c.waiting, delayed = c.delayed, active = c.active, held = c.held, running = c.running,
+    completed = c.completed, failed = c.failed, completed_ever = c.completed_ever, failed_ever = c.failed_ever,
+    paused = c.paused, missing = c.missing, waiting_children = c.waiting_children or 0, workers = c.workers }
 end
 
 local function minute_row(row)

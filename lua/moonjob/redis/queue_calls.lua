@@ -82,7 +82,7 @@ local function worker_row(text, now, json)
   local ok, e = pcall(json.decode, text)
   if not ok or type(e) ~= "table" or type(e.seen) ~= "number" then return nil end
   if e.seen + (tonumber(e.drop) or 0) < now then return nil end
-  e.jobs = e.jobs or {}
+  e.jobs = e.jobs or setmetatable({}, json.array_mt) -- (written back as [])
   e.ago = math.max(0, now - e.seen) / 1000
   e.lapsed = now - e.seen > (tonumber(e.lapse) or 0)
   return e
