@@ -7,7 +7,9 @@
 -- it. With a token: refused without it, kept by the tab once given; and no
 -- polling while the tab is hidden. A queue's groups held back, with why
 -- (dashboard.js --groups). A flow: its parent on the Waiting children tab,
--- its children on its page, linked across queues (dashboard.js --flow). A
+-- its children on its page, linked across queues (dashboard.js --flow). The
+-- Workers page lists a live worker; a Failed tab's count follows its list
+-- after "Retry all failed" (dashboard.js --workers). A
 -- Redis that is down: the banner says so, and
 -- nothing of its URL is on the page (dashboard.js --unreachable).
 --
@@ -126,6 +128,21 @@ rq.describe(function()
       assert(rq.wait_for(function() local c = qi:counts() return c.completed + c.failed == 2 end), "the images ran")
       drive("--flow " .. start_dashboard() .. " pages", { "the Waiting children tab with its count",
         "img2 failed EBAD", "its parent linked", "back on the parent's page" })
+    end)
+
+    it("lists a live worker on the Workers page; a Failed tab's count follows its list after a retry", function()
+      need_driver()
+      local q = rq.new_producer("thumbnails")
+      assert(q:add({ sleep = 60 }, { id = "thumb-7" }))
+      local pid = start(("worker %s --redis %s --queue thumbnails -j 2 --quiet"):format(PROCESSOR, rq.server().url))
+      local failing = rq.new_producer("invoices")
+      for i = 1, 2 do assert(failing:add({ fail = true }, { id = "inv-" .. i })) end
+      local pool = rq.pool("invoices", { size = 1 })
+      assert(rq.wait_for(function() return failing:counts().failed == 2 end), "two invoices failed")
+      pool:close()
+      drive(("--workers %s thumbnails %d thumb-7 invoices"):format(start_dashboard(), pid), {
+        "the worker of thumbnails listed with its pid", "its running job thumb%-7", "the Failed tab counting 0" })
+      assert.equal(0, failing:counts().failed)
     end)
 
     it("says Redis is unreachable in the banner, with nothing of its URL on the page", function()
