@@ -2,7 +2,6 @@
 -- a queue's counts, once or every second.
 --
 --   waiting 120, delayed 0, running 4, held 2, completed 880, failed 3
---
 --   ever: completed 1204, failed 9
 --
 -- running: jobs the workers' children run, as their heartbeats say (within
@@ -10,7 +9,8 @@
 -- fetched by a worker and not yet handed to a child. completed and failed:
 -- the jobs in those states now (kept by retention; a retry moves them);
 -- the "ever" line counts every job that ever ended so (--json:
--- completed_ever, failed_ever; the line is left out of --watch's).
+-- completed_ever, failed_ever), said once retention, a retry or a removal
+-- made it differ from the line's (and not by --watch).
 -- `paused` ends the line while the queue is paused, `missing N` once jobs
 -- were found gone from Redis, `waiting-children N` while N of a flow's
 -- parents wait for their children (said only then, so that the line of a
@@ -25,7 +25,8 @@
 -- --json: one JSON object per look instead of the line.
 --
 -- Once (not --watch), a line for the queue's limits, one for its groups
--- and one for its schedules follow when it has them:
+-- and one for its schedules follow when it has them, then the "ever" line
+-- when it differs:
 --   limits: 10 jobs per 1 s (7 in the current window), 5 at once; each group: 3 jobs per 1 s, 2 at once
 --   groups: 12 with waiting jobs, 2 held back: tenant-42 held 3.0 s (ERATELIMIT), tenant-7 at its cap
 --   schedules: 3; next: nightly at 2026-12-01T03:00:00Z
@@ -179,9 +180,11 @@ local function show(c, rate, o, in_place, more)
     return write(json.encode(t), "\n")
   end
   local line = M.counts_line(c)
-  if not o.watch then line = line .. ("\never: completed %d, failed %d"):format(c.completed_ever, c.failed_ever) end
   if more then
     for _, extra in ipairs(more.lines) do line = line .. "\n" .. extra end
+  end
+  if not o.watch and (c.completed_ever ~= c.completed or c.failed_ever ~= c.failed) then
+    line = line .. ("\never: completed %d, failed %d"):format(c.completed_ever, c.failed_ever)
   end
   if o.watch and rate then
     line = line .. (" | %.1f jobs/s, %s"):format(rate, eta_text(c.waiting + c.active + (c.waiting_children or 0), rate))
