@@ -127,14 +127,16 @@ local function job(keys, args)
   return v
 end
 
--- The active jobs whose worker said they started (counted among the first
--- 2,000 active jobs: counts() stays cheap): what a worker without a
--- heartbeat (an older moonjob) tells of its running jobs.
-local function ran_count(p)
+-- The active jobs whose worker said they started and has no heartbeat
+-- entry (beating: worker id -> true): an older moonjob's workers, which
+-- tell of their running jobs only so. Counted among the first 2,000 active
+-- jobs: counts() stays cheap.
+local function ran_count(p, beating)
   local ids = redis.call("ZRANGE", p .. "active", 0, 1999)
   local ran = 0
   for _, id in ipairs(ids) do
-    if redis.pcall("HGET", job_key(p, id), "ran") == "1" then ran = ran + 1 end
+    local f = redis.pcall("HMGET", job_key(p, id), "ran", "worker")
+    if not f.err and f[1] == "1" and not beating[f[2] or ""] then ran = ran + 1 end
   end
   return ran
 end
@@ -157,9 +159,9 @@ end
 -- (kept: retention trims them, a retry moves them); completed_ever and
 -- failed_ever count every job that ever ended so; missing, the set entries
 -- found with their job gone (evicted); paused 1 while the queue is paused;
--- running, the jobs the live workers' children run (their heartbeats, or
--- the jobs said started, whichever is more: an older worker has no
--- heartbeat), at most active; held = active - running: fetched, not yet
+-- running, the jobs the live workers' children run (their heartbeats; and
+-- the jobs said started by a worker with no heartbeat entry, an older
+-- moonjob), at most active: a lapsed worker's jobs are not running; held = active - running: fetched, not yet
 -- run by a child; exists 0 when the queue has no key at all; workers, the
 -- live workers (heartbeats not lapsed). New positions go at the end: an
 -- older client reads the ones it knows.
@@ -168,8 +170,8 @@ local function counts(keys)
   local totals = redis.pcall("HMGET", p .. "totals", "completed", "failed", "missing")
   if totals.err then totals = {} end -- a spoiled totals key: its counts read as 0
   local active = redis.call("ZCARD", p .. "active")
-  local reported, live = H.live_workers(p)
-  local running = math.min(active, math.max(reported, ran_count(p)))
+  local reported, live, beating = H.live_workers(p)
+  local running = math.min(active, reported + ran_count(p, beating))
   return { redis.call("ZCARD", p .. "wait"), redis.call("ZCARD", p .. "delayed"), active,
     redis.call("ZCARD", p .. "completed"), redis.call("ZCARD", p .. "failed"),
     tonumber(totals[3]) or 0, redis.call("EXISTS", p .. "paused"), active - running, exists(p),

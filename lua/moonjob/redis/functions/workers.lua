@@ -85,21 +85,23 @@ function W.list(keys)
   return out
 end
 
--- live(p) -> what the live workers (not lapsed) report: the jobs their
--- children run, summed, and how many workers they are.
+-- live_workers(p) -> what the live workers (not lapsed) report: the jobs
+-- their children run, summed; how many workers they are; and the ids of
+-- every worker with an entry, lapsed too (a set: their jobs are theirs to
+-- report, not their jobs' "ran" flags).
 function H.live_workers(p)
   local now = H.now_ms()
   local entries = redis.pcall("HVALS", p .. "workers")
-  if entries.err then return 0, 0 end
-  local running, live = 0, 0
+  local running, live, ids = 0, 0, {}
+  if entries.err then return running, live, ids end
   for i = 1, math.min(#entries, W.MAX) do
     local ok, e = H.json_decode(entries[i])
-    if ok and type(e) == "table" and tonumber(e.seen) and tonumber(e.lapse)
-        and e.seen + e.lapse >= now then
-      running, live = running + (tonumber(e.running) or 0), live + 1
+    if ok and type(e) == "table" and type(e.id) == "string" and tonumber(e.seen) and tonumber(e.lapse) then
+      ids[e.id] = true
+      if e.seen + e.lapse >= now then running, live = running + (tonumber(e.running) or 0), live + 1 end
     end
   end
-  return running, live
+  return running, live, ids
 end
 
 F.beat, F.workers = W.beat, W.list
