@@ -105,6 +105,15 @@ rq.describe(function()
       assert.matches("EINPUT moonjob_metrics: LAYOUT", tostring(err), 1, true)
     end)
 
+    it("reads the coarse buckets a library of version 10 or before wrote, each as the fine bucket of its bound", function()
+      local q = rq.new_producer(rq.new_queue())
+      complete_with(q, { 20 })
+      q.client:call_wait({ "HSET", q.prefix .. "m:all", "n", 11, "h3", 10 }) -- 10 runs of 10 to 25 ms
+      local t = assert(q:metrics({ minutes = 1 })).total
+      assert.equal(11, t.runs)
+      assert_near(25, t.p50_ms, "p50")
+    end)
+
     it("writes the same buckets on a worker's and the dashboard's /metrics, which promtool accepts", function()
       local name = rq.new_queue()
       local q = rq.new_producer(name)

@@ -305,11 +305,9 @@ function M.metrics(q, opts)
     local missing = no_queue_or(q, nil)
     if missing then return nil, missing end
   end
-  -- (a library before the fine buckets answers its coarse ones, as numbers)
-  local coarse = type(reply[2][1]) == "number" and reply[2] or nil
-  local out = { buckets = coarse or run_buckets.BOUNDS_MS, total = M.metric_row(reply[3], coarse), minutes = {} }
+  local out = { buckets = run_buckets.BOUNDS_MS, total = M.metric_row(reply[3]), minutes = {} }
   for i = 4, #reply do
-    local row = M.metric_row(reply[i], coarse)
+    local row = M.metric_row(reply[i])
     row.at = (reply[1] + i - 4) * 60000
     out.minutes[#out.minutes + 1] = row
   end
@@ -376,40 +374,17 @@ end
 -- The percentiles a metrics row gives: p50_ms, p90_ms, p99_ms.
 local QUANTILES = { { "p50", 0.5 }, { "p90", 0.9 }, { "p99", 0.99 } }
 
--- The q-th quantile in a coarse histogram (a library before the fine
--- buckets): the bucket's upper bound, bound "below" (at most that); above
--- the last bound: that bound, "above".
-local function coarse_quantile(counts, bounds, n, q)
-  local want, seen = q * n, 0
-  for i, c in ipairs(counts) do
-    seen = seen + c
-    if c > 0 and seen >= want then
-      if not bounds[i] then return bounds[#bounds], "above" end
-      return bounds[i], "below"
-    end
-  end
-end
-
--- A metrics row of the library (functions/metrics.lua) as a table. The
--- fine layout { c, f, n, s, bucket, runs, ... } (only the buckets hit);
--- a library before it answers the coarse one { c, f, n, s, h1..h15 } with
--- its own bounds: then the percentiles are only the bucket's upper bound
--- (bounds given: the coarse ones). counts: runs per bucket (sparse).
-function M.metric_row(r, bounds)
+-- A metrics row of the library's fine layout (functions/metrics.lua:
+-- { c, f, n, s, bucket, runs, ... }, only the buckets hit) as a table;
+-- counts: runs per bucket (sparse).
+function M.metric_row(r)
   local counts = {}
+  for i = 5, #r - 1, 2 do counts[r[i]] = r[i + 1] end
   local row = { completed = r[1], failed = r[2], runs = r[3], sum_ms = r[4], counts = counts }
-  if bounds then
-    for i = 5, #r do counts[i - 4] = r[i] end
-  else
-    for i = 5, #r - 1, 2 do counts[r[i]] = r[i + 1] end
-  end
   if r[3] > 0 then
     row.mean_ms = r[4] / r[3]
     for _, q in ipairs(QUANTILES) do
-      local ms, bound
-      if bounds then ms, bound = coarse_quantile(counts, bounds, r[3], q[2])
-      else ms, bound = run_buckets.quantile(counts, r[3], q[2]) end
-      row[q[1] .. "_ms"], row[q[1] .. "_bound"] = ms, bound
+      row[q[1] .. "_ms"], row[q[1] .. "_bound"] = run_buckets.quantile(counts, r[3], q[2])
     end
   end
   return row
