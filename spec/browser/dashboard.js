@@ -8,6 +8,7 @@
 //   node spec/browser/dashboard.js --groups URL QUEUE
 //   node spec/browser/dashboard.js --unreachable URL SECRET...
 //   node spec/browser/dashboard.js --flow URL QUEUE
+//   node spec/browser/dashboard.js --chart URL QUEUE
 //
 // URL is the dashboard's address; QUEUE has one worker process, and its job
 // FAILED_ID failed with ERROR_CODE but passes when run again; PAGED_QUEUE
@@ -26,13 +27,17 @@
 // QUEUE holds a flow's parent "page" waiting for its children: img1
 // (completed) and img2 (failed EBAD) on the queue {QUEUE}/images, txt
 // waiting on QUEUE: its tab counts it, its page lists the children, and a
-// child's link opens it on its own queue, linked back to its parent.
+// child's link opens it on its own queue, linked back to its parent. With
+// --chart, QUEUE ended 10,000 jobs or more in a minute of the last hour:
+// the chart's tick labels have 5 digits, and no two of its labels' boxes
+// (the axis titles too) meet.
 // Environment:
 //   MOONJOB_ADD_JOB       a shell command that adds one job to QUEUE and
 //                         prints its id (the job added while paused)
 //   MOONJOB_SCREENSHOTS   a directory: the three pages saved there as PNG
 //                         (dashboard-queues.png, -queue.png, -job.png;
-//                         with --groups: dashboard-groups.png)
+//                         with --groups: dashboard-groups.png; --chart:
+//                         dashboard-chart.png)
 //   CHROMIUM              the browser (default /usr/bin/chromium)
 //
 // Prints "ok: ..." for each expectation met; at the first one not met,
@@ -52,9 +57,10 @@ const tokenMode = process.argv[2] === "--token";
 const groupsMode = process.argv[2] === "--groups";
 const unreachableMode = process.argv[2] === "--unreachable";
 const flowMode = process.argv[2] === "--flow";
+const chartMode = process.argv[2] === "--chart";
 const secrets = unreachableMode ? process.argv.slice(4) : [];
 const [url, queue, failedId, errorCode] = tokenMode ? [process.argv[3], process.argv[5], "-", "-"]
-  : groupsMode || flowMode ? [process.argv[3], process.argv[4], "-", "-"]
+  : groupsMode || flowMode || chartMode ? [process.argv[3], process.argv[4], "-", "-"]
   : unreachableMode ? [process.argv[3], "orders", "-", "-"] : process.argv.slice(2);
 const token = tokenMode ? process.argv[4] : "";
 const [pagedQueue, pagedTotal] = tokenMode ? [] : [process.argv[6], Number(process.argv[7])];
@@ -63,7 +69,8 @@ if (!url || !queue || !failedId || !errorCode || (tokenMode && !token)) {
     "       node spec/browser/dashboard.js --token URL TOKEN QUEUE\n" +
     "       node spec/browser/dashboard.js --groups URL QUEUE\n" +
     "       node spec/browser/dashboard.js --unreachable URL SECRET...\n" +
-    "       node spec/browser/dashboard.js --flow URL QUEUE");
+    "       node spec/browser/dashboard.js --flow URL QUEUE\n" +
+    "       node spec/browser/dashboard.js --chart URL QUEUE");
   process.exit(2);
 }
 
@@ -311,6 +318,45 @@ async function seeFlow(page) {
   await expectShown(page, '[data-test="job-children"]', "back on the parent's page");
 }
 
+// --chart: QUEUE ran 10,000 jobs or more in a minute: the chart's tick
+// labels have 5 digits and more, and no label's box meets another's (the
+// axis titles, turned on their side, included), each inside the chart.
+async function seeChart(page) {
+  await page.goto(`${url}#/queue/${encodeURIComponent(queue)}`, { waitUntil: "load" });
+  try {
+    await page.waitForFunction(() => [...document.querySelectorAll('[data-test="chart"] .tick')]
+      .some((t) => /^\d{2,3}([,.\u202f\u00a0]\d{3})+$/.test(t.textContent)), { timeout: WAIT_MS, polling: 100 });
+  } catch (e) {
+    throw new Error(`expected a 5-digit tick label on the chart; ${await pageSummary(page)}`);
+  }
+  ok("5-digit tick labels on the chart");
+  const boxes = (await page.$$eval('[data-test="chart"] text', (texts) => texts.map((t) => {
+    const r = t.getBoundingClientRect();
+    return { text: t.textContent, title: t.classList.contains("axis-title"), left: r.left, right: r.right,
+      top: r.top, bottom: r.bottom };
+  }))).sort((a, b) => b.title - a.title); // (the axis titles first: the overlap users saw)
+  const frame = await page.$eval('[data-test="chart"]', (svg) => {
+    const r = svg.getBoundingClientRect();
+    return { left: r.left, right: r.right, top: r.top, bottom: r.bottom };
+  });
+  const meet = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+  for (let i = 0; i < boxes.length; i++) {
+    const a = boxes[i];
+    if (a.left < frame.left || a.right > frame.right || a.top < frame.top || a.bottom > frame.bottom) {
+      throw new Error(`the label "${a.text}" reaches out of the chart: ${JSON.stringify(a)} in ${JSON.stringify(frame)}`);
+    }
+    for (let j = i + 1; j < boxes.length; j++) {
+      if (meet(a, boxes[j])) {
+        throw new Error(`the labels "${a.text}" and "${boxes[j].text}" overlap: ${JSON.stringify(a)} ${JSON.stringify(boxes[j])}`);
+      }
+    }
+  }
+  const titles = boxes.filter((b) => b.title).length;
+  if (titles !== 3) throw new Error(`expected 3 axis titles, saw ${titles}`);
+  ok(`no two of the chart's ${boxes.length} labels overlap, the axis titles included`);
+  await screenshot(page, "dashboard-chart.png");
+}
+
 async function main() {
   const browser = await puppeteer.launch({
     executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
@@ -330,6 +376,8 @@ async function main() {
       await seeUnreachable(page);
     } else if (flowMode) {
       await seeFlow(page);
+    } else if (chartMode) {
+      await seeChart(page);
     } else if (groupsMode) {
       await seeGroups(page);
     } else if (tokenMode) {

@@ -82,7 +82,8 @@ end
 
 local function minute_row(row)
   return { at = row.at, completed = row.completed, failed = row.failed, runs = row.runs,
-    mean_ms = row.mean_ms, p50_ms = row.p50_ms, p90_ms = row.p90_ms, p99_ms = row.p99_ms }
+    mean_ms = row.mean_ms, p50_ms = row.p50_ms, p90_ms = row.p90_ms, p99_ms = row.p99_ms,
+    p50_bound = row.p50_bound, p90_bound = row.p90_bound, p99_bound = row.p99_bound }
 end
 
 local job_out = Operate.record -- (a job's log is an array already: q:job)
