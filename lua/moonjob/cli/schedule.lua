@@ -9,10 +9,13 @@
 -- add also takes --catch-up none|one and the job options of moonjob add
 -- (--attempts, --backoff, --timeout, --kill-after, --priority, --delay,
 -- --group).
--- --start and --stop are times: seconds since the epoch, or UTC written
--- 2026-12-01T03:00Z or 2026-12-01T03:00:00Z. Output and exit status as
--- moonjob.cli.operate's: NDJSON (or a table on a terminal), 1 when
--- something was refused, 2 for usage errors.
+-- --tz is UTC, local, a zone of the tz database (Europe/Berlin: its
+-- daylight saving time kept) or an offset (+05:30). --start and --stop are
+-- times: seconds since the epoch, or UTC written 2026-12-01T03:00Z or
+-- 2026-12-01T03:00:00Z (a stop already passed is refused). Output and exit
+-- status as moonjob.cli.operate's: NDJSON (or a table on a terminal), 1
+-- when something failed, 2 for usage errors (a definition Redis refuses,
+-- as a cron field out of range, included).
 local json = require "moonjob.codec.json"
 local operate = require "moonjob.cli.operate"
 local stops = require "moonjob.cli.stops"
@@ -80,6 +83,9 @@ local function add(ids, o)
   local ok, s, err = pcall(q.schedule, q, ids[1], when, data, job_options(o))
   q:close()
   if not ok then return usage_error((tostring(s):gsub("^queue:schedule%(%): ", ""))) end
+  if not s and err.code == "EINPUT" then -- the definition was refused: the user's to mend
+    return usage_error((tostring(err.message):gsub("^moonjob_%w+: ", "")))
+  end
   if not s then say(tostring(err)) return EXIT_FAILED end
   local out = operate.new_out(o)
   out:object({ id = s.id, action = "schedule", state = s.state, next = s.next,
@@ -103,7 +109,7 @@ local function list(o)
   local out = operate.new_out(o)
   for _, s in ipairs(all) do
     if out.table then
-      s = { id = s.id, when = s.cron or ("every %gs"):format(s.every), tz = s.cron and zone(s.tz_offset) or "",
+      s = { id = s.id, when = s.cron or ("every %gs"):format(s.every), tz = s.cron and (s.tz or zone(s.tz_offset)) or "",
         next = s.ended and "ended" or operate.when(s.next), last = operate.when(s.last),
         runs = s.limit > 0 and ("%d/%d"):format(s.runs, s.limit) or s.runs, note = s.note }
     end
