@@ -113,9 +113,9 @@ rq.describe(function()
         assert.equal(BERLIN, sc.tz)
         assert.is_true(sc.tz_known > os.time())
       end
-      out, err, status = rq.moonjob("schedule list --queue " .. name .. " --format table")
+      out, err, status = rq.moonjob("schedule list --queue " .. name)
       assert.equal(0, status, err)
-      assert.matches(BERLIN, out, 1, true)
+      for line in out:gmatch("[^\n]+") do assert.equal(BERLIN, json.decode(line).tz) end
     end)
 
     it("keeps fixed offsets as before, and an every schedule takes no zone", function()
@@ -123,13 +123,13 @@ rq.describe(function()
       local s = assert(q:schedule("india", { cron = "0 9 * * *", tz = "+05:30" }))
       assert.equal(0, (s.next / 60000 + 330) % 1440 - 540)
       local f = q.client:call_wait({ "HMGET", q.prefix .. "s:india", "offset", "zone" })
-      assert.same({ "330", "" }, f)
+      assert.same({ "330", "" }, { f[1], f[2] })
       assert(q:schedule("tick", { every = 60, tz = BERLIN }))
       assert.equal("", q.client:call_wait({ "HGET", q.prefix .. "s:tick", "zone" }))
       -- an older client's call (no zone arguments) is taken as ever
       local reply = assert(q.client:call_wait({ "FCALL", "moonjob_cron", 1, q.prefix, "0 0 * * *",
         tostring(utc("2026-07-01 00:00") * 1000), "120", "1" }))
-      assert.same({ (utc("2026-07-01 22:00")) * 1000 }, reply)
+      assert.equal(utc("2026-07-01 22:00") * 1000, reply[1])
     end)
 
     it("is refreshed by a worker when its offsets run low, and keeps the last one when they ran out", function()

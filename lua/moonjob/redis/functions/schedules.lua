@@ -63,10 +63,8 @@ local function read_schedule(key)
     s.spec, why = cron_parse(s.cron or "")
     if not s.spec then return nil, why end
     if (s.zone or "") ~= "" then
-      s.shifts, why = H.shifts_parse(s.shifts)
-      if not s.shifts then return nil, "the schedule's shifts are not a zone's offsets: " .. why end
-    else
-      s.shifts = nil
+      s.zoned, why = H.shifts_parse(s.shifts)
+      if not s.zoned then return nil, "the schedule's shifts are not a zone's offsets: " .. why end
     end
   elseif not (s.every and s.every >= EVERY_MS_MIN) then
     return nil, "the schedule's every is not a number of ms"
@@ -84,7 +82,7 @@ local function slot_after(s, t)
     if t < start then slot = start
     else slot = start + (math.floor((t - start) / s.every) + 1) * s.every end
   else
-    slot = cron_next_in(s.spec, math.max(t, start - 1), s.shifts or s.offset)
+    slot = cron_next_in(s.spec, math.max(t, start - 1), s.zoned or s.offset)
   end
   if slot and s.stop and slot > s.stop then return nil end
   return slot
@@ -108,8 +106,8 @@ local function advance(p, id, key, s, now, note)
   local nxt = slot_after(s, now)
   if s.limit > 0 and s.runs >= s.limit then nxt, note = nil, "ended: its limit of runs was reached" end
   if not nxt then note = note or "ended: no slot before its stop" end
-  if nxt and s.shifts and nxt > s.shifts.known and not note then
-    note = "zone " .. s.zone .. ": its offsets are known until " .. string.format("%.0f", s.shifts.known)
+  if nxt and s.zoned and nxt > s.zoned.known and not note then
+    note = "zone " .. s.zone .. ": its offsets are known until " .. string.format("%.0f", s.zoned.known)
       .. " ms; the last one is kept (declare the schedule again, or run a worker, to refresh them)"
   end
   redis.call("HSET", key, "next", nxt and string.format("%.0f", nxt) or "", "note", note or "")
