@@ -144,8 +144,9 @@ local function schedule_of(row, json)
   for i, name in ipairs(FIELDS) do f[name] = row[i + 1] or nil end
   local ok, job = pcall(json.decode, f.job or "")
   if not ok or type(job) ~= "table" then job = {} end -- written by another client: no data to show
+  local known = f.zone and f.zone ~= "" and tonumber((f.shifts or ""):match("^%d+") or "")
   local s = { id = row[1], cron = f.cron ~= "" and f.cron or nil, tz_offset = tonumber(f.offset),
-    tz = f.zone ~= "" and f.zone or nil, tz_known = tonumber((f.shifts or ""):match("^%d+") or "") or nil,
+    tz = f.zone ~= "" and f.zone or nil, tz_known = known and known * 1000 or nil,
     start = tonumber(f.start), stop = tonumber(f.stop), limit = tonumber(f.limit) or 0,
     catch_up = f.catch_up, runs = tonumber(f.runs) or 0, last = tonumber(f.last), last_id = f.last_id,
     next = tonumber(f.next), created = tonumber(f.created), note = f.note ~= "" and f.note or nil,
@@ -189,7 +190,7 @@ end
 
 -- q:schedule(id, when [, data [, opts]]) -> { id, state, next } | nil, err.
 -- when: { cron = "m h dom mon dow" | every = seconds, tz = "UTC" | "local"
--- | "+05:30", start, stop (os.time() seconds), limit (runs), catch_up =
+-- | "Europe/Berlin" | "+05:30", start, stop (os.time() seconds), limit (runs), catch_up =
 -- "one" (default) | "none" }; data and opts: each slot's job, as q:add's
 -- (but id and dedupe: the id is the slot's). state: "created", "updated"
 -- or "unchanged" (the same definition again changes nothing); next: the
@@ -234,7 +235,8 @@ end
 
 -- q:schedules([{ offset, limit }]) -> list, total | nil, err: the
 -- schedules, the next due first (ended ones last), each { id, cron |
--- every, tz_offset (minutes), start, stop, next, last, created (server
+-- every, tz_offset (minutes), tz (a zone's name), tz_known (its offsets
+-- known until then, ms), start, stop, next, last, created (server
 -- ms), limit, runs, catch_up, last_id, data, name, note, ended }. Without
 -- options, every one; with them, one page (limit 1 to 10000).
 function M.schedules(q, opts)
