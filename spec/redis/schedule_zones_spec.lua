@@ -118,6 +118,32 @@ rq.describe(function()
       for line in out:gmatch("[^\n]+") do assert.equal(BERLIN, json.decode(line).tz) end
     end)
 
+    it("reads local as this machine's zone: TZ's name, its POSIX rule, or a fixed offset when it has no change",
+      function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      local function add(id, zone)
+        local out, err, status = helpers.sh(("TZ='%s' %s scripts/moonjob schedule add --queue %s %s --cron '0 3 * * *' "
+          .. "--tz local --redis %s"):format(zone, helpers.LUAJIT, name, id, rq.server().url))
+        assert.equal(0, status, err)
+        local f = q.client:call_wait({ "HMGET", q.prefix .. "s:" .. id, "zone", "offset" })
+        return f[1], f[2], json.decode(out).next
+      end
+      local zone, _, nxt = add("named", BERLIN)
+      assert.equal(BERLIN, zone)
+      assert.matches("^%S+ 03:00 ", local_times(BERLIN, { nxt })[1])
+      zone, _, nxt = add("rule", "CET-1CEST,M3.5.0,M10.5.0/3")
+      assert.equal("local", zone)
+      assert.matches("^%S+ 03:00 ", local_times(BERLIN, { nxt })[1])
+      local offset
+      zone, offset = add("utc", "UTC")
+      assert.is_true(not zone or zone == "")
+      assert.equal("0", offset)
+      zone, offset = add("kolkata", "Asia/Kolkata")
+      assert.is_true(not zone or zone == "")
+      assert.equal("330", offset)
+    end)
+
     it("keeps fixed offsets as before, and an every schedule takes no zone", function()
       local q = rq.new_producer(rq.new_queue())
       local s = assert(q:schedule("india", { cron = "0 9 * * *", tz = "+05:30" }))
