@@ -116,6 +116,14 @@ rq.describe(function()
       out, err, status = rq.moonjob("schedule list --queue " .. name)
       assert.equal(0, status, err)
       for line in out:gmatch("[^\n]+") do assert.equal(BERLIN, json.decode(line).tz) end
+      -- the operator's preview: the next slots as Redis computes them, each 03:00 Berlin time
+      out, err, status = rq.moonjob("schedule next --queue " .. name .. " night --limit 100")
+      assert.equal(0, status, err)
+      local preview = {}
+      for line in out:gmatch("[^\n]+") do preview[#preview + 1] = json.decode(line).slot end
+      assert.equal(100, #preview)
+      assert.equal(s.next, preview[1])
+      for _, text in ipairs(local_times(BERLIN, preview)) do assert.matches("^%S+ 03:00 ", text) end
     end)
 
     it("reads local as this machine's zone: TZ's name, its POSIX rule, or a fixed offset when it has no change",

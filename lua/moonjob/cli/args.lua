@@ -100,6 +100,8 @@ repeating jobs (docs/guide/schedules.md); Redis fires them while a worker runs:
                         skipped, or one job for them; default one), --data
                         JSON and add's job options
   schedule list         the schedules, the next due first
+  schedule next ID      its next slots (--limit N, default 5), as Redis computes
+                        them in its zone: a preview
   schedule remove ID... remove schedules (the jobs they made stay)
 
 the web dashboard (docs/guide/dashboard.md):

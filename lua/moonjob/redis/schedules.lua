@@ -146,7 +146,7 @@ local function schedule_of(row, json)
   if not ok or type(job) ~= "table" then job = {} end -- written by another client: no data to show
   local known = f.zone and f.zone ~= "" and tonumber((f.shifts or ""):match("^%d+") or "")
   local s = { id = row[1], cron = f.cron ~= "" and f.cron or nil, tz_offset = tonumber(f.offset),
-    tz = f.zone ~= "" and f.zone or nil, tz_known = known and known * 1000 or nil,
+    tz = f.zone ~= "" and f.zone or nil, tz_known = known and known * 1000 or nil, tz_shifts = known and f.shifts or nil,
     start = tonumber(f.start), stop = tonumber(f.stop), limit = tonumber(f.limit) or 0,
     catch_up = f.catch_up, runs = tonumber(f.runs) or 0, last = tonumber(f.last), last_id = f.last_id,
     next = tonumber(f.next), created = tonumber(f.created), note = f.note ~= "" and f.note or nil,
@@ -236,7 +236,7 @@ end
 -- q:schedules([{ offset, limit }]) -> list, total | nil, err: the
 -- schedules, the next due first (ended ones last), each { id, cron |
 -- every, tz_offset (minutes), tz (a zone's name), tz_known (its offsets
--- known until then, ms), start, stop, next, last, created (server
+-- known until then, ms), tz_shifts (them, as Redis keeps them), start, stop, next, last, created (server
 -- ms), limit, runs, catch_up, last_id, data, name, note, ended }. Without
 -- options, every one; with them, one page (limit 1 to 10000).
 function M.schedules(q, opts)
