@@ -104,6 +104,16 @@ rq.describe(function()
       local known = tonumber(fields[2]:match("^%d+"))
       assert.is_true(known > os.time() + 2 * 365 * 86400, "offsets handed for years ahead")
       assert.same("unchanged", assert(q:schedule("night", { cron = "0 3 * * *", tz = BERLIN })).state)
+      -- declared again after a change of clocks (the zone's offset now differs): still unchanged
+      local shifts_text = schedules.shifts_text
+      schedules.shifts_text = function(...)
+        local text, offset = shifts_text(...)
+        return text, offset == 60 and 120 or 60
+      end
+      local ok, again = pcall(q.schedule, q, "night", { cron = "0 3 * * *", tz = BERLIN })
+      schedules.shifts_text = shifts_text
+      assert.is_true(ok, again)
+      assert.same({ id = "night", state = "unchanged", next = s.next }, again)
       local out, err, status = rq.moonjob(("schedule add --queue %s cli --cron '30 7 * * MON' --tz %s")
         :format(name, BERLIN))
       assert.equal(0, status, err)

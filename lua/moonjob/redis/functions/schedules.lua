@@ -260,13 +260,18 @@ local function schedule(keys, args)
   local job, refused = check_schedule(args)
   if not job then return refused end
   local id, key = args[1], schedule_key(p, args[1])
-  local spec = cjson.encode({ unpack(args, 2, math.min(#args, 22)) }) -- (not shifts: they are refreshed)
+  local def = { unpack(args, 2, math.min(#args, 22)) } -- (not shifts: they are refreshed)
+  if (args[22] or "") ~= "" then def[3] = "" end -- nor a zone's offset now, which its changes change
+  local spec = cjson.encode(def)
   local old = redis.pcall("HMGET", key, "spec", "next")
   if H.wrong_type(old, "HMGET", key) then return redis.error_reply("EINPUT moonjob_schedule: the key " .. key .. " is not a schedule "
     .. "hash (written by another client); delete it or choose another id") end
   local now = now_ms()
   if old[1] == spec then
-    if args[23] then refresh_shifts(p, id, key, args[23], now) end
+    if args[23] then
+      redis.call("HSET", key, "offset", args[4])
+      refresh_shifts(p, id, key, args[23], now)
+    end
     return { "unchanged", tonumber(redis.call("HGET", key, "next") or "") or -1 }
   end
   if args[6] ~= "" and tonumber(args[6]) <= now then -- (declared again unchanged, it is no mistake)
