@@ -94,11 +94,14 @@ NDJSON there too):
 repeating jobs (docs/guide/schedules.md); Redis fires them while a worker runs:
   schedule add ID --cron "m h dom mon dow" | --every S
                         one job per due time, its id s:ID:<ms>; also --tz
-                        UTC|local|+05:30, --start T, --stop T, --limit N (runs),
+                        UTC|local|Europe/Berlin|+05:30, --start T, --stop T,
+                        --limit N (runs),
                         --catch-up none|one (slots missed while no worker ran:
                         skipped, or one job for them; default one), --data
                         JSON and add's job options
   schedule list         the schedules, the next due first
+  schedule next ID      its next slots (--limit N, default 5), as Redis computes
+                        them in its zone: a preview
   schedule remove ID... remove schedules (the jobs they made stay)
 
 the web dashboard (docs/guide/dashboard.md):
@@ -278,7 +281,7 @@ local VALUED = {
     local n = tonumber(text)
     if n and n >= 1 and n <= SECONDS_MAX then return n end
   end, "a number", "a number of seconds from 1 to 1e9" },
-  ["--tz"] = { "tz", path, "a zone", "UTC, local or an offset such as +05:30" },
+  ["--tz"] = { "tz", path, "a zone", "UTC, local, a zone such as Europe/Berlin, or an offset such as +05:30" },
   ["--start"] = { "start", path, "a time", "seconds since the epoch, or UTC such as 2026-12-01T03:00Z" },
   ["--stop"] = { "stop", path, "a time", "seconds since the epoch, or UTC such as 2026-12-01T03:00Z" },
   ["--catch-up"] = { "catch_up", function(text)

@@ -92,7 +92,7 @@ local SCHEDULES_SHOWN, HELD_GROUPS_SHOWN = 50, 50
 
 -- A schedule as the page shows it (its data and options stay in Redis).
 local function schedule_out(sc)
-  return { id = sc.id, cron = sc.cron, every = sc.every, tz_offset = sc.tz_offset, next = sc.next,
+  return { id = sc.id, cron = sc.cron, every = sc.every, tz_offset = sc.tz_offset, tz = sc.tz, next = sc.next,
     last = sc.last, last_id = sc.last_id, runs = sc.runs, limit = sc.limit, note = sc.note, ended = sc.ended }
 end
 
