@@ -314,7 +314,17 @@ function Run:wait()
   if not ok then self.stop = stops.stopped_by(why) end
   if out.write_error and not self.stop then -- nobody reads the output any more, or it failed
     self.stop = stops.output_failed(out.write_error)
+    if self.stop.closed_output and self.joblog and not self:delivered() then
+      self.stop = stops.undelivered(self.o.joblog) -- (the joblog is the run's record: a gap is said)
+    end
   end
+end
+
+-- Whether every line's result went out: the input read to its end, no line
+-- in flight or pending, and stdout took every byte.
+function Run:delivered()
+  local input, out = self.input, self.output
+  return input.at_end and input.inflight == 0 and select(2, out:pending_results()) == 0 and out:all_taken()
 end
 
 -- Ends a run that stops early: what running batches finished is recorded,

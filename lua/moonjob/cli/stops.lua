@@ -128,6 +128,14 @@ function M.internal_error(line, e)
     message = ("internal error on line %s: %s (please report it)"):format(tostring(line), tostring(e)) }
 end
 
+-- Under --joblog `path`, the reader went away before every result was
+-- delivered: the log records a run cut short, so the stop is said.
+function M.undelivered(path)
+  return { status = M.EXIT_USAGE, message = ("standard output's reader went away (EPIPE) before every result "
+    .. "was delivered; the run stopped: the joblog '%s' records the lines printed, and --resume runs the rest")
+    :format(path) }
+end
+
 -- Nobody reads the output any more: the run ends quietly.
 function M.closed_output()
   return { closed_output = true }
