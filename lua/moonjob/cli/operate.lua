@@ -142,11 +142,18 @@ local function existing_queue(o)
   if not c then say(tostring(err)) q:close() return nil end
   if c.exists then return q, c end
   q:close()
+  M.no_such_queue(o)
+  return nil
+end
+
+-- Says that queue o.queue has no key on the server (ENOQUEUE: docs/reference/errors.md),
+-- naming the queues it holds.
+function M.no_such_queue(o)
   local names = {}
   for _, info in ipairs(moonjob.queues(o.redis) or {}) do names[#names + 1] = info.name end
-  say(("no such queue: '%s' has no key on this server (nothing was ever added to it). %s"):format(o.queue,
+  say(("ENOQUEUE: no such queue: '%s' has no key on this server (nothing was ever added to it, or it was "
+    .. "removed); check --queue and --redis. %s"):format(o.queue,
     #names > 0 and "The queues there: " .. table.concat(names, ", ") or "The server holds no queue."))
-  return nil
 end
 
 local function when(ms)
@@ -251,6 +258,7 @@ function M.job(id, o)
   local job, err = q:job(id)
   if job then Operate.parent_state(q, job) end
   q:close()
+  if not job and type(err) == "table" and err.code == "ENOQUEUE" then M.no_such_queue(o) return EXIT_FAILED end
   if not job then say(tostring(err)) return EXIT_FAILED end
   local out = new_out(o)
   if not out.table then
