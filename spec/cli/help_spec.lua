@@ -22,6 +22,7 @@ describe("moonjob's help", function()
     for _, flag in ipairs({ "--halt", "--joblog", "--resume", "--rate", "--dedupe" }) do
       assert.falsy(out:find(flag, 1, true), flag .. " is not the worker's")
     end
+    assert.equal(out, (h.sh(MOONJOB .. "help worker")):match("^(.-)\nexit status"))
     out = h.sh(MOONJOB .. "add --help")
     assert.matches("^usage: moonjob add ", out)
     assert.truthy(out:find("--dedupe", 1, true))
@@ -83,6 +84,15 @@ describe("moonjob's usage errors", function()
     _, err, status = h.sh(MOONJOB .. "frobnicate")
     assert.equal(2, status)
     assert.falsy(err:find("did you mean", 1, true), err)
+  end)
+
+  it("suggest a command by edit distance or by the word it begins, and none when two are as near", function()
+    local names = { "run", "worker", "workers", "add", "status", "jobs", "job", "limit", "limits", "remove", "resume" }
+    for word, want in pairs({ wrker = "worker", work = "worker", wokers = "workers", limt = "limit", sta = "status",
+      jbos = "jobs", rem = "remove", res = "resume" }) do
+      assert.equal(want, help.suggest(word, names), word)
+    end
+    for _, word in ipairs({ "re", "j", "frobnicate", "help" }) do assert.is_nil(help.suggest(word, names), word) end
   end)
 
   it("suggest the option a mistyped long option most likely means, exit 2", function()

@@ -301,17 +301,29 @@ local function distance(a, b)
   return d[#a][#b]
 end
 
--- The word of `candidates` that `word` most likely mistypes: the one only
--- it begins (a cut-short word of 3 letters or more), else the nearest by
--- edit distance within a third of its length (at least 1, at most 2).
--- Nil when none is near, or two are as near.
-function M.suggest(word, candidates)
-  local starts
+-- The shortest of `candidates` that cut-short `word` (3 letters or more)
+-- begins, when each other one it begins starts with it too (work: worker,
+-- not workers), else nil.
+local function completed(word, candidates)
+  if #word < 3 then return nil end
+  local starts = {}
   for _, c in ipairs(candidates) do
-    if #word >= 3 and c:sub(1, #word) == word and c ~= word then
-      if starts then starts = false else starts = c end
-    end
+    if c ~= word and c:sub(1, #word) == word then starts[#starts + 1] = c end
   end
+  table.sort(starts, function(a, b) return #a < #b or (#a == #b and a < b) end)
+  local shortest = starts[1]
+  for i = 2, #starts do
+    if starts[i]:sub(1, #shortest) ~= shortest then return nil end
+  end
+  return shortest
+end
+
+-- The word of `candidates` that `word` most likely mistypes: the one it
+-- begins (completed), else the nearest by edit distance within a third of
+-- its length (at least 1, at most 2). Nil when none is near, or two are as
+-- near.
+function M.suggest(word, candidates)
+  local starts = completed(word, candidates)
   if starts then return starts end
   local best, best_d, tie
   local most = math.max(1, math.min(2, math.floor(#word / 3)))

@@ -153,6 +153,7 @@ function M.main(arguments)
   local o, err = args.parse(arguments)
   if not o then return usage_error(err) end
   if o.help then return help_command(o.positional[1]) end
+  if o.positional[1] == "help" then return help_command(o.positional[2]) end -- (git's habit)
   if o.version then return stops.print(moonjob._VERSION, "\n") end
   local command = o.positional[1]
   if command == nil then return usage_error("missing command: moonjob run PROCESSOR [INPUT]") end
