@@ -330,7 +330,8 @@ end
 -- `max_line` is held as false, with the bytes it had. r.ended once the input
 -- ended; r.read_error then says why, when a read failed.
 local function reader(fd, max_line)
-  local r = { texts = {}, lens = {}, first = 1, last = 0, ended = false, read_error = nil }
+  local r = { texts = {}, lens = {}, first = 1, last = 0, line_no = 0, ended = false, read_error = nil,
+    stopped = false } -- (stopped: by a signal, reading is not resumed)
   r.handle = core.input(fd, max_line, function(text, len)
     local last = r.last + 1
     r.texts[last], r.lens[last], r.last = text or false, len, last
@@ -340,20 +341,55 @@ local function reader(fd, max_line)
   return r
 end
 
--- Hands the lines read so far to adds, from line number `line_no` on, with
--- at most `window` lines sent and not answered: the last line number.
-local function take_lines(r, adds, line_no, window)
+-- Hands the lines read so far to adds, numbered on from r.line_no, with
+-- at most `window` lines sent and not answered.
+local function take_lines(r, adds, window)
   while r.first <= r.last do
     local i = r.first
     local text, len = r.texts[i], r.lens[i]
     r.texts[i], r.lens[i], r.first = nil, nil, i + 1
-    line_no = line_no + 1
-    adds:line(line_no, text, len)
+    r.line_no = r.line_no + 1
+    adds:line(r.line_no, text, len)
     if adds.inflight >= window then loop.wait_until(function() return adds.inflight < window / 2 end) end
     adds:flush()
   end
-  if not r.ended then r.handle:resume() end
-  return line_no
+  if not (r.ended or r.stopped) then r.handle:resume() end
+end
+
+-- Reads and adds every line of the input; raises on a stop signal.
+local function add_all(r, adds, window)
+  repeat -- (a batch not full goes once it waited FLUSH_MS: adds.due)
+    loop.wait_until(function() return r.first <= r.last or r.ended or adds.due end)
+    if adds.due then adds:send() end
+    take_lines(r, adds, window)
+  until r.ended and r.first > r.last
+end
+
+-- Adds the lines read and not yet taken (the input gave them up), sends
+-- the last batch and waits for every reply: false when a stop signal cut
+-- that short.
+local function add_rest(r, adds, window)
+  return pcall(function()
+    take_lines(r, adds, window)
+    adds:send()
+    loop.wait_until(function() return adds.inflight == 0 end)
+  end)
+end
+
+local SIGNAL_NAMES = { [1] = "SIGHUP", [2] = "SIGINT", [15] = "SIGTERM" }
+
+-- What a stop signal `signum` left: said, and the exit status 128 + signum.
+local function interrupted(signum, r, adds, replied)
+  local name = SIGNAL_NAMES[signum] or ("signal " .. signum)
+  if r.stopped then
+    say(("interrupted by %s: the input after line %d was not read; the lines before it were sent (their ids "
+      .. "are printed)"):format(name, r.line_no))
+  end
+  if not replied then
+    say(("interrupted by %s while waiting for Redis: %d line(s) sent got no reply: unknown whether they were "
+      .. "added"):format(name, adds.inflight))
+  end
+  return 128 + signum
 end
 
 -- moonjob add: one job per NDJSON line (--raw: per line of text, its data
@@ -383,22 +419,24 @@ function M.add(input_path, o)
   local q, err = moonjob.queue(o.redis, o.queue, { resolve = o.resolve })
   if not q then say(tostring(err)) return EXIT_FAILED end
   local adds = Adds.new(q, opts, o.dedupe, o.raw)
-  local r, line_no = reader(fd, q.max_payload), 0
-  repeat -- (a batch not full goes once it waited FLUSH_MS: adds.due)
-    loop.wait_until(function() return r.first <= r.last or r.ended or adds.due end)
-    if adds.due then adds:send() end
-    line_no = take_lines(r, adds, line_no, WINDOW)
-  until r.ended and r.first > r.last
-  adds:send()
-  loop.wait_until(function() return adds.inflight == 0 end)
+  core.hold_stop_signals() -- (Ctrl-C, SIGTERM, SIGHUP: what was read is added, then the command ends)
+  local r = reader(fd, q.max_payload)
+  local read_all, why = pcall(add_all, r, adds, WINDOW)
+  local signum = not read_all and tostring(why):find("^interrupted") and loop.signal
+  if not read_all and not signum then error(why, 0) end
+  if signum then r.stopped = true r.handle:pause() end
+  local replied, rest_why = add_rest(r, adds, WINDOW)
+  if not replied and not tostring(rest_why):find("^interrupted") then error(rest_why, 0) end
+  signum = signum or (not replied and loop.signal)
   adds:flush()
   adds:summary()
   local printed = adds:printed()
   r.handle:close()
   adds.timer:close()
   q:close()
+  if signum then return interrupted(signum, r, adds, replied) end
   if r.read_error then
-    say("cannot read ", input_path or "standard input", " after line ", line_no, ": ", r.read_error,
+    say("cannot read ", input_path or "standard input", " after line ", r.line_no, ": ", r.read_error,
       "; the lines before it were added (their ids are printed)")
     return EXIT_FAILED
   end
