@@ -59,6 +59,7 @@ DEB_PACKAGES += libhttp-parser-dev curl # the core's HTTP server (http.c); curl:
 DEB_PACKAGES += prometheus      # promtool: the metrics specs check pool:metrics()'s text with it
 DEB_PACKAGES += chromium        # the dashboard's browser spec (spec/browser/; Node: browser-deps)
 DEB_PACKAGES += faketime        # the schedules spec runs a worker whose clock is far off
+DEB_PACKAGES += tzdata          # time zones of schedules: the tz database the producer reads
 DEB_PACKAGES += lua5.2 lua5.3 lua5.4 lua-socket lua-redis # the pure-Lua producer's spec and bench: plain Luas, redis-lua
 
 .PHONY: all deps bench-deps bullmq-deps browser-deps openresty-deps spec-host test test-fast sanitize chaos demo repl bench install uninstall clean

@@ -9,6 +9,7 @@
 //   node spec/browser/dashboard.js --unreachable URL SECRET...
 //   node spec/browser/dashboard.js --flow URL QUEUE
 //   node spec/browser/dashboard.js --workers URL QUEUE PID JOB FAILED_QUEUE
+//   node spec/browser/dashboard.js --chart URL QUEUE
 //
 // URL is the dashboard's address; QUEUE has one worker process, and its job
 // FAILED_ID failed with ERROR_CODE but passes when run again; PAGED_QUEUE
@@ -28,17 +29,20 @@
 // (completed) and img2 (failed EBAD) on the queue {QUEUE}/images, txt
 // waiting on QUEUE: its tab counts it, its page lists the children, and a
 // child's link opens it on its own queue, linked back to its parent. With
-// --workers, QUEUE has one `moonjob worker` (process PID) running job JOB,
-// and FAILED_QUEUE two failed jobs and no worker: the Workers page must list
-// the worker with its pid and JOB; FAILED_QUEUE's Failed tab counts 2, and
-// after "Retry all failed" counts 0 above "No failed jobs", the jobs that
-// ever failed said apart.
+// --chart, QUEUE ended 10,000 jobs or more in a minute of the last hour:
+// the chart's tick labels have 5 digits, and no two of its labels' boxes
+// (the axis titles too) meet. With --workers, QUEUE has one `moonjob
+// worker` (process PID) running job JOB, and FAILED_QUEUE two failed jobs
+// and no worker: the Workers page must list the worker with its pid and
+// JOB; FAILED_QUEUE's Failed tab counts 2, and after "Retry all failed"
+// counts 0 above "No failed jobs", the jobs that ever failed said apart.
 // Environment:
 //   MOONJOB_ADD_JOB       a shell command that adds one job to QUEUE and
 //                         prints its id (the job added while paused)
 //   MOONJOB_SCREENSHOTS   a directory: the three pages saved there as PNG
 //                         (dashboard-queues.png, -queue.png, -job.png;
-//                         with --groups: dashboard-groups.png)
+//                         with --groups: dashboard-groups.png; --chart:
+//                         dashboard-chart.png)
 //   CHROMIUM              the browser (default /usr/bin/chromium)
 //
 // Prints "ok: ..." for each expectation met; at the first one not met,
@@ -59,9 +63,10 @@ const groupsMode = process.argv[2] === "--groups";
 const unreachableMode = process.argv[2] === "--unreachable";
 const flowMode = process.argv[2] === "--flow";
 const workersMode = process.argv[2] === "--workers";
+const chartMode = process.argv[2] === "--chart";
 const secrets = unreachableMode ? process.argv.slice(4) : [];
 const [url, queue, failedId, errorCode] = tokenMode ? [process.argv[3], process.argv[5], "-", "-"]
-  : groupsMode || flowMode || workersMode ? [process.argv[3], process.argv[4], "-", "-"]
+  : groupsMode || flowMode || workersMode || chartMode ? [process.argv[3], process.argv[4], "-", "-"]
   : unreachableMode ? [process.argv[3], "orders", "-", "-"] : process.argv.slice(2);
 const token = tokenMode ? process.argv[4] : "";
 const [pagedQueue, pagedTotal] = tokenMode || workersMode ? [] : [process.argv[6], Number(process.argv[7])];
@@ -72,7 +77,8 @@ if (!url || !queue || !failedId || !errorCode || (tokenMode && !token)) {
     "       node spec/browser/dashboard.js --groups URL QUEUE\n" +
     "       node spec/browser/dashboard.js --unreachable URL SECRET...\n" +
     "       node spec/browser/dashboard.js --flow URL QUEUE\n" +
-    "       node spec/browser/dashboard.js --workers URL QUEUE PID JOB FAILED_QUEUE");
+    "       node spec/browser/dashboard.js --workers URL QUEUE PID JOB FAILED_QUEUE\n" +
+    "       node spec/browser/dashboard.js --chart URL QUEUE");
   process.exit(2);
 }
 
@@ -340,6 +346,45 @@ async function seeWorkers(page) {
   await expectText(page, '[data-test="ever-counts"]', { has: "2 failed" }, "the jobs that ever failed said apart");
 }
 
+// --chart: QUEUE ran 10,000 jobs or more in a minute: the chart's tick
+// labels have 5 digits and more, and no label's box meets another's (the
+// axis titles, turned on their side, included), each inside the chart.
+async function seeChart(page) {
+  await page.goto(`${url}#/queue/${encodeURIComponent(queue)}`, { waitUntil: "load" });
+  try {
+    await page.waitForFunction(() => [...document.querySelectorAll('[data-test="chart"] .tick')]
+      .some((t) => /^\d{2,3}([,.\u202f\u00a0]\d{3})+$/.test(t.textContent)), { timeout: WAIT_MS, polling: 100 });
+  } catch (e) {
+    throw new Error(`expected a 5-digit tick label on the chart; ${await pageSummary(page)}`);
+  }
+  ok("5-digit tick labels on the chart");
+  const boxes = (await page.$$eval('[data-test="chart"] text', (texts) => texts.map((t) => {
+    const r = t.getBoundingClientRect();
+    return { text: t.textContent, title: t.classList.contains("axis-title"), left: r.left, right: r.right,
+      top: r.top, bottom: r.bottom };
+  }))).sort((a, b) => b.title - a.title); // (the axis titles first: the overlap users saw)
+  const frame = await page.$eval('[data-test="chart"]', (svg) => {
+    const r = svg.getBoundingClientRect();
+    return { left: r.left, right: r.right, top: r.top, bottom: r.bottom };
+  });
+  const meet = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+  for (let i = 0; i < boxes.length; i++) {
+    const a = boxes[i];
+    if (a.left < frame.left || a.right > frame.right || a.top < frame.top || a.bottom > frame.bottom) {
+      throw new Error(`the label "${a.text}" reaches out of the chart: ${JSON.stringify(a)} in ${JSON.stringify(frame)}`);
+    }
+    for (let j = i + 1; j < boxes.length; j++) {
+      if (meet(a, boxes[j])) {
+        throw new Error(`the labels "${a.text}" and "${boxes[j].text}" overlap: ${JSON.stringify(a)} ${JSON.stringify(boxes[j])}`);
+      }
+    }
+  }
+  const titles = boxes.filter((b) => b.title).length;
+  if (titles !== 3) throw new Error(`expected 3 axis titles, saw ${titles}`);
+  ok(`no two of the chart's ${boxes.length} labels overlap, the axis titles included`);
+  await screenshot(page, "dashboard-chart.png");
+}
+
 async function main() {
   const browser = await puppeteer.launch({
     executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
@@ -361,6 +406,8 @@ async function main() {
       await seeWorkers(page);
     } else if (flowMode) {
       await seeFlow(page);
+    } else if (chartMode) {
+      await seeChart(page);
     } else if (groupsMode) {
       await seeGroups(page);
     } else if (tokenMode) {

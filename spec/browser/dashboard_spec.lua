@@ -7,9 +7,10 @@
 -- it. With a token: refused without it, kept by the tab once given; and no
 -- polling while the tab is hidden. A queue's groups held back, with why
 -- (dashboard.js --groups). A flow: its parent on the Waiting children tab,
--- its children on its page, linked across queues (dashboard.js --flow). The
--- Workers page lists a live worker; a Failed tab's count follows its list
--- after "Retry all failed" (dashboard.js --workers). A
+-- its children on its page, linked across queues (dashboard.js --flow).
+-- A chart of 20,000 jobs in a minute: no label meets another (dashboard.js
+-- --chart). The Workers page lists a live worker; a Failed tab's count
+-- follows its list after "Retry all failed" (dashboard.js --workers). A
 -- Redis that is down: the banner says so, and
 -- nothing of its URL is on the page (dashboard.js --unreachable).
 --
@@ -143,6 +144,27 @@ rq.describe(function()
       drive(("--workers %s thumbnails %d thumb-7 invoices"):format(start_dashboard(), pid), {
         "the worker of thumbnails listed with its pid", "its running job thumb%-7", "the Failed tab counting 0" })
       assert.equal(0, failing:counts().failed)
+    end)
+
+    it("draws the chart's labels apart with 5-digit counts per minute and minutes-long run times", function()
+      need_driver()
+      local q = rq.new_producer("busy")
+      -- 20,000 jobs ended through the library's complete, each with its run time: in one
+      -- minute, or two, one of which then has 10,000 or more
+      local fetch = require("held_groups").fetch
+      for _ = 1, 20 do
+        local list = {}
+        for i = 1, 1000 do list[i] = { n = i } end
+        assert(q:add_bulk(list))
+        local _, reply = fetch(q, 1000)
+        local args = { "FCALL", "moonjob_complete", 1, q.prefix, "\0ms" }
+        for i = 2, #reply do
+          for _, v in ipairs({ reply[i][1], reply[i][2], "1", i % 50 == 0 and 95000 or 40 }) do args[#args + 1] = v end
+        end
+        assert.equal(1000, #assert(q.client:call_wait(args)))
+      end
+      drive("--chart " .. start_dashboard() .. " busy", { "5%-digit tick labels on the chart",
+        "no two of the chart's %d+ labels overlap" })
     end)
 
     it("says Redis is unreachable in the banner, with nothing of its URL on the page", function()

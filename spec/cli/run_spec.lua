@@ -305,8 +305,7 @@ describe("moonjob run #slow", function()
     it("exits 2 when the processor file is missing", function()
       local _, err, status = h.sh(MOONJOB .. "run nowhere.lua", "1\n")
       assert.equal(2, status)
-      assert.equal("moonjob: ELOAD: cannot open processor file 'nowhere.lua': no such file or directory\n"
-        .. "Try 'moonjob --help'.\n", err)
+      assert.equal("moonjob: ELOAD: cannot open processor file 'nowhere.lua': no such file or directory\n", err)
     end)
 
     it("exits 2 when the input file is missing", function()

@@ -291,7 +291,7 @@ rq.describe(function()
         refused("* * * * *", "COUNT must be a whole number from 1 to 100", 0, 0, count)
       end
       local _, err = client:call_wait({ "FCALL", "moonjob_cron", "1", PREFIX })
-      assert.matches("EINPUT moonjob_cron: it takes CRON [FROM_MS [OFFSET_MIN [COUNT]]]", err, 1, true)
+      assert.matches("EINPUT moonjob_cron: it takes CRON [FROM_MS [OFFSET_MIN | SHIFTS [COUNT]]]", err, 1, true)
     end)
 
     it("refuses a wrong number of fields, empty items, reversed ranges, out-of-range values, bad steps", function()

@@ -165,7 +165,7 @@ describe("the Redis library's parts", function()
       return assert(loadstring("return " .. expr:gsub("%s*%-%-.*$", "")))()
     end
     for _, name in ipairs({ "REGISTRY", "PAUSED", "RUN_MS_MARK", "SECONDS_MAX", "ATTEMPTS_MAX",
-      "ADDED_KEEP_MS" }) do
+      "ADDED_KEEP_MS", "RUN_BUCKETS_PER_DOUBLING", "RUN_BUCKET_DOUBLINGS" }) do
       assert.equal(names[name], copy(name), name)
     end
   end)
@@ -197,6 +197,19 @@ rq.describe(function()
       assert.equal("moonjob", load(server, padded(room)))
       assert.matches("more than 200 local variables", load(server, padded(room + 1)))
       assert.equal("moonjob", load(server, library.text()))
+    end)
+
+    it("writes the run-time buckets' bounds as moonjob.redis.names does, text for text", function()
+      local server = rq.server()
+      assert.equal("moonjob", load(server, library.text()))
+      local names = require "moonjob.redis.names"
+      local want = {}
+      for k = 0, #names.RUN_BOUNDS_MS - 1 do want[#want + 1] = names.run_bound(k) end
+      local reply = server:cli("FCALL", "moonjob_metrics", "1", "mj:{lib}:", "1", "fine")
+      local bounds = {}
+      for line in reply:gmatch("[^\n]+") do bounds[#bounds + 1] = line end
+      -- (redis-cli prints the reply's elements one a line: first minute, the bounds, rows of zeros)
+      assert.same(want, { unpack(bounds, 2, #want + 1) })
     end)
 
     it("names the part of a line Redis refuses", function()

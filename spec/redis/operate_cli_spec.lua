@@ -99,6 +99,22 @@ rq.describe(function()
       end
     end)
 
+    it("name ENOQUEUE, the code errors.md explains, for a queue never used: clean, job, schedule list", function()
+      local name = rq.new_queue()
+      assert(rq.new_producer(name):add({ n = 1 }))
+      for _, command in ipairs({ "clean --state failed --older-than 0", "job x", "schedule list" }) do
+        local out, err, status = moonjob(command .. " --queue never_used")
+        assert.equal(1, status, command)
+        assert.equal("", out)
+        assert.matches("^moonjob: ENOQUEUE: no such queue: 'never_used' has no key on this server %(nothing was "
+          .. "ever added to it, or it was removed%); check %-%-queue and %-%-redis%. The queues there: .*" .. name
+          .. "\n$", err)
+      end
+      local errors_md = require("cli").read("docs/reference/errors.md")
+      assert.matches("\n### ENOQUEUE\n", errors_md)
+      assert.matches("%[`ENOQUEUE`%]%(#enoqueue%)", errors_md)
+    end)
+
     it("pause and resume a queue that workers run: status says paused, then it empties", function()
       local name = rq.new_queue()
       local q = rq.new_producer(name)

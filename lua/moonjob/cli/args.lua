@@ -1,158 +1,15 @@
--- moonjob.cli.args -- the command line's words: its help text and the parser
--- that turns arguments into one table of options for every command.
+-- moonjob.cli.args -- the parser that turns the command line's arguments
+-- into one table of options for every command (their help: moonjob.cli.help).
 --
 -- Options are written the ways GNU tools take them: `-j 4`, `-j4`, `-j=4`,
 -- `--concurrency 4`, `--concurrency=4`. A value that is missing or wrong is a
 -- usage error naming the option and what it wants ("-j needs a number: a
 -- whole number from 1 to 1024"). `--halt` takes GNU parallel's WHEN,fail=N
 -- and WHEN,fail=P% (WHEN: now or soon), or never.
+local help = require "moonjob.cli.help"
+
 local M = {}
 
-M.USAGE = [=[
-usage: moonjob run PROCESSOR [INPUT] [options]
-       moonjob worker PROCESSOR --redis URL --queue NAME [-j N] [--lease S] [--grace S]
-       moonjob add --redis URL --queue NAME [INPUT] [--raw] [--dedupe] [--attempts N] [--priority P] [--delay S]
-       moonjob status --redis URL --queue NAME [--watch [--until-empty]]
-       moonjob queues | workers | jobs | job | retry | remove | promote | clean | pause | resume ...
-       moonjob schedule add | list | remove ...
-       moonjob dashboard --redis URL [--listen 127.0.0.1:7411] [--token T]
-       moonjob library [--line N]
-
-Runs the processor file PROCESSOR once per line of INPUT, an NDJSON file
-(one job's data per line, any JSON value; default: standard input), in a pool
-of child processes. Prints one JSON line per finished line, as it finishes:
-  {"line":1,"status":"completed","result":...,"attempts":1,"ms":0.4}
-  {"line":2,"status":"failed","error":{"code":"...","message":"..."},"attempts":1,"ms":0.2}
-What the processor prints goes to standard error as "[line N] text".
-Plain-text lines (file names, words): --raw, e.g. ls *.log | moonjob run count.lua --raw
-
-options:
-  --raw                 each input line is a job's data as it is, a string
-                        (no JSON needed; blank lines still run nothing)
-  -j, --concurrency N   children to run (default: the number of CPUs; also --jobs N)
-  -k, --keep-order      print results in input order (default: as they finish)
-  --halt WHEN,fail=N    stop after N failed lines: WHEN is now (running jobs
-                        are killed; exit 3) or soon (nothing more starts,
-                        running jobs finish; exit 4); fail=P% stops when P% of
-                        the lines finished have failed (from 3 finished lines)
-  --rate N/s            start at most N lines a second (also N/m, N/h; plain
-                        N is N/s): N whole lets N start together in each
-                        period (10/s, 60/m); N below 1 or fractional spaces
-                        them evenly (0.5/s: one every 2 s); each line then
-                        runs as a job of its own
-  --attempts N          runs per job before it fails for good (default 1)
-  --backoff SPEC        wait between attempts: fixed:SECONDS or
-                        exponential:SECONDS[:JITTER] (JITTER 0..1)
-  --joblog FILE         append one line per finished job to FILE
-  --resume              skip the lines FILE (--joblog) records as completed
-  --timeout S           seconds a job may run; then it is interrupted, its
-                        cleanup runs, and it fails with ETIMEDOUT
-  --kill-after S        seconds after the timeout before the child is killed
-                        (default 5)
-  --start-timeout S     seconds a child may take to load the processor
-                        (default 60); then the run stops with ELOAD
-  --progress, --no-progress   show a progress line and a summary on stderr, or
-                        not (default: when stderr is a terminal; none is drawn
-                        while the input is typed on a terminal)
-
-durable queues on Redis (README "Durable queues on Redis"):
-  worker                run jobs from the queue until SIGTERM or Ctrl-C, then
-                        give back what was not started and exit 0
-  add                   add one job per NDJSON line of INPUT; prints the ids
-                        (--raw: per line of text, its data a JSON string)
-  status                print the queue's counts (--watch: every second, with
-                        the rate and an ETA; --until-empty: end when nothing
-                        waits or runs)
-  --keep-logs N         log lines kept in Redis per job (default 100)
-  --quiet, --verbose    for worker: no line per failed or retried job; a
-                        line per job, completed ones too
-  --metrics HOST:PORT   for worker: serve /metrics for Prometheus there
-
-operating a queue (each prints NDJSON, or a table on a terminal; --json:
-NDJSON there too):
-  queues                the server's queues with their counts (completed,
-                        failed: kept now; *_ever: every one that ended so)
-  workers [--queue Q]   the workers serving Q (or every queue) as their
-                        heartbeats say: host, pid, children, running jobs,
-                        last seen; "lapsed" once one missed 3 beats
-  jobs [--state S] [--limit N] [--offset N]
-                        a page of the jobs in state S: waiting (default),
-                        delayed, active, completed, failed or
-                        waiting-children (a flow's parents whose children
-                        have not all ended)
-  job ID                one job: data, result or error, log, attempts, times;
-                        a flow's parent: its children (id, queue, state,
-                        result or error); a flow's child: its parent
-  retry ID... | --all [--state completed]
-                        run failed (or completed) jobs again
-  remove ID... [--cascade]
-                        remove jobs that are not running (a flow's parent:
-                        its pending children are canceled); a flow's child
-                        its parent waits for only with --cascade (the parent
-                        counts it as canceled: by default it then fails)
-  promote ID...         run delayed jobs now
-  clean --state S --older-than SECONDS [--limit N]
-                        remove completed or failed jobs older than SECONDS
-  pause, resume         stop every worker fetching from the queue, or resume
-
-repeating jobs (docs/guide/schedules.md); Redis fires them while a worker runs:
-  schedule add ID --cron "m h dom mon dow" | --every S
-                        one job per due time, its id s:ID:<ms>; also --tz
-                        UTC|local|+05:30, --start T, --stop T, --limit N (runs),
-                        --catch-up none|one (slots missed while no worker ran:
-                        skipped, or one job for them; default one), --data
-                        JSON and add's job options
-  schedule list         the schedules, the next due first
-  schedule remove ID... remove schedules (the jobs they made stay)
-
-the web dashboard (docs/guide/dashboard.md):
-  dashboard             serve it until Ctrl-C: queues, jobs, actions, /metrics
-  --listen HOST:PORT    default 127.0.0.1:7411 (loopback); another address
-                        needs a token
-  --token T             what every visitor must give (?token=T); default:
-                        $MOONJOB_DASHBOARD_TOKEN (keeps it out of `ps`)
-
-the Redis function library (docs/REDIS.md); workers and producers load it:
-  library               print it, for an admin to load: moonjob library |
-                        redis-cli -x FUNCTION LOAD REPLACE
-  library --line N      the part and its line that a Redis error's
-                        user_function:N names
-
-the commands on Redis (worker, add, status, the operating commands, schedule,
-dashboard) take --redis, those on one queue --queue, the others as they say:
-  --redis URL           redis://[user:password@]host[:port][/db]; default:
-                        $MOONJOB_REDIS (keeps a password out of `ps`)
-  --queue NAME          the queue's name
-  --lease S             for worker: seconds a fetched job is held before
-                        another worker may take it, renewed every S/12
-                        (default 30)
-  --grace S             for worker: seconds running jobs get to finish when
-                        the worker stops (default 30)
-  --prefetch N          for worker: jobs held beyond the running ones
-                        (default: about 100 ms of work per child, from the
-                        jobs' measured run time)
-  --keep N, --keep-age S  for worker: finished jobs kept in Redis, by count
-                        per state (default: any number) and age (default
-                        86400 s: a day; failed ones: --keep-failed-age, a week)
-  --keep-failed-age S   for worker: seconds failed jobs are kept (default 604800)
-  --priority P, --delay S   for add: lower runs first; seconds before it may run
-  --group NAME          for add and schedule add: the jobs' group (a tenant, a
-                        customer): groups take turns, each under its limits
-  --dedupe              for add: each job's id from its line (SHA-1), so adding
-                        the same lines again adds nothing twice
-  --resolve S           for add: seconds a line whose reply was lost (Redis
-                        stalled, the link dropped) is asked for again, and
-                        Redis is waited for (default and most 300; 0: such a
-                        line is unknown at once)
-
-  -h, --help            show this help
-  --version             show the version
-
-exit status: 0 every job completed, 1 some job failed, 2 usage, set-up or I/O
-error (the processor cannot load, the joblog cannot be written), 3 stopped by
---halt now, 4 stopped by --halt soon, 128+N when stopped by signal N (130
-Ctrl-C, 143 SIGTERM, 129 SIGHUP)
-]=]
 
 local SECONDS_MAX = require("moonjob.pool.options").SECONDS_MAX -- the pool's own bound on its times
 local RESOLVE_MAX = require("moonjob.redis.names").RESOLVE_MAX
@@ -282,7 +139,7 @@ local VALUED = {
     local n = tonumber(text)
     if n and n >= 1 and n <= SECONDS_MAX then return n end
   end, "a number", "a number of seconds from 1 to 1e9" },
-  ["--tz"] = { "tz", path, "a zone", "UTC, local or an offset such as +05:30" },
+  ["--tz"] = { "tz", path, "a zone", "UTC, local, a zone such as Europe/Berlin, or an offset such as +05:30" },
   ["--start"] = { "start", path, "a time", "seconds since the epoch, or UTC such as 2026-12-01T03:00Z" },
   ["--stop"] = { "stop", path, "a time", "seconds since the epoch, or UTC such as 2026-12-01T03:00Z" },
   ["--catch-up"] = { "catch_up", function(text)
@@ -327,6 +184,15 @@ local function option_value(name, value)
   return field, v
 end
 
+-- Every option the parser knows, sorted.
+function M.option_names()
+  local t = { "--no-progress" }
+  for name in pairs(VALUED) do t[#t + 1] = name end
+  for name in pairs(FLAGS) do t[#t + 1] = name end
+  table.sort(t)
+  return t
+end
+
 -- args.parse(args) -> options | nil, message
 function M.parse(args)
   local o = { positional = {} }
@@ -345,7 +211,7 @@ function M.parse(args)
       if not field then return nil, v end
       o[field] = v
     elseif a:sub(1, 1) == "-" and a ~= "-" then
-      return nil, ("unknown option '%s'"):format(a)
+      return nil, ("unknown option '%s'%s"):format(a, help.did_you_mean(name, M.option_names()))
     else
       o.positional[#o.positional + 1] = a
     end

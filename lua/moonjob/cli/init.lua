@@ -16,10 +16,13 @@
 -- set-up or I/O errors that stop the run, 3 and 4 for --halt now and soon,
 -- 128 + N on signal N (moonjob.cli.stops).
 --
--- Caveat: a usage error is said on stderr with a hint, and nothing else is
--- written: the run had not started.
+-- Caveat: a usage error (the command line is wrong) is said on stderr with a
+-- hint, and nothing else is written: the run had not started. A set-up
+-- error (a processor that cannot load, an input that cannot be opened) is
+-- said without the hint: the command line was right.
 local args = require "moonjob.cli.args"
 local core = require "moonjob.core"
+local help = require "moonjob.cli.help"
 local moonjob = require "moonjob"
 local run = require "moonjob.cli.run"
 local stops = require "moonjob.cli.stops"
@@ -117,7 +120,7 @@ local function remote_command(command, o)
     if o.positional[3] then return usage_error(("unexpected argument '%s'"):format(o.positional[3])) end
     return remote.add(o.positional[2], o)
   end
-  return usage_error("unknown command '" .. command .. "'")
+  return M.unknown_command(command)
 end
 
 -- moonjob library: prints the Redis function library, as FUNCTION LOAD takes
@@ -125,42 +128,51 @@ end
 local function library_command(o)
   if o.positional[2] then return usage_error(("unexpected argument '%s'"):format(o.positional[2])) end
   local library = require "moonjob.redis.library"
-  if not o.line then
-    io.stdout:write(library.text())
-    return stops.EXIT_OK
-  end
+  if not o.line then return stops.print(library.text()) end
   local _, line, path = library.where(o.line)
   if not line then
     return usage_error(("line %d is not in a part of the library (line 1 is its #!lua line; it has %d)")
       :format(o.line, select(2, library.text():gsub("\n", ""))))
   end
-  io.stdout:write(("%s:%d\n"):format(path, line))
-  return stops.EXIT_OK
+  return stops.print(("%s:%d\n"):format(path, line))
+end
+
+-- `moonjob --help`, `moonjob COMMAND --help`: the overview, or that
+-- command's own section; an unknown command is a usage error.
+local function help_command(command)
+  if command == nil then return stops.print(help.overview()) end
+  if not help.command(command) then return M.unknown_command(command) end
+  return stops.print(help.command_help(command))
+end
+
+-- An unknown command: a usage error naming the one it most likely mistypes.
+function M.unknown_command(command)
+  local names = help.names()
+  return usage_error(("unknown command '%s'%s; the commands are %s and %s"):format(command,
+    help.did_you_mean(command, names), table.concat(names, ", ", 1, #names - 1), names[#names]))
 end
 
 -- cli.main(args) -> exit status
 function M.main(arguments)
   local o, err = args.parse(arguments)
   if not o then return usage_error(err) end
-  if o.help then io.stdout:write(args.USAGE) return stops.EXIT_OK end
-  if o.version then io.stdout:write(moonjob._VERSION, "\n") return stops.EXIT_OK end
+  if o.help then return help_command(o.positional[1]) end
+  if o.positional[1] == "help" then return help_command(o.positional[2]) end -- (git's habit)
+  if o.version then return stops.print(moonjob._VERSION, "\n") end
   local command = o.positional[1]
   if command == nil then return usage_error("missing command: moonjob run PROCESSOR [INPUT]") end
   if command == "worker" or command == "add" or command == "dashboard" or OPERATE[command] then
     return remote_command(command, o)
   end
   if command == "library" then return library_command(o) end
-  if command ~= "run" then
-    return usage_error(("unknown command '%s'; the commands are run, worker, add, status, queues, jobs, job, "
-      .. "retry, remove, promote, clean, pause, resume, schedule, workers, dashboard and library"):format(command))
-  end
+  if command ~= "run" then return M.unknown_command(command) end
   local processor, input_path = o.positional[2], o.positional[3]
   if not processor then return usage_error("missing PROCESSOR: moonjob run PROCESSOR [INPUT]") end
   if o.positional[4] then return usage_error(("unexpected argument '%s'"):format(o.positional[4])) end
   if o.resume and not o.joblog then return usage_error("--resume needs --joblog FILE") end
   if o.progress == nil then o.progress = core.isatty(2) end
-  local status, why = run.run(processor, input_path, o)
-  if not status then return usage_error(why) end
+  local status, why, is_usage = run.run(processor, input_path, o)
+  if not status then return (is_usage and usage_error or stops.setup_error)(why) end
   return status
 end
 

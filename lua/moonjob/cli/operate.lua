@@ -14,8 +14,8 @@
 -- All take --redis URL (or MOONJOB_REDIS). What they print goes to stdout:
 -- one JSON object per line (NDJSON: keys sorted, for jq and scripts), or,
 -- when stdout is a terminal, a table (--json asks for NDJSON there too).
--- Errors go to stderr, one line each. Exit status: 0 when everything asked
--- was done, 1 when something was refused (an unknown id, a job in another
+-- Errors go to stderr, one line each. A reader that goes away (| head) ends
+-- the output quietly. Exit status: 0 when everything asked was done, 1 when something was refused (an unknown id, a job in another
 -- state, no such queue: each said), 2 for usage errors.
 local core = require "moonjob.core"
 local moonjob = require "moonjob"
@@ -39,10 +39,15 @@ local function new_out(o)
   return setmetatable({ table = core.isatty(1) and not o.json, rows = {} }, Out)
 end
 
+-- The first write error is kept; a reader gone (| head) is noted apart.
+function Out:fail(err, errno)
+  self.err, self.reader_gone = err, stops.reader_gone(err, errno)
+end
+
 function Out:write(...)
   if self.err then return end
-  local ok, err = io.stdout:write(...)
-  if not ok then self.err = err end
+  local ok, err, errno = io.stdout:write(...)
+  if not ok then self:fail(err, errno) end
 end
 
 function Out:object(t)
@@ -110,11 +115,14 @@ function Out:flush(columns)
   return self:done()
 end
 
+-- Whether what was written went out. A reader that went away (| head)
+-- read what it wanted: that is not a failure, and nothing is said.
 function Out:done()
   if not self.err then
-    local ok, err = io.stdout:flush()
-    if not ok then self.err = err end
+    local ok, err, errno = io.stdout:flush()
+    if not ok then self:fail(err, errno) end
   end
+  if self.reader_gone then return true end
   if self.err then say("writing to standard output failed: ", tostring(self.err)) end
   return not self.err
 end
@@ -134,11 +142,18 @@ local function existing_queue(o)
   if not c then say(tostring(err)) q:close() return nil end
   if c.exists then return q, c end
   q:close()
+  M.no_such_queue(o)
+  return nil
+end
+
+-- Says that queue o.queue has no key on the server (ENOQUEUE: docs/reference/errors.md),
+-- naming the queues it holds.
+function M.no_such_queue(o)
   local names = {}
   for _, info in ipairs(moonjob.queues(o.redis) or {}) do names[#names + 1] = info.name end
-  say(("no such queue: '%s' has no key on this server (nothing was ever added to it). %s"):format(o.queue,
+  say(("ENOQUEUE: no such queue: '%s' has no key on this server (nothing was ever added to it, or it was "
+    .. "removed); check --queue and --redis. %s"):format(o.queue,
     #names > 0 and "The queues there: " .. table.concat(names, ", ") or "The server holds no queue."))
-  return nil
 end
 
 local function when(ms)
@@ -245,6 +260,7 @@ function M.job(id, o)
   local job, err = q:job(id)
   if job then Operate.parent_state(q, job) end
   q:close()
+  if not job and type(err) == "table" and err.code == "ENOQUEUE" then M.no_such_queue(o) return EXIT_FAILED end
   if not job then say(tostring(err)) return EXIT_FAILED end
   local out = new_out(o)
   if not out.table then

@@ -73,6 +73,7 @@ function M.new(keep_order, log, hooks, out)
     joblog = log, joblog_may_show = log and not M.regular_file(log.file), -- (--joblog /dev/stderr)
     display = nil, -- the progress line (moonjob.cli.progress), set by the run
     joblog_failed = false, write_error = nil, -- the reader went (EPIPE) or a write failed
+    given = 0, -- the bytes given to stdout's writer
     on_joblog_failed = hooks.joblog_failed, on_closed = hooks.closed,
     pending_text = {}, covers = {}, next_line = 1, pending_bytes = 0, pending_lines = 0, -- (-k)
   }, Output)
@@ -86,6 +87,7 @@ function Output:write(text)
     if self.joblog_may_show then display.erase() end
     display.before_stdout()
   end
+  self.given = self.given + #text
   local written, e = self.out:write(text)
   if not written then -- nobody reads the output any more, or it failed: stop
     self.write_error = e
@@ -129,6 +131,13 @@ function Output:flush_pending()
   table.sort(starts)
   for _, line in ipairs(starts) do self:write(self.pending_text[line]) end
   self.pending_text, self.covers, self.pending_bytes, self.pending_lines = {}, {}, 0, 0
+end
+
+-- Whether stdout took every byte it was given (a writer that cannot say:
+-- true).
+function Output:all_taken()
+  local out = self.out
+  return not out.written or out:written() >= self.given
 end
 
 -- The writer's error, if a write failed (or its reader went), else nil.

@@ -14,7 +14,6 @@
 -- one line per job that failed or will be retried (--quiet: none;
 -- --verbose: every job), and at the end what it did.
 local core = require "moonjob.core"
-local ffi = require "ffi"
 local json = require "moonjob.codec.json"
 local loop = require "moonjob.loop"
 local moonjob = require "moonjob"
@@ -164,6 +163,8 @@ end
 -- whole (up to about 80 bytes a line), and 128 keep a reply under 16 KB (a
 -- 256-row reply was seen cut by a stall).
 local BATCH, WHOLE_BATCH = add.BULK_CALL, 128 -- (one call of add.bulk_calls)
+local FLUSH_MS = 50 -- a batch not full is sent this long after its first line came
+local HELD_MAX = 4096 -- lines read and not yet taken: reading pauses past them
 
 -- What each line came to: ids[n] = the job's id, or false (blank, skipped,
 -- refused, unknown); printed in input order as the gaps close.
@@ -175,17 +176,26 @@ function Adds.new(q, opts, dedupe, raw)
   local one = add.args(q.prefix, "{}", opts, false, nil, dedupe and "join" or nil)
   -- (runs only come for waiting jobs of drawn ids: else every row whole)
   local whole = dedupe or (opts.delay or 0) > 0 or (opts.group or "") ~= ""
-  return setmetatable({ q = q, one = one, dedupe = dedupe, raw = raw, ids = {}, next_print = 1,
+  local self = setmetatable({ q = q, one = one, dedupe = dedupe, raw = raw, ids = {}, next_print = 1,
     inflight = 0, added = 0, failed = 0, unknown = 0, batch = { lines = {}, texts = {} },
-    batch_size = whole and WHOLE_BATCH or BATCH }, Adds)
+    batch_size = whole and WHOLE_BATCH or BATCH, due = false }, Adds)
+  self.timer = core.timer(function() self.due = true end) -- a partial batch waited FLUSH_MS
+  return self
 end
 
+-- Prints the ids known, in input order up to the first line still in
+-- flight, and hands them to stdout at once (a reader of a slow pipe's ids
+-- gets each as its reply comes).
 function Adds:flush()
-  local ids = self.ids
+  local ids, printed = self.ids, false
   while ids[self.next_print] ~= nil do
-    if ids[self.next_print] ~= false then self:print(ids[self.next_print]) end
+    if ids[self.next_print] ~= false then self:print(ids[self.next_print]) printed = true end
     ids[self.next_print] = nil
     self.next_print = self.next_print + 1
+  end
+  if printed and not self.output_error then
+    local ok, err = io.stdout:flush()
+    if not ok then self.output_error = err end
   end
 end
 
@@ -233,6 +243,8 @@ end
 -- them its jobs may or may not have been added: "unknown".
 function Adds:send()
   local batch = self.batch
+  self.timer:stop()
+  self.due = false
   if #batch.lines == 0 then return end
   self.batch = { lines = {}, texts = {} }
   if not self:connected() then
@@ -258,21 +270,27 @@ function Adds:send()
         self:refused(n, tostring(row or err))
       end
     end
+    self:flush()
   end)
 end
 
--- A line to add, sent with the next batch.
+-- A line to add, sent with the next batch: once it is full, or FLUSH_MS
+-- after its first line came (input that comes slowly is not held back).
 function Adds:take(n, line)
   local batch = self.batch
   batch.lines[#batch.lines + 1] = n
   batch.texts[#batch.texts + 1] = line
-  if #batch.lines >= self.batch_size then
-    self:send()
-    loop.step() -- (its bytes written now: the next read may wait for input a long time)
-  end
+  if #batch.lines == 1 then self.timer:start(FLUSH_MS) end
+  if #batch.lines >= self.batch_size then self:send() end
 end
 
-function Adds:line(n, line)
+-- Input line `n` (`line`; false: longer than max_payload, `len` bytes or more).
+function Adds:line(n, line, len)
+  if not line then
+    say(("line %d takes %d bytes or more, more than max_payload (%d); skipped"):format(n, len, self.q.max_payload))
+    self.failed, self.ids[n] = self.failed + 1, false
+    return
+  end
   if line:match("^%s*$") then
     self.ids[n] = false
     return
@@ -306,32 +324,72 @@ function Adds:summary()
   end
 end
 
--- The lines of file `input` (an io file), without their newlines, each
--- with every byte it holds, read as they arrive: LuaJIT's file:lines()
--- reads with fgets and cuts a line at a NUL byte, joining the rest to the
--- next line; getline(3) says how long a line is. (The FFI hands an io file
--- over as its FILE *.)
--- A read error ends the lines too, and is noted in state.read_error (the
--- system's words) for the command to say and fail with.
-for _, decl in ipairs({ "long getline(char **line, size_t *n, void *stream);", "void free(void *p);",
-  "int ferror(void *stream);", "char *strerror(int errnum);" }) do
-  pcall(ffi.cdef, decl) -- one by one: another module may have declared one already
+-- The lines of descriptor `fd`, read on the loop (core.input: every byte of
+-- a line kept, NULs too), held in order until the command takes them
+-- (take_lines); reading pauses while HELD_MAX wait. A line longer than
+-- `max_line` is held as false, with the bytes it had. r.ended once the input
+-- ended; r.read_error then says why, when a read failed.
+local function reader(fd, max_line)
+  local r = { texts = {}, lens = {}, first = 1, last = 0, line_no = 0, ended = false, read_error = nil,
+    stopped = false } -- (stopped: by a signal, reading is not resumed)
+  r.handle = core.input(fd, max_line, function(text, len)
+    local last = r.last + 1
+    r.texts[last], r.lens[last], r.last = text or false, len, last
+    if last - r.first + 1 >= HELD_MAX then r.handle:pause() end
+  end, function(e) r.ended, r.read_error = true, e end)
+  r.handle:resume()
+  return r
 end
 
-local function lines_of(input, state)
-  local line, size = ffi.new("char *[1]"), ffi.new("size_t[1]")
-  return function()
-    local n = tonumber(ffi.C.getline(line, size, input))
-    if n < 0 then -- the end, or a read error
-      local errno = ffi.errno()
-      if ffi.C.ferror(input) ~= 0 then state.read_error = ffi.string(ffi.C.strerror(errno)) end
-      ffi.C.free(line[0])
-      line[0], size[0] = nil, 0
-      return nil
-    end
-    if n > 0 and line[0][n - 1] == 10 then n = n - 1 end
-    return ffi.string(line[0], n)
+-- Hands the lines read so far to adds, numbered on from r.line_no, with
+-- at most `window` lines sent and not answered.
+local function take_lines(r, adds, window)
+  while r.first <= r.last do
+    local i = r.first
+    local text, len = r.texts[i], r.lens[i]
+    r.texts[i], r.lens[i], r.first = nil, nil, i + 1
+    r.line_no = r.line_no + 1
+    adds:line(r.line_no, text, len)
+    if adds.inflight >= window then loop.wait_until(function() return adds.inflight < window / 2 end) end
+    adds:flush()
   end
+  if not (r.ended or r.stopped) then r.handle:resume() end
+end
+
+-- Reads and adds every line of the input; raises on a stop signal.
+local function add_all(r, adds, window)
+  repeat -- (a batch not full goes once it waited FLUSH_MS: adds.due)
+    loop.wait_until(function() return r.first <= r.last or r.ended or adds.due end)
+    if adds.due then adds:send() end
+    take_lines(r, adds, window)
+  until r.ended and r.first > r.last
+end
+
+-- Adds the lines read and not yet taken (the input gave them up), sends
+-- the last batch and waits for every reply: false when a stop signal cut
+-- that short.
+local function add_rest(r, adds, window)
+  return pcall(function()
+    take_lines(r, adds, window)
+    adds:send()
+    loop.wait_until(function() return adds.inflight == 0 end)
+  end)
+end
+
+local SIGNAL_NAMES = { [1] = "SIGHUP", [2] = "SIGINT", [15] = "SIGTERM" }
+
+-- What a stop signal `signum` left: said, and the exit status 128 + signum.
+local function interrupted(signum, r, adds, replied)
+  local name = SIGNAL_NAMES[signum] or ("signal " .. signum)
+  if r.stopped then
+    say(("interrupted by %s: the input after line %d was not read; the lines before it were sent (their ids "
+      .. "are printed)"):format(name, r.line_no))
+  end
+  if not replied then
+    say(("interrupted by %s while waiting for Redis: %d line(s) sent got no reply: unknown whether they were "
+      .. "added"):format(name, adds.inflight))
+  end
+  return 128 + signum
 end
 
 -- moonjob add: one job per NDJSON line (--raw: per line of text, its data
@@ -344,7 +402,7 @@ end
 -- adds only what is missing (identical lines are one job).
 function M.add(input_path, o)
   local WINDOW = 2048 -- lines sent and not answered
-  local input = io.stdin
+  local fd = 0
   if (input_path == nil or input_path == "-") and core.closed_at_start(0) then
     say("standard input is closed", input_path and " (INPUT is -)" or " and no INPUT file was given",
       ": name the file (moonjob add --queue NAME INPUT) or give the lines on stdin")
@@ -352,8 +410,8 @@ function M.add(input_path, o)
   end
   if input_path and input_path ~= "-" then
     local err
-    input, err = io.open(input_path, "rb")
-    if not input then say("cannot read ", input_path, ": ", err) return EXIT_USAGE end
+    fd, err = core.open(input_path)
+    if not fd then say("cannot read ", input_path, ": ", err) return EXIT_USAGE end
   end
   local opts = add_options(o)
   local ok, why = pcall(add.args, "", "{}", opts) -- raises on a bad option
@@ -361,22 +419,24 @@ function M.add(input_path, o)
   local q, err = moonjob.queue(o.redis, o.queue, { resolve = o.resolve })
   if not q then say(tostring(err)) return EXIT_FAILED end
   local adds = Adds.new(q, opts, o.dedupe, o.raw)
-  local line_no, reading = 0, {}
-  for line in lines_of(input, reading) do
-    line_no = line_no + 1
-    adds:line(line_no, line)
-    if adds.inflight >= WINDOW then loop.wait_until(function() return adds.inflight < WINDOW / 2 end) end
-    adds:flush()
-  end
-  adds:send()
-  loop.wait_until(function() return adds.inflight == 0 end)
+  core.hold_stop_signals() -- (Ctrl-C, SIGTERM, SIGHUP: what was read is added, then the command ends)
+  local r = reader(fd, q.max_payload)
+  local read_all, why = pcall(add_all, r, adds, WINDOW)
+  local signum = not read_all and tostring(why):find("^interrupted") and loop.signal
+  if not read_all and not signum then error(why, 0) end
+  if signum then r.stopped = true r.handle:pause() end
+  local replied, rest_why = add_rest(r, adds, WINDOW)
+  if not replied and not tostring(rest_why):find("^interrupted") then error(rest_why, 0) end
+  signum = signum or (not replied and loop.signal)
   adds:flush()
   adds:summary()
   local printed = adds:printed()
-  if input ~= io.stdin then input:close() end
+  r.handle:close()
+  adds.timer:close()
   q:close()
-  if reading.read_error then
-    say("cannot read ", input_path or "standard input", " after line ", line_no, ": ", reading.read_error,
+  if signum then return interrupted(signum, r, adds, replied) end
+  if r.read_error then
+    say("cannot read ", input_path or "standard input", " after line ", r.line_no, ": ", r.read_error,
       "; the lines before it were added (their ids are printed)")
     return EXIT_FAILED
   end

@@ -57,14 +57,16 @@ function M.pool_options(o)
     rate = o.rate } -- (--rate: one line per job, moonjob.cli.input)
 end
 
--- The pool, or nil and a usage message. Options were checked by parse(); a
--- pool that still refuses them gets the same treatment, not a stack trace.
--- echo(line, job, pid) gets what the children print.
+-- The pool, or nil, a message and whether it is a usage error. Options
+-- were checked by parse(); a pool that still refuses them gets the same
+-- treatment, not a stack trace. A processor that cannot load (ELOAD) is a
+-- set-up error: the command line was right. echo(line, job, pid) gets what
+-- the children print.
 local function new_pool(processor, o, echo)
   local opts = M.pool_options(o)
   opts.echo = echo
   local ok, pool, err = pcall(moonjob.pool, processor, opts)
-  if not ok then return nil, (tostring(pool):gsub("^[^:]*:%d+: ", ""):gsub("^moonjob%.pool: ", "")) end
+  if not ok then return nil, (tostring(pool):gsub("^[^:]*:%d+: ", ""):gsub("^moonjob%.pool: ", "")), true end
   if not pool then return nil, tostring(err) end
   return pool
 end
@@ -97,7 +99,9 @@ function Run:show_progress(input_path)
   self.output.display = self.display
 end
 
--- A run ready to start, or nil and a usage message (nothing ran).
+-- A run ready to start, or nil, a message and whether it is a usage error
+-- (else a set-up error: stdout closed, an input or joblog that cannot be
+-- opened, a processor that cannot load); nothing ran.
 function M.new(processor, input_path, o)
   if core.closed_at_start(1) then -- (its results would go nowhere, and the joblog would say they went)
     return nil, "standard output is closed: moonjob run writes its results there; "
@@ -119,8 +123,9 @@ function M.new(processor, input_path, o)
     completed = 0, failed = 0, lines_over = 0, -- lines over: written or skipped
     open_jobs = {}, -- the jobs added and not ended
     stop = nil }, Run)
-  self.pool, err = new_pool(processor, o, function(text, job, pid) return self.output:echo(text, job, pid) end)
-  if not self.pool then return nil, err end
+  local is_usage
+  self.pool, err, is_usage = new_pool(processor, o, function(text, job, pid) return self.output:echo(text, job, pid) end)
+  if not self.pool then return nil, err, is_usage end
   self.output = Output.new(o.keep_order, log, {
     joblog_failed = function(e) self.stop = stops.joblog_failed(o.joblog, e) end,
     closed = function() self.input:stop_reading() end,
@@ -309,7 +314,17 @@ function Run:wait()
   if not ok then self.stop = stops.stopped_by(why) end
   if out.write_error and not self.stop then -- nobody reads the output any more, or it failed
     self.stop = stops.output_failed(out.write_error)
+    if self.stop.closed_output and self.joblog and not self:delivered() then
+      self.stop = stops.undelivered(self.o.joblog) -- (the joblog is the run's record: a gap is said)
+    end
   end
+end
+
+-- Whether every line's result went out: the input read to its end, no line
+-- in flight or pending, and stdout took every byte.
+function Run:delivered()
+  local input, out = self.input, self.output
+  return input.at_end and input.inflight == 0 and select(2, out:pending_results()) == 0 and out:all_taken()
 end
 
 -- Ends a run that stops early: what running batches finished is recorded,
@@ -355,10 +370,11 @@ function Run:finish()
 end
 
 -- Runs `processor` over `input_path` (nil or "-": stdin) with parsed options
--- `o`: the exit status, or nil and a usage message when it could not start.
+-- `o`: the exit status, or nil, a message and whether it is a usage error
+-- when it could not start.
 function M.run(processor, input_path, o)
-  local run, err = M.new(processor, input_path, o)
-  if not run then return nil, err end
+  local run, err, is_usage = M.new(processor, input_path, o)
+  if not run then return nil, err, is_usage end
   run:wait()
   return run:finish()
 end

@@ -4,16 +4,21 @@
 --   moonjob schedule add --queue Q ID --cron "0 3 * * *" [--tz local] [--data JSON]
 --   moonjob schedule add --queue Q ID --every 30 [--limit N] [--start T] [--stop T]
 --   moonjob schedule list --queue Q
+--   moonjob schedule next --queue Q ID [--limit N]   (its next N slots: a preview)
 --   moonjob schedule remove --queue Q ID...
 --
 -- add also takes --catch-up none|one and the job options of moonjob add
 -- (--attempts, --backoff, --timeout, --kill-after, --priority, --delay,
 -- --group).
--- --start and --stop are times: seconds since the epoch, or UTC written
--- 2026-12-01T03:00Z or 2026-12-01T03:00:00Z. Output and exit status as
--- moonjob.cli.operate's: NDJSON (or a table on a terminal), 1 when
--- something was refused, 2 for usage errors.
+-- --tz is UTC, local, a zone of the tz database (Europe/Berlin: its
+-- daylight saving time kept) or an offset (+05:30). --start and --stop are
+-- times: seconds since the epoch, or UTC written 2026-12-01T03:00Z or
+-- 2026-12-01T03:00:00Z (a stop already passed is refused). Output and exit
+-- status as moonjob.cli.operate's: NDJSON (or a table on a terminal), 1
+-- when something failed, 2 for usage errors (a definition Redis refuses,
+-- as a cron field out of range, included).
 local json = require "moonjob.codec.json"
+local fcall = require "moonjob.redis.fcall"
 local operate = require "moonjob.cli.operate"
 local stops = require "moonjob.cli.stops"
 
@@ -80,6 +85,9 @@ local function add(ids, o)
   local ok, s, err = pcall(q.schedule, q, ids[1], when, data, job_options(o))
   q:close()
   if not ok then return usage_error((tostring(s):gsub("^queue:schedule%(%): ", ""))) end
+  if not s and err.code == "EINPUT" then -- the definition was refused: the user's to mend
+    return usage_error((tostring(err.message):gsub("^moonjob_%w+: ", "")))
+  end
   if not s then say(tostring(err)) return EXIT_FAILED end
   local out = operate.new_out(o)
   out:object({ id = s.id, action = "schedule", state = s.state, next = s.next,
@@ -103,7 +111,7 @@ local function list(o)
   local out = operate.new_out(o)
   for _, s in ipairs(all) do
     if out.table then
-      s = { id = s.id, when = s.cron or ("every %gs"):format(s.every), tz = s.cron and zone(s.tz_offset) or "",
+      s = { id = s.id, when = s.cron or ("every %gs"):format(s.every), tz = s.cron and (s.tz or zone(s.tz_offset)) or "",
         next = s.ended and "ended" or operate.when(s.next), last = operate.when(s.last),
         runs = s.limit > 0 and ("%d/%d"):format(s.runs, s.limit) or s.runs, note = s.note }
     end
@@ -111,6 +119,45 @@ local function list(o)
   end
   if out.table and #all == 0 then say("no schedule on queue ", o.queue, " (moonjob schedule add makes one)") end
   return out:flush({ "id", "when", "tz", "next", "last", "runs", "note" }) and EXIT_OK or EXIT_FAILED
+end
+
+-- A schedule's next `count` slots from its next one, as Redis computes them
+-- (moonjob_cron, read-only: its zone's offsets included), within its stop.
+local function slots_of(q, sc, count)
+  if not sc.next then return {} end
+  local list = {}
+  if sc.every then
+    for k = 0, count - 1 do list[#list + 1] = sc.next + k * sc.every * 1000 end
+  else
+    local reply, err = fcall.call(q, "moonjob_cron", 1, q.prefix, sc.cron, ("%.0f"):format(sc.next - 1),
+      sc.tz_shifts or tostring(sc.tz_offset or 0), count)
+    if not reply then return nil, err end
+    list = reply
+  end
+  local kept = {}
+  for _, ms in ipairs(list) do
+    if not sc.stop or ms <= sc.stop then kept[#kept + 1] = ms end
+  end
+  return kept
+end
+
+-- moonjob schedule next ID [--limit N]: an operator's preview of a schedule's slots.
+local function next_slots(ids, o)
+  if #ids ~= 1 then return usage_error("moonjob schedule next takes one schedule id: moonjob schedule next --queue NAME ID [--limit N]") end
+  local count = o.limit or 5
+  if count > 100 then return usage_error("moonjob schedule next shows at most 100 slots (--limit 1 to 100)") end
+  local q = operate.existing_queue(o)
+  if not q then return EXIT_FAILED end
+  local all, err = q:schedules()
+  local sc, slots
+  for _, s in ipairs(all or {}) do if s.id == ids[1] then sc = s end end
+  if sc then slots, err = slots_of(q, sc, count) end
+  q:close()
+  if not all or (sc and not slots) then say(tostring(err)) return EXIT_FAILED end
+  if not sc then say(("no schedule %s in queue %s (moonjob schedule list shows them)"):format(ids[1], o.queue)) return EXIT_FAILED end
+  local out = operate.new_out(o)
+  for _, ms in ipairs(slots) do out:object({ id = sc.id, slot = ms, at = operate.when(ms) }) end
+  return out:flush({ "id", "at" }) and EXIT_OK or EXIT_FAILED
 end
 
 local function remove(ids, o)
@@ -137,11 +184,12 @@ function M.run(words, o)
   local rest = { unpack(words, 2) }
   if sub == "add" then return add(rest, o) end
   if sub == "remove" then return remove(rest, o) end
+  if sub == "next" then return next_slots(rest, o) end
   if sub == "list" then
     if rest[1] then return usage_error(("unexpected argument '%s'"):format(rest[1])) end
     return list(o)
   end
-  return usage_error(("moonjob schedule takes add, list or remove%s"):format(
+  return usage_error(("moonjob schedule takes add, list, next or remove%s"):format(
     sub and (", not '" .. sub .. "'") or ""))
 end
 

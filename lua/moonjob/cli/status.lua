@@ -157,14 +157,17 @@ local function eta_text(left, rate)
   return ("ETA %d:%02d:%02d"):format(math.floor(s / 3600), math.floor(s % 3600 / 60), s % 60)
 end
 
+-- True, or false and whether the reader went away (| head: said nothing).
 local function write(...)
-  local ok, err = io.stdout:write(...)
-  if ok then ok, err = io.stdout:flush() end
-  if not ok then say("writing to standard output failed: ", tostring(err)) end
-  return ok
+  local ok, err, errno = io.stdout:write(...)
+  if ok then ok, err, errno = io.stdout:flush() end
+  if ok then return true end
+  if stops.reader_gone(err, errno) then return false, true end
+  say("writing to standard output failed: ", tostring(err))
+  return false, false
 end
 
--- One look's output; false when stdout failed.
+-- One look's output; false when stdout failed, and whether its reader went.
 local function show(c, rate, o, in_place, more)
   if o.json then
     local t = { waiting = c.waiting, delayed = c.delayed, running = c.running, held = c.held,
@@ -230,7 +233,8 @@ function M.run(o)
   end
   while true do
     local rate = rate_of:add(c)
-    if not show(c, rate, o, in_place, more) then status = EXIT_FAILED break end
+    local shown, reader_gone = show(c, rate, o, in_place, more)
+    if not shown then status = reader_gone and status or EXIT_FAILED break end
     if not o.watch then break end
     if o.until_empty and c.waiting + c.delayed + c.active + (c.waiting_children or 0) == 0 then break end
     if not second() then break end

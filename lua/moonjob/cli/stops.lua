@@ -29,6 +29,32 @@ function M.usage_error(message)
   return M.EXIT_USAGE
 end
 
+-- Says `message` on stderr, without the hint: a set-up error (a processor
+-- that cannot load, an input that cannot be opened), not a wrong command line.
+function M.setup_error(message)
+  io.stderr:write("moonjob: ", message, "\n")
+  return M.EXIT_USAGE
+end
+
+local EPIPE = 32 -- Linux's errno for a pipe with no reader left
+
+-- Whether a failed write's error (io's message and errno, or "EPIPE: ...")
+-- says that the reader went away (| head): the output is not wanted any more.
+function M.reader_gone(err, errno)
+  return errno == EPIPE or tostring(err):find("^EPIPE") ~= nil or tostring(err) == "Broken pipe"
+end
+
+-- Writes a listing's text to stdout and flushes it: the exit status. A
+-- reader gone (| head) is a quiet 0 (what it read was wanted); any other
+-- failure is said, status 1.
+function M.print(...)
+  local ok, err, errno = io.stdout:write(...)
+  if ok then ok, err, errno = io.stdout:flush() end
+  if ok or M.reader_gone(err, errno) then return M.EXIT_OK end
+  io.stderr:write("moonjob: writing to standard output failed: ", tostring(err), "\n")
+  return M.EXIT_FAILED
+end
+
 -- Whether --halt's condition `h` holds after `failed_n` of `finished_n`
 -- lines failed: a count, or a percentage judged from the third finished line on.
 function M.halt_reached(h, finished_n, failed_n)
@@ -100,6 +126,14 @@ end
 function M.internal_error(line, e)
   return { status = M.EXIT_FAILED, internal = true,
     message = ("internal error on line %s: %s (please report it)"):format(tostring(line), tostring(e)) }
+end
+
+-- Under --joblog `path`, the reader went away before every result was
+-- delivered: the log records a run cut short, so the stop is said.
+function M.undelivered(path)
+  return { status = M.EXIT_USAGE, message = ("standard output's reader went away (EPIPE) before every result "
+    .. "was delivered; the run stopped: the joblog '%s' records the lines printed, and --resume runs the rest")
+    :format(path) }
 end
 
 -- Nobody reads the output any more: the run ends quietly.

@@ -84,7 +84,8 @@ end
 
 local function minute_row(row)
   return { at = row.at, completed = row.completed, failed = row.failed, runs = row.runs,
-    mean_ms = row.mean_ms, p50_ms = row.p50_ms, p90_ms = row.p90_ms, p99_ms = row.p99_ms }
+    mean_ms = row.mean_ms, p50_ms = row.p50_ms, p90_ms = row.p90_ms, p99_ms = row.p99_ms,
+    p50_bound = row.p50_bound, p90_bound = row.p90_bound, p99_bound = row.p99_bound }
 end
 
 local job_out = Operate.record -- (a job's log is an array already: q:job)
@@ -93,7 +94,7 @@ local SCHEDULES_SHOWN, HELD_GROUPS_SHOWN = 50, 50
 
 -- A schedule as the page shows it (its data and options stay in Redis).
 local function schedule_out(sc)
-  return { id = sc.id, cron = sc.cron, every = sc.every, tz_offset = sc.tz_offset, next = sc.next,
+  return { id = sc.id, cron = sc.cron, every = sc.every, tz_offset = sc.tz_offset, tz = sc.tz, next = sc.next,
     last = sc.last, last_id = sc.last_id, runs = sc.runs, limit = sc.limit, note = sc.note, ended = sc.ended }
 end
 

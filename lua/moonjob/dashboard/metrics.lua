@@ -12,7 +12,9 @@
 --   moonjob_queue_completed_total{queue}         counter: jobs that ever completed
 --   moonjob_queue_failed_total{queue}            counter: jobs that ever failed for good
 --                                                (a retry does not take one back)
---   moonjob_queue_job_duration_seconds{queue}    histogram: run times, since ever
+--   moonjob_queue_job_duration_seconds{queue}    histogram: run times, since ever, in
+--                                                the buckets every /metrics of moonjob
+--                                                has (moonjob.run_buckets)
 --
 -- Read from Redis at each scrape: per queue one moonjob_counts and one
 -- moonjob_metrics (1 minute, and the totals), never a walk over jobs, so
@@ -42,10 +44,11 @@ local function add_queue(f, server, c)
   f.failed.samples[#f.failed.samples + 1] = { labels = { queue = q }, value = c.failed_ever }
   local m, err = producer.attach(server.client, q):metrics({ minutes = 1 })
   if not m then return nil, err end
-  local bounds = {}
+  -- (the buckets of moonjob.run_buckets, as a pool's /metrics writes them)
+  local bounds, counts, t = {}, {}, m.total
   for i, ms in ipairs(m.buckets) do bounds[i] = ms / 1000 end
-  local t = m.total
-  f.runs.samples[#f.runs.samples + 1] = prometheus.histogram({ queue = q }, bounds, t.counts,
+  for i = 1, #bounds + 1 do counts[i] = t.counts[i] or 0 end
+  f.runs.samples[#f.runs.samples + 1] = prometheus.histogram({ queue = q }, bounds, counts,
     t.sum_ms / 1000)
   return true
 end

@@ -29,30 +29,29 @@
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
 local prometheus = require "moonjob.prometheus"
+local run_buckets = require "moonjob.run_buckets"
 
 local Metrics = {}
 
 ---------------------------------------------------------- run times ---
 
--- The run-time histogram's bucket bounds, in seconds (milliseconds for
--- recording: observe compares with those, no division per job).
-Metrics.DURATION_BOUNDS = { 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60 }
-local BOUNDS_MS, NBOUNDS = {}, #Metrics.DURATION_BOUNDS
-for i, s in ipairs(Metrics.DURATION_BOUNDS) do BOUNDS_MS[i] = s * 1000 end
+-- The run-time histogram's bucket bounds, in seconds: moonjob.run_buckets',
+-- the buckets of every /metrics (a queue's on the dashboard too).
+Metrics.DURATION_BOUNDS = run_buckets.BOUNDS_SECONDS
+local NBUCKETS, bucket_of = run_buckets.COUNT, run_buckets.bucket
 
 -- Metrics.new_histogram() -> { counts (one per bucket and one above the
 -- last, not cumulative), sum_ms }, all 0.
 function Metrics.new_histogram()
   local counts = {}
-  for i = 1, NBOUNDS + 1 do counts[i] = 0 end
+  for i = 1, NBUCKETS do counts[i] = 0 end
   return { counts = counts, sum_ms = 0 }
 end
 
--- Metrics.observe(h, ms): one run of `ms` milliseconds. For every job: a
--- few comparisons (a short job stops at the first), nothing allocated.
+-- Metrics.observe(h, ms): one run of `ms` milliseconds. For every job: the
+-- bucket in O(1) (run_buckets.bucket), nothing allocated.
 function Metrics.observe(h, ms)
-  local counts, i = h.counts, 1
-  while i <= NBOUNDS and ms > BOUNDS_MS[i] do i = i + 1 end
+  local counts, i = h.counts, bucket_of(ms)
   counts[i] = counts[i] + 1
   h.sum_ms = h.sum_ms + ms
 end

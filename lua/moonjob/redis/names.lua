@@ -5,7 +5,8 @@
 --
 -- The library (redis/functions/) runs inside Redis, as text, and cannot
 -- require this module: it keeps its own copies (REGISTRY, PAUSED,
--- RUN_MS_MARK, SECONDS_MAX, ATTEMPTS_MAX, ADDED_KEEP_MS), which must stay
+-- RUN_MS_MARK, SECONDS_MAX, ATTEMPTS_MAX, ADDED_KEEP_MS, RUN_BUCKETS_PER_DOUBLING,
+-- RUN_BUCKET_DOUBLINGS and run_bound's rule), which must stay
 -- equal to these (spec/redis/library_spec.lua compares them). Small, and requiring
 -- nothing when loaded: a pool's options and its Redis owner
 -- (moonjob.redis.remote) load it without the producer.
@@ -29,6 +30,29 @@ M.ATTEMPTS_MAX = 2 ^ 31 -- attempts; also a rate's max and a concurrency
 -- `resolve` takes): every copy of it then runs well within what Redis keeps.
 M.ADDED_KEEP_MS = 600000
 M.RESOLVE_MAX = 300
+
+-- The run-time histogram's buckets, one set for every histogram of run
+-- times (a pool's, a worker's and the dashboard's /metrics, Redis' metrics):
+-- log-linear, RUN_BUCKETS_PER_DOUBLING buckets per power of two from 1 ms
+-- to 2^RUN_BUCKET_DOUBLINGS ms (17.5 min). Bound k (k = 0 ..) is 2^(k/8) ms
+-- written as a short exact decimal: 4 significant digits below 1 s, whole
+-- ms from there (run_bound). The first bucket holds runs of 1 ms or less,
+-- one more (after the last bound) those above 2^20 ms.
+M.RUN_BUCKETS_PER_DOUBLING = 8
+M.RUN_BUCKET_DOUBLINGS = 20
+
+-- names.run_bound(k) -> bound k's text (ms); Redis' copy writes the same.
+function M.run_bound(k)
+  local v = 2 ^ (k / M.RUN_BUCKETS_PER_DOUBLING)
+  if v < 999.5 then return ("%.4g"):format(v) end
+  return ("%d"):format(math.floor(v + 0.5))
+end
+
+-- The bounds in ms (numbers), bound k at k + 1.
+M.RUN_BOUNDS_MS = {}
+for k = 0, M.RUN_BUCKETS_PER_DOUBLING * M.RUN_BUCKET_DOUBLINGS do
+  M.RUN_BOUNDS_MS[k + 1] = tonumber(M.run_bound(k))
+end
 
 -- The key prefix of a queue: every key shares one hash tag, so one cluster
 -- slot. A plain name is the tag, whole: "images" -> "mj:{images}:". A name

@@ -30,6 +30,7 @@ local fcall = require "moonjob.redis.fcall"
 local flow = require "moonjob.redis.flow"
 local json = require "moonjob.codec.json"
 local names = require "moonjob.redis.names"
+local run_buckets = require "moonjob.run_buckets"
 local utf8 = require "moonjob.codec.utf8"
 
 local M = {}
@@ -287,23 +288,26 @@ end
 
 -- q:metrics([{ minutes = 60 }]) -> { minutes = { row, ... }, total = row, buckets } | nil, err.
 -- Each row: at (ms, the minute's start), completed, failed, runs, and the
--- run time's mean_ms, p50_ms, p90_ms, p99_ms (nil without runs; read from
--- buckets, so as exact as the bucket), and counts (runs per bucket). Kept
--- in Redis for 25 hours.
+-- run time's mean_ms, p50_ms, p90_ms, p99_ms (nil without runs), and
+-- counts (runs per bucket, only the buckets hit: buckets are the bounds
+-- in ms, moonjob.run_buckets). A percentile is the middle of its bucket,
+-- within 4.5% of the true value (moonjob.run_buckets.ERROR); in the first
+-- or the last bucket it is that bound, and p50_bound (p90_bound, ...) says
+-- "below" (1 ms or less) or "above" (more than 17.5 min). Kept in Redis
+-- for 25 hours.
 function M.metrics(q, opts)
   local fn = "queue:metrics()"
   opts = check_options(fn, opts, { minutes = true })
   local minutes = whole(fn, opts, "minutes", 1, 1500) or 60
-  local reply, err = call(q, "moonjob_metrics", 1, q.prefix, minutes)
+  local reply, err = call(q, "moonjob_metrics", 1, q.prefix, minutes, "fine")
   if not reply then return nil, err end
   if (reply[3][1] or 0) + (reply[3][2] or 0) == 0 then -- nothing ever ended: is it there at all?
     local missing = no_queue_or(q, nil)
     if missing then return nil, missing end
   end
-  local bounds = reply[2]
-  local out = { buckets = bounds, total = M.metric_row(reply[3], bounds), minutes = {} }
+  local out = { buckets = run_buckets.BOUNDS_MS, total = M.metric_row(reply[3]), minutes = {} }
   for i = 4, #reply do
-    local row = M.metric_row(reply[i], bounds)
+    local row = M.metric_row(reply[i])
     row.at = (reply[1] + i - 4) * 60000
     out.minutes[#out.minutes + 1] = row
   end
@@ -367,29 +371,21 @@ function M.encode(v)
   return assert(json.encode({ error = { code = "EINTERNAL", message = "cannot write as JSON: " .. tostring(err) } }))
 end
 
--- The q-th quantile of a run-time histogram, interpolated in its bucket.
-local function quantile(counts, bounds, n, q)
-  local want, seen = q * n, 0
-  for i, c in ipairs(counts) do
-    if c > 0 and seen + c >= want then
-      local low, high = bounds[i - 1] or 0, bounds[i]
-      if not high then return low end -- above the last bound: that bound, at least
-      return low + (high - low) * (want - seen) / c
-    end
-    seen = seen + c
-  end
-end
+-- The percentiles a metrics row gives: p50_ms, p90_ms, p99_ms.
+local QUANTILES = { { "p50", 0.5 }, { "p90", 0.9 }, { "p99", 0.99 } }
 
--- A metrics row of the library (functions/metrics.lua) { c, f, n, s, h1..h15 } as a table.
-function M.metric_row(r, bounds)
+-- A metrics row of the library's fine layout (functions/metrics.lua:
+-- { c, f, n, s, bucket, runs, ... }, only the buckets hit) as a table;
+-- counts: runs per bucket (sparse).
+function M.metric_row(r)
   local counts = {}
-  for i = 5, #r do counts[#counts + 1] = r[i] end
+  for i = 5, #r - 1, 2 do counts[r[i]] = r[i + 1] end
   local row = { completed = r[1], failed = r[2], runs = r[3], sum_ms = r[4], counts = counts }
   if r[3] > 0 then
     row.mean_ms = r[4] / r[3]
-    row.p50_ms = quantile(counts, bounds, r[3], 0.5)
-    row.p90_ms = quantile(counts, bounds, r[3], 0.9)
-    row.p99_ms = quantile(counts, bounds, r[3], 0.99)
+    for _, q in ipairs(QUANTILES) do
+      row[q[1] .. "_ms"], row[q[1] .. "_bound"] = run_buckets.quantile(counts, r[3], q[2])
+    end
   end
   return row
 end

@@ -68,6 +68,7 @@ local Updates = require "moonjob.redis.updates"
 local StartBounds = require "moonjob.redis.start_bounds"
 local FetchPolicy = require "moonjob.redis.fetch_policy"
 local Heartbeat = require "moonjob.redis.heartbeat"
+local Zones = require "moonjob.redis.zones"
 
 local Remote = {}
 Remote.__index = Remote
@@ -91,8 +92,7 @@ function Remote.new(port, opts)
   local adapts = prefetch == "adaptive"
   local policy = adapts and FetchPolicy.new(port.size, lease_ms) or FetchPolicy.fixed(prefetch, port.size)
   local self = setmetatable({
-    port = port, name = opts.queue, prefix = names.prefix(opts.queue),
-    lease_ms = lease_ms,
+    port = port, name = opts.queue, prefix = names.prefix(opts.queue), lease_ms = lease_ms,
     policy = policy, adapts = adapts, -- (adapts: no prefetch option; the policy follows run times)
     poll_ms = math.floor(value(opts, "poll") * 1000),
     keep_count = value(opts, "keep"), keep_age_ms = math.floor(value(opts, "keep_age") * 1000),
@@ -122,6 +122,7 @@ function Remote.new(port, opts)
   self.heartbeat = Heartbeat.new(self, opts)  -- that it lives, what its children run
   c:subscribe(self.prefix .. "events", function(kind, message) self:_message(kind, message) end)
   self:_start_timers()
+  self.zones = Zones.start(self)              -- its zoned schedules' offsets kept ahead
   return self
 end
 
@@ -588,9 +589,8 @@ function Remote:close()
   end)
   ticker:close()
   self.closed = true
-  for _, t in ipairs({ self.renew_timer, self.fence_timer, self.poll_timer, self.fetch_timer, self.policy_timer }) do
-    t:close()
-  end
+  for _, t in ipairs({ self.renew_timer, self.fence_timer, self.poll_timer, self.fetch_timer, self.policy_timer,
+    self.zones.timer }) do t:close() end
   if self.due_timer then self.due_timer:close() end -- made when first needed
   self.reports:close(); self.updates:close(); self.heartbeat:close()
   self.bounds:close()

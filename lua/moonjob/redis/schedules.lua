@@ -13,11 +13,14 @@
 -- their clocks wrong, a slot runs once. A schedule fires while at least one
 -- worker of the queue runs; slots missed while none ran follow catch_up.
 --
--- Caveat: Redis has no time zones. tz = "local" is this machine's offset
--- from UTC when q:schedule is called, and "+05:30" a fixed one: a cron in a
--- zone with daylight saving time keeps the offset it was given until it is
--- declared again (a worker that declares its schedules when it starts
--- follows the change at its next start).
+-- Time zones: Redis has none. tz = "Europe/Berlin" (a name of the tz
+-- database) is read here (moonjob.tz) and Redis is handed the zone's
+-- offsets for ZONE_YEARS ahead (the schedule's shifts), which the library
+-- follows, daylight saving included; declaring the schedule again, or a
+-- worker of the queue (moonjob.redis.zones), refreshes them. tz = "local"
+-- is this machine's zone (TZ, else /etc/localtime): by its name when TZ or
+-- /etc/timezone gives one, a fixed offset when it has no changes ahead.
+-- "+05:30" is a fixed offset.
 --
 -- Pure Lua: moonjob.producer takes these methods too, on any Lua; data
 -- goes through the queue's codec, q.json.
@@ -25,6 +28,7 @@ local add = require "moonjob.redis.add"
 local errors = require "moonjob.errors"
 local fcall = require "moonjob.redis.fcall"
 local names = require "moonjob.redis.names"
+local tz = require "moonjob.tz"
 
 local M = {}
 
@@ -33,27 +37,55 @@ local unpack = table.unpack or unpack -- (Lua 5.1, LuaJIT: unpack)
 local WHEN_OPTIONS = { cron = true, every = true, tz = true, start = true, stop = true, limit = true,
   catch_up = true }
 local FIELDS = { "kind", "cron", "every", "offset", "start", "stop", "limit", "catch_up", "job", "runs",
-  "last", "last_id", "next", "created", "note" }
+  "last", "last_id", "next", "created", "note", "zone", "shifts" }
+M.ZONE_YEARS = 3 -- a zone's offsets handed to Redis this far ahead
 local PAGE = 10000 -- a whole listing in one call up to this many (moonjob_schedules' bound)
 
--- This machine's minutes east of UTC now (os.date's two views of one time).
-function M.local_offset(t)
-  t = t or os.time()
-  local here, utc = os.date("*t", t), os.date("!*t", t)
-  local days = here.yday - utc.yday
-  if here.year ~= utc.year then days = here.year > utc.year and 1 or -1 end
-  return days * 1440 + (here.hour - utc.hour) * 60 + (here.min - utc.min)
+-- A zone's offsets from now for ZONE_YEARS, as moonjob_schedule takes
+-- them: "UNTIL_S O0 T1 O1 ..." (seconds since the epoch, minutes east of
+-- UTC), and the offset now (minutes).
+function M.shifts_text(zone, now)
+  now = math.floor(now or os.time())
+  local to = now + math.floor(M.ZONE_YEARS * 365.25 * 86400)
+  local list = tz.shifts(zone, now, to)
+  local words = { ("%d"):format(to), ("%d"):format(math.floor(list[1][2] / 60 + 0.5)) }
+  for i = 2, #list do
+    words[#words + 1] = ("%d %d"):format(list[i][1], math.floor(list[i][2] / 60 + 0.5))
+  end
+  return table.concat(words, " "), math.floor(list[1][2] / 60 + 0.5)
 end
 
--- tz -> minutes east of UTC, or nil and why.
-local function offset_of(tz)
-  if tz == nil or tz == "UTC" or tz == "utc" or tz == "Z" then return 0 end
-  if tz == "local" then return M.local_offset() end
-  local sign, h, m = tostring(tz):match("^([+-])(%d%d):?(%d%d)$")
+-- The name of this machine's zone (TZ, /etc/timezone when it agrees with
+-- /etc/localtime), or nil: then "local" stays this machine's and only a
+-- declaration here refreshes it.
+local function local_name(zone)
+  if zone.name ~= "local" then return zone.name end
+  local f = io.open("/etc/timezone", "rb")
+  local name = f and f:read("*l")
+  if f then f:close() end
+  local named = name and tz.zone(name)
+  if named and tz.offset_at(named, os.time()) == tz.offset_at(zone, os.time()) then return name end
+  return nil
+end
+
+-- tz -> minutes east of UTC now [, zone name, shifts], or nil and why.
+local function offset_of(name)
+  if name == nil or name == "UTC" or name == "utc" or name == "Z" then return 0 end
+  local sign, h, m = tostring(name):match("^([+-])(%d%d):?(%d%d)$")
   h, m = tonumber(h), tonumber(m)
   if sign and h < 24 and m < 60 then return (sign == "-" and -1 or 1) * (h * 60 + m) end
-  return nil, ("option 'tz' must be \"UTC\", \"local\" or an offset such as \"+05:30\", not '%s'"):format(
-    tostring(tz))
+  if type(name) ~= "string" then
+    return nil, ("option 'tz' must be \"UTC\", \"local\", a zone such as \"Europe/Berlin\" or an offset such as "
+      .. "\"+05:30\", not '%s'"):format(tostring(name))
+  end
+  local zone, why = tz.zone(name)
+  if not zone then return nil, "option 'tz': " .. why end
+  local shifts, offset = M.shifts_text(zone)
+  if name == "local" then
+    if not shifts:find(" %d+ %-?%d+$") then return offset end -- no change ahead: a fixed offset, as ever
+    name = local_name(zone) or "local"
+  end
+  return offset, name, shifts
 end
 
 local function fail(why) error("queue:schedule(): " .. why, 4) end
@@ -69,8 +101,8 @@ local function epoch_ms(when, name)
   return ("%.0f"):format(v * 1000)
 end
 
--- The when table -> kind, when, offset, start, stop, limit, catch_up
--- (moonjob_schedule's arguments); raises on a mistake of the caller.
+-- The when table -> kind, when, offset, start, stop, limit, catch_up, zone,
+-- shifts (moonjob_schedule's arguments); raises on a mistake of the caller.
 local function when_args(when)
   if type(when) ~= "table" then fail("its second argument must be a table: { cron = ... } or { every = s }") end
   for k in pairs(when) do
@@ -90,8 +122,9 @@ local function when_args(when)
   elseif type(spec) ~= "string" then
     fail("option 'cron' must be a text of 5 fields such as \"*/5 * * * *\"")
   end
-  local offset, why = offset_of(when.tz)
-  if not offset then fail(why) end
+  local offset, zone, shifts = offset_of(when.tz)
+  if not offset then fail(zone) end
+  if kind ~= "cron" then zone, shifts = nil, nil end -- (every: slots at fixed intervals, no wall time)
   local limit = when.limit or 0
   if type(limit) ~= "number" or limit < 0 or limit % 1 ~= 0 or limit > 2 ^ 53 then
     fail("option 'limit' must be a whole number of runs (0: no limit)")
@@ -101,7 +134,7 @@ local function when_args(when)
     fail(("option 'catch_up' must be \"none\" (missed slots are skipped) or \"one\" (one job stands for "
       .. "them), not '%s'"):format(tostring(catch_up)))
   end
-  return kind, spec, offset, epoch_ms(when, "start"), epoch_ms(when, "stop"), limit, catch_up
+  return kind, spec, offset, epoch_ms(when, "start"), epoch_ms(when, "stop"), limit, catch_up, zone, shifts
 end
 
 -- One row of moonjob_schedules as a table (times in server ms); json: the
@@ -111,7 +144,9 @@ local function schedule_of(row, json)
   for i, name in ipairs(FIELDS) do f[name] = row[i + 1] or nil end
   local ok, job = pcall(json.decode, f.job or "")
   if not ok or type(job) ~= "table" then job = {} end -- written by another client: no data to show
+  local known = f.zone and f.zone ~= "" and tonumber((f.shifts or ""):match("^%d+") or "")
   local s = { id = row[1], cron = f.cron ~= "" and f.cron or nil, tz_offset = tonumber(f.offset),
+    tz = f.zone ~= "" and f.zone or nil, tz_known = known and known * 1000 or nil, tz_shifts = known and f.shifts or nil,
     start = tonumber(f.start), stop = tonumber(f.stop), limit = tonumber(f.limit) or 0,
     catch_up = f.catch_up, runs = tonumber(f.runs) or 0, last = tonumber(f.last), last_id = f.last_id,
     next = tonumber(f.next), created = tonumber(f.created), note = f.note ~= "" and f.note or nil,
@@ -155,7 +190,7 @@ end
 
 -- q:schedule(id, when [, data [, opts]]) -> { id, state, next } | nil, err.
 -- when: { cron = "m h dom mon dow" | every = seconds, tz = "UTC" | "local"
--- | "+05:30", start, stop (os.time() seconds), limit (runs), catch_up =
+-- | "Europe/Berlin" | "+05:30", start, stop (os.time() seconds), limit (runs), catch_up =
 -- "one" (default) | "none" }; data and opts: each slot's job, as q:add's
 -- (but id and dedupe: the id is the slot's). state: "created", "updated"
 -- or "unchanged" (the same definition again changes nothing); next: the
@@ -163,10 +198,14 @@ end
 -- EINPUT, nothing changed.
 function M.schedule(q, id, when, data, opts)
   check_id(id, opts)
-  local kind, spec, offset, start, stop, limit, catch_up = when_args(when)
+  local kind, spec, offset, start, stop, limit, catch_up, zone, shifts = when_args(when)
   local args, err = job_args(q, { "moonjob_schedule", 1, q.prefix, tostring(id), kind, spec, offset, start,
     stop, limit, catch_up }, data, opts)
   if not args then return nil, err end
+  if zone then
+    if #args == 23 then args[24] = "" end -- GROUP: none
+    args[25], args[26] = zone, shifts
+  end
   local reply
   reply, err = fcall.call(q, unpack(args))
   if not reply then return nil, err end
@@ -196,7 +235,8 @@ end
 
 -- q:schedules([{ offset, limit }]) -> list, total | nil, err: the
 -- schedules, the next due first (ended ones last), each { id, cron |
--- every, tz_offset (minutes), start, stop, next, last, created (server
+-- every, tz_offset (minutes), tz (a zone's name), tz_known (its offsets
+-- known until then, ms), tz_shifts (them, as Redis keeps them), start, stop, next, last, created (server
 -- ms), limit, runs, catch_up, last_id, data, name, note, ended }. Without
 -- options, every one; with them, one page (limit 1 to 10000).
 function M.schedules(q, opts)

@@ -104,6 +104,16 @@ function duration(ms) {
   return Math.floor(ms / 60000) + " min " + Math.round((ms % 60000) / 1000) + " s";
 }
 
+// A percentile of a metrics row (p: "p50", "p99"): its estimate (the
+// middle of a bucket, within 4.5%), or, in the first or last bucket, the
+// bound it is below or above ("≤ 1 ms", "> 17 min").
+function percentile(row, p) {
+  const ms = row[p + "_ms"], bound = row[p + "_bound"];
+  if (bound === "below") return "≤ " + duration(ms);
+  if (bound === "above") return "> " + (ms >= 60000 ? Math.floor(ms / 60000) + " min" : duration(ms));
+  return duration(ms);
+}
+
 // A value (or the server's cut text of it) as one short line.
 function preview(value, cutText, max = 100) {
   let text = cutText != null ? cutText : value === undefined ? "" : value;
@@ -240,42 +250,63 @@ function gapLine(kind, values, x, y) {
   return group;
 }
 
+// How wide a chart label is drawn (.tick: 11 units of the page's font), so
+// that the axes make room for their widest label: measured, not guessed.
+let measureCtx = null;
+function labelWidth(text) {
+  if (!measureCtx) {
+    measureCtx = document.createElement("canvas").getContext("2d");
+    measureCtx.font = "11px " + getComputedStyle(document.body).fontFamily;
+  }
+  return Math.ceil(measureCtx.measureText(text).width * 1.05) + 1; // (a margin for the font's hinting)
+}
+
 // The last hour per minute: completed and failed as stacked bars (left
-// axis, jobs), p50 and p99 run time as lines (right axis, ms).
+// axis, jobs), p50 and p99 run time as lines (right axis, ms). Each side's
+// margin is its title's band (the title turned on its side: 12 units
+// across, 4 from the edge), a gap and its widest tick label, so that no
+// label meets another however many digits they have.
 function hourChart(minutes) {
-  const W = 860, H = 240, L = 56, R = 64, T = 14, B = 40;
-  const iw = W - L - R, ih = H - T - B, n = Math.max(1, minutes.length), step = iw / n;
+  const W = 860, H = 240, T = 14, B = 40, TITLE = 16, GAP = 6;
   const jobsTop = niceMax(Math.max(0, ...minutes.map((m) => (m.completed || 0) + (m.failed || 0))));
   const msTop = niceMax(Math.max(0, ...minutes.map((m) => m.p99_ms || m.p50_ms || 0)));
+  const fractions = [0, 0.5, 1];
+  const jobTicks = fractions.map((f) => num(jobsTop * f)), msTicks = fractions.map((f) => duration(msTop * f));
+  const L = Math.max(56, TITLE + 2 * GAP + Math.max(...jobTicks.map(labelWidth)));
+  const R = Math.max(64, TITLE + 2 * GAP + Math.max(...msTicks.map(labelWidth)));
+  const iw = W - L - R, ih = H - T - B, n = Math.max(1, minutes.length), step = iw / n;
   const yJobs = (v) => T + ih - (v / jobsTop) * ih;
   const yMs = (v) => T + ih - (v / msTop) * ih;
   const xMid = (i) => L + step * (i + 0.5);
   const svg = s("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, role: "img", test: "chart",
     "aria-label": "the last hour per minute: completed and failed jobs, p50 and p99 run time" });
-  for (const f of [0, 0.5, 1]) {
+  fractions.forEach((f, k) => {
     const y = T + ih - f * ih;
     svg.append(s("line", { class: "grid", x1: L, x2: L + iw, y1: y, y2: y }),
-      s("text", { class: "tick", x: L - 6, y: y + 4, "text-anchor": "end", text: num(jobsTop * f) }),
-      s("text", { class: "tick tick-ms", x: L + iw + 6, y: y + 4, text: duration(msTop * f) }));
-  }
+      s("text", { class: "tick", x: L - GAP, y: y + 4, "text-anchor": "end", text: jobTicks[k] }),
+      s("text", { class: "tick tick-ms", x: L + iw + GAP, y: y + 4, text: msTicks[k] }));
+  });
   minutes.forEach((m, i) => {
     const done = m.completed || 0, failed = m.failed || 0, x = L + step * i + 1, w = Math.max(1, step - 2);
     const tip = `${clock(m.at)}: ${num(done)} completed, ${num(failed)} failed` +
-      (m.p50_ms != null ? `, p50 ${duration(m.p50_ms)}, p99 ${duration(m.p99_ms)}` : "");
+      (m.p50_ms != null ? `, p50 ${percentile(m, "p50")}, p99 ${percentile(m, "p99")}` : "");
     svg.append(s("g", { class: "minute" }, s("title", { text: tip }),
       s("rect", { class: "hit", x: L + step * i, y: T, width: step, height: ih }),
       s("rect", { class: "bar-completed", x, y: yJobs(done), width: w, height: yJobs(0) - yJobs(done) }),
       s("rect", { class: "bar-failed", x, y: yJobs(done + failed), width: w, height: yJobs(done) - yJobs(done + failed) })));
-    if (i % 10 === 0 || i === minutes.length - 1) {
-      svg.append(s("text", { class: "tick", x: xMid(i), y: T + ih + 16, "text-anchor": "middle", text: clock(m.at) }));
+    if (i % 10 === 0 || i === minutes.length - 1) { // (kept within the plot: clear of the side ticks below)
+      const half = labelWidth(clock(m.at)) / 2, x = Math.min(Math.max(xMid(i), L + half), L + iw - half);
+      svg.append(s("text", { class: "tick", x, y: T + ih + 16, "text-anchor": "middle", text: clock(m.at) }));
     }
   });
+  // (a title turned -90 reaches from its baseline 9 units left and 3 right; one turned 90, the other way)
+  const left = 4 + 9, right = W - 4 - 9, mid = T + ih / 2;
   svg.append(gapLine("p50", minutes.map((m) => m.p50_ms), xMid, yMs),
     gapLine("p99", minutes.map((m) => m.p99_ms), xMid, yMs),
     s("line", { class: "axis", x1: L, x2: L + iw, y1: T + ih, y2: T + ih }),
-    s("text", { class: "axis-title", x: 14, y: T + ih / 2, transform: `rotate(-90 14 ${T + ih / 2})`,
+    s("text", { class: "axis-title", x: left, y: mid, transform: `rotate(-90 ${left} ${mid})`,
       "text-anchor": "middle", text: "jobs per minute" }),
-    s("text", { class: "axis-title", x: W - 8, y: T + ih / 2, transform: `rotate(90 ${W - 8} ${T + ih / 2})`,
+    s("text", { class: "axis-title", x: right, y: mid, transform: `rotate(90 ${right} ${mid})`,
       "text-anchor": "middle", text: "run time" }),
     s("text", { class: "axis-title", x: L + iw / 2, y: H - 4, "text-anchor": "middle", text: "time (per minute)" }));
   return svg;
@@ -500,7 +531,7 @@ const queuePage = {
       h("div", { class: "card" },
         h("div", { class: "card-head" }, h("h2", {}, "Last hour"),
           h("span", { class: "muted" }, `${num(total.completed || 0)} completed · ${num(total.failed || 0)} failed` +
-            (total.p50_ms != null ? ` · p50 ${duration(total.p50_ms)} · p99 ${duration(total.p99_ms)}` : ""))),
+            (total.p50_ms != null ? ` · p50 ${percentile(total, "p50")} · p99 ${percentile(total, "p99")}` : ""))),
         hourChart(overview.metrics.minutes || []), legend()),
       groupsCard(overview.groups),
       schedulesCard(overview.schedules),

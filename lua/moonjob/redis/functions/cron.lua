@@ -4,8 +4,9 @@
 -- and the @ macros; cron_next finds the next minute they match. Days follow
 -- Vixie cron: when day-of-month and day-of-week are both restricted (neither
 -- starts with '*'), a day matching either one runs; otherwise both must
--- match. Wall times are in a fixed offset from UTC (daylight saving is not
--- modelled), and the calendar is computed here (Redis's Lua has no os.date):
+-- match. Wall times are in a fixed offset from UTC, or in a zone's offsets
+-- as the client read them from its tz database (shifts: Redis has none;
+-- cron_next_in); the calendar is computed here (Redis's Lua has no os.date):
 -- proleptic Gregorian, leap years by its rule. moonjob_cron answers an
 -- expression's next times; schedules.lua fires by them.
 
@@ -156,7 +157,8 @@ end
 -- cron_parse(text) -> spec, or nil, why (a sentence for a user). spec:
 -- minute, hour, dom, month (cron_ahead tables), dow_ahead[weekday 0-6] (the
 -- days to the next weekday that matches), dom_star, dow_star (the field
--- starts with '*').
+-- starts with '*'), wild (minute or hour does: the repeated hour of a
+-- change back runs again, as Vixie cron's wildcard jobs).
 local function cron_parse(text)
   if type(text) ~= "string" then return nil, "cron must be text such as '*/5 * * * *'" end
   if #text > CRON_TEXT_MAX then
@@ -186,7 +188,8 @@ local function cron_parse(text)
   sets[5][0] = sets[5][0] or sets[5][7]
   local spec = { minute = cron_ahead(sets[1], 0, 59), hour = cron_ahead(sets[2], 0, 23),
     dom = cron_ahead(sets[3], 1, 31), month = cron_ahead(sets[4], 1, 12), dow_ahead = {},
-    dom_star = fields[3]:sub(1, 1) == "*", dow_star = fields[5]:sub(1, 1) == "*" }
+    dom_star = fields[3]:sub(1, 1) == "*", dow_star = fields[5]:sub(1, 1) == "*",
+    wild = fields[1]:sub(1, 1) == "*" or fields[2]:sub(1, 1) == "*" }
   for wd = 0, 6 do
     local k = 0
     while not sets[5][(wd + k) % 7] do k = k + 1 end
@@ -260,6 +263,55 @@ local function cron_next(spec, after_ms, offset_min)
   return nil
 end
 
+-- A zone's offsets as the client hands them ("UNTIL_S O0 T1 O1 ... Tn On":
+-- seconds since the epoch, minutes east of UTC; On in force from Tn, O0
+-- before T1; UNTIL_S: how far ahead the client knew them) -> { known
+-- (UNTIL_S in ms), times (ms, rising), offsets }, or nil, why.
+local SHIFTS_MAX = 64
+local function shifts_parse(text)
+  local n = {}
+  for word in string.gmatch(text or "", "%S+") do
+    n[#n + 1] = tonumber(word)
+    if not n[#n] or n[#n] % 1 ~= 0 then return nil, "SHIFTS holds '" .. word .. "', not a whole number" end
+  end
+  if #n < 2 or #n % 2 ~= 0 or #n > 2 * SHIFTS_MAX + 2 then
+    return nil, "SHIFTS must be UNTIL_S O0 [T1 O1 ...] (at most " .. SHIFTS_MAX .. " changes)"
+  end
+  local z = { known = n[1] * 1000, times = {}, offsets = { n[2] } }
+  for i = 3, #n, 2 do
+    local t = n[i] * 1000
+    if (z.times[#z.times] or -math.huge) >= t then return nil, "SHIFTS' times must rise" end
+    z.times[#z.times + 1], z.offsets[#z.offsets + 1] = t, n[i + 1]
+  end
+  for _, o in ipairs(z.offsets) do
+    if o < -1439 or o > 1439 then return nil, "SHIFTS' offsets must be minutes from -1439 to 1439" end
+  end
+  return z
+end
+
+-- cron_next_in(spec, after_ms, zone) -> as cron_next, in a fixed offset
+-- (zone a number) or a zone's offsets (shifts_parse's; after the last
+-- change its offset is kept). A wall time a change forward skips runs once,
+-- at the change (the first instant after the gap); one a change back
+-- repeats runs at its first occurrence only (a wild spec goes on by the
+-- new wall clock: hourly jobs stay hourly).
+local function cron_next_in(spec, after_ms, zone)
+  if type(zone) == "number" then return cron_next(spec, after_ms, zone) end
+  local times, offsets, i = zone.times, zone.offsets, 1
+  while times[i] and times[i] <= after_ms do i = i + 1 end
+  local floor = after_ms
+  while true do
+    local o, t = offsets[i], times[i]
+    local c = cron_next(spec, floor, o)
+    if not c or not t or c < t then return c end
+    local o_new = offsets[i + 1]
+    t = math.ceil(t / 60000) * 60000 -- slots are whole minutes
+    if o_new > o and c < t + (o_new - o) * 60000 then return t end
+    floor = math.max(floor, t - 1 + ((o > o_new and not spec.wild) and (o - o_new) * 60000 or 0))
+    i = i + 1
+  end
+end
+
 local CRON_NUMBERS = {
   { 2, "FROM_MS must be a whole number of ms from 0 to 1e15 (empty: the server's time)", 0, 1e15, true },
   { 3, "OFFSET_MIN must be a whole number of minutes from -1439 to 1439 (the zone's offset from UTC)",
@@ -267,27 +319,35 @@ local CRON_NUMBERS = {
   { 4, "COUNT must be a whole number from 1 to 100", 1, 100, true },
 }
 
--- cron(p; cron, from_ms, offset_min, count) -> { ms, ... }: the next count
--- (default 1) times after from_ms (empty: the server's time) whose wall time
--- at UTC + offset_min (default 0) minutes matches cron; fewer only if none
--- comes within CRON_YEARS. Writes nothing; p only routes the call.
+-- cron(p; cron, from_ms, offset_min | shifts, count) -> { ms, ... }: the
+-- next count (default 1) times after from_ms (empty: the server's time)
+-- whose wall time at UTC + offset_min (default 0) minutes, or in a zone's
+-- shifts (as a schedule's: shifts_parse), matches cron; fewer only if none
+-- comes within CRON_YEARS. Writes nothing; p only routes the call (an
+-- operator's preview of a schedule's slots).
 local function cron(keys, args)
   local fn = "moonjob_cron"
-  local refused = check_args(fn, args, 1, "it takes CRON [FROM_MS [OFFSET_MIN [COUNT]]]", CRON_NUMBERS)
+  local zoned = string.find(args[3] or "", " ", 1, true)
+  local refused = check_args(fn, args, 1, "it takes CRON [FROM_MS [OFFSET_MIN | SHIFTS [COUNT]]]",
+    zoned and { CRON_NUMBERS[1], CRON_NUMBERS[3] } or CRON_NUMBERS)
   if refused then return refused end
   local spec, why = cron_parse(args[1])
   if not spec then return redis.error_reply("EINPUT " .. fn .. ": " .. why) end
   local after = (args[2] == nil or args[2] == "") and now_ms() or tonumber(args[2])
-  local offset = tonumber(args[3]) or 0
+  local zone = tonumber(args[3]) or 0
+  if zoned then
+    zone, why = shifts_parse(args[3])
+    if not zone then return redis.error_reply("EINPUT " .. fn .. ": " .. why) end
+  end
   local out = {}
   for i = 1, tonumber(args[4]) or 1 do
-    after = cron_next(spec, after, offset)
+    after = cron_next_in(spec, after, zone)
     if not after then break end
     out[i] = after
   end
   return out
 end
 
-H.cron_parse, H.cron_next = cron_parse, cron_next
+H.cron_parse, H.cron_next, H.cron_next_in, H.shifts_parse = cron_parse, cron_next, cron_next_in, shifts_parse
 F.cron = cron
 end

@@ -47,6 +47,7 @@ redis.register_function{ function_name = "moonjob_limits", callback = F.limits, 
 redis.register_function{ function_name = "moonjob_groups", callback = F.groups, flags = { "no-writes" } }
 redis.register_function("moonjob_schedule", F.schedule)
 redis.register_function("moonjob_unschedule", F.unschedule)
+redis.register_function("moonjob_schedule_shifts", F.schedule_shifts)
 redis.register_function{ function_name = "moonjob_schedules", callback = F.schedules, flags = { "no-writes" } }
 redis.register_function{ function_name = "moonjob_jobs", callback = F.jobs, flags = { "no-writes" } }
 redis.register_function{ function_name = "moonjob_job", callback = F.job, flags = { "no-writes" } }

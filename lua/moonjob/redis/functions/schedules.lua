@@ -11,7 +11,12 @@
 --                 NOTIFY, then EXPIRE_MS), spec (the definition, to tell an unchanged
 --                 one), runs, last (its last slot fired, ms), last_id,
 --                 next (ms, "" once ended), created, note (why it ended, or
---                 why a slot made no job).
+--                 why a slot made no job); for a cron in a zone of the tz
+--                 database: zone (its name) and shifts (its offsets ahead,
+--                 as the client read them: cron.lua's shifts_parse; the
+--                 client refreshes them, the library keeps the last one
+--                 when they run out).
+-- Older schedules have no zone: their offset is fixed.
 -- A slot's job has the id "s:<schedule id>:<slot ms>". A slot fires once:
 -- the call that fires it moves next past it, a slot at or before last never
 -- fires, and the job is added with existing "join" (a job kept with its id
@@ -21,7 +26,7 @@
 do
 local REGISTRY, DELAY_MS_MAX, COUNT_MAX, now_ms = H.REGISTRY, H.DELAY_MS_MAX, H.COUNT_MAX, H.now_ms
 local number_in, refuse, job_fields, check_numbers = H.number_in, H.refuse, H.job_fields, H.check_numbers
-local cron_parse, cron_next, check_add, or_default = H.cron_parse, H.cron_next, H.check_add, H.or_default
+local cron_parse, cron_next_in, check_add, or_default = H.cron_parse, H.cron_next_in, H.check_add, H.or_default
 local add_job = H.add_job
 
 local SCHEDULE_ID_MAX = 512
@@ -30,7 +35,7 @@ local EVERY_MS_MIN = 1000
 local LIST_SCHEDULES_MAX = 10000
 
 local SCHEDULE_FIELDS = { "kind", "cron", "every", "offset", "start", "stop", "limit", "catch_up",
-  "job", "runs", "last", "last_id", "next", "created", "note" }
+  "job", "runs", "last", "last_id", "next", "created", "note", "zone", "shifts" }
 
 local function schedule_key(p, id) return p .. "s:" .. id end
 
@@ -57,6 +62,10 @@ local function read_schedule(key)
   if s.kind == "cron" then
     s.spec, why = cron_parse(s.cron or "")
     if not s.spec then return nil, why end
+    if (s.zone or "") ~= "" then
+      s.zoned, why = H.shifts_parse(s.shifts)
+      if not s.zoned then return nil, "the schedule's shifts are not a zone's offsets: " .. why end
+    end
   elseif not (s.every and s.every >= EVERY_MS_MIN) then
     return nil, "the schedule's every is not a number of ms"
   end
@@ -73,7 +82,7 @@ local function slot_after(s, t)
     if t < start then slot = start
     else slot = start + (math.floor((t - start) / s.every) + 1) * s.every end
   else
-    slot = cron_next(s.spec, math.max(t, start - 1), s.offset)
+    slot = cron_next_in(s.spec, math.max(t, start - 1), s.zoned or s.offset)
   end
   if slot and s.stop and slot > s.stop then return nil end
   return slot
@@ -97,6 +106,10 @@ local function advance(p, id, key, s, now, note)
   local nxt = slot_after(s, now)
   if s.limit > 0 and s.runs >= s.limit then nxt, note = nil, "ended: its limit of runs was reached" end
   if not nxt then note = note or "ended: no slot before its stop" end
+  if nxt and s.zoned and nxt > s.zoned.known and not note then
+    note = "zone " .. s.zone .. ": its offsets are known until " .. string.format("%.0f", s.zoned.known)
+      .. " ms; the last one is kept (declare the schedule again, or run a worker, to refresh them)"
+  end
   redis.call("HSET", key, "next", nxt and string.format("%.0f", nxt) or "", "note", note or "")
   redis.call("ZADD", p .. "schedules", nxt or "+inf", id)
 end
@@ -180,10 +193,10 @@ local SCHEDULE_NUMBERS = {
 -- EXPIRE_MS), or nil and an EINPUT error reply.
 local function check_schedule(args)
   local fn = "moonjob_schedule"
-  if #args ~= 20 and #args ~= 21 then
-    return nil, refuse(fn, "it takes 20 or 21 arguments after the key (ID KIND WHEN OFFSET_MIN START_MS STOP_MS "
+  if #args ~= 20 and #args ~= 21 and #args ~= 23 then
+    return nil, refuse(fn, "it takes 20, 21 or 23 arguments after the key (ID KIND WHEN OFFSET_MIN START_MS STOP_MS "
       .. "LIMIT CATCH_UP, then add's DATA PRIORITY DELAY_MS ATTEMPTS BACKOFF TIMEOUT KILL_AFTER NAME CACHE "
-      .. "MAX_QUEUE NOTIFY EXPIRE_MS [GROUP]), got", #args)
+      .. "MAX_QUEUE NOTIFY EXPIRE_MS [GROUP [ZONE SHIFTS]]), got", #args)
   end
   local id, kind, when = args[1], args[2], args[3]
   if id == "" or #id > SCHEDULE_ID_MAX then
@@ -199,6 +212,13 @@ local function check_schedule(args)
   else
     return nil, refuse(fn, "KIND must be cron or every", kind)
   end
+  if #args == 23 then -- a zone's
+    if kind ~= "cron" or not string.find(args[22], "^[%w_+%-/]+$") or #args[22] > 128 then
+      return nil, refuse(fn, "ZONE must be a zone's name (letters, digits, _ + - /) of a cron schedule", args[22])
+    end
+    local zone, why = H.shifts_parse(args[23])
+    if not zone then return nil, redis.error_reply("EINPUT " .. fn .. ": " .. why) end
+  end
   local refused = check_numbers(fn, args, SCHEDULE_NUMBERS)
   if refused then return nil, refused end
   if args[5] ~= "" and args[6] ~= "" and tonumber(args[6]) < tonumber(args[5]) then
@@ -212,38 +232,83 @@ local function check_schedule(args)
   job[13], job[14], job[15], job[18] = "", "", args[20], args[21]
   refused = check_add(job, fn)
   if refused then return nil, refused end
-  return { unpack(args, 9, #args) }
+  return { unpack(args, 9, math.min(#args, 21)) }
+end
+
+-- Puts fresh shifts (the client's) in a zoned schedule, and its next slot
+-- by them when that is still ahead (a due one stays due: it fires).
+local function refresh_shifts(p, id, key, shifts, now)
+  redis.call("HSET", key, "shifts", shifts)
+  local s = read_schedule(key)
+  if not s or not s.next or s.next <= now then return end
+  advance(p, id, key, s, now - 1, nil)
 end
 
 -- schedule(p; id, kind, when, offset_min, start_ms, stop_ms, limit, catch_up,
 --   data, priority, delay_ms, attempts, backoff, timeout, kill_after, name,
---   cache, max_queue, notify, expire_ms [, group]) -> { "created" | "updated" | "unchanged", next_ms }
--- (next_ms -1: it has ended). kind "cron" (when: 5 fields; offset_min: the
--- zone's minutes east of UTC) or "every" (when: ms; slots at start + k x
--- every, start 0 by default). An unchanged definition changes nothing (a
--- worker may declare its schedules each time it starts); a changed one
--- takes effect from now, its runs and last slot kept.
+--   cache, max_queue, notify, expire_ms [, group [, zone, shifts]]) -> { "created" | "updated" | "unchanged",
+--   next_ms } (next_ms -1: it has ended). kind "cron" (when: 5 fields;
+-- offset_min: the zone's minutes east of UTC; or zone, a name of the tz
+-- database, and shifts, its offsets ahead: cron.lua's shifts_parse) or
+-- "every" (when: ms; slots at start + k x every, start 0 by default). An
+-- unchanged definition changes nothing but its shifts (a worker may
+-- declare its schedules each time it starts: that refreshes them); a
+-- changed one takes effect from now, its runs and last slot kept. A stop
+-- already passed is refused, unless the definition is unchanged.
 local function schedule(keys, args)
   local p = keys[1]
   local job, refused = check_schedule(args)
   if not job then return refused end
   local id, key = args[1], schedule_key(p, args[1])
-  local spec = cjson.encode({ unpack(args, 2, #args) })
+  local def = { unpack(args, 2, math.min(#args, 22)) } -- (not shifts: they are refreshed)
+  if (args[22] or "") ~= "" then def[3] = "" end -- nor a zone's offset now, which its changes change
+  local spec = cjson.encode(def)
   local old = redis.pcall("HMGET", key, "spec", "next")
   if H.wrong_type(old, "HMGET", key) then return redis.error_reply("EINPUT moonjob_schedule: the key " .. key .. " is not a schedule "
     .. "hash (written by another client); delete it or choose another id") end
-  if old[1] == spec then return { "unchanged", tonumber(old[2] or "") or -1 } end
   local now = now_ms()
+  if old[1] == spec then
+    if args[23] then
+      redis.call("HSET", key, "offset", args[4])
+      refresh_shifts(p, id, key, args[23], now)
+    end
+    return { "unchanged", tonumber(redis.call("HGET", key, "next") or "") or -1 }
+  end
+  if args[6] ~= "" and tonumber(args[6]) <= now then -- (declared again unchanged, it is no mistake)
+    return refuse("moonjob_schedule", "STOP_MS has passed (the server's time is "
+      .. string.format("%.0f", now) .. " ms)", args[6])
+  end
   redis.call("HSET", key, "kind", args[2], "cron", args[2] == "cron" and args[3] or "",
     "every", args[2] == "every" and args[3] or "", "offset", or_default(args[4], "0"), "start", args[5],
     "stop", args[6], "limit", or_default(args[7], "0"), "catch_up", or_default(args[8], "one"),
-    "job", cjson.encode(job), "spec", spec)
+    "job", cjson.encode(job), "spec", spec, "zone", args[22] or "", "shifts", args[23] or "")
   if not old[1] then redis.call("HSET", key, "runs", 0, "created", now) end
   redis.pcall("SADD", REGISTRY, H.queue_name(p))
   local s = assert(read_schedule(key))
   advance(p, id, key, s, now - 1, nil) -- a slot at now is due now
   local nxt = redis.call("HGET", key, "next")
   return { old[1] and "updated" or "created", tonumber(nxt) or -1 }
+end
+
+-- schedule_shifts(p; zone, shifts) -> how many schedules of the zone took
+-- them: a worker's refresh of its zones' offsets ahead (moonjob.redis.zones).
+local function schedule_shifts(keys, args)
+  local p, fn = keys[1], "moonjob_schedule_shifts"
+  if #args ~= 2 or args[1] == "" then return refuse(fn, "it takes ZONE SHIFTS; arguments given", #args) end
+  local _, why = H.shifts_parse(args[2])
+  if why then return redis.error_reply("EINPUT " .. fn .. ": " .. why) end
+  local ids = redis.pcall("ZRANGE", p .. "schedules", 0, -1)
+  if H.wrong_type(ids, "ZRANGE", p .. "schedules") then return 0 end
+  local n, now = 0, now_ms()
+  for _, id in ipairs(ids) do
+    local key = schedule_key(p, id)
+    local zone = redis.pcall("HGET", key, "zone")
+    if zone == args[1] then
+      refresh_shifts(p, id, key, args[2], now)
+      n = n + 1
+    end
+  end
+  return n
 end
 
 -- unschedule(p; id) -> 1, or 0 when no such schedule (its jobs stay).
@@ -275,5 +340,5 @@ local function schedules(keys, args)
 end
 
 S.schedule_key, S.fire_schedules, S.next_schedule = schedule_key, fire_schedules, next_schedule
-F.schedule, F.unschedule, F.schedules = schedule, unschedule, schedules
+F.schedule, F.unschedule, F.schedules, F.schedule_shifts = schedule, unschedule, schedules, schedule_shifts
 end
