@@ -115,6 +115,7 @@ rq.describe(function()
           if kind == "resubscribed" then resubscribed = resubscribed + 1 end
           return cb(kind, ...)
         end
+        helpers.sleep(1.2) -- past the zones' first look at the schedules (moonjob.redis.zones: 1 s after start)
         -- no call in flight (the fetch after the report, the last beat): else its watchdog drops
         -- the calls' link and the reconnect's fetch finds the job first
         helpers.wait_for(function()
