@@ -181,7 +181,7 @@ end
 local function fail_interrupted(number, job)
   local info = encode.interrupt_reason(channel.interrupt())
   local err = { code = info.code, message = info.message, reason = info.reason,
-    traceback = channel.interrupt_traceback() }
+    traceback = encode.processor_frames(channel.interrupt_traceback()) }
   if cleanup then
     local ok, failure = xpcall(cleanup, handler, job, info.reason)
     if not ok then
