@@ -238,6 +238,7 @@ local function run_job(number, payload)
   if ok then return complete(number, result) end
   if interrupted then return fail_interrupted(number, job) end
   fail(number, failure_of(result, heap_full))
+  if heap_full then collectgarbage() end -- (reported first: channel.run leaves a full heap as it is)
 end
 
 ------------------------------------------------------------------- main ---

@@ -10,7 +10,7 @@ local M = {}
 
 M.USAGE = [=[
 usage: moonjob run PROCESSOR [INPUT] [options]
-       moonjob worker PROCESSOR --redis URL --queue NAME [-j N] [--lease S] [--grace S]
+       moonjob worker PROCESSOR --redis URL --queue NAME [-j N] [--memory-limit SIZE] [--lease S] [--grace S]
        moonjob add --redis URL --queue NAME [INPUT] [--raw] [--dedupe] [--attempts N] [--priority P] [--delay S]
        moonjob status --redis URL --queue NAME [--watch [--until-empty]]
        moonjob queues | jobs | job | retry | remove | promote | clean | pause | resume ...
@@ -30,6 +30,12 @@ options:
   --raw                 each input line is a job's data as it is, a string
                         (no JSON needed; blank lines still run nothing)
   -j, --concurrency N   children to run (default: the number of CPUs; also --jobs N)
+  --memory-limit SIZE   each child's Lua heap at most SIZE (512M, 2G, 1.5G,
+                        64K, bytes; also for worker): a job that needs more
+                        fails with ENOMEM and its child is replaced; none: no
+                        cap (default: $MOONJOB_MEMORY_LIMIT, else half the
+                        machine's memory shared among the children, at least
+                        64M each)
   -k, --keep-order      print results in input order (default: as they finish)
   --halt WHEN,fail=N    stop after N failed lines: WHEN is now (running jobs
                         are killed; exit 3) or soon (nothing more starts,
@@ -150,7 +156,8 @@ error (the processor cannot load, the joblog cannot be written), 3 stopped by
 Ctrl-C, 143 SIGTERM, 129 SIGHUP)
 ]=]
 
-local SECONDS_MAX = require("moonjob.pool.options").SECONDS_MAX -- the pool's own bound on its times
+local Options = require "moonjob.pool.options"
+local SECONDS_MAX = Options.SECONDS_MAX -- the pool's own bound on its times
 local RESOLVE_MAX = require("moonjob.redis.names").RESOLVE_MAX
 
 local function positive_integer(text)
@@ -231,6 +238,7 @@ local VALUED = {
   ["--concurrency"] = { "concurrency", children, "a number", WHOLE_1024 },
   ["--jobs"] = { "concurrency", children, "a number", WHOLE_1024 }, -- GNU parallel's name
   ["--attempts"] = { "attempts", positive_integer, "a number", WHOLE_2_31 },
+  ["--memory-limit"] = { "memory_limit", Options.size, "a size", Options.SIZE_WANTS }, -- none: false
   ["--rate"] = { "rate", rate_spec, "a rate",
     "N/s, N/m or N/h such as 10/s or 0.5/s (N above 0, at most 1e6)" },
   ["--backoff"] = { "backoff", backoff_spec, "a value", "fixed:SECONDS or exponential:SECONDS[:JITTER]" },
