@@ -96,6 +96,15 @@ static int lmj_cpu_count(lua_State *L) {
   return 1;
 }
 
+/* core.total_memory() -> the machine's memory in bytes, and the limit a
+ * control group sets on this process's (libuv's reading; 0 when none is
+ * known). moonjob.pool.options makes the default memory_limit of them. */
+static int lmj_total_memory(lua_State *L) {
+  lua_pushnumber(L, (lua_Number) uv_get_total_memory());
+  lua_pushnumber(L, (lua_Number) uv_get_constrained_memory());
+  return 2;
+}
+
 /* core.isatty(fd) -> true when fd is a terminal */
 static int lmj_isatty(lua_State *L) {
   lua_pushboolean(L, uv_guess_handle((uv_file) luaL_checkinteger(L, 1)) == UV_TTY);

@@ -185,7 +185,7 @@ static int lmj_scrub_env(lua_State *L) {
 int luaopen_moonjob_core(lua_State *L) {
   static const luaL_Reg functions[] = {
     {"run", lmj_run}, {"step", lmj_step}, {"backend_fd", lmj_backend_fd},
-    {"backend_timeout", lmj_backend_timeout}, {"catch_sigint", lmj_catch_sigint}, {"hold_stop_signals", lmj_hold_stop_signals}, {"running", lmj_running}, {"hrtime", lmj_hrtime}, {"cpu_count", lmj_cpu_count},
+    {"backend_timeout", lmj_backend_timeout}, {"catch_sigint", lmj_catch_sigint}, {"hold_stop_signals", lmj_hold_stop_signals}, {"running", lmj_running}, {"hrtime", lmj_hrtime}, {"cpu_count", lmj_cpu_count}, {"total_memory", lmj_total_memory},
     {"getpid", lmj_getpid}, {"isatty", lmj_isatty}, {"closed_at_start", lmj_closed_at_start}, {"child_path", lmj_child_path}, {"realpath", lmj_realpath},
     {"spawn", lmj_spawn},
     {"timer", lmj_timer_new}, {"input", lmj_input_new}, {"open", lmj_open}, {"output", lmj_output_new},

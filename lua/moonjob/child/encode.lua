@@ -177,10 +177,33 @@ function M.encode_error(err)
   return buffer.encode(plain)
 end
 
+-- A frame line of the runner's side: a file of moonjob/child/ (the runner,
+-- the batch runner, this module), or a C function (channel.run, the pcalls
+-- that call the runner).
+local function runner_frame(line)
+  return line:find("^\t%[C%]:") ~= nil or line:find("moonjob/child/[%w_]+%.lua:%d+:") ~= nil
+end
+
+-- A traceback cut at the processor's own frames: the runner's frames below
+-- the function it called (where moonjob's install path shows) are dropped,
+-- so the last frame is the processor's. Frames above it stay, a runner's
+-- among them (job:progress raising names it).
+local function processor_frames(traceback)
+  if type(traceback) ~= "string" then return traceback end
+  local kept = traceback
+  while true do
+    local at = kept:match("()\n[^\n]*$") -- where the last line starts
+    if not at or not runner_frame(kept:sub(at + 1)) then return kept end
+    kept = kept:sub(1, at - 1)
+  end
+end
+M.processor_frames = processor_frames
+
 -- The message handler of every protected call of the processor's code: what
--- was raised, and the traceback from where it was raised.
+-- was raised, and the traceback from where it was raised (the processor's
+-- frames).
 function M.handler(value)
-  return { value = value, traceback = traceback_of(message_of(value), 2) }
+  return { value = value, traceback = processor_frames(traceback_of(message_of(value), 2)) }
 end
 
 ------------------------------------------------------- inputs, results ---

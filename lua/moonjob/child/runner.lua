@@ -181,7 +181,7 @@ end
 local function fail_interrupted(number, job)
   local info = encode.interrupt_reason(channel.interrupt())
   local err = { code = info.code, message = info.message, reason = info.reason,
-    traceback = channel.interrupt_traceback() }
+    traceback = encode.processor_frames(channel.interrupt_traceback()) }
   if cleanup then
     local ok, failure = xpcall(cleanup, handler, job, info.reason)
     if not ok then
@@ -238,6 +238,7 @@ local function run_job(number, payload)
   if ok then return complete(number, result) end
   if interrupted then return fail_interrupted(number, job) end
   fail(number, failure_of(result, heap_full))
+  if heap_full then collectgarbage() end -- (reported first: channel.run leaves a full heap as it is)
 end
 
 ------------------------------------------------------------------- main ---

@@ -11,7 +11,8 @@ local help = require "moonjob.cli.help"
 local M = {}
 
 
-local SECONDS_MAX = require("moonjob.pool.options").SECONDS_MAX -- the pool's own bound on its times
+local Options = require "moonjob.pool.options"
+local SECONDS_MAX = Options.SECONDS_MAX -- the pool's own bound on its times
 local RESOLVE_MAX = require("moonjob.redis.names").RESOLVE_MAX
 
 local function positive_integer(text)
@@ -92,6 +93,7 @@ local VALUED = {
   ["--concurrency"] = { "concurrency", children, "a number", WHOLE_1024 },
   ["--jobs"] = { "concurrency", children, "a number", WHOLE_1024 }, -- GNU parallel's name
   ["--attempts"] = { "attempts", positive_integer, "a number", WHOLE_2_31 },
+  ["--memory-limit"] = { "memory_limit", Options.size, "a size", Options.SIZE_WANTS }, -- none: false
   ["--rate"] = { "rate", rate_spec, "a rate",
     "N/s, N/m or N/h such as 10/s or 0.5/s (N above 0, at most 1e6)" },
   ["--backoff"] = { "backoff", backoff_spec, "a value", "fixed:SECONDS or exponential:SECONDS[:JITTER]" },

@@ -24,6 +24,10 @@ local OPTIONS = {
     "or fractional spaces them evenly (0.5/s: one every 2 s); each line then runs",
     "as a job of its own" },
   ["--attempts"] = { "--attempts N", "runs per job before it fails for good (default 1)" },
+  ["--memory-limit"] = { "--memory-limit SIZE", "each child's Lua heap at most SIZE (512M, 2G, 1.5G,",
+    "64K, bytes): a job that needs more fails with ENOMEM and its child is replaced; none: no",
+    "cap (default: $MOONJOB_MEMORY_LIMIT, else half the machine's memory shared among the",
+    "children, at least 64M each)" },
   ["--backoff"] = { "--backoff SPEC", "wait between attempts: fixed:SECONDS or",
     "exponential:SECONDS[:JITTER] (JITTER 0..1)" },
   ["--joblog"] = { "--joblog FILE", "append one line per finished job to FILE" },
@@ -108,7 +112,7 @@ of child processes. Prints one JSON line per finished line, as it finishes:
 What the processor prints goes to standard error as "[line N] text".
 Plain-text lines (file names, words): --raw, e.g. ls *.log | moonjob run count.lua --raw
 ]],
-    options = { "--raw", "-j", "-k", "--halt", "--rate", "--attempts", "--backoff", "--joblog", "--resume",
+    options = { "--raw", "-j", "--memory-limit", "-k", "--halt", "--rate", "--attempts", "--backoff", "--joblog", "--resume",
       "--timeout", "--kill-after", "--start-timeout", "--progress" } },
   { name = "worker", summary = "run jobs from a queue on Redis until SIGTERM or Ctrl-C",
     usage = { "moonjob worker PROCESSOR --queue NAME [--redis URL] [options]" },
@@ -116,7 +120,7 @@ Plain-text lines (file names, words): --raw, e.g. ls *.log | moonjob run count.l
 Runs jobs from the queue until SIGTERM or Ctrl-C, then gives back what was
 not started and exits 0 (README "Durable queues on Redis").
 ]],
-    options = { "--redis", "--queue", "-j", "--lease", "--grace", "--prefetch", "--keep", "--keep-failed-age",
+    options = { "--redis", "--queue", "-j", "--memory-limit", "--lease", "--grace", "--prefetch", "--keep", "--keep-failed-age",
       "--keep-logs", "--quiet", "--metrics", "--timeout", "--kill-after", "--start-timeout", "--attempts",
       "--backoff" },
     notes = { ["--timeout"] = { "--timeout S", "as for run: the pool's defaults for the jobs it runs" } } },

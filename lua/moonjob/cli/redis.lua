@@ -135,7 +135,10 @@ function M.worker(processor, o, pool_options)
     end
   end
   local size = pool.size -- without -j: one per CPU
-  say(("worker %s: %d %s on queue %s"):format(processor, size, size == 1 and "child" or "children", o.queue))
+  local memory = pool.memory_limit and ("memory limit %.0f MiB per child"):format(pool.memory_limit / 1048576)
+    or "no memory limit"
+  say(("worker %s: %d %s on queue %s, %s"):format(processor, size, size == 1 and "child" or "children", o.queue,
+    memory))
   local signum = until_signal()
   say(("stopping (%s): no more fetching; running jobs have %g s to finish"):format(
     signum == 15 and "SIGTERM" or signum == 1 and "SIGHUP" or "SIGINT", o.grace or 30))

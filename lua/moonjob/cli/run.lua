@@ -54,7 +54,8 @@ Run.__index = Run
 function M.pool_options(o)
   return { size = o.concurrency, codec = "json", timeout = o.timeout, kill_after = o.kill_after,
     start_timeout = o.start_timeout, attempts = o.attempts, backoff = o.backoff, raw = o.raw or nil,
-    rate = o.rate } -- (--rate: one line per job, moonjob.cli.input)
+    rate = o.rate, -- (--rate: one line per job, moonjob.cli.input)
+    memory_limit = o.memory_limit } -- (none: false; not given: the pool's default)
 end
 
 -- The pool, or nil, a message and whether it is a usage error. Options

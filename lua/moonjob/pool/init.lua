@@ -136,6 +136,7 @@ function Pool.new(processor, opts)
     codec = value(opts, "codec"),
     echo = value(opts, "echo"), -- true, false or a function(line, job, pid)
     child_program = child_program,
+    memory_limit = Options.memory_limit(opts), -- bytes of Lua heap per child, nil: no cap
     child_args = Options.child_args(opts),
     child_env = { "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath,
       "MOONJOB_REDIS=" }, -- a Redis URL (its password) is the parent's, not the processors',
@@ -154,7 +155,7 @@ function Pool.new(processor, opts)
   self.min_size = math.min(self.min_size, self.size)
   self.init_bytes = buffer.encode({
     processor = processor, codec = self.codec, max_payload = self.max_payload,
-    jit = opts.jit ~= false, memory_limit = opts.memory_limit, dir = processor_dir(processor),
+    jit = opts.jit ~= false, memory_limit = self.memory_limit, dir = processor_dir(processor),
     raw = opts.raw, -- the job's text is its data, not decoded (moonjob run --raw)
   })
   self.children:start()

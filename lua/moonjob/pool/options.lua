@@ -55,8 +55,92 @@ function Options.limited(opts)
   return (opts.rate or opts.group_concurrency or opts.group_rate) ~= nil
 end
 
+---------------------------------------------------------------- memory ---
+-- Every pool's children are capped (memory_limit) unless told otherwise:
+-- the default is a share of the machine's memory per child, so that a
+-- pool's children together cannot take more than half of it.
+
+Options.MEMORY_SHARE = 0.5             -- of the machine's memory, for a pool's children together
+Options.MEMORY_FLOOR = 64 * 1024 * 1024 -- a child's default cap, at least (a big pool on a small machine)
+local MEMORY_MAX = 2 ^ 46
+local MIB = 1024 * 1024
+local SIZE_UNITS = { [""] = 1, k = 1024, m = MIB, g = 1024 * MIB, t = 1024 * 1024 * MIB }
+Options.SIZE_WANTS = "a size such as 512M, 2G, 1.5G, 64K or a number of bytes "
+  .. "(K, M, G, T: powers of 1024), or none (no cap)"
+
+-- Options.size(text) -> bytes (whole), false for "none" | nil: a memory
+-- size as the command line and MOONJOB_MEMORY_LIMIT write it.
+function Options.size(text)
+  if type(text) ~= "string" then return nil end
+  if text:lower() == "none" then return false end
+  local n, unit = text:match("^(%d*%.?%d+)%s*([kKmMgGtT]?)[iI]?[bB]?$")
+  local bytes = n and math.floor(tonumber(n) * SIZE_UNITS[unit:lower()])
+  if bytes and bytes >= 1 and bytes <= MEMORY_MAX then return bytes end
+end
+
+-- The first number in file `path`, or nil ("max", no such file).
+local function number_in(path)
+  local f = io.open(path, "r")
+  if not f then return nil end
+  local n = tonumber((f:read("*l") or ""):match("^%d+$"))
+  f:close()
+  return n
+end
+
+-- The memory.max of this process's cgroup (v2) and of each above it, the
+-- smallest; nil without one.
+local function cgroup_limit()
+  local f = io.open("/proc/self/cgroup", "r")
+  local path = f and f:read("*a"):match("0::(/[^\n]*)")
+  if f then f:close() end
+  local least
+  while path do
+    local n = number_in("/sys/fs/cgroup" .. path:gsub("/$", "") .. "/memory.max")
+    if n and (not least or n < least) then least = n end
+    if path == "/" then break end
+    path = path:match("^(.*)/[^/]*$")
+    if path == "" then path = "/" end
+  end
+  return least
+end
+
+-- Options.machine_memory() -> bytes: the machine's memory, or less when a
+-- cgroup (v1 or v2) limits this process's.
+function Options.machine_memory()
+  local total, constrained = require("moonjob.core").total_memory()
+  local least = total
+  for _, n in ipairs({ constrained, cgroup_limit() or 0 }) do
+    if n > 0 and n < least then least = n end
+  end
+  return least
+end
+
+-- The default memory_limit of a pool of `size` children: MOONJOB_MEMORY_LIMIT
+-- when set (raises when it is no size), else the machine's share per child
+-- in whole MiB, at least MEMORY_FLOOR.
+local function default_memory_limit(opts)
+  local env = os.getenv("MOONJOB_MEMORY_LIMIT")
+  if env and env ~= "" then
+    local bytes = Options.size(env)
+    if bytes == nil then
+      error(("moonjob.pool: MOONJOB_MEMORY_LIMIT must be %s, not '%s'"):format(Options.SIZE_WANTS, env), 0)
+    end
+    return bytes
+  end
+  local share = Options.machine_memory() * Options.MEMORY_SHARE / Options.value(opts, "size")
+  return math.max(Options.MEMORY_FLOOR, math.floor(share / MIB) * MIB)
+end
+
+-- Options.memory_limit(opts) -> bytes, or nil when lifted (false, "none").
+function Options.memory_limit(opts)
+  local v = Options.value(opts, "memory_limit")
+  if type(v) == "string" then v = Options.size(v) end
+  return v or nil
+end
+
 -- Defaults that depend on the machine or on the other options.
 local COMPUTED = {
+  memory_limit = default_memory_limit, -- a share of the machine's memory per child
   size = function() return require("moonjob.core").cpu_count() end, -- a child per CPU
   child = function() return require("moonjob.core").child_path() end, -- beside core.so
   codec = function(opts) return opts.redis and "json" or "lua" end, -- Redis carries JSON
@@ -83,7 +167,7 @@ end
 local OPTIONS = {
   size = "number", max_payload = "number", codec = "string", echo = "echo",
   jit = "boolean", child = "string", timeout = "number", kill_after = "number",
-  ack_timeout = "number", start_timeout = "number", max_jobs_per_child = "number", memory_limit = "number",
+  ack_timeout = "number", start_timeout = "number", max_jobs_per_child = "number", memory_limit = "memory",
   idle_timeout = "number", min_size = "number", max_procs = "number",
   max_log_bytes = "number", user = "string", attempts = "number", backoff = "backoff",
   dedupe = "dedupe", cache = "number", cache_max = "number", max_queue = "number",
@@ -98,7 +182,7 @@ local OPTIONS = {
 local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout = true,
   start_timeout = true, attempts = true, pipeline = true,
   cache = true, cache_max = true, max_queue = true, group_concurrency = true,
-  max_jobs_per_child = true, memory_limit = true, idle_timeout = true, max_procs = true,
+  max_jobs_per_child = true, idle_timeout = true, max_procs = true,
   max_log_bytes = true, lease = true, poll = true, keep_age = true, keep_failed_age = true, heartbeat = true }
 local WHOLE = { size = true, max_jobs_per_child = true, min_size = true, max_procs = true,
   attempts = true, cache_max = true, max_queue = true, prefetch = true, keep = true,
@@ -107,7 +191,7 @@ local WHOLE = { size = true, max_jobs_per_child = true, min_size = true, max_pro
 -- those of a job's fields are Redis's too (moonjob.redis.names).
 local SECONDS_MAX, ATTEMPTS_MAX = names.SECONDS_MAX, names.ATTEMPTS_MAX
 Options.SECONDS_MAX = SECONDS_MAX -- the bound on every time, also moonjob.redis's and the CLI's
-local MAXIMUM = { size = 1024, max_payload = 2 ^ 30, memory_limit = 2 ^ 46, max_procs = 2 ^ 31 - 1,
+local MAXIMUM = { size = 1024, max_payload = 2 ^ 30, max_procs = 2 ^ 31 - 1,
   max_log_bytes = 2 ^ 40, attempts = ATTEMPTS_MAX, cache_max = 2 ^ 31, max_queue = 2 ^ 53,
   min_size = 1024, max_jobs_per_child = 2 ^ 53, timeout = SECONDS_MAX, kill_after = SECONDS_MAX,
   ack_timeout = SECONDS_MAX, start_timeout = SECONDS_MAX, idle_timeout = SECONDS_MAX,
@@ -147,6 +231,12 @@ function Options.check(opts)
     elseif want == "rate" then
       local ok, why = Options.check_rate(v, k)
       if not ok then error("moonjob.pool: " .. why, 4) end
+    elseif want == "memory" then
+      if not (v == false or (type(v) == "number" and v >= 1 and v <= MEMORY_MAX) or Options.size(v) ~= nil) then
+        error(("moonjob.pool: option 'memory_limit' must be a number of bytes (1 to 2^46), %s, "
+          .. "or false (no cap), not %s"):format(Options.SIZE_WANTS,
+          type(v) == "string" and ("'%s'"):format(v:sub(1, 40)) or tostring(v)), 4)
+      end
     elseif type(v) ~= want then
       error(("moonjob.pool: option '%s' must be a %s, not a %s"):format(k, want, type(v)), 4)
     end
@@ -287,9 +377,10 @@ end
 -- Options.child_args(opts) -> the child program's command-line arguments
 function Options.child_args(opts)
   local args = {}
-  if opts.memory_limit then
+  local memory = Options.memory_limit(opts)
+  if memory then
     args[#args + 1] = "--memory-limit"
-    args[#args + 1] = ("%.0f"):format(opts.memory_limit)
+    args[#args + 1] = ("%.0f"):format(memory)
   end
   if opts.max_procs then
     args[#args + 1] = "--max-procs"
