@@ -156,7 +156,8 @@ end
 
 local function add_options(o)
   return { attempts = o.attempts, backoff = o.backoff, timeout = o.timeout,
-    kill_after = o.kill_after, priority = o.priority, delay = o.delay, dedupe = o.dedupe or nil, group = o.group }
+    kill_after = o.kill_after, priority = o.priority, delay = o.delay, dedupe = o.dedupe or nil, group = o.group,
+    expire = o.expire, debounce = o.debounce }
 end
 
 -- Jobs of drawn ids made waiting come back as runs (add.bulk_rows), a few
@@ -174,8 +175,8 @@ function Adds.new(q, opts, dedupe, raw)
   -- one: an add's arguments with these options, which the batches take
   local one = add.args(q.prefix, "{}", opts, false, nil, dedupe and "join" or nil)
   -- (runs only come for waiting jobs of drawn ids: else every row whole)
-  local whole = dedupe or (opts.delay or 0) > 0 or (opts.group or "") ~= ""
-  return setmetatable({ q = q, one = one, dedupe = dedupe, raw = raw, ids = {}, next_print = 1,
+  local whole = dedupe or (opts.delay or 0) > 0 or (opts.group or "") ~= "" or opts.expire
+  return setmetatable({ q = q, one = one, opts = opts, dedupe = dedupe, raw = raw, ids = {}, next_print = 1,
     inflight = 0, added = 0, failed = 0, unknown = 0, batch = { lines = {}, texts = {} },
     batch_size = whole and WHOLE_BATCH or BATCH }, Adds)
 end
@@ -241,12 +242,28 @@ function Adds:send()
     end
     return
   end
-  local q = self.q
+  if self.opts.debounce then return self:send_each(batch) end
   local args = add.bulk_calls(self.one, batch.texts)[1].args
+  self:sent(batch, args, add.bulk_rows)
+end
+
+-- Each line of the batch in a moonjob_add of its own, in order: a debounce
+-- names one job, which each line joins in turn (a bulk add makes new jobs).
+function Adds:send_each(batch)
+  for k, n in ipairs(batch.lines) do
+    local args = add.args(self.q.prefix, batch.texts[k], self.opts, false)
+    self:sent({ lines = { n } }, args, function(row) return row and { row } end)
+  end
+end
+
+-- Sends args for the lines of batch (through the ledger); rows(reply) ->
+-- a row per line.
+function Adds:sent(batch, args, rows_of)
+  local q = self.q
   self.inflight = self.inflight + #batch.lines
   ledger.send(q.client, q.ledger, args, q.resolve_ms, function(rows, err, _, unknown)
     self.inflight = self.inflight - #batch.lines
-    rows = add.bulk_rows(rows)
+    rows = rows_of(rows)
     for k, n in ipairs(batch.lines) do
       local row = rows and rows[k]
       if type(row) == "table" then
