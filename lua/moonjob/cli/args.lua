@@ -390,6 +390,10 @@ function M.parse(args)
       o[field] = v
       o.given = o.given or {} -- (as written: a command that takes less says what it got)
       o.given[field] = { name, value }
+      if field == "queue" then -- (moonjob worker serves each one given)
+        o.queues = o.queues or {}
+        o.queues[#o.queues + 1] = v
+      end
     elseif a:sub(1, 1) == "-" and a ~= "-" then
       return nil, ("unknown option '%s'"):format(a)
     else

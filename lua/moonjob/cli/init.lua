@@ -64,6 +64,30 @@ local function foreign_option(command, o)
   if o.rate == false and command ~= "limit" then o.rate = nil end -- (none: no rate, as without it)
 end
 
+-- moonjob worker --queue a,b (or --queue repeated): the names, each once,
+-- in o.worker_queues; nil and a usage error otherwise. Other commands take
+-- one --queue.
+local function queue_list(command, o)
+  local list = o.queues or {}
+  if command ~= "worker" then
+    if #list > 1 then
+      return nil, usage_error(("moonjob %s takes one --queue (moonjob worker serves several)"):format(command))
+    end
+    return true
+  end
+  local names, seen = {}, {}
+  for _, given in ipairs(list) do
+    for name in (given .. ","):gmatch("([^,]*),") do
+      local ok, why = require("moonjob.redis.names").check_name(name)
+      if not ok then return nil, usage_error(("--queue %s: %s"):format(given, why)) end
+      if seen[name] then return nil, usage_error(("--queue names %s twice"):format(name)) end
+      seen[name], names[#names + 1] = true, name
+    end
+  end
+  o.worker_queues = names
+  return true
+end
+
 -- moonjob limit: something to set (each value was checked by the parser).
 local function limit_command(o)
   if o.rate == nil and o.concurrency == nil and o.group_rate == nil and o.group_concurrency == nil
@@ -132,6 +156,8 @@ local function remote_command(command, o)
   o.redis = o.redis or from_environment
   local bad = remote.check_target(o, usage_error, command == "queues" or command == "dashboard")
   if bad then return bad end
+  local listed, why = queue_list(command, o)
+  if not listed then return why end
   if o.until_empty and not o.watch then return usage_error("--until-empty goes with --watch") end
   if o.raw and command ~= "add" then
     return usage_error(("--raw is for moonjob run and moonjob add, not moonjob %s (a queue's data is "

@@ -1,6 +1,6 @@
 -- moonjob.cli.redis -- the command line's durable-queue commands:
 --
---   moonjob worker PROCESSOR --redis URL --queue NAME [-j N] [--lease S] [--grace S]
+--   moonjob worker PROCESSOR --redis URL --queue NAME[,NAME...] [-j N] [--lease S] [--grace S]
 --   moonjob add --redis URL --queue NAME [INPUT] [--raw] [--dedupe] [--attempts N] [--backoff SPEC] ...
 --
 -- (status and the commands that act on a queue: moonjob.cli.status and
@@ -110,7 +110,9 @@ end
 
 function M.worker(processor, o, pool_options)
   local opts = pool_options(o)
-  opts.redis, opts.queue, opts.lease, opts.echo = o.redis, o.queue, o.lease, true
+  local queues = o.worker_queues or { o.queue }
+  local several = #queues > 1 -- (one pool, a remote per queue: moonjob.redis.remotes)
+  opts.redis, opts.queue, opts.lease, opts.echo = o.redis, several and queues or queues[1], o.lease, true
   opts.keep, opts.keep_age, opts.prefetch = o.keep, o.keep_age, o.prefetch
   opts.keep_failed_age, opts.keep_logs = o.keep_failed_age, o.keep_logs
   opts.worker_name = worker_name()
@@ -120,8 +122,9 @@ function M.worker(processor, o, pool_options)
     return EXIT_USAGE
   end
   local display = client.display(assert(client.parse(o.redis)))
+  local shown = table.concat(queues, ", ")
   pool:on("redis", function(kind, why)
-    if kind == "up" then say("connected to ", display, ", queue ", o.queue)
+    if kind == "up" then say("connected to ", display, several and ", queues " or ", queue ", shown)
     elseif kind == "down" then say("Redis unreachable (", tostring(why), "); running jobs go on, fetching resumes when it is back")
     else say(tostring(why)) end -- stale, error, broken, mended, fenced, lost: each says what and why
   end)
@@ -136,7 +139,8 @@ function M.worker(processor, o, pool_options)
     end
   end
   local size = pool.size -- without -j: one per CPU
-  say(("worker %s: %d %s on queue %s"):format(processor, size, size == 1 and "child" or "children", o.queue))
+  say(("worker %s: %d %s on %s %s%s"):format(processor, size, size == 1 and "child" or "children",
+    several and "queues" or "queue", shown, several and " (fetched in turn: docs/guide/cli.md)" or ""))
   local signum = until_signal()
   say(("stopping (%s): no more fetching; running jobs have %g s to finish"):format(
     signum == 15 and "SIGTERM" or signum == 1 and "SIGHUP" or "SIGINT", o.grace or 30))
