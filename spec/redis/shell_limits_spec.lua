@@ -62,6 +62,7 @@ rq.describe(function()
         { "--concurrency 0", "%-%-concurrency needs" }, { "--concurrency 1.5", "%-%-concurrency needs" },
         { "--group-concurrency -3", "%-%-group%-concurrency needs" }, { "--group-rate 10/0s", "%-%-group%-rate needs" },
         { "--rate 10/s --concurrency x", "%-%-concurrency needs" },
+        { "-j 4", "%-j is for moonjob run and worker" },
         { "", "moonjob limit needs %-%-rate, %-%-concurrency, %-%-group%-rate, %-%-group%-concurrency or %-%-clear" },
       }) do
         local out, err, status = moonjob(("limit --queue %s %s"):format(name, case[1]))

@@ -10,7 +10,7 @@ local M = {}
 
 M.USAGE = [=[
 usage: moonjob run PROCESSOR [INPUT] [options]
-       moonjob worker PROCESSOR --redis URL --queue NAME [-j N] [--lease S] [--grace S]
+       moonjob worker PROCESSOR --redis URL --queue NAME[,NAME...] [-j N] [--lease S] [--grace S]
        moonjob add --redis URL --queue NAME [INPUT] [--raw] [--dedupe] [--attempts N] [--priority P] [--delay S]
                    [--group G] [--expire S] [--debounce ID:SECONDS]
        moonjob status --redis URL --queue NAME [--watch [--until-empty]]
@@ -129,7 +129,8 @@ the commands on Redis (worker, add, status, the operating commands, schedule,
 dashboard) take --redis, those on one queue --queue, the others as they say:
   --redis URL           redis://[user:password@]host[:port][/db]; default:
                         $MOONJOB_REDIS (keeps a password out of `ps`)
-  --queue NAME          the queue's name
+  --queue NAME          the queue's name; for worker also a,b (or --queue
+                        repeated): one worker serves them all, in turn
   --lease S             for worker: seconds a fetched job is held before
                         another worker may take it, renewed every S/12
                         (default 30)

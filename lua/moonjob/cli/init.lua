@@ -95,6 +95,10 @@ local function limit_command(o)
     return usage_error("moonjob limit needs --rate, --concurrency, --group-rate, --group-concurrency or --clear "
       .. "(moonjob limits shows them)")
   end
+  local c = o.given and o.given.concurrency
+  if c and c[1] ~= "--concurrency" then -- (-j and --jobs count children)
+    return usage_error(("%s is for moonjob run and worker (children): moonjob limit takes --concurrency"):format(c[1]))
+  end
   return require("moonjob.cli.operate").limit(o)
 end
 

@@ -123,10 +123,12 @@ function M.worker(processor, o, pool_options)
   end
   local display = client.display(assert(client.parse(o.redis)))
   local shown = table.concat(queues, ", ")
-  pool:on("redis", function(kind, why)
-    if kind == "up" then say("connected to ", display, several and ", queues " or ", queue ", shown)
-    elseif kind == "down" then say("Redis unreachable (", tostring(why), "); running jobs go on, fetching resumes when it is back")
-    else say(tostring(why)) end -- stale, error, broken, mended, fenced, lost: each says what and why
+  pool:on("redis", function(kind, why, _, queue) -- (queue: with several, the one it is about)
+    local of = queue and (" (queue %s)"):format(queue) or ""
+    if kind == "up" then say("connected to ", display, ", queue ", queue or shown)
+    elseif kind == "down" then
+      say("Redis unreachable (", tostring(why), "); running jobs go on, fetching resumes when it is back", of)
+    else say(tostring(why), of) end -- stale, error, broken, mended, fenced, lost: each says what and why
   end)
   if not o.quiet then log_jobs(pool, o.verbose) end
   local metrics

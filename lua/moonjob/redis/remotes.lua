@@ -24,6 +24,18 @@ Remotes.__index = Remotes
 
 local M = {}
 
+-- The pool's port as the remote of queue `name` sees it: the same, but
+-- its `redis` events name the queue (a fifth argument: "connected", a
+-- refusal, a pause are one queue's).
+function M.named_port(port, name)
+  local named = setmetatable({}, { __index = port })
+  function named.emit_event(_, event, kind, why, id)
+    if event == "redis" then return port:emit_event(event, kind, why, id, name) end
+    return port:emit_event(event, kind, why, id)
+  end
+  return named
+end
+
 -- Remotes.new(port, opts) -> the owner: opts as Remote.new's, opts.queue a
 -- list of names (moonjob.pool.options checked them).
 function M.new(port, opts)
@@ -32,7 +44,7 @@ function M.new(port, opts)
     local one = {}
     for k, v in pairs(opts) do one[k] = v end
     one.queue = name
-    list[i] = Remote.new(port, one)
+    list[i] = Remote.new(M.named_port(port, name), one)
   end
   return setmetatable({ remotes = list, first = 1 }, Remotes)
 end
