@@ -62,6 +62,24 @@ rq.describe(function()
       assert.is_true(done < 1000, ("the busy queue had completed %d of 2000 when the small one ended"):format(done))
     end)
 
+    it("takes a list of queues in Lua, each once", function()
+      local a, b = rq.new_queue(), rq.new_queue()
+      local qa, qb = rq.new_producer(a), rq.new_producer(b)
+      local ja, jb = assert(qa:add({ echo = 1 })), assert(qb:add({ echo = 2 }))
+      local pool = rq.pool({ a, b }, { size = 1 })
+      assert(ja:wait(20))
+      assert(jb:wait(20))
+      local stats = pool:stats().redis
+      assert.equal(2, stats.completed)
+      assert.same({ 1, 1 }, { stats.queues[a].completed, stats.queues[b].completed })
+      local moonjob_ = require "moonjob"
+      for _, bad in ipairs({ { a, a }, {}, { a, "" } }) do
+        local ok, err = pcall(moonjob_.pool, rq.PROCESSOR, { redis = rq.server().url, queue = bad })
+        assert.is_false(ok)
+        assert.matches("option 'queue'", err)
+      end
+    end)
+
     it("refuses a queue named twice, a bad name, and several queues for one-queue commands", function()
       local _, err, status = worker_usage("--queue a,b,a")
       assert.equal(2, status)
