@@ -10,6 +10,7 @@
 //   node spec/browser/dashboard.js --flow URL QUEUE
 //   node spec/browser/dashboard.js --workers URL QUEUE PID JOB FAILED_QUEUE
 //   node spec/browser/dashboard.js --chart URL QUEUE
+//   node spec/browser/dashboard.js --limits URL QUEUE OTHER [TOKEN]
 //
 // URL is the dashboard's address; QUEUE has one worker process, and its job
 // FAILED_ID failed with ERROR_CODE but passes when run again; PAGED_QUEUE
@@ -36,6 +37,12 @@
 // and no worker: the Workers page must list the worker with its pid and
 // JOB; FAILED_QUEUE's Failed tab counts 2, and after "Retry all failed"
 // counts 0 above "No failed jobs", the jobs that ever failed said apart.
+// With --limits, QUEUE has no limits: the Limits dialog sets a rate of 50
+// per 2 s and a concurrency of 7 (the spec reads them back from Redis),
+// then the queue OTHER is removed from its page (the first confirmation
+// dismissed: it stays; then confirmed: gone from the queues page). POSTs
+// without the X-Moonjob-Token header (and, given TOKEN, with a wrong one)
+// are refused and change nothing.
 // Environment:
 //   MOONJOB_ADD_JOB       a shell command that adds one job to QUEUE and
 //                         prints its id (the job added while paused)
@@ -64,12 +71,14 @@ const unreachableMode = process.argv[2] === "--unreachable";
 const flowMode = process.argv[2] === "--flow";
 const workersMode = process.argv[2] === "--workers";
 const chartMode = process.argv[2] === "--chart";
+const limitsMode = process.argv[2] === "--limits";
+const [otherQueue, limitsToken] = limitsMode ? process.argv.slice(5) : [];
 const secrets = unreachableMode ? process.argv.slice(4) : [];
 const [url, queue, failedId, errorCode] = tokenMode ? [process.argv[3], process.argv[5], "-", "-"]
-  : groupsMode || flowMode || workersMode || chartMode ? [process.argv[3], process.argv[4], "-", "-"]
+  : groupsMode || flowMode || workersMode || chartMode || limitsMode ? [process.argv[3], process.argv[4], "-", "-"]
   : unreachableMode ? [process.argv[3], "orders", "-", "-"] : process.argv.slice(2);
 const token = tokenMode ? process.argv[4] : "";
-const [pagedQueue, pagedTotal] = tokenMode || workersMode ? [] : [process.argv[6], Number(process.argv[7])];
+const [pagedQueue, pagedTotal] = tokenMode || workersMode || limitsMode ? [] : [process.argv[6], Number(process.argv[7])];
 const [workerPid, runningJob, failedQueue] = workersMode ? process.argv.slice(5, 8) : [];
 if (!url || !queue || !failedId || !errorCode || (tokenMode && !token)) {
   console.error("usage: node spec/browser/dashboard.js URL QUEUE FAILED_ID ERROR_CODE\n" +
@@ -78,7 +87,8 @@ if (!url || !queue || !failedId || !errorCode || (tokenMode && !token)) {
     "       node spec/browser/dashboard.js --unreachable URL SECRET...\n" +
     "       node spec/browser/dashboard.js --flow URL QUEUE\n" +
     "       node spec/browser/dashboard.js --workers URL QUEUE PID JOB FAILED_QUEUE\n" +
-    "       node spec/browser/dashboard.js --chart URL QUEUE");
+    "       node spec/browser/dashboard.js --chart URL QUEUE\n" +
+    "       node spec/browser/dashboard.js --limits URL QUEUE OTHER [TOKEN]");
   process.exit(2);
 }
 
@@ -385,6 +395,70 @@ async function seeChart(page) {
   await screenshot(page, "dashboard-chart.png");
 }
 
+
+// --limits: POSTs that must be refused (status, code) and change nothing.
+async function refusedPosts(page) {
+  const post = (path, headers) => page.evaluate(async (p, hs) => {
+    const r = await fetch(p, { method: "POST", headers: Object.assign({ "Content-Type": "application/json" }, hs),
+      body: JSON.stringify({ rate: { max: 1, per: 60 }, force: true }) });
+    return r.status;
+  }, path, headers);
+  const q = (name, what) => `/api/queues/${encodeURIComponent(name)}/${what}${limitsToken ? "?token=" + limitsToken : ""}`;
+  for (const [path, what] of [[q(queue, "limits"), "limits"], [q(otherQueue, "obliterate"), "obliterate"]]) {
+    const status = await post(path, {});
+    if (status !== 403) throw new Error(`a ${what} POST without X-Moonjob-Token answered ${status}, not 403`);
+    ok(`the ${what} POST without the token header refused (403)`);
+    if (limitsToken) {
+      const wrong = await post(path, { "X-Moonjob-Token": "not-" + limitsToken });
+      if (wrong !== 401) throw new Error(`a ${what} POST with a wrong token answered ${wrong}, not 401`);
+      ok(`the ${what} POST with a wrong token refused (401)`);
+    }
+  }
+}
+
+// --limits: the Limits dialog sets a rate and a concurrency; Remove queue
+// asks first, then removes OTHER.
+async function changeLimitsAndRemove(page) {
+  const start = limitsToken ? `${url}?token=${encodeURIComponent(limitsToken)}` : url;
+  await page.goto(start, { waitUntil: "load" });
+  await refusedPosts(page);
+  await page.goto(`${url}#/queue/${encodeURIComponent(queue)}`, { waitUntil: "load" });
+  await expectShown(page, '[data-test="chart"]', "the queue's page");
+  if (await page.$('[data-test="limits"]')) throw new Error("the queue shows limits before any was set");
+  await click(page, '[data-test="edit-limits"]', "Limits button");
+  await expectShown(page, '[data-test="limits-dialog"][open]', "the limits dialog open");
+  for (const [field, value] of [["limit-rate-max", "50"], ["limit-rate-per", "2"], ["limit-concurrency", "7"]]) {
+    await page.type(`[data-test="${field}"]`, value);
+  }
+  await click(page, '[data-test="limits-save"]', "Save button");
+  await expectText(page, '[data-test="limits"]', { has: "at most 50 jobs per 2 s" }, "the rate set in the limits note");
+  await expectText(page, '[data-test="limits"]', { has: "at most 7 at once" }, "the concurrency set");
+  if (await page.$('[data-test="limits-dialog"][open]')) throw new Error("the limits dialog stayed open after Save");
+  await screenshot(page, "dashboard-limits.png");
+  const other = `[data-test="queue-row"][data-queue=${css(otherQueue)}]`;
+  await page.goto(`${url}#/queue/${encodeURIComponent(otherQueue)}`, { waitUntil: "load" });
+  await expectShown(page, '[data-test="chart"]', `the page of ${otherQueue}`);
+  dialogAnswer = false; // the first confirmation declined: nothing removed
+  await click(page, '[data-test="obliterate"]', "Remove queue button");
+  await sleep(500);
+  dialogAnswer = true;
+  if (!asked.some((m) => m.includes(`Remove queue ${otherQueue}`))) throw new Error("Remove queue asked nothing first");
+  await page.goto(url, { waitUntil: "load" });
+  await expectShown(page, other, `${otherQueue} still listed after the confirmation was declined`);
+  await page.goto(`${url}#/queue/${encodeURIComponent(otherQueue)}`, { waitUntil: "load" });
+  await click(page, '[data-test="obliterate"]', "Remove queue button");
+  await expectShown(page, `[data-test="queue-row"][data-queue=${css(queue)}]`, "back on the queues page");
+  try {
+    await page.waitForFunction((sel) => document.querySelector(sel) === null, { timeout: WAIT_MS, polling: 100 }, other);
+  } catch (e) {
+    throw new Error(`${otherQueue} still listed after Remove queue; ${await pageSummary(page)}`);
+  }
+  ok(`${otherQueue} removed: gone from the queues page`);
+}
+
+let dialogAnswer = true; // what the page's confirm() dialogs are answered
+const asked = []; // what they said
+
 async function main() {
   const browser = await puppeteer.launch({
     executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
@@ -399,8 +473,10 @@ async function main() {
     page.on("console", (m) => { // a refused request is the banner's to say, not a script's error
       if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) problems.push("console: " + m.text());
     });
-    page.on("dialog", (d) => d.accept());
-    if (unreachableMode) {
+    page.on("dialog", (d) => { asked.push(d.message()); return dialogAnswer ? d.accept() : d.dismiss(); });
+    if (limitsMode) {
+      await changeLimitsAndRemove(page);
+    } else if (unreachableMode) {
       await seeUnreachable(page);
     } else if (workersMode) {
       await seeWorkers(page);

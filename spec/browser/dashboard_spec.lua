@@ -9,8 +9,11 @@
 -- (dashboard.js --groups). A flow: its parent on the Waiting children tab,
 -- its children on its page, linked across queues (dashboard.js --flow).
 -- A chart of 20,000 jobs in a minute: no label meets another (dashboard.js
--- --chart). The Workers page lists a live worker; a Failed tab's count
--- follows its list after "Retry all failed" (dashboard.js --workers). A
+-- --chart). A queue's limits set in the page's dialog, read back from
+-- Redis; another queue removed (confirmed first); POSTs without the token
+-- refused (dashboard.js --limits, without a token and with one). The
+-- Workers page lists a live worker; a Failed tab's count follows its list
+-- after "Retry all failed" (dashboard.js --workers). A
 -- Redis that is down: the banner says so, and
 -- nothing of its URL is on the page (dashboard.js --unreachable).
 --
@@ -166,6 +169,28 @@ rq.describe(function()
       drive("--chart " .. start_dashboard() .. " busy", { "5%-digit tick labels on the chart",
         "no two of the chart's %d+ labels overlap" })
     end)
+
+    for _, token in ipairs({ false, "l1mits-t0ken" }) do
+      it(("changes a queue's limits and removes another queue%s; POSTs without the token refused")
+          :format(token and ", with a token" or ""), function()
+        need_driver()
+        local name, other = token and "invoices" or "mailers", token and "invoices-old" or "mailers-old"
+        local q, old = rq.new_producer(name), rq.new_producer(other)
+        assert(q:add({ order = 1 }, { delay = 3600 }))
+        for i = 1, 3 do assert(old:add({ order = i }, { delay = 3600 })) end
+        local url = start_dashboard(token and "MOONJOB_DASHBOARD_TOKEN=" .. token or nil)
+        drive(("--limits %s %s %s %s"):format(url, name, other, token or ""), { "the rate set in the limits note",
+          "the concurrency set", other:gsub("%-", "%%-") .. " removed: gone from the queues page",
+          "the limits POST without the token header refused", "the obliterate POST without the token header refused",
+          token and "the obliterate POST with a wrong token refused" or nil })
+        local l = assert(q:limits())
+        assert.same({ max = 50, per = 2 }, l.rate)
+        assert.equal(7, l.concurrency)
+        assert.is_nil(l.group_rate)
+        assert.is_false(old:counts().exists)
+        assert.equal(1, q:counts().delayed)
+      end)
+    end
 
     it("says Redis is unreachable in the banner, with nothing of its URL on the page", function()
       need_driver()

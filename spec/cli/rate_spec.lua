@@ -69,7 +69,8 @@ describe("moonjob run --rate", function()
     _, err, status = h.sh(MOONJOB .. "worker spec/fixtures/start_times.lua --redis redis://127.0.0.1:1 "
       .. "--queue q --rate 5/s")
     assert.equal(2, status)
-    assert.equal("moonjob: --rate is for moonjob run, not moonjob worker\nTry 'moonjob --help'.\n", err)
+    assert.equal("moonjob: --rate is for moonjob run, not moonjob worker (a queue's rate: moonjob limit --rate)\n"
+      .. "Try 'moonjob --help'.\n", err)
     local help = h.sh(MOONJOB .. "run --help")
     assert.truthy(help:find("--rate N/s", 1, true))
   end)

@@ -177,6 +177,24 @@ rq.describe(function()
       assert.same({}, listed(name))
     end)
 
+    it("lists a worker serving several queues on each of them, naming them all", function()
+      local a, b = rq.new_queue(), rq.new_queue()
+      local pid, log = rq.start_worker(a .. "," .. b, "-j 1")
+      assert(rq.worker_connected(log))
+      local rows
+      assert(wait_for(function()
+        rows = { listed(a)[1], listed(b)[1] }
+        return rows[1] ~= nil and rows[2] ~= nil
+      end, 15), "listed on both queues")
+      for _, row in ipairs(rows) do
+        assert.equal(pid, row.pid)
+        assert.same({ a, b }, row.queues)
+      end
+      rq.stop_worker(pid, "TERM")
+      assert.same({}, listed(a))
+      assert.same({}, listed(b))
+    end)
+
     it("shows a worker killed without a word as lapsed, its job no longer running, then drops it", function()
       local name = rq.new_queue()
       local q = rq.new_producer(name)

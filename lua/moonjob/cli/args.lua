@@ -10,7 +10,6 @@ local help = require "moonjob.cli.help"
 
 local M = {}
 
-
 local Options = require "moonjob.pool.options"
 local SECONDS_MAX = Options.SECONDS_MAX -- the pool's own bound on its times
 local RESOLVE_MAX = require("moonjob.redis.names").RESOLVE_MAX
@@ -63,19 +62,41 @@ local function halt_spec(text)
   end
 end
 
--- --rate: N/s, N/m, N/h or N (per second) -> the pool's { max, per }. A
--- whole N allows bursts of N in each period; any other N, one start every
--- period / N (0.5/s: one every 2 s).
-local RATE_PERIODS = { s = 1, m = 60, h = 3600 }
+-- --rate (also --group-rate): N/s, N/m, N/h or N (per second), or N over
+-- a period of D units, N/Ds, N/Dm, N/Dh, N/Dms (10/1m, 5/2s, 1/500ms) ->
+-- the pool's (and q:set_rate's) { max, per }. A whole N allows bursts of N
+-- in each period; any other N, one start every period / N (0.5/s: one
+-- every 2 s). "none" -> false: no limit (moonjob limit lifts it).
+local RATE_PERIODS = { ms = 0.001, s = 1, m = 60, h = 3600 }
 local function rate_spec(text)
-  local n, unit = text:match("^(%d*%.?%d+)/([smh])$")
-  if not n then n, unit = text:match("^(%d*%.?%d+)$"), "s" end
-  n = tonumber(n)
-  if not (n and n > 0 and n <= 1e6) then return nil end
-  local period = RATE_PERIODS[unit]
-  if n == math.floor(n) then return { max = n, per = period } end
-  if period / n > SECONDS_MAX then return nil end -- one line per more than 1e9 s
+  if text == "none" then return false end
+  local n, d, unit = text:match("^(%d*%.?%d+)/(%d*%.?%d*)(m?[smh])$")
+  if not n then n, d, unit = text:match("^(%d*%.?%d+)$"), "", "s" end
+  n, d = tonumber(n), d == "" and 1 or tonumber(d)
+  if not (n and n > 0 and n <= 1e6 and RATE_PERIODS[unit] and d and d > 0) then return nil end
+  local period = RATE_PERIODS[unit] * d
+  if n == math.floor(n) then
+    if period >= 0.001 and period <= SECONDS_MAX then return { max = n, per = period } end
+    return nil
+  end
+  if period / n > SECONDS_MAX or period / n < 0.001 then return nil end -- one line per more than 1e9 s
   return { max = 1, per = period / n }
+end
+
+-- --concurrency and --group-concurrency: a whole number, or none (false:
+-- no limit; moonjob limit). run and worker hold --concurrency to 1024
+-- children (moonjob.cli checks it, as -j's parser does).
+local function limit_count(text)
+  if text == "none" then return false end
+  return positive_integer(text)
+end
+
+-- --debounce ID:SECONDS -> { id, seconds } (the id may hold colons: the
+-- last one ends it).
+local function debounce_spec(text)
+  local id, s = text:match("^(.+):([^:]+)$")
+  s = tonumber(s)
+  if id and #id <= 1024 and s and s > 0 and s <= SECONDS_MAX then return { id = id, seconds = s } end
 end
 
 local function path(text)
@@ -86,16 +107,24 @@ local WHOLE_1024 = "a whole number from 1 to 1024"
 local WHOLE_2_31 = "a whole number from 1 to 2^31"
 local SECONDS_POSITIVE = "a number of seconds from 0.001 to 1e9"
 local SECONDS_ANY = "a number of seconds from 0 to 1e9"
+local RATE_WANTS = "N/s, N/m or N/h such as 10/s or 0.5/s, or N/D followed by ms, s, m or h such as 10/1m or "
+  .. "3/250ms (N above 0, at most 1e6; a period from 1 ms to 1e9 s), or none (no limit)"
 
 -- option -> { field, parser, what it needs (in short), what it wants (in full) }
 local VALUED = {
   ["-j"] = { "concurrency", children, "a number", WHOLE_1024 },
-  ["--concurrency"] = { "concurrency", children, "a number", WHOLE_1024 },
+  ["--concurrency"] = { "concurrency", limit_count, "a number", WHOLE_1024,
+    limit = WHOLE_2_31 .. ", or none (no limit)" },
   ["--jobs"] = { "concurrency", children, "a number", WHOLE_1024 }, -- GNU parallel's name
   ["--attempts"] = { "attempts", positive_integer, "a number", WHOLE_2_31 },
   ["--memory-limit"] = { "memory_limit", Options.size, "a size", Options.SIZE_WANTS }, -- none: false
-  ["--rate"] = { "rate", rate_spec, "a rate",
-    "N/s, N/m or N/h such as 10/s or 0.5/s (N above 0, at most 1e6)" },
+  ["--rate"] = { "rate", rate_spec, "a rate", "N/s, N/m or N/h such as 10/s or 0.5/s (N above 0, at most 1e6)",
+    limit = RATE_WANTS },
+  ["--group-rate"] = { "group_rate", rate_spec, "a rate", RATE_WANTS },
+  ["--group-concurrency"] = { "group_concurrency", limit_count, "a number", WHOLE_2_31 .. ", or none" },
+  ["--debounce"] = { "debounce", debounce_spec, "a value",
+    "ID:SECONDS, such as user-7:30 (the debounce id, then seconds above 0)" },
+  ["--expire"] = { "expire", positive_seconds, "a number", SECONDS_POSITIVE },
   ["--backoff"] = { "backoff", backoff_spec, "a value", "fixed:SECONDS or exponential:SECONDS[:JITTER]" },
   ["--halt"] = { "halt", halt_spec, "a value",
     "now,fail=N, soon,fail=N, now,fail=P% or soon,fail=P% (N at least 1, P above 0 and at most 100), or never" },
@@ -141,7 +170,7 @@ local VALUED = {
     local n = tonumber(text)
     if n and n >= 1 and n <= SECONDS_MAX then return n end
   end, "a number", "a number of seconds from 1 to 1e9" },
-  ["--tz"] = { "tz", path, "a zone", "UTC, local, a zone such as Europe/Berlin, or an offset such as +05:30" },
+  ["--tz"] = { "tz", path, "a zone", "UTC, local or an offset such as +05:30" },
   ["--start"] = { "start", path, "a time", "seconds since the epoch, or UTC such as 2026-12-01T03:00Z" },
   ["--stop"] = { "stop", path, "a time", "seconds since the epoch, or UTC such as 2026-12-01T03:00Z" },
   ["--catch-up"] = { "catch_up", function(text)
@@ -161,7 +190,7 @@ local FLAGS = {
   ["-k"] = "keep_order", ["--keep-order"] = "keep_order", ["--resume"] = "resume",
   ["--watch"] = "watch", ["--progress"] = "progress", ["--dedupe"] = "dedupe", ["--raw"] = "raw",
   ["--until-empty"] = "until_empty", ["--quiet"] = "quiet", ["--verbose"] = "verbose", ["--json"] = "json",
-  ["--all"] = "all", ["--cascade"] = "cascade",
+  ["--all"] = "all", ["--cascade"] = "cascade", ["--clear"] = "clear", ["--yes"] = "yes", ["--force"] = "force",
 }
 
 -- An option with its value in the same word: `--name=value`, `-jVALUE` or
@@ -174,10 +203,12 @@ local function inline_value(word)
 end
 
 -- The value of valued option `name` (`value`, or nil when it is missing), or
--- nil and a message.
-local function option_value(name, value)
+-- nil and a message; command: the command named so far (moonjob limit's
+-- limits take more than run's).
+local function option_value(name, value, command)
   local spec = VALUED[name]
   local field, parse_value, needs, wants = spec[1], spec[2], spec[3], spec[4]
+  if command == "limit" and spec.limit then wants = spec.limit end
   if value == nil or value == "" then
     return nil, ("%s needs %s: %s"):format(name, needs, wants)
   end
@@ -209,9 +240,15 @@ function M.parse(args)
       o.progress = false
     elseif VALUED[name] then
       if value == nil then i = i + 1; value = args[i] end
-      local field, v = option_value(name, value)
+      local field, v = option_value(name, value, o.positional[1])
       if not field then return nil, v end
       o[field] = v
+      o.given = o.given or {} -- (as written: a command that takes less says what it got)
+      o.given[field] = { name, value }
+      if field == "queue" then -- (moonjob worker serves each one given)
+        o.queues = o.queues or {}
+        o.queues[#o.queues + 1] = v
+      end
     elseif a:sub(1, 1) == "-" and a ~= "-" then
       return nil, ("unknown option '%s'%s"):format(a, help.did_you_mean(name, M.option_names()))
     else

@@ -5,8 +5,8 @@
 --     [--attempts N] [--backoff SPEC] [--joblog FILE [--resume]] [--progress]
 --   moonjob worker | add ... (moonjob.cli.redis)
 --   moonjob status | queues | jobs | job | retry | remove | promote | clean | pause | resume
---     (moonjob.cli.status, moonjob.cli.operate); moonjob schedule (moonjob.cli.schedule);
---     moonjob workers (moonjob.cli.workers)
+--     | limit | limits | drain | obliterate (moonjob.cli.status, moonjob.cli.operate);
+--     moonjob schedule (moonjob.cli.schedule); moonjob workers (moonjob.cli.workers)
 --   moonjob library [--line N]: the Redis function library (moonjob.redis.library)
 --
 -- Its options and help text: moonjob.cli.args; `moonjob run`: moonjob.cli.run
@@ -43,7 +43,67 @@ end
 -- arguments each takes: "ids" one or more job ids, "id" exactly one.
 local OPERATE = { status = "none", queues = "none", jobs = "none", job = "id", retry = "ids",
   remove = "ids", promote = "ids", clean = "none", pause = "none", resume = "none", schedule = "words",
-  workers = "none" }
+  limit = "none", limits = "none", drain = "none", obliterate = "none", workers = "none" }
+
+-- Options only one command takes: any other is told so (a limit meant for
+-- a queue must not be dropped silently).
+local ONLY_FOR = { group_rate = "limit", group_concurrency = "limit", clear = "limit", yes = "obliterate",
+  force = "obliterate", debounce = "add", expire = "add" }
+
+-- A usage error for an option of `o` that `command` does not take, or nil.
+-- --concurrency past 1024 (or none) is moonjob limit's only.
+local function foreign_option(command, o)
+  for field, only in pairs(ONLY_FOR) do
+    if o[field] ~= nil and command ~= only then
+      local given = o.given and o.given[field]
+      return usage_error(("%s is for moonjob %s, not moonjob %s"):format(given and given[1]
+        or "--" .. field, only, command))
+    end
+  end
+  local c = o.given and o.given.concurrency
+  if c and command ~= "limit" and (o.concurrency == false or o.concurrency > 1024) then
+    return usage_error(("%s needs a whole number from 1 to 1024, got '%s'"):format(c[1], c[2]))
+  end
+  if o.rate == false and command ~= "limit" then o.rate = nil end -- (none: no rate, as without it)
+end
+
+-- moonjob worker --queue a,b (or --queue repeated): the names, each once,
+-- in o.worker_queues; nil and a usage error otherwise. Other commands take
+-- one --queue.
+local function queue_list(command, o)
+  local list = o.queues or {}
+  if command ~= "worker" then
+    if #list > 1 then
+      return nil, usage_error(("moonjob %s takes one --queue (moonjob worker serves several)"):format(command))
+    end
+    return true
+  end
+  local names, seen = {}, {}
+  for _, given in ipairs(list) do
+    for name in (given .. ","):gmatch("([^,]*),") do
+      local ok, why = require("moonjob.redis.names").check_name(name)
+      if not ok then return nil, usage_error(("--queue %s: %s"):format(given, why)) end
+      if seen[name] then return nil, usage_error(("--queue names %s twice"):format(name)) end
+      seen[name], names[#names + 1] = true, name
+    end
+  end
+  o.worker_queues = names
+  return true
+end
+
+-- moonjob limit: something to set (each value was checked by the parser).
+local function limit_command(o)
+  if o.rate == nil and o.concurrency == nil and o.group_rate == nil and o.group_concurrency == nil
+      and not o.clear then
+    return usage_error("moonjob limit needs --rate, --concurrency, --group-rate, --group-concurrency or --clear "
+      .. "(moonjob limits shows them)")
+  end
+  local c = o.given and o.given.concurrency
+  if c and c[1] ~= "--concurrency" then -- (-j and --jobs count children)
+    return usage_error(("%s is for moonjob run and worker (children): moonjob limit takes --concurrency"):format(c[1]))
+  end
+  return require("moonjob.cli.operate").limit(o)
+end
 
 local function operate_command(command, o)
   local operate = require "moonjob.cli.operate"
@@ -83,6 +143,16 @@ local function operate_command(command, o)
     return operate.clean(o)
   end
   if command == "pause" or command == "resume" then return operate.pause(o, command == "resume") end
+  if command == "limit" then return limit_command(o) end
+  if command == "limits" then return operate.show_limits(o) end
+  if command == "drain" then return operate.drain(o) end
+  if command == "obliterate" then
+    if not o.yes then
+      return usage_error(("moonjob obliterate removes queue %s and every job in it for good: add --yes to do it "
+        .. "(moonjob drain removes only the jobs that wait)"):format(o.queue))
+    end
+    return operate.obliterate(o)
+  end
   return operate.each(command, rest, o)
 end
 
@@ -95,13 +165,16 @@ local function remote_command(command, o)
   local bad = remote.check_target(o, usage_error, command == "queues" or command == "dashboard"
     or command == "workers")
   if bad then return bad end
+  local listed, why = queue_list(command, o)
+  if not listed then return why end
   if o.until_empty and not o.watch then return usage_error("--until-empty goes with --watch") end
   if o.raw and command ~= "add" then
     return usage_error(("--raw is for moonjob run and moonjob add, not moonjob %s (a queue's data is "
       .. "JSON already)"):format(command))
   end
-  if o.rate then -- (a queue on Redis is limited across its workers, not by one of them)
-    return usage_error(("--rate is for moonjob run, not moonjob %s"):format(command))
+  if o.rate and command ~= "limit" then -- (a queue on Redis is limited across its workers, not by one of them)
+    return usage_error(("--rate is for moonjob run, not moonjob %s (a queue's rate: moonjob limit --rate)")
+      :format(command))
   end
   if o.cascade and command ~= "remove" then
     return usage_error(("--cascade is for moonjob remove, not moonjob %s"):format(command))
@@ -118,6 +191,9 @@ local function remote_command(command, o)
     return remote.worker(processor, o, run.pool_options)
   elseif command == "add" then
     if o.positional[3] then return usage_error(("unexpected argument '%s'"):format(o.positional[3])) end
+    if o.debounce and (o.dedupe or o.delay) then
+      return usage_error("--debounce draws the job's id and sets its delay: not with --dedupe or --delay")
+    end
     return remote.add(o.positional[2], o)
   end
   return M.unknown_command(command)
@@ -161,6 +237,8 @@ function M.main(arguments)
   if o.version then return stops.print(moonjob._VERSION, "\n") end
   local command = o.positional[1]
   if command == nil then return usage_error("missing command: moonjob run PROCESSOR [INPUT]") end
+  local foreign = foreign_option(command, o)
+  if foreign then return foreign end
   if command == "worker" or command == "add" or command == "dashboard" or OPERATE[command] then
     return remote_command(command, o)
   end

@@ -9,6 +9,10 @@
 --   moonjob promote --queue Q ID...
 --   moonjob clean --queue Q --state S --older-than SECONDS [--limit N]
 --   moonjob pause | resume --queue Q
+--   moonjob limit --queue Q [--rate R] [--concurrency N] [--group-rate R] [--group-concurrency N] [--clear]
+--   moonjob limits --queue Q                         the limits, what they hold back now
+--   moonjob drain --queue Q                          waiting and delayed jobs removed
+--   moonjob obliterate --queue Q --yes [--force]     the whole queue removed
 --   moonjob status --queue Q [--watch [--until-empty]]
 --
 -- All take --redis URL (or MOONJOB_REDIS). What they print goes to stdout:
@@ -18,6 +22,7 @@
 -- the output quietly. Exit status: 0 when everything asked was done, 1 when something was refused (an unknown id, a job in another
 -- state, no such queue: each said), 2 for usage errors.
 local core = require "moonjob.core"
+local json = require "moonjob.codec.json"
 local moonjob = require "moonjob"
 local stops = require "moonjob.cli.stops"
 local Operate = require "moonjob.redis.operate"
@@ -355,6 +360,110 @@ function M.pause(o, resume)
   q:close()
   if not ok then say(tostring(err)) return EXIT_FAILED end
   return report(o, { queue = o.queue, action = resume and "resume" or "pause", paused = not resume })
+end
+
+
+------------------------------------------------------------- limits ---
+
+-- "100/1s", "1/2s": a rate as moonjob limit takes it back.
+local function rate_text(rate)
+  if not rate then return "none" end
+  return ("%d/%gs"):format(rate.max, rate.per)
+end
+
+-- The queue's limits as printed: the four limits (null: none), and what
+-- they hold back now (held_back: seconds an ERATELIMIT holds it; started:
+-- jobs started in the rate's window; active: jobs held or running).
+local function limits_row(name, l)
+  local null = json.null
+  return { queue = name, rate = l.rate or null, concurrency = l.concurrency or null,
+    group_rate = l.group_rate or null, group_concurrency = l.group_concurrency or null,
+    held_back = l.held_back, started = l.started, active = l.active }
+end
+
+local function write_limits(o, q)
+  local l, err = q:limits()
+  q:close()
+  if not l then say(tostring(err)) return EXIT_FAILED end
+  local out = new_out(o)
+  if not out.table then
+    out:object(limits_row(o.queue, l))
+    return out:done() and EXIT_OK or EXIT_FAILED
+  end
+  out:write(("queue              %s\n"):format(o.queue))
+  out:write(("rate               %s\n"):format(rate_text(l.rate)))
+  out:write(("concurrency        %s\n"):format(l.concurrency or "none"))
+  out:write(("group rate         %s\n"):format(rate_text(l.group_rate)))
+  out:write(("group concurrency  %s\n"):format(l.group_concurrency or "none"))
+  out:write(("now                %d active, %d started in the rate's window%s\n"):format(l.active, l.started,
+    l.held_back > 0 and (", held back %.1f s more (ERATELIMIT)"):format(l.held_back) or ""))
+  return out:done() and EXIT_OK or EXIT_FAILED
+end
+
+function M.show_limits(o)
+  local q = existing_queue(o)
+  if not q then return EXIT_FAILED end
+  return write_limits(o, q)
+end
+
+-- moonjob limit: --clear lifts every limit first, then each limit given is
+-- set (none lifts it); prints the limits as moonjob limits does. Each value
+-- was checked by moonjob.cli.args: a call that fails is Redis's refusal.
+function M.limit(o)
+  local q = existing_queue(o)
+  if not q then return EXIT_FAILED end
+  local steps = {}
+  local function set(method, v, given)
+    if given or o.clear then steps[#steps + 1] = { method, given and v or nil } end
+  end
+  set("set_rate", o.rate or nil, o.rate ~= nil)
+  set("set_concurrency", o.concurrency or nil, o.concurrency ~= nil)
+  set("set_group_rate", o.group_rate or nil, o.group_rate ~= nil)
+  set("set_group_concurrency", o.group_concurrency or nil, o.group_concurrency ~= nil)
+  for _, step in ipairs(steps) do
+    local ok, err = q[step[1]](q, step[2])
+    if not ok then
+      q:close()
+      say(("%s: %s"):format(step[1]:gsub("_", "-"):gsub("^set%-", "--"), tostring(err)))
+      return EXIT_FAILED
+    end
+  end
+  return write_limits(o, q)
+end
+
+------------------------------------------------- drain and obliterate ---
+
+function M.drain(o)
+  local q = existing_queue(o)
+  if not q then return EXIT_FAILED end
+  local n, err = q:drain()
+  q:close()
+  if not n then
+    say(tostring(err), err and err.done and (" (%d removed before it)"):format(err.done) or "")
+    return EXIT_FAILED
+  end
+  return report(o, { queue = o.queue, action = "drain", count = n })
+end
+
+-- moonjob obliterate --yes [--force]: the queue, every job and key, gone.
+-- Refused while jobs run (EBUSY) unless --force: their workers' reports
+-- are then refused, and those workers stop the jobs.
+function M.obliterate(o)
+  local q = existing_queue(o)
+  if not q then return EXIT_FAILED end
+  local n, err = q:obliterate({ force = o.force or nil })
+  q:close()
+  if n then return report(o, { queue = o.queue, action = "obliterate", count = n }) end
+  if err.code == "EBUSY" then
+    local running = tostring(err.message):match("(%d+) job%(s%) are running") or "some"
+    say(("obliterate %s: refused: %s job(s) are running. Stop the workers and try again, or add --force: the "
+      .. "queue goes at once, the running jobs' workers stop them and their reports are refused"):format(o.queue,
+      running))
+  else
+    say(("obliterate %s: %s"):format(o.queue, tostring(err)), err.done and err.done > 0
+      and (" (%d job(s) removed before it)"):format(err.done) or "")
+  end
+  return EXIT_FAILED
 end
 
 return M

@@ -1,6 +1,6 @@
 -- moonjob.cli.redis -- the command line's durable-queue commands:
 --
---   moonjob worker PROCESSOR --redis URL --queue NAME [-j N] [--lease S] [--grace S]
+--   moonjob worker PROCESSOR --redis URL --queue NAME[,NAME...] [-j N] [--lease S] [--grace S]
 --   moonjob add --redis URL --queue NAME [INPUT] [--raw] [--dedupe] [--attempts N] [--backoff SPEC] ...
 --
 -- (status and the commands that act on a queue: moonjob.cli.status and
@@ -109,7 +109,9 @@ end
 
 function M.worker(processor, o, pool_options)
   local opts = pool_options(o)
-  opts.redis, opts.queue, opts.lease, opts.echo = o.redis, o.queue, o.lease, true
+  local queues = o.worker_queues or { o.queue }
+  local several = #queues > 1 -- (one pool, a remote per queue: moonjob.redis.remotes)
+  opts.redis, opts.queue, opts.lease, opts.echo = o.redis, several and queues or queues[1], o.lease, true
   opts.keep, opts.keep_age, opts.prefetch = o.keep, o.keep_age, o.prefetch
   opts.keep_failed_age, opts.keep_logs = o.keep_failed_age, o.keep_logs
   opts.worker_name = worker_name()
@@ -119,10 +121,13 @@ function M.worker(processor, o, pool_options)
     return EXIT_USAGE
   end
   local display = client.display(assert(client.parse(o.redis)))
-  pool:on("redis", function(kind, why)
-    if kind == "up" then say("connected to ", display, ", queue ", o.queue)
-    elseif kind == "down" then say("Redis unreachable (", tostring(why), "); running jobs go on, fetching resumes when it is back")
-    else say(tostring(why)) end -- stale, error, broken, mended, fenced, lost: each says what and why
+  local shown = table.concat(queues, ", ")
+  pool:on("redis", function(kind, why, _, queue) -- (queue: with several, the one it is about)
+    local of = queue and (" (queue %s)"):format(queue) or ""
+    if kind == "up" then say("connected to ", display, ", queue ", queue or shown)
+    elseif kind == "down" then
+      say("Redis unreachable (", tostring(why), "); running jobs go on, fetching resumes when it is back", of)
+    else say(tostring(why), of) end -- stale, error, broken, mended, fenced, lost: each says what and why
   end)
   if not o.quiet then log_jobs(pool, o.verbose) end
   local metrics
@@ -137,8 +142,8 @@ function M.worker(processor, o, pool_options)
   local size = pool.size -- without -j: one per CPU
   local memory = pool.memory_limit and ("memory limit %.0f MiB per child"):format(pool.memory_limit / 1048576)
     or "no memory limit"
-  say(("worker %s: %d %s on queue %s, %s"):format(processor, size, size == 1 and "child" or "children", o.queue,
-    memory))
+  say(("worker %s: %d %s on %s %s%s, %s"):format(processor, size, size == 1 and "child" or "children",
+    several and "queues" or "queue", shown, several and " (fetched in turn: docs/guide/cli.md)" or "", memory))
   local signum = until_signal()
   say(("stopping (%s): no more fetching; running jobs have %g s to finish"):format(
     signum == 15 and "SIGTERM" or signum == 1 and "SIGHUP" or "SIGINT", o.grace or 30))
@@ -158,7 +163,8 @@ end
 
 local function add_options(o)
   return { attempts = o.attempts, backoff = o.backoff, timeout = o.timeout,
-    kill_after = o.kill_after, priority = o.priority, delay = o.delay, dedupe = o.dedupe or nil, group = o.group }
+    kill_after = o.kill_after, priority = o.priority, delay = o.delay, dedupe = o.dedupe or nil, group = o.group,
+    expire = o.expire, debounce = o.debounce }
 end
 
 -- Jobs of drawn ids made waiting come back as runs (add.bulk_rows), a few
@@ -178,8 +184,8 @@ function Adds.new(q, opts, dedupe, raw)
   -- one: an add's arguments with these options, which the batches take
   local one = add.args(q.prefix, "{}", opts, false, nil, dedupe and "join" or nil)
   -- (runs only come for waiting jobs of drawn ids: else every row whole)
-  local whole = dedupe or (opts.delay or 0) > 0 or (opts.group or "") ~= ""
-  local self = setmetatable({ q = q, one = one, dedupe = dedupe, raw = raw, ids = {}, next_print = 1,
+  local whole = dedupe or (opts.delay or 0) > 0 or (opts.group or "") ~= "" or opts.expire
+  local self = setmetatable({ q = q, one = one, opts = opts, dedupe = dedupe, raw = raw, ids = {}, next_print = 1,
     inflight = 0, added = 0, failed = 0, unknown = 0, batch = { lines = {}, texts = {} },
     batch_size = whole and WHOLE_BATCH or BATCH, due = false }, Adds)
   self.timer = core.timer(function() self.due = true end) -- a partial batch waited FLUSH_MS
@@ -256,12 +262,28 @@ function Adds:send()
     end
     return
   end
-  local q = self.q
+  if self.opts.debounce then return self:send_each(batch) end
   local args = add.bulk_calls(self.one, batch.texts)[1].args
+  self:sent(batch, args, add.bulk_rows)
+end
+
+-- Each line of the batch in a moonjob_add of its own, in order: a debounce
+-- names one job, which each line joins in turn (a bulk add makes new jobs).
+function Adds:send_each(batch)
+  for k, n in ipairs(batch.lines) do
+    local args = add.args(self.q.prefix, batch.texts[k], self.opts, false)
+    self:sent({ lines = { n } }, args, function(row) return row and { row } end)
+  end
+end
+
+-- Sends args for the lines of batch (through the ledger); rows(reply) ->
+-- a row per line.
+function Adds:sent(batch, args, rows_of)
+  local q = self.q
   self.inflight = self.inflight + #batch.lines
   ledger.send(q.client, q.ledger, args, q.resolve_ms, function(rows, err, _, unknown)
     self.inflight = self.inflight - #batch.lines
-    rows = add.bulk_rows(rows)
+    rows = rows_of(rows)
     for k, n in ipairs(batch.lines) do
       local row = rows and rows[k]
       if type(row) == "table" then

@@ -11,6 +11,9 @@
 --   GET  /api/workers[?queue=NAME]           the workers of every queue (or of NAME), as
 --                                            their heartbeats say (q:workers rows, with queue)
 --   POST /api/queues/NAME/pause | resume | retry-all | clean
+--   POST /api/queues/NAME/limits {"rate":{"max","per"},"concurrency","group_rate","group_concurrency"}
+--                                            each given is set, each null lifted, others kept
+--   POST /api/queues/NAME/obliterate {"force":true}   the queue removed (EBUSY while jobs run)
 --   POST /api/queues/NAME/jobs/ID/retry | remove | promote | cancel
 --                                            (remove {"cascade":true}: a flow's child
 --                                            its parent waits for, too)
@@ -26,6 +29,7 @@ local fcall = require "moonjob.redis.fcall"
 local names = require "moonjob.redis.names"
 local producer = require "moonjob.redis.producer"
 local Operate = require "moonjob.redis.operate"
+local limits = require "moonjob.redis.limits"
 
 local Api = {}
 Api.__index = Api
@@ -185,6 +189,41 @@ local QUEUE_ACTIONS = {
     return q:clean(body.state, { older_than = body.older_than or 0 })
   end,
 }
+
+-- The limits a POST .../limits sets: each one its body names (null: lifted),
+-- all checked before any is written.
+local LIMIT_KINDS = { "rate", "concurrency", "group_rate", "group_concurrency" }
+
+function QUEUE_ACTIONS.limits(q, body)
+  local set = {}
+  for _, kind in ipairs(LIMIT_KINDS) do
+    local v = body[kind]
+    if v ~= nil then
+      if v == json.null then v = nil end
+      local ok, why = pcall(limits.check[kind], v, "set_" .. kind)
+      if not ok then
+        return nil, { code = "EINPUT", message = kind .. ": " .. tostring(why):gsub("^[^:]*:%d+: ", "")
+          :gsub("^queue:set_[%a_]+%(%): ", "") }
+      end
+      set[#set + 1] = { kind, v }
+    end
+  end
+  if #set == 0 then
+    return nil, { code = "EINPUT", message = "name at least one of rate, concurrency, group_rate, group_concurrency" }
+  end
+  for _, one in ipairs(set) do
+    local ok, err = q["set_" .. one[1]](q, one[2])
+    if not ok then return nil, err end
+  end
+  return true
+end
+
+function QUEUE_ACTIONS.obliterate(q, body)
+  if body.force ~= nil and type(body.force) ~= "boolean" then
+    return nil, { code = "EINPUT", message = "force must be true or false" }
+  end
+  return q:obliterate({ force = body.force or nil })
+end
 
 local JOB_ACTIONS = {
   retry = function(q, id) return q:retry(id) end,

@@ -162,7 +162,8 @@ function Pool.new(processor, opts)
   Metrics.track(self)
   if opts.redis then -- a pool on Redis: loaded only then (moonjob.pool.source: the owner hook)
     local port = Port.new(self, function() return new_job(self) end)
-    self.owner = require("moonjob.redis.remote").new(port, opts)
+    local several = type(opts.queue) == "table" -- (one worker, several queues: moonjob.redis.remotes)
+    self.owner = require(several and "moonjob.redis.remotes" or "moonjob.redis.remote").new(port, opts)
   end
   return self
 end

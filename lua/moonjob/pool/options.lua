@@ -172,7 +172,7 @@ local OPTIONS = {
   max_log_bytes = "number", user = "string", attempts = "number", backoff = "backoff",
   dedupe = "dedupe", cache = "number", cache_max = "number", max_queue = "number",
   pools = "table",
-  redis = "string", queue = "string", lease = "number", prefetch = "number", poll = "number",
+  redis = "string", queue = "queue", lease = "number", prefetch = "number", poll = "number",
   keep = "number", keep_age = "number", keep_failed_age = "number", keep_logs = "number",
   worker_name = "string", pipeline = "number", heartbeat = "number",
   raw = "boolean",
@@ -236,6 +236,10 @@ function Options.check(opts)
         error(("moonjob.pool: option 'memory_limit' must be a number of bytes (1 to 2^46), %s, "
           .. "or false (no cap), not %s"):format(Options.SIZE_WANTS,
           type(v) == "string" and ("'%s'"):format(v:sub(1, 40)) or tostring(v)), 4)
+      end
+    elseif want == "queue" then
+      if type(v) ~= "string" and type(v) ~= "table" then
+        error("moonjob.pool: option 'queue' must be a queue's name or a list of them, not a " .. type(v), 4)
       end
     elseif type(v) ~= want then
       error(("moonjob.pool: option '%s' must be a %s, not a %s"):format(k, want, type(v)), 4)
@@ -324,6 +328,23 @@ function Options.check_limits(opts)
   end
 end
 
+-- Option queue: a name, or a list of 1 to QUEUES_MAX names, each once (a
+-- worker serving several queues: moonjob.redis.remotes); raises.
+local QUEUES_MAX = 64
+function Options.check_queues(queue)
+  local list = type(queue) == "table" and queue or { queue }
+  if #list == 0 or #list > QUEUES_MAX then
+    error(("moonjob.pool: option 'queue' must list 1 to %d queues"):format(QUEUES_MAX), 6)
+  end
+  local seen = {}
+  for i = 1, #list do
+    local ok, why = names.check_name(list[i])
+    if not ok then error("moonjob.pool: option 'queue': " .. why, 6) end
+    if seen[list[i]] then error(("moonjob.pool: option 'queue' lists '%s' twice"):format(list[i]), 6) end
+    seen[list[i]] = true
+  end
+end
+
 -- A pool on a Redis queue: redis and queue go together, jobs cross as JSON
 -- text, and lease must leave room for renewals (every lease/12) and the
 -- self-fence (at 4/5 of a lease).
@@ -341,8 +362,7 @@ function Options.check_remote(opts)
     return
   end
   if not opts.queue then error("moonjob.pool: option 'redis' needs option 'queue' (the queue's name)", 5) end
-  local ok, why = names.check_name(opts.queue)
-  if not ok then error("moonjob.pool: option 'queue': " .. why, 5) end
+  Options.check_queues(opts.queue)
   local parsed, perr = require("moonjob.redis.client").parse(opts.redis)
   if not parsed then error("moonjob.pool: option 'redis': " .. perr, 5) end
   if opts.codec and opts.codec ~= "json" then

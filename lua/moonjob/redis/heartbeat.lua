@@ -3,7 +3,8 @@
 -- workers.lua keeps the entry), every FAST_MS while any job ran since the
 -- last beat, every `heartbeat` seconds (option; 2 by default) when idle.
 -- A remote (moonjob.redis.remote) has one; a worker serving several queues
--- has one remote per queue, so it beats on each of them.
+-- has one remote per queue (moonjob.redis.remotes), so it beats on each of
+-- them, each beat naming all its queues.
 --
 -- What a beat says: the worker's host, pid, moonjob version, queue and
 -- children; how long it has been up; `running`, the most jobs its children
@@ -44,7 +45,8 @@ function Heartbeat.new(remote, opts)
     beating = false, stopped = false,
   }, Heartbeat)
   self.info = json.encode({ host = hostname(), pid = core.getpid(), version = require("moonjob")._VERSION,
-    queues = setmetatable({ remote.name }, json.array_mt), children = remote.port.size })
+    queues = setmetatable({ unpack(opts.serving or { remote.name }) }, json.array_mt), -- (all a worker serves)
+    children = remote.port.size })
   self.timer = core.timer(function() self:beat() end)
   return self
 end

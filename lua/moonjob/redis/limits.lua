@@ -55,6 +55,11 @@ local function check_concurrency(n, fn)
   return n or 0
 end
 
+-- limits.check[kind](value, fn): raises (naming fn) unless value is one
+-- q:set_<kind> takes; a caller setting several checks them all first.
+M.check = { rate = check_rate, concurrency = check_concurrency, group_rate = check_rate,
+  group_concurrency = check_concurrency }
+
 -- The method q:set_<kind>(value) -> true | nil, err, its value read by
 -- check (which raises naming the method) into moonjob_limit's numbers.
 local function setter(kind, check)

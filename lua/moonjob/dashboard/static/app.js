@@ -485,17 +485,95 @@ function pager(route, total) {
     go(route.offset + PAGE_SIZE, "Next ›", "page-next", route.offset + PAGE_SIZE < total));
 }
 
-function queueActions(name, counts) {
+// ------------------------------------------------------------ limits, removal
+
+// The limits dialog (index.html, outside <main>: polls do not redraw it)
+// for queue `name`, filled with its limits now; Save posts all four (an
+// empty field lifts that limit).
+const limitFields = {
+  rate: ["limit-rate-max", "limit-rate-per"], concurrency: ["limit-concurrency"],
+  group_rate: ["limit-group-rate-max", "limit-group-rate-per"], group_concurrency: ["limit-group-concurrency"],
+};
+let limitsQueue = null;
+
+function openLimits(name, limits) {
+  limitsQueue = name;
+  const set = (id, v) => { document.getElementById(id).value = v == null ? "" : String(v); };
+  for (const [kind, ids] of Object.entries(limitFields)) {
+    const v = (limits || {})[kind];
+    if (ids.length === 2) { set(ids[0], v && v.max); set(ids[1], v && v.per); } else set(ids[0], v);
+  }
+  document.getElementById("limits-queue").textContent = name;
+  document.getElementById("limits-dialog").showModal();
+}
+
+// The dialog's fields as the API's body; throws an ApiError for a rate
+// with only one of its two numbers.
+function limitsBody() {
+  const read = (id) => document.getElementById(id).value.trim();
+  const body = {};
+  for (const [kind, ids] of Object.entries(limitFields)) {
+    const v = ids.map(read);
+    if (ids.length === 1) { body[kind] = v[0] === "" ? null : Number(v[0]); continue; }
+    if ((v[0] === "") !== (v[1] === "")) {
+      throw new ApiError(0, "EINPUT", `${kind.replace("_", " ")}: give both numbers (jobs, and seconds), or neither`);
+    }
+    body[kind] = v[0] === "" ? null : { max: Number(v[0]), per: Number(v[1]) };
+  }
+  return body;
+}
+
+async function saveLimits() {
+  const save = document.getElementById("limits-save");
+  save.disabled = true;
+  try {
+    await api("POST", queuePath(limitsQueue) + "/limits", limitsBody());
+    document.getElementById("limits-dialog").close();
+    clearError("action");
+    showError({ message: `limits of ${limitsQueue} saved` }, "info");
+  } catch (e) {
+    showError(e, "action");
+  } finally {
+    save.disabled = false;
+    refresh();
+  }
+}
+
+document.getElementById("limits-save").addEventListener("click", saveLimits);
+document.getElementById("limits-cancel").addEventListener("click", () => document.getElementById("limits-dialog").close());
+
+// Remove queue: confirmed first; while jobs run (EBUSY) asked again, and
+// then forced. Back to the queues once it is gone.
+async function obliterate(name) {
+  if (!confirm(`Remove queue ${name} and every job in it, for good? It cannot be brought back.`)) return undefined;
+  const post = (force) => api("POST", queuePath(name) + "/obliterate", { force });
+  let answer;
+  try {
+    answer = await post(false);
+  } catch (e) {
+    if (e.code !== "EBUSY") throw e;
+    if (!confirm(`${e.message}.\nRemove ${name} anyway? Its workers stop the running jobs.`)) return undefined;
+    answer = await post(true);
+  }
+  location.hash = link.queues();
+  return answer;
+}
+
+function queueActions(name, counts, limits) {
   const post = (what, body) => () => api("POST", queuePath(name) + "/" + what, body);
   const told = (verb) => (answer) => answer.count != null && showError({ message: `${verb} ${num(answer.count)} jobs` }, "info");
   return h("div", { class: "actions" },
+    h("button", { type: "button", class: "btn btn-plain", test: "edit-limits", onclick: () => openLimits(name, limits) },
+      "Limits…"),
     counts.paused
       ? actionButton("Resume", "resume", "primary", post("resume"))
       : actionButton("Pause", "pause", "plain", post("pause")),
     actionButton("Retry all failed", "retry-all", "plain", post("retry-all", { state: "failed" }), told("retried")),
     actionButton("Clean completed > 1 h", "clean", "danger", () =>
       confirm(`Remove the completed jobs of ${name} that finished more than an hour ago?`)
-        ? post("clean", { state: "completed", older_than: 3600 })() : undefined, told("removed")));
+        ? post("clean", { state: "completed", older_than: 3600 })() : undefined, told("removed")),
+    actionButton("Remove queue", "obliterate", "danger", () => obliterate(name),
+      (answer) => showError({ message: `queue ${name} removed, with ${num(answer.count)} jobs` }, "info")));
 }
 
 const queuePage = {
@@ -522,7 +600,7 @@ const queuePage = {
       h("div", { class: "title" },
         h("h1", {}, overview.name),
         c.paused ? badge("paused", "paused", "queue-status") : badge("running", "ok", "queue-status"),
-        queueActions(route.name, c)),
+        queueActions(route.name, c, overview.limits)),
       c.missing ? h("p", { class: "note" }, `${num(c.missing)} jobs are gone from Redis (evicted or deleted by hand).`) : null,
       limitsNote(overview.limits),
       c.completed_ever != null ? h("p", { class: "muted small", test: "ever-counts" },
