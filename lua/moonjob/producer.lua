@@ -240,11 +240,12 @@ function Queue:wait(job, timeout)
 end
 
 -- One job, and the counts (moonjob.redis.queue_calls): q:get(id or job),
--- q:cancel(id or job [, reason]), q:counts(), q:exists(), q:children(id or
+-- q:cancel(id or job [, reason]), q:counts(), q:workers(), q:exists(), q:children(id or
 -- job) (a flow's parent's children, each as it ended).
 Queue.get = queue_calls.get
 Queue.cancel = queue_calls.cancel
 Queue.counts = queue_calls.counts
+Queue.workers = queue_calls.workers
 Queue.exists = queue_calls.exists
 Queue.children = queue_calls.children
 

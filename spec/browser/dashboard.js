@@ -8,6 +8,7 @@
 //   node spec/browser/dashboard.js --groups URL QUEUE
 //   node spec/browser/dashboard.js --unreachable URL SECRET...
 //   node spec/browser/dashboard.js --flow URL QUEUE
+//   node spec/browser/dashboard.js --workers URL QUEUE PID JOB FAILED_QUEUE
 //   node spec/browser/dashboard.js --chart URL QUEUE
 //   node spec/browser/dashboard.js --limits URL QUEUE OTHER [TOKEN]
 //
@@ -31,7 +32,11 @@
 // child's link opens it on its own queue, linked back to its parent. With
 // --chart, QUEUE ended 10,000 jobs or more in a minute of the last hour:
 // the chart's tick labels have 5 digits, and no two of its labels' boxes
-// (the axis titles too) meet.
+// (the axis titles too) meet. With --workers, QUEUE has one `moonjob
+// worker` (process PID) running job JOB, and FAILED_QUEUE two failed jobs
+// and no worker: the Workers page must list the worker with its pid and
+// JOB; FAILED_QUEUE's Failed tab counts 2, and after "Retry all failed"
+// counts 0 above "No failed jobs", the jobs that ever failed said apart.
 // With --limits, QUEUE has no limits: the Limits dialog sets a rate of 50
 // per 2 s and a concurrency of 7 (the spec reads them back from Redis),
 // then the queue OTHER is removed from its page (the first confirmation
@@ -64,21 +69,24 @@ const tokenMode = process.argv[2] === "--token";
 const groupsMode = process.argv[2] === "--groups";
 const unreachableMode = process.argv[2] === "--unreachable";
 const flowMode = process.argv[2] === "--flow";
+const workersMode = process.argv[2] === "--workers";
 const chartMode = process.argv[2] === "--chart";
 const limitsMode = process.argv[2] === "--limits";
 const [otherQueue, limitsToken] = limitsMode ? process.argv.slice(5) : [];
 const secrets = unreachableMode ? process.argv.slice(4) : [];
 const [url, queue, failedId, errorCode] = tokenMode ? [process.argv[3], process.argv[5], "-", "-"]
-  : groupsMode || flowMode || chartMode || limitsMode ? [process.argv[3], process.argv[4], "-", "-"]
+  : groupsMode || flowMode || workersMode || chartMode || limitsMode ? [process.argv[3], process.argv[4], "-", "-"]
   : unreachableMode ? [process.argv[3], "orders", "-", "-"] : process.argv.slice(2);
 const token = tokenMode ? process.argv[4] : "";
-const [pagedQueue, pagedTotal] = tokenMode || limitsMode ? [] : [process.argv[6], Number(process.argv[7])];
+const [pagedQueue, pagedTotal] = tokenMode || workersMode || limitsMode ? [] : [process.argv[6], Number(process.argv[7])];
+const [workerPid, runningJob, failedQueue] = workersMode ? process.argv.slice(5, 8) : [];
 if (!url || !queue || !failedId || !errorCode || (tokenMode && !token)) {
   console.error("usage: node spec/browser/dashboard.js URL QUEUE FAILED_ID ERROR_CODE\n" +
     "       node spec/browser/dashboard.js --token URL TOKEN QUEUE\n" +
     "       node spec/browser/dashboard.js --groups URL QUEUE\n" +
     "       node spec/browser/dashboard.js --unreachable URL SECRET...\n" +
     "       node spec/browser/dashboard.js --flow URL QUEUE\n" +
+    "       node spec/browser/dashboard.js --workers URL QUEUE PID JOB FAILED_QUEUE\n" +
     "       node spec/browser/dashboard.js --chart URL QUEUE\n" +
     "       node spec/browser/dashboard.js --limits URL QUEUE OTHER [TOKEN]");
   process.exit(2);
@@ -328,6 +336,26 @@ async function seeFlow(page) {
   await expectShown(page, '[data-test="job-children"]', "back on the parent's page");
 }
 
+// --workers: the worker listed with its pid and running job; a Failed tab's
+// count follows its list after a retry of all.
+async function seeWorkers(page) {
+  await page.goto(url, { waitUntil: "load" });
+  await click(page, '[data-test="workers-link"]', "Workers link");
+  const row = `[data-test="worker-row"][data-queue=${css(queue)}]`;
+  await expectText(page, row, { has: `pid ${workerPid}` }, `the worker of ${queue} listed with its pid`);
+  await expectText(page, `${row} [data-test="worker-jobs"]`, { has: runningJob }, `its running job ${runningJob}`);
+  await expectText(page, `${row} [data-test="worker-running"]`, { is: "1" }, "one job running");
+  if (await page.$(`${row} [data-test="worker-lapsed"]`)) throw new Error("a live worker shown lapsed");
+  ok("a live worker not shown lapsed");
+  await screenshot(page, "dashboard-workers.png");
+  await page.goto(`${url}#/queue/${encodeURIComponent(failedQueue)}?state=failed`, { waitUntil: "load" });
+  await expectText(page, '[data-test="state-tab-failed"]', { is: "Failed 2" }, "the Failed tab counting 2");
+  await click(page, '[data-test="retry-all"]', "Retry all failed button");
+  await expectText(page, '[data-test="state-tab-failed"]', { is: "Failed 0" }, "the Failed tab counting 0 after the retry");
+  await expectShown(page, '[data-test="no-jobs"]', "no failed jobs listed");
+  await expectText(page, '[data-test="ever-counts"]', { has: "2 failed" }, "the jobs that ever failed said apart");
+}
+
 // --chart: QUEUE ran 10,000 jobs or more in a minute: the chart's tick
 // labels have 5 digits and more, and no label's box meets another's (the
 // axis titles, turned on their side, included), each inside the chart.
@@ -450,6 +478,8 @@ async function main() {
       await changeLimitsAndRemove(page);
     } else if (unreachableMode) {
       await seeUnreachable(page);
+    } else if (workersMode) {
+      await seeWorkers(page);
     } else if (flowMode) {
       await seeFlow(page);
     } else if (chartMode) {

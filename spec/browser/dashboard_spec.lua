@@ -11,7 +11,9 @@
 -- A chart of 20,000 jobs in a minute: no label meets another (dashboard.js
 -- --chart). A queue's limits set in the page's dialog, read back from
 -- Redis; another queue removed (confirmed first); POSTs without the token
--- refused (dashboard.js --limits, without a token and with one). A
+-- refused (dashboard.js --limits, without a token and with one). The
+-- Workers page lists a live worker; a Failed tab's count follows its list
+-- after "Retry all failed" (dashboard.js --workers). A
 -- Redis that is down: the banner says so, and
 -- nothing of its URL is on the page (dashboard.js --unreachable).
 --
@@ -130,6 +132,21 @@ rq.describe(function()
       assert(rq.wait_for(function() local c = qi:counts() return c.completed + c.failed == 2 end), "the images ran")
       drive("--flow " .. start_dashboard() .. " pages", { "the Waiting children tab with its count",
         "img2 failed EBAD", "its parent linked", "back on the parent's page" })
+    end)
+
+    it("lists a live worker on the Workers page; a Failed tab's count follows its list after a retry", function()
+      need_driver()
+      local q = rq.new_producer("thumbnails")
+      assert(q:add({ sleep = 60 }, { id = "thumb-7" }))
+      local pid = start(("worker %s --redis %s --queue thumbnails -j 2 --quiet"):format(PROCESSOR, rq.server().url))
+      local failing = rq.new_producer("invoices")
+      for i = 1, 2 do assert(failing:add({ fail = true }, { id = "inv-" .. i })) end
+      local pool = rq.pool("invoices", { size = 1 })
+      assert(rq.wait_for(function() return failing:counts().failed == 2 end), "two invoices failed")
+      pool:close()
+      drive(("--workers %s thumbnails %d thumb-7 invoices"):format(start_dashboard(), pid), {
+        "the worker of thumbnails listed with its pid", "its running job thumb%-7", "the Failed tab counting 0" })
+      assert.equal(0, failing:counts().failed)
     end)
 
     it("draws the chart's labels apart with 5-digit counts per minute and minutes-long run times", function()

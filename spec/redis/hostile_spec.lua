@@ -80,7 +80,9 @@ rq.describe(function()
       assert.equal("EINPUT", err.code)
       assert.matches("holds a list", err.message)
       helpers.wait_for(function() return q:counts().failed == 2 end, 20)
-      assert.same({ waiting = 0, delayed = 0, active = 0, completed = 5, failed = 2, missing = 1, paused = false, held = 0, exists = true, waiting_children = 0 }, q:counts())
+      assert.same({ waiting = 0, delayed = 0, active = 0, completed = 5, failed = 2, missing = 1, paused = false,
+        held = 0, exists = true, waiting_children = 0, running = 0, completed_ever = 5, failed_ever = 2,
+        workers = 1 }, q:counts())
       assert.equal("EINPUT", select(2, jobs[6]:wait(1)).code) -- after the fetch replaced it too
       local info = assert(q:get("bad"))
       assert.equal("failed", info.state)

@@ -103,8 +103,9 @@ rq.describe(function()
         local log = os.tmpname()
         local q = rq.new_producer(name) -- straight to the server
         -- through the proxy; polling the queue only every 60 s: the channel tells it of new jobs
+        -- (and an idle heartbeat as rare: a beat in flight on the frozen link would drop it)
         local p = rq.close_after(assert(moonjob.pool(rq.PROCESSOR,
-          { redis = proxy.url, queue = name, size = 1, lease = 3, poll = 60, echo = false })))
+          { redis = proxy.url, queue = name, size = 1, lease = 3, poll = 60, heartbeat = 60, echo = false })))
         assert(assert(q:add({ log = log })):wait(20))
         -- white box: count the subscriptions made from now on
         local resubscribed, subscriptions = 0, p.owner.client.subscriptions
@@ -114,11 +115,14 @@ rq.describe(function()
           if kind == "resubscribed" then resubscribed = resubscribed + 1 end
           return cb(kind, ...)
         end
-        -- no call in flight (the fetch after the report): else its watchdog drops
+        helpers.sleep(1.2) -- past the zones' first look at the schedules (moonjob.redis.zones: 1 s after start)
+        -- no call in flight (the fetch after the report, the last beat): else its watchdog drops
         -- the calls' link and the reconnect's fetch finds the job first
         helpers.wait_for(function()
           local c = p.owner.client
-          return not p.owner.fetching and c.conn ~= nil and c.conn:pending() == 0
+          local beat = p.owner.heartbeat -- (idle: its next beat 60 s away)
+          return not p.owner.fetching and not beat.fast and not beat.beating and c.conn ~= nil
+            and c.conn:pending() == 0
         end, 10)
         proxy:freeze() -- both links carry nothing from now on, and never close
         helpers.sleep(0.3)

@@ -21,7 +21,9 @@ rq.describe(function()
         assert.equal(0.1, result.echo.x)
         assert.equal(jobs[i].id, result.id) -- processors see the queue's id
       end
-      assert.same({ waiting = 0, delayed = 0, active = 0, completed = 50, failed = 0, missing = 0, paused = false, held = 0, exists = true, waiting_children = 0 }, q:counts())
+      assert.same({ waiting = 0, delayed = 0, active = 0, completed = 50, failed = 0, missing = 0, paused = false,
+        held = 0, exists = true, waiting_children = 0, running = 0, completed_ever = 50, failed_ever = 0,
+        workers = 1 }, q:counts()) -- (workers: the pool's heartbeat)
       p:close()
       q:close()
     end)
@@ -137,7 +139,7 @@ rq.describe(function()
       for i = 1, 200 do last = assert(q:add({ echo = i })) end
       assert(last:wait(30))
       helpers.wait_for(function() return q:counts().active == 0 end)
-      assert.equal(200, q:counts().completed) -- counted, though not all kept
+      assert.equal(200, q:counts().completed_ever) -- counted, though not all kept
       local last_fetch = q:counts() -- the next fetch (every poll, 1 s) trims
       helpers.sleep(1.2)
       local kept = tonumber(rq.server():cli("ZCARD", "mj:{" .. name .. "}:completed"))
@@ -156,7 +158,8 @@ rq.describe(function()
       assert(job:wait(20))
       assert.truthy(q:get(job.id))
       helpers.wait_for(function() return q:get(job.id) == nil end, 10)
-      assert.equal(1, q:counts().completed)
+      assert.equal(1, q:counts().completed_ever)
+      assert.equal(0, q:counts().completed) -- (none kept)
       p:close()
     end)
 

@@ -151,8 +151,23 @@ string). From a slow pipe (tail -f log | moonjob add) a line is sent at most
     options = { "--redis", "--queue", "--watch", "--until-empty", "--json" } },
   { name = "queues", summary = "the server's queues with their counts",
     usage = { "moonjob queues [--redis URL] [--json]" },
-    about = "Prints the server's queues with their counts (NDJSON, or a table on a terminal).\n",
+    about = [[
+Prints the server's queues with their counts (NDJSON, or a table on a
+terminal): completed and failed are the jobs kept now, completed_ever and
+failed_ever every one that ever ended so; running is what the workers'
+children run, held the other active jobs.
+]],
     options = { "--redis", "--json" } },
+  { name = "workers", summary = "the workers of a queue (or every queue), as their heartbeats say",
+    usage = { "moonjob workers [--queue NAME] [--redis URL] [--json]" },
+    about = [[
+Prints the workers serving the queue (without --queue: every queue's), as
+their heartbeats last said: host, pid, children, the jobs their children run,
+when they started and were last seen. One gone without a word (kill -9) is
+"lapsed" once it missed 3 beats (6 s by default), and dropped after 30.
+]],
+    options = { "--redis", "--queue", "--json" },
+    notes = { ["--queue"] = { "--queue NAME", "only this queue's workers" } } },
   { name = "jobs", summary = "a page of a queue's jobs in one state",
     usage = { "moonjob jobs --queue NAME [--state S] [--limit N] [--offset N] [--json]" },
     about = "Prints a page of the queue's jobs in state S (NDJSON, or a table on a terminal).\n",

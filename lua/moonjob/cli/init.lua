@@ -6,7 +6,7 @@
 --   moonjob worker | add ... (moonjob.cli.redis)
 --   moonjob status | queues | jobs | job | retry | remove | promote | clean | pause | resume
 --     | limit | limits | drain | obliterate (moonjob.cli.status, moonjob.cli.operate);
---     moonjob schedule (moonjob.cli.schedule)
+--     moonjob schedule (moonjob.cli.schedule); moonjob workers (moonjob.cli.workers)
 --   moonjob library [--line N]: the Redis function library (moonjob.redis.library)
 --
 -- Its options and help text: moonjob.cli.args; `moonjob run`: moonjob.cli.run
@@ -43,7 +43,7 @@ end
 -- arguments each takes: "ids" one or more job ids, "id" exactly one.
 local OPERATE = { status = "none", queues = "none", jobs = "none", job = "id", retry = "ids",
   remove = "ids", promote = "ids", clean = "none", pause = "none", resume = "none", schedule = "words",
-  limit = "none", limits = "none", drain = "none", obliterate = "none" }
+  limit = "none", limits = "none", drain = "none", obliterate = "none", workers = "none" }
 
 -- Options only one command takes: any other is told so (a limit meant for
 -- a queue must not be dropped silently).
@@ -127,6 +127,7 @@ local function operate_command(command, o)
   if command == "status" then return require("moonjob.cli.status").run(o) end
   if command == "schedule" then return require("moonjob.cli.schedule").run(rest, o) end
   if command == "queues" then return operate.queues(o) end
+  if command == "workers" then return require("moonjob.cli.workers").run(o) end
   if command == "jobs" then
     if (o.limit or 0) > 1000 then return usage_error("--limit for moonjob jobs is at most 1000 (a page; --offset for the next)") end
     return operate.jobs(o)
@@ -161,7 +162,8 @@ local function remote_command(command, o)
   local remote = require "moonjob.cli.redis"
   local from_environment = redis_from_environment() -- wiped even when --redis is given
   o.redis = o.redis or from_environment
-  local bad = remote.check_target(o, usage_error, command == "queues" or command == "dashboard")
+  local bad = remote.check_target(o, usage_error, command == "queues" or command == "dashboard"
+    or command == "workers")
   if bad then return bad end
   local listed, why = queue_list(command, o)
   if not listed then return why end

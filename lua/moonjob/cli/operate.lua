@@ -187,11 +187,13 @@ function M.queues(o)
   local list, err = moonjob.queues(o.redis)
   if not list then say(tostring(err)) return EXIT_FAILED end
   local out = new_out(o)
-  local columns, parents = { "name", "waiting", "delayed", "active", "held", "completed", "failed", "paused" }, 0
+  local columns, parents = { "name", "waiting", "delayed", "active", "running", "held", "completed", "failed",
+    "completed_ever", "failed_ever", "workers", "paused" }, 0
   for _, q in ipairs(list) do
     out:object({ name = q.name, waiting = q.waiting, delayed = q.delayed, active = q.active, held = q.held,
-      completed = q.completed, failed = q.failed, paused = q.paused, waiting_children = q.waiting_children or 0,
-      error = q.error and tostring(q.error) or nil })
+      running = q.running, completed = q.completed, failed = q.failed, completed_ever = q.completed_ever,
+      failed_ever = q.failed_ever, workers = q.workers, paused = q.paused,
+      waiting_children = q.waiting_children or 0, error = q.error and tostring(q.error) or nil })
     parents = parents + (q.waiting_children or 0)
   end
   if out.table and #list == 0 then say("no queue on this server (a queue appears once a moonjob program used it)") end

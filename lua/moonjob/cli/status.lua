@@ -2,10 +2,15 @@
 -- a queue's counts, once or every second.
 --
 --   waiting 120, delayed 0, running 4, held 2, completed 880, failed 3
+--   ever: completed 1204, failed 9
 --
--- running: jobs a worker has started; held: jobs fetched by a worker that
--- has not started them yet (prefetched; workers say a job started within
--- 200 ms, so a job may show as held that long after its start). completed and failed count every job that ever ended so.
+-- running: jobs the workers' children run, as their heartbeats say (within
+-- 200 ms of a start, however short the job); held: the other active jobs,
+-- fetched by a worker and not yet handed to a child. completed and failed:
+-- the jobs in those states now (kept by retention; a retry moves them);
+-- the "ever" line counts every job that ever ended so (--json:
+-- completed_ever, failed_ever), said once retention, a retry or a removal
+-- made it differ from the line's (and not by --watch).
 -- `paused` ends the line while the queue is paused, `missing N` once jobs
 -- were found gone from Redis, `waiting-children N` while N of a flow's
 -- parents wait for their children (said only then, so that the line of a
@@ -20,7 +25,8 @@
 -- --json: one JSON object per look instead of the line.
 --
 -- Once (not --watch), a line for the queue's limits, one for its groups
--- and one for its schedules follow when it has them:
+-- and one for its schedules follow when it has them, then the "ever" line
+-- when it differs:
 --   limits: 10 jobs per 1 s (7 in the current window), 5 at once; each group: 3 jobs per 1 s, 2 at once
 --   groups: 12 with waiting jobs, 2 held back: tenant-42 held 3.0 s (ERATELIMIT), tenant-7 at its cap
 --   schedules: 3; next: nightly at 2026-12-01T03:00:00Z
@@ -116,7 +122,7 @@ end
 
 function M.counts_line(c)
   local line = ("waiting %d, delayed %d, running %d, held %d, completed %d, failed %d"):format(
-    c.waiting, c.delayed, c.active - c.held, c.held, c.completed, c.failed)
+    c.waiting, c.delayed, c.running or c.active - c.held, c.held, c.completed, c.failed)
   if (c.waiting_children or 0) > 0 then line = line .. (", waiting-children %d"):format(c.waiting_children) end
   if (c.missing or 0) > 0 then
     line = line .. (", missing %d (gone from Redis: evicted or deleted)"):format(c.missing)
@@ -137,7 +143,7 @@ local function new_rate() return setmetatable({ samples = {} }, Rate) end
 
 function Rate:add(c)
   local s = self.samples
-  s[#s + 1] = { at = loop.now(), ended = c.completed + c.failed }
+  s[#s + 1] = { at = loop.now(), ended = c.completed_ever + c.failed_ever }
   if #s > 11 then table.remove(s, 1) end
   if #s < 2 then return nil end
   local first, last = s[1], s[#s]
@@ -164,9 +170,10 @@ end
 -- One look's output; false when stdout failed, and whether its reader went.
 local function show(c, rate, o, in_place, more)
   if o.json then
-    local t = { waiting = c.waiting, delayed = c.delayed, running = c.active - c.held, held = c.held,
+    local t = { waiting = c.waiting, delayed = c.delayed, running = c.running, held = c.held,
       completed = c.completed, failed = c.failed, missing = c.missing, paused = c.paused, rate = rate,
-      waiting_children = c.waiting_children or 0 }
+      waiting_children = c.waiting_children or 0, completed_ever = c.completed_ever,
+      failed_ever = c.failed_ever, workers = c.workers }
     if more then
       t.limits = { rate = more.limits.rate, concurrency = more.limits.concurrency,
         held_back = more.limits.held_back, group_rate = more.limits.group_rate,
@@ -178,6 +185,9 @@ local function show(c, rate, o, in_place, more)
   local line = M.counts_line(c)
   if more then
     for _, extra in ipairs(more.lines) do line = line .. "\n" .. extra end
+  end
+  if not o.watch and (c.completed_ever ~= c.completed or c.failed_ever ~= c.failed) then
+    line = line .. ("\never: completed %d, failed %d"):format(c.completed_ever, c.failed_ever)
   end
   if o.watch and rate then
     line = line .. (" | %.1f jobs/s, %s"):format(rate, eta_text(c.waiting + c.active + (c.waiting_children or 0), rate))

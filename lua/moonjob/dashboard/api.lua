@@ -8,6 +8,8 @@
 --   GET  /api/queues/NAME/jobs?state=&offset=&limit=   a page of jobs (previews)
 --   GET  /api/queues/NAME/jobs/ID            one job, whole, with its log (a flow's: its
 --                                            parent with its state, its children)
+--   GET  /api/workers[?queue=NAME]           the workers of every queue (or of NAME), as
+--                                            their heartbeats say (q:workers rows, with queue)
 --   POST /api/queues/NAME/pause | resume | retry-all | clean
 --   POST /api/queues/NAME/limits {"rate":{"max","per"},"concurrency","group_rate","group_concurrency"}
 --                                            each given is set, each null lifted, others kept
@@ -79,9 +81,9 @@ local function fail(server, req, err)
 end
 
 local function counts_of(c)
-  return { waiting = c.waiting, delayed = c.delayed, active = c.active, held = c.held,
-    completed = c.completed, failed = c.failed, paused = c.paused, missing = c.missing,
-    waiting_children = c.waiting_children or 0 }
+  return { waiting = c.waiting, delayed = c.delayed, active = c.active, held = c.held, running = c.running,
+    completed = c.completed, failed = c.failed, completed_ever = c.completed_ever, failed_ever = c.failed_ever,
+    paused = c.paused, missing = c.missing, waiting_children = c.waiting_children or 0, workers = c.workers }
 end
 
 local function minute_row(row)
@@ -255,9 +257,27 @@ function Api:act(server, req, q, action, id)
   reply(server, req, 200, { ok = true, count = type(result) == "number" and result or nil })
 end
 
+local function worker_out(w)
+  local jobs = {}
+  for i, j in ipairs(w.jobs) do jobs[i] = { id = j.id, since = j.since } end
+  return { id = w.id, queue = w.queue, host = w.host, pid = w.pid, version = w.version,
+    queues = array(w.queues or {}), children = w.children, running = w.running, jobs = array(jobs),
+    started = w.started, seen = w.seen, ago = w.ago, lapsed = w.lapsed }
+end
+
+function Api:workers(server, req)
+  local name = query_arg(req.query, "queue")
+  if name and not names.check_name(name) then return fail(server, req, { code = "EINPUT", message = "not a queue name" }) end
+  local list, err = producer.list_workers(self.client, name)
+  if not list then return fail(server, req, err) end
+  for i, w in ipairs(list) do list[i] = worker_out(w) end
+  reply(server, req, 200, { workers = array(list) })
+end
+
 -- Routes a request under /api/.
 function Api:handle(server, req)
   local s = segments(req.path)
+  if s[1] == "workers" and #s == 1 and req.method == "GET" then return self:workers(server, req) end
   if s[1] ~= "queues" then return fail(server, req, { code = "ENOTFOUND", message = "no such API path" }) end
   if #s == 1 and req.method == "GET" then return self:queues(server, req) end
   local q = s[2] and self:queue(s[2])

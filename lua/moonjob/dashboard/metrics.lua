@@ -2,13 +2,16 @@
 -- server in Prometheus' text format (moonjob.prometheus writes it).
 --
 --   moonjob_queue_jobs{queue,state}              gauge: jobs by state now (waiting,
---                                                delayed, running, held: a partition,
---                                                running + held = active; and
---                                                waiting-children: a flow's parents
---                                                waiting for their children)
+--                                                delayed, running, held: running +
+--                                                held = active; waiting-children: a
+--                                                flow's parents waiting for their
+--                                                children; completed, failed: the
+--                                                jobs kept in those states now)
 --   moonjob_queue_paused{queue}                  gauge: 1 while paused
+--   moonjob_queue_workers{queue}                 gauge: live workers (heartbeats)
 --   moonjob_queue_completed_total{queue}         counter: jobs that ever completed
 --   moonjob_queue_failed_total{queue}            counter: jobs that ever failed for good
+--                                                (a retry does not take one back)
 --   moonjob_queue_job_duration_seconds{queue}    histogram: run times, since ever, in
 --                                                the buckets every /metrics of moonjob
 --                                                has (moonjob.run_buckets)
@@ -30,14 +33,15 @@ end
 -- One queue's samples added to the families f. -> true | nil, err.
 local function add_queue(f, server, c)
   local q = c.name
-  local values = { waiting = c.waiting, delayed = c.delayed, running = c.active - c.held, held = c.held,
-    ["waiting-children"] = c.waiting_children or 0 }
-  for _, state in ipairs({ "waiting", "delayed", "running", "held", "waiting-children" }) do
+  local values = { waiting = c.waiting, delayed = c.delayed, running = c.running, held = c.held,
+    ["waiting-children"] = c.waiting_children or 0, completed = c.completed, failed = c.failed }
+  for _, state in ipairs({ "waiting", "delayed", "running", "held", "waiting-children", "completed", "failed" }) do
     f.jobs.samples[#f.jobs.samples + 1] = { labels = { queue = q, state = state }, value = values[state] }
   end
   f.paused.samples[#f.paused.samples + 1] = { labels = { queue = q }, value = c.paused and 1 or 0 }
-  f.completed.samples[#f.completed.samples + 1] = { labels = { queue = q }, value = c.completed }
-  f.failed.samples[#f.failed.samples + 1] = { labels = { queue = q }, value = c.failed }
+  f.workers.samples[#f.workers.samples + 1] = { labels = { queue = q }, value = c.workers }
+  f.completed.samples[#f.completed.samples + 1] = { labels = { queue = q }, value = c.completed_ever }
+  f.failed.samples[#f.failed.samples + 1] = { labels = { queue = q }, value = c.failed_ever }
   local m, err = producer.attach(server.client, q):metrics({ minutes = 1 })
   if not m then return nil, err end
   -- (the buckets of moonjob.run_buckets, as a pool's /metrics writes them)
@@ -56,9 +60,10 @@ function M.render(server)
   if not list then return nil, err end
   local f = {
     jobs = family("moonjob_queue_jobs", "gauge",
-      "Jobs in the queue by state (running: started on a worker; held: fetched, not started;"
-      .. " waiting-children: a flow's parents waiting for their children)."),
+      "Jobs in the queue by state now (running: a worker's child runs it; held: fetched, not yet"
+      .. " run; waiting-children: a flow's parents waiting for their children; completed, failed: kept)."),
     paused = family("moonjob_queue_paused", "gauge", "1 while the queue is paused."),
+    workers = family("moonjob_queue_workers", "gauge", "Workers whose heartbeat has not lapsed."),
     completed = family("moonjob_queue_completed_total", "counter", "Jobs of the queue that ever completed."),
     failed = family("moonjob_queue_failed_total", "counter", "Jobs of the queue that ever failed for good."),
     runs = family("moonjob_queue_job_duration_seconds", "histogram",
@@ -70,7 +75,7 @@ function M.render(server)
       if not ok then return nil, aerr end
     end
   end
-  return prometheus.render({ f.jobs, f.paused, f.completed, f.failed, f.runs })
+  return prometheus.render({ f.jobs, f.paused, f.workers, f.completed, f.failed, f.runs })
 end
 
 return M

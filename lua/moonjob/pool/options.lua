@@ -40,11 +40,12 @@ Options.DEFAULTS = {
 -- them (a count bound, `keep`, is the user's choice: "" is moonjob_fetch's
 -- empty KEEP_COUNT): completed ones a day, failed ones a week (to be looked
 -- at and retried); the last 100 log lines of each job. No worker_name: the
--- worker's id is its random part alone.
+-- worker's id is its random part alone. A heartbeat every 2 s while idle.
 Options.REDIS_DEFAULTS = {
   lease = 30, poll = 1, prefetch = "adaptive",
   keep = "", keep_age = 86400, keep_failed_age = 7 * 86400, keep_logs = 100,
   worker_name = "",
+  heartbeat = 2, -- s between an idle worker's beats (moonjob.redis.heartbeat)
 }
 
 -- Options.limited(opts): whether a pool has limits of its own (a rate or a
@@ -173,7 +174,7 @@ local OPTIONS = {
   pools = "table",
   redis = "string", queue = "queue", lease = "number", prefetch = "number", poll = "number",
   keep = "number", keep_age = "number", keep_failed_age = "number", keep_logs = "number",
-  worker_name = "string", pipeline = "number",
+  worker_name = "string", pipeline = "number", heartbeat = "number",
   raw = "boolean",
   name = "string", -- the pool's label in its metrics (moonjob.pool.metrics)
   rate = "rate", group_concurrency = "number", group_rate = "rate", -- moonjob.pool.limits
@@ -182,7 +183,7 @@ local POSITIVE = { size = true, max_payload = true, timeout = true, ack_timeout 
   start_timeout = true, attempts = true, pipeline = true,
   cache = true, cache_max = true, max_queue = true, group_concurrency = true,
   max_jobs_per_child = true, idle_timeout = true, max_procs = true,
-  max_log_bytes = true, lease = true, poll = true, keep_age = true, keep_failed_age = true }
+  max_log_bytes = true, lease = true, poll = true, keep_age = true, keep_failed_age = true, heartbeat = true }
 local WHOLE = { size = true, max_jobs_per_child = true, min_size = true, max_procs = true,
   attempts = true, cache_max = true, max_queue = true, prefetch = true, keep = true,
   keep_logs = true, pipeline = true, group_concurrency = true }
@@ -194,7 +195,7 @@ local MAXIMUM = { size = 1024, max_payload = 2 ^ 30, max_procs = 2 ^ 31 - 1,
   max_log_bytes = 2 ^ 40, attempts = ATTEMPTS_MAX, cache_max = 2 ^ 31, max_queue = 2 ^ 53,
   min_size = 1024, max_jobs_per_child = 2 ^ 53, timeout = SECONDS_MAX, kill_after = SECONDS_MAX,
   ack_timeout = SECONDS_MAX, start_timeout = SECONDS_MAX, idle_timeout = SECONDS_MAX,
-  cache = SECONDS_MAX, lease = SECONDS_MAX, poll = 3600, keep_age = SECONDS_MAX, prefetch = 1e6,
+  cache = SECONDS_MAX, lease = SECONDS_MAX, poll = 3600, heartbeat = 3600, keep_age = SECONDS_MAX, prefetch = 1e6,
   keep_failed_age = SECONDS_MAX, keep_logs = 10000, keep = 2 ^ 31, group_concurrency = 2 ^ 31, pipeline = require("moonjob.core").frame.MAX_INFLIGHT }
 local CODECS = { lua = true, json = true }
 
@@ -352,7 +353,7 @@ end
 -- lazily, only for a pool given the redis option.
 function Options.check_remote(opts)
   local remote_only = { "lease", "prefetch", "poll", "keep", "keep_age", "keep_failed_age", "keep_logs",
-    "worker_name" }
+    "worker_name", "heartbeat" }
   if not opts.redis then
     if opts.queue then error("moonjob.pool: option 'queue' needs option 'redis' (a redis:// URL)", 5) end
     for _, k in ipairs(remote_only) do

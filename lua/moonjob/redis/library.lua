@@ -17,7 +17,7 @@ local M = {}
 
 -- The parts, in the order they are joined: each takes from the ones before.
 M.PARTS = { "base", "metrics", "states", "cron", "add", "bulk", "schedules", "limits", "groups", "fetch", "runs",
-  "flows", "views", "operate", "register" }
+  "flows", "workers", "views", "operate", "register" }
 
 M.SHEBANG = "#!lua name=moonjob"
 

@@ -95,6 +95,20 @@ function M.queues(url, opts)
   return list, err
 end
 
+-- moonjob.redis.producer.workers(url [, name [, opts]]) -> list | nil, err:
+-- list_workers on a connection of its own (opts.timeout: seconds, 5).
+function M.workers(url, name, opts)
+  local c, err = client.new(url, { timeout_ms = ((opts or {}).timeout or 5) * 1000 })
+  if not c then return nil, err end
+  local ok
+  ok, err = c:wait_ready()
+  if not ok then c:close(); return nil, err end
+  local list
+  list, err = M.list_workers(c, name)
+  c:close()
+  return list, err
+end
+
 -- The registered queues that exist, with their counts, on client c. A
 -- queue whose counts cannot be read (a key another client spoiled) is
 -- listed with its error (counts.error), never failing the whole list.
@@ -107,10 +121,33 @@ function M.list_queues(c)
     local counts, cerr = M.attach(c, name):counts()
     if not counts then
       out[#out + 1] = { name = name, error = cerr, waiting = 0, delayed = 0, active = 0, held = 0,
-        completed = 0, failed = 0, missing = 0, paused = false }
+        running = 0, completed = 0, failed = 0, completed_ever = 0, failed_ever = 0, workers = 0, missing = 0,
+        paused = false }
     elseif counts.exists then
       counts.name = name
       out[#out + 1] = counts
+    end
+  end
+  return out
+end
+
+-- The workers of queue `name` (every registered queue's when nil) on
+-- client c, as q:workers gives them, each with its queue's name (queue):
+-- by queue, then oldest first. -> list | nil, err.
+function M.list_workers(c, name)
+  local list, err = { name }, nil
+  if not name then
+    list, err = c:call_wait({ "SMEMBERS", names.REGISTRY })
+    if not list then return nil, reply_error(err) end
+    table.sort(list)
+  end
+  local out = {}
+  for _, queue in ipairs(list) do
+    local rows, werr = M.attach(c, queue):workers()
+    if not rows then return nil, werr end
+    for _, row in ipairs(rows) do
+      row.queue = queue
+      out[#out + 1] = row
     end
   end
   return out
@@ -225,10 +262,11 @@ function Queue:close()
 end
 
 -- One job, and the counts (moonjob.redis.queue_calls): q:get(id or job),
--- q:cancel(id or job [, reason]), q:counts(), q:exists(), q:children(id or job).
+-- q:cancel(id or job [, reason]), q:counts(), q:workers(), q:exists(), q:children(id or job).
 Queue.get = queue_calls.get
 Queue.cancel = queue_calls.cancel
 Queue.counts = queue_calls.counts
+Queue.workers = queue_calls.workers
 Queue.exists = queue_calls.exists
 Queue.children = queue_calls.children
 

@@ -1,5 +1,5 @@
 -- moonjob.redis.queue_calls -- what both producers do alike: q:get,
--- q:cancel, q:counts, q:exists, q:children and an add's nonce, of
+-- q:cancel, q:counts, q:workers, q:exists, q:children and an add's nonce, of
 -- moonjob.queue (moonjob.redis.producer) and of the pure-Lua
 -- moonjob.producer, which take them from here by name. Each is a function of the queue `q`: its client
 -- (call_wait(args) -> reply | nil, err), prefix, name and json (the codec
@@ -54,19 +54,56 @@ function M.cancel(q, job, reason)
   return state
 end
 
--- queue:counts() -> { waiting, delayed, active, completed, failed, missing,
--- paused, held, exists, waiting_children } | nil, err. missing: jobs found gone from Redis
--- (evicted, deleted by hand); paused: true while the queue is paused; held:
--- active jobs whose worker has not said yet that they started (workers say
--- so within 200 ms of a start); exists: false when the queue has no key at
--- all and is not registered (a name never used, or obliterated; a queue a
--- worker waits on is registered).
+-- queue:counts() -> { waiting, delayed, active, running, held, completed,
+-- failed, completed_ever, failed_ever, missing, paused, exists,
+-- waiting_children, workers } | nil, err. completed, failed: the jobs in
+-- those states now (kept; a retry moves them back); completed_ever,
+-- failed_ever: every job that ever ended so (never go down). running: the
+-- jobs the live workers' children run, as their heartbeats say (within
+-- 200 ms, however short the job); held: the other active jobs, fetched by
+-- a worker and not yet handed to a child. missing: jobs found gone from
+-- Redis (evicted, deleted by hand); paused: true while the queue is paused;
+-- exists: false when the queue has no key at all and is not registered (a
+-- name never used, or obliterated; a queue a worker waits on is
+-- registered); workers: the live workers (heartbeat not lapsed).
 function M.counts(q)
   local c, err = q.client:call_wait({ "FCALL", "moonjob_counts", 1, q.prefix })
   if not c then return nil, reply_error(err) end
+  local held = c[8] or 0
   return { waiting = c[1], delayed = c[2], active = c[3], completed = c[4], failed = c[5],
-    missing = c[6] or 0, paused = c[7] == 1, held = c[8] or 0, exists = c[9] ~= 0,
-    waiting_children = c[10] or 0 }
+    missing = c[6] or 0, paused = c[7] == 1, held = held, exists = c[9] ~= 0,
+    waiting_children = c[10] or 0, completed_ever = c[11] or c[4], failed_ever = c[12] or c[5],
+    running = c[13] or (c[3] - held), workers = c[14] or 0 } -- (an older library: its own meanings)
+end
+
+-- A worker's entry (moonjob_workers' JSON) as q:workers gives it, seen at
+-- `now` (server ms); nil when past its drop time.
+local function worker_row(text, now, json)
+  local ok, e = pcall(json.decode, text)
+  if not ok or type(e) ~= "table" or type(e.seen) ~= "number" then return nil end
+  if e.seen + (tonumber(e.drop) or 0) < now then return nil end
+  e.jobs = e.jobs or setmetatable({}, json.array_mt) -- (written back as [])
+  e.ago = math.max(0, now - e.seen) / 1000
+  e.lapsed = now - e.seen > (tonumber(e.lapse) or 0)
+  return e
+end
+
+-- queue:workers() -> { worker, ... } | nil, err: the workers serving the
+-- queue, as their heartbeats last said, oldest first: { id, host, pid,
+-- version, queues, children, running, jobs = { { id, since }, ... },
+-- started, seen (server ms), ago (s since seen), lapsed (not seen for a
+-- few beats: gone without a word, or cut off from Redis) }. A worker that
+-- stopped cleanly is not listed; a lapsed one is, until its drop time.
+function M.workers(q)
+  local r, err = q.client:call_wait({ "FCALL", "moonjob_workers", 1, q.prefix })
+  if not r then return nil, reply_error(err) end
+  local out = {}
+  for i = 2, #r do out[#out + 1] = worker_row(r[i], r[1], q.json) end
+  table.sort(out, function(a, b)
+    if a.started ~= b.started then return (a.started or 0) < (b.started or 0) end
+    return a.id < b.id
+  end)
+  return out
 end
 
 -- What a wait for job `id` gives once it ended or timeout seconds passed,

@@ -21,8 +21,9 @@
 --     fetches again when one becomes free meanwhile), and gives back a job
 --     no idle child took within the rate's start bound of sending the fetch
 --     (moonjob.redis.start_bounds, remote.bounds);
---   * tells Redis which jobs started, and sends a running job's progress
---     and output lines (moonjob.redis.updates, remote.updates);
+--   * tells Redis which jobs started, a running job's progress and output
+--     (moonjob.redis.updates), and beats: the jobs its children run, that
+--     it lives (moonjob.redis.heartbeat, remote.heartbeat);
 --   * fetches nothing while the processor cannot load (the pool's breaker
 --     is open: healthy workers elsewhere get the jobs), says so once per
 --     cause (`redis` event "broken", then "mended"), and keeps probing (the
@@ -46,10 +47,10 @@
 --     host ("cancel <id>" on the queue's channel, or the next renew)
 --     interrupts the job here with ECANCELED.
 --
--- Timing: a stall of Redis shorter than about 2/3 of the lease (a slow
--- fork, a paused client, DEBUG SLEEP) costs no more than its length: the
--- connection's watchdog waits 4/5 of a lease (at most 5 s) for a reply, and
--- a renewal sent just before the stall confirms the lease when it ends.
+-- Timing: a stall of Redis shorter than about 2/3 of the lease (DEBUG SLEEP,
+-- a slow fork) costs no more than its length: the watchdog waits 4/5 of a
+-- lease (at most 5 s) for a reply, and a renewal sent just before the stall
+-- confirms the lease when it ends.
 --
 -- Caveat (the documented window): a worker paused (SIGSTOP, a VM freeze) or
 -- cut off for longer than the lease cannot stop its job in time; the job then
@@ -66,6 +67,7 @@ local Reports = require "moonjob.redis.reports"
 local Updates = require "moonjob.redis.updates"
 local StartBounds = require "moonjob.redis.start_bounds"
 local FetchPolicy = require "moonjob.redis.fetch_policy"
+local Heartbeat = require "moonjob.redis.heartbeat"
 local Zones = require "moonjob.redis.zones"
 
 local Remote = {}
@@ -117,6 +119,7 @@ function Remote.new(port, opts)
   self.reports = Reports.new(self)            -- the jobs' ends, told to Redis
   self.updates = Updates.new(self, value(opts, "keep_logs")) -- starts, progress, output
   self.bounds = StartBounds.new(self)         -- jobs fetched under a rate, sent in time or given back
+  self.heartbeat = Heartbeat.new(self, opts)  -- that it lives, what its children run
   c:subscribe(self.prefix .. "events", function(kind, message) self:_message(kind, message) end)
   self:_start_timers()
   self.zones = Zones.start(self)              -- its zoned schedules' offsets kept ahead
@@ -163,6 +166,7 @@ function Remote:_state(up, why)
   self.reports:send_again()
   self:_renew()
   self:want()
+  self.heartbeat:soon()
 end
 
 function Remote:_message(kind, message)
@@ -536,11 +540,11 @@ end
 -- job leaves the pool instead.
 -- Either way its run time is a sample for the fetch policy.
 function Remote:attempt_failed(job, err)
-  self.policy:ended(job, loop.now())
+  self.policy:ended(job, loop.now()); self.heartbeat:ended(job)
   return self.reports:attempt_failed(job, err)
 end
 function Remote:ending(job, state)
-  self.policy:ended(job, loop.now())
+  self.policy:ended(job, loop.now()); self.heartbeat:ended(job)
   return self.reports:ending(job, state)
 end
 
@@ -548,9 +552,8 @@ end
 -- back (moonjob.redis.start_bounds).
 function Remote:late(job) return self.bounds:late(job) end
 
--- A child started the job, a running job reported progress or wrote an
--- output line: told to Redis (moonjob.redis.updates).
-function Remote:started(job) self.updates:started(job) end
+-- A job started (the heartbeat counts it), reported progress, wrote a line: told to Redis.
+function Remote:started(job) self.updates:started(job) self.heartbeat:started(job) end
 function Remote:progress(job) self.updates:progress(job) end
 function Remote:output(job, _, line) self.updates:output(job, line) end
 
@@ -563,10 +566,7 @@ function Remote:stats()
   return c
 end
 
--- No more fetching (the pool is closing).
-function Remote:stop()
-  self.stopping = true
-end
+function Remote:stop() self.stopping = true end -- no more fetching (the pool is closing)
 
 -- Reports still in flight (the pool's close waits for them, bounded).
 function Remote:_busy()
@@ -578,6 +578,7 @@ end
 -- the job runs again elsewhere (ESTALLED).
 function Remote:close()
   self.stopping = true
+  self.heartbeat:stop() -- (its entry deleted: flushed with the reports)
   local deadline = loop.now() + 5000
   local ticker = core.timer(function() end)
   ticker:start(100, 100)
@@ -591,8 +592,7 @@ function Remote:close()
   for _, t in ipairs({ self.renew_timer, self.fence_timer, self.poll_timer, self.fetch_timer, self.policy_timer,
     self.zones.timer }) do t:close() end
   if self.due_timer then self.due_timer:close() end -- made when first needed
-  self.reports:close()
-  self.updates:close()
+  self.reports:close(); self.updates:close(); self.heartbeat:close()
   self.bounds:close()
   self.client:close()
 end

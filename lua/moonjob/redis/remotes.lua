@@ -43,7 +43,7 @@ function M.new(port, opts)
   for i, name in ipairs(opts.queue) do
     local one = {}
     for k, v in pairs(opts) do one[k] = v end
-    one.queue = name
+    one.queue, one.serving = name, opts.queue -- (serving: what each queue's heartbeat names)
     list[i] = Remote.new(M.named_port(port, name), one)
   end
   return setmetatable({ remotes = list, first = 1 }, Remotes)

@@ -7,6 +7,8 @@
 //                                     state, a page of jobs, queue actions
 //   #/queue/NAME/job/ID               one job: data, result or error, log, actions;
 //                                     a flow's: its parent, its children (linked)
+//   #/workers                         every queue's workers, as their heartbeats say
+//                                     (read-only; lapsed ones marked)
 // NAME and ID are percent-encoded (encodeURIComponent) in routes and API
 // paths: a queue "{shop}/images" is %7Bshop%7D%2Fimages, one path segment.
 // It asks the JSON API (lua/moonjob/dashboard/api.lua) again every 2 s while
@@ -176,6 +178,7 @@ const link = {
   queue: (name, state, offset) =>
     "#/queue/" + enc(name) + (state ? "?state=" + state + (offset ? "&offset=" + offset : "") : ""),
   job: (name, id) => "#/queue/" + enc(name) + "/job/" + enc(id),
+  workers: () => "#/workers",
 };
 
 function parseRoute() {
@@ -188,6 +191,7 @@ function parseRoute() {
     return { page: "missing" };
   }
   if (parts.length === 0) return { page: "queues" };
+  if (parts[0] === "workers" && parts.length === 1) return { page: "workers" };
   if (parts[0] === "queue" && parts.length === 2) {
     const state = STATES.includes(params.get("state")) ? params.get("state") : "waiting";
     const offset = Math.max(0, parseInt(params.get("offset"), 10) || 0);
@@ -201,6 +205,7 @@ function parseRoute() {
 
 function crumbs(route) {
   const items = [h("a", { href: link.queues() }, "Queues")];
+  if (route.page === "workers") items.push(h("span", {}, "workers"));
   if (route.name) items.push(h("a", { href: link.queue(route.name), test: "crumb-queue" }, route.name));
   if (route.id) items.push(h("span", {}, "job " + route.id));
   const nav = document.getElementById("crumbs");
@@ -329,7 +334,7 @@ const queuesPage = {
           href: link.queue(q.name, "waiting-children"), test: "waiting-children-count" },
           ` (${num(q.waiting_children)} waiting for children)`) : null),
         h("td", { class: "n" }, num(q.delayed)),
-        h("td", { class: "n" }, num(q.active), q.held ? h("span", { class: "muted small" }, ` (${num(q.held)} held)`) : null),
+        h("td", { class: "n" }, num(q.active), runningHeld(q)),
         h("td", { class: "n" }, num(q.completed)),
         h("td", { class: "n" + (q.failed ? " bad" : "") },
           q.failed ? h("a", { href: link.queue(q.name, "failed") }, num(q.failed)) : num(q.failed)),
@@ -363,6 +368,14 @@ const DETAIL = {
 const stateLabel = (state) => state[0].toUpperCase() + state.slice(1).replace("-", " ");
 // Its count in a queue's counts (the API's names have "_").
 const stateCount = (counts, state) => counts[state.replace("-", "_")];
+
+// Of the active jobs: how many a worker's child runs, how many are held
+// (fetched, not yet handed to a child); nothing while none is active.
+function runningHeld(c) {
+  if (!c.active) return null;
+  return h("span", { class: "muted small", test: "running-held" },
+    ` (${num(c.running != null ? c.running : c.active - c.held)} running, ${num(c.held)} held)`);
+}
 
 // The last column: the error, the result, or the data.
 function jobSummary(job) {
@@ -582,7 +595,7 @@ const queuePage = {
       href: link.queue(route.name, state), test: "state-tab-" + state,
       class: "tab" + (state === route.state ? " current" : "") + (state === "failed" && c.failed ? " tab-bad" : ""),
     }, stateLabel(state), " ", h("span", { class: "count" }, num(stateCount(c, state))),
-      state === "active" && c.held ? h("span", { class: "muted small" }, ` (${num(c.held)} held)`) : null));
+      state === "active" ? runningHeld(c) : null));
     return h("section", {},
       h("div", { class: "title" },
         h("h1", {}, overview.name),
@@ -590,6 +603,9 @@ const queuePage = {
         queueActions(route.name, c, overview.limits)),
       c.missing ? h("p", { class: "note" }, `${num(c.missing)} jobs are gone from Redis (evicted or deleted by hand).`) : null,
       limitsNote(overview.limits),
+      c.completed_ever != null ? h("p", { class: "muted small", test: "ever-counts" },
+        `ever: ${num(c.completed_ever)} completed · ${num(c.failed_ever)} failed (the tabs count the jobs kept now)` +
+        ` · ${num(c.workers)} live worker${c.workers === 1 ? "" : "s"}`) : null,
       h("div", { class: "card" },
         h("div", { class: "card-head" }, h("h2", {}, "Last hour"),
           h("span", { class: "muted" }, `${num(total.completed || 0)} completed · ${num(total.failed || 0)} failed` +
@@ -733,7 +749,48 @@ const missingPage = {
   render: () => h("section", {}, h("h1", {}, "No such page"), h("p", {}, h("a", { href: "#/" }, "See the queues"))),
 };
 
-const PAGES = { queues: queuesPage, queue: queuePage, job: jobPage, missing: missingPage };
+// ------------------------------------------------------------ #/workers
+
+// "0.4 s ago", "12 s ago"
+const ago = (s) => (s < 10 ? s.toFixed(1) : String(Math.round(s))) + " s ago";
+
+// The jobs a worker runs: "id (3.2 s)", each linked to its job, the first 5.
+function workerJobs(w) {
+  const shown = w.jobs.slice(0, 5).map((j, i) => [i ? ", " : "", h("a", { href: link.job(w.queue, j.id) }, j.id),
+    h("span", { class: "muted" }, ` (${duration(Math.max(0, w.seen - j.since) + w.ago * 1000)})`)]).flat();
+  if (w.jobs.length > 5) shown.push(h("span", { class: "muted" }, ` and ${num(w.jobs.length - 5)} more`));
+  return shown;
+}
+
+const workersPage = {
+  load: () => api("GET", "workers"),
+  render(route, data) {
+    const workers = data.workers || [];
+    const live = workers.filter((w) => !w.lapsed).length;
+    const rows = workers.map((w) => h("tr", { test: "worker-row", "data-worker": w.id, "data-queue": w.queue },
+      h("td", {}, h("a", { href: link.queue(w.queue) }, w.queue)),
+      h("td", {}, h("code", {}, w.id)),
+      h("td", {}, `${w.host || "?"} · pid ${w.pid}`),
+      h("td", { class: "n", test: "worker-children" }, num(w.children)),
+      h("td", { class: "n", test: "worker-running" }, num(w.running)),
+      h("td", { test: "worker-jobs" }, ...workerJobs(w)),
+      h("td", {}, localTime(w.started)),
+      h("td", { test: "worker-seen" }, ago(w.ago), w.lapsed ? [" ", badge("lapsed", "failed", "worker-lapsed")] : null)));
+    return h("section", {},
+      h("div", { class: "title" }, h("h1", {}, "Workers"),
+        h("span", { class: "muted", test: "workers-summary" }, `${num(live)} live · ${num(workers.length - live)} lapsed`)),
+      workers.length === 0
+        ? h("p", { class: "empty", test: "no-workers" }, "No worker has a heartbeat on this server's queues (moonjob worker starts one).")
+        : h("table", { class: "data", test: "workers" },
+          h("thead", {}, h("tr", {}, ["Queue", "Worker", "Host", "Children", "Running", "Jobs running", "Started", "Last seen"]
+            .map((t, i) => h("th", { class: i === 3 || i === 4 ? "n" : null }, t)))),
+          h("tbody", {}, rows)),
+      h("p", { class: "muted small" }, "A worker that stops cleanly leaves the list; one gone without a word is " +
+        "marked lapsed after 3 missed heartbeats and dropped after 30."));
+  },
+};
+
+const PAGES = { queues: queuesPage, queue: queuePage, job: jobPage, workers: workersPage, missing: missingPage };
 
 // ------------------------------------------------------------ polling
 
@@ -776,7 +833,8 @@ function routeChanged() {
   const route = parseRoute();
   crumbs(route);
   document.getElementById("main").replaceChildren(h("p", { class: "muted" }, "Loading…"));
-  document.title = route.id ? `job ${route.id} · ${route.name} · moonjob` : route.name ? `${route.name} · moonjob` : "moonjob";
+  document.title = route.id ? `job ${route.id} · ${route.name} · moonjob` : route.name ? `${route.name} · moonjob`
+    : route.page === "workers" ? "workers · moonjob" : "moonjob";
   refresh();
 }
 

@@ -250,7 +250,8 @@ local DROP = {
 -- tokens stays: a run of a job obliterated must never share its token with a
 -- run of a job added after (its late report would land in the new job).
 local QUEUE_KEYS = { "seq", "ids", "totals", "paused", "m:all", "limits", "limited", "starts", "groups", "gparked",
-  "ungrouped", "turn", "gswitch", "gunpark", "gkeys", "cached", "sheets" }
+  "ungrouped", "turn", "gswitch", "gunpark", "gkeys", "cached", "sheets",
+  "workers", "wdrop" }
 
 -- obliterate(p; limit [, force]) -> { removed, left }: every job, schedule
 -- and key of the queue (but its token counter), limit jobs per call, then

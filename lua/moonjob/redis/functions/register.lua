@@ -53,6 +53,8 @@ redis.register_function{ function_name = "moonjob_jobs", callback = F.jobs, flag
 redis.register_function{ function_name = "moonjob_job", callback = F.job, flags = { "no-writes" } }
 redis.register_function{ function_name = "moonjob_metrics", callback = F.metrics, flags = { "no-writes" } }
 redis.register_function{ function_name = "moonjob_get", callback = F.get, flags = { "no-writes" } }
+redis.register_function("moonjob_beat", F.beat)
+redis.register_function{ function_name = "moonjob_workers", callback = F.workers, flags = { "no-writes" } }
 redis.register_function{ function_name = "moonjob_counts", callback = F.counts, flags = { "no-writes" } }
 redis.register_function{ function_name = "moonjob_version", callback = version, flags = { "no-writes" } }
 redis.register_function{ function_name = "moonjob_cron", callback = F.cron, flags = { "no-writes" } }

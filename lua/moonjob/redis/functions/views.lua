@@ -127,16 +127,18 @@ local function job(keys, args)
   return v
 end
 
--- held(p) -> active jobs whose worker has not said they started (counted
--- among the first 2,000 active jobs: counts() stays cheap).
-local function held_count(p)
+-- The active jobs whose worker said they started and has no heartbeat
+-- entry (beating: worker id -> true): an older moonjob's workers, which
+-- tell of their running jobs only so. Counted among the first 2,000 active
+-- jobs: counts() stays cheap.
+local function ran_count(p, beating)
   local ids = redis.call("ZRANGE", p .. "active", 0, 1999)
-  local held = 0
+  local ran = 0
   for _, id in ipairs(ids) do
-    local ran = redis.pcall("HGET", job_key(p, id), "ran")
-    if ran ~= "1" then held = held + 1 end
+    local f = redis.pcall("HMGET", job_key(p, id), "ran", "worker")
+    if not f.err and f[1] == "1" and not beating[f[2] or ""] then ran = ran + 1 end
   end
-  return held
+  return ran
 end
 
 -- Whether the queue exists: it has a key, or it is registered (a worker
@@ -152,18 +154,28 @@ local function exists(p)
 end
 
 -- counts(p) -> { waiting, delayed, active, completed, failed, missing,
--- paused, held, exists, waiting_children }: completed and failed count every job that ended so
--- (not only the ones kept); missing, the set entries found with their job
--- gone (evicted); paused 1 while the queue is paused; held, the active jobs
--- not started yet (held_count); exists 0 when the queue has no key at all.
+-- paused, held, exists, waiting_children, completed_ever, failed_ever,
+-- running, workers }: completed and failed are the jobs in those sets now
+-- (kept: retention trims them, a retry moves them); completed_ever and
+-- failed_ever count every job that ever ended so; missing, the set entries
+-- found with their job gone (evicted); paused 1 while the queue is paused;
+-- running, the jobs the live workers' children run (their heartbeats; and
+-- the jobs said started by a worker with no heartbeat entry, an older
+-- moonjob), at most active: a lapsed worker's jobs are not running; held = active - running: fetched, not yet
+-- run by a child; exists 0 when the queue has no key at all; workers, the
+-- live workers (heartbeats not lapsed). New positions go at the end: an
+-- older client reads the ones it knows.
 local function counts(keys)
   local p = keys[1]
   local totals = redis.pcall("HMGET", p .. "totals", "completed", "failed", "missing")
   if totals.err then totals = {} end -- a spoiled totals key: its counts read as 0
-  return { redis.call("ZCARD", p .. "wait"), redis.call("ZCARD", p .. "delayed"),
-    redis.call("ZCARD", p .. "active"), tonumber(totals[1]) or 0, tonumber(totals[2]) or 0,
-    tonumber(totals[3]) or 0, redis.call("EXISTS", p .. "paused"), held_count(p), exists(p),
-    redis.call("ZCARD", p .. "parents") }
+  local active = redis.call("ZCARD", p .. "active")
+  local reported, live, beating = H.live_workers(p)
+  local running = math.min(active, reported + ran_count(p, beating))
+  return { redis.call("ZCARD", p .. "wait"), redis.call("ZCARD", p .. "delayed"), active,
+    redis.call("ZCARD", p .. "completed"), redis.call("ZCARD", p .. "failed"),
+    tonumber(totals[3]) or 0, redis.call("EXISTS", p .. "paused"), active - running, exists(p),
+    redis.call("ZCARD", p .. "parents"), tonumber(totals[1]) or 0, tonumber(totals[2]) or 0, running, live }
 end
 
 F.jobs, F.job, F.counts = jobs, job, counts
