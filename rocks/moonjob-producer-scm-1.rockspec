@@ -48,6 +48,7 @@ build = {
     ["moonjob.redis.queue_calls"] = "lua/moonjob/redis/queue_calls.lua",
     ["moonjob.redis.schedules"] = "lua/moonjob/redis/schedules.lua",
     ["moonjob.redis.setup"] = "lua/moonjob/redis/setup.lua",
+    ["moonjob.tz"] = "lua/moonjob/tz.lua",
     -- the library's parts, read (not required) by moonjob.redis.library
     ["moonjob.redis.functions.base"] = "lua/moonjob/redis/functions/base.lua",
     ["moonjob.redis.functions.metrics"] = "lua/moonjob/redis/functions/metrics.lua",
@@ -58,6 +59,7 @@ build = {
     ["moonjob.redis.functions.schedules"] = "lua/moonjob/redis/functions/schedules.lua",
     ["moonjob.redis.functions.limits"] = "lua/moonjob/redis/functions/limits.lua",
     ["moonjob.redis.functions.groups"] = "lua/moonjob/redis/functions/groups.lua",
+    ["moonjob.redis.functions.workers"] = "lua/moonjob/redis/functions/workers.lua",
     ["moonjob.redis.functions.fetch"] = "lua/moonjob/redis/functions/fetch.lua",
     ["moonjob.redis.functions.runs"] = "lua/moonjob/redis/functions/runs.lua",
     ["moonjob.redis.functions.views"] = "lua/moonjob/redis/functions/views.lua",

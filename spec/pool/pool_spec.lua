@@ -23,7 +23,7 @@ describe("moonjob.pool", function()
     it("raises on an unknown option, naming it", function()
       assert.has_error(function() moonjob.pool(h.fixture("echo.lua"), { sise = 2 }) end,
         "moonjob.pool: unknown option 'sise' (known: ack_timeout, attempts, backoff, cache, "
-        .. "cache_max, child, codec, dedupe, echo, group_concurrency, group_rate, idle_timeout, jit, keep, keep_age, keep_failed_age, keep_logs, kill_after, lease, "
+        .. "cache_max, child, codec, dedupe, echo, group_concurrency, group_rate, heartbeat, idle_timeout, jit, keep, keep_age, keep_failed_age, keep_logs, kill_after, lease, "
         .. "max_jobs_per_child, max_log_bytes, max_payload, max_procs, max_queue, memory_limit, min_size, name, "
         .. "pipeline, poll, pools, prefetch, queue, rate, raw, redis, size, start_timeout, timeout, user, worker_name)")
     end)
