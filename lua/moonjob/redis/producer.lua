@@ -79,34 +79,32 @@ function M.attach(c, name, max_payload)
     resolve_ms = names.RESOLVE_MAX * 1000, json = json }, Queue)
 end
 
+-- fn(c, ...) on a connection of its own to url, closed after it
+-- (opts.timeout: seconds to connect, 5) -> what fn returns | nil, err.
+local function on_own_connection(url, opts, fn, ...)
+  local c, err = client.new(url, { timeout_ms = ((opts or {}).timeout or 5) * 1000 })
+  if not c then return nil, err end
+  local ok
+  ok, err = c:wait_ready()
+  if not ok then c:close(); return nil, err end
+  local list
+  list, err = fn(c, ...)
+  c:close()
+  return list, err
+end
+
 -- moonjob.queues(url [, opts]) -> { { name, counts... }, ... } sorted by
 -- name | nil, err: the queues moonjob programs registered on the server
 -- that hold any key (a name only connected to, or obliterated, is not
 -- listed), each with its counts.
 function M.queues(url, opts)
-  local c, err = client.new(url, { timeout_ms = ((opts or {}).timeout or 5) * 1000 })
-  if not c then return nil, err end
-  local ok
-  ok, err = c:wait_ready()
-  if not ok then c:close(); return nil, err end
-  local list
-  list, err = M.list_queues(c)
-  c:close()
-  return list, err
+  return on_own_connection(url, opts, M.list_queues)
 end
 
 -- moonjob.redis.producer.workers(url [, name [, opts]]) -> list | nil, err:
 -- list_workers on a connection of its own (opts.timeout: seconds, 5).
 function M.workers(url, name, opts)
-  local c, err = client.new(url, { timeout_ms = ((opts or {}).timeout or 5) * 1000 })
-  if not c then return nil, err end
-  local ok
-  ok, err = c:wait_ready()
-  if not ok then c:close(); return nil, err end
-  local list
-  list, err = M.list_workers(c, name)
-  c:close()
-  return list, err
+  return on_own_connection(url, opts, M.list_workers, name)
 end
 
 -- The registered queues that exist, with their counts, on client c. A
