@@ -211,8 +211,8 @@ static int channel_protect(lua_State *L) {
  * job may have failed for that reason; channel.interrupt() says why);
  * `out_of_memory` that the job failed because the heap was full (the handler
  * does not run then, or failed itself). After a failure the heap is
- * collected (after a full heap: by the runner, once it reported), and the
- * runner has HEAP_RESERVE bytes past the limit to report it. */
+ * collected (but not a full heap: the runner reports it and the child
+ * ends), and the runner has HEAP_RESERVE bytes past the limit to report it. */
 static int channel_run(lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
   luaL_checktype(L, 2, LUA_TFUNCTION);
@@ -239,8 +239,8 @@ static int channel_run(lua_State *L) {
   /* out of heap: directly, or while the message handler itself allocated */
   int out_of_memory = rc == LUA_ERRMEM || (rc == LUA_ERRERR && heap.refused);
   /* the job's garbage goes before the runner goes on; but not after a full
-   * heap, which the runner reports first (a heap of gigabytes takes seconds
-   * to collect) and collects after (runner.lua) */
+   * heap (gigabytes take seconds to collect): the runner reports it, and the
+   * child ends (runner.lua) */
   if (rc != 0 && !out_of_memory) lua_gc(L, LUA_GCCOLLECT, 0);
   lua_pushboolean(L, rc == 0);
   lua_insert(L, -2);

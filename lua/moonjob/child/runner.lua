@@ -238,7 +238,9 @@ local function run_job(number, payload)
   if ok then return complete(number, result) end
   if interrupted then return fail_interrupted(number, job) end
   fail(number, failure_of(result, heap_full))
-  if heap_full then collectgarbage() end -- (reported first: channel.run leaves a full heap as it is)
+  -- A full heap: this child ends (its pool replaces it anyway), rather than
+  -- collect gigabytes for seconds; the OS frees them at once.
+  return heap_full
 end
 
 ------------------------------------------------------------------- main ---
@@ -280,7 +282,7 @@ function M.main()
   while true do
     local kind, number, payload = channel.recv()
     if kind == nil then return 0 end
-    if kind == channel.JOB and run_job(number, payload) then return 0 end -- ENOMEM in a batch: this child ends
+    if kind == channel.JOB and run_job(number, payload) then return 0 end -- ENOMEM: this child ends
   end
 end
 

@@ -27,7 +27,7 @@ local OPTIONS = {
   ["--memory-limit"] = { "--memory-limit SIZE", "each child's Lua heap at most SIZE (512M, 2G, 1.5G,",
     "64K, bytes): a job that needs more fails with ENOMEM and its child is replaced; none: no",
     "cap (default: $MOONJOB_MEMORY_LIMIT, else half the machine's memory shared among the",
-    "children, at least 64M each)" },
+    "children, at least 64M and at most 2G each)" },
   ["--backoff"] = { "--backoff SPEC", "wait between attempts: fixed:SECONDS or",
     "exponential:SECONDS[:JITTER] (JITTER 0..1)" },
   ["--joblog"] = { "--joblog FILE", "append one line per finished job to FILE" },

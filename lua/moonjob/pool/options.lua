@@ -58,10 +58,14 @@ end
 ---------------------------------------------------------------- memory ---
 -- Every pool's children are capped (memory_limit) unless told otherwise:
 -- the default is a share of the machine's memory per child, so that a
--- pool's children together cannot take more than half of it.
+-- pool's children together cannot take more than half of it, and at most
+-- MEMORY_CEILING each (a runaway on a big machine is stopped in seconds,
+-- not after it took gigabytes; a job that needs more says so with
+-- --memory-limit).
 
 Options.MEMORY_SHARE = 0.5             -- of the machine's memory, for a pool's children together
 Options.MEMORY_FLOOR = 64 * 1024 * 1024 -- a child's default cap, at least (a big pool on a small machine)
+Options.MEMORY_CEILING = 2 * 1024 ^ 3   -- a child's default cap, at most
 local MEMORY_MAX = 2 ^ 46
 local MIB = 1024 * 1024
 local SIZE_UNITS = { [""] = 1, k = 1024, m = MIB, g = 1024 * MIB, t = 1024 * 1024 * MIB }
@@ -117,7 +121,7 @@ end
 
 -- The default memory_limit of a pool of `size` children: MOONJOB_MEMORY_LIMIT
 -- when set (raises when it is no size), else the machine's share per child
--- in whole MiB, at least MEMORY_FLOOR.
+-- in whole MiB, at least MEMORY_FLOOR and at most MEMORY_CEILING.
 local function default_memory_limit(opts)
   local env = os.getenv("MOONJOB_MEMORY_LIMIT")
   if env and env ~= "" then
@@ -128,7 +132,7 @@ local function default_memory_limit(opts)
     return bytes
   end
   local share = Options.machine_memory() * Options.MEMORY_SHARE / Options.value(opts, "size")
-  return math.max(Options.MEMORY_FLOOR, math.floor(share / MIB) * MIB)
+  return math.max(Options.MEMORY_FLOOR, math.min(Options.MEMORY_CEILING, math.floor(share / MIB) * MIB))
 end
 
 -- Options.memory_limit(opts) -> bytes, or nil when lifted (false, "none").
