@@ -68,8 +68,8 @@ local function foreign_option(command, o)
 end
 
 -- moonjob worker --queue a,b (or --queue repeated): the names, each once,
--- in o.worker_queues; nil and a usage error otherwise. Other commands take
--- one --queue.
+-- blanks around them dropped, in o.worker_queues; nil and a usage error
+-- otherwise. Other commands take one --queue.
 local function queue_list(command, o)
   local list = o.queues or {}
   if command ~= "worker" then
@@ -80,7 +80,7 @@ local function queue_list(command, o)
   end
   local names, seen = {}, {}
   for _, given in ipairs(list) do
-    for name in (given .. ","):gmatch("([^,]*),") do
+    for name in (given .. ","):gmatch("%s*([^,]-)%s*,") do -- (blanks around a name: "a, b")
       local ok, why = require("moonjob.redis.names").check_name(name)
       if not ok then return nil, usage_error(("--queue %s: %s"):format(given, why)) end
       if seen[name] then return nil, usage_error(("--queue names %s twice"):format(name)) end
