@@ -90,6 +90,11 @@ end
 
 local function fail(why) error("queue:schedule(): " .. why, 4) end
 
+-- Server ms (a number or its text) as UTC, such as 2026-12-01T03:00:00Z.
+local function utc_text(ms)
+  return os.date("!%Y-%m-%dT%H:%M:%SZ", math.floor(tonumber(ms) / 1000))
+end
+
 -- A time option (seconds since the epoch, as os.time() gives) -> ms, or "".
 local function epoch_ms(when, name)
   local v = when[name]
@@ -134,7 +139,20 @@ local function when_args(when)
     fail(("option 'catch_up' must be \"none\" (missed slots are skipped) or \"one\" (one job stands for "
       .. "them), not '%s'"):format(tostring(catch_up)))
   end
-  return kind, spec, offset, epoch_ms(when, "start"), epoch_ms(when, "stop"), limit, catch_up, zone, shifts
+  local start, stop = epoch_ms(when, "start"), epoch_ms(when, "stop")
+  if start ~= "" and stop ~= "" and tonumber(stop) < tonumber(start) then
+    fail(("option 'stop' (%s) comes before 'start' (%s)"):format(utc_text(stop), utc_text(start)))
+  end
+  return kind, spec, offset, start, stop, limit, catch_up, zone, shifts
+end
+
+-- Redis refuses a stop that has passed by its own clock: said in the
+-- option's words, not the library's argument names.
+local function stop_passed(err, stop)
+  local now = err and err.code == "EINPUT" and tostring(err.message):match("STOP_MS has passed %(the server's time is (%d+) ms%)")
+  if not now then return err end
+  return errors.new("EINPUT", ("option 'stop' (%s) has passed: Redis's clock reads %s, and a schedule whose stop "
+    .. "has passed would never run"):format(utc_text(stop), utc_text(now)))
 end
 
 -- One row of moonjob_schedules as a table (times in server ms); json: the
@@ -208,7 +226,7 @@ function M.schedule(q, id, when, data, opts)
   end
   local reply
   reply, err = fcall.call(q, unpack(args))
-  if not reply then return nil, err end
+  if not reply then return nil, stop_passed(err, stop) end
   return { id = tostring(id), state = reply[1], next = reply[2] >= 0 and reply[2] or nil }
 end
 
