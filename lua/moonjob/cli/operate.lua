@@ -455,10 +455,10 @@ function M.obliterate(o)
   q:close()
   if n then return report(o, { queue = o.queue, action = "obliterate", count = n }) end
   if err.code == "EBUSY" then
-    local running = tostring(err.message):match("(%d+) job%(s%) are running") or "some"
-    say(("obliterate %s: refused: %s job(s) are running. Stop the workers and try again, or add --force: the "
-      .. "queue goes at once, the running jobs' workers stop them and their reports are refused"):format(o.queue,
-      running))
+    local active = tostring(err.message):match("(%d+) job%(s%) are active") or "some"
+    say(("obliterate %s: refused: %s job(s) are active (running, or held by a worker to run next). Stop the "
+      .. "workers and try again, or add --force: the queue goes at once, the running jobs' workers stop them and "
+      .. "their reports are refused"):format(o.queue, active))
   else
     say(("obliterate %s: %s"):format(o.queue, tostring(err)), err.done and err.done > 0
       and (" (%d job(s) removed before it)"):format(err.done) or "")
