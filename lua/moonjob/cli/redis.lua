@@ -26,6 +26,15 @@ local stops = require "moonjob.cli.stops"
 local M = {}
 local EXIT_OK, EXIT_FAILED, EXIT_USAGE = stops.EXIT_OK, stops.EXIT_FAILED, stops.EXIT_USAGE
 
+-- A memory cap as the worker's first line says it: whole MiB as such
+-- ("64 MiB"), else to a tenth ("1.5 MiB"), below 1 MiB in KiB.
+local function size_text(bytes)
+  local mib = bytes / 1048576
+  if mib == math.floor(mib) then return ("%d MiB"):format(mib) end
+  if mib >= 1 then return ("%.1f MiB"):format(mib) end
+  return ("%.0f KiB"):format(bytes / 1024)
+end
+
 local function say(...)
   io.stderr:write("moonjob: ", ...)
   io.stderr:write("\n")
@@ -140,7 +149,7 @@ function M.worker(processor, o, pool_options)
     end
   end
   local size = pool.size -- without -j: one per CPU
-  local memory = pool.memory_limit and ("memory limit %.0f MiB per child"):format(pool.memory_limit / 1048576)
+  local memory = pool.memory_limit and ("memory limit %s per child"):format(size_text(pool.memory_limit))
     or "no memory limit"
   say(("worker %s: %d %s on %s %s%s, %s"):format(processor, size, size == 1 and "child" or "children",
     several and "queues" or "queue", shown, several and " (fetched in turn: docs/guide/cli.md)" or "", memory))
