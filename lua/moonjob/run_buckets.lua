@@ -39,7 +39,7 @@ M.ERROR = math.sqrt(widest) - 1
 -- logarithm set right against the table (the bounds are rounded): O(1),
 -- for every job.
 function M.bucket(ms)
-  if ms <= 1 then return 1 end
+  if not (ms > 1) then return 1 end -- (NaN too: never a reason to raise)
   if ms > BOUNDS_MS[NBOUNDS] then return NBOUNDS + 1 end
   local i = math.ceil(math.log(ms) * LOG_STEP) + 1
   if i < 2 then i = 2 elseif i > NBOUNDS then i = NBOUNDS end

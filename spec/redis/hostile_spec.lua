@@ -82,7 +82,7 @@ rq.describe(function()
       helpers.wait_for(function() return q:counts().failed == 2 end, 20)
       assert.same({ waiting = 0, delayed = 0, active = 0, completed = 5, failed = 2, missing = 1, paused = false,
         held = 0, exists = true, waiting_children = 0, running = 0, completed_ever = 5, failed_ever = 2,
-        workers = 1 }, q:counts())
+        workers = 1, lapsed = 0 }, q:counts())
       assert.equal("EINPUT", select(2, jobs[6]:wait(1)).code) -- after the fetch replaced it too
       local info = assert(q:get("bad"))
       assert.equal("failed", info.state)

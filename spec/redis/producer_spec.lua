@@ -15,7 +15,8 @@ rq.describe(function()
       assert.equal("waiting", a.state)
       assert.equal("delayed", b.state)
       assert.same({ waiting = 1, delayed = 1, active = 0, completed = 0, failed = 0, missing = 0, paused = false,
-        held = 0, exists = true, waiting_children = 0, running = 0, completed_ever = 0, failed_ever = 0, workers = 0 },
+        held = 0, exists = true, waiting_children = 0, running = 0, completed_ever = 0, failed_ever = 0, workers = 0,
+        lapsed = 0 },
         q:counts())
       assert.equal("waiting", q:cancel(a.id, "not needed"))
       local info = q:get(a.id)

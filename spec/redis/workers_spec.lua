@@ -15,9 +15,9 @@ local wait_for = rq.wait_for
 
 -- A worker process: a pool of one child beating every `beat` seconds
 -- (the heartbeat option: short, so that a lapse comes within a second).
-local function beating_worker(name, beat)
-  local cmd = ("%s spec/fixtures/beating_worker.lua %s %s %s %s >/dev/null 2>&1 & echo $!"):format(
-    helpers.LUAJIT, rq.PROCESSOR, rq.server().url, name, beat)
+local function beating_worker(name, beat, lease)
+  local cmd = ("%s spec/fixtures/beating_worker.lua %s %s %s %s %s >/dev/null 2>&1 & echo $!"):format(
+    helpers.LUAJIT, rq.PROCESSOR, rq.server().url, name, beat, lease or "")
   local pid = assert(tonumber(helpers.first_line(cmd)))
   rq.close_after({ close = function() os.execute(("kill -KILL %d 2>/dev/null"):format(pid)) end })
   return pid
@@ -79,6 +79,30 @@ rq.describe(function()
       for _, row in ipairs(ndjson((moonjob("queues")))) do if row.name == name then found = row end end
       assert.equal(0, found.failed)
       assert.equal(6, found.failed_ever)
+      -- a client before version 11 reads positions 4 and 5 as its completed and failed, which it
+      -- exports as counters: they stay the totals of ever; the counts of now come at 11 and 12
+      local raw = rq.server():cli("FCALL", "moonjob_counts", "1", "mj:{" .. name .. "}:")
+      local at = {}
+      for v in raw:gmatch("[^\n]+") do at[#at + 1] = v end
+      assert.same({ "1", "6" }, { at[4], at[5] })
+      assert.same({ "1", "0" }, { at[11], at[12] })
+    end)
+
+    it("never count a worker's hostile entry below zero, nor fail the listing on it", function()
+      local name = rq.new_queue()
+      local q = rq.new_producer(name)
+      local entry = ('{"id":"w-bad","seen":%d,"lapse":60000,"drop":600000,"running":-5,"started":"x"}')
+        :format(os.time() * 1000)
+      rq.server():cli("HSET", "mj:{" .. name .. "}:workers", "w-bad", entry)
+      assert(q:add({ n = 1 }))
+      local c = assert(q:counts())
+      assert.equal(0, c.running)
+      assert.equal(0, c.held)
+      local w = assert(q:workers())
+      assert.equal(1, #w)
+      assert.equal(0, w[1].running)
+      local _, err, status = moonjob("workers --queue " .. name)
+      assert.equal(0, status, err)
     end)
 
     it("give /metrics gauges of the jobs kept now and counters that never go down", function()
@@ -199,7 +223,8 @@ rq.describe(function()
       local name = rq.new_queue()
       local q = rq.new_producer(name)
       assert(q:add({ sleep = 30 }, { id = "orphan" }))
-      local pid = beating_worker(name, 0.1) -- lapsed after 0.3 s unseen, dropped after 3 s
+      -- lapsed after 0.3 s unseen; dropped after two leases (6 s), when its job was recovered
+      local pid = beating_worker(name, 0.1, 3)
       assert(wait_for(function()
         local w = q:workers()
         return #w == 1 and w[1].jobs[1] ~= nil and q:counts().running == 1
@@ -215,11 +240,22 @@ rq.describe(function()
       local c = q:counts()
       assert.equal(1, c.active) -- (its lease has not ended yet)
       assert.equal(0, c.running)
-      assert.equal(1, c.held)
+      assert.equal(0, c.held) -- (no worker holds it to run next)
+      assert.equal(1, c.lapsed)
       assert.equal(0, c.workers)
       local out = moonjob("workers --queue " .. name)
       assert.matches("lapsed", out, 1, true)
-      assert(wait_for(function() return #assert(q:workers()) == 0 end, 15), "dropped")
+      assert.equal(0, q:workers()[1].running)
+      -- a live worker's beats prune the dead one's entry at its drop time; by then the job's
+      -- lease ended, and the live worker recovered it: it never counts as running again
+      beating_worker(name, 0.1, 3)
+      assert(wait_for(function()
+        local w = assert(q:workers())
+        return #w == 1 and not w[1].lapsed and w[1].id ~= nil
+      end, 20), "dropped")
+      assert(wait_for(function() return q:counts().lapsed == 0 end, 10), "its job recovered")
+      local c2 = q:counts()
+      assert.equal(c2.active, c2.running + c2.held) -- each active job: one a live worker holds or runs
     end)
   end)
 end)

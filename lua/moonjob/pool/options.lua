@@ -263,6 +263,9 @@ function Options.check(opts)
       error(("moonjob.pool: option '%s' must be at most %.0f"):format(k, MAXIMUM[k]), 4)
     end
   end
+  if opts.heartbeat and opts.heartbeat < 0.1 then -- (a beat a millisecond on each queue: Redis's time, not news)
+    error(("moonjob.pool: option 'heartbeat' must be at least 0.1 s, not %g"):format(opts.heartbeat), 4)
+  end
   if opts.codec and not CODECS[opts.codec] then
     error("moonjob.pool: option 'codec' must be \"lua\" or \"json\"", 4)
   end

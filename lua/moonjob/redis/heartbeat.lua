@@ -10,8 +10,9 @@
 -- children; how long it has been up; `running`, the most jobs its children
 -- ran at once since the last beat (so a job of 8 ms counts as running in
 -- the next beat, within FAST_MS, though no beat falls inside it), and the
--- jobs running now with their age; the lapse (3 beats) and drop (30 beats)
--- after which readers show it lapsed and Redis deletes it. A clean stop
+-- jobs running now with their age; the lapse (3 beats) and drop (30 beats,
+-- at least two leases) after which readers show it lapsed and Redis
+-- deletes it. A clean stop
 -- deletes the entry (stop); a worker killed without a word lapses.
 --
 --   hb = Heartbeat.new(remote, opts)   hb:soon()   hb:started(job)
@@ -39,7 +40,10 @@ function Heartbeat.new(remote, opts)
   local every_ms = math.max(1, math.floor(Options.value(opts, "heartbeat") * 1000))
   local self = setmetatable({
     remote = remote, every_ms = every_ms, fast_ms = math.min(FAST_MS, every_ms),
-    lapse_ms = LAPSE_BEATS * every_ms, drop_ms = DROP_BEATS * every_ms,
+    lapse_ms = LAPSE_BEATS * every_ms,
+    -- (kept past two leases: by then a dead worker's jobs were recovered, so
+    -- none is left "started" by a worker Redis no longer knows)
+    drop_ms = math.max(DROP_BEATS * every_ms, math.floor(2 * Options.value(opts, "lease") * 1000)),
     born = loop.now(),
     live = {}, nlive = 0, peak = 0, -- jobs a child runs now; the most at once since the last beat
     beating = false, stopped = false,

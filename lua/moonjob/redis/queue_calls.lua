@@ -54,14 +54,16 @@ function M.cancel(q, job, reason)
   return state
 end
 
--- queue:counts() -> { waiting, delayed, active, running, held, completed,
--- failed, completed_ever, failed_ever, missing, paused, exists,
+-- queue:counts() -> { waiting, delayed, active, running, held, lapsed,
+-- completed, failed, completed_ever, failed_ever, missing, paused, exists,
 -- waiting_children, workers } | nil, err. completed, failed: the jobs in
 -- those states now (kept; a retry moves them back); completed_ever,
 -- failed_ever: every job that ever ended so (never go down). running: the
 -- jobs the live workers' children run, as their heartbeats say (within
--- 200 ms, however short the job); held: the other active jobs, fetched by
--- a worker and not yet handed to a child. missing: jobs found gone from
+-- 200 ms, however short the job); lapsed: the active jobs of a worker
+-- gone without a word (they wait for their lease to end, then are
+-- recovered); held: the other active jobs, fetched by a worker and not yet
+-- handed to a child. missing: jobs found gone from
 -- Redis (evicted, deleted by hand); paused: true while the queue is paused;
 -- exists: false when the queue has no key at all and is not registered (a
 -- name never used, or obliterated; a queue a worker waits on is
@@ -70,10 +72,11 @@ function M.counts(q)
   local c, err = q.client:call_wait({ "FCALL", "moonjob_counts", 1, q.prefix })
   if not c then return nil, reply_error(err) end
   local held = c[8] or 0
-  return { waiting = c[1], delayed = c[2], active = c[3], completed = c[4], failed = c[5],
+  return { waiting = c[1], delayed = c[2], active = c[3], completed = c[11] or c[4], failed = c[12] or c[5],
     missing = c[6] or 0, paused = c[7] == 1, held = held, exists = c[9] ~= 0,
-    waiting_children = c[10] or 0, completed_ever = c[11] or c[4], failed_ever = c[12] or c[5],
-    running = c[13] or (c[3] - held), workers = c[14] or 0 } -- (an older library: its own meanings)
+    waiting_children = c[10] or 0, completed_ever = c[4], failed_ever = c[5],
+    running = c[13] or (c[3] - held), workers = c[14] or 0, lapsed = c[15] or 0 }
+  -- (an older library: its own meanings, completed and failed of ever)
 end
 
 -- A worker's entry (moonjob_workers' JSON) as q:workers gives it, seen at
@@ -81,10 +84,13 @@ end
 local function worker_row(text, now, json)
   local ok, e = pcall(json.decode, text)
   if not ok or type(e) ~= "table" or type(e.seen) ~= "number" then return nil end
+  e.started, e.running = tonumber(e.started), math.max(0, tonumber(e.running) or 0) -- (as written by any client)
+  if type(e.id) ~= "string" then e.id = tostring(e.id) end
   if e.seen + (tonumber(e.drop) or 0) < now then return nil end
   e.jobs = e.jobs or setmetatable({}, json.array_mt) -- (written back as [])
   e.ago = math.max(0, now - e.seen) / 1000
   e.lapsed = now - e.seen > (tonumber(e.lapse) or 0)
+  if e.lapsed then e.running = 0 end -- (its jobs: those it ran when last seen; none runs now)
   return e
 end
 

@@ -370,11 +370,13 @@ const stateLabel = (state) => state[0].toUpperCase() + state.slice(1).replace("-
 const stateCount = (counts, state) => counts[state.replace("-", "_")];
 
 // Of the active jobs: how many a worker's child runs, how many are held
-// (fetched, not yet handed to a child); nothing while none is active.
+// (fetched, not yet handed to a child), and those of a lapsed worker
+// (recovered when their lease ends); nothing while none is active.
 function runningHeld(c) {
   if (!c.active) return null;
+  const lapsed = c.lapsed ? `, ${num(c.lapsed)} of a lapsed worker` : "";
   return h("span", { class: "muted small", test: "running-held" },
-    ` (${num(c.running != null ? c.running : c.active - c.held)} running, ${num(c.held)} held)`);
+    ` (${num(c.running != null ? c.running : c.active - c.held)} running, ${num(c.held)} held${lapsed})`);
 }
 
 // The last column: the error, the result, or the data.

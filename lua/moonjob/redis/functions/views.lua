@@ -127,18 +127,23 @@ local function job(keys, args)
   return v
 end
 
--- The active jobs whose worker said they started and has no heartbeat
--- entry (beating: worker id -> true): an older moonjob's workers, which
--- tell of their running jobs only so. Counted among the first 2,000 active
--- jobs: counts() stays cheap.
-local function ran_count(p, beating)
+-- Among the first 2,000 active jobs (counts() stays cheap): those whose
+-- worker said they started and has no heartbeat entry (beating: worker id
+-- -> true when live, false when lapsed), an older moonjob's workers, which
+-- tell of their running jobs only so; and those of a lapsed worker (gone
+-- without a word: they wait for their lease to end, then are recovered).
+local function ran_and_lapsed(p, beating)
   local ids = redis.call("ZRANGE", p .. "active", 0, 1999)
-  local ran = 0
+  local ran, lapsed = 0, 0
   for _, id in ipairs(ids) do
     local f = redis.pcall("HMGET", job_key(p, id), "ran", "worker")
-    if not f.err and f[1] == "1" and not beating[f[2] or ""] then ran = ran + 1 end
+    if not f.err then
+      local worker = beating[f[2] or ""]
+      if worker == false then lapsed = lapsed + 1
+      elseif worker == nil and f[1] == "1" then ran = ran + 1 end
+    end
   end
-  return ran
+  return ran, lapsed
 end
 
 -- Whether the queue exists: it has a key, or it is registered (a worker
@@ -153,29 +158,35 @@ local function exists(p)
   return registered == 1 and 1 or 0
 end
 
--- counts(p) -> { waiting, delayed, active, completed, failed, missing,
--- paused, held, exists, waiting_children, completed_ever, failed_ever,
--- running, workers }: completed and failed are the jobs in those sets now
--- (kept: retention trims them, a retry moves them); completed_ever and
--- failed_ever count every job that ever ended so; missing, the set entries
--- found with their job gone (evicted); paused 1 while the queue is paused;
--- running, the jobs the live workers' children run (their heartbeats; and
--- the jobs said started by a worker with no heartbeat entry, an older
--- moonjob), at most active: a lapsed worker's jobs are not running; held = active - running: fetched, not yet
--- run by a child; exists 0 when the queue has no key at all; workers, the
--- live workers (heartbeats not lapsed). New positions go at the end: an
--- older client reads the ones it knows.
+-- counts(p) -> { waiting, delayed, active, completed_ever, failed_ever,
+-- missing, paused, held, exists, waiting_children, completed, failed,
+-- running, workers, lapsed }: completed_ever and failed_ever count every
+-- job that ever ended so (positions 4 and 5: what clients before version
+-- 11 read as their completed and failed, and export as counters that never
+-- go down); completed and failed (11, 12) are the jobs in those sets now
+-- (kept: retention trims them, a retry moves them); missing, the set
+-- entries found with their job gone (evicted); paused 1 while the queue is
+-- paused; running, the jobs the live workers' children run (their
+-- heartbeats; and the jobs said started by a worker with no heartbeat
+-- entry, an older moonjob), at most active; lapsed, the active jobs of a
+-- lapsed worker (not running: they wait for their lease to end); held =
+-- active - running - lapsed: fetched, not yet run by a child; exists 0
+-- when the queue has no key at all; workers, the live workers (heartbeats
+-- not lapsed). New positions go at the end: an older client reads the
+-- ones it knows, with their old meanings.
 local function counts(keys)
   local p = keys[1]
   local totals = redis.pcall("HMGET", p .. "totals", "completed", "failed", "missing")
   if totals.err then totals = {} end -- a spoiled totals key: its counts read as 0
   local active = redis.call("ZCARD", p .. "active")
   local reported, live, beating = H.live_workers(p)
-  local running = math.min(active, reported + ran_count(p, beating))
+  local ran, lapsed = ran_and_lapsed(p, beating)
+  local running = math.min(active, reported + ran)
+  lapsed = math.min(active - running, lapsed)
   return { redis.call("ZCARD", p .. "wait"), redis.call("ZCARD", p .. "delayed"), active,
-    redis.call("ZCARD", p .. "completed"), redis.call("ZCARD", p .. "failed"),
-    tonumber(totals[3]) or 0, redis.call("EXISTS", p .. "paused"), active - running, exists(p),
-    redis.call("ZCARD", p .. "parents"), tonumber(totals[1]) or 0, tonumber(totals[2]) or 0, running, live }
+    tonumber(totals[1]) or 0, tonumber(totals[2]) or 0, tonumber(totals[3]) or 0,
+    redis.call("EXISTS", p .. "paused"), active - running - lapsed, exists(p), redis.call("ZCARD", p .. "parents"),
+    redis.call("ZCARD", p .. "completed"), redis.call("ZCARD", p .. "failed"), running, live, lapsed }
 end
 
 F.jobs, F.job, F.counts = jobs, job, counts

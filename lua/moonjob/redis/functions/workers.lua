@@ -86,9 +86,9 @@ function W.list(keys)
 end
 
 -- live_workers(p) -> what the live workers (not lapsed) report: the jobs
--- their children run, summed; how many workers they are; and the ids of
--- every worker with an entry, lapsed too (a set: their jobs are theirs to
--- report, not their jobs' "ran" flags).
+-- their children run, summed; how many workers they are; and every worker
+-- with an entry: id -> true when live, false when lapsed (their jobs are
+-- theirs to report, not their jobs' "ran" flags).
 function H.live_workers(p)
   local now = H.now_ms()
   local entries = redis.pcall("HVALS", p .. "workers")
@@ -97,8 +97,8 @@ function H.live_workers(p)
   for i = 1, math.min(#entries, W.MAX) do
     local ok, e = H.json_decode(entries[i])
     if ok and type(e) == "table" and type(e.id) == "string" and tonumber(e.seen) and tonumber(e.lapse) then
-      ids[e.id] = true
-      if e.seen + e.lapse >= now then running, live = running + (tonumber(e.running) or 0), live + 1 end
+      ids[e.id] = e.seen + e.lapse >= now
+      if ids[e.id] then running, live = running + math.max(0, tonumber(e.running) or 0), live + 1 end
     end
   end
   return running, live, ids
