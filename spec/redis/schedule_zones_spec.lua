@@ -80,6 +80,12 @@ rq.describe(function()
         "2026-03-30 02:30 CEST" }, spring)
       local autumn = local_times(BERLIN, slots(q, "30 2 * * *", BERLIN, utc("2026-10-24 00:00"), 3))
       assert.same({ "2026-10-24 02:30 CEST", "2026-10-25 02:30 CEST", "2026-10-26 02:30 CET" }, autumn)
+      -- asked inside the repeated hour, after its first 02:30 (a slot fired late, offsets
+      -- refreshed, the schedule declared again): not the second 02:30, the next day's
+      for _, from in ipairs({ "2026-10-25 01:10", "2026-10-25 01:29", "2026-10-25 00:31" }) do
+        assert.same({ "2026-10-26 02:30 CET" }, local_times(BERLIN, slots(q, "30 2 * * *", BERLIN, utc(from), 1)),
+          from)
+      end
       -- every 15 minutes in the skipped hour: one run at the change, then on
       local gap = local_times(BERLIN, slots(q, "*/15 2 * * *", BERLIN, utc("2026-03-29 00:00"), 2))
       assert.same({ "2026-03-29 03:00 CEST", "2026-03-30 02:00 CEST" }, gap)

@@ -41,18 +41,20 @@ local FIELDS = { "kind", "cron", "every", "offset", "start", "stop", "limit", "c
 M.ZONE_YEARS = 3 -- a zone's offsets handed to Redis this far ahead
 local PAGE = 10000 -- a whole listing in one call up to this many (moonjob_schedules' bound)
 
--- A zone's offsets from now for ZONE_YEARS, as moonjob_schedule takes
+-- A zone's offsets from a day back for ZONE_YEARS, as moonjob_schedule takes
 -- them: "UNTIL_S O0 T1 O1 ..." (seconds since the epoch, minutes east of
 -- UTC), and the offset now (minutes).
 function M.shifts_text(zone, now)
   now = math.floor(now or os.time())
   local to = now + math.floor(M.ZONE_YEARS * 365.25 * 86400)
-  local list = tz.shifts(zone, now, to)
+  -- (from a day back: a change back just passed stays known, so that Redis
+  -- skips the second pass of the hour it repeats)
+  local list = tz.shifts(zone, now - 86400, to)
   local words = { ("%d"):format(to), ("%d"):format(math.floor(list[1][2] / 60 + 0.5)) }
   for i = 2, #list do
     words[#words + 1] = ("%d %d"):format(list[i][1], math.floor(list[i][2] / 60 + 0.5))
   end
-  return table.concat(words, " "), math.floor(list[1][2] / 60 + 0.5)
+  return table.concat(words, " "), math.floor(tz.offset_at(zone, now) / 60 + 0.5)
 end
 
 -- The name of this machine's zone (TZ, /etc/timezone when it agrees with

@@ -300,6 +300,10 @@ local function cron_next_in(spec, after_ms, zone)
   local times, offsets, i = zone.times, zone.offsets, 1
   while times[i] and times[i] <= after_ms do i = i + 1 end
   local floor = after_ms
+  if times[i - 1] and offsets[i - 1] > offsets[i] and not spec.wild then
+    -- asked in the second pass of a repeated hour: its wall times ran in the first
+    floor = math.max(floor, math.ceil(times[i - 1] / 60000) * 60000 + (offsets[i - 1] - offsets[i]) * 60000 - 1)
+  end
   while true do
     local o, t = offsets[i], times[i]
     local c = cron_next(spec, floor, o)
