@@ -23,7 +23,7 @@ rq.describe(function()
       end
       assert.same({ waiting = 0, delayed = 0, active = 0, completed = 50, failed = 0, missing = 0, paused = false,
         held = 0, exists = true, waiting_children = 0, running = 0, completed_ever = 50, failed_ever = 0,
-        workers = 1 }, q:counts()) -- (workers: the pool's heartbeat)
+        workers = 1, lapsed = 0 }, q:counts()) -- (workers: the pool's heartbeat)
       p:close()
       q:close()
     end)
