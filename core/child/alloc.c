@@ -7,6 +7,11 @@
  * interrupt.c, and channel.strict); otherwise the runner has HEAP_RESERVE
  * bytes more, to report a job that filled the heap.
  *
+ * The count wraps LuaJIT's own allocator (the one luaL_newstate gives, much
+ * faster than the C library's realloc for a heap of small strings): the
+ * state is made as without a limit, and its allocator replaced by the
+ * counting one with the bytes it holds already.
+ *
  * Caveat: only the Lua heap is counted. Memory that bypasses the allocator
  * (malloc in C code a processor calls) is bounded by RLIMIT_DATA alone
  * (sandbox.c), and not at all in the sanitized build.
@@ -20,25 +25,29 @@ static void *limited_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   heap_t *heap = ud;
   if (ptr == NULL) osize = 0;
   if (nsize == 0) {
-    free(ptr);
     heap->used -= osize;
-    return NULL;
+    return heap->inner(heap->inner_ud, ptr, osize, 0);
   }
   size_t cap = heap->limit + (heap->strict ? 0 : HEAP_RESERVE);
   if (nsize > osize && heap->used + (nsize - osize) > cap) {
     heap->refused = 1;
     return NULL;
   }
-  void *p = realloc(ptr, nsize);
+  void *p = heap->inner(heap->inner_ud, ptr, osize, nsize);
   if (p != NULL) heap->used = heap->used - osize + nsize;
   return p;
 }
 
 static lua_State *new_state(const child_options_t *o) {
-  if (o->memory_limit == 0) return luaL_newstate();
+  lua_State *L = luaL_newstate();
+  if (L == NULL || o->memory_limit == 0) return L;
   heap.limit = o->memory_limit;
   heap.strict = 1; /* until READY: set-up and loading count in full */
-  return lua_newstate(limited_alloc, &heap);
+  heap.inner = lua_getallocf(L, &heap.inner_ud);
+  /* what the new state holds already: its frees are counted out later */
+  heap.used = (size_t) lua_gc(L, LUA_GCCOUNT, 0) * 1024 + (size_t) lua_gc(L, LUA_GCCOUNTB, 0);
+  lua_setallocf(L, limited_alloc, &heap);
+  return L;
 }
 
 /* channel.strict(on): while on, the Lua heap may not pass memory_limit at all

@@ -66,7 +66,9 @@ static int ready_sent;                         /* READY went out: set-up is over
 typedef struct {
   size_t used, limit;
   int strict;
-  int refused; /* growth was refused since the last job started */
+  int refused;     /* growth was refused since the last job started */
+  lua_Alloc inner; /* the allocator the count wraps: LuaJIT's own */
+  void *inner_ud;
 } heap_t;
 
 static heap_t heap;
