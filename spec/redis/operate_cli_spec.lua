@@ -24,7 +24,8 @@ rq.describe(function()
       local found
       for _, row in ipairs(ndjson(out)) do if row.name == name then found = row end end
       assert.same({ name = name, waiting = 0, delayed = 0, active = 0, held = 0, completed = 5, failed = 1,
-        paused = false, waiting_children = 0, running = 0, completed_ever = 5, failed_ever = 1, workers = 1 }, -- (the pool beats)
+        paused = false, waiting_children = 0, running = 0, completed_ever = 5, failed_ever = 1, workers = 1, -- (the pool beats)
+        lapsed = 0 },
         found)
       out, err, status = moonjob("jobs --queue " .. name .. " --state completed --limit 2 --offset 1 --order x")
       assert.equal(2, status)

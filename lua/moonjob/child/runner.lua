@@ -236,7 +236,10 @@ local function run_job(number, payload)
   job.data = data
   local ok, result, interrupted, heap_full = channel.run(handler, processor, job)
   if ok then return complete(number, result) end
-  if interrupted then return fail_interrupted(number, job) end
+  if interrupted then -- (interrupted with its heap full: the child ends too)
+    fail_interrupted(number, job)
+    return heap_full
+  end
   fail(number, failure_of(result, heap_full))
   -- A full heap: this child ends (its pool replaces it anyway), rather than
   -- collect gigabytes for seconds; the OS frees them at once.

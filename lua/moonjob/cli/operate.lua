@@ -187,17 +187,18 @@ function M.queues(o)
   local list, err = moonjob.queues(o.redis)
   if not list then say(tostring(err)) return EXIT_FAILED end
   local out = new_out(o)
-  local columns, parents = { "name", "waiting", "delayed", "active", "running", "held", "completed", "failed",
-    "completed_ever", "failed_ever", "workers", "paused" }, 0
+  local columns, parents, lapsed = { "name", "waiting", "delayed", "active", "running", "held", "completed",
+    "failed", "completed_ever", "failed_ever", "workers", "paused" }, 0, 0
   for _, q in ipairs(list) do
     out:object({ name = q.name, waiting = q.waiting, delayed = q.delayed, active = q.active, held = q.held,
-      running = q.running, completed = q.completed, failed = q.failed, completed_ever = q.completed_ever,
+      running = q.running, lapsed = q.lapsed or 0, completed = q.completed, failed = q.failed, completed_ever = q.completed_ever,
       failed_ever = q.failed_ever, workers = q.workers, paused = q.paused,
       waiting_children = q.waiting_children or 0, error = q.error and tostring(q.error) or nil })
-    parents = parents + (q.waiting_children or 0)
+    parents, lapsed = parents + (q.waiting_children or 0), lapsed + (q.lapsed or 0)
   end
   if out.table and #list == 0 then say("no queue on this server (a queue appears once a moonjob program used it)") end
   if parents > 0 then table.insert(columns, 3, "waiting_children") end -- (a column only where flows wait)
+  if lapsed > 0 then table.insert(columns, 7, "lapsed") end -- (only while a worker lapsed)
   return out:flush(columns) and EXIT_OK or EXIT_FAILED
 end
 

@@ -2,8 +2,8 @@
 -- server in Prometheus' text format (moonjob.prometheus writes it).
 --
 --   moonjob_queue_jobs{queue,state}              gauge: jobs by state now (waiting,
---                                                delayed, running, held: running +
---                                                held = active; waiting-children: a
+--                                                delayed, running, held, lapsed:
+--                                                their sum is active; waiting-children: a
 --                                                flow's parents waiting for their
 --                                                children; completed, failed: the
 --                                                jobs kept in those states now)
@@ -34,8 +34,10 @@ end
 local function add_queue(f, server, c)
   local q = c.name
   local values = { waiting = c.waiting, delayed = c.delayed, running = c.running, held = c.held,
-    ["waiting-children"] = c.waiting_children or 0, completed = c.completed, failed = c.failed }
-  for _, state in ipairs({ "waiting", "delayed", "running", "held", "waiting-children", "completed", "failed" }) do
+    lapsed = c.lapsed or 0, ["waiting-children"] = c.waiting_children or 0, completed = c.completed,
+    failed = c.failed }
+  for _, state in ipairs({ "waiting", "delayed", "running", "held", "lapsed", "waiting-children", "completed",
+    "failed" }) do
     f.jobs.samples[#f.jobs.samples + 1] = { labels = { queue = q, state = state }, value = values[state] }
   end
   f.paused.samples[#f.paused.samples + 1] = { labels = { queue = q }, value = c.paused and 1 or 0 }

@@ -43,7 +43,7 @@ function Heartbeat.new(remote, opts)
     lapse_ms = LAPSE_BEATS * every_ms,
     -- (kept past two leases: by then a dead worker's jobs were recovered, so
     -- none is left "started" by a worker Redis no longer knows)
-    drop_ms = math.max(DROP_BEATS * every_ms, math.floor(2 * Options.value(opts, "lease") * 1000)),
+    drop_ms = math.min(2 ^ 31, math.max(DROP_BEATS * every_ms, math.floor(2 * Options.value(opts, "lease") * 1000))),
     born = loop.now(),
     live = {}, nlive = 0, peak = 0, -- jobs a child runs now; the most at once since the last beat
     beating = false, stopped = false,

@@ -118,7 +118,7 @@ function M.list_queues(c)
   for _, name in ipairs(list) do
     local counts, cerr = M.attach(c, name):counts()
     if not counts then
-      out[#out + 1] = { name = name, error = cerr, waiting = 0, delayed = 0, active = 0, held = 0,
+      out[#out + 1] = { name = name, error = cerr, waiting = 0, delayed = 0, active = 0, held = 0, lapsed = 0,
         running = 0, completed = 0, failed = 0, completed_ever = 0, failed_ever = 0, workers = 0, missing = 0,
         paused = false }
     elseif counts.exists then
