@@ -12,13 +12,6 @@ local MOONJOB = cli.MOONJOB
 local RUNAWAY = " spec/fixtures/runaway.lua "
 local MIB = 1024 * 1024
 
--- The child's RLIMIT_DATA under a cap: twice it and 256 MiB; the sanitized
--- build sets none (its shadow memory would not fit).
-local function backstop(cap)
-  if h.SANITIZED then return "unlimited" end
-  return 2 * cap + 256 * MIB
-end
-
 -- `moonjob run` of the runaway fixture on `lines`, with `env` before the command.
 local function run(args, lines, env)
   return h.sh((env or "env -u MOONJOB_MEMORY_LIMIT ") .. MOONJOB .. "run" .. RUNAWAY .. args, lines)
@@ -56,13 +49,13 @@ describe("moonjob run's memory cap #slow", function()
     local share = Options.memory_limit({ size = 2 }) -- (MOONJOB_MEMORY_LIMIT is not set in the spec)
     assert.is_true(share >= Options.MEMORY_FLOOR)
     assert.is_true(share * 2 <= math.max(Options.machine_memory() / 2, 2 * Options.MEMORY_FLOOR))
-    assert.equal(backstop(share), data_limit("-j 2"))
+    assert.equal(h.data_backstop(share), data_limit("-j 2"))
   end)
 
   it("takes --memory-limit SIZE: 64M, 1.5G, 64K, bytes", function()
-    assert.equal(backstop(64 * MIB), data_limit("--memory-limit 64M"))
-    assert.equal(backstop(1536 * MIB), data_limit("--memory-limit=1.5G"))
-    assert.equal(backstop(100000000), data_limit("--memory-limit 100000000"))
+    assert.equal(h.data_backstop(64 * MIB), data_limit("--memory-limit 64M"))
+    assert.equal(h.data_backstop(1536 * MIB), data_limit("--memory-limit=1.5G"))
+    assert.equal(h.data_backstop(100000000), data_limit("--memory-limit 100000000"))
     local out = run("-j 1 --memory-limit 64M", '"runaway"\n"after"\n', "MOONJOB_MEMORY_LIMIT=1G ")
     local lines = cli.by_line(out)
     assert.equal("ENOMEM", lines[1].error.code)

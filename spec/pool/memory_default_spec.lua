@@ -8,13 +8,6 @@ local Options = require "moonjob.pool.options"
 
 local MIB = 1024 * 1024
 
--- The child's RLIMIT_DATA under a cap: twice it and 256 MiB; the sanitized
--- build sets none (its shadow memory would not fit).
-local function backstop(cap)
-  if h.SANITIZED then return "unlimited" end
-  return 2 * cap + 256 * MIB
-end
-
 describe("the pool option memory_limit", function()
   after_each(h.cleanup)
 
@@ -27,13 +20,13 @@ describe("the pool option memory_limit", function()
     local expected = math.max(64 * MIB, math.min(2048 * MIB, math.floor(Options.machine_memory() / 2 / 2 / MIB) * MIB))
     if os.getenv("MOONJOB_MEMORY_LIMIT") then expected = Options.size(os.getenv("MOONJOB_MEMORY_LIMIT")) end
     assert.equal(expected, pool.memory_limit)
-    assert.equal(backstop(expected), child_data_limit(pool))
+    assert.equal(h.data_backstop(expected), child_data_limit(pool))
   end)
 
   it("takes a size string, and false or \"none\" to lift the cap", function()
     local pool = h.pool("runaway.lua", { size = 1, memory_limit = "48M" })
     assert.equal(48 * MIB, pool.memory_limit)
-    assert.equal(backstop(48 * MIB), child_data_limit(pool))
+    assert.equal(h.data_backstop(48 * MIB), child_data_limit(pool))
     for _, none in ipairs({ false, "none" }) do
       pool = h.pool("runaway.lua", { size = 1, memory_limit = none })
       assert.is_nil(pool.memory_limit)

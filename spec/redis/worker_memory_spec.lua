@@ -12,13 +12,6 @@ local Options = require "moonjob.pool.options"
 local RUNAWAY = helpers.abs(helpers.fixture("runaway.lua"))
 local MIB = 1024 * 1024
 
--- The child's RLIMIT_DATA under a cap: twice it and 256 MiB; the sanitized
--- build sets none (its shadow memory would not fit).
-local function backstop(cap)
-  if helpers.SANITIZED then return "unlimited" end
-  return 2 * cap + 256 * MIB
-end
-
 -- A `moonjob worker` of the runaway fixture on `queue`, `env` before the
 -- command (MOONJOB_MEMORY_LIMIT unset without it); -> its stderr's path,
 -- once it connected.
@@ -65,13 +58,13 @@ rq.describe(function()
     it("gives each child a share of the machine's memory by default", function()
       local share = Options.memory_limit({ size = 1 })
       local limit, said = data_limit("-j 1")
-      assert.equal(backstop(share), limit)
+      assert.equal(helpers.data_backstop(share), limit)
       assert.matches(("memory limit %d MiB per child"):format(share / MIB), said, 1, true)
     end)
 
     it("takes --memory-limit SIZE, and none to lift the cap", function()
       local limit, said = data_limit("-j 1 --memory-limit 64M", "MOONJOB_MEMORY_LIMIT=1G ")
-      assert.equal(backstop(64 * MIB), limit)
+      assert.equal(helpers.data_backstop(64 * MIB), limit)
       assert.matches("memory limit 64 MiB per child", said, 1, true)
       limit, said = data_limit("-j 1 --memory-limit none", "MOONJOB_MEMORY_LIMIT=64M ")
       assert.equal("unlimited", limit)

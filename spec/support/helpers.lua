@@ -25,6 +25,14 @@ M.LUAJIT = ('env LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="%s;;" %sluajit
 M.BUILD = cpath:match("^(.*)/%?%.so$")
 M.SANITIZED = preload ~= nil
 
+-- The RLIMIT_DATA a child gets under a memory cap of `cap` bytes, as
+-- /proc/self/limits writes it: twice the cap and 256 MiB; the sanitized
+-- build sets none (its shadow memory would not fit).
+function M.data_backstop(cap)
+  if M.SANITIZED then return "unlimited" end
+  return 2 * cap + 256 * 1024 * 1024
+end
+
 local open_pools = {}
 
 -- A hang catcher: a spec that runs the loop for more than HANG_SECONDS after
