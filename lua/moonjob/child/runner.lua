@@ -178,10 +178,12 @@ end
 
 -- After an interruption: cleanup(job, reason) runs (not interruptible; the
 -- parent's hard kill bounds it), then the job fails with the parent's code.
-local function fail_interrupted(number, job)
+-- heap_full: its heap was full too; the error says so (heap_full, which
+-- the parent reads and drops), so that the parent replaces this child.
+local function fail_interrupted(number, job, heap_full)
   local info = encode.interrupt_reason(channel.interrupt())
   local err = { code = info.code, message = info.message, reason = info.reason,
-    traceback = encode.processor_frames(channel.interrupt_traceback()) }
+    traceback = encode.processor_frames(channel.interrupt_traceback()), heap_full = heap_full or nil }
   if cleanup then
     local ok, failure = xpcall(cleanup, handler, job, info.reason)
     if not ok then
@@ -237,7 +239,7 @@ local function run_job(number, payload)
   local ok, result, interrupted, heap_full = channel.run(handler, processor, job)
   if ok then return complete(number, result) end
   if interrupted then -- (interrupted with its heap full: the child ends too)
-    fail_interrupted(number, job)
+    fail_interrupted(number, job, heap_full)
     return heap_full
   end
   fail(number, failure_of(result, heap_full))

@@ -201,7 +201,8 @@ end
 function Sink:failed(child, job, err)
   local pool = self.pool
   pool.endings:fail(job, err)
-  if err.code == "ENOMEM" then -- the heap hit memory_limit: start afresh
+  if err.code == "ENOMEM" or err.heap_full then -- the heap hit memory_limit (an interrupted job's too): afresh
+    err.heap_full = nil -- (the child's word to its pool, not the job's error)
     child.recycle = true -- it takes no more jobs, and ends once free (children:free)
     pool.dispatch:take_back(child) -- a job the child started already runs there
   end
