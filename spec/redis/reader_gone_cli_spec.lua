@@ -1,6 +1,9 @@
 -- The listing commands when their reader goes away (`| head`): each exits 0
 -- and says nothing, as `moonjob run` without --joblog does. Their output is
 -- a view that can be asked for again; the reader read what it wanted.
+-- Only the outputs larger than a pipe's buffer (jobs, a big job, library)
+-- meet the broken pipe for sure: the short ones (queues, status, schedule
+-- list, --help) are guards, which passed before the rule too.
 local h = require "helpers"
 local rq = require "redis_queue"
 

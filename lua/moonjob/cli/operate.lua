@@ -191,14 +191,16 @@ function M.queues(o)
     "failed", "completed_ever", "failed_ever", "workers", "paused" }, 0, 0
   for _, q in ipairs(list) do
     out:object({ name = q.name, waiting = q.waiting, delayed = q.delayed, active = q.active, held = q.held,
-      running = q.running, lapsed = q.lapsed or 0, completed = q.completed, failed = q.failed, completed_ever = q.completed_ever,
+      running = q.running, lapsed = q.lapsed, completed = q.completed, failed = q.failed, completed_ever = q.completed_ever,
       failed_ever = q.failed_ever, workers = q.workers, paused = q.paused,
       waiting_children = q.waiting_children or 0, error = q.error and tostring(q.error) or nil })
-    parents, lapsed = parents + (q.waiting_children or 0), lapsed + (q.lapsed or 0)
+    parents, lapsed = parents + (q.waiting_children or 0), lapsed + q.lapsed
   end
   if out.table and #list == 0 then say("no queue on this server (a queue appears once a moonjob program used it)") end
   if parents > 0 then table.insert(columns, 3, "waiting_children") end -- (a column only where flows wait)
-  if lapsed > 0 then table.insert(columns, 7, "lapsed") end -- (only while a worker lapsed)
+  if lapsed > 0 then -- (a column only while a worker lapsed: after held)
+    for i, name in ipairs(columns) do if name == "held" then table.insert(columns, i + 1, "lapsed") break end end
+  end
   return out:flush(columns) and EXIT_OK or EXIT_FAILED
 end
 

@@ -55,9 +55,7 @@ end
 -- "host:pid:": the start of this worker's id in Redis (a job's `worker`
 -- field, ESTALLED messages), so that a user can tell which one it was.
 local function worker_name()
-  local f = io.open("/proc/sys/kernel/hostname")
-  local host = f and f:read("*l") or "host"
-  if f then f:close() end
+  local host = names.hostname() or "host"
   return ("%s:%d:"):format((host:gsub("[^%w.-]", "")), core.getpid())
 end
 
@@ -193,7 +191,7 @@ function Adds.new(q, opts, dedupe, raw)
   -- one: an add's arguments with these options, which the batches take
   local one = add.args(q.prefix, "{}", opts, false, nil, dedupe and "join" or nil)
   -- (runs only come for waiting jobs of drawn ids: else every row whole)
-  local whole = dedupe or (opts.delay or 0) > 0 or (opts.group or "") ~= "" or opts.expire
+  local whole = dedupe or (opts.delay or 0) > 0 or (opts.group or "") ~= ""
   local self = setmetatable({ q = q, one = one, opts = opts, dedupe = dedupe, raw = raw, ids = {}, next_print = 1,
     inflight = 0, added = 0, failed = 0, unknown = 0, batch = { lines = {}, texts = {} },
     batch_size = whole and WHOLE_BATCH or BATCH, due = false }, Adds)

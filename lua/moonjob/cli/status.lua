@@ -122,8 +122,8 @@ end
 
 function M.counts_line(c)
   local line = ("waiting %d, delayed %d, running %d, held %d, completed %d, failed %d"):format(
-    c.waiting, c.delayed, c.running or c.active - c.held, c.held, c.completed, c.failed)
-  if (c.lapsed or 0) > 0 then
+    c.waiting, c.delayed, c.running, c.held, c.completed, c.failed)
+  if c.lapsed > 0 then
     line = line .. (", lapsed %d (their worker is gone: recovered when their lease ends)"):format(c.lapsed)
   end
   if (c.waiting_children or 0) > 0 then line = line .. (", waiting-children %d"):format(c.waiting_children) end
@@ -173,7 +173,7 @@ end
 -- One look's output; false when stdout failed, and whether its reader went.
 local function show(c, rate, o, in_place, more)
   if o.json then
-    local t = { waiting = c.waiting, delayed = c.delayed, running = c.running, held = c.held, lapsed = c.lapsed or 0,
+    local t = { waiting = c.waiting, delayed = c.delayed, running = c.running, held = c.held, lapsed = c.lapsed,
       completed = c.completed, failed = c.failed, missing = c.missing, paused = c.paused, rate = rate,
       waiting_children = c.waiting_children or 0, completed_ever = c.completed_ever,
       failed_ever = c.failed_ever, workers = c.workers }

@@ -82,7 +82,7 @@ end
 
 local function counts_of(c)
   return { waiting = c.waiting, delayed = c.delayed, active = c.active, held = c.held, running = c.running,
-    lapsed = c.lapsed or 0,
+    lapsed = c.lapsed,
     completed = c.completed, failed = c.failed, completed_ever = c.completed_ever, failed_ever = c.failed_ever,
     paused = c.paused, missing = c.missing, waiting_children = c.waiting_children or 0, workers = c.workers }
 end

@@ -34,7 +34,7 @@ end
 local function add_queue(f, server, c)
   local q = c.name
   local values = { waiting = c.waiting, delayed = c.delayed, running = c.running, held = c.held,
-    lapsed = c.lapsed or 0, ["waiting-children"] = c.waiting_children or 0, completed = c.completed,
+    lapsed = c.lapsed, ["waiting-children"] = c.waiting_children or 0, completed = c.completed,
     failed = c.failed }
   for _, state in ipairs({ "waiting", "delayed", "running", "held", "lapsed", "waiting-children", "completed",
     "failed" }) do

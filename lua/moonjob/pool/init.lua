@@ -119,6 +119,7 @@ function Pool.new(processor, opts)
   local child_program = value(opts, "child")
   ok, err = Options.check_child_program(child_program)
   if not ok then return nil, err end
+  local memory = Options.memory_limit(opts) -- (its default reads the machine: once)
 
   local self = setmetatable({
     processor = processor,
@@ -136,8 +137,8 @@ function Pool.new(processor, opts)
     codec = value(opts, "codec"),
     echo = value(opts, "echo"), -- true, false or a function(line, job, pid)
     child_program = child_program,
-    memory_limit = Options.memory_limit(opts), -- bytes of Lua heap per child, nil: no cap
-    child_args = Options.child_args(opts),
+    memory_limit = memory, -- bytes of Lua heap per child, nil: no cap
+    child_args = Options.child_args(opts, memory),
     child_env = { "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath,
       "MOONJOB_REDIS=" }, -- a Redis URL (its password) is the parent's, not the processors',
     source = Source.new_local(loop.now, opts), -- the waiting jobs (moonjob.pool.source)

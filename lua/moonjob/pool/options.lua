@@ -401,10 +401,10 @@ function Options.check_child_program(path)
     .. "(make install or luarocks make) or pass { child = path }"):format(path))
 end
 
--- Options.child_args(opts) -> the child program's command-line arguments
-function Options.child_args(opts)
+-- Options.child_args(opts, memory) -> the child program's command-line
+-- arguments; memory: Options.memory_limit(opts), read once by the pool.
+function Options.child_args(opts, memory)
   local args = {}
-  local memory = Options.memory_limit(opts)
   if memory then
     args[#args + 1] = "--memory-limit"
     args[#args + 1] = ("%.0f"):format(memory)

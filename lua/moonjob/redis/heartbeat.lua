@@ -21,6 +21,7 @@ local core = require "moonjob.core"
 local loop = require "moonjob.loop"
 local json = require "moonjob.codec.json"
 local Options = require "moonjob.pool.options"
+local names = require "moonjob.redis.names"
 
 local Heartbeat = {}
 Heartbeat.__index = Heartbeat
@@ -28,13 +29,6 @@ Heartbeat.__index = Heartbeat
 local FAST_MS = 150 -- while jobs run: a job counts as running within 200 ms of its start
 local LAPSE_BEATS, DROP_BEATS = 3, 30
 local JOBS_NAMED = 100 -- running jobs named per beat (the library keeps as many)
-
-local function hostname()
-  local f = io.open("/proc/sys/kernel/hostname")
-  local host = f and f:read("*l")
-  if f then f:close() end
-  return host or "localhost"
-end
 
 function Heartbeat.new(remote, opts)
   local every_ms = math.max(1, math.floor(Options.value(opts, "heartbeat") * 1000))
@@ -48,7 +42,7 @@ function Heartbeat.new(remote, opts)
     live = {}, nlive = 0, peak = 0, -- jobs a child runs now; the most at once since the last beat
     beating = false, stopped = false,
   }, Heartbeat)
-  self.info = json.encode({ host = hostname(), pid = core.getpid(), version = require("moonjob")._VERSION,
+  self.info = json.encode({ host = names.hostname() or "localhost", pid = core.getpid(), version = require("moonjob")._VERSION,
     queues = setmetatable({ unpack(opts.serving or { remote.name }) }, json.array_mt), -- (all a worker serves)
     children = remote.port.size })
   self.timer = core.timer(function() self:beat() end)

@@ -109,4 +109,13 @@ function M.random_hex(n)
   return (bytes:gsub(".", function(ch) return ("%02x"):format(ch:byte()) end))
 end
 
+-- This machine's name (a worker's id starts with it; its heartbeat says it),
+-- or nil when /proc does not tell it.
+function M.hostname()
+  local f = io.open("/proc/sys/kernel/hostname")
+  local host = f and f:read("*l")
+  if f then f:close() end
+  return host
+end
+
 return M

@@ -270,11 +270,6 @@ function M.obliterate(q, opts)
     return call(q, "moonjob_obliterate", 1, q.prefix, limit, force)
   end, true) -- to the end: the queue is paused meanwhile, and gone only then
   if n then q.client:call_wait({ "SREM", names.REGISTRY, q.name }) end
-  local active = err and err.code == "EBUSY" and tostring(err.message):match("(%d+) job%(s%) are running")
-  if active then -- (Redis counts its active set: fetched jobs, running or held by a worker)
-    err = errors.new("EBUSY", ("%s job(s) are active (fetched by workers: running, or held to run next); stop "
-      .. "the workers, or force"):format(active))
-  end
   return n, err
 end
 

@@ -71,12 +71,9 @@ end
 function M.counts(q)
   local c, err = q.client:call_wait({ "FCALL", "moonjob_counts", 1, q.prefix })
   if not c then return nil, reply_error(err) end
-  local held = c[8] or 0
-  return { waiting = c[1], delayed = c[2], active = c[3], completed = c[11] or c[4], failed = c[12] or c[5],
-    missing = c[6] or 0, paused = c[7] == 1, held = held, exists = c[9] ~= 0,
-    waiting_children = c[10] or 0, completed_ever = c[4], failed_ever = c[5],
-    running = c[13] or (c[3] - held), workers = c[14] or 0, lapsed = c[15] or 0 }
-  -- (an older library: its own meanings, completed and failed of ever)
+  return { waiting = c[1], delayed = c[2], active = c[3], completed = c[11], failed = c[12], missing = c[6],
+    paused = c[7] == 1, held = c[8], exists = c[9] ~= 0, waiting_children = c[10], completed_ever = c[4],
+    failed_ever = c[5], running = c[13], workers = c[14], lapsed = c[15] } -- (the library is ours or newer: setup)
 end
 
 -- A worker's entry (moonjob_workers' JSON) as q:workers gives it, seen at

@@ -157,6 +157,19 @@ local function stop_passed(err, stop)
     .. "has passed would never run"):format(utc_text(stop), utc_text(now)))
 end
 
+-- A row of moonjob_schedules' zone (nil: a fixed offset), how far ahead
+-- its offsets are known (server ms) and their text (nil when unreadable).
+local ZONE_AT, SHIFTS_AT -- (their places in a row: the id, then FIELDS)
+for i, name in ipairs(FIELDS) do
+  if name == "zone" then ZONE_AT = i + 1 elseif name == "shifts" then SHIFTS_AT = i + 1 end
+end
+function M.row_zone(row)
+  local zone, shifts = row[ZONE_AT], row[SHIFTS_AT]
+  if type(zone) ~= "string" or zone == "" then return nil end
+  local known = type(shifts) == "string" and tonumber(shifts:match("^%d+") or "")
+  return zone, known and known * 1000 or nil, known and shifts or nil
+end
+
 -- One row of moonjob_schedules as a table (times in server ms); json: the
 -- queue's codec.
 local function schedule_of(row, json)
@@ -164,9 +177,9 @@ local function schedule_of(row, json)
   for i, name in ipairs(FIELDS) do f[name] = row[i + 1] or nil end
   local ok, job = pcall(json.decode, f.job or "")
   if not ok or type(job) ~= "table" then job = {} end -- written by another client: no data to show
-  local known = f.zone and f.zone ~= "" and tonumber((f.shifts or ""):match("^%d+") or "")
+  local zone, known, shifts = M.row_zone(row)
   local s = { id = row[1], cron = f.cron ~= "" and f.cron or nil, tz_offset = tonumber(f.offset),
-    tz = f.zone ~= "" and f.zone or nil, tz_known = known and known * 1000 or nil, tz_shifts = known and f.shifts or nil,
+    tz = zone, tz_known = known, tz_shifts = shifts,
     start = tonumber(f.start), stop = tonumber(f.stop), limit = tonumber(f.limit) or 0,
     catch_up = f.catch_up, runs = tonumber(f.runs) or 0, last = tonumber(f.last), last_id = f.last_id,
     next = tonumber(f.next), created = tonumber(f.created), note = f.note ~= "" and f.note or nil,

@@ -19,17 +19,13 @@ local FIRST_MS = 1000            -- the first look, once the worker has had time
 local LOOK_MS = 6 * 3600 * 1000  -- then this often
 local RETRY_MS = 60 * 1000       -- after a look that failed (Redis down, ...)
 local LOW_S = 366 * 86400        -- offsets known for less than this ahead are refreshed
-local ZONE_FIELD = 17            -- the zone's place in a moonjob_schedules row (id, then its fields)
 
 -- The zones of the rows whose offsets run out within LOW_S: { name = true }.
 local function low_zones(rows, now)
   local low = {}
   for i = 2, #rows do
-    local zone, shifts = rows[i][ZONE_FIELD], rows[i][ZONE_FIELD + 1]
-    local known = type(shifts) == "string" and tonumber(shifts:match("^%d+") or "")
-    if type(zone) == "string" and zone ~= "" and zone ~= "local" and (not known or known < now + LOW_S) then
-      low[zone] = true
-    end
+    local zone, known_ms = schedules.row_zone(rows[i])
+    if zone and zone ~= "local" and (not known_ms or known_ms < (now + LOW_S) * 1000) then low[zone] = true end
   end
   return low
 end

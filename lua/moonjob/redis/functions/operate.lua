@@ -268,7 +268,8 @@ local function obliterate(keys, args)
   if refused then return refused end
   local running = redis.call("ZCARD", p .. "active")
   if running > 0 and args[2] ~= "1" then
-    return redis.error_reply(("EBUSY %s: %d job(s) are running; stop the workers, or force"):format(fn, running))
+    return redis.error_reply(("EBUSY %s: %d job(s) are active (fetched by workers: running, or held to run next); "
+      .. "stop the workers, or force"):format(fn, running))
   end
   redis.call("SET", p .. "paused", "obliterating")
   local limit, removed = tonumber(args[1]) or 1000, 0

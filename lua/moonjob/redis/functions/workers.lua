@@ -74,14 +74,20 @@ function W.beat(keys, args)
   return "OK"
 end
 
+-- The queue's entries (JSON), at most MAX; none from a key another client
+-- spoiled.
+function W.entries(p)
+  local entries = redis.pcall("HVALS", p .. "workers")
+  if entries.err then return {} end
+  for i = #entries, W.MAX + 1, -1 do entries[i] = nil end
+  return entries
+end
+
 -- workers(p) -> { now, entry, ... }: the server's time (ms) and every entry
 -- kept, as JSON; the reader tells lapsed and dropped ones by now.
 function W.list(keys)
-  local p = keys[1]
   local out = { H.now_ms() }
-  local entries = redis.pcall("HVALS", p .. "workers")
-  if entries.err then return out end -- (a key another client spoiled: no workers seen)
-  for i = 1, math.min(#entries, W.MAX) do out[#out + 1] = entries[i] end
+  for _, e in ipairs(W.entries(keys[1])) do out[#out + 1] = e end
   return out
 end
 
@@ -91,11 +97,9 @@ end
 -- theirs to report, not their jobs' "ran" flags).
 function H.live_workers(p)
   local now = H.now_ms()
-  local entries = redis.pcall("HVALS", p .. "workers")
   local running, live, ids = 0, 0, {}
-  if entries.err then return running, live, ids end
-  for i = 1, math.min(#entries, W.MAX) do
-    local ok, e = H.json_decode(entries[i])
+  for _, text in ipairs(W.entries(p)) do
+    local ok, e = H.json_decode(text)
     if ok and type(e) == "table" and type(e.id) == "string" and tonumber(e.seen) and tonumber(e.lapse) then
       ids[e.id] = e.seen + e.lapse >= now
       if ids[e.id] then running, live = running + math.max(0, tonumber(e.running) or 0), live + 1 end
