@@ -16,10 +16,11 @@
 -- callback then hears "resubscribed" (messages sent while it was down are
 -- lost: the owner re-checks).
 --
+-- A redis+cluster:// URL makes a moonjob.redis.cluster client instead, with
+-- the same face, over one client of this file per primary.
+--
 -- Caveats: no TLS (hiredis 0.14 has none); no Unix sockets; one server (no
--- Sentinel or Cluster redirections: after a failover the URL must name the
--- new primary; every key of a queue shares one hash tag so a cluster-aware
--- proxy can route it).
+-- Sentinel: after a failover the URL must name the new primary).
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
 local setup = require "moonjob.redis.setup"
@@ -32,9 +33,16 @@ local function unescape(s)
   return (s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
 end
 
--- parse(url) -> { host, port, db, user, password } | nil, err
+-- A URL of a Redis Cluster (redis+cluster://, rediss+cluster://).
+local function is_cluster(url)
+  return type(url) == "string" and url:match("^rediss?%+cluster://") ~= nil
+end
+
+-- parse(url) -> { host, port, db, user, password } | nil, err; a cluster's
+-- URL: moonjob.redis.cluster.parse's (its target has cluster = true).
 function M.parse(url)
   if type(url) ~= "string" then return nil, "a Redis URL must be a string like redis://host:6379/0" end
+  if is_cluster(url) then return require("moonjob.redis.cluster").parse(url) end
   local rest = url:match("^redis://(.*)$")
   if not rest then
     return nil, ("'%s' is not a Redis URL: write redis://[user:password@]host[:port][/db]"):format(
@@ -73,6 +81,7 @@ end
 
 -- The URL as it may be printed: the password replaced by ***.
 function M.display(t)
+  if t.cluster then return require("moonjob.redis.cluster").display(t) end
   local auth = ""
   if t.password then auth = (t.user or "") .. ":***@" end
   local host = t.host:find(":") and "[" .. t.host .. "]" or t.host
@@ -83,8 +92,15 @@ end
 -- waiting for a connection; default 5000), max_reply (bytes; default 64 MiB),
 -- on_state(up, why) (the connection came up or went down).
 function M.new(url, opts)
+  if is_cluster(url) then return require("moonjob.redis.cluster").new(url, opts) end
   local t, err = M.parse(url)
   if not t then return nil, err end
+  return M.from_target(t, opts)
+end
+
+-- M.from_target(t, opts) -> client: as M.new, on a target parse made (a
+-- cluster's node: moonjob.redis.cluster).
+function M.from_target(t, opts)
   opts = opts or {}
   local self = setmetatable({
     target = t, name = M.display(t),
@@ -97,6 +113,7 @@ function M.new(url, opts)
     reloads = {},        -- calls that met "Function not found", sent again once it is loaded
     retiring = {},       -- connections to a server that is not a primary now, closed once drained
     subscriptions = {},  -- channel -> cb
+    sharded = {},        -- channel -> true: subscribed with SSUBSCRIBE
     said = {},           -- why -> true: the reasons on_state heard since the last "up"
     backoff = 0,
     sub_backoff = 0,     -- the subscription's own, as backoff
@@ -249,6 +266,8 @@ function Client:call(args, cb, tries)
   if self.closed then return cb(nil, "EREDIS: the client is closed", "connection") end
   local conn = self.conn
   if self.ready and conn then
+    -- (args.asking: a cluster's ASK redirection, ASKING right before it)
+    if args.asking then conn:command({ "ASKING" }, function() end) end
     local ok, err = conn:command(args, function(v, e, kind)
       if e and kind == "reply" then
         local state = setup.state_refusal(e)
@@ -338,6 +357,29 @@ function Client:_reload(conn, args, cb, tries)
   end)
 end
 
+-- client:take_waiting([take]) -> { { args, cb }, ... }: the calls that wait
+-- and were never sent (those take(args) is true for), no longer this
+-- client's (a cluster moves them to the new owner of their slot).
+function Client:take_waiting(take)
+  local taken = {}
+  for _, field in ipairs({ "reloads", "waiting" }) do
+    local keep = {}
+    for _, w in ipairs(self[field]) do
+      if not take or take(w[1]) then taken[#taken + 1] = w else keep[#keep + 1] = w end
+    end
+    self[field] = keep
+  end
+  return taken
+end
+
+-- client:in_flight() -> the calls sent and not answered, and those waiting.
+function Client:in_flight()
+  local sent = 0
+  if self.conn then sent = self.conn:pending() end
+  for conn in pairs(self.retiring) do sent = sent + conn:pending() end
+  return sent + #self.waiting + #self.reloads
+end
+
 -- client:call_wait(args) -> reply | nil, err: a blocking call (the REPL, a
 -- script), or, inside a loop.async task, one that yields to the loop.
 function Client:call_wait(args)
@@ -360,11 +402,31 @@ end
 -- it is then made again (after a back-off of its own, as the calls'
 -- connection's) and cb hears "resubscribed". That timeout is
 -- timeout_ms, at least 2 s: a busy server's slow answer costs a needless
--- resubscription, not a lost call, but should stay rare.
-function Client:subscribe(channel, cb)
+-- resubscription, not a lost call, but should stay rare. sharded: SSUBSCRIBE
+-- (a cluster's shard channel); cb then hears "unsubscribed" when the server
+-- dropped it (its slot moved to another node).
+function Client:subscribe(channel, cb, sharded)
   self.subscriptions[channel] = cb
+  self.sharded[channel] = sharded or nil
   self:_resubscribe()
   self.ping_timer:start(self.sub_timeout_ms, self.sub_timeout_ms)
+end
+
+-- client:unsubscribe(channel): its messages are no longer heard (the server
+-- is not told: they are dropped here, and it is not subscribed again).
+function Client:unsubscribe(channel)
+  self.subscriptions[channel], self.sharded[channel] = nil, nil
+end
+
+-- A message on the subscription's connection, to its channel's callback.
+local MESSAGES = { message = "message", smessage = "message", subscribe = "resubscribed",
+  ssubscribe = "resubscribed", sunsubscribe = "unsubscribed" }
+
+function Client:_heard(channel, msg)
+  local cb, kind = self.subscriptions[channel], MESSAGES[msg[1]]
+  if kind == "unsubscribed" and self.sub_channels then self.sub_channels[channel] = nil end
+  if not cb or not kind then return end
+  if kind == "message" then cb(kind, msg[3]) else cb(kind) end
 end
 
 function Client:_ping()
@@ -374,13 +436,11 @@ end
 function Client:_resubscribe()
   if next(self.subscriptions) == nil or self.closed then return end
   if self.sub and self.sub_up then
-    for channel, cb in pairs(self.subscriptions) do
+    for channel in pairs(self.subscriptions) do
       if not self.sub_channels[channel] then
         self.sub_channels[channel] = true
-        self.sub:subscribe({ "SUBSCRIBE", channel }, function(msg, err)
-          if err then return end
-          if msg[1] == "message" then cb("message", msg[3])
-          elseif msg[1] == "subscribe" then cb("resubscribed") end
+        self.sub:subscribe({ self.sharded[channel] and "SSUBSCRIBE" or "SUBSCRIBE", channel }, function(msg, err)
+          if not err then self:_heard(channel, msg) end
         end)
       end
     end

@@ -150,8 +150,20 @@ local function digits_of(n, digits)
   return digits.text .. LAST3[r]
 end
 
+-- A message on one of a queue's channels (the name holds the queue's hash
+-- tag): PUBLISH, heard by SUBSCRIBE (every moonjob version, and a cluster
+-- client that does not subscribe sharded); in a cluster SPUBLISH besides,
+-- heard by SSUBSCRIBE on the shard of the channel's slot alone (PUBLISH
+-- goes to every node there). H.cluster: whether this server is a cluster
+-- node, asked once per load (a server cannot change it without a restart).
+local function announce(channel, message)
+  redis.call("PUBLISH", channel, message)
+  if H.cluster == "unknown" then H.cluster = type(redis.pcall("CLUSTER", "MYID")) == "string" end
+  if H.cluster == true then redis.call("SPUBLISH", channel, message) end
+end
+
 local function publish(p, message)
-  redis.call("PUBLISH", p .. "events", message)
+  announce(p .. "events", message)
 end
 
 local function err_json(code, message) -- (keys in sorted order, as moonjob.codec.json writes them)
@@ -293,5 +305,6 @@ H.refuse, H.job_fields, H.count_total, H.count_missing = refuse, job_fields, cou
 H.log_key, H.delete_job, H.check_numbers, H.check_args = log_key, delete_job, check_numbers, check_args
 H.SETS, H.member_id, H.wrong_type = SETS, member_id, wrong_type
 H.debounce_key, H.note, H.queue_name = debounce_key, note, queue_name
+H.announce, H.cluster = announce, "unknown"
 H.JOB_DEFAULTS, H.defaulted = JOB_DEFAULTS, defaulted
 end
