@@ -5,8 +5,9 @@
 --   local rc = require "redis_cluster_min"
 --   local cluster = rc.start(3)             -- 3 primaries, slots spread evenly
 --   cluster.url                             -- redis+cluster://127.0.0.1:P1,.../
---   cluster:owner(key)                      -- the node (a server) serving key's slot
---   cluster:cli(node, ...)                  -- redis-cli on that node
+--   cluster:owner(key)                      -- the node (a redis_server) serving key's slot
+--   node:cli(...)                           -- redis-cli on a node
+--   cluster:spread_names(2, "q")            -- queue names, 2 on each primary
 --   local n = cluster:add_node()            -- an empty node joined by CLUSTER MEET
 --   cluster:add_replica(node)               -- a replica of a primary, synced
 --   cluster:migrate(slot, from, to, hook)   -- the slot moved by hand (hook between steps)
@@ -24,8 +25,9 @@ Cluster.__index = Cluster
 local NODE_ARGS = "--cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 1000"
 
 local function start_node()
-  local node = redis_server.start({ extra = NODE_ARGS .. " --cluster-port " .. redis_server.free_port() })
-  node.address = "127.0.0.1:" .. node.port
+  local bus = redis_server.free_port()
+  local node = redis_server.start({ extra = NODE_ARGS .. " --cluster-port " .. bus })
+  node.address, node.bus_port = "127.0.0.1:" .. node.port, bus
   node.id = node:cli("CLUSTER", "MYID")
   return node
 end
@@ -86,11 +88,8 @@ function M.start(n)
   end)
   if not ok then self:stop(); error(err, 0) end
   self.url = ("redis+cluster://%s/"):format(self.nodes[1].address)
+  self.made_with = n
   return self
-end
-
-function Cluster:cli(node, ...)
-  return node:cli(...)
 end
 
 -- The node whose id is id (a primary or a replica), or nil.
@@ -102,8 +101,9 @@ function Cluster:by_id(id)
   end
 end
 
--- The primary serving slot, as the first node alive says it.
-function Cluster:owner_of_slot(slot)
+-- slot -> the primary serving it, as the first node alive says it now.
+function Cluster:owners()
+  local owner = {}
   for _, asked in ipairs(self.nodes) do
     if alive(asked) then
       for line in asked:cli("CLUSTER", "NODES"):gmatch("[^\n]+") do
@@ -111,30 +111,34 @@ function Cluster:owner_of_slot(slot)
         if id and flags:find("master") and not flags:find("fail") then
           for range in rest:gmatch("%S+") do
             local a, b = range:match("^(%d+)%-?(%d*)$")
-            if a and slot >= tonumber(a) and slot <= tonumber(b ~= "" and b or a) then return self:by_id(id) end
+            if a then
+              for slot = tonumber(a), tonumber(b ~= "" and b or a) do owner[slot] = self:by_id(id) end
+            end
           end
         end
       end
-      return nil
+      return owner
     end
   end
+  return owner
 end
 
 function Cluster:owner(key)
-  return self:owner_of_slot(slots.key_slot(key))
+  return self:owners()[slots.key_slot(key)]
 end
 
--- Queue names (q<k>) whose slots are on each primary in turn: n per node,
--- prefix-free of the ones given before.
-function Cluster:spread_names(per_node, base)
-  local out, have, k = {}, {}, 0
-  local want = {}
-  for i, node in ipairs(self.nodes) do want[i] = node end
-  for _, node in ipairs(want) do have[node] = 0 end
-  while #out < per_node * #want do
+-- Queue names (BASE1, BASE2, ...) whose slots are on the first n nodes
+-- (the primaries the cluster was made with), per_node on each, in turn.
+function Cluster:spread_names(per_node, base, n)
+  local owner, out, have, k = self:owners(), {}, {}, 0
+  local nodes = {}
+  for i = 1, n or self.made_with do nodes[i] = self.nodes[i] end
+  for _, node in ipairs(nodes) do have[node] = 0 end
+  while #out < per_node * #nodes do
     k = k + 1
-    local name = (base or "q") .. k
-    local node = self:owner("{" .. name .. "}")
+    assert(k < 100000, "no queue names spread over the nodes")
+    local name = base .. k
+    local node = owner[slots.key_slot(name)]
     if node and have[node] and have[node] < per_node then
       have[node] = have[node] + 1
       out[#out + 1] = name
@@ -147,7 +151,7 @@ end
 function Cluster:add_node()
   local node = start_node()
   self.nodes[#self.nodes + 1] = node
-  self.nodes[1]:cli("CLUSTER", "MEET", "127.0.0.1", node.port)
+  self.nodes[1]:cli("CLUSTER", "MEET", "127.0.0.1", node.port, node.bus_port)
   wait(function()
     for _, other in ipairs(self.nodes) do
       if not other:cli("CLUSTER", "NODES"):find(node.id, 1, true) then return false end
@@ -163,7 +167,7 @@ function Cluster:add_replica(primary)
   node.replica_of = primary
   self.replicas = self.replicas or {}
   self.replicas[#self.replicas + 1] = node
-  primary:cli("CLUSTER", "MEET", "127.0.0.1", node.port)
+  primary:cli("CLUSTER", "MEET", "127.0.0.1", node.port, node.bus_port)
   wait(function() return node:cli("CLUSTER", "NODES"):find(primary.id, 1, true) ~= nil end, "the replica to meet")
   assert(node:cli("CLUSTER", "REPLICATE", primary.id) == "OK", "CLUSTER REPLICATE")
   wait(function() return node:cli("INFO", "replication"):find("master_link_status:up", 1, true) ~= nil end,

@@ -387,7 +387,7 @@ function Cluster:_answer(r, from, v, err, kind, sent)
       return self:_later(r, err)
     end
   end
-  if not err then self:_registering(r.args) end
+  if not err and self:_registering(r.args, function() r.cb(v, err, kind, sent) end) then return end
   r.cb(v, err, kind, sent)
 end
 
@@ -465,22 +465,33 @@ function Cluster:_place(channel)
   end, M.SHARDED)
 end
 
--- cluster:register(name): the queue in the registry (moonjob.redis.names),
--- remembered: written again when the registry's slot changes owner.
-function Cluster:register(name)
+-- cluster:register(name [, done]): the queue in the registry
+-- (moonjob.redis.names; best effort, as the library's), remembered:
+-- written again when the registry's slot changes owner. done() once answered.
+function Cluster:register(name, done)
   self.registered[name] = loop.now()
-  self:call({ "SADD", names.REGISTRY, name }, function() end)
+  self:call({ "SADD", names.REGISTRY, name }, done or function() end)
 end
 
--- After a registering function answered: its queues registered (once per
--- REGISTER_AGAIN_MS: an obliterated queue used again is listed again).
-function Cluster:_registering(args)
-  if args[1] ~= "FCALL" or not names.REGISTERING[args[2]] then return end
-  local now = loop.now()
+-- After a registering function answered: its queues registered (again
+-- after REGISTER_AGAIN_MS: an obliterated queue used again is listed
+-- again), then done() (its reply to the caller: a program that ends right
+-- after an add leaves its queue listed) -> true; false when none is to be.
+function Cluster:_registering(args, done)
+  if args[1] ~= "FCALL" or not names.REGISTERING[args[2]] then return false end
+  local now, left = loop.now(), 0
+  local function answered()
+    left = left - 1
+    if left == 0 then done() end
+  end
   for _, key in ipairs(slots.script_keys(args)) do
     local name = names.queue_name(key)
-    if name and now - (self.registered[name] or -math.huge) >= REGISTER_AGAIN_MS then self:register(name) end
+    if name and now - (self.registered[name] or -math.huge) >= REGISTER_AGAIN_MS then
+      left = left + 1
+      self:register(name, answered)
+    end
   end
+  return left > 0
 end
 
 -- cluster:without_address(text): as moonjob.redis.client's, for any node.
