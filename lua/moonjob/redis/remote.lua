@@ -570,9 +570,7 @@ end
 function Remote:stop() self.stopping = true end -- no more fetching (the pool is closing)
 
 -- Reports still in flight (the pool's close waits for them, bounded).
-function Remote:_busy()
-  return self.client:in_flight() > 0
-end
+function Remote:_busy() return self.client:in_flight() > 0 end
 
 -- Waits (at most 5 s) for the last reports to reach Redis, then closes. A
 -- report that cannot be sent by then is lost: its job's lease expires and
