@@ -257,6 +257,28 @@ describe("queues on a Redis Cluster #slow", function()
     end
   end)
 
+  it("says what is wrong: a server not in cluster mode, a database, no node answering", function()
+    local single = keep(require("redis_server").start())
+    keep({ close = function() single:stop() end })
+    local q, err = moonjob.queue(("redis+cluster://127.0.0.1:%d/"):format(single.port), "x", { timeout = 2 })
+    assert.is_nil(q)
+    assert.matches("is not a node of a Redis Cluster (cluster support disabled): use redis://127.0.0.1:"
+      .. single.port .. "/0", err, 1, true)
+    q, err = moonjob.queue(cluster.url:gsub("/$", "/3"), "x")
+    assert.is_nil(q)
+    assert.matches("a Redis Cluster has one database, 0", err, 1, true)
+    local port = require("redis_server").free_port()
+    local started = loop.now()
+    q, err = moonjob.queue(("redis+cluster://127.0.0.1:%d/"):format(port), "x", { timeout = 1 })
+    assert.is_nil(q)
+    assert.matches("127.0.0.1:" .. port .. ": ", err, 1, true)
+    assert.is_true(loop.now() - started < 5000)
+    local _, said, status = helpers.sh(("%s scripts/moonjob status --queue x --redis redis+cluster://127.0.0.1:%d/")
+      :format(helpers.LUAJIT, port))
+    assert.is_not.equal(0, status)
+    assert.matches("127.0.0.1:" .. port .. ": ", said, 1, true)
+  end)
+
   it("follows a failover: the replica promoted serves its primary's queues", function()
     local name = cluster:spread_names(1, "fail")[1]
     local primary = cluster:owner(name)

@@ -163,6 +163,7 @@ function Cluster:_discover()
     end
     local node = list[i]
     map.ask(self.target, node, self.timeout_ms, self.max_reply, function(reply, why, is_refusal)
+      if self.closed then return end
       if not reply then
         last, refused = why, refused or is_refusal
         return try()
