@@ -440,7 +440,9 @@ function Client:_resubscribe()
       if not self.sub_channels[channel] then
         self.sub_channels[channel] = true
         self.sub:subscribe({ self.sharded[channel] and "SSUBSCRIBE" or "SUBSCRIBE", channel }, function(msg, err)
-          if not err then self:_heard(channel, msg) end
+          if not err then return self:_heard(channel, msg) end
+          -- (SSUBSCRIBE refused: MOVED, the slot is another node's; a drop ends every channel)
+          if self.sharded[channel] then self:_heard(channel, { "sunsubscribe" }) end
         end)
       end
     end

@@ -422,7 +422,11 @@ end
 -- primary's client up or said why not, one up.
 function Cluster:_settled()
   if self.ready or self.closed or self.refused then return true end
-  if self.focus or not self.known then return false end
+  if not self.known then return false end
+  if self.focus then -- (its primary refused us: a person must act)
+    local address = self.owner[self.focus]
+    return address ~= nil and self.nodes[address] ~= nil and self.nodes[address].refused ~= nil
+  end
   local one = false
   for address, node in pairs(self.nodes) do
     if not self.settled[address] then return false end
@@ -437,8 +441,12 @@ end
 function Cluster:wait_ready()
   local deadline = loop.now() + self.timeout_ms
   loop.wait_until(function() return self:_settled() or loop.now() >= deadline end)
-  if self.ready or (self:_settled() and not self.closed and not self.refused) then return true end
-  return nil, ("EREDIS: %s: %s"):format(self.name, self.refused or self.why or "no answer")
+  if self.ready then return true end
+  local address, why = self.focus and self.owner[self.focus], self.refused
+  local node = address and self.nodes[address]
+  if not why and node and node.refused then why = address .. ": " .. node.refused end
+  if self:_settled() and not self.closed and not why then return true end
+  return nil, ("EREDIS: %s: %s"):format(self.name, why or self.why or "no answer")
 end
 
 -- cluster:subscribe(channel, cb): as moonjob.redis.client's, on the primary
