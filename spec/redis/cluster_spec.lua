@@ -285,7 +285,7 @@ describe("queues on a Redis Cluster #slow", function()
     local replica = cluster:add_replica(primary)
     local q = producer(name, { timeout = 20 })
     for k = 1, 5 do assert(q:add({ n = k })) end
-    local c = keep(assert(client.new(cluster.url)))
+    local c = keep(assert(client.new(cluster.url, { timeout_ms = 20000 })))
     assert(c:wait_ready())
     local heard = {}
     c:subscribe(names.prefix(name) .. "events", function(kind, message)
@@ -297,7 +297,12 @@ describe("queues on a Redis Cluster #slow", function()
     end, 5), "subscribed on the primary")
     assert.equal("1", primary:cli("WAIT", 1, 2000))
     primary:kill9()
-    local ok, err = q:add({ n = 6 }) -- waits for the promotion (CLUSTERDOWN, then the map from the others)
+    -- a call made while the primary is down waits for it (never sent), and
+    -- goes to the replica once the map names it
+    assert(wait_for(function() return not c.ready end, 10), "the client saw its primary go")
+    local counts = assert(c:call_wait({ "FCALL_RO", "moonjob_counts", 1, names.prefix(name) }))
+    assert.equal(5, counts[1])
+    local ok, err = q:add({ n = 6 })
     assert(ok, err)
     assert.equal(replica, cluster:owner(name))
     assert.equal(6, assert(q:counts()).waiting)
