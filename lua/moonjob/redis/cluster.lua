@@ -157,7 +157,7 @@ function Cluster:_discover()
       self.asking = false
       self.backoff = math.min(math.max(self.backoff * 2, 100), 5000)
       self:_refresh_soon(self.backoff)
-      self.refused = refused and last or nil
+      self.refused = refused or nil
       if not self.known then self:_set_why(last) end
       return
     end
@@ -165,7 +165,7 @@ function Cluster:_discover()
     map.ask(self.target, node, self.timeout_ms, self.max_reply, function(reply, why, is_refusal)
       if self.closed then return end
       if not reply then
-        last, refused = why, refused or is_refusal
+        last, refused = why, refused or (is_refusal and why)
         return try()
       end
       self.asking, self.backoff = false, 0
@@ -179,7 +179,10 @@ end
 -- retired, the calls waiting for a node sent to their slot's owner, the
 -- subscriptions moved, the registry written again if its owner changed.
 function Cluster:_apply(owner, primaries)
-  if next(primaries) == nil then return self:_set_why("the cluster serves no slot yet (CLUSTER SLOTS is empty)") end
+  if next(primaries) == nil then
+    self:_refresh_soon(1000)
+    return self:_set_why("the cluster serves no slot yet (CLUSTER SLOTS is empty)")
+  end
   local registry_was = self.known and self.owner[REGISTRY_SLOT]
   self.owner, self.known = owner, true
   for address, p in pairs(primaries) do self:_node(address, p.host, p.port) end
@@ -241,7 +244,11 @@ function Cluster:_reroute(address, node, all)
     local slot = slots.command_slot(w[1])
     local to = slot and self.owner[slot] or self:_any()
     local c = to and self.nodes[to]
-    if c then c:call(w[1], w[2]) else w[2](nil, ("EREDIS: %s: no primary serves this slot"):format(self.name), "connection") end
+    if c then
+      c:call(w[1], w[2])
+    else
+      w[2](nil, ("EREDIS: %s: no primary serves this slot"):format(self.name), "connection")
+    end
   end
 end
 
@@ -349,6 +356,7 @@ function Cluster:_send(r, to, asking)
   if r.fan then return r.fan() end
   local address = to or r.node or (r.slot and self.owner[r.slot]) or self:_any()
   local node = address and (self.nodes[address] or to and self:_node(address))
+  if not node and r.node then return r.cb(nil, ("%s is not a primary of the cluster now"):format(r.node), "reply") end
   if not node then
     return r.cb(nil, ("CLUSTERDOWN no primary serves slot %s (%s)"):format(tostring(r.slot), self.name), "transient")
   end

@@ -35,19 +35,24 @@ end
 function M.parse(url)
   local client = require "moonjob.redis.client"
   local scheme, rest = url:match("^(rediss?)%+cluster://(.*)$")
-  if not scheme then return nil, ("'%s' is not a Redis Cluster URL: write redis+cluster://host1:port1,host2:port2/")
-    :format((url:gsub("^(%w*%+?%w*:?//).*@", "%1***@"))) end
+  if not scheme then
+    return nil, ("'%s' is not a Redis Cluster URL: write redis+cluster://host1:port1,host2:port2/")
+      :format((url:gsub("^(%w*%+?%w*:?//).*@", "%1***@")))
+  end
   local query = rest:match("(%?.*)$") or ""
   rest = rest:sub(1, #rest - #query)
   local auth, hostpart = rest:match("^(.*)@([^@]*)$") -- the last @: a password may hold one
   hostpart = hostpart or rest
   local hostlist, db = hostpart:match("^([^/]*)/?(.*)$")
   if db ~= "" and db ~= "0" then return nil, ("%s, not /%s"):format(CLUSTER_DB, db) end
-  if hostlist == "" then return nil, "a Redis Cluster URL needs a host, one node at least: redis+cluster://127.0.0.1:7000/" end
+  if hostlist == "" then
+    return nil, "a Redis Cluster URL needs a host, one node at least: redis+cluster://127.0.0.1:7000/"
+  end
   local t = { cluster = true, scheme = scheme, seeds = {}, db = 0 }
   for hostport in (hostlist .. ","):gmatch("([^,]*),") do
     if hostport == "" then
-      return nil, "a Redis Cluster URL lists its nodes with commas, none empty: redis+cluster://127.0.0.1:7000,127.0.0.1:7001/"
+      return nil, "a Redis Cluster URL lists its nodes with commas, none empty:"
+        .. " redis+cluster://127.0.0.1:7000,127.0.0.1:7001/"
     end
     local one, err = client.parse(("%s://%s%s/0%s"):format(scheme, auth and auth .. "@" or "", hostport, query))
     if not one then return nil, err end
@@ -78,7 +83,8 @@ function M.node_target(t, host, port)
   return { host = host, port = port, db = 0, user = t.user, password = t.password, tls = tls }
 end
 
--- Where to ask for the map: the primaries known, then the seeds, each once.
+-- Where to ask for the map: the primaries known (those whose client is up
+-- first: a node cut off costs a connect timeout), then the seeds, each once.
 function M.candidates(t, nodes)
   local list, seen = {}, {}
   local function add(host, port)
@@ -87,7 +93,10 @@ function M.candidates(t, nodes)
   end
   local known = {}
   for address in pairs(nodes) do known[#known + 1] = address end
-  table.sort(known)
+  table.sort(known, function(a, b)
+    if nodes[a].ready ~= nodes[b].ready then return nodes[a].ready end
+    return a < b
+  end)
   for _, address in ipairs(known) do add(M.split(address)) end
   for _, s in ipairs(t.seeds) do add(s.host, s.port) end
   return list
