@@ -8,7 +8,6 @@ local helpers = require "helpers"
 local redis_cluster = require "redis_cluster_min"
 local moonjob = require "moonjob"
 local client = require "moonjob.redis.client"
-local cluster_client = require "moonjob.redis.cluster"
 local loop = require "moonjob.loop"
 local names = require "moonjob.redis.names"
 local slots = require "moonjob.redis.slots"
@@ -135,6 +134,19 @@ describe("queues on a Redis Cluster #slow", function()
     assert.matches("stopped: 31 completed", read(log), 1, true)
   end)
 
+  it("adds a flow on queues of one tag, on their shard, and lists each queue", function()
+    local tag = cluster:spread_names(1, "flow")[1]
+    local images = "{" .. tag .. "}/images"
+    local q = producer(tag)
+    local root = assert(q:add_flow({ id = "page", data = { page = 1 }, children = {
+      { id = "img", queue = images, data = { n = 1 } }, { id = "txt", data = { n = 2 } } } }))
+    assert.equal("waiting-children", root.state)
+    local rows = listed()
+    assert.equal(1, rows[tag].waiting) -- (txt; the parent waits for its children)
+    assert.equal(1, rows[images].waiting)
+    assert.equal(cluster:owner(tag), cluster:owner(names.prefix(images)))
+  end)
+
   it("loads the library on every primary, and on a node added when a queue's slot moves to it", function()
     for i = 1, cluster.made_with do assert.equal("OK", cluster.nodes[i]:cli("FUNCTION", "FLUSH")) end
     local c = keep(assert(client.new(cluster.url)))
@@ -227,7 +239,7 @@ describe("queues on a Redis Cluster #slow", function()
     assert(c:wait_ready())
     local heard = {}
     c:subscribe(channel, function(kind, message) if kind == "message" then heard[#heard + 1] = message end end)
-    local kind = cluster_client.SHARDED and "SHARDCHANNELS" or "CHANNELS"
+    local kind = require("moonjob.redis.cluster").SHARDED and "SHARDCHANNELS" or "CHANNELS"
     assert(wait_for(function() return from:cli("PUBSUB", kind):find(channel, 1, true) ~= nil end, 5),
       "subscribed on the queue's primary")
     -- a shard subscriber on the queue's primary hears it too (SPUBLISH)
@@ -249,7 +261,7 @@ describe("queues on a Redis Cluster #slow", function()
     assert(q:pause())
     assert(wait_for(function() return #heard == 2 end, 5), "heard after the move")
     assert.equal("paused", heard[2])
-    if cluster_client.SHARDED then
+    if require("moonjob.redis.cluster").SHARDED then
       assert(wait_for(function() return to:cli("PUBSUB", kind):find(channel, 1, true) ~= nil end, 5),
         "subscribed on the new primary")
       assert(q:resume())
