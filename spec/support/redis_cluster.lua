@@ -20,8 +20,8 @@
 -- 127.0.0.1), so clients in network namespaces reach them at the bridge's
 -- host side: they listen on loopback and that address only. Protected mode
 -- is off unless a password is set: nothing else can reach those addresses.
--- cluster-require-full-coverage is off, as docs/guide/redis.md advises: a
--- shard's failover stops only the queues on that shard.
+-- cluster-require-full-coverage is off, as in production: a shard's
+-- failover stops only the queues on that shard, not the whole cluster.
 local helpers = require "helpers"
 local redis_server = require "redis_server"
 local names = require "moonjob.redis.names"
