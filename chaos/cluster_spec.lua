@@ -6,6 +6,7 @@
 -- Addresses: 10.231.79.0/24, on the bridge mjclus0 only; everything is
 -- deleted afterwards, whatever happened.
 local helpers = require "helpers"
+local redis_server = require "redis_server"
 local redis_cluster = require "redis_cluster"
 local netns = require "netns"
 
@@ -33,7 +34,8 @@ describe("chaos: a Redis Cluster reached from network namespaces", function()
     for i = 1, HOSTS do
       for _, name in ipairs(queues) do
         local key = ("mj:{%s}:host%d"):format(name, i)
-        local out = helpers.sh(("%s redis-cli -c -h %s -p %d SET %s %d"):format(hosts:exec(i), seed.host, seed.port, key, i))
+        local out = helpers.sh(("%s %s -c -h %s -p %d SET %s %d")
+          :format(hosts:exec(i), redis_server.CLI, seed.host, seed.port, key, i))
         assert.equal("OK\n", out)
         assert.equal(tostring(i), of[name]:cli("GET", key))
       end

@@ -5,6 +5,7 @@
 -- while calls go on (ASK during the move, MOVED after). A guard of the
 -- harness: it needs nothing of moonjob's cluster client.
 local helpers = require "helpers"
+local redis_server = require "redis_server"
 local redis_cluster = require "redis_cluster"
 local library = require "moonjob.redis.library"
 
@@ -12,14 +13,14 @@ local library = require "moonjob.redis.library"
 local function cli_c(node, ...)
   local args = {}
   for i, a in ipairs({ ... }) do args[i] = "'" .. tostring(a):gsub("'", "'\\''") .. "'" end
-  return (helpers.sh(("redis-cli -c -p %d %s"):format(node.port, table.concat(args, " "))):gsub("\n$", ""))
+  return (helpers.sh(("%s -c -p %d %s"):format(redis_server.CLI, node.port, table.concat(args, " "))):gsub("\n$", ""))
 end
 
 -- moonjob's library loaded on node (as a client would load it on each primary).
 local function load_library(node)
   local path = os.tmpname()
   helpers.write_file(path, library.text())
-  local out = helpers.sh(("redis-cli -p %d -x FUNCTION LOAD REPLACE < %s"):format(node.port, path))
+  local out = helpers.sh(("%s -p %d -x FUNCTION LOAD REPLACE < %s"):format(redis_server.CLI, node.port, path))
   os.remove(path)
   assert.equal("moonjob", (out:gsub("\n$", "")))
 end

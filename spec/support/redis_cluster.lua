@@ -1,6 +1,8 @@
 -- spec/support/redis_cluster.lua -- a real Redis Cluster for the specs and
 -- the bench: 3 primaries with a replica each (redis-cli --cluster create),
--- every node a redis_server (its own temp dir, AOF on) ended by its pid.
+-- every node a redis_server (its own temp dir, AOF on) ended by its pid;
+-- the server and client programs are redis_server's (Valkey's under
+-- make test-valkey).
 --
 --   local cluster = redis_cluster.start()     -- on loopback; waits for agreement
 --   local cluster = redis_cluster.start({ announce = "10.231.79.1" })
@@ -77,7 +79,7 @@ end
 -- with its output when it fails.
 function Cluster:admin(args)
   local auth = self.password and ("--no-auth-warning -a " .. shell_quote(self.password) .. " ") or ""
-  local out, err, status = helpers.sh(("redis-cli %s--cluster %s"):format(auth, args), "")
+  local out, err, status = helpers.sh(("%s %s--cluster %s"):format(redis_server.CLI, auth, args), "")
   assert(status == 0, ("redis-cli --cluster %s failed (%s):\n%s%s"):format(args, tostring(status), out, err))
   return out
 end
