@@ -2,8 +2,9 @@
 -- (spec/support/redis_cluster.lua), proved with redis-cli alone: made and
 -- agreed, a primary killed and replaced by its replica, a node added with
 -- the cluster's functions, and a queue's slot moved to it with its keys
--- while calls go on (ASK during the move, MOVED after). A guard of the
--- harness: it needs nothing of moonjob's cluster client.
+-- while calls go on (ASK during the move, MOVED after), at once or batch
+-- by batch. A guard of the harness: it needs nothing of moonjob's cluster
+-- client.
 local helpers = require "helpers"
 local redis_server = require "redis_server"
 local redis_cluster = require "redis_cluster"
@@ -124,5 +125,26 @@ describe("a Redis Cluster of 3 primaries and 3 replicas on loopback #slow", func
     assert.equal("1200", node:cli("CLUSTER", "COUNTKEYSINSLOT", slot))
     local counts = node:cli("FCALL", "moonjob_counts", 1, "mj:{moving}:") -- the functions run there
     assert.is_nil(counts:match("^ERR") or counts:match("^MOVED"), counts)
+  end)
+  it("moves a queue's slot key batch by key batch, as redis-cli --cluster reshard does: ASK all along", function()
+    local slot = cluster:queue_slot("batched")
+    local from = cluster:owner(slot)
+    local to = cluster:primaries()[1] == from and cluster:primaries()[2] or cluster:primaries()[1]
+    fill(from, "mj:{batched}:k", 1000)
+    local batches = 0
+    local moved = cluster:move_slot(slot, to, { batch = 100, between = function(moved)
+      batches = batches + 1
+      assert.equal(tostring(1000 - moved), from:cli("CLUSTER", "COUNTKEYSINSLOT", slot))
+      assert.equal(tostring(moved), to:cli("CLUSTER", "COUNTKEYSINSLOT", slot))
+      -- a function names the queue's prefix, on neither node: sent away all along
+      assert.equal(("ASK %d %s"):format(slot, to.address), said(from, "FCALL", "moonjob_counts", 1, "mj:{batched}:"))
+      -- a plain key is read wherever it is now: on the owner, or through ASK
+      for _, k in ipairs({ 1, 500, 1000 }) do assert.equal(tostring(k), cli_c(from, "GET", "mj:{batched}:k" .. k)) end
+    end })
+    assert.equal(1000, moved)
+    assert.equal(10, batches)
+    assert.equal(to, cluster:owner(slot))
+    assert.equal("1000", to:cli("CLUSTER", "COUNTKEYSINSLOT", slot))
+    assert.equal(("MOVED %d %s"):format(slot, to.address), said(from, "GET", "mj:{batched}:k1"))
   end)
 end)

@@ -15,7 +15,7 @@
 --   cluster:fail_over(p)                       -- SIGKILL p; -> its promoted replica, ms
 --   cluster:restart(node)                      -- back from its dir: a replica now
 --   cluster:add_node()                         -- redis-cli --cluster add-node; -> node
---   cluster:move_slot(slot, node, opts)        -- every key at once, then ASK, then MOVED
+--   cluster:move_slot(slot, node, opts)        -- its keys in batches, or at once; ASK, then MOVED
 --   cluster:stop()                             -- every node by its pid, dirs removed
 --
 -- Nodes answer CLUSTER NODES/SLOTS with the announced address (default
@@ -315,29 +315,62 @@ for i = 1, #keys, 500 do
 end
 return #keys]]
 
--- Moves `slot` to primary `to` with all its keys at once: `to` set
--- IMPORTING, then MOVE_SCRIPT on the owner. Why at once: a queue's function
--- calls name one key, the queue's prefix, which no key is, so an owner
--- moving keys in batches (redis-cli --cluster reshard) answers ASK to
--- every call, and `to` would run them on half a queue. From the script on,
--- the owner answers ASK (the keys are all on `to`) for opts.ask_seconds
--- (default 1), spent by opts.wait(seconds) (default helpers.sleep, which
--- runs the loop); then the slot is given to `to` (SETSLOT NODE on it, on
--- the old owner, on every other primary): MOVED from then on.
--- -> keys moved, the old owner.
+local function must(node, ...)
+  local out = node:cli(...)
+  assert(out == "OK", ("%s on %s: %s"):format(table.concat({ ... }, " "), node.address, out))
+end
+
+-- MIGRATE's arguments up to KEYS, to node `to`.
+function Cluster:_migrate_args(to)
+  local args = { "MIGRATE", to.host, to.port, "", 0, 10000 }
+  if self.password then args[#args + 1] = "AUTH"; args[#args + 1] = self.password end
+  args[#args + 1] = "KEYS"
+  return args
+end
+
+-- The slot set MIGRATING on `from`, then its keys sent `batch` at a time
+-- (as redis-cli --cluster reshard does), between(moved so far) called
+-- after each batch. -> keys moved.
+function Cluster:_move_in_batches(slot, from, to, batch, between)
+  must(from, "CLUSTER", "SETSLOT", slot, "MIGRATING", to.id)
+  local moved = 0
+  while true do
+    local args = self:_migrate_args(to)
+    local count = #args
+    for key in from:cli("CLUSTER", "GETKEYSINSLOT", slot, batch):gmatch("[^\n]+") do args[#args + 1] = key end
+    if #args == count then return moved end
+    must(from, unpack(args))
+    moved = moved + #args - count
+    if between then between(moved) end
+  end
+end
+
+-- Moves `slot` to primary `to` with its keys: `to` set IMPORTING, then
+--   * opts.batch = n: the owner set MIGRATING and the keys sent n at a
+--     time, opts.between(moved) after each batch: the way redis-cli
+--     --cluster reshard moves a slot. A queue's function calls name one
+--     key, the queue's prefix, which no key is: the owner answers ASK to
+--     every one of them for the whole move, while the queue's other keys
+--     are on both nodes (a client must not run them on `to` with ASKING);
+--   * else every key at once (MOVE_SCRIPT, one script on the owner), then
+--     ASK for opts.ask_seconds (default 1) spent by opts.wait(seconds)
+--     (default helpers.sleep, which runs the loop).
+-- Then the slot is given to `to` (SETSLOT NODE on it, on the old owner, on
+-- every other primary): MOVED from then on. -> keys moved, the old owner.
 function Cluster:move_slot(slot, to, opts)
   opts = opts or {}
   local from = assert(self:owner(slot), "no owner of slot " .. slot)
   assert(from ~= to, "the slot is on that node already")
-  local function must(node, ...)
-    local out = node:cli(...)
-    assert(out == "OK", ("%s on %s: %s"):format(table.concat({ ... }, " "), node.address, out))
-  end
   must(to, "CLUSTER", "SETSLOT", slot, "IMPORTING", from.id)
-  local out = from:cli("EVAL", MOVE_SCRIPT, 0, slot, to.id, to.host, to.port, self.password or "")
-  local moved = assert(tonumber(out), "moving the keys: " .. out)
-  local ask = opts.ask_seconds or 1
-  if ask > 0 then (opts.wait or helpers.sleep)(ask) end
+  local moved
+  if opts.batch then
+    moved = self:_move_in_batches(slot, from, to, opts.batch, opts.between)
+  else
+    local out = from:cli("EVAL", MOVE_SCRIPT, 0, slot, to.id, to.host, to.port, self.password or "")
+    moved = assert(tonumber(out), "moving the keys: " .. out)
+    local ask = opts.ask_seconds or 1
+    if ask > 0 then (opts.wait or helpers.sleep)(ask) end
+  end
   must(to, "CLUSTER", "SETSLOT", slot, "NODE", to.id)
   must(from, "CLUSTER", "SETSLOT", slot, "NODE", to.id)
   for _, p in ipairs(self:primaries(true)) do
