@@ -1,6 +1,8 @@
 -- spec/support/redis_cluster_min.lua -- a small Redis Cluster on loopback for
 -- the cluster client's specs: n primaries (redis_server.lua's servers with
--- cluster mode on), made one cluster by `redis-cli --cluster create`.
+-- cluster mode on), made one cluster by `redis-cli --cluster create`; a
+-- slot moved by hand with a look between the steps (redis_cluster.lua is
+-- the whole one: replicas, failovers, network namespaces).
 --
 --   local rc = require "redis_cluster_min"
 --   local cluster = rc.start(3)             -- 3 primaries, slots spread evenly
@@ -21,8 +23,10 @@ local Cluster = {}
 Cluster.__index = Cluster
 
 -- cluster-node-timeout 1000: a dead primary is failed over in a few seconds;
--- the bus on a free port of its own (port + 10000 may be past 65535).
+-- the bus on a free port of its own (port + 10000 may be past 65535); a
+-- replica synced at once; a shard down stops its own slots only.
 local NODE_ARGS = "--cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 1000"
+  .. " --cluster-replica-validity-factor 0 --repl-diskless-sync-delay 0 --cluster-require-full-coverage no"
 
 local function start_node()
   local bus = redis_server.free_port()
@@ -81,8 +85,8 @@ function M.start(n)
       self.nodes[i] = start_node()
       list[i] = self.nodes[i].address
     end
-    local out = helpers.first_line(("redis-cli --cluster create %s --cluster-replicas 0 --cluster-yes 2>&1"
-      .. " | grep -c 'All 16384 slots covered'"):format(table.concat(list, " ")))
+    local out = helpers.first_line(("%s --cluster create %s --cluster-replicas 0 --cluster-yes 2>&1"
+      .. " | grep -c 'All 16384 slots covered'"):format(redis_server.CLI, table.concat(list, " ")))
     assert(out == "1", "redis-cli --cluster create did not cover every slot")
     self:wait_ok()
   end)
