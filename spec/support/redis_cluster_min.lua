@@ -176,6 +176,15 @@ function Cluster:add_replica(primary)
   assert(node:cli("CLUSTER", "REPLICATE", primary.id) == "OK", "CLUSTER REPLICATE")
   wait(function() return node:cli("INFO", "replication"):find("master_link_status:up", 1, true) ~= nil end,
     "the replica to sync")
+  -- every primary knows it as the replica (they vote for its promotion)
+  wait(function()
+    for _, other in ipairs(self.nodes) do
+      if alive(other) and not other:cli("CLUSTER", "NODES"):find(node.id .. " [^\n]*slave " .. primary.id) then
+        return false
+      end
+    end
+    return true
+  end, "every node to know the replica")
   return node
 end
 

@@ -20,8 +20,9 @@
 --     its keys move;
 --   * TRYAGAIN, CLUSTERDOWN: sent again after a short wait, within the
 --     call's timeout (then the caller gets the refusal, kind "transient");
---   * a primary down: the map is asked of the other nodes every half
---     second until it changes (its replica promoted) or the node is back;
+--   * a primary down: the map is asked of the other nodes (on the
+--     connections open to them) every 250 ms until it changes (its replica
+--     promoted) or the node is back;
 --     the calls waiting for it (never sent) go to the slot's new owner.
 --     Calls sent before a drop keep moonjob.redis.client's contract (cb's
 --     fourth argument true: the caller's own retries, reports carry tokens).
@@ -49,7 +50,7 @@ Cluster.__index = Cluster
 M.SHARDED = false
 
 local MAX_HOPS = 5              -- redirections one call follows
-local DOWN_REFRESH_MS = 500     -- the map asked for again while a primary is down
+local DOWN_REFRESH_MS = 250     -- the map asked for again while a primary is down
 local REFRESH_GAP_MS = 100      -- at most one request for the map in this time
 local REGISTER_AGAIN_MS = 10000 -- a queue this client registered, registered again after it
 local REGISTRY_SLOT = slots.key_slot(names.REGISTRY)
@@ -145,6 +146,18 @@ function Cluster:_expire_unrouted(now)
   self.unrouted = keep
 end
 
+-- One node's CLUSTER SLOTS: on its client's connection when it is up (no
+-- new connection: asked often while a primary is down), else on one of its
+-- own (cluster_map.ask). cb(reply) or cb(nil, why, refused).
+function Cluster:_ask(node, cb)
+  local c = self.nodes[map.address(node.host, node.port)]
+  if not (c and c.ready) then return map.ask(self.target, node, self.timeout_ms, self.max_reply, cb) end
+  c:call({ "CLUSTER", "SLOTS" }, function(v, err)
+    if err then return cb(nil, ("%s: %s"):format(map.address(node.host, node.port), err)) end
+    cb(v)
+  end)
+end
+
 -- Asks the nodes in turn for the map (cluster_map.candidates) and applies
 -- the first answer; when none answers, again after a back-off.
 function Cluster:_discover()
@@ -162,7 +175,7 @@ function Cluster:_discover()
       return
     end
     local node = list[i]
-    map.ask(self.target, node, self.timeout_ms, self.max_reply, function(reply, why, is_refusal)
+    self:_ask(node, function(reply, why, is_refusal)
       if self.closed then return end
       if not reply then
         last, refused = why, refused or (is_refusal and why)
