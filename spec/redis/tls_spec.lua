@@ -150,6 +150,28 @@ describe("Redis over TLS #slow", function()
     assert.matches("waiting 1", out)
   end)
 
+  it("writes a loop turn's commands in one write, and bounds a reply, as without TLS", function()
+    local core = require "moonjob.core"
+    local up
+    local conn = rq.close_after(assert(core.redis("127.0.0.1", server.port, 5000, 1024 * 1024,
+      function(kind, why) up = kind == "up" or why end, { ca = certs.ca })))
+    helpers.wait_for(function() return up ~= nil end)
+    assert.is_true(up, up)
+    local function reads() return tonumber(server:cli("INFO", "stats"):match("total_reads_processed:(%d+)")) end
+    local before, answered = reads(), 0
+    for i = 1, 200 do conn:command({ "SET", "k" .. i, ("v"):rep(20) }, function() answered = answered + 1 end) end
+    helpers.wait_for(function() return answered == 200 end)
+    local read = reads() - before - 1 -- (less the INFO's own)
+    assert.is_true(read <= 3, read .. " reads for 200 commands")
+    local err
+    conn:command({ "SET", "big", ("x"):rep(3 * 1024 * 1024) }, function(v) assert.equal("OK", v) end)
+    conn:command({ "GET", "big" }, function(_, e) err = e end)
+    helpers.wait_for(function() return err ~= nil end)
+    assert.matches("larger than 1048576 bytes", err)
+    helpers.wait_for(function() return up ~= true end) -- and the connection went down, saying so
+    assert.matches("larger than 1048576 bytes", up)
+  end)
+
   it("reads rediss:// URLs: query values percent-decoded, the query over the environment, no password shown", function()
     local t = assert(client.parse("rediss://u:p%40ss@example.com/2?ca=%2Ftmp%2Fmy%20ca.pem&servername=redis.internal"))
     assert.same({ ca = "/tmp/my ca.pem", servername = "redis.internal" }, t.tls)
