@@ -155,7 +155,9 @@ int mj_ctx_run(mj_ctx_t *ctx, uv_run_mode mode) {
     uv_run(&ctx->loop, mode);
     ctx->running = 0;
     mj__process_flush_all(ctx); /* a timer run last (UV_RUN_ONCE) may have staged frames */
-    mj__redis_flush_all(ctx);
+    /* Redis commands wait for the next run's prepare (a turn's in one write)
+     * unless a host loop steps it: it may not step again soon */
+    if (mode == UV_RUN_NOWAIT) mj__redis_flush_all(ctx);
   }
   if (ctx->interrupted) {
     ctx->stop_signal = ctx->interrupted;
