@@ -346,11 +346,11 @@ static void deliver_message(mj_redis_t *r, const redisReply *reply, int sharded)
       r->on_reply(r, r->subs[i].tag, 1, reply, NULL);
 }
 
-/* Whether another channel than subs[skip] shares its tag. */
-static int tag_shared(const mj_redis_t *r, unsigned skip) {
+/* Another channel than subs[skip] with its tag, or NULL. */
+static mj_redis_sub_t *tag_shared(mj_redis_t *r, unsigned skip) {
   for (unsigned i = 0; i < r->nsubs; i++)
-    if (i != skip && r->subs[i].tag == r->subs[skip].tag) return 1;
-  return 0;
+    if (i != skip && r->subs[i].tag == r->subs[skip].tag) return &r->subs[i];
+  return NULL;
 }
 
 static void remove_sub(mj_redis_t *r, unsigned i) {
@@ -364,10 +364,10 @@ static void deliver_unsubscribe(mj_redis_t *r, const redisReply *reply, int shar
   for (unsigned i = 0; i < r->nsubs; i++) {
     if (!channel_is(&r->subs[i], reply->element[1], sharded)) continue;
     intptr_t tag = r->subs[i].tag;
-    int last = !tag_shared(r, i);
-    if (last) r->subs[i].owner = 0;
+    mj_redis_sub_t *other = tag_shared(r, i);
+    if (other != NULL && r->subs[i].owner) other->owner = 1; /* it hears the tag's last call now */
     remove_sub(r, i);
-    if (r->on_reply) r->on_reply(r, tag, !last, reply, NULL);
+    if (r->on_reply) r->on_reply(r, tag, other != NULL, reply, NULL);
     return;
   }
 }
@@ -481,15 +481,15 @@ static void alloc_cb(uv_handle_t *handle, size_t suggested, uv_buf_t *buf) {
 static void ended(mj_redis_t *r, int status) {
   char why[240];
   const char *what = status == UV_EOF ? "Server closed the connection" : strerror(-status);
-  if (mj__tls_unwelcome(r, why, sizeof why))
-    ;
-  else if (r->state == MJ_REDIS_CONNECTING)
+  if (mj__tls_unwelcome(r, why, sizeof why)) { /* (why says it) */
+  } else if (r->state == MJ_REDIS_CONNECTING) {
     snprintf(why, sizeof why, "%s during the TLS handshake", status == UV_EOF ? "the server closed the connection" : what);
-  else if (!r->heard && r->tls == NULL)
+  } else if (!r->heard && r->tls == NULL) {
     snprintf(why, sizeof why, "%s before any reply (a TLS port does so to plaintext: if the server's port is"
              " a TLS port, use a rediss:// URL)", what);
-  else
+  } else {
     snprintf(why, sizeof why, "%s", what);
+  }
   mj__redis_fail(r, why);
 }
 
@@ -585,8 +585,8 @@ static void connect_cb(uv_connect_t *req, int status) {
   if (mj__tls_start(r) != 0) went_down(r, r->last_error);
 }
 
-/* Starts connecting to address i: 0, or -1 with r->last_error set (and
- * the socket closing when it was opened). */
+/* Starts connecting to address i: 0, or -1 with r->last_error set (the
+ * socket, when it was opened, is the caller's to close). */
 static int connect_to(mj_redis_t *r, int i) {
   mj__tls_end(r, 0); /* the address before's */
   int rc = uv_tcp_init(&r->ctx->loop, &r->tcp);
