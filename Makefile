@@ -63,7 +63,7 @@ DEB_PACKAGES += faketime        # the schedules spec runs a worker whose clock i
 DEB_PACKAGES += tzdata          # time zones of schedules: the tz database the producer reads
 DEB_PACKAGES += lua5.2 lua5.3 lua5.4 lua-socket lua-redis # the pure-Lua producer's spec and bench: plain Luas, redis-lua
 
-.PHONY: all deps bench-deps bullmq-deps browser-deps openresty-deps spec-host test test-fast sanitize chaos demo repl bench install uninstall clean
+.PHONY: all deps bench-deps bullmq-deps browser-deps openresty-deps valkey-deps spec-host test test-fast test-valkey sanitize chaos demo repl bench install uninstall clean
 
 IN_TREE = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="$(BUILD)/?.so;;"
 
@@ -178,6 +178,38 @@ openresty-deps:
 	cd ../root && test -x usr/sbin/nginx && test -f usr/lib/nginx/modules/ngx_http_lua_module.so || exit 1; \
 	echo "$$want" > ../packages
 
+# Valkey 8, the Redis fork, for `make test-valkey`: valkey-server and
+# valkey-cli (both in valkey-tools; valkey-server adds the name) downloaded
+# from bookworm-backports with apt-get download (no root needed) into
+# $(VALKEY_DIR)/debs and unpacked with dpkg -x into $(VALKEY_DIR)/root, never
+# installed; the shared libraries it links (VALKEY_LIBS, all from bookworm:
+# redis-tools needs the same, so make deps has them) too when not installed.
+# Debian 12 has backports in no source list by default: apt-get must know it
+# (a `bookworm-backports` suite beside the Debian source's `bookworm`, as
+# .ci/run adds for its run), else this fails and says so; test-valkey then
+# skips. No update of apt's lists is made here.
+VALKEY_DIR      = build/valkey
+VALKEY_PACKAGES = valkey-server valkey-tools
+VALKEY_LIBS     = libatomic1 libjemalloc2 liblzf1 libssl3 libsystemd0 libstdc++6
+VALKEY_BIN      = $(CURDIR)/$(VALKEY_DIR)/root/usr/bin
+VALKEY_ENV      = LD_LIBRARY_PATH="$$(ls -d $(CURDIR)/$(VALKEY_DIR)/root/usr/lib/*-linux-gnu* \
+                  $(CURDIR)/$(VALKEY_DIR)/root/lib/*-linux-gnu* 2>/dev/null | tr '\n' :)$$LD_LIBRARY_PATH"
+valkey-deps:
+	@want='$(VALKEY_PACKAGES) $(VALKEY_LIBS)'; \
+	if [ "$$(cat $(VALKEY_DIR)/packages 2>/dev/null)" = "$$want" ] && [ -x $(VALKEY_BIN)/valkey-server ]; then exit 0; fi; \
+	rm -rf $(VALKEY_DIR) && mkdir -p $(VALKEY_DIR)/debs $(VALKEY_DIR)/root || exit 1; \
+	get='$(VALKEY_PACKAGES)'; \
+	for p in $(VALKEY_LIBS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || get="$$get $$p"; \
+	done; \
+	echo "downloading Debian packages into $(VALKEY_DIR)/debs (not installed): $$get"; \
+	cd $(VALKEY_DIR)/debs || exit 1; \
+	if ! apt-get download -q $$get; then \
+	  echo "valkey-deps: apt-get cannot download them: is bookworm-backports among apt's suites?" >&2; exit 1; \
+	fi; \
+	for d in *.deb; do dpkg -x "$$d" ../root || exit 1; done; \
+	cd $(CURDIR) && $(VALKEY_ENV) $(VALKEY_BIN)/valkey-server --version && echo "$$want" > $(VALKEY_DIR)/packages
+
 # The suite runs as several busted processes at once, a spec file each
 # (spec/support/parallel_run.lua: longest first, one log per file, shown when
 # it fails), and ends with one line, "N passed, N failed". SPEC_JOBS sets how
@@ -186,6 +218,20 @@ SPECS      ?= spec
 PARALLEL   = $(LUA) spec/support/parallel_run.lua
 test: deps browser-deps openresty-deps all spec-host
 	$(PARALLEL) --busted "$(BUSTED)" $(SPECS)
+
+# The specs that talk to a server (the Redis queue's, the dashboard's, the
+# command line's and the producers' on it, OpenResty's too) with Valkey 8 as the server
+# (VALKEY_SPECS; MOONJOB_REDIS_SERVER: spec/support/redis_server.lua), as
+# parallel busted processes as make test runs them. Without the unpacked
+# valkey-server (make valkey-deps), it says so and skips. The libraries
+# valkey-deps unpacked, if any, are found through LD_LIBRARY_PATH.
+VALKEY_SPECS ?= spec/redis spec/dashboard spec/openresty spec/cli/raw_spec.lua spec/core/secrets_spec.lua
+test-valkey: deps openresty-deps all spec-host
+	@if [ ! -x $(VALKEY_BIN)/valkey-server ]; then \
+	  echo "test-valkey: skipped: no $(VALKEY_BIN)/valkey-server (make valkey-deps gets it from bookworm-backports)"; exit 0; fi; \
+	echo "test-valkey: $$($(VALKEY_ENV) $(VALKEY_BIN)/valkey-server --version)"; \
+	$(VALKEY_ENV) MOONJOB_REDIS_SERVER=$(VALKEY_BIN)/valkey-server MOONJOB_REDIS_CLI=$(VALKEY_BIN)/valkey-cli \
+	  $(PARALLEL) --busted "$(BUSTED)" $(VALKEY_SPECS)
 
 # The inner loop: every spec but those tagged #slow (Redis, the REPL,
 # installing, the command line end to end, a few long waits): under 30 s.

@@ -115,8 +115,8 @@ end
 -- The measurements listed at the top. The server and the workers are ended
 -- by their pid however they end.
 local function measure()
-  print(("\nRedis queue: redis-server %s, AOF everysec, %d no-op jobs per run")
-    :format(sh_first_line("redis-server --version | grep -o 'v=[0-9.]*'") or "?", JOBS))
+  print(("\nRedis queue: %s %s, AOF everysec, %d no-op jobs per run"):format(redis_server.SERVER,
+    sh_first_line(redis_server.SERVER .. " --version | grep -o 'v=[0-9.]*'") or "?", JOBS))
   print(("%-20s %13s %14s %7s %10s %14s"):format("worker processes", "queue jobs/s", "FCALL floor/s", "ratio",
     "FCALL/job", "commands/job"))
   for _, workers in ipairs({ 1, 2 }) do

@@ -9,6 +9,7 @@
 -- plain HSET was seen to take 188 ms (the server descheduled), as long as
 -- an unbounded call.
 local helpers = require "helpers"
+local redis_server = require "redis_server"
 local rq = require "redis_queue"
 
 local fetch_ids = require("held_groups").fetch
@@ -36,7 +37,7 @@ local function pipe_adds(q, n, of)
   end
   out:write(table.concat(buf))
   out:close()
-  local said = helpers.sh(("redis-cli -p %d --pipe < %s"):format(rq.server().port, path))
+  local said = helpers.sh(("%s -p %d --pipe < %s"):format(redis_server.CLI, rq.server().port, path))
   os.remove(path)
   assert(said:find("errors: 0, replies: " .. n, 1, true), said)
 end

@@ -4,6 +4,7 @@
 -- it, the worker says it, and no job is failed, replaced or taken out of
 -- line.
 local helpers = require "helpers"
+local redis_server = require "redis_server"
 local rf = require "redis_workers"
 
 -- An ACL user that may do all moonjob needs but HMGET (a selector may let
@@ -22,8 +23,8 @@ end
 
 -- FCALL moonjob_fetch on queue as that user (n jobs, lease ms) -> its output.
 local function fetch_as_w(server, queue, n, lease)
-  return (helpers.sh(("redis-cli -p %d --user w --pass pw --no-auth-warning FCALL moonjob_fetch 1 "
-    .. "'mj:{%s}:' w1 %d %d '' '' 0 2>&1"):format(server.port, queue, n, lease or 30000)))
+  return (helpers.sh(("%s -p %d --user w --pass pw --no-auth-warning FCALL moonjob_fetch 1 "
+    .. "'mj:{%s}:' w1 %d %d '' '' 0 2>&1"):format(redis_server.CLI, server.port, queue, n, lease or 30000)))
 end
 
 -- A job's state, data and worker as they are in Redis (the admin reads them).

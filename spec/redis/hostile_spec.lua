@@ -214,7 +214,7 @@ rq.describe(function()
         w:flush()
         helpers.wait_for(function() return tonumber(server:cli("ZCARD", "mj:{s}:wait")) >= 128 end, 20)
         helpers.sleep(0.5)
-        os.execute(("redis-cli -p %d DEBUG SLEEP 7 >/dev/null 2>&1 &"):format(server.port))
+        os.execute(("%s -p %d DEBUG SLEEP 7 >/dev/null 2>&1 &"):format(redis_server.CLI, server.port))
         helpers.sleep(0.5) -- the server sleeps: what is sent now gets no reply for 6.5 s
         w:write(table.concat(lines, "\n", 401, 600), "\n")
         w:close()

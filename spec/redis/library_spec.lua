@@ -9,6 +9,7 @@ local cli = require "cli"
 local faults = require "redis_faults"
 local helpers = require "helpers"
 local library = require "moonjob.redis.library"
+local redis_server = require "redis_server"
 local rq = require "redis_queue"
 
 local REDIS_LOCALS_MAX = 200 -- "main function has more than 200 local variables"
@@ -61,7 +62,7 @@ end
 -- longer than one argument may be) -> its first line.
 local function load(server, text)
   local path = helpers.write_file(os.tmpname(), text)
-  local out = helpers.first_line(("redis-cli -p %d -x FUNCTION LOAD REPLACE < %s 2>&1"):format(server.port, path))
+  local out = helpers.first_line(("%s -p %d -x FUNCTION LOAD REPLACE < %s 2>&1"):format(redis_server.CLI, server.port, path))
   os.remove(path)
   return out
 end

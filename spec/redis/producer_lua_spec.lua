@@ -9,6 +9,7 @@ local faults = require "redis_faults"
 local helpers = require "helpers"
 local library = require "moonjob.redis.library"
 local pure_lua = require "pure_lua"
+local redis_server = require "redis_server"
 local rq = require "redis_queue"
 
 local OURS = library.version()
@@ -20,11 +21,13 @@ local function client_of(lua)
   return "{ port = PORT }"
 end
 
--- Runs body under lua (its QUEUE and CLIENT replaced) -> its output's rows;
--- the program must end well and be pure.
+-- Runs body under lua (its QUEUE, CLIENT and REDIS_CLI, the client program
+-- as a shell word, replaced) -> its output's rows; the program must end well
+-- and be pure.
 local function run(lua, queue, body)
   local server = rq.server()
-  body = body:gsub("QUEUE", queue):gsub("CLIENT", client_of(lua))
+  local cli_program = ("%q"):format(redis_server.CLI)
+  body = body:gsub("QUEUE", queue):gsub("REDIS_CLI", function() return cli_program end):gsub("CLIENT", client_of(lua))
   local out, err, status = pure_lua.run(lua, server.port, body)
   assert.equal(0, status, "the program failed: " .. err .. out)
   local rows = pure_lua.rows(out)
@@ -93,11 +96,11 @@ rq.describe(function()
         local rows = run(lua, rq.new_queue(), [[
           local q = assert(producer.queue(CLIENT, "QUEUE"))
           say("first", assert(q:add({ n = 1 })).state)
-          os.execute("redis-cli -p " .. PORT .. " FUNCTION FLUSH >/dev/null")
+          os.execute(REDIS_CLI .. " -p " .. PORT .. " FUNCTION FLUSH >/dev/null")
           say("after flush", assert(q:add({ n = 2 })).state)
-          os.execute("redis-cli -p " .. PORT .. " FUNCTION FLUSH >/dev/null")
+          os.execute(REDIS_CLI .. " -p " .. PORT .. " FUNCTION FLUSH >/dev/null")
           say("bulk after flush", #assert(q:add_bulk({ { n = 3 }, { n = 4 } })))
-          os.execute("redis-cli -p " .. PORT .. " FUNCTION FLUSH >/dev/null")
+          os.execute(REDIS_CLI .. " -p " .. PORT .. " FUNCTION FLUSH >/dev/null")
           say("waiting", assert(q:counts()).waiting)
         ]])
         assert.same({ { "first", "waiting" }, { "after flush", "waiting" }, { "bulk after flush", "2" },

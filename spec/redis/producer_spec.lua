@@ -75,7 +75,7 @@ rq.describe(function()
   describe("a connection", function()
     it("drops a reply larger than its bound before holding it (a 40 MB string, a 1 MiB bound)", function()
       local data = helpers.write_file(os.tmpname(), ("x"):rep(40 * 1024 * 1024))
-      assert.equal("OK", helpers.first_line(("redis-cli -p %d -x SET huge < %s"):format(rq.server().port, data)))
+      assert.equal("OK", helpers.first_line(("%s -p %d -x SET huge < %s"):format(redis_server.CLI, rq.server().port, data)))
       os.remove(data)
       local script = helpers.write_file(os.tmpname(), ([[
         local core = require "moonjob.core"

@@ -15,9 +15,9 @@ local STALL = 7 -- seconds: the watchdog (5 s, looked at every 1.25 s) fires wit
 -- Starts DEBUG SLEEP on another connection and returns once the server
 -- sleeps (a PING gets no answer).
 local function stall(server, seconds)
-  os.execute(("redis-cli -p %d DEBUG SLEEP %s >/dev/null 2>&1 &"):format(server.port, seconds))
+  os.execute(("%s -p %d DEBUG SLEEP %s >/dev/null 2>&1 &"):format(redis_server.CLI, server.port, seconds))
   for _ = 1, 50 do
-    local pong = helpers.first_line(("timeout 0.3 redis-cli -p %d PING 2>/dev/null"):format(server.port))
+    local pong = helpers.first_line(("timeout 0.3 %s -p %d PING 2>/dev/null"):format(redis_server.CLI, server.port))
     if pong ~= "PONG" then return end
   end
   error("the server did not start sleeping")

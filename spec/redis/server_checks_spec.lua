@@ -34,8 +34,8 @@ rq.describe(function()
       assert(q:add({ echo = 2 }))
       -- the code every tenant's calls run, and other tenants' key names, are out of its reach
       for _, command in ipairs({ "FUNCTION FLUSH", "FUNCTION DELETE moonjob", "KEYS '*'", "SCAN 0", "FLUSHDB" }) do
-        local out = helpers.first_line(("redis-cli -p %d --user tenant-a --pass pw-a --no-auth-warning %s 2>&1")
-          :format(server.port, command))
+        local out = helpers.first_line(("%s -p %d --user tenant-a --pass pw-a --no-auth-warning %s 2>&1")
+          :format(redis_server.CLI, server.port, command))
         assert.matches("NOPERM", out, command)
       end
     end)

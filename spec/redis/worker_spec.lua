@@ -3,6 +3,7 @@
 local moonjob = require "moonjob"
 local helpers = require "helpers"
 local loop = require "moonjob.loop"
+local redis_server = require "redis_server"
 local rq = require "redis_queue"
 
 rq.describe(function()
@@ -205,7 +206,7 @@ rq.describe(function()
         ("n"):rep(5000), 0, 0, 1))
       rq.server():cli("FCALL", "moonjob_add", 1, prefix, "sneaky", "{}", 0, 0, 1, "", 0, 0, "", 0, 0, 1)
       local big = helpers.write_file(os.tmpname(), ("n"):rep(3 * 1024 * 1024))
-      helpers.first_line(("redis-cli -p %d -x HSET '%sj:sneaky' name < %s"):format(rq.server().port, prefix, big))
+      helpers.first_line(("%s -p %d -x HSET '%sj:sneaky' name < %s"):format(redis_server.CLI, rq.server().port, prefix, big))
       os.remove(big) -- a name written around moonjob_add
       -- (and its mark of a job with no option to read dropped, as docs/REDIS.md asks of such a writer)
       rq.server():cli("HDEL", prefix .. "j:sneaky", "plain")

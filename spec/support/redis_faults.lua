@@ -14,6 +14,7 @@
 --
 -- Everything listens on 127.0.0.1 only; processes are ended by their pid.
 local helpers = require "helpers"
+local redis_server = require "redis_server"
 
 local M = {}
 
@@ -37,7 +38,7 @@ end
 -- loaded from it).
 function M.load_library(server, path)
   local source = path and ("< " .. path) or ""
-  local command = ("redis-cli -p %d -x FUNCTION LOAD REPLACE %s 2>&1"):format(server.port, source)
+  local command = ("%s -p %d -x FUNCTION LOAD REPLACE %s 2>&1"):format(redis_server.CLI, server.port, source)
   if not path then command = helpers.LUAJIT .. " scripts/moonjob library | " .. command end
   local out = helpers.first_line(command)
   assert(out == "moonjob", out)
