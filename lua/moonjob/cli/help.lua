@@ -39,7 +39,7 @@ local OPTIONS = {
     "(default 60); then the run stops with ELOAD" },
   ["--progress"] = { "--progress, --no-progress", "show a progress line and a summary on stderr, or",
     "not (default: when stderr is a terminal; none is drawn while the input is typed on a terminal)" },
-  ["--redis"] = { "--redis URL", "redis://[user:password@]host[:port][/db]; default:",
+  ["--redis"] = { "--redis URL", "redis://[user:password@]host[:port][/db] (rediss:// for TLS); default:",
     "$MOONJOB_REDIS (keeps a password out of `ps`)" },
   ["--queue"] = { "--queue NAME", "the queue's name" },
   ["--expire"] = { "--expire S", "a job not started within S seconds fails (EEXPIRED)",
