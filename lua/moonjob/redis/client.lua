@@ -16,13 +16,17 @@
 -- callback then hears "resubscribed" (messages sent while it was down are
 -- lost: the owner re-checks).
 --
--- Caveats: no TLS (hiredis 0.14 has none); no Unix sockets; one server (no
--- Sentinel or Cluster redirections: after a failover the URL must name the
--- new primary; every key of a queue shares one hash tag so a cluster-aware
+-- redis+sentinel:// URLs: the primary is asked of the sentinels before each
+-- connection, verified, and followed at +switch-master
+-- (moonjob.redis.sentinel, through the hooks marked "Sentinel" below).
+--
+-- Caveats: no TLS (hiredis 0.14 has none); no Unix sockets; no Cluster
+-- redirections (every key of a queue shares one hash tag so a cluster-aware
 -- proxy can route it).
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
 local setup = require "moonjob.redis.setup"
+local sentinel = require "moonjob.redis.sentinel"
 
 local M = {}
 local Client = {}
@@ -32,13 +36,15 @@ local function unescape(s)
   return (s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
 end
 
--- parse(url) -> { host, port, db, user, password } | nil, err
+-- parse(url) -> { host, port, db, user, password } | nil, err (a
+-- redis+sentinel:// URL: moonjob.redis.sentinel's target)
 function M.parse(url)
   if type(url) ~= "string" then return nil, "a Redis URL must be a string like redis://host:6379/0" end
+  if url:match("^rediss?%+sentinel://") then return sentinel.parse(url) end -- Sentinel
   local rest = url:match("^redis://(.*)$")
   if not rest then
     return nil, ("'%s' is not a Redis URL: write redis://[user:password@]host[:port][/db]"):format(
-      (url:gsub("^(%w*:?//).*@", "%1***@")))
+      (url:gsub("^([%w+.-]*:?//).*@", "%1***@")))
   end
   local t = { port = 6379, db = 0 }
   local auth, hostpart = rest:match("^(.*)@([^@]*)$") -- the last @: a password may hold one
@@ -73,6 +79,7 @@ end
 
 -- The URL as it may be printed: the password replaced by ***.
 function M.display(t)
+  if t.sentinels then return sentinel.display(t) end -- Sentinel
   local auth = ""
   if t.password then auth = (t.user or "") .. ":***@" end
   local host = t.host:find(":") and "[" .. t.host .. "]" or t.host
@@ -85,6 +92,8 @@ end
 function M.new(url, opts)
   local t, err = M.parse(url)
   if not t then return nil, err end
+  err = t.sentinels and sentinel.unusable(t) -- Sentinel
+  if err then return nil, err end
   opts = opts or {}
   local self = setmetatable({
     target = t, name = M.display(t),
@@ -103,6 +112,7 @@ function M.new(url, opts)
   }, Client)
   self.timer = core.timer(function() self:_tick() end)
   self.ping_timer = core.timer(function() self:_ping() end)
+  if t.sentinels then self.sentinel = sentinel.new(self) end -- Sentinel: finds the primary
   self:_connect()
   return self
 end
@@ -120,7 +130,9 @@ local function plain_reason(self, why)
   why = why:match("^cannot connect to .-: (.+)$") or why
   if why:match("^cannot resolve ") then why = "its host name does not resolve" end
   local t = self.target
-  for _, part in ipairs({ "redis://", t.host, ":" .. t.port, t.user or "redis://" }) do
+  local parts = { "redis://", t.user or "redis://" }
+  for _, s in ipairs(t.sentinels or { t }) do parts[#parts + 1], parts[#parts + 2] = s.host, ":" .. s.port end
+  for _, part in ipairs(parts) do
     if why:find(part, 1, true) then return nil end
   end
   return (why:gsub("^(%u)(%l)", function(a, b) return a:lower() .. b end)) -- "Connection refused"
@@ -140,8 +152,13 @@ end
 
 function Client:_connect()
   if self.closed then return end
+  local host, port = self.target.host, self.target.port
+  if self.sentinel then -- Sentinel: nil while the sentinels are asked (_connect again once they answer)
+    host, port = self.sentinel:calls_address()
+    if not host then return end
+  end
   local conn
-  conn = core.redis(self.target.host, self.target.port, self.timeout_ms, self.max_reply,
+  conn = core.redis(host, port, self.timeout_ms, self.max_reply,
     function(kind, why)
       if self.conn ~= conn then
         if kind == "down" and self.retiring[conn] then self.retiring[conn] = nil; conn:close() end
@@ -251,7 +268,7 @@ function Client:call(args, cb, tries)
   if self.ready and conn then
     local ok, err = conn:command(args, function(v, e, kind)
       if e and kind == "reply" then
-        local state = setup.state_refusal(e)
+        local state = setup.state_refusal(e) or self.sentinel and self.sentinel:state_refusal(e) -- (Sentinel)
         if state then return self:_retire(conn, state, args, cb, tries) end
         if setup.function_missing(e) and (tries or 0) < 2 then
           return self:_reload(conn, args, cb, (tries or 0) + 1)
@@ -387,9 +404,14 @@ function Client:_resubscribe()
     return
   end
   if self.sub then return end
+  local host, port = self.target.host, self.target.port
+  if self.sentinel then -- Sentinel: the primary of the calls' connection, once known
+    host, port = self.sentinel:subscription_address()
+    if not host then return self:_sub_later() end
+  end
   self.sub_pending = nil
   local sub
-  sub = core.redis(self.target.host, self.target.port, self.sub_timeout_ms, self.max_reply,
+  sub = core.redis(host, port, self.sub_timeout_ms, self.max_reply,
     function(kind)
       if self.sub ~= sub then return end
       if kind == "up" then
@@ -424,6 +446,7 @@ end
 function Client:close()
   if self.closed then return end
   self.closed, self.ready = true, false
+  if self.sentinel then self.sentinel:close() end -- Sentinel
   if self.conn then self.conn:close() end
   if self.sub then self.sub:close() end
   for conn in pairs(self.retiring) do conn:close() end

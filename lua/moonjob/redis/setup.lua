@@ -344,6 +344,9 @@ end
 -- connection that makes calls, not a subscription's).
 function M.run(conn, target, calls, done)
   local steps = auth_steps(target)
+  if target.sentinels then -- a primary the sentinels named: ROLE checked too
+    steps, done = require("moonjob.redis.sentinel").set_up(steps, done)
+  end
   if calls then
     steps[#steps + 1] = check_policy
     steps[#steps + 1] = function(c, next) M.ensure_library(c, target, next) end
