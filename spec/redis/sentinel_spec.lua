@@ -149,6 +149,67 @@ describe("a queue behind Redis Sentinel #slow", function()
     assert.equal("", rf.read(add_err)) -- no line refused, none unknown
   end)
 
+  it("runs again each job whose completion the new primary never had: at once, or after its lease", function()
+    -- the replica cut off from the primary (its link killed, and a wrong
+    -- masterauth so that it cannot come back) for 0.4 s, then the primary
+    -- SIGKILLed: what the primary acknowledged meanwhile never reached the
+    -- replica Sentinel promotes. Jobs completed then are active again there, under
+    -- the old token, with no worker renewing them: recovered once their
+    -- lease lapses, they run again (ESTALLED); jobs whose fetch was lost
+    -- too wait in the new primary's ready set and run again at once. None
+    -- is lost; an add acknowledged in that window is.
+    local LEASE, N = 3, 30
+    local g = start_group()
+    local url, old = g:url(), g:primary_port()
+    local primary, replica = g:server(old), g:other(old)
+    local runs = helpers.tmpdir() .. "/runs.log"
+    local q = rq.close_after(assert(moonjob.queue(url, "unseen")))
+    local ids = {}
+    for i = 1, N do ids[i] = assert(q:add({ n = i, ms = 100, log = runs }, { attempts = 3 })).id end
+    helpers.wait_for(function() return replica:cli("EXISTS", "mj:{unseen}:j:" .. ids[N]) == "1" end, 10)
+    local _, log = start_worker(url, "unseen", ("-j 1 --prefetch 0 --lease %d"):format(LEASE))
+    helpers.wait_for(function() return #rf.lines(runs) >= 5 end, 30)
+    assert.equal("OK", replica:cli("CONFIG", "SET", "masterauth", "wrong"))
+    local stopped = wall_ms()
+    primary:cli("CLIENT", "KILL", "TYPE", "replica")
+    -- an add the old primary acknowledged in the window: lost with it
+    local lost = assert(q:add({ n = 0, ms = 0, log = "/dev/null" }))
+    helpers.sleep(0.4)
+    local killed = wall_ms()
+    primary:kill9()
+    assert.equal("OK", replica:cli("CONFIG", "SET", "masterauth", DATA_PW))
+    wait_long(function() local c = q:counts() return c and c.completed == N end, 60)
+    -- the lost add's id is given again (the ids counter stepped back), and
+    -- its handle answers for its own job only: not kept, never the other's
+    local later = assert(q:add({ n = -1, ms = 0, log = "/dev/null" }))
+    assert.equal(lost.id, later.id)
+    local result, err = lost:wait(1)
+    assert.is_nil(result)
+    assert.equal("ENOTFOUND", err.code)
+    assert.equal(-1, later:wait(20).n)
+    for i, id in ipairs(ids) do
+      local info = assert(q:get(id))
+      assert.equal("completed", info.state)
+      assert.equal(i, info.result.n)
+    end
+    local by_id = read_runs(runs)
+    local again = 0
+    for id, list in pairs(by_id) do
+      if #list > 1 then
+        again = again + 1
+        -- its first run ended while the replica was cut off (it began at most a job's time before)
+        assert.is_true(list[1].at >= stopped - 200 and list[1].at <= killed, id .. " ran again, from outside the window")
+        assert.equal(2, #list)
+      end
+    end
+    -- the job running at the cut: recovered after its lease (ESTALLED);
+    -- those fetched after it: their fetch was lost too, they waited again
+    local recovered = rf.recovered(replica, "unseen")
+    assert.is_true(recovered >= 1, "no job was recovered after its lease")
+    assert.is_true(again > recovered, "no job whose fetch was lost ran again")
+    assert.truthy(file_has(log, "primary for m is now 127.0.0.1:" .. replica.port))
+  end)
+
   it("carries on after the primary is SIGKILLed: every job completes once, re-runs explained", function()
     local LEASE, N = 10, 3000
     local g = start_group()
