@@ -31,7 +31,8 @@ local M = {}
 -- the same text whichever call met it (so that it is said once), or nil.
 local STATE_REASONS = {
   READONLY = "the server is a read-only replica (READONLY): reconnecting until the URL names a primary"
-    .. " again (no Sentinel: point the URL at the new primary, or make this server one)",
+    .. " again (point the URL at the new primary, make this server one, or name the sentinels:"
+    .. " redis+sentinel://)",
   MASTERDOWN = "the server is a replica cut off from its primary (MASTERDOWN): reconnecting until"
     .. " the URL names a primary again",
   LOADING = "the server is loading its data (LOADING): reconnecting until it is ready",
