@@ -120,6 +120,28 @@ describe("a queue behind Redis Sentinel #slow", function()
     assert.matches("no sentinel knows a master named 'nope'", stderr, 1, true)
   end)
 
+  it("makes its watch again on another sentinel, and finds a switch it missed", function()
+    local g = start_group()
+    local q = rq.close_after(assert(moonjob.queue(g:url(), "watched", { timeout = 2 })))
+    local old = g:primary_port()
+    local watched -- (white box: the sentinel its +switch-master watch is on)
+    helpers.wait_for(function() return q.client.sentinel.watch_up end, 10)
+    for i, s in ipairs(g.sentinels) do
+      if s.port == q.client.sentinel.watched.port then watched = i end
+    end
+    os.execute("kill -STOP " .. g.sentinels[watched].pid) -- silent: only the watch's PING can tell
+    rq.close_after({ close = function() os.execute("kill -CONT " .. g.sentinels[watched].pid) end })
+    assert.matches("^OK", g:sentinel_cli(watched % 3 + 1, "SENTINEL", "FAILOVER", "m"))
+    local new = g:other(old).port
+    helpers.wait_for(function() return q.client.sentinel.current.port == new and q.client.ready end, 30)
+    assert.are_not.equal(g.sentinels[watched].port, q.client.sentinel.watched.port)
+    -- moved on the new watch's word: the old primary, still a master, had
+    -- not dropped it yet (Sentinel makes it a replica some 8 s later)
+    assert.equal("master", g:server(old):cli("ROLE"):match("^%a+"))
+    local job = assert(q:add({ n = 1 }))
+    assert.equal("1", g:server(new):cli("EXISTS", "mj:{watched}:j:" .. job.id))
+  end)
+
   it("moves workers and a producer over at SENTINEL FAILOVER without losing a job", function()
     -- min-replicas-to-write 1: once its replica leaves, the old primary
     -- refuses writes (NOREPLICAS) rather than taking ones the new primary

@@ -366,7 +366,13 @@ function Sentinel:_switch(addr, why)
   local cur = self.current
   if c.conn and cur and cur.host == addr.host and cur.port == addr.port then return end -- (there already)
   self.fresh = true
-  if c.conn then c:_retire_conn(c.conn, why) end
+  local old = c.conn
+  if old and c.ready then
+    c:_retire_conn(old, why)
+  elseif old then -- still being set up: no call of the caller's is on it
+    c:_down(why)
+    old:close()
+  end
   c.backoff, c.reconnect_at = 0, 0
   c:_connect()
 end
