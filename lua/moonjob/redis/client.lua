@@ -22,13 +22,17 @@
 -- environment's MOONJOB_REDIS_CA, MOONJOB_REDIS_CERT and MOONJOB_REDIS_KEY
 -- stand in for what the query leaves out (cert and key as a pair).
 --
--- Caveats: no Unix sockets; one server (no Sentinel or Cluster redirections:
--- after a failover the URL must name the new primary; every key of a queue
--- shares one hash tag so a cluster-aware proxy can route it). An @ in a
+-- redis+sentinel:// URLs: the primary is asked of the sentinels before each
+-- connection, verified, and followed at +switch-master
+-- (moonjob.redis.sentinel, through the hooks marked "Sentinel" below).
+--
+-- Caveats: no Unix sockets; no Cluster redirections here (a
+-- redis+cluster:// URL gets moonjob.redis.cluster's client). An @ in a
 -- query value is written %40 (the last @ of a URL ends its password).
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
 local setup = require "moonjob.redis.setup"
+local sentinel = require "moonjob.redis.sentinel"
 
 local M = {}
 local Client = {}
@@ -40,6 +44,18 @@ end
 
 local TLS_QUERY = "ca, cert, key, servername (rediss://host:6380/0?ca=PATH&cert=PATH&key=PATH&servername=NAME)"
 local TLS_ENV = { ca = "MOONJOB_REDIS_CA", cert = "MOONJOB_REDIS_CERT", key = "MOONJOB_REDIS_KEY" }
+
+-- M.tls_defaults(tls) -> tls: the environment's files where a URL's query
+-- named none (a client certificate and its key only as a pair); also for
+-- rediss+sentinel:// URLs (moonjob.redis.sentinel).
+function M.tls_defaults(tls)
+  local pair = tls.cert == nil and tls.key == nil
+  for k, name in pairs(TLS_ENV) do
+    local v = os.getenv(name)
+    if tls[k] == nil and v and v ~= "" and (k == "ca" or pair) then tls[k] = v end
+  end
+  return tls
+end
 
 -- A rediss:// URL's query -> { ca, cert, key, servername } (core.redis's TLS
 -- options), the environment's files where the query names none (a client
@@ -55,22 +71,19 @@ local function tls_options(query)
     if v == "" or tls[k] then return nil, ("%s= in a rediss:// URL needs one value"):format(k) end
     tls[k] = unescape(v)
   end
-  local pair = tls.cert == nil and tls.key == nil
-  for k, name in pairs(TLS_ENV) do
-    local v = os.getenv(name)
-    if tls[k] == nil and v and v ~= "" and (k == "ca" or pair) then tls[k] = v end
-  end
-  return tls
+  return M.tls_defaults(tls)
 end
 
 -- parse(url) -> { host, port, db, user, password, tls } | nil, err; tls
--- (rediss:// only): core.redis's TLS options.
+-- (rediss:// only): core.redis's TLS options (a redis+sentinel:// URL:
+-- moonjob.redis.sentinel's target).
 function M.parse(url)
   if type(url) ~= "string" then return nil, "a Redis URL must be a string like redis://host:6379/0" end
+  if url:match("^rediss?%+sentinel://") then return sentinel.parse(url) end -- Sentinel
   local scheme, rest = url:match("^(rediss?)://(.*)$")
   if not rest then
     return nil, ("'%s' is not a Redis URL: write redis://[user:password@]host[:port][/db], or rediss://"
-      .. " for TLS"):format((url:gsub("^(%w*:?//).*@", "%1***@")))
+      .. " for TLS"):format((url:gsub("^([%w+.-]*:?//).*@", "%1***@")))
   end
   local t = { port = 6379, db = 0 }
   local auth, hostpart = rest:match("^(.*)@([^@]*)$") -- the last @: a password may hold one
@@ -114,6 +127,7 @@ end
 
 -- The URL as it may be printed: the password replaced by ***.
 function M.display(t)
+  if t.sentinels then return sentinel.display(t) end -- Sentinel
   local auth = ""
   if t.password then auth = (t.user or "") .. ":***@" end
   local host = t.host:find(":") and "[" .. t.host .. "]" or t.host
@@ -163,6 +177,7 @@ function M.new(url, opts)
   }, Client)
   self.timer = core.timer(function() self:_tick() end)
   self.ping_timer = core.timer(function() self:_ping() end)
+  if t.sentinels then self.sentinel = sentinel.new(self) end -- Sentinel: finds the primary
   self:_connect()
   if self.unusable then -- a TLS file that cannot be used: said at once
     local why = self.unusable
@@ -181,8 +196,10 @@ local function plain_reason(self, why)
   if why:match("^cannot resolve ") then why = "its host name does not resolve" end
   local t = self.target
   local tls = t.tls or {}
-  for _, part in ipairs({ "redis://", "rediss://", t.host, ":" .. t.port, t.user or "redis://",
-    tls.ca or t.host, tls.cert or t.host, tls.key or t.host, tls.servername or t.host }) do
+  local parts = { "redis://", "rediss://", t.user or "redis://", tls.ca or t.host, tls.cert or t.host,
+    tls.key or t.host, tls.servername or t.host }
+  for _, s in ipairs(t.sentinels or { t }) do parts[#parts + 1], parts[#parts + 2] = s.host, ":" .. s.port end
+  for _, part in ipairs(parts) do
     if why:find(part, 1, true) then return nil end
   end
   return (why:gsub("^(%u)(%l)", function(a, b) return a:lower() .. b end)) -- "Connection refused"
@@ -202,9 +219,14 @@ end
 
 function Client:_connect()
   if self.closed then return end
+  local host, port = self.target.host, self.target.port
+  if self.sentinel then -- Sentinel: nil while the sentinels are asked (_connect again once they answer)
+    host, port = self.sentinel:calls_address()
+    if not host then return end
+  end
   local conn
   local err
-  conn, err = M.open(self.target, self.target.host, self.target.port, self.timeout_ms, self.max_reply,
+  conn, err = M.open(self.target, host, port, self.timeout_ms, self.max_reply,
     function(kind, why)
       if self.conn ~= conn then
         if kind == "down" and self.retiring[conn] then self.retiring[conn] = nil; conn:close() end
@@ -318,7 +340,7 @@ function Client:call(args, cb, tries)
   if self.ready and conn then
     local ok, err = conn:command(args, function(v, e, kind)
       if e and kind == "reply" then
-        local state = setup.state_refusal(e)
+        local state = setup.state_refusal(e) or self.sentinel and self.sentinel:state_refusal(e) -- (Sentinel)
         if state then return self:_retire(conn, state, args, cb, tries) end
         if setup.function_missing(e) and (tries or 0) < 2 then
           return self:_reload(conn, args, cb, (tries or 0) + 1)
@@ -454,9 +476,14 @@ function Client:_resubscribe()
     return
   end
   if self.sub then return end
+  local host, port = self.target.host, self.target.port
+  if self.sentinel then -- Sentinel: the primary of the calls' connection, once known
+    host, port = self.sentinel:subscription_address()
+    if not host then return self:_sub_later() end
+  end
   self.sub_pending = nil
   local sub
-  sub = M.open(self.target, self.target.host, self.target.port, self.sub_timeout_ms, self.max_reply,
+  sub = M.open(self.target, host, port, self.sub_timeout_ms, self.max_reply,
     function(kind)
       if self.sub ~= sub then return end
       if kind == "up" then
@@ -492,6 +519,7 @@ end
 function Client:close()
   if self.closed then return end
   self.closed, self.ready = true, false
+  if self.sentinel then self.sentinel:close() end -- Sentinel
   if self.conn then self.conn:close() end
   if self.sub then self.sub:close() end
   for conn in pairs(self.retiring) do conn:close() end
