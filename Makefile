@@ -19,7 +19,7 @@ LDFLAGS    ?=
 
 WARN       = -Wall -Wextra -Wno-unused-parameter -std=gnu11
 MJ_CFLAGS  = $(CFLAGS) $(WARN) -fPIC -I$(LUA_INCDIR)
-UV_LIBS    = -luv -lhiredis -lhttp_parser
+UV_LIBS    = -luv -lhiredis -lhttp_parser -lssl -lcrypto
 LUAJIT_LIB = -lluajit-5.1
 
 BUILD      = build
@@ -41,7 +41,7 @@ CHILD      = $(BUILD)/moonjob/moonjob-child
 # the dynamic symbol table a processor's code sees. Header dependencies,
 # included parts too, are the compiler's own (-MMD -MP: a .d beside each .o).
 CORE_SRC   = $(addprefix core/parent/,loop.c process.c channel.c send.c shared.c spawn.c reap.c \
-               stdio.c output.c redis.c http.c http_response.c bind/module.c) core/json_scan.c
+               stdio.c output.c redis.c redis_tls.c http.c http_response.c bind/module.c) core/json_scan.c
 CORE_OBJ   = $(CORE_SRC:core/%.c=$(BUILD)/obj/%.o)
 CHILD_OBJ  = $(BUILD)/obj/child/main.o
 C_DEPS     = $(CORE_OBJ:.o=.d) $(CHILD_OBJ:.o=.d)
@@ -56,6 +56,7 @@ DEB_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev libuv1-dev lu
                iproute2 git
 DEB_PACKAGES += lua-luv rlwrap   # luv: the spec of a host event loop; rlwrap: make repl's line editing
 DEB_PACKAGES += libhttp-parser-dev curl # the core's HTTP server (http.c); curl: its spec's client
+DEB_PACKAGES += libssl-dev ca-certificates # Redis over TLS (redis_tls.c: OpenSSL); the system's trust store
 DEB_PACKAGES += prometheus      # promtool: the metrics specs check pool:metrics()'s text with it
 DEB_PACKAGES += chromium        # the dashboard's browser spec (spec/browser/; Node: browser-deps)
 DEB_PACKAGES += faketime        # the schedules spec runs a worker whose clock is far off

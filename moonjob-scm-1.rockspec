@@ -26,7 +26,8 @@ dependencies = {
 external_dependencies = {
   LIBUV = { header = "uv.h", library = "uv" },
   LUAJIT = { header = "luajit-2.1/luajit.h", library = "luajit-5.1" },
-  HIREDIS = { header = "hiredis/async.h", library = "hiredis" },
+  HIREDIS = { header = "hiredis/read.h", library = "hiredis" },
+  OPENSSL = { header = "openssl/ssl.h", library = "ssl" },
   HTTP_PARSER = { header = "http_parser.h", library = "http_parser" },
 }
 -- The Makefile builds into build-luarocks/, never into the build/ of `make`,

@@ -53,9 +53,12 @@ static void mj_wakeup_cb(uv_async_t *handle) {
 static int run_ready(mj_ctx_t *ctx);
 
 /* Frames staged during the loop's callbacks (send.c) are written before
- * the loop waits for events, and as soon as it has handled them. */
+ * the loop waits for events, and as soon as it has handled them. Redis
+ * commands (redis.c) only before it waits: those of a whole turn, its
+ * timers' and its events', go out in one write. */
 static void mj_flush_before_cb(uv_prepare_t *h) {
   mj__process_flush_all(h->data);
+  mj__redis_flush_all(h->data);
 }
 
 static void mj_flush_after_cb(uv_check_t *h) {
@@ -66,7 +69,8 @@ static void mj_flush_after_cb(uv_check_t *h) {
  * Returns 0 or a UV_E... code. */
 int mj_ctx_init(mj_ctx_t *ctx) {
   memset(ctx, 0, sizeof *ctx);
-  mj_list_t *lists[] = {&ctx->live, &ctx->open, &ctx->inputs, &ctx->outputs, &ctx->redis, &ctx->http};
+  mj_list_t *lists[] = {&ctx->live, &ctx->open, &ctx->inputs, &ctx->outputs, &ctx->redis, &ctx->redis_staged,
+                        &ctx->tls, &ctx->http};
   for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) mj__list_init(lists[i]);
   int rc = uv_loop_init(&ctx->loop);
   if (rc != 0) return rc;
@@ -151,6 +155,9 @@ int mj_ctx_run(mj_ctx_t *ctx, uv_run_mode mode) {
     uv_run(&ctx->loop, mode);
     ctx->running = 0;
     mj__process_flush_all(ctx); /* a timer run last (UV_RUN_ONCE) may have staged frames */
+    /* Redis commands wait for the next run's prepare (a turn's in one write)
+     * unless a host loop steps it: it may not step again soon */
+    if (mode == UV_RUN_NOWAIT) mj__redis_flush_all(ctx);
   }
   if (ctx->interrupted) {
     ctx->stop_signal = ctx->interrupted;

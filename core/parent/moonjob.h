@@ -91,6 +91,8 @@ struct mj_ctx_s {
   mj_list_t inputs;                    /* stdio.c: inputs not freed yet */
   mj_list_t outputs;                   /* output.c: outputs not freed yet */
   mj_list_t redis;                     /* redis.c: connections not freed yet */
+  mj_list_t redis_staged;              /* redis.c: connections with commands staged this turn */
+  mj_list_t tls;                       /* redis_tls.c: the TLS client contexts made so far */
   mj_list_t http;                      /* http.c: servers not freed yet */
   const mj_closer_t *closers[MJ_CLOSE_TURNS]; /* the parts to end on close, by turn */
   uv_async_t wakeup;                   /* wakes the loop from the SIGINT handler */
@@ -374,10 +376,12 @@ size_t mj_output_pending(const mj_output_t *out);
 void mj_output_release(mj_output_t *out);
 void mj_output_close(mj_output_t *out);
 
-/* ----------------------------------------------------------- redis.c --- */
+/* ---------------------------------------------- redis.c, redis_tls.c --- */
 
-struct redisAsyncContext;
+struct redisReader;
 struct redisReply;
+struct ssl_st;
+struct ssl_ctx_st;
 typedef struct mj_redis_s mj_redis_t;
 
 #define MJ_REDIS_ADDRS 8 /* addresses of a name tried, at most */
@@ -391,43 +395,121 @@ typedef void (*mj_redis_reply_cb)(mj_redis_t *r, intptr_t tag, int persistent,
 typedef void (*mj_redis_state_cb)(mj_redis_t *r, int up, const char *why);
 typedef void (*mj_redis_freed_cb)(mj_redis_t *r);
 
+/* TLS for a connection (mj_redis_open): files (NULL: the default) and the
+ * name to check the server's certificate against (NULL: the host). */
+typedef struct {
+  const char *ca;                      /* the CAs trusted (a PEM file or a hashed directory);
+                                          NULL: the system's trust store */
+  const char *cert, *key;              /* a client certificate (chain) and its key; key
+                                          NULL: in the cert file */
+  const char *servername;              /* sent (SNI, unless an IP address) and checked */
+} mj_redis_tls_options_t;
+
+/* A reply due, in the order the commands went out. */
+typedef enum { MJ_DUE_REPLY, MJ_DUE_SUBSCRIBE, MJ_DUE_PING } mj_redis_due_kind_t;
+typedef struct {
+  intptr_t tag;
+  unsigned kind : 2;                   /* mj_redis_due_kind_t */
+  unsigned left : 30;                  /* SUBSCRIBE: confirmations still due (one a channel) */
+} mj_redis_due_t;
+
+/* A channel subscribed to (SUBSCRIBE, or SSUBSCRIBE: sharded). The channels
+ * of one command share its tag; the first (owner) hears the tag's last call. */
+typedef struct {
+  char *channel;
+  size_t len;
+  intptr_t tag;
+  unsigned sharded : 1, owner : 1;
+} mj_redis_sub_t;
+
+typedef union {
+  struct sockaddr sa;
+  struct sockaddr_in in;
+  struct sockaddr_in6 in6;
+} mj_sockaddr_t;
+
 struct mj_redis_s {
   mj_ctx_t *ctx;
-  struct redisAsyncContext *ac;        /* NULL once hiredis freed it */
   uv_getaddrinfo_t resolver;
-  uv_poll_t poll;                      /* the socket, for hiredis (our adapter) */
+  uv_connect_t connector;
+  uv_tcp_t tcp;                        /* the address being tried, then the connection */
+  uv_write_t writer;                   /* the write of `wire` in flight */
   uv_timer_t watchdog;                 /* connect and reply timeouts */
+  struct redisReader *reader;          /* hiredis 0.14's, with our reply objects */
   char host[256];
   int port;
   char addrs[MJ_REDIS_ADDRS][64];      /* what the name resolved to, tried in order */
+  mj_sockaddr_t sockaddrs[MJ_REDIS_ADDRS];
   int naddrs, next_addr;
-  char last_error[160];                /* why the last address tried failed */
+  char last_error[240];                /* why the last address tried failed */
   uint64_t timeout_ms;
   size_t max_reply;                    /* bytes one reply may take */
   size_t reply_bytes;                  /* taken by the reply being read */
-  unsigned pending;                    /* commands whose reply is due */
+  unsigned pending;                    /* commands whose reply is due (not SUBSCRIBE, PING) */
   uint64_t last_progress;              /* loop time: connect started, or last reply */
   mj_redis_state_t state;
-  char why[192];                       /* why it went down */
-  int events;                          /* UV_READABLE | UV_WRITABLE hiredis wants */
+  char why[320];                       /* why it went down */
+  char *out, *plain, *wire;            /* bytes for the socket not handed to libuv yet; TLS:
+                                          commands staged, to encrypt; the write in flight */
+  size_t out_len, out_cap, plain_len, plain_cap, wire_cap;
+  mj_redis_due_t *due;                 /* replies due: a ring, oldest first */
+  unsigned due_first, due_count, due_cap;
+  mj_redis_sub_t *subs;                /* channels subscribed to */
+  unsigned nsubs, subs_cap;
+  long subscribed;                     /* the server's count of our (shard) channels: > 0
+                                          while the connection is in subscribed mode */
+  long shard_subscribed;
+  struct ssl_ctx_st *tls;              /* TLS: the client context (a reference), or NULL */
+  struct ssl_st *ssl;                  /* the session of the address being tried */
+  char servername[256];                /* the name the certificate must be for */
   int open_handles;
   mj_redis_reply_cb on_reply;
   mj_redis_state_cb on_state;
   mj_redis_freed_cb on_freed;
   void *data;                          /* owner's */
   mj_list_t link;                      /* on the context's list of connections */
-  unsigned resolving : 1, poll_open : 1, closed : 1;
-  unsigned in_connect : 1, drop_pending : 1, close_pending : 1; /* on_connect: freeing waits */
-  unsigned next_pending : 1;           /* the next address, once the poll handle closed */
+  mj_list_t staged_link;               /* on ctx->redis_staged while commands wait */
+  unsigned resolving : 1, tcp_open : 1, closed : 1, writing : 1;
+  unsigned next_pending : 1;           /* the next address, once the socket closed */
   unsigned ping_pending : 1;           /* a PING on a subscription awaits any byte back */
+  unsigned dispatching : 1, drop_due : 1; /* replies being handed out: ending waits */
+  unsigned heard : 1;                  /* a byte came from the server on this socket */
+  unsigned replied : 1;                /* a reply came on this socket */
+  unsigned tls_heard : 1;              /* a TLS record came (not plaintext) */
+  unsigned tls_cert : 1, tls_ca : 1;   /* a client certificate, a ca= given (for messages) */
+  unsigned tls_asked : 1;              /* the server asked for a client certificate */
 };
 
-int mj_redis_open(mj_ctx_t *ctx, mj_redis_t *r, const char *host, int port,
-                  uint64_t timeout_ms, size_t max_reply);
+/* redis.c */
+int mj_redis_open(mj_ctx_t *ctx, mj_redis_t *r, const char *host, int port, uint64_t timeout_ms,
+                  size_t max_reply, const mj_redis_tls_options_t *tls, char *why, size_t why_len);
 int mj_redis_command(mj_redis_t *r, int argc, const char **argv, const size_t *lens,
                      intptr_t tag, int persistent);
 int mj_redis_ping(mj_redis_t *r);
 void mj_redis_close(mj_redis_t *r);
+
+#define MJ_ETLS (-10002)               /* mj_redis_open: the TLS options cannot be used (why) */
+
+/* Internal: redis.c <- loop.c (commands staged, written once per loop turn) */
+void mj__redis_flush_all(mj_ctx_t *ctx);
+
+/* Internal: redis_tls.c <- redis.c */
+int mj__tls_context(mj_ctx_t *ctx, const mj_redis_tls_options_t *o, struct ssl_ctx_st **out,
+                    char *why, size_t why_len);
+int mj__tls_start(mj_redis_t *r);
+void mj__tls_received(mj_redis_t *r, const char *data, size_t len);
+int mj__tls_encrypt(mj_redis_t *r);
+void mj__tls_end(mj_redis_t *r, int for_good);
+int mj__tls_silence(mj_redis_t *r, uint64_t ms, char *why, size_t why_len);
+int mj__tls_unwelcome(mj_redis_t *r, char *why, size_t why_len);
+void mj__tls_forget_all(mj_ctx_t *ctx);
+
+/* Internal: redis.c <- redis_tls.c */
+void mj__redis_up(mj_redis_t *r);
+void mj__redis_feed(mj_redis_t *r, const char *data, size_t len);
+void mj__redis_fail(mj_redis_t *r, const char *why);
+void mj__redis_send(mj_redis_t *r);
+int mj__redis_out(mj_redis_t *r, const char *data, size_t len);
 
 /* ------------------------------------------------ http.c, http_response.c --- */
 

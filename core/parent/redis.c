@@ -1,41 +1,48 @@
 /* redis.c -- one connection to a Redis server, on the context's libuv loop.
  *
- * Mechanism only: resolve the host name with uv_getaddrinfo (hiredis 0.14
- * would call a blocking getaddrinfo), connect to each numeric address it gave
- * in turn until one answers (localhost may give ::1 first to a server on
- * 127.0.0.1 only; the addresses share the connect timeout), with
- * hiredis's asynchronous API, watch the socket with a uv_poll_t of our own
- * (the adapter below), send commands as argument vectors (binary-safe), and
- * hand each reply to the owner. What the commands mean, reconnecting, AUTH and
- * SELECT are the owner's business (lua/moonjob/redis/client.lua).
+ * Mechanism only: resolve the host name with uv_getaddrinfo, connect a
+ * uv_tcp_t to each numeric address it gave in turn until one answers
+ * (localhost may give ::1 first to a server on 127.0.0.1 only; the addresses
+ * share the connect timeout), optionally speak TLS over it (redis_tls.c),
+ * send commands as argument vectors (binary-safe) and hand each reply to
+ * the owner. What the commands mean, reconnecting, AUTH and SELECT are the
+ * owner's business (lua/moonjob/redis/client.lua).
+ *
+ * The socket is ours; hiredis 0.14 only formats commands and parses replies
+ * (its reader, with our reply objects). Its asynchronous layer knows neither
+ * TLS nor SSUBSCRIBE, and costs two epoll_ctl calls per command sent.
+ * Commands staged during a loop turn go out together, in one write, before
+ * the loop next waits (mj__redis_flush_all, from loop.c's prepare handle).
+ * Replies are matched to commands by order (the replies due: a ring); the
+ * pushes of a subscription (message, smessage, and a server's sunsubscribe)
+ * go to the tag of their channel instead.
  *
  * One mj_redis_t is one connection: once it goes down (refused, reset, timed
  * out, closed) it stays down, every command in flight gets an error, and the
  * owner opens a new one if it wants to.
  *
- * hiredis 0.14 has no timeouts of its own, so a cut network would hang a
- * connection for ever: a watchdog timer drops the connection when connecting
- * takes longer than timeout_ms, or when commands are in flight and no reply
- * came for timeout_ms. Commands sent with `persistent` (SUBSCRIBE) are not
- * counted: their replies come when they come; the owner PINGs a subscribed
+ * A cut network would hang a connection for ever: a watchdog timer drops the
+ * connection when connecting (and the TLS handshake) takes longer than
+ * timeout_ms, or when commands are in flight and no reply came for
+ * timeout_ms. Commands sent with `persistent` (SUBSCRIBE, SSUBSCRIBE) are not
+ * counted: their messages come when they come; the owner PINGs a subscribed
  * connection instead (mj_redis_ping), whose answer is due within timeout_ms.
  *
  * Everything read from the server is untrusted: replies are built by our own
  * reader functions, which refuse a reply (and drop the connection) once it
  * would take more than max_reply bytes (millions of tiny array elements, say),
- * and poll_cb drops the connection once the unparsed rest of a reply passes
- * that bound (hiredis buffers a bulk string whole before those functions see it).
+ * and the connection drops once the unparsed rest of a reply passes that
+ * bound (the reader buffers a bulk string whole before those functions see it).
  *
- * Caveats: hiredis frees its context itself after an error; r->ac is cleared
- * in its callbacks and never used after. Freeing from inside a reply
- * callback is deferred by hiredis until the callback returns; from inside
- * onConnect it is not (0.14 goes on using the context), so a drop or close
- * asked for there waits for the next loop turn (later()).
+ * Caveat: a callback may close the connection, or a reply's callback may
+ * end it; the commands still in flight then hear of it once that callback
+ * returned (as they did with hiredis), never in the middle of it.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
-#include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 
 #include "moonjob.h"
@@ -51,10 +58,6 @@ static void *charge(const redisReadTask *task, size_t bytes) {
     return NULL;
   }
   r->reply_bytes += bytes;
-  if (r->ping_pending) { /* the subscription's link carries bytes: it is alive */
-    r->ping_pending = 0;
-    r->last_progress = uv_now(&r->ctx->loop);
-  }
   return calloc(1, sizeof(redisReply));
 }
 
@@ -125,137 +128,412 @@ static redisReplyObjectFunctions reply_functions = {
   create_string, create_array, create_integer, create_nil, free_reply,
 };
 
+/* ------------------------------------------------------ replies due --- */
+
+static mj_redis_due_t *due_head(mj_redis_t *r) {
+  return r->due_count ? &r->due[r->due_first] : NULL;
+}
+
+static void due_pop(mj_redis_t *r) {
+  r->due_first = (r->due_first + 1) % r->due_cap;
+  r->due_count--;
+}
+
+/* Room for one more (the ring doubles, its wrapped part moved after the rest). */
+static int due_room(mj_redis_t *r) {
+  if (r->due_count < r->due_cap) return 0;
+  unsigned cap = r->due_cap ? r->due_cap * 2 : 16;
+  mj_redis_due_t *grown = realloc(r->due, cap * sizeof *grown);
+  if (grown == NULL) return UV_ENOMEM;
+  for (unsigned i = 0; i < r->due_first; i++) grown[r->due_cap + i] = grown[i];
+  r->due = grown;
+  r->due_cap = cap;
+  return 0;
+}
+
+static void due_push(mj_redis_t *r, mj_redis_due_kind_t kind, intptr_t tag, unsigned left) {
+  mj_redis_due_t *d = &r->due[(r->due_first + r->due_count++) % r->due_cap];
+  d->tag = tag;
+  d->kind = kind;
+  d->left = left;
+}
+
 /* ------------------------------------------------------------- states --- */
 
 static void watchdog_cb(uv_timer_t *handle);
+static void try_next(mj_redis_t *r);
 
-/* A drop or close asked for inside onConnect happens on the next loop turn,
- * through the watchdog timer (which then sees drop_pending). */
-static void later(mj_redis_t *r) {
-  r->drop_pending = 1;
-  uv_timer_start(&r->watchdog, watchdog_cb, 0, 0);
+static void release(mj_redis_t *r) {
+  mj__list_unlink(&r->link);
+  mj__list_unlink(&r->staged_link);
+  mj__tls_end(r, 1);
+  if (r->reader) redisReaderFree(r->reader);
+  for (unsigned i = 0; i < r->nsubs; i++) free(r->subs[i].channel);
+  free(r->subs);
+  free(r->due);
+  free(r->out);
+  free(r->plain);
+  free(r->wire);
+  if (r->on_freed) r->on_freed(r);
 }
 
-static void try_next(mj_redis_t *r);
+/* r is freed once closed and no handle or request points into it. */
+static void maybe_release(mj_redis_t *r) {
+  if (r->closed && r->open_handles == 0 && !r->resolving) release(r);
+}
 
 static void handle_closed(uv_handle_t *handle) {
   mj_redis_t *r = handle->data;
-  if (handle == (uv_handle_t *) &r->poll) {
-    r->poll_open = 0;
-    if (r->next_pending) { /* the address before failed: the poll handle is free again */
+  r->open_handles--;
+  if (handle == (uv_handle_t *) &r->tcp) {
+    r->tcp_open = 0;
+    if (r->next_pending) { /* the address before failed: the handle is free again */
       r->next_pending = 0;
       if (!r->closed && r->state != MJ_REDIS_DOWN) try_next(r);
     }
   }
-  if (--r->open_handles == 0 && !r->resolving) {
-    mj__list_unlink(&r->link);
-    if (r->on_freed) r->on_freed(r);
+  maybe_release(r);
+}
+
+/* (the TLS session stays until the next address, or the end: callers up
+ * the stack may still look at it) */
+static void close_socket(mj_redis_t *r) {
+  r->out_len = r->plain_len = 0;
+  if (r->tcp_open && !uv_is_closing((uv_handle_t *) &r->tcp))
+    uv_close((uv_handle_t *) &r->tcp, handle_closed); /* a write in flight is cancelled */
+}
+
+/* Every command in flight hears why, then every subscription (once a command). */
+static void fail_all(mj_redis_t *r) {
+  const char *why = r->why[0] ? r->why : "connection lost";
+  while (r->due_count > 0) {
+    mj_redis_due_t d = *due_head(r);
+    due_pop(r);
+    if (d.kind != MJ_DUE_REPLY) continue;
+    if (r->pending > 0) r->pending--;
+    if (r->on_reply) r->on_reply(r, d.tag, 0, NULL, why);
+  }
+  while (r->nsubs > 0) {
+    mj_redis_sub_t s = r->subs[--r->nsubs];
+    free(s.channel);
+    if (s.owner && r->on_reply) r->on_reply(r, s.tag, 1, NULL, why);
   }
 }
 
-/* The connection is down for good: the owner hears it once, with why. */
+/* The connection is down for good: the commands in flight hear it, then the
+ * owner, once, with why. Nothing can be sent from now on. */
 static void went_down(mj_redis_t *r, const char *why) {
   if (r->state == MJ_REDIS_DOWN) return;
   r->state = MJ_REDIS_DOWN;
-  r->ping_pending = 0;
+  r->ping_pending = r->drop_due = 0;
   uv_timer_stop(&r->watchdog);
+  mj__list_unlink(&r->staged_link);
   if (r->why[0] == '\0') snprintf(r->why, sizeof r->why, "%s", why ? why : "connection closed");
+  close_socket(r);
+  fail_all(r);
   if (r->on_state && !r->closed) r->on_state(r, 0, r->why);
 }
 
-/* Drops the connection: hiredis runs every pending callback with no reply
- * (the owner sees r->why), then its cleanup hook closes our poll handle. */
-static void drop(mj_redis_t *r, const char *why) {
+/* Drops the connection for why (unless a reason was given first). While
+ * replies are handed out, once the callback in progress returned. */
+void mj__redis_fail(mj_redis_t *r, const char *why) {
   if (r->why[0] == '\0' && why) snprintf(r->why, sizeof r->why, "%s", why);
-  if (r->in_connect) { /* hiredis 0.14 still uses the context */
-    later(r);
+  if (r->dispatching) r->drop_due = 1;
+  else went_down(r, why);
+}
+
+static void socket_failed(mj_redis_t *r, const char *what, int status) {
+  char why[240];
+  if (!mj__tls_unwelcome(r, why, sizeof why)) snprintf(why, sizeof why, "%s: %s", what, strerror(-status));
+  mj__redis_fail(r, why);
+}
+
+/* ------------------------------------------------------------ writing --- */
+
+static void written_cb(uv_write_t *req, int status) {
+  mj_redis_t *r = req->data;
+  r->writing = 0;
+  if (status == UV_ECANCELED || r->state == MJ_REDIS_DOWN) return; /* closing */
+  if (status < 0) {
+    socket_failed(r, "socket error", status);
     return;
   }
-  redisAsyncContext *ac = r->ac;
-  if (ac == NULL) {
-    went_down(r, why);
+  mj__redis_send(r); /* what came meanwhile */
+}
+
+/* Hands what is in r->out to the socket: written at once when the kernel
+ * takes it all (the usual case: one write, no callback), else the rest goes
+ * in a libuv write, and new bytes gather in r->out meanwhile. */
+void mj__redis_send(mj_redis_t *r) {
+  if (r->writing || r->out_len == 0 || !r->tcp_open) return;
+  uv_buf_t buf = uv_buf_init(r->out, (unsigned) r->out_len);
+  int n = uv_try_write((uv_stream_t *) &r->tcp, &buf, 1);
+  if (n == UV_EAGAIN) n = 0;
+  if (n < 0) {
+    socket_failed(r, "socket error", n);
     return;
   }
-  int deferred = (ac->c.flags & REDIS_IN_CALLBACK) != 0;
-  redisAsyncFree(ac); /* inside one of its callbacks, hiredis frees it on return */
-  if (!deferred) {
-    r->ac = NULL;
-    went_down(r, why);
-  }
-}
-
-/* ------------------------------------------------------------ adapter --- */
-
-static void poll_cb(uv_poll_t *handle, int status, int events) {
-  mj_redis_t *r = handle->data;
-  if (r->ac == NULL) return;
-  if (status < 0) { /* let hiredis find out what happened: refused, reset, closed */
-    if (r->state == MJ_REDIS_CONNECTING) redisAsyncHandleWrite(r->ac);
-    else redisAsyncHandleRead(r->ac);
-    if (r->ac == NULL || r->state == MJ_REDIS_DOWN) return;
-    char why[96];
-    snprintf(why, sizeof why, "socket error: %s", uv_strerror(status));
-    drop(r, why);
+  if ((size_t) n == r->out_len) {
+    r->out_len = 0;
     return;
   }
-  if (events & UV_READABLE) {
-    redisAsyncHandleRead(r->ac);
-    /* what is left unparsed is one reply still arriving: hiredis buffers a
-     * bulk string whole before our reader functions see it, so bound it here */
-    redisReader *reader = r->ac != NULL ? r->ac->c.reader : NULL;
-    if (reader != NULL && reader->len - reader->pos > r->max_reply) {
-      snprintf(r->why, sizeof r->why, "a reply from the server is larger than %zu bytes", r->max_reply);
-      drop(r, NULL);
-      return;
-    }
+  char *rest = r->out; /* the buffers swap: libuv holds this one until the write is over */
+  size_t cap = r->out_cap, len = r->out_len;
+  r->out = r->wire;
+  r->out_cap = r->wire_cap;
+  r->out_len = 0;
+  r->wire = rest;
+  r->wire_cap = cap;
+  buf = uv_buf_init(rest + n, (unsigned) (len - (size_t) n));
+  r->writer.data = r;
+  int rc = uv_write(&r->writer, (uv_stream_t *) &r->tcp, &buf, 1, written_cb);
+  if (rc != 0) {
+    socket_failed(r, "socket error", rc);
+    return;
   }
-  if (r->ac != NULL && (events & UV_WRITABLE)) redisAsyncHandleWrite(r->ac);
+  r->writing = 1;
 }
 
-static void watch(mj_redis_t *r) {
-  if (r->poll_open && !uv_is_closing((uv_handle_t *) &r->poll)) {
-    if (r->events) uv_poll_start(&r->poll, r->events, poll_cb);
-    else uv_poll_stop(&r->poll);
-  }
-}
-
-static void ev_add_read(void *data) { mj_redis_t *r = data; r->events |= UV_READABLE; watch(r); }
-static void ev_del_read(void *data) { mj_redis_t *r = data; r->events &= ~UV_READABLE; watch(r); }
-static void ev_add_write(void *data) { mj_redis_t *r = data; r->events |= UV_WRITABLE; watch(r); }
-static void ev_del_write(void *data) { mj_redis_t *r = data; r->events &= ~UV_WRITABLE; watch(r); }
-
-static void ev_cleanup(void *data) {
-  mj_redis_t *r = data;
-  if (r->poll_open && !uv_is_closing((uv_handle_t *) &r->poll))
-    uv_close((uv_handle_t *) &r->poll, handle_closed);
-}
-
-static int attach(mj_redis_t *r, redisAsyncContext *ac) {
-  int rc = uv_poll_init(&r->ctx->loop, &r->poll, ac->c.fd);
-  if (rc != 0) return rc;
-  r->poll.data = r;
-  r->poll_open = 1;
-  r->open_handles++;
-  ac->ev.data = r;
-  ac->ev.addRead = ev_add_read;
-  ac->ev.delRead = ev_del_read;
-  ac->ev.addWrite = ev_add_write;
-  ac->ev.delWrite = ev_del_write;
-  ac->ev.cleanup = ev_cleanup;
+/* Appends bytes for the socket: 0 or UV_ENOMEM. */
+int mj__redis_out(mj_redis_t *r, const char *data, size_t len) {
+  if (mj__grow(&r->out, &r->out_cap, r->out_len + len, 4096) != 0) return UV_ENOMEM;
+  memcpy(r->out + r->out_len, data, len);
+  r->out_len += len;
   return 0;
+}
+
+/* Stages a command's bytes for the next flush (TLS: in the clear, encrypted then). */
+static int stage(mj_redis_t *r, const char *data, size_t len) {
+  if (r->tls != NULL) {
+    if (mj__grow(&r->plain, &r->plain_cap, r->plain_len + len, 4096) != 0) return UV_ENOMEM;
+    memcpy(r->plain + r->plain_len, data, len);
+    r->plain_len += len;
+  } else if (mj__redis_out(r, data, len) != 0) {
+    return UV_ENOMEM;
+  }
+  if (!mj__list_linked(&r->staged_link)) mj__list_push(&r->ctx->redis_staged, &r->staged_link);
+  return 0;
+}
+
+static void flush(mj_redis_t *r) {
+  mj__list_unlink(&r->staged_link);
+  if (r->state != MJ_REDIS_UP) return;
+  if (r->tls != NULL && mj__tls_encrypt(r) != 0) return;
+  mj__redis_send(r);
+}
+
+/* loop.c, before the loop waits: each connection's staged commands in one write. */
+void mj__redis_flush_all(mj_ctx_t *ctx) {
+  while (!mj__list_empty(&ctx->redis_staged)) /* a failed flush may stage on others */
+    flush(MJ_LIST_ITEM(ctx->redis_staged.next, mj_redis_t, staged_link));
+}
+
+/* ------------------------------------------------------------ reading --- */
+
+static int is(const redisReply *reply, const char *word) {
+  return reply->type == REDIS_REPLY_STRING && reply->len == strlen(word) && memcmp(reply->str, word, reply->len) == 0;
+}
+
+static int channel_is(const mj_redis_sub_t *s, const redisReply *channel, int sharded) {
+  return s->sharded == (unsigned) sharded && channel->type == REDIS_REPLY_STRING && s->len == channel->len
+         && memcmp(s->channel, channel->str, s->len) == 0;
+}
+
+/* A message of a channel, to every subscription of it. */
+static void deliver_message(mj_redis_t *r, const redisReply *reply, int sharded) {
+  for (unsigned i = 0; i < r->nsubs && r->state == MJ_REDIS_UP && !r->drop_due; i++)
+    if (channel_is(&r->subs[i], reply->element[1], sharded) && r->on_reply)
+      r->on_reply(r, r->subs[i].tag, 1, reply, NULL);
+}
+
+/* Another channel than subs[skip] with its tag, or NULL. */
+static mj_redis_sub_t *tag_shared(mj_redis_t *r, unsigned skip) {
+  for (unsigned i = 0; i < r->nsubs; i++)
+    if (i != skip && r->subs[i].tag == r->subs[skip].tag) return &r->subs[i];
+  return NULL;
+}
+
+static void remove_sub(mj_redis_t *r, unsigned i) {
+  free(r->subs[i].channel);
+  r->subs[i] = r->subs[--r->nsubs];
+}
+
+/* The server ended a subscription (a shard's slot moved: sunsubscribe): its
+ * tag hears it, as its last call unless other channels share the tag. */
+static void deliver_unsubscribe(mj_redis_t *r, const redisReply *reply, int sharded) {
+  for (unsigned i = 0; i < r->nsubs; i++) {
+    if (!channel_is(&r->subs[i], reply->element[1], sharded)) continue;
+    intptr_t tag = r->subs[i].tag;
+    mj_redis_sub_t *other = tag_shared(r, i);
+    if (other != NULL && r->subs[i].owner) other->owner = 1; /* it hears the tag's last call now */
+    remove_sub(r, i);
+    if (r->on_reply) r->on_reply(r, tag, other != NULL, reply, NULL);
+    return;
+  }
+}
+
+/* A SUBSCRIBE the server refused (ACL, CROSSSLOT, MOVED): its channels go,
+ * and its tag hears the error as its last call. */
+static void subscribe_refused(mj_redis_t *r, intptr_t tag, const redisReply *reply) {
+  for (unsigned i = r->nsubs; i-- > 0;)
+    if (r->subs[i].tag == tag) remove_sub(r, i);
+  if (r->on_reply) r->on_reply(r, tag, 0, reply, NULL);
+}
+
+static void count_subscribed(mj_redis_t *r, const redisReply *reply, int sharded) {
+  if (reply->elements >= 3 && reply->element[2]->type == REDIS_REPLY_INTEGER)
+    *(sharded ? &r->shard_subscribed : &r->subscribed) = (long) reply->element[2]->integer;
+}
+
+/* A push of a subscribed connection: 1 when handled, 0 for a reply to the
+ * head of the replies due. */
+static int pushed(mj_redis_t *r, const redisReply *reply) {
+  mj_redis_due_t *head = due_head(r);
+  if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 2 || reply->element[0]->type != REDIS_REPLY_STRING)
+    return 0;
+  if (r->subscribed + r->shard_subscribed <= 0 && (head == NULL || head->kind != MJ_DUE_SUBSCRIBE)) return 0;
+  const redisReply *kind = reply->element[0];
+  int sharded = kind->len > 0 && kind->str[0] == 's';
+  if (is(kind, "message") || is(kind, "smessage")) {
+    deliver_message(r, reply, sharded);
+  } else if (is(kind, "unsubscribe") || is(kind, "sunsubscribe")) {
+    count_subscribed(r, reply, sharded);
+    deliver_unsubscribe(r, reply, sharded);
+  } else if ((is(kind, "subscribe") || is(kind, "ssubscribe")) && head && head->kind == MJ_DUE_SUBSCRIBE) {
+    intptr_t tag = head->tag;
+    if (--head->left == 0) due_pop(r);
+    count_subscribed(r, reply, sharded);
+    if (r->on_reply) r->on_reply(r, tag, 1, reply, NULL);
+  } else if (!is(kind, "pmessage")) { /* ours has no patterns: pmessage is nobody's */
+    return 0;
+  }
+  return 1;
+}
+
+/* A reply: to a subscription, else to the oldest command in flight. */
+static void route(mj_redis_t *r, redisReply *reply) {
+  r->last_progress = uv_now(&r->ctx->loop);
+  r->replied = 1;
+  if (pushed(r, reply)) return;
+  mj_redis_due_t *head = due_head(r);
+  if (head == NULL) {
+    mj__redis_fail(r, "the server sent a reply to no command");
+    return;
+  }
+  mj_redis_due_t d = *head;
+  due_pop(r);
+  if (d.kind == MJ_DUE_PING) {
+    r->ping_pending = 0;
+  } else if (d.kind == MJ_DUE_SUBSCRIBE) {
+    if (reply->type == REDIS_REPLY_ERROR) subscribe_refused(r, d.tag, reply);
+    else mj__redis_fail(r, "the server answered SUBSCRIBE with something else than a confirmation");
+  } else {
+    if (r->pending > 0) r->pending--;
+    if (r->on_reply) r->on_reply(r, d.tag, 0, reply, NULL);
+  }
+}
+
+/* Bytes from the server, in the clear: parsed, and each whole reply handed
+ * out. Ending the connection meanwhile waits for the callback to return. */
+void mj__redis_feed(mj_redis_t *r, const char *data, size_t len) {
+  if (r->ping_pending) { /* the subscription's link carries bytes: it is alive */
+    r->ping_pending = 0;
+    r->last_progress = uv_now(&r->ctx->loop);
+  }
+  if (redisReaderFeed(r->reader, data, len) != REDIS_OK) {
+    mj__redis_fail(r, "out of memory");
+    return;
+  }
+  r->dispatching = 1;
+  while (r->state == MJ_REDIS_UP && !r->drop_due) {
+    void *reply = NULL;
+    if (redisReaderGetReply(r->reader, &reply) != REDIS_OK) {
+      char why[180];
+      snprintf(why, sizeof why, "%s", r->reader->errstr);
+      mj__redis_fail(r, why); /* (r->why says first when a reply was too large) */
+      break;
+    }
+    if (reply == NULL) break;
+    r->reply_bytes = 0;
+    route(r, reply);
+    free_reply(reply);
+  }
+  r->dispatching = 0;
+  /* what is left unparsed is one reply still arriving: the reader buffers a
+   * bulk string whole before our reply functions see it, so bound it here */
+  if (r->state == MJ_REDIS_UP && !r->drop_due && r->reader->len - r->reader->pos > r->max_reply) {
+    snprintf(r->why, sizeof r->why, "a reply from the server is larger than %zu bytes", r->max_reply);
+    r->drop_due = 1;
+  }
+  if (r->drop_due) went_down(r, NULL);
+}
+
+/* The context's scratch buffer: the read callback is done with it (the
+ * reader and OpenSSL copy what they keep) before any owner's callback runs. */
+static void alloc_cb(uv_handle_t *handle, size_t suggested, uv_buf_t *buf) {
+  mj_redis_t *r = handle->data;
+  (void) suggested;
+  *buf = uv_buf_init(r->ctx->scratch, sizeof r->ctx->scratch);
+}
+
+/* The server ended the connection. Before a single byte, a plaintext client
+ * met a TLS port most likely (Redis closes it so). */
+static void ended(mj_redis_t *r, int status) {
+  char why[240];
+  const char *what = status == UV_EOF ? "Server closed the connection" : strerror(-status);
+  if (mj__tls_unwelcome(r, why, sizeof why)) { /* (why says it) */
+  } else if (r->state == MJ_REDIS_CONNECTING) {
+    snprintf(why, sizeof why, "%s during the TLS handshake", status == UV_EOF ? "the server closed the connection" : what);
+  } else if (!r->heard && r->tls == NULL) {
+    snprintf(why, sizeof why, "%s before any reply (a TLS port does so to plaintext: if the server's port is"
+             " a TLS port, use a rediss:// URL)", what);
+  } else {
+    snprintf(why, sizeof why, "%s", what);
+  }
+  mj__redis_fail(r, why);
+}
+
+static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
+  mj_redis_t *r = stream->data;
+  if (r->state == MJ_REDIS_DOWN || nread == 0) return;
+  if (nread < 0) {
+    ended(r, (int) nread);
+    return;
+  }
+  if (r->tls != NULL) mj__tls_received(r, buf->base, (size_t) nread);
+  else mj__redis_feed(r, buf->base, (size_t) nread);
+  r->heard = 1;
 }
 
 /* ----------------------------------------------------------- watchdog --- */
 
+static void arm_watchdog(mj_redis_t *r) {
+  uint64_t every = r->timeout_ms / 4 ? r->timeout_ms / 4 : 1;
+  uv_update_time(&r->ctx->loop); /* the loop's cached time may be old: the caller ran long */
+  r->last_progress = uv_now(&r->ctx->loop);
+  if (!uv_is_active((uv_handle_t *) &r->watchdog))
+    uv_timer_start(&r->watchdog, watchdog_cb, every, every);
+}
+
+/* This address failed (r->last_error says why): the next one once the
+ * socket closed, or down when none is left. */
+static void attempt_failed(mj_redis_t *r) {
+  if (r->next_addr < r->naddrs && !r->closed) {
+    r->next_pending = 1;
+    close_socket(r);
+  } else {
+    try_next(r); /* none left: down, saying which addresses were tried */
+  }
+}
+
 static void watchdog_cb(uv_timer_t *handle) {
   mj_redis_t *r = handle->data;
-  if (r->drop_pending) { /* asked for inside on_connect */
-    r->drop_pending = 0;
-    if (r->close_pending) mj_redis_close(r);
-    else drop(r, NULL);
+  uint64_t now = uv_now(&r->ctx->loop);
+  if (mj__list_linked(&r->staged_link)) { /* not sent yet (the loop was not run): due from now */
+    flush(r);
+    r->last_progress = now;
     return;
   }
-  uint64_t now = uv_now(&r->ctx->loop);
   int waiting = r->state == MJ_REDIS_RESOLVING || r->state == MJ_REDIS_CONNECTING || r->pending > 0
                 || r->ping_pending;
   if (!waiting) {
@@ -267,95 +545,80 @@ static void watchdog_cb(uv_timer_t *handle) {
   if (r->state == MJ_REDIS_CONNECTING && r->naddrs > 1)
     budget = r->timeout_ms / r->naddrs ? r->timeout_ms / r->naddrs : 1;
   if (now - r->last_progress < budget) return;
-  if (r->state == MJ_REDIS_CONNECTING && r->ac != NULL && r->naddrs > 1) {
-    /* this address does not answer: the next one, once the poll handle closed */
-    redisAsyncContext *ac = r->ac;
-    snprintf(r->last_error, sizeof r->last_error, "could not connect within %llu ms",
-             (unsigned long long) budget);
-    r->ac = NULL;
-    r->last_progress = now;
-    int more = r->next_addr < r->naddrs;
-    r->next_pending = more;
-    redisAsyncFree(ac); /* not connected: no disconnect callback; our cleanup closes the poll */
-    if (!more) try_next(r); /* none left: down, saying which addresses were tried */
-    return;
-  }
-  char why[96];
+  char why[240];
   if (r->state == MJ_REDIS_UP)
     snprintf(why, sizeof why, "no reply from the server within %llu ms", (unsigned long long) r->timeout_ms);
-  else
-    snprintf(why, sizeof why, "could not connect within %llu ms", (unsigned long long) r->timeout_ms);
-  drop(r, why);
-}
-
-static void arm_watchdog(mj_redis_t *r) {
-  uint64_t every = r->timeout_ms / 4 ? r->timeout_ms / 4 : 1;
-  uv_update_time(&r->ctx->loop); /* the loop's cached time may be old: the caller ran long */
-  r->last_progress = uv_now(&r->ctx->loop);
-  if (!uv_is_active((uv_handle_t *) &r->watchdog))
-    uv_timer_start(&r->watchdog, watchdog_cb, every, every);
+  else if (r->state != MJ_REDIS_CONNECTING || !mj__tls_silence(r, budget, why, sizeof why))
+    snprintf(why, sizeof why, "could not connect within %llu ms", (unsigned long long) budget);
+  if (r->state == MJ_REDIS_CONNECTING && r->naddrs > 1) {
+    snprintf(r->last_error, sizeof r->last_error, "%s", why);
+    r->last_progress = now;
+    attempt_failed(r);
+    return;
+  }
+  went_down(r, why);
 }
 
 /* ------------------------------------------------------------ connect --- */
 
-static void on_connect(const redisAsyncContext *ac, int status) {
-  mj_redis_t *r = ac->data;
-  if (status != REDIS_OK) {
-    r->ac = NULL; /* hiredis frees it after this callback */
-    snprintf(r->last_error, sizeof r->last_error, "%s", ac->errstr);
-    if (r->next_addr < r->naddrs && !r->closed) r->next_pending = 1; /* once the poll closed */
-    else try_next(r); /* none left: down, saying which addresses were tried */
-    return;
-  }
+/* Connected, and with TLS through the handshake: commands may go. */
+void mj__redis_up(mj_redis_t *r) {
   r->state = MJ_REDIS_UP;
-  redisEnableKeepAlive((redisContext *) &ac->c); /* a silent subscription link ends too */
   r->last_progress = uv_now(&r->ctx->loop);
   if (r->pending == 0) uv_timer_stop(&r->watchdog);
-  r->in_connect = 1;
   if (r->on_state && !r->closed) r->on_state(r, 1, NULL);
-  r->in_connect = 0;
 }
 
-static void on_disconnect(const redisAsyncContext *ac, int status) {
-  mj_redis_t *r = ac->data;
-  r->ac = NULL; /* hiredis frees it after this callback */
-  went_down(r, status == REDIS_OK ? "connection closed" : ac->errstr);
+static void connect_cb(uv_connect_t *req, int status) {
+  mj_redis_t *r = req->data;
+  if (status == UV_ECANCELED || r->state != MJ_REDIS_CONNECTING || r->closed) return;
+  if (status == 0) status = uv_read_start((uv_stream_t *) &r->tcp, alloc_cb, read_cb);
+  if (status != 0) {
+    snprintf(r->last_error, sizeof r->last_error, "%s", strerror(-status));
+    attempt_failed(r);
+    return;
+  }
+  if (r->tls == NULL) {
+    mj__redis_up(r);
+    return;
+  }
+  if (mj__tls_start(r) != 0) went_down(r, r->last_error);
 }
 
-/* Starts connecting to one numeric address: 0, or -1 with r->last_error set. */
-static int connect_to(mj_redis_t *r, const char *ip) {
-  redisAsyncContext *ac = redisAsyncConnect(ip, r->port);
-  if (ac == NULL) {
-    snprintf(r->last_error, sizeof r->last_error, "out of memory");
-    return -1;
+/* Starts connecting to address i: 0, or -1 with r->last_error set (the
+ * socket, when it was opened, is the caller's to close). */
+static int connect_to(mj_redis_t *r, int i) {
+  mj__tls_end(r, 0); /* the address before's */
+  int rc = uv_tcp_init(&r->ctx->loop, &r->tcp);
+  if (rc == 0) {
+    r->tcp.data = r;
+    r->tcp_open = 1;
+    r->open_handles++;
+    r->heard = r->replied = 0;
+    uv_tcp_nodelay(&r->tcp, 1);
+    uv_tcp_keepalive(&r->tcp, 1, 15); /* a silent subscription link ends too */
+    r->connector.data = r;
+    rc = uv_tcp_connect(&r->connector, &r->tcp, &r->sockaddrs[i].sa, connect_cb);
   }
-  if (ac->err) {
-    snprintf(r->last_error, sizeof r->last_error, "cannot connect to %.100s:%d: %s", r->host, r->port, ac->errstr);
-    redisAsyncFree(ac);
-    return -1;
-  }
-  ac->data = r;
-  ac->c.reader->fn = &reply_functions;
-  redisReaderSetPrivdata(ac->c.reader, r);
-  int rc = attach(r, ac);
   if (rc != 0) {
-    redisAsyncFree(ac);
-    snprintf(r->last_error, sizeof r->last_error, "%s", uv_strerror(rc));
+    snprintf(r->last_error, sizeof r->last_error, "cannot connect to %.100s:%d: %s", r->host, r->port, strerror(-rc));
     return -1;
   }
-  r->ac = ac;
   r->state = MJ_REDIS_CONNECTING;
   r->last_progress = uv_now(&r->ctx->loop); /* each address gets its share of the timeout */
-  redisAsyncSetConnectCallback(ac, on_connect);
-  redisAsyncSetDisconnectCallback(ac, on_disconnect);
   return 0;
 }
 
 /* The next address the name resolved to; down once none is left (with the
  * last address's error, and which addresses were tried when more than one). */
 static void try_next(mj_redis_t *r) {
-  while (r->next_addr < r->naddrs)
-    if (connect_to(r, r->addrs[r->next_addr++]) == 0) return;
+  while (r->next_addr < r->naddrs) {
+    if (connect_to(r, r->next_addr++) == 0) return;
+    if (r->tcp_open) { /* goes on once the socket closed */
+      attempt_failed(r);
+      return;
+    }
+  }
   if (r->naddrs < 2) {
     went_down(r, r->last_error);
     return;
@@ -365,7 +628,7 @@ static void try_next(mj_redis_t *r) {
     size_t used = strlen(tried);
     snprintf(tried + used, sizeof tried - used, "%s%s", i ? ", " : "", r->addrs[i]);
   }
-  snprintf(why, sizeof why, "%.70s (tried every address of %.30s: %.50s)", r->last_error, r->host, tried);
+  snprintf(why, sizeof why, "%.200s (tried every address of %.30s: %.60s)", r->last_error, r->host, tried);
   went_down(r, why);
 }
 
@@ -375,12 +638,23 @@ static void keep_addresses(mj_redis_t *r, const struct addrinfo *res) {
   r->naddrs = r->next_addr = 0;
   for (const struct addrinfo *p = res; p != NULL && r->naddrs < MJ_REDIS_ADDRS; p = p->ai_next) {
     char ip[64] = "";
-    if (p->ai_family == AF_INET6) uv_ip6_name((const struct sockaddr_in6 *) p->ai_addr, ip, sizeof ip);
-    else if (p->ai_family == AF_INET) uv_ip4_name((const struct sockaddr_in *) p->ai_addr, ip, sizeof ip);
+    mj_sockaddr_t sa;
+    memset(&sa, 0, sizeof sa);
+    if (p->ai_family == AF_INET6) {
+      memcpy(&sa.in6, p->ai_addr, sizeof sa.in6);
+      uv_ip6_name(&sa.in6, ip, sizeof ip);
+      sa.in6.sin6_port = htons((uint16_t) r->port);
+    } else if (p->ai_family == AF_INET) {
+      memcpy(&sa.in, p->ai_addr, sizeof sa.in);
+      uv_ip4_name(&sa.in, ip, sizeof ip);
+      sa.in.sin_port = htons((uint16_t) r->port);
+    }
     if (ip[0] == '\0') continue;
     int seen = 0;
     for (int i = 0; i < r->naddrs && !seen; i++) seen = strcmp(r->addrs[i], ip) == 0;
-    if (!seen) snprintf(r->addrs[r->naddrs++], sizeof r->addrs[0], "%s", ip);
+    if (seen) continue;
+    snprintf(r->addrs[r->naddrs], sizeof r->addrs[0], "%s", ip);
+    r->sockaddrs[r->naddrs++] = sa;
   }
 }
 
@@ -389,11 +663,8 @@ static void resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
   r->resolving = 0;
   if (status == 0) keep_addresses(r, res);
   uv_freeaddrinfo(res);
-  if (r->closed || r->state == MJ_REDIS_DOWN) { /* closed, or timed out while resolving */
-    if (r->closed && r->open_handles == 0) {
-      mj__list_unlink(&r->link);
-      if (r->on_freed) r->on_freed(r);
-    }
+  if (r->closed || r->state == MJ_REDIS_DOWN) { /* or timed out while resolving */
+    maybe_release(r);
     return;
   }
   if (status != 0 || r->naddrs == 0) {
@@ -408,23 +679,41 @@ static void resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
 
 static void close_all(mj_ctx_t *ctx);
 
-static const mj_closer_t closer = {MJ_CLOSE_REDIS, close_all, NULL};
+static const mj_closer_t closer = {MJ_CLOSE_REDIS, close_all, mj__tls_forget_all};
 
-/* Starts connecting to host:port (a name or a numeric address). The owner
- * hears on_state(r, 1) once connected, on_state(r, 0, why) once down (also
- * when connecting failed), and on_freed(r) after mj_redis_close once no handle
- * or request points into r any more (until then r is on the context's list).
- * Returns 0 or a libuv error. */
-int mj_redis_open(mj_ctx_t *ctx, mj_redis_t *r, const char *host, int port,
-                  uint64_t timeout_ms, size_t max_reply) {
+/* Starts connecting to host:port (a name or a numeric address), with TLS
+ * when tls is not NULL. The owner hears on_state(r, 1) once connected,
+ * on_state(r, 0, why) once down (also when connecting failed), and
+ * on_freed(r) after mj_redis_close once no handle or request points into r
+ * any more (until then r is on the context's list). Returns 0, a libuv
+ * error, or MJ_ETLS with why set (a file of tls cannot be used). */
+int mj_redis_open(mj_ctx_t *ctx, mj_redis_t *r, const char *host, int port, uint64_t timeout_ms,
+                  size_t max_reply, const mj_redis_tls_options_t *tls, char *why, size_t why_len) {
   struct addrinfo hints;
   if (strlen(host) >= sizeof r->host) return UV_EINVAL;
+  mj__ctx_on_close(ctx, &closer); /* (the TLS contexts made end with the loop too) */
+  if (tls != NULL) {
+    if (mj__tls_context(ctx, tls, &r->tls, why, why_len) != 0) return MJ_ETLS;
+    snprintf(r->servername, sizeof r->servername, "%s", tls->servername ? tls->servername : host);
+    r->tls_cert = tls->cert != NULL;
+    r->tls_ca = tls->ca != NULL;
+  }
+  r->reader = redisReaderCreateWithFunctions(&reply_functions);
+  if (r->reader == NULL) {
+    mj__tls_end(r, 1);
+    return UV_ENOMEM;
+  }
+  redisReaderSetPrivdata(r->reader, r);
   memset(&hints, 0, sizeof hints);
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   r->resolver.data = r;
   int rc = uv_getaddrinfo(&ctx->loop, &r->resolver, resolved, host, NULL, &hints);
-  if (rc != 0) return rc;
+  if (rc != 0) {
+    redisReaderFree(r->reader);
+    mj__tls_end(r, 1);
+    return rc;
+  }
   r->resolving = 1;
   r->ctx = ctx;
   snprintf(r->host, sizeof r->host, "%s", host);
@@ -436,36 +725,79 @@ int mj_redis_open(mj_ctx_t *ctx, mj_redis_t *r, const char *host, int port,
   r->watchdog.data = r;
   r->open_handles = 1;
   mj__list_push(&ctx->redis, &r->link);
-  mj__ctx_on_close(ctx, &closer);
   arm_watchdog(r);
   return 0;
 }
 
 /* ----------------------------------------------------------- commands --- */
 
-static void reply_cb(redisAsyncContext *ac, void *reply, void *privdata) {
-  mj_redis_t *r = ac->data;
-  intptr_t tag = (intptr_t) privdata;
-  int persistent = (int) (tag & 1);
-  if (!persistent && r->pending > 0) r->pending--;
-  if (reply != NULL) r->last_progress = uv_now(&r->ctx->loop);
-  r->reply_bytes = 0;
-  if (r->on_reply) {
-    const char *error = reply == NULL ? (r->why[0] ? r->why : "connection lost") : NULL;
-    r->on_reply(r, tag >> 1, persistent, reply, error);
+static int usable(const mj_redis_t *r) {
+  return r->state == MJ_REDIS_UP && !r->closed && !r->drop_due;
+}
+
+/* SUBSCRIBE 1, SSUBSCRIBE 2, another command of subscriptions -1 (their
+ * replies would not fit the order of replies due), anything else 0. */
+static int subscription_kind(const char *name, size_t len) {
+  static const char *const others[] = {"UNSUBSCRIBE", "SUNSUBSCRIBE", "PSUBSCRIBE", "PUNSUBSCRIBE", "MONITOR"};
+  if (len == 9 && strncasecmp(name, "SUBSCRIBE", 9) == 0) return 1;
+  if (len == 10 && strncasecmp(name, "SSUBSCRIBE", 10) == 0) return 2;
+  for (size_t i = 0; i < sizeof others / sizeof others[0]; i++)
+    if (len == strlen(others[i]) && strncasecmp(name, others[i], len) == 0) return -1;
+  return 0;
+}
+
+/* Keeps the channels of a SUBSCRIBE (argv[1..argc)). */
+static int add_subs(mj_redis_t *r, int argc, const char **argv, const size_t *lens, intptr_t tag, int sharded) {
+  if (r->nsubs + (unsigned) argc > r->subs_cap) {
+    unsigned cap = r->subs_cap ? r->subs_cap : 4;
+    while (cap < r->nsubs + (unsigned) argc) cap *= 2;
+    mj_redis_sub_t *grown = realloc(r->subs, cap * sizeof *grown);
+    if (grown == NULL) return UV_ENOMEM;
+    r->subs = grown;
+    r->subs_cap = cap;
   }
+  unsigned first = r->nsubs;
+  for (int i = 1; i < argc; i++) {
+    mj_redis_sub_t *s = &r->subs[r->nsubs];
+    s->channel = malloc(lens[i] ? lens[i] : 1);
+    if (s->channel == NULL) {
+      while (r->nsubs > first) free(r->subs[--r->nsubs].channel);
+      return UV_ENOMEM;
+    }
+    memcpy(s->channel, argv[i], lens[i]);
+    s->len = lens[i];
+    s->tag = tag;
+    s->sharded = sharded != 0;
+    s->owner = i == 1;
+    r->nsubs++;
+  }
+  return 0;
 }
 
 /* Sends a command (argc strings with their lengths). `tag` comes back with its
- * reply; a persistent command (SUBSCRIBE) gets every message of the channel
- * and a last call without a reply when the connection ends. Returns 0, or
- * UV_ENOTCONN when the connection is not up. */
+ * reply; a persistent command (SUBSCRIBE or SSUBSCRIBE, and only those) gets
+ * its confirmations, every message of its channels, and a last call without
+ * a reply when the connection ends (with an error reply: refused). Returns 0,
+ * UV_ENOTCONN when the connection is not up, or UV_EINVAL for a command of
+ * subscriptions sent the other way (or another one of them). */
 int mj_redis_command(mj_redis_t *r, int argc, const char **argv, const size_t *lens, intptr_t tag,
                      int persistent) {
-  if (r->state != MJ_REDIS_UP || r->ac == NULL || r->closed || r->close_pending) return UV_ENOTCONN;
-  void *privdata = (void *) ((tag << 1) | (persistent ? 1 : 0));
-  if (redisAsyncCommandArgv(r->ac, reply_cb, privdata, argc, argv, lens) != REDIS_OK)
-    return UV_ENOTCONN;
+  if (!usable(r)) return UV_ENOTCONN;
+  int kind = subscription_kind(argv[0], lens[0]);
+  if (kind < 0 || (kind > 0) != (persistent != 0) || (kind > 0 && argc < 2)) return UV_EINVAL;
+  char *cmd = NULL;
+  int len = redisFormatCommandArgv(&cmd, argc, argv, lens);
+  if (len < 0) return UV_ENOMEM;
+  int rc = due_room(r);
+  if (rc == 0 && kind > 0) rc = add_subs(r, argc, argv, lens, tag, kind == 2);
+  if (rc == 0) {
+    rc = stage(r, cmd, (size_t) len);
+    if (rc != 0 && kind > 0)
+      for (int i = 1; i < argc; i++) free(r->subs[--r->nsubs].channel);
+  }
+  free(cmd);
+  if (rc != 0) return rc;
+  due_push(r, kind ? MJ_DUE_SUBSCRIBE : MJ_DUE_REPLY, tag, kind ? (unsigned) argc - 1 : 0);
   if (!persistent && r->pending++ == 0) arm_watchdog(r);
   return 0;
 }
@@ -473,36 +805,30 @@ int mj_redis_command(mj_redis_t *r, int argc, const char **argv, const size_t *l
 /* A PING on a subscribed connection, whose answer (any byte back) is due
  * within timeout_ms, or the connection drops: a subscription waits for
  * messages that may never come, so only this notices a link that died
- * silently. The PING goes into hiredis's output buffer with no callback:
- * hiredis 0.14 would keep a callback for it for ever (its answer, ["pong",
- * ""], is taken for a pattern message and dropped). Returns 0, UV_ENOTCONN
+ * silently. Its answer (["pong", ""]) is nobody's. Returns 0, UV_ENOTCONN
  * when not up, or UV_EINVAL on a connection not (only) subscribed. */
 int mj_redis_ping(mj_redis_t *r) {
   static const char ping[] = "*1\r\n$4\r\nPING\r\n";
-  if (r->state != MJ_REDIS_UP || r->ac == NULL || r->closed || r->close_pending) return UV_ENOTCONN;
-  if (!(r->ac->c.flags & REDIS_SUBSCRIBED) || r->ac->replies.head != NULL) return UV_EINVAL;
+  if (!usable(r)) return UV_ENOTCONN;
+  if (r->nsubs == 0 || r->pending > 0) return UV_EINVAL;
   if (r->ping_pending) return 0; /* the last one is still due */
-  if (redisAppendFormattedCommand(&r->ac->c, ping, sizeof ping - 1) != REDIS_OK) return UV_ENOMEM;
-  ev_add_write(r);
-  if (r->pending == 0) arm_watchdog(r);
+  if (due_room(r) != 0 || stage(r, ping, sizeof ping - 1) != 0) return UV_ENOMEM;
+  due_push(r, MJ_DUE_PING, 0, 0);
+  arm_watchdog(r);
   r->ping_pending = 1;
   return 0;
 }
 
 /* Ends the connection: commands in flight get an error (their callbacks run
- * now), no state event follows, and on_freed comes once the handles closed. */
+ * now, or once the reply callback that closes returned), no state event
+ * follows, and on_freed comes once the handles closed. */
 void mj_redis_close(mj_redis_t *r) {
   if (r->closed) return;
-  if (r->in_connect) { /* the context cannot be freed yet: on the next turn */
-    r->close_pending = 1;
-    later(r);
-    return;
-  }
   r->closed = 1;
-  if (r->ac != NULL) drop(r, "closed");
-  r->state = MJ_REDIS_DOWN;
-  if (!uv_is_closing((uv_handle_t *) &r->watchdog))
-    uv_close((uv_handle_t *) &r->watchdog, handle_closed);
+  if (r->why[0] == '\0') snprintf(r->why, sizeof r->why, "closed");
+  if (r->dispatching) r->drop_due = 1; /* mj__redis_feed ends it after the callback */
+  else went_down(r, "closed");
+  if (!uv_is_closing((uv_handle_t *) &r->watchdog)) uv_close((uv_handle_t *) &r->watchdog, handle_closed);
   if (r->resolving) uv_cancel((uv_req_t *) &r->resolver);
 }
 

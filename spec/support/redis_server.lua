@@ -7,6 +7,9 @@
 --   server:stop()                           -- by its pid, directory removed
 --   redis_server.free_port()                -- a loopback port nobody listens on
 --   redis_server.CLI, redis_server.SERVER   -- the programs, as shell words
+--   redis_server.start({ tls = { cert =, key =, ca =, auth_clients = true } })
+--                                           -- TLS only (--port 0 --tls-port PORT):
+--                                           -- server.url is rediss://127.0.0.1:PORT/0 (no ca=)
 --
 -- The programs are redis-server and redis-cli from the PATH, or another
 -- server's drop-ins: MOONJOB_REDIS_SERVER names the server (Valkey's
@@ -50,14 +53,32 @@ local function free_port()
   return assert(tonumber(out), "cannot find a free port")
 end
 
+-- The client's arguments for this server: its port, TLS, the password.
+function Server:_cli_args()
+  local args = ("-p %d %s"):format(self.port, self.auth_args or "")
+  local tls = self.tls
+  if tls then
+    args = ("%s --tls --cacert %s"):format(args, tls.ca)
+    if tls.auth_clients then args = ("%s --cert %s --key %s"):format(args, tls.client_cert, tls.client_key) end
+  end
+  return args
+end
+
+-- The arguments that make the port a TLS port (and no plaintext one).
+local function tls_args(port, tls)
+  return ("--port 0 --tls-port %d --tls-cert-file %s --tls-key-file %s --tls-ca-cert-file %s"
+    .. " --tls-auth-clients %s"):format(port, tls.cert, tls.key, tls.ca, tls.auth_clients and "yes" or "no")
+end
+
 function Server:_launch()
-  local cmd = ("%s --port %d --bind %s --dir %s --appendonly yes --appendfsync everysec"
+  local ports = self.tls and tls_args(self.port, self.tls) or ("--port %d"):format(self.port)
+  local cmd = ("%s %s --bind %s --dir %s --appendonly yes --appendfsync everysec"
     .. " --save '' --maxmemory-policy noeviction --daemonize no --logfile %s/redis.log %s & echo $!")
-    :format(M.SERVER, self.port, self.bind, self.dir, self.dir, self.extra or "")
+    :format(M.SERVER, ports, self.bind, self.dir, self.dir, self.extra or "")
   self.pid = assert(tonumber(helpers.first_line(cmd)), "cannot start " .. M.SERVER)
   local deadline = os.time() + 10
   repeat
-    local pong = helpers.first_line(("%s -p %d %s PING 2>/dev/null"):format(M.CLI, self.port, self.auth_args or ""))
+    local pong = helpers.first_line(("%s %s PING 2>/dev/null"):format(M.CLI, self:_cli_args()))
     if pong == "PONG" then return end
     helpers.sleep(0.02)
   until os.time() > deadline
@@ -65,24 +86,29 @@ function Server:_launch()
 end
 
 -- start([opts]): opts.password sets requirepass; opts.bind the addresses to
--- listen on (default 127.0.0.1); opts.extra adds arguments.
+-- listen on (default 127.0.0.1); opts.extra adds arguments; opts.tls makes
+-- its port a TLS port: { cert, key, ca (files), auth_clients (true: a client
+-- must show a certificate the CA signed: client_cert, client_key, which
+-- redis-cli shows) }.
 function M.start(opts)
   opts = opts or {}
-  local self = setmetatable({ dir = helpers.tmpdir(), port = free_port(), bind = opts.bind or "127.0.0.1" }, Server)
+  local self = setmetatable({ dir = helpers.tmpdir(), port = free_port(), bind = opts.bind or "127.0.0.1",
+    tls = opts.tls }, Server)
   if opts.password then
     self.extra = "--requirepass " .. opts.password
     self.auth_args = "--no-auth-warning -a " .. opts.password
   end
   self.extra = (self.extra or "") .. " " .. (opts.extra or "")
   self:_launch()
-  self.url = ("redis://%s127.0.0.1:%d/0"):format(opts.password and (":" .. opts.password .. "@") or "", self.port)
+  self.url = ("%s://%s127.0.0.1:%d/0"):format(opts.tls and "rediss" or "redis",
+    opts.password and (":" .. opts.password .. "@") or "", self.port)
   return self
 end
 
 function Server:cli(...)
   local args = {}
   for i, a in ipairs({ ... }) do args[i] = quote(tostring(a)) end
-  local h = io.popen(("%s -p %d %s %s 2>&1"):format(M.CLI, self.port, self.auth_args or "", table.concat(args, " ")))
+  local h = io.popen(("%s %s %s 2>&1"):format(M.CLI, self:_cli_args(), table.concat(args, " ")))
   local out = h:read("*a")
   h:close()
   return (out:gsub("\n$", ""))

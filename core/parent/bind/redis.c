@@ -3,6 +3,7 @@
  * Mechanism only, as the core's redis.c: commands are sent as argument
  * vectors and each reply goes to the callback given with its command;
  * reconnecting and what the commands mean are lua/moonjob/redis/client.lua's.
+ * A table of TLS options makes the connection speak TLS (redis_tls.c).
  */
 #include "bind.h"
 
@@ -21,7 +22,7 @@ typedef struct {
 /* The connection behind the userdata, or NULL once closed (or closing). */
 static lmj_redis_t *lmj_open_redis(lua_State *L, int idx) {
   lmj_redis_t **slot = luaL_checkudata(L, idx, LMJ_REDIS);
-  if (*slot == NULL || (*slot)->r.closed || (*slot)->r.close_pending) return NULL;
+  if (*slot == NULL || (*slot)->r.closed) return NULL;
   return *slot;
 }
 
@@ -116,7 +117,25 @@ static void lmj_redis_freed_cb(mj_redis_t *r) {
   free(lr);
 }
 
-/* core.redis(host, port, timeout_ms, max_reply, on_event) -> conn | nil, err */
+/* The TLS options at idx (a table: ca, cert, key, servername, each a string
+ * or nil; nothing else), into o. Raises on misuse. */
+static void lmj_check_tls(lua_State *L, int idx, mj_redis_tls_options_t *o) {
+  static const char *const names[] = {"ca", "cert", "key", "servername"};
+  const char **fields[] = {&o->ca, &o->cert, &o->key, &o->servername};
+  luaL_checktype(L, idx, LUA_TTABLE);
+  memset(o, 0, sizeof *o);
+  for (lua_pushnil(L); lua_next(L, idx) != 0; lua_pop(L, 1)) {
+    size_t i = 0;
+    const char *key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "";
+    while (i < 4 && strcmp(key, names[i]) != 0) i++;
+    if (i == 4) luaL_argerror(L, idx, "TLS options are ca, cert, key and servername");
+    if (lua_type(L, -1) != LUA_TSTRING || lua_objlen(L, -1) == 0 || strlen(lua_tostring(L, -1)) != lua_objlen(L, -1))
+      luaL_argerror(L, idx, lua_pushfstring(L, "TLS option %s must be a non-empty string", key));
+    *fields[i] = lua_tostring(L, -1); /* the table holds it */
+  }
+}
+
+/* core.redis(host, port, timeout_ms, max_reply, on_event [, tls]) -> conn | nil, err */
 static int lmj_redis_new(lua_State *L) {
   lmj_ctx_t *c = lmj_ctx(L);
   const char *host = luaL_checkstring(L, 1);
@@ -124,6 +143,9 @@ static int lmj_redis_new(lua_State *L) {
   double timeout_ms = lmj_check_range(L, 3, 1, 1e12);
   double max_reply = lmj_check_range(L, 4, 1024, 1e15);
   luaL_checktype(L, 5, LUA_TFUNCTION);
+  mj_redis_tls_options_t tls;
+  int with_tls = !lua_isnoneornil(L, 6);
+  if (with_tls) lmj_check_tls(L, 6, &tls);
   lmj_redis_t **slot = lua_newuserdata(L, sizeof *slot);
   *slot = NULL;
   luaL_getmetatable(L, LMJ_REDIS);
@@ -135,11 +157,16 @@ static int lmj_redis_new(lua_State *L) {
   lr->r.on_reply = lmj_redis_reply_cb;
   lr->r.on_state = lmj_redis_state_cb;
   lr->r.on_freed = lmj_redis_freed_cb;
-  int rc = mj_redis_open(&c->ctx, &lr->r, host, port, (uint64_t) timeout_ms, (size_t) max_reply);
+  char why[300] = "";
+  int rc = mj_redis_open(&c->ctx, &lr->r, host, port, (uint64_t) timeout_ms, (size_t) max_reply,
+                         with_tls ? &tls : NULL, why, sizeof why);
   mj_ctx_touch(&c->ctx);
   if (rc != 0) {
     free(lr);
-    return lmj_fail(L, rc);
+    if (rc != MJ_ETLS) return lmj_fail(L, rc);
+    lua_pushnil(L);
+    lua_pushstring(L, why);
+    return 2;
   }
   *slot = lr;
   lr->event_ref = lmj_ref_function(L, 5);
@@ -197,6 +224,10 @@ static int lmj_redis_send(lua_State *L, int persistent) {
     free(lens);
   }
   if (bad) return luaL_argerror(L, 2, lua_pushfstring(L, "argument %d is not a string or a number", bad));
+  if (rc == UV_EINVAL)
+    return luaL_argerror(L, 2, persistent ? "conn:subscribe takes SUBSCRIBE or SSUBSCRIBE and channels"
+                                          : "SUBSCRIBE and SSUBSCRIBE go through conn:subscribe; other commands"
+                                            " of subscriptions (and MONITOR) are not supported");
   if (rc != 0) return lmj_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
@@ -207,7 +238,9 @@ static int lmj_redis_command(lua_State *L) {
   return lmj_redis_send(L, 0);
 }
 
-/* conn:subscribe({ "SUBSCRIBE", channel }, cb): cb gets every message. */
+/* conn:subscribe({ "SUBSCRIBE" or "SSUBSCRIBE", channel... }, cb): cb gets
+ * each confirmation and every message of the channels; an error reply
+ * (refused) or the connection's end is its last call. */
 static int lmj_redis_subscribe(lua_State *L) {
   return lmj_redis_send(L, 1);
 }

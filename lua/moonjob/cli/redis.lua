@@ -131,7 +131,7 @@ function M.worker(processor, o, pool_options)
   local shown = table.concat(queues, ", ")
   pool:on("redis", function(kind, why, _, queue) -- (queue: with several, the one it is about)
     local of = queue and (" (queue %s)"):format(queue) or ""
-    if kind == "up" then say("connected to ", display, ", queue ", queue or shown)
+    if kind == "up" then say("connected to ", display, ", queue ", queue or shown, why and "; " .. why or "")
     elseif kind == "down" then
       say("Redis unreachable (", tostring(why), "); running jobs go on, fetching resumes when it is back", of)
     else say(tostring(why), of) end -- stale, error, broken, mended, fenced, lost: each says what and why

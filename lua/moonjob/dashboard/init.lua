@@ -163,6 +163,7 @@ local function redis_state(target)
   local name, down = target and client.display(target) or "", false
   return function(up, why)
     if up and down then io.stderr:write(("moonjob dashboard: Redis %s is reachable again\n"):format(name)) end
+    if up and why then io.stderr:write(("moonjob dashboard: Redis %s: %s\n"):format(name, why)) end -- (Sentinel)
     if not up then
       io.stderr:write(("moonjob dashboard: Redis %s is unreachable: %s\n"):format(name, tostring(why)))
     end

@@ -1,8 +1,8 @@
 -- moonjob.redis.client -- a Redis client on moonjob's loop: policy over
 -- core.redis (one connection, mechanism in core/parent/redis.c).
 --
--- What it adds: redis:// URLs (user, password, db; the password is never
--- printed), the set-up of each connection (moonjob.redis.setup: AUTH and
+-- What it adds: redis:// and rediss:// (TLS) URLs (user, password, db; the
+-- password is never printed), the set-up of each connection (moonjob.redis.setup: AUTH and
 -- SELECT, the eviction policy, moonjob's function library loaded when the
 -- server's copy is not ours, a writable primary), reconnecting with back-off
 -- and jitter, and calls made while the connection is being re-established
@@ -16,14 +16,25 @@
 -- callback then hears "resubscribed" (messages sent while it was down are
 -- lost: the owner re-checks).
 --
--- A redis+cluster:// URL makes a moonjob.redis.cluster client instead, with
--- the same face, over one client of this file per primary.
+-- TLS (rediss://): the server's certificate and name are always checked
+-- (core/parent/redis_tls.c); the URL's query gives the files, ca=, cert=,
+-- key=, and the name checked, servername= (default: the host); the
+-- environment's MOONJOB_REDIS_CA, MOONJOB_REDIS_CERT and MOONJOB_REDIS_KEY
+-- stand in for what the query leaves out (cert and key as a pair).
 --
--- Caveats: no TLS (hiredis 0.14 has none); no Unix sockets; one server (no
--- Sentinel: after a failover the URL must name the new primary).
+-- redis+sentinel:// URLs: the primary is asked of the sentinels before each
+-- connection, verified, and followed at +switch-master
+-- (moonjob.redis.sentinel, through the hooks marked "Sentinel" below).
+--
+-- Caveats: no Unix sockets; no Cluster redirections here (a
+-- redis+cluster:// URL gets moonjob.redis.cluster's client, the same face,
+-- over one client of this file per primary: M.from_target, the hooks marked
+-- "Cluster" below). An @ in a query value is written %40 (the last @ of a
+-- URL ends its password).
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
 local setup = require "moonjob.redis.setup"
+local sentinel = require "moonjob.redis.sentinel"
 
 local M = {}
 local Client = {}
@@ -33,20 +44,55 @@ local function unescape(s)
   return (s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
 end
 
+local TLS_QUERY = "ca, cert, key, servername (rediss://host:6380/0?ca=PATH&cert=PATH&key=PATH&servername=NAME)"
+local TLS_ENV = { ca = "MOONJOB_REDIS_CA", cert = "MOONJOB_REDIS_CERT", key = "MOONJOB_REDIS_KEY" }
+
+-- M.tls_defaults(tls) -> tls: the environment's files where a URL's query
+-- named none (a client certificate and its key only as a pair); also for
+-- rediss+sentinel:// URLs (moonjob.redis.sentinel).
+function M.tls_defaults(tls)
+  local pair = tls.cert == nil and tls.key == nil
+  for k, name in pairs(TLS_ENV) do
+    local v = os.getenv(name)
+    if tls[k] == nil and v and v ~= "" and (k == "ca" or pair) then tls[k] = v end
+  end
+  return tls
+end
+
+-- A rediss:// URL's query -> { ca, cert, key, servername } (core.redis's TLS
+-- options), the environment's files where the query names none (a client
+-- certificate and its key only as a pair) | nil, err.
+local function tls_options(query)
+  local tls = {}
+  for pair in query:gmatch("[^&]+") do
+    local k, v = pair:match("^([^=]*)=(.*)$")
+    k = k and unescape(k)
+    if not (k == "ca" or k == "cert" or k == "key" or k == "servername") then
+      return nil, ("'%s' is unknown in a rediss:// URL's query: it takes %s"):format(k or pair, TLS_QUERY)
+    end
+    if v == "" or tls[k] then return nil, ("%s= in a rediss:// URL needs one value"):format(k) end
+    tls[k] = unescape(v)
+  end
+  return M.tls_defaults(tls)
+end
+
 -- A URL of a Redis Cluster (redis+cluster://, rediss+cluster://).
 local function is_cluster(url)
   return type(url) == "string" and url:match("^rediss?%+cluster://") ~= nil
 end
 
--- parse(url) -> { host, port, db, user, password } | nil, err; a cluster's
--- URL: moonjob.redis.cluster.parse's (its target has cluster = true).
+-- parse(url) -> { host, port, db, user, password, tls } | nil, err; tls
+-- (rediss:// only): core.redis's TLS options (a redis+sentinel:// URL:
+-- moonjob.redis.sentinel's target; a redis+cluster:// URL:
+-- moonjob.redis.cluster's, with cluster = true).
 function M.parse(url)
   if type(url) ~= "string" then return nil, "a Redis URL must be a string like redis://host:6379/0" end
-  if is_cluster(url) then return require("moonjob.redis.cluster").parse(url) end
-  local rest = url:match("^redis://(.*)$")
+  if url:match("^rediss?%+sentinel://") then return sentinel.parse(url) end -- Sentinel
+  if is_cluster(url) then return require("moonjob.redis.cluster").parse(url) end -- Cluster
+  local scheme, rest = url:match("^(rediss?)://(.*)$")
   if not rest then
-    return nil, ("'%s' is not a Redis URL: write redis://[user:password@]host[:port][/db]"):format(
-      (url:gsub("^(%w*:?//).*@", "%1***@")))
+    return nil, ("'%s' is not a Redis URL: write redis://[user:password@]host[:port][/db], or rediss://"
+      .. " for TLS"):format((url:gsub("^([%w+.-]*:?//).*@", "%1***@")))
   end
   local t = { port = 6379, db = 0 }
   local auth, hostpart = rest:match("^(.*)@([^@]*)$") -- the last @: a password may hold one
@@ -58,6 +104,15 @@ function M.parse(url)
       t.password = unescape(auth)
     end
     rest = hostpart
+  end
+  local query
+  rest, query = rest:match("^([^?]*)%??(.*)$")
+  if scheme == "rediss" then
+    local tls, err = tls_options(query)
+    if not tls then return nil, err end
+    t.tls = tls
+  elseif query ~= "" then
+    return nil, "a redis:// URL takes no query: ca=, cert=, key= and servername= are for rediss:// (TLS)"
   end
   local hostport, db = rest:match("^([^/]*)/?(.*)$")
   if db ~= "" then
@@ -81,25 +136,45 @@ end
 
 -- The URL as it may be printed: the password replaced by ***.
 function M.display(t)
-  if t.cluster then return require("moonjob.redis.cluster").display(t) end
+  if t.sentinels then return sentinel.display(t) end -- Sentinel
+  if t.cluster then return require("moonjob.redis.cluster").display(t) end -- Cluster
   local auth = ""
   if t.password then auth = (t.user or "") .. ":***@" end
   local host = t.host:find(":") and "[" .. t.host .. "]" or t.host
-  return ("redis://%s%s:%d/%d"):format(auth, host, t.port, t.db)
+  return ("%s://%s%s:%d/%d"):format(t.tls and "rediss" or "redis", auth, host, t.port, t.db)
+end
+
+-- M.open(target, host, port, timeout_ms, max_reply, on_event) -> conn | nil,
+-- err: one connection (core.redis) to host:port, with target's TLS options
+-- (a rediss:// URL's; the name checked is then target.tls.servername, else
+-- host). Every connection of moonjob to Redis is opened here.
+function M.open(target, host, port, timeout_ms, max_reply, on_event)
+  return core.redis(host, port, timeout_ms, max_reply, on_event, target.tls)
+end
+
+-- A connection's reason to be down that a person must act on (TLS: a CA, a
+-- name, a certificate; core/parent/redis_tls.c begins those with "TLS: ").
+local function needs_a_person(why)
+  return type(why) == "string" and why:match("^TLS: ") ~= nil
+end
+
+-- Server errors come back as they are; connection errors name the server.
+local function connection_error(self, why)
+  return ("EREDIS: %s: %s"):format(self.name, why or "not connected")
 end
 
 -- M.new(url, opts) -> client | nil, err. opts: timeout_ms (connect, replies and
 -- waiting for a connection; default 5000), max_reply (bytes; default 64 MiB),
 -- on_state(up, why) (the connection came up or went down).
 function M.new(url, opts)
-  if is_cluster(url) then return require("moonjob.redis.cluster").new(url, opts) end
+  if is_cluster(url) then return require("moonjob.redis.cluster").new(url, opts) end -- Cluster
   local t, err = M.parse(url)
   if not t then return nil, err end
   return M.from_target(t, opts)
 end
 
--- M.from_target(t, opts) -> client: as M.new, on a target parse made (a
--- cluster's node: moonjob.redis.cluster).
+-- M.from_target(t, opts) -> client | nil, err: as M.new, on a target parse
+-- made (Cluster: a node's, moonjob.redis.cluster).
 function M.from_target(t, opts)
   opts = opts or {}
   local self = setmetatable({
@@ -120,16 +195,17 @@ function M.from_target(t, opts)
   }, Client)
   self.timer = core.timer(function() self:_tick() end)
   self.ping_timer = core.timer(function() self:_ping() end)
+  if t.sentinels then self.sentinel = sentinel.new(self) end -- Sentinel: finds the primary
   self:_connect()
+  if self.unusable then -- a TLS file that cannot be used: said at once
+    local why = self.unusable
+    self:close()
+    return nil, connection_error(self, why)
+  end
   return self
 end
 
 function Client:__tostring() return "moonjob redis client " .. self.name end
-
--- Server errors come back as they are; connection errors name the server.
-local function connection_error(self, why)
-  return ("EREDIS: %s: %s"):format(self.name, why or "not connected")
-end
 
 -- A connection error's reason with no part of the address, or nil when its
 -- words hold some (then none is given).
@@ -137,7 +213,11 @@ local function plain_reason(self, why)
   why = why:match("^cannot connect to .-: (.+)$") or why
   if why:match("^cannot resolve ") then why = "its host name does not resolve" end
   local t = self.target
-  for _, part in ipairs({ "redis://", t.host, ":" .. t.port, t.user or "redis://" }) do
+  local tls = t.tls or {}
+  local parts = { "redis://", "rediss://", t.user or "redis://", tls.ca or t.host, tls.cert or t.host,
+    tls.key or t.host, tls.servername or t.host }
+  for _, s in ipairs(t.sentinels or { t }) do parts[#parts + 1], parts[#parts + 2] = s.host, ":" .. s.port end
+  for _, part in ipairs(parts) do
     if why:find(part, 1, true) then return nil end
   end
   return (why:gsub("^(%u)(%l)", function(a, b) return a:lower() .. b end)) -- "Connection refused"
@@ -157,8 +237,14 @@ end
 
 function Client:_connect()
   if self.closed then return end
+  local host, port = self.target.host, self.target.port
+  if self.sentinel then -- Sentinel: nil while the sentinels are asked (_connect again once they answer)
+    host, port = self.sentinel:calls_address()
+    if not host then return end
+  end
   local conn
-  conn = core.redis(self.target.host, self.target.port, self.timeout_ms, self.max_reply,
+  local err
+  conn, err = M.open(self.target, host, port, self.timeout_ms, self.max_reply,
     function(kind, why)
       if self.conn ~= conn then
         if kind == "down" and self.retiring[conn] then self.retiring[conn] = nil; conn:close() end
@@ -179,7 +265,10 @@ function Client:_connect()
         self:_down(why)
       end
     end)
-  if not conn then return self:_down("cannot start connecting") end
+  if not conn then
+    self.unusable = err
+    return self:_down(err or "cannot start connecting")
+  end
   self.conn = conn
   if not self.sub_pending or loop.now() >= (self.sub_retry_at or 0) then self:_resubscribe() end
 end
@@ -203,6 +292,7 @@ end
 function Client:_down(why)
   local was_ready = self.ready
   self.ready, self.why, self.conn = false, why, nil
+  if needs_a_person(why) then self.refused = why end
   if self.closed then return end
   self.backoff, self.reconnect_at = back_off(self.backoff)
   self.timer:start(50, 50)
@@ -267,10 +357,10 @@ function Client:call(args, cb, tries)
   local conn = self.conn
   if self.ready and conn then
     -- (args.asking: a cluster's ASK redirection, ASKING right before it)
-    if args.asking then conn:command({ "ASKING" }, function() end) end
+    if args.asking then conn:command({ "ASKING" }, function() end) end -- Cluster
     local ok, err = conn:command(args, function(v, e, kind)
       if e and kind == "reply" then
-        local state = setup.state_refusal(e)
+        local state = setup.state_refusal(e) or self.sentinel and self.sentinel:state_refusal(e) -- (Sentinel)
         if state then return self:_retire(conn, state, args, cb, tries) end
         if setup.function_missing(e) and (tries or 0) < 2 then
           return self:_reload(conn, args, cb, (tries or 0) + 1)
@@ -359,7 +449,7 @@ end
 
 -- client:take_waiting([take]) -> { { args, cb }, ... }: the calls that wait
 -- and were never sent (those take(args) is true for), no longer this
--- client's (a cluster moves them to the new owner of their slot).
+-- client's (Cluster: moved to the new owner of their slot).
 function Client:take_waiting(take)
   local taken = {}
   for _, field in ipairs({ "reloads", "waiting" }) do
@@ -403,7 +493,7 @@ end
 -- connection's) and cb hears "resubscribed". That timeout is
 -- timeout_ms, at least 2 s: a busy server's slow answer costs a needless
 -- resubscription, not a lost call, but should stay rare. sharded: SSUBSCRIBE
--- (a cluster's shard channel); cb then hears "unsubscribed" when the server
+-- (Cluster: a shard channel); cb then hears "unsubscribed" when the server
 -- dropped it (its slot moved to another node).
 function Client:subscribe(channel, cb, sharded)
   self.subscriptions[channel] = cb
@@ -449,9 +539,14 @@ function Client:_resubscribe()
     return
   end
   if self.sub then return end
+  local host, port = self.target.host, self.target.port
+  if self.sentinel then -- Sentinel: the primary of the calls' connection, once known
+    host, port = self.sentinel:subscription_address()
+    if not host then return self:_sub_later() end
+  end
   self.sub_pending = nil
   local sub
-  sub = core.redis(self.target.host, self.target.port, self.sub_timeout_ms, self.max_reply,
+  sub = M.open(self.target, host, port, self.sub_timeout_ms, self.max_reply,
     function(kind)
       if self.sub ~= sub then return end
       if kind == "up" then
@@ -472,6 +567,7 @@ function Client:_resubscribe()
       end
     end)
   self.sub, self.sub_up = sub, false
+  if not sub then self:_sub_later() end
 end
 
 -- The subscription's connection is made again after a back-off (100 ms
@@ -486,6 +582,7 @@ end
 function Client:close()
   if self.closed then return end
   self.closed, self.ready = true, false
+  if self.sentinel then self.sentinel:close() end -- Sentinel
   if self.conn then self.conn:close() end
   if self.sub then self.sub:close() end
   for conn in pairs(self.retiring) do conn:close() end

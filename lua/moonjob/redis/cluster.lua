@@ -219,10 +219,15 @@ function Cluster:_node(address, host, port)
   local node = self.nodes[address]
   if node then return node end
   if not host then host, port = map.split(address) end
-  node = client.from_target(map.node_target(self.target, host, port), {
+  local err
+  node, err = client.from_target(map.node_target(self.target, host, port), {
     timeout_ms = self.timeout_ms, max_reply = self.max_reply,
     on_state = function(up, why) self:_node_state(address, node, up, why) end,
   })
+  if not node then -- (a TLS file that cannot be used: a person must act)
+    self.refused = err
+    return nil
+  end
   self.nodes[address], self.settled[address], self.down_why[address] = node, nil, nil
   return node
 end

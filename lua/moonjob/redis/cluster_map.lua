@@ -9,7 +9,6 @@
 -- tells the whole map (CLUSTER SLOTS), so one is enough and the others are
 -- tried when it does not answer. A cluster has one database, 0: a URL that
 -- names another is refused.
-local core = require "moonjob.core"
 local setup = require "moonjob.redis.setup"
 
 local M = {}
@@ -72,15 +71,10 @@ function M.display(t)
 end
 
 -- The target of one node (moonjob.redis.client's, database 0): the
--- cluster's user, password and TLS settings, the node's host and port.
+-- cluster's user, password and TLS settings (the name checked: the node's
+-- host, unless the URL's servername= names one for all), its host and port.
 function M.node_target(t, host, port)
-  local tls = t.tls
-  if type(tls) == "table" then -- (a server name taken from the first seed's host names that seed only)
-    tls = {}
-    for k, v in pairs(t.tls) do tls[k] = v end
-    if tls.servername == t.host then tls.servername = host end
-  end
-  return { host = host, port = port, db = 0, user = t.user, password = t.password, tls = tls }
+  return { host = host, port = port, db = 0, user = t.user, password = t.password, tls = t.tls }
 end
 
 -- Where to ask for the map: the primaries known (those whose client is up
@@ -122,9 +116,10 @@ function M.ask(t, node, timeout_ms, max_reply, cb)
     if conn then conn:close() end
     cb(v, why, refused)
   end
-  conn = core.redis(node.host, node.port, timeout_ms, max_reply, function(kind, why)
+  local target = M.node_target(t, node.host, node.port)
+  local function on_event(kind, why)
     if kind ~= "up" then return finish(nil, ("%s: %s"):format(address, why or "connection lost")) end
-    setup.run(conn, M.node_target(t, node.host, node.port), false, function(err, err_kind)
+    setup.run(conn, target, false, function(err, err_kind)
       if err then return finish(nil, ("%s: %s"):format(address, err), err_kind == "refused") end
       local ok, cerr = conn:command({ "CLUSTER", "SLOTS" }, function(v, e, k)
         if not e then return finish(v) end
@@ -133,8 +128,10 @@ function M.ask(t, node, timeout_ms, max_reply, cb)
       end)
       if not ok then finish(nil, ("%s: %s"):format(address, cerr)) end
     end)
-  end, t.tls)
-  if not conn then finish(nil, address .. ": cannot start connecting") end
+  end
+  local open_err
+  conn, open_err = require("moonjob.redis.client").open(target, node.host, node.port, timeout_ms, max_reply, on_event)
+  if not conn then finish(nil, ("%s: %s"):format(address, open_err or "cannot start connecting"), true) end
 end
 
 -- M.read(reply, asked) -> owner, primaries: owner[slot] the address of the

@@ -31,7 +31,8 @@ local M = {}
 -- the same text whichever call met it (so that it is said once), or nil.
 local STATE_REASONS = {
   READONLY = "the server is a read-only replica (READONLY): reconnecting until the URL names a primary"
-    .. " again (no Sentinel: point the URL at the new primary, or make this server one)",
+    .. " again (point the URL at the new primary, make this server one, or name the sentinels:"
+    .. " redis+sentinel://)",
   MASTERDOWN = "the server is a replica cut off from its primary (MASTERDOWN): reconnecting until"
     .. " the URL names a primary again",
   LOADING = "the server is loading its data (LOADING): reconnecting until it is ready",
@@ -344,6 +345,9 @@ end
 -- connection that makes calls, not a subscription's).
 function M.run(conn, target, calls, done)
   local steps = auth_steps(target)
+  if target.sentinels then -- a primary the sentinels named: ROLE checked too
+    steps, done = require("moonjob.redis.sentinel").set_up(steps, done)
+  end
   if calls then
     steps[#steps + 1] = check_policy
     steps[#steps + 1] = function(c, next) M.ensure_library(c, target, next) end

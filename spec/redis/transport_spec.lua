@@ -1,0 +1,118 @@
+-- One connection to Redis (core.redis: core/parent/redis.c) against a real
+-- redis-server: subscriptions of both kinds on one connection, a refused
+-- subscription, the commands of a loop turn in one write, and a close from
+-- inside a reply's callback.
+local core = require "moonjob.core"
+local helpers = require "helpers"
+local rq = require "redis_queue"
+
+-- A connection to the file's server, up -> conn.
+local function connect()
+  local up
+  local conn = assert(core.redis("127.0.0.1", rq.server().port, 5000, 1024 * 1024, function(kind, why)
+    up = kind == "up" or why
+  end))
+  rq.close_after(conn)
+  helpers.wait_for(function() return up ~= nil end)
+  assert(up == true, up)
+  return conn
+end
+
+-- The server's count of reads it processed (INFO stats), less the one of the INFO.
+local function reads()
+  return tonumber(rq.server():cli("INFO", "stats"):match("total_reads_processed:(%d+)"))
+end
+
+rq.describe(function()
+  describe("a connection", function()
+    it("takes SUBSCRIBE and SSUBSCRIBE on one connection, each channel's messages to its callback", function()
+      local conn = connect()
+      local plain, sharded = {}, {}
+      assert(conn:subscribe({ "SUBSCRIBE", "news" }, function(msg, err)
+        plain[#plain + 1] = msg and table.concat(msg, " ") or "end: " .. err
+      end))
+      assert(conn:subscribe({ "SSUBSCRIBE", "{q}:events" }, function(msg, err)
+        sharded[#sharded + 1] = msg and table.concat(msg, " ") or "end: " .. err
+      end))
+      helpers.wait_for(function() return #plain == 1 and #sharded == 1 end)
+      assert.equal("subscribe news 1", plain[1])
+      assert.equal("ssubscribe {q}:events 1", sharded[1])
+      assert(conn:ping()) -- its answer (["pong", ""]) is nobody's
+      assert.equal("1", rq.server():cli("SPUBLISH", "{q}:events", "one"))
+      assert.equal("1", rq.server():cli("PUBLISH", "news", "two"))
+      assert.equal("1", rq.server():cli("SPUBLISH", "{q}:events", "three"))
+      helpers.wait_for(function() return #sharded == 3 and #plain == 2 end)
+      assert.same({ "ssubscribe {q}:events 1", "smessage {q}:events one", "smessage {q}:events three" }, sharded)
+      assert.same({ "subscribe news 1", "message news two" }, plain)
+      assert.equal(0, conn:pending())
+      conn:close()
+      assert.equal("end: closed", plain[3])
+      assert.equal("end: closed", sharded[4])
+    end)
+
+    it("tells a subscription the server refused, as its last call, and goes on", function()
+      rq.server():cli("ACL", "SETUSER", "nochan", "on", ">pw", "~*", "resetchannels", "&allowed", "+@all")
+      local conn = connect()
+      local got, done = {}, false
+      conn:command({ "AUTH", "nochan", "pw" }, function(v) got.auth = v end)
+      for _, command in ipairs({ "SUBSCRIBE", "SSUBSCRIBE" }) do
+        assert(conn:subscribe({ command, "forbidden" }, function(msg, err, kind)
+          got[#got + 1] = { command, msg, err, kind }
+        end))
+      end
+      assert(conn:subscribe({ "SUBSCRIBE", "allowed" }, function(msg)
+        if msg and msg[1] == "subscribe" then done = true end
+      end))
+      helpers.wait_for(function() return done end)
+      assert.equal("OK", got.auth)
+      assert.equal(2, #got)
+      for i, command in ipairs({ "SUBSCRIBE", "SSUBSCRIBE" }) do
+        assert.equal(command, got[i][1])
+        assert.is_nil(got[i][2])
+        assert.matches("NOPERM", got[i][3])
+        assert.equal("reply", got[i][4])
+      end
+      assert(conn:ping())
+      assert.equal("1", rq.server():cli("PUBLISH", "allowed", "x")) -- the connection still serves
+    end)
+
+    it("writes the commands of one loop turn together: the server reads them at once", function()
+      local conn = connect()
+      local answered = 0
+      local before = reads()
+      for i = 1, 200 do
+        assert(conn:command({ "SET", "k" .. i, i }, function(v) if v == "OK" then answered = answered + 1 end end))
+      end
+      helpers.wait_for(function() return answered == 200 end)
+      local read = reads() - before - 1 -- (less the INFO's own)
+      assert.is_true(read <= 2, read .. " reads for 200 commands")
+    end)
+
+    it("lets a reply's callback close the connection: the others hear it once that callback returned", function()
+      local conn = connect()
+      local log = {}
+      conn:command({ "PING" }, function(v)
+        log[#log + 1] = "first " .. v
+        conn:close()
+        log[#log + 1] = "closed"
+      end)
+      conn:command({ "PING" }, function(v, err) log[#log + 1] = "second " .. tostring(v or err) end)
+      conn:command({ "PING" }, function(v, err) log[#log + 1] = "third " .. tostring(v or err) end)
+      helpers.wait_for(function() return #log == 4 end)
+      assert.same({ "first PONG", "closed", "second closed", "third closed" }, log)
+      assert.has_error(function() conn:command({ "PING" }, function() end) end)
+    end)
+
+    it("refuses a command of subscriptions sent as a plain command", function()
+      local conn = connect()
+      local ok, err = pcall(conn.command, conn, { "SUBSCRIBE", "x" }, function() end)
+      assert.is_false(ok)
+      assert.matches("SUBSCRIBE and SSUBSCRIBE go through conn:subscribe", err, 1, true)
+      assert.has_error(function() conn:subscribe({ "PSUBSCRIBE", "x*" }, function() end) end)
+      local v
+      conn:command({ "PING" }, function(x) v = x end)
+      helpers.wait_for(function() return v ~= nil end)
+      assert.equal("PONG", v)
+    end)
+  end)
+end)
