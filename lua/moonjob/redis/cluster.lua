@@ -31,8 +31,8 @@
 -- slot), so this client writes it: the queues of a registering function's
 -- keys once it answered (again after REGISTER_AGAIN_MS), and every name it
 -- wrote again when the registry's slot changes owner (a failover can lose
--- a write). A subscription is made on the primary serving its channel's
--- slot (the channel holds the queue's hash tag) and moved with the slot.
+-- a write). A subscription is sharded (SSUBSCRIBE) on the primary serving
+-- its channel's slot (the channel holds the queue's hash tag), moved with it.
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
 local client = require "moonjob.redis.client"
@@ -43,11 +43,6 @@ local slots = require "moonjob.redis.slots"
 local M = {}
 local Cluster = {}
 Cluster.__index = Cluster
-
--- Subscriptions with SSUBSCRIBE (sharded pub/sub: a message stays in its
--- shard; the library SPUBLISHes in a cluster) rather than SUBSCRIBE (PUBLISH
--- reaches every node). Needs a transport that knows SSUBSCRIBE's replies.
-M.SHARDED = false
 
 local MAX_HOPS = 5              -- redirections one call follows
 local DOWN_REFRESH_MS = 250     -- the map asked for again while a primary is down
@@ -475,8 +470,11 @@ function Cluster:wait_ready()
   return nil, ("EREDIS: %s: %s"):format(self.name, why or self.why or "no answer")
 end
 
--- cluster:subscribe(channel, cb): as moonjob.redis.client's, on the primary
--- serving the channel's slot (SSUBSCRIBE when M.SHARDED), moved with it.
+-- cluster:subscribe(channel, cb): as moonjob.redis.client's, with SSUBSCRIBE
+-- (the library SPUBLISHes on a cluster) on the primary serving the
+-- channel's slot; made again on the new one when the slot moves (the node
+-- ends it: sunsubscribe) or the primary dies. What is published meanwhile
+-- is lost, as while a connection is down: cb hears "resubscribed".
 function Cluster:subscribe(channel, cb)
   self.subs[channel] = { cb = cb }
   self:_place(channel)
@@ -497,7 +495,7 @@ function Cluster:_place(channel)
       return self:_refresh_soon()
     end
     sub.cb(kind, message)
-  end, M.SHARDED)
+  end, true)
 end
 
 -- cluster:register(name [, done]): the queue in the registry

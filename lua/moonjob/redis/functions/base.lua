@@ -151,15 +151,15 @@ local function digits_of(n, digits)
 end
 
 -- A message on one of a queue's channels (the name holds the queue's hash
--- tag): PUBLISH, heard by SUBSCRIBE (every moonjob version, and a cluster
--- client that does not subscribe sharded); in a cluster SPUBLISH besides,
--- heard by SSUBSCRIBE on the shard of the channel's slot alone (PUBLISH
--- goes to every node there). H.cluster: whether this server is a cluster
--- node, asked once per load (a server cannot change it without a restart).
+-- tag): on one server PUBLISH, heard by SUBSCRIBE (every moonjob version);
+-- on a cluster node SPUBLISH, heard by SSUBSCRIBE on the shard of the
+-- channel's slot alone (PUBLISH would go to every node over the cluster
+-- bus; moonjob before this library did not run on a cluster). H.cluster:
+-- whether this server is a cluster node, asked once per load (a server
+-- cannot change it without a restart).
 local function announce(channel, message)
-  redis.call("PUBLISH", channel, message)
   if H.cluster == "unknown" then H.cluster = type(redis.pcall("CLUSTER", "MYID")) == "string" end
-  if H.cluster == true then redis.call("SPUBLISH", channel, message) end
+  redis.call(H.cluster == true and "SPUBLISH" or "PUBLISH", channel, message)
 end
 
 local function publish(p, message)
