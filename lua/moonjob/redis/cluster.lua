@@ -22,8 +22,8 @@
 --     call's timeout (then the caller gets the refusal, kind "transient");
 --   * a primary down: the map is asked of the other nodes (on the
 --     connections open to them) every 250 ms until it changes (its replica
---     promoted) or the node is back;
---     the calls waiting for it (never sent) go to the slot's new owner.
+--     promoted) or the node is back; the calls waiting for it (never sent)
+--     go to the slot's new owner.
 --     Calls sent before a drop keep moonjob.redis.client's contract (cb's
 --     fourth argument true: the caller's own retries, reports carry tokens).
 -- The registry of queues (moonjob.redis.names.REGISTRY) is one key, on its
