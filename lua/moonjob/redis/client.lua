@@ -27,8 +27,10 @@
 -- (moonjob.redis.sentinel, through the hooks marked "Sentinel" below).
 --
 -- Caveats: no Unix sockets; no Cluster redirections here (a
--- redis+cluster:// URL gets moonjob.redis.cluster's client). An @ in a
--- query value is written %40 (the last @ of a URL ends its password).
+-- redis+cluster:// URL gets moonjob.redis.cluster's client, the same face,
+-- over one client of this file per primary: M.from_target, the hooks marked
+-- "Cluster" below). An @ in a query value is written %40 (the last @ of a
+-- URL ends its password).
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
 local setup = require "moonjob.redis.setup"
@@ -74,12 +76,19 @@ local function tls_options(query)
   return M.tls_defaults(tls)
 end
 
+-- A URL of a Redis Cluster (redis+cluster://, rediss+cluster://).
+local function is_cluster(url)
+  return type(url) == "string" and url:match("^rediss?%+cluster://") ~= nil
+end
+
 -- parse(url) -> { host, port, db, user, password, tls } | nil, err; tls
 -- (rediss:// only): core.redis's TLS options (a redis+sentinel:// URL:
--- moonjob.redis.sentinel's target).
+-- moonjob.redis.sentinel's target; a redis+cluster:// URL:
+-- moonjob.redis.cluster's, with cluster = true).
 function M.parse(url)
   if type(url) ~= "string" then return nil, "a Redis URL must be a string like redis://host:6379/0" end
   if url:match("^rediss?%+sentinel://") then return sentinel.parse(url) end -- Sentinel
+  if is_cluster(url) then return require("moonjob.redis.cluster").parse(url) end -- Cluster
   local scheme, rest = url:match("^(rediss?)://(.*)$")
   if not rest then
     return nil, ("'%s' is not a Redis URL: write redis://[user:password@]host[:port][/db], or rediss://"
@@ -128,6 +137,7 @@ end
 -- The URL as it may be printed: the password replaced by ***.
 function M.display(t)
   if t.sentinels then return sentinel.display(t) end -- Sentinel
+  if t.cluster then return require("moonjob.redis.cluster").display(t) end -- Cluster
   local auth = ""
   if t.password then auth = (t.user or "") .. ":***@" end
   local host = t.host:find(":") and "[" .. t.host .. "]" or t.host
@@ -157,8 +167,15 @@ end
 -- waiting for a connection; default 5000), max_reply (bytes; default 64 MiB),
 -- on_state(up, why) (the connection came up or went down).
 function M.new(url, opts)
+  if is_cluster(url) then return require("moonjob.redis.cluster").new(url, opts) end -- Cluster
   local t, err = M.parse(url)
   if not t then return nil, err end
+  return M.from_target(t, opts)
+end
+
+-- M.from_target(t, opts) -> client | nil, err: as M.new, on a target parse
+-- made (Cluster: a node's, moonjob.redis.cluster).
+function M.from_target(t, opts)
   opts = opts or {}
   local self = setmetatable({
     target = t, name = M.display(t),
@@ -171,6 +188,7 @@ function M.new(url, opts)
     reloads = {},        -- calls that met "Function not found", sent again once it is loaded
     retiring = {},       -- connections to a server that is not a primary now, closed once drained
     subscriptions = {},  -- channel -> cb
+    sharded = {},        -- channel -> true: subscribed with SSUBSCRIBE
     said = {},           -- why -> true: the reasons on_state heard since the last "up"
     backoff = 0,
     sub_backoff = 0,     -- the subscription's own, as backoff
@@ -338,6 +356,8 @@ function Client:call(args, cb, tries)
   if self.closed then return cb(nil, "EREDIS: the client is closed", "connection") end
   local conn = self.conn
   if self.ready and conn then
+    -- (args.asking: a cluster's ASK redirection, ASKING right before it)
+    if args.asking then conn:command({ "ASKING" }, function() end) end -- Cluster
     local ok, err = conn:command(args, function(v, e, kind)
       if e and kind == "reply" then
         local state = setup.state_refusal(e) or self.sentinel and self.sentinel:state_refusal(e) -- (Sentinel)
@@ -427,6 +447,29 @@ function Client:_reload(conn, args, cb, tries)
   end)
 end
 
+-- client:take_waiting([take]) -> { { args, cb }, ... }: the calls that wait
+-- and were never sent (those take(args) is true for), no longer this
+-- client's (Cluster: moved to the new owner of their slot).
+function Client:take_waiting(take)
+  local taken = {}
+  for _, field in ipairs({ "reloads", "waiting" }) do
+    local keep = {}
+    for _, w in ipairs(self[field]) do
+      if not take or take(w[1]) then taken[#taken + 1] = w else keep[#keep + 1] = w end
+    end
+    self[field] = keep
+  end
+  return taken
+end
+
+-- client:in_flight() -> the calls sent and not answered, and those waiting.
+function Client:in_flight()
+  local sent = 0
+  if self.conn then sent = self.conn:pending() end
+  for conn in pairs(self.retiring) do sent = sent + conn:pending() end
+  return sent + #self.waiting + #self.reloads
+end
+
 -- client:call_wait(args) -> reply | nil, err: a blocking call (the REPL, a
 -- script), or, inside a loop.async task, one that yields to the loop.
 function Client:call_wait(args)
@@ -449,11 +492,31 @@ end
 -- it is then made again (after a back-off of its own, as the calls'
 -- connection's) and cb hears "resubscribed". That timeout is
 -- timeout_ms, at least 2 s: a busy server's slow answer costs a needless
--- resubscription, not a lost call, but should stay rare.
-function Client:subscribe(channel, cb)
+-- resubscription, not a lost call, but should stay rare. sharded: SSUBSCRIBE
+-- (Cluster: a shard channel); cb then hears "unsubscribed" when the server
+-- dropped it (its slot moved to another node).
+function Client:subscribe(channel, cb, sharded)
   self.subscriptions[channel] = cb
+  self.sharded[channel] = sharded or nil
   self:_resubscribe()
   self.ping_timer:start(self.sub_timeout_ms, self.sub_timeout_ms)
+end
+
+-- client:unsubscribe(channel): its messages are no longer heard (the server
+-- is not told: they are dropped here, and it is not subscribed again).
+function Client:unsubscribe(channel)
+  self.subscriptions[channel], self.sharded[channel] = nil, nil
+end
+
+-- A message on the subscription's connection, to its channel's callback.
+local MESSAGES = { message = "message", smessage = "message", subscribe = "resubscribed",
+  ssubscribe = "resubscribed", sunsubscribe = "unsubscribed" }
+
+function Client:_heard(channel, msg)
+  local cb, kind = self.subscriptions[channel], MESSAGES[msg[1]]
+  if kind == "unsubscribed" and self.sub_channels then self.sub_channels[channel] = nil end
+  if not cb or not kind then return end
+  if kind == "message" then cb(kind, msg[3]) else cb(kind) end
 end
 
 function Client:_ping()
@@ -463,13 +526,13 @@ end
 function Client:_resubscribe()
   if next(self.subscriptions) == nil or self.closed then return end
   if self.sub and self.sub_up then
-    for channel, cb in pairs(self.subscriptions) do
+    for channel in pairs(self.subscriptions) do
       if not self.sub_channels[channel] then
         self.sub_channels[channel] = true
-        self.sub:subscribe({ "SUBSCRIBE", channel }, function(msg, err)
-          if err then return end
-          if msg[1] == "message" then cb("message", msg[3])
-          elseif msg[1] == "subscribe" then cb("resubscribed") end
+        self.sub:subscribe({ self.sharded[channel] and "SSUBSCRIBE" or "SUBSCRIBE", channel }, function(msg, err)
+          if not err then return self:_heard(channel, msg) end
+          -- (SSUBSCRIBE refused: MOVED, the slot is another node's; a drop ends every channel)
+          if self.sharded[channel] then self:_heard(channel, { "sunsubscribe" }) end
         end)
       end
     end

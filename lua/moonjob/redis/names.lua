@@ -85,9 +85,26 @@ function M.tag(name)
   return name:match("^{([^{}]+)}") or name
 end
 
+-- A queue's name from its prefix (M.prefix's inverse; the library's
+-- queue_name): "mj:{images}:" -> "images", "mj:{shop}/images:" ->
+-- "{shop}/images"; nil for a key that is no queue's prefix.
+function M.queue_name(prefix)
+  if type(prefix) ~= "string" or prefix:sub(1, 3) ~= "mj:" or prefix:sub(-1) ~= ":" then return nil end
+  if prefix:sub(-2) == "}:" and prefix:sub(4, 4) == "{" then return prefix:sub(5, -3) end
+  return prefix:sub(4, -2)
+end
+
+-- The library's functions that register the queues of their keys (their
+-- own SADD to REGISTRY): a cluster, where that SADD is refused (another
+-- slot), has its client write it instead (moonjob.redis.cluster).
+M.REGISTERING = { moonjob_add = true, moonjob_add_bulk = true, moonjob_add_flow = true, moonjob_limit = true,
+  moonjob_pause = true, moonjob_schedule = true }
+
 -- The queue's name in the registry moonjob.queues() reads (best effort: a
--- user the ACL keeps to its own keys may not write it; docs/REDIS.md).
+-- user the ACL keeps to its own keys may not write it; docs/REDIS.md). A
+-- cluster's client keeps it registered (c:register).
 function M.register(c, name)
+  if c.register then return c:register(name) end
   c:call({ "SADD", M.REGISTRY, name }, function() end)
 end
 

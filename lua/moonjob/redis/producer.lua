@@ -60,7 +60,7 @@ function M.new(url, name, opts)
   local ok, err = names.check_name(name)
   if not ok then return nil, err end
   local c
-  c, err = client.new(url, { timeout_ms = (opts.timeout or 5) * 1000 })
+  c, err = client.new(url, { timeout_ms = (opts.timeout or 5) * 1000, key = names.prefix(name) })
   if not c then return nil, err end
   ok, err = c:wait_ready()
   if not ok then c:close(); return nil, err end
@@ -121,7 +121,7 @@ function M.list_queues(c)
       out[#out + 1] = { name = name, error = cerr, waiting = 0, delayed = 0, active = 0, held = 0, lapsed = 0,
         running = 0, completed = 0, failed = 0, completed_ever = 0, failed_ever = 0, workers = 0, missing = 0,
         paused = false }
-    elseif counts.exists then
+    elseif counts.exists or c.cluster then -- (a cluster's library cannot read the registry: listed is registered)
       counts.name = name
       out[#out + 1] = counts
     end

@@ -113,6 +113,7 @@ function Remote.new(port, opts)
     -- library's text (setup's FUNCTION LIST WITHCODE)
     max_reply = (port.max_payload + 4096) * math.max(1, policy:most()) + 65536 + #library.text(),
     on_state = function(up, why) self:_state(up, why) end,
+    key = self.prefix, -- (a cluster: its state is that of the queue's primary)
   })
   if not c then error("moonjob.pool: option 'redis': " .. err, 4) end
   self.client = c
@@ -569,9 +570,7 @@ end
 function Remote:stop() self.stopping = true end -- no more fetching (the pool is closing)
 
 -- Reports still in flight (the pool's close waits for them, bounded).
-function Remote:_busy()
-  return self.client.conn ~= nil and self.client.conn:pending() > 0
-end
+function Remote:_busy() return self.client:in_flight() > 0 end
 
 -- Waits (at most 5 s) for the last reports to reach Redis, then closes. A
 -- report that cannot be sent by then is lost: its job's lease expires and
@@ -583,7 +582,7 @@ function Remote:close()
   local ticker = core.timer(function() end)
   ticker:start(100, 100)
   pcall(loop.wait_until, function()
-    local flushed = not self:_busy() and #self.client.waiting == 0 and self.reports:idle()
+    local flushed = not self:_busy() and self.reports:idle()
       and not self.fetching
     return flushed or loop.now() > deadline
   end)

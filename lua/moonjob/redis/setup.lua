@@ -307,8 +307,8 @@ local function settle_library(conn, db, next, tries)
   watch_guard(conn, db, function(guarded, werr, wkind)
     if guarded == nil then return next(werr, wkind) end
     loaded_library(conn, function(found, err, kind)
-      if not found then
-        if guarded then command(conn, { "UNWATCH" }, function() end) end
+      if not found then -- (a lost connection may be closed already: nothing to unwatch)
+        if guarded and kind ~= "connection" then command(conn, { "UNWATCH" }, function() end) end
         return next(err, kind)
       end
       local what = decide(found)

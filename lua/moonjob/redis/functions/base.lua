@@ -150,8 +150,20 @@ local function digits_of(n, digits)
   return digits.text .. LAST3[r]
 end
 
+-- A message on one of a queue's channels (the name holds the queue's hash
+-- tag): on one server PUBLISH, heard by SUBSCRIBE (every moonjob version);
+-- on a cluster node SPUBLISH, heard by SSUBSCRIBE on the shard of the
+-- channel's slot alone (PUBLISH would go to every node over the cluster
+-- bus; moonjob before this library did not run on a cluster). H.cluster:
+-- whether this server is a cluster node, asked once per load (a server
+-- cannot change it without a restart).
+local function announce(channel, message)
+  if H.cluster == "unknown" then H.cluster = type(redis.pcall("CLUSTER", "MYID")) == "string" end
+  redis.call(H.cluster == true and "SPUBLISH" or "PUBLISH", channel, message)
+end
+
 local function publish(p, message)
-  redis.call("PUBLISH", p .. "events", message)
+  announce(p .. "events", message)
 end
 
 local function err_json(code, message) -- (keys in sorted order, as moonjob.codec.json writes them)
@@ -293,5 +305,6 @@ H.refuse, H.job_fields, H.count_total, H.count_missing = refuse, job_fields, cou
 H.log_key, H.delete_job, H.check_numbers, H.check_args = log_key, delete_job, check_numbers, check_args
 H.SETS, H.member_id, H.wrong_type = SETS, member_id, wrong_type
 H.debounce_key, H.note, H.queue_name = debounce_key, note, queue_name
+H.announce, H.cluster = announce, "unknown"
 H.JOB_DEFAULTS, H.defaulted = JOB_DEFAULTS, defaulted
 end

@@ -103,7 +103,7 @@ local function complete(keys, args)
         moved[#moved + 1] = id
         redis.call("HSET", key, "state", "completed", "result", args[i + 2], "finished", now_text,
           "began", ms == 0 and now_text or now - ms)
-        if f[3] == "n" then redis.call("PUBLISH", p .. "done", id) end
+        if f[3] == "n" then H.announce(p .. "done", id) end
       else -- (its options; when it started, when its worker did not say how long it ran)
         o = redis.call("HMGET", key, "cache", "notify", "started", "group", "parent")
         -- totals and metrics counted once for the batch
@@ -280,7 +280,7 @@ local function progress(keys, args)
   local f = holds(key, token, "db")
   if not f then return "ESTALE" end
   redis.call("HSET", key, "progress", args[3])
-  redis.call("PUBLISH", updates_channel(p, f[3]), '{"id":' .. cjson.encode(id) .. ',"progress":' .. args[3] .. "}")
+  H.announce(updates_channel(p, f[3]), '{"id":' .. cjson.encode(id) .. ',"progress":' .. args[3] .. "}")
   return "OK"
 end
 
@@ -297,7 +297,7 @@ local function log(keys, args)
   local lk, channel = log_key(p, id), updates_channel(p, f[3])
   for i = 4, #args do
     redis.call("RPUSH", lk, args[i])
-    redis.call("PUBLISH", channel, '{"id":' .. cjson.encode(id) .. ',"log":' .. cjson.encode(args[i]) .. "}")
+    H.announce(channel, '{"id":' .. cjson.encode(id) .. ',"log":' .. cjson.encode(args[i]) .. "}")
   end
   redis.call("LTRIM", lk, -tonumber(args[3]), -1)
   return "OK"

@@ -160,7 +160,7 @@ local function finish(p, id, key, state, field, value, now, f)
     local ms = f.ran and (f.run_ms or run_ms(f[3], now))
     record_metrics(p, now, state == "completed" and 1 or 0, state == "failed" and 1 or 0, { ms })
   end
-  if f[2] == "1" then redis.call("PUBLISH", p .. "done", id) end
+  if f[2] == "1" then H.announce(p .. "done", id) end
   if f[5] then H.child_ended(key, f[5], state, value, now) end
 end
 
