@@ -10,7 +10,7 @@ do
 -- this newer library loaded keeps it and uses it (one of an older version is
 -- refused, told to upgrade). Raise it when a call of an older program would
 -- be misread (docs/REDIS.md, "Versions on one server").
-local VERSION, OLDEST_CLIENT = "11", "8"
+local VERSION, OLDEST_CLIENT = "12", "8"
 
 -- moonjob_version -> VERSION; with the argument "oldest" -> OLDEST_CLIENT.
 local function version(_, args)
