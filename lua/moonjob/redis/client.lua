@@ -22,9 +22,8 @@
 -- environment's MOONJOB_REDIS_CA, MOONJOB_REDIS_CERT and MOONJOB_REDIS_KEY
 -- stand in for what the query leaves out (cert and key as a pair).
 --
--- redis+sentinel:// URLs: the primary is asked of the sentinels before each
--- connection, verified, and followed at +switch-master
--- (moonjob.redis.sentinel, through the hooks marked "Sentinel" below).
+-- redis+sentinel:// URLs: the primary asked of the sentinels, verified and
+-- followed (moonjob.redis.sentinel; the hooks marked "Sentinel" below).
 --
 -- Caveats: no Unix sockets; no Cluster redirections here (a
 -- redis+cluster:// URL gets moonjob.redis.cluster's client, the same face,
@@ -291,8 +290,9 @@ end
 -- starts after a back-off (back_off).
 function Client:_down(why)
   local was_ready = self.ready
-  self.ready, self.why, self.conn = false, why, nil
   if needs_a_person(why) then self.refused = why end
+  if self.sentinel then why = self.sentinel:down(why) end -- Sentinel: the address and who named it
+  self.ready, self.why, self.conn = false, why, nil
   if self.closed then return end
   self.backoff, self.reconnect_at = back_off(self.backoff)
   self.timer:start(50, 50)
@@ -346,24 +346,25 @@ end
 -- server refused for now: M.refusal_kind) or "connection"; after a
 -- "connection" error cb's fourth argument is true when the call was handed
 -- to a connection (it may have run: its reply was lost), nil when it never
--- was (it waited for a connection until timeout_ms, or the client closed). Two refusals never
--- reach cb, as the call never ran: "Function not found" (the library is
--- loaded again on that connection and the call sent again, twice at most)
--- and READONLY, MASTERDOWN or LOADING (the server is not a primary now: the
--- call waits for the next connection, as while disconnected). `tries`:
--- internal, the reloads this call caused.
-function Client:call(args, cb, tries)
+-- was (it waited for a connection until timeout_ms, or the client closed).
+-- Refusals of a call that never ran do not reach cb: "Function not found"
+-- (the library loaded again, the call sent again, twice at most), READONLY,
+-- MASTERDOWN, LOADING (not a primary now: it waits for the next connection,
+-- until timeout_ms after it was made). tries, deadline: internal.
+function Client:call(args, cb, tries, deadline)
   if self.closed then return cb(nil, "EREDIS: the client is closed", "connection") end
   local conn = self.conn
+  deadline = deadline or loop.now() + self.timeout_ms
   if self.ready and conn then
     -- (args.asking: a cluster's ASK redirection, ASKING right before it)
     if args.asking then conn:command({ "ASKING" }, function() end) end -- Cluster
     local ok, err = conn:command(args, function(v, e, kind)
       if e and kind == "reply" then
-        local state = setup.state_refusal(e) or self.sentinel and self.sentinel:state_refusal(e) -- (Sentinel)
-        if state then return self:_retire(conn, state, args, cb, tries) end
+        if self.sentinel and self.sentinel:hold(e, args, cb, tries, deadline) then return self:_settle(conn) end
+        local state = setup.state_refusal(e)
+        if state then return self:_retire(conn, state, args, cb, tries, deadline) end
         if setup.function_missing(e) and (tries or 0) < 2 then
-          return self:_reload(conn, args, cb, (tries or 0) + 1)
+          return self:_reload(conn, args, cb, (tries or 0) + 1, deadline)
         end
         kind = M.refusal_kind(e)
       elseif e then
@@ -375,12 +376,12 @@ function Client:call(args, cb, tries)
     if ok then return end
     self.why = err
   end
-  self:_wait(args, cb, tries)
+  self:_wait(args, cb, tries, deadline)
 end
 
--- The call waits for a connection ready for it (until timeout_ms from now).
-function Client:_wait(args, cb, tries)
-  self.waiting[#self.waiting + 1] = { args, cb, loop.now() + self.timeout_ms, tries }
+-- The call waits for a connection ready for it, until its deadline.
+function Client:_wait(args, cb, tries, deadline)
+  self.waiting[#self.waiting + 1] = { args, cb, deadline or loop.now() + self.timeout_ms, tries }
   self.timer:start(50, 50)
 end
 
@@ -388,16 +389,16 @@ end
 function Client:_flush()
   local reloads, waiting = self.reloads, self.waiting
   self.reloads, self.waiting = {}, {}
-  for _, w in ipairs(reloads) do self:call(w[1], w[2], w[4]) end
-  for _, w in ipairs(waiting) do self:call(w[1], w[2], w[4]) end
+  for _, w in ipairs(reloads) do self:call(w[1], w[2], w[4], w[3]) end
+  for _, w in ipairs(waiting) do self:call(w[1], w[2], w[4], w[3]) end
 end
 
 -- The server is not a primary now: no more calls on conn (the ones in
 -- flight end there), said once through on_state, and a new connection after
 -- the back-off, whose set-up checks for a primary again. The refused call
 -- never ran: it waits for that connection.
-function Client:_retire(conn, why, args, cb, tries)
-  self:_wait(args, cb, tries)
+function Client:_retire(conn, why, args, cb, tries, deadline)
+  self:_wait(args, cb, tries, deadline)
   self:_retire_conn(conn, why)
 end
 
@@ -422,9 +423,9 @@ end
 -- "Function not found": the library was flushed (FUNCTION FLUSH, a restart
 -- without it). It is loaded again on this connection, once for every call
 -- that met it meanwhile; those calls never ran, and are sent again, first.
-function Client:_reload(conn, args, cb, tries)
-  if self.conn ~= conn then return self:_wait(args, cb, tries) end -- the next connection loads it
-  self.reloads[#self.reloads + 1] = { args, cb, nil, tries }
+function Client:_reload(conn, args, cb, tries, deadline)
+  if self.conn ~= conn then return self:_wait(args, cb, tries, deadline) end -- the next connection loads it
+  self.reloads[#self.reloads + 1] = { args, cb, deadline, tries }
   if self.reloading then return end
   self.reloading, self.ready = true, false -- new calls wait until it is loaded
   setup.ensure_library(conn, self.target, function(err, kind)
@@ -433,7 +434,7 @@ function Client:_reload(conn, args, cb, tries)
       -- this connection goes (down, or not a primary): the next one loads it
       local reloads = self.reloads
       self.reloads = {}
-      for _, w in ipairs(reloads) do self:_wait(w[1], w[2], w[4]) end
+      for _, w in ipairs(reloads) do self:_wait(w[1], w[2], w[4], w[3]) end
       if kind == "state" and self.conn == conn then self:_retire_conn(conn, err) end
       return
     end
