@@ -14,11 +14,12 @@
 --     for the "state" reason, and the sentinels are asked again after the
 --     back-off. The subscription's connection goes to the same primary.
 --   * The sentinel that named the address goes first in the list once the
---     address passed every check; when it fails (no connection, not a
---     master, READONLY...), the list turns to start after that sentinel,
---     the watch leaves it, and the client's reason names both ("HOST:PORT,
---     named by HOST:PORT: ..."): a sentinel cut off from its peers that
---     keeps naming a dead primary does not hold the client.
+--     address passed every check; when it fails them (no connection, not a
+--     master, READONLY...) or answers READONLY later, the list turns to
+--     start after that sentinel and the watch leaves it: a sentinel cut off
+--     from its peers that keeps naming a dead primary does not hold the
+--     client. The client's reasons name both ("HOST:PORT, named by
+--     HOST:PORT: ...").
 --   * A watch: one connection to a sentinel subscribed to +switch-master.
 --     A message for our master moves the client at once: the connection to
 --     the old primary is retired (calls in flight end there, as
@@ -113,7 +114,8 @@ function M.new(c)
     client = c, target = c.target,
     primary = nil,     -- { host, port, by }: the address last named, by sentinel `by`
     current = nil,     -- the address the calls' connection went to last
-    blame = nil,       -- the sentinel that named current, until it failed
+    subject = nil,     -- current while the calls' connection to it stands (Sentinel:down)
+    checked = false,   -- that connection passed the set-up's checks
     fresh = false,     -- primary was named since the last connection was made
     asking = false,    -- a lookup for the calls' connection is under way
     epoch = 0,         -- +1 at each switch: an answer asked for before it is stale
@@ -229,12 +231,11 @@ end
 -- again once they named it; if they did not, the client is down for why).
 function Sentinel:calls_address()
   if self.fresh then
-    self.fresh, self.current = false, self.primary
-    self.blame = self.primary.by -- (its failure is that sentinel's: Sentinel:down)
+    self.fresh, self.current, self.subject, self.checked = false, self.primary, self.primary, false
     return self.primary.host, self.primary.port
   end
   if self.asking then return nil end
-  self.asking, self.blame = true, nil
+  self.asking, self.subject = true, nil
   local epoch = self.epoch
   self:_lookup(function(addr, why, refused)
     self.asking = false
@@ -273,7 +274,8 @@ end
 function Sentinel:_news()
   local p = self.current
   if not p then return nil end
-  if self.blame then to_front(self.target.sentinels, self.blame) end
+  if self.subject and not self.checked then to_front(self.target.sentinels, self.subject.by) end
+  self.checked = true
   local at, news = address(p), nil
   if self.sub_at ~= at then move_subscription(self.client) end
   if at ~= self.announced then
@@ -293,19 +295,22 @@ local function reason(why)
   return code and REASONS[code] or why
 end
 
--- For client:_down: why, as said of the calls' connection. When it went to
--- an address a sentinel named (not yet judged), that address failed (no
--- connection, not a master, READONLY...): the next lookup starts after
--- that sentinel, the watch leaves it, and why names both.
+-- For client:_down: why, as said of the calls' connection; when it went to
+-- an address a sentinel named, why names both. When that address failed
+-- the set-up's checks (no connection, not a master, READONLY...), or is a
+-- replica now, the next lookup starts after that sentinel, and the watch
+-- leaves it. (A connection lost after its checks is no sentinel's fault.)
 function Sentinel:down(why)
   why = reason(why)
-  local s, p = self.blame, self.current
-  if not s or not p then return why end
-  self.blame = nil
-  turn_after(self.target.sentinels, s)
-  if self.watched == s and self.watch then self:_watch_lost() end
+  local p = self.subject
+  if not p or not p.by then return why end
+  self.subject = nil
+  if not self.checked or why == REASONS.READONLY or why == REASONS.MASTERDOWN then
+    turn_after(self.target.sentinels, p.by)
+    if self.watched == p.by and self.watch then self:_watch_lost() end
+  end
   local plain = type(why) == "string" and why:match("^cannot connect to .-: (.+)$") or why
-  return ("%s, named by %s: %s"):format(address(p), address(s), tostring(plain or "connection lost"))
+  return ("%s, named by %s: %s"):format(address(p), address(p.by), tostring(plain or "connection lost"))
 end
 
 -- For client:call, a reply refused: true when the Sentinel took the call
@@ -370,7 +375,7 @@ function Sentinel:_switch(addr, why)
   self.epoch = self.epoch + 1
   self.primary = addr
   if c.conn and same(self.current, addr) then return end -- (there already)
-  self.fresh, self.blame = true, nil -- (the old address did not fail: no sentinel is blamed)
+  self.fresh, self.subject = true, nil -- (the old address did not fail: no sentinel is blamed)
   local old = c.conn
   if old and c.ready then
     c:_retire_conn(old, why)
@@ -391,11 +396,12 @@ function Sentinel:_message(text)
     ("Sentinel moved the primary for %s (+switch-master)"):format(name))
 end
 
--- After the watch is (re)made: a switch may have been missed meanwhile.
+-- After the watch is (re)made: a switch may have been missed meanwhile
+-- (not followed once the watch left s: an address it named failed).
 function Sentinel:_check(s)
   local epoch = self.epoch
   self:_ask(s, { "SENTINEL", "get-master-addr-by-name", self.target.master }, function(v)
-    self:_follow(named(v, s), epoch, "Sentinel names another primary for %s")
+    if self.watched == s then self:_follow(named(v, s), epoch, "Sentinel names another primary for %s") end
   end)
 end
 
