@@ -453,8 +453,8 @@ describe("a queue behind Redis Sentinel #slow", function()
     assert.matches("TLS: certificate verify failed", tostring(err), 1, true)
     assert.is_true(wall_ms() - started < 5000, "refused after " .. (wall_ms() - started) .. " ms")
     -- the sentinels' certificate name and the data servers' are given apart
-    local named = rq.close_after(assert(moonjob.queue(g:url({ query = "servername=localhost&sentinel_servername=localhost" }),
-      "secure", { timeout = 5 })))
+    local names = "servername=localhost&sentinel_servername=localhost"
+    local named = rq.close_after(assert(moonjob.queue(g:url({ query = names }), "secure", { timeout = 5 })))
     assert.equal(1, named:counts().completed)
     -- a wrong name for the sentinels: said, with the setting to give
     none, err = moonjob.queue(g:url({ query = "sentinel_servername=elsewhere.example" }), "secure", { timeout = 10 })

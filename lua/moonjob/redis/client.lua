@@ -468,7 +468,7 @@ function Client:in_flight()
   local sent = 0
   if self.conn then sent = self.conn:pending() end
   for conn in pairs(self.retiring) do sent = sent + conn:pending() end
-  return sent + #self.waiting + #self.reloads
+  return sent + #self.waiting + #self.reloads + (self.sentinel and #self.sentinel.held or 0) -- (Sentinel: NOREPLICAS)
 end
 
 -- client:call_wait(args) -> reply | nil, err: a blocking call (the REPL, a

@@ -49,7 +49,8 @@ end
 -- rediss+sentinel:// the TLS ones (t.tls).
 local function parse_query(t, query)
   if query == "" then return true end
-  local known = "sentinel_user, sentinel_password" .. (t.tls and ", ca, cert, key, servername, sentinel_servername" or "")
+  local known = "sentinel_user, sentinel_password"
+    .. (t.tls and ", ca, cert, key, servername, sentinel_servername" or "")
   for pair in (query .. "&"):gmatch("([^&]*)&") do
     local name, value = pair:match("^([^=]*)=(.*)$")
     name = name or pair
