@@ -446,7 +446,9 @@ struct mj_redis_s {
   size_t max_reply;                    /* bytes one reply may take */
   size_t reply_bytes;                  /* taken by the reply being read */
   unsigned pending;                    /* commands whose reply is due (not SUBSCRIBE, PING) */
-  uint64_t last_progress;              /* loop time: connect started, or last reply */
+  unsigned unsent;                     /* of those and a PING: staged, not flushed yet */
+  uint64_t last_progress;              /* loop time: connect started, last reply, or the
+                                          first command still unanswered went out */
   mj_redis_state_t state;
   char why[320];                       /* why it went down */
   char *out, *plain, *wire;            /* bytes for the socket not handed to libuv yet; TLS:

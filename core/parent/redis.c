@@ -24,7 +24,8 @@
  * A cut network would hang a connection for ever: a watchdog timer drops the
  * connection when connecting (and the TLS handshake) takes longer than
  * timeout_ms, or when commands are in flight and no reply came for
- * timeout_ms. Commands sent with `persistent` (SUBSCRIBE, SSUBSCRIBE) are not
+ * timeout_ms (counted from the last reply, or from when the first command
+ * still unanswered went out: commands sent meanwhile do not push it back). Commands sent with `persistent` (SUBSCRIBE, SSUBSCRIBE) are not
  * counted: their messages come when they come; the owner PINGs a subscribed
  * connection instead (mj_redis_ping), whose answer is due within timeout_ms.
  *
@@ -226,6 +227,7 @@ static void went_down(mj_redis_t *r, const char *why) {
   if (r->state == MJ_REDIS_DOWN) return;
   r->state = MJ_REDIS_DOWN;
   r->ping_pending = r->drop_due = 0;
+  r->unsent = 0;
   uv_timer_stop(&r->watchdog);
   mj__list_unlink(&r->staged_link);
   if (r->why[0] == '\0') snprintf(r->why, sizeof r->why, "%s", why ? why : "connection closed");
@@ -315,9 +317,17 @@ static int stage(mj_redis_t *r, const char *data, size_t len) {
   return 0;
 }
 
+/* The commands staged go out. When none sent before awaits its reply, the
+ * reply deadline starts now; else it stays the one of those before (a
+ * server that stopped answering is noticed however often commands come). */
 static void flush(mj_redis_t *r) {
   mj__list_unlink(&r->staged_link);
   if (r->state != MJ_REDIS_UP) return;
+  if (r->unsent > 0 && (long) r->pending + r->ping_pending <= (long) r->unsent) {
+    uv_update_time(&r->ctx->loop); /* the loop's cached time may be old: the caller ran long */
+    r->last_progress = uv_now(&r->ctx->loop);
+  }
+  r->unsent = 0;
   if (r->tls != NULL && mj__tls_encrypt(r) != 0) return;
   mj__redis_send(r);
 }
@@ -507,10 +517,9 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
 
 /* ----------------------------------------------------------- watchdog --- */
 
+/* (the deadline is last_progress: set by the caller, or by flush) */
 static void arm_watchdog(mj_redis_t *r) {
   uint64_t every = r->timeout_ms / 4 ? r->timeout_ms / 4 : 1;
-  uv_update_time(&r->ctx->loop); /* the loop's cached time may be old: the caller ran long */
-  r->last_progress = uv_now(&r->ctx->loop);
   if (!uv_is_active((uv_handle_t *) &r->watchdog))
     uv_timer_start(&r->watchdog, watchdog_cb, every, every);
 }
@@ -529,10 +538,9 @@ static void attempt_failed(mj_redis_t *r) {
 static void watchdog_cb(uv_timer_t *handle) {
   mj_redis_t *r = handle->data;
   uint64_t now = uv_now(&r->ctx->loop);
-  if (mj__list_linked(&r->staged_link)) { /* not sent yet (the loop was not run): due from now */
+  if (mj__list_linked(&r->staged_link)) { /* staged by a timer before this one: out first */
     flush(r);
-    r->last_progress = now;
-    return;
+    if (r->state == MJ_REDIS_DOWN) return;
   }
   int waiting = r->state == MJ_REDIS_RESOLVING || r->state == MJ_REDIS_CONNECTING || r->pending > 0
                 || r->ping_pending;
@@ -725,6 +733,8 @@ int mj_redis_open(mj_ctx_t *ctx, mj_redis_t *r, const char *host, int port, uint
   r->watchdog.data = r;
   r->open_handles = 1;
   mj__list_push(&ctx->redis, &r->link);
+  uv_update_time(&ctx->loop);
+  r->last_progress = uv_now(&ctx->loop);
   arm_watchdog(r);
   return 0;
 }
@@ -798,7 +808,10 @@ int mj_redis_command(mj_redis_t *r, int argc, const char **argv, const size_t *l
   free(cmd);
   if (rc != 0) return rc;
   due_push(r, kind ? MJ_DUE_SUBSCRIBE : MJ_DUE_REPLY, tag, kind ? (unsigned) argc - 1 : 0);
-  if (!persistent && r->pending++ == 0) arm_watchdog(r);
+  if (!persistent) {
+    r->unsent++;
+    if (r->pending++ == 0) arm_watchdog(r);
+  }
   return 0;
 }
 
@@ -814,8 +827,9 @@ int mj_redis_ping(mj_redis_t *r) {
   if (r->ping_pending) return 0; /* the last one is still due */
   if (due_room(r) != 0 || stage(r, ping, sizeof ping - 1) != 0) return UV_ENOMEM;
   due_push(r, MJ_DUE_PING, 0, 0);
-  arm_watchdog(r);
+  r->unsent++;
   r->ping_pending = 1;
+  arm_watchdog(r);
   return 0;
 }
 

@@ -1,9 +1,12 @@
 -- One connection to Redis (core.redis: core/parent/redis.c) against a real
 -- redis-server: subscriptions of both kinds on one connection, a refused
--- subscription, the commands of a loop turn in one write, and a close from
--- inside a reply's callback.
+-- subscription, the commands of a loop turn in one write, a close from
+-- inside a reply's callback, the reply timeout of a server that stopped
+-- answering while calls keep coming.
 local core = require "moonjob.core"
+local client = require "moonjob.redis.client"
 local helpers = require "helpers"
+local loop = require "moonjob.loop"
 local rq = require "redis_queue"
 
 -- A connection to the file's server, up -> conn.
@@ -101,6 +104,27 @@ rq.describe(function()
       helpers.wait_for(function() return #log == 4 end)
       assert.same({ "first PONG", "closed", "second closed", "third closed" }, log)
       assert.has_error(function() conn:command({ "PING" }, function() end) end)
+    end)
+
+    it("drops a connection whose server stopped answering, though calls keep coming", function()
+      local c = rq.close_after(assert(client.new(rq.server().url, { timeout_ms = 1000 })))
+      assert(c:wait_ready())
+      local answered, failed = 0, nil
+      local pinger = core.timer(function()
+        c:call({ "PING" }, function(v, err)
+          if v == "PONG" then answered = answered + 1
+          elseif not failed then failed = { err = err, at = loop.now() } end
+        end)
+      end)
+      rq.close_after({ close = function() pinger:close() end })
+      pinger:start(250, 250) -- as the watchdog ticks (a quarter of the timeout): a call at each of its ticks
+      helpers.wait_for(function() return answered >= 2 end)
+      rq.close_after({ close = function() rq.server():signal("CONT") end })
+      rq.server():signal("STOP")
+      local stopped = loop.now()
+      assert.is_truthy(rq.wait_for(function() return failed ~= nil end, 8), "no call failed within 8 s")
+      assert.is_true(failed.at - stopped < 5000, ("the first error came %d ms after the stop"):format(failed.at - stopped))
+      assert.matches("no reply from the server within 1000 ms", failed.err, 1, true)
     end)
 
     it("refuses a command of subscriptions sent as a plain command", function()
