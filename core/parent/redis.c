@@ -403,7 +403,7 @@ static int pushed(mj_redis_t *r, const redisReply *reply) {
     return 0;
   if (r->subscribed + r->shard_subscribed <= 0 && (head == NULL || head->kind != MJ_DUE_SUBSCRIBE)) return 0;
   const redisReply *kind = reply->element[0];
-  int sharded = kind->len > 0 && kind->str[0] == 's';
+  int sharded = is(kind, "smessage") || is(kind, "ssubscribe") || is(kind, "sunsubscribe");
   if (is(kind, "message") || is(kind, "smessage")) {
     deliver_message(r, reply, sharded);
   } else if (is(kind, "unsubscribe") || is(kind, "sunsubscribe")) {

@@ -21,6 +21,50 @@ local function connect()
   return conn
 end
 
+-- A fake server on loopback (Python): takes one connection, waits until the
+-- client sent `until_seen` (bytes), then sends each of `pushes` (RESP text)
+-- 0.1 s apart, and holds the connection until the client ends it. -> its
+-- port; it is killed after the test.
+local FAKE = [==[
+import socket, sys, time
+until_seen, pushes = sys.argv[1].encode(), [p.encode() for p in sys.argv[2:]]
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen(1)
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept()
+seen = b""
+while until_seen not in seen:
+    data = c.recv(65536)
+    if not data:
+        sys.exit(0)
+    seen += data
+for p in pushes:
+    c.sendall(p.replace(b"|", b"\r\n"))
+    time.sleep(0.1)
+while c.recv(65536):
+    pass
+]==]
+
+local function fake_server(until_seen, pushes)
+  local dir = helpers.tmpdir()
+  helpers.write_file(dir .. "/fake.py", FAKE)
+  local args = {}
+  for i, p in ipairs(pushes) do args[i] = "'" .. p .. "'" end
+  local pid = assert(tonumber(helpers.first_line(("python3 %s/fake.py '%s' %s > %s/port & echo $!")
+    :format(dir, until_seen, table.concat(args, " "), dir))))
+  rq.close_after({ close = function()
+    os.execute(("kill -KILL %d 2>/dev/null"):format(pid))
+    os.execute("rm -rf " .. dir)
+  end })
+  local port
+  helpers.wait_for(function()
+    port = tonumber(helpers.first_line("cat " .. dir .. "/port"))
+    return port ~= nil
+  end)
+  return port
+end
+
 -- The server's count of reads it processed (INFO stats), less the one of the INFO.
 local function reads()
   return tonumber(rq.server():cli("INFO", "stats"):match("total_reads_processed:(%d+)"))
@@ -104,6 +148,30 @@ rq.describe(function()
       helpers.wait_for(function() return #log == 4 end)
       assert.same({ "first PONG", "closed", "second closed", "third closed" }, log)
       assert.has_error(function() conn:command({ "PING" }, function() end) end)
+    end)
+
+    it("keeps a plain subscription's messages once the server ended the sharded one", function()
+      -- a server-side sunsubscribe (a slot moved) leaves no sharded channel, one plain
+      local port = fake_server("SSUBSCRIBE", {
+        "*3|$9|subscribe|$1|a|:1|", "*3|$10|ssubscribe|$1|b|:1|", "*3|$12|sunsubscribe|$1|b|:0|",
+        "*3|$7|message|$1|a|$5|hello|", "*3|$7|message|$1|a|$5|world|" })
+      local up
+      local conn = rq.close_after(assert(core.redis("127.0.0.1", port, 5000, 1024 * 1024, function(kind, why)
+        up = kind == "up" or why
+      end)))
+      helpers.wait_for(function() return up ~= nil end)
+      assert.is_true(up, up)
+      local plain, sharded = {}, {}
+      assert(conn:subscribe({ "SUBSCRIBE", "a" }, function(msg, err)
+        plain[#plain + 1] = msg and table.concat(msg, " ") or "end: " .. err
+      end))
+      assert(conn:subscribe({ "SSUBSCRIBE", "b" }, function(msg, err)
+        sharded[#sharded + 1] = msg and table.concat(msg, " ") or "end: " .. err
+      end))
+      assert.is_truthy(rq.wait_for(function() return #plain >= 3 or up ~= true end, 10), "nothing came")
+      assert.is_true(up, up)
+      assert.same({ "subscribe a 1", "message a hello", "message a world" }, plain)
+      assert.same({ "ssubscribe b 1", "sunsubscribe b 0" }, sharded)
     end)
 
     it("drops a connection whose server stopped answering, though calls keep coming", function()
