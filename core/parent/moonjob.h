@@ -452,8 +452,10 @@ struct mj_redis_s {
   mj_redis_state_t state;
   char why[320];                       /* why it went down */
   char *out, *plain, *wire;            /* bytes for the socket not handed to libuv yet; TLS:
-                                          commands staged, to encrypt; the write in flight */
+                                          commands staged, to encrypt; the writes in flight */
   size_t out_len, out_cap, plain_len, plain_cap, wire_cap;
+  size_t wire_len, wire_off, wire_piece; /* wire's bytes, those written, the write in flight's */
+  size_t max_out;                      /* bytes of commands that may wait to be written */
   mj_redis_due_t *due;                 /* replies due: a ring, oldest first */
   unsigned due_first, due_count, due_cap;
   mj_redis_sub_t *subs;                /* channels subscribed to */
@@ -511,7 +513,7 @@ void mj__redis_up(mj_redis_t *r);
 void mj__redis_feed(mj_redis_t *r, const char *data, size_t len);
 void mj__redis_fail(mj_redis_t *r, const char *why);
 void mj__redis_send(mj_redis_t *r);
-int mj__redis_out(mj_redis_t *r, const char *data, size_t len);
+char *mj__redis_out_room(mj_redis_t *r, size_t len);
 
 /* ------------------------------------------------ http.c, http_response.c --- */
 

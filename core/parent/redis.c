@@ -252,43 +252,48 @@ static void socket_failed(mj_redis_t *r, const char *what, int status) {
 
 /* ------------------------------------------------------------ writing --- */
 
-static void written_cb(uv_write_t *req, int status) {
-  mj_redis_t *r = req->data;
-  r->writing = 0;
-  if (status == UV_ECANCELED || r->state == MJ_REDIS_DOWN) return; /* closing */
-  if (status < 0) {
-    socket_failed(r, "socket error", status);
-    return;
-  }
-  mj__redis_send(r); /* what came meanwhile */
+/* A buffer emptied goes back to the system when it grew past this (one big
+ * command must not keep its size for the life of the connection). */
+#define KEEP_BYTES ((size_t) 1 << 20)
+
+/* The bytes of commands that may wait to be written, as many replies' worth
+ * as max_reply bounds (its default, 64 MiB, gives 1 GiB: the
+ * client-query-buffer-limit of a Redis with default settings, past which
+ * the server would drop the connection anyway). */
+#define OUT_PER_REPLY 16
+
+/* A write's buffers each hold at most PIECE bytes (uv_buf_init's length is
+ * an unsigned int), NPIECES of them at most: the rest goes in the next one. */
+#define PIECE ((size_t) 1 << 30)
+#define NPIECES 4
+
+static void shrink(char **buf, size_t *cap) {
+  if (*cap <= KEEP_BYTES) return;
+  free(*buf);
+  *buf = NULL;
+  *cap = 0;
 }
 
-/* Hands what is in r->out to the socket: written at once when the kernel
- * takes it all (the usual case: one write, no callback), else the rest goes
- * in a libuv write, and new bytes gather in r->out meanwhile. */
-void mj__redis_send(mj_redis_t *r) {
-  if (r->writing || r->out_len == 0 || !r->tcp_open) return;
-  uv_buf_t buf = uv_buf_init(r->out, (unsigned) r->out_len);
-  int n = uv_try_write((uv_stream_t *) &r->tcp, &buf, 1);
-  if (n == UV_EAGAIN) n = 0;
-  if (n < 0) {
-    socket_failed(r, "socket error", n);
-    return;
+/* data[0, len) as bufs (NPIECES at most); *total gets the bytes they hold. */
+static unsigned pieces(uv_buf_t *bufs, char *data, size_t len, size_t *total) {
+  unsigned n = 0;
+  *total = 0;
+  while (len > *total && n < NPIECES) {
+    size_t k = len - *total < PIECE ? len - *total : PIECE;
+    bufs[n++] = uv_buf_init(data + *total, (unsigned) k);
+    *total += k;
   }
-  if ((size_t) n == r->out_len) {
-    r->out_len = 0;
-    return;
-  }
-  char *rest = r->out; /* the buffers swap: libuv holds this one until the write is over */
-  size_t cap = r->out_cap, len = r->out_len;
-  r->out = r->wire;
-  r->out_cap = r->wire_cap;
-  r->out_len = 0;
-  r->wire = rest;
-  r->wire_cap = cap;
-  buf = uv_buf_init(rest + n, (unsigned) (len - (size_t) n));
+  return n;
+}
+
+static void written_cb(uv_write_t *req, int status);
+
+/* The next part of r->wire, in a libuv write. */
+static void write_wire(mj_redis_t *r) {
+  uv_buf_t bufs[NPIECES];
+  unsigned n = pieces(bufs, r->wire + r->wire_off, r->wire_len - r->wire_off, &r->wire_piece);
   r->writer.data = r;
-  int rc = uv_write(&r->writer, (uv_stream_t *) &r->tcp, &buf, 1, written_cb);
+  int rc = uv_write(&r->writer, (uv_stream_t *) &r->tcp, bufs, n, written_cb);
   if (rc != 0) {
     socket_failed(r, "socket error", rc);
     return;
@@ -296,22 +301,83 @@ void mj__redis_send(mj_redis_t *r) {
   r->writing = 1;
 }
 
-/* Appends bytes for the socket: 0 or UV_ENOMEM. */
-int mj__redis_out(mj_redis_t *r, const char *data, size_t len) {
-  if (mj__grow(&r->out, &r->out_cap, r->out_len + len, 4096) != 0) return UV_ENOMEM;
-  memcpy(r->out + r->out_len, data, len);
-  r->out_len += len;
-  return 0;
+static void written_cb(uv_write_t *req, int status) {
+  mj_redis_t *r = req->data;
+  r->writing = 0;
+  r->wire_off += r->wire_piece;
+  if (status == UV_ECANCELED || r->state == MJ_REDIS_DOWN) { /* closing */
+    r->wire_len = r->wire_off = 0;
+    return;
+  }
+  if (status < 0) {
+    socket_failed(r, "socket error", status);
+    return;
+  }
+  if (r->wire_off < r->wire_len) {
+    write_wire(r);
+    return;
+  }
+  r->wire_len = r->wire_off = 0;
+  shrink(&r->wire, &r->wire_cap);
+  mj__redis_send(r); /* what came meanwhile */
 }
 
-/* Stages a command's bytes for the next flush (TLS: in the clear, encrypted then). */
+/* Hands what is in r->out to the socket: written at once when the kernel
+ * takes it all (the usual case: one write, no callback), else the rest goes
+ * in libuv writes, and new bytes gather in r->out meanwhile. */
+void mj__redis_send(mj_redis_t *r) {
+  if (r->writing || r->out_len == 0 || !r->tcp_open) return;
+  uv_buf_t bufs[NPIECES];
+  size_t total;
+  unsigned nbufs = pieces(bufs, r->out, r->out_len, &total);
+  int n = uv_try_write((uv_stream_t *) &r->tcp, bufs, nbufs);
+  if (n == UV_EAGAIN) n = 0;
+  if (n < 0) {
+    socket_failed(r, "socket error", n);
+    return;
+  }
+  if ((size_t) n == r->out_len) {
+    r->out_len = 0;
+    shrink(&r->out, &r->out_cap);
+    return;
+  }
+  char *rest = r->out; /* the buffers swap: libuv holds this one until its writes are over */
+  size_t cap = r->out_cap;
+  r->wire_len = r->out_len;
+  r->wire_off = (size_t) n;
+  r->out = r->wire;
+  r->out_cap = r->wire_cap;
+  r->out_len = 0;
+  r->wire = rest;
+  r->wire_cap = cap;
+  write_wire(r);
+}
+
+/* Room for len more bytes at the end of r->out (the caller adds them to
+ * out_len), or NULL: out of memory. */
+char *mj__redis_out_room(mj_redis_t *r, size_t len) {
+  if (mj__grow(&r->out, &r->out_cap, r->out_len + len, 4096) != 0) return NULL;
+  return r->out + r->out_len;
+}
+
+/* The bytes waiting to be written: staged, encrypted, in flight. */
+static size_t waiting_bytes(const mj_redis_t *r) {
+  return r->out_len + r->plain_len + (r->wire_len - r->wire_off);
+}
+
+/* Stages a command's bytes for the next flush (TLS: in the clear, encrypted
+ * then). 0, UV_ENOBUFS (past max_out) or UV_ENOMEM. */
 static int stage(mj_redis_t *r, const char *data, size_t len) {
+  if (len > r->max_out || waiting_bytes(r) > r->max_out - len) return UV_ENOBUFS;
   if (r->tls != NULL) {
     if (mj__grow(&r->plain, &r->plain_cap, r->plain_len + len, 4096) != 0) return UV_ENOMEM;
     memcpy(r->plain + r->plain_len, data, len);
     r->plain_len += len;
-  } else if (mj__redis_out(r, data, len) != 0) {
-    return UV_ENOMEM;
+  } else {
+    char *room = mj__redis_out_room(r, len);
+    if (room == NULL) return UV_ENOMEM;
+    memcpy(room, data, len);
+    r->out_len += len;
   }
   if (!mj__list_linked(&r->staged_link)) mj__list_push(&r->ctx->redis_staged, &r->staged_link);
   return 0;
@@ -328,7 +394,10 @@ static void flush(mj_redis_t *r) {
     r->last_progress = uv_now(&r->ctx->loop);
   }
   r->unsent = 0;
-  if (r->tls != NULL && mj__tls_encrypt(r) != 0) return;
+  if (r->tls != NULL) {
+    if (mj__tls_encrypt(r) != 0) return;
+    if (r->plain_len == 0) shrink(&r->plain, &r->plain_cap);
+  }
   mj__redis_send(r);
 }
 
@@ -728,6 +797,7 @@ int mj_redis_open(mj_ctx_t *ctx, mj_redis_t *r, const char *host, int port, uint
   r->port = port;
   r->timeout_ms = timeout_ms ? timeout_ms : 1;
   r->max_reply = max_reply;
+  r->max_out = max_reply > SIZE_MAX / OUT_PER_REPLY ? SIZE_MAX : max_reply * OUT_PER_REPLY;
   r->state = MJ_REDIS_RESOLVING;
   uv_timer_init(&ctx->loop, &r->watchdog);
   r->watchdog.data = r;

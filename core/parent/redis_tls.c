@@ -26,6 +26,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -293,17 +294,23 @@ int mj__tls_silence(mj_redis_t *r, uint64_t ms, char *why, size_t n) {
 
 /* ----------------------------------------------------------- sessions --- */
 
-/* What OpenSSL has to send goes to r->out. 0, or -1 (down). */
+/* What OpenSSL has to send goes to r->out, read out of its write BIO (a
+ * memory BIO's reset would clear its whole capacity, however little it
+ * holds: after one big command, every small one would pay for it). 0, or
+ * -1 (down). */
 static int take_output(mj_redis_t *r) {
   BIO *wbio = SSL_get_wbio(r->ssl);
-  char *data = NULL;
-  long len = BIO_get_mem_data(wbio, &data);
-  if (len <= 0) return 0;
-  if (mj__redis_out(r, data, (size_t) len) != 0) {
-    mj__redis_fail(r, "out of memory");
-    return -1;
+  size_t len;
+  while ((len = BIO_ctrl_pending(wbio)) > 0) {
+    int want = len < INT_MAX ? (int) len : INT_MAX;
+    char *room = mj__redis_out_room(r, (size_t) want);
+    int n = room != NULL ? BIO_read(wbio, room, want) : -1;
+    if (n <= 0) {
+      mj__redis_fail(r, room != NULL ? "cannot read OpenSSL's output" : "out of memory");
+      return -1;
+    }
+    r->out_len += (size_t) n;
   }
-  (void) BIO_reset(wbio);
   return 0;
 }
 
@@ -394,22 +401,27 @@ void mj__tls_received(mj_redis_t *r, const char *data, size_t len) {
   if (r->state == MJ_REDIS_UP) read_clear(r);
 }
 
-/* The commands staged this turn, encrypted into r->out. 0, or -1 (down). */
+/* The commands staged, encrypted into r->out, a piece at a time (OpenSSL's
+ * write BIO stays small). 0, or -1 (down). */
 int mj__tls_encrypt(mj_redis_t *r) {
+  enum { PIECE = 256 * 1024 };
   size_t done = 0;
   if (r->ssl == NULL) return -1;
-  ERR_clear_error();
   while (done < r->plain_len) {
-    size_t piece = r->plain_len - done < (1u << 30) ? r->plain_len - done : (1u << 30);
+    size_t piece = r->plain_len - done < PIECE ? r->plain_len - done : PIECE;
+    ERR_clear_error();
     int n = SSL_write(r->ssl, r->plain + done, (int) piece);
+    int e = n > 0 ? SSL_ERROR_NONE : SSL_get_error(r->ssl, n);
+    if (take_output(r) != 0) return -1;
     if (n <= 0) {
-      failed(r, SSL_get_error(r->ssl, n));
+      failed(r, e);
       return -1;
     }
     done += (size_t) n;
   }
-  r->plain_len = 0;
-  return take_output(r);
+  if (done > 0 && done < r->plain_len) memmove(r->plain, r->plain + done, r->plain_len - done);
+  r->plain_len -= done;
+  return 0;
 }
 
 /* The session ends (the next address is tried, or the connection is freed);

@@ -172,6 +172,31 @@ describe("Redis over TLS #slow", function()
     assert.matches("larger than 1048576 bytes", up)
   end)
 
+  it("carries small commands after a big one as before it", function()
+    local core = require "moonjob.core"
+    local up
+    local conn = rq.close_after(assert(core.redis("127.0.0.1", server.port, 30000, 8 * 1024 * 1024,
+      function(kind, why) up = kind == "up" or why end, { ca = certs.ca })))
+    helpers.wait_for(function() return up ~= nil end)
+    assert.is_true(up, up)
+    local big
+    conn:command({ "SET", "big", ("x"):rep(48 * 1024 * 1024) }, function(v, err) big = v or err end)
+    helpers.wait_for(function() return big ~= nil end, 60)
+    assert.equal("OK", big)
+    -- one after another: each its own loop turn, its own encryption
+    local answered = 0
+    local function ping()
+      conn:command({ "PING" }, function(v)
+        assert.equal("PONG", v)
+        answered = answered + 1
+        if answered < 1000 then ping() end
+      end)
+    end
+    ping()
+    helpers.wait_for(function() return answered == 1000 end, 60)
+    assert.is_true(up, up)
+  end)
+
   it("reads rediss:// URLs: query values percent-decoded, the query over the environment, no password shown", function()
     local t = assert(client.parse("rediss://u:p%40ss@example.com/2?ca=%2Ftmp%2Fmy%20ca.pem&servername=redis.internal"))
     assert.same({ ca = "/tmp/my ca.pem", servername = "redis.internal" }, t.tls)

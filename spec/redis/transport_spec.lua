@@ -2,7 +2,8 @@
 -- redis-server: subscriptions of both kinds on one connection, a refused
 -- subscription, the commands of a loop turn in one write, a close from
 -- inside a reply's callback, the reply timeout of a server that stopped
--- answering while calls keep coming.
+-- answering while calls keep coming, the bound on bytes waiting to be
+-- written.
 local core = require "moonjob.core"
 local client = require "moonjob.redis.client"
 local helpers = require "helpers"
@@ -193,6 +194,42 @@ rq.describe(function()
       assert.is_truthy(rq.wait_for(function() return failed ~= nil end, 8), "no call failed within 8 s")
       assert.is_true(failed.at - stopped < 5000, ("the first error came %d ms after the stop"):format(failed.at - stopped))
       assert.matches("no reply from the server within 1000 ms", failed.err, 1, true)
+    end)
+
+    it("bounds the bytes waiting to be written: 16 times max_reply, then a clear refusal", function()
+      local up
+      local conn = rq.close_after(assert(core.redis("127.0.0.1", rq.server().port, 5000, 1024 * 1024,
+        function(kind, why) up = kind == "up" or why end)))
+      helpers.wait_for(function() return up ~= nil end)
+      local mib = ("x"):rep(1024 * 1024 - 64)
+      local answered, refused = 0, nil
+      for i = 1, 20 do -- one loop turn: none written yet
+        local ok, err, code = conn:command({ "SET", "big" .. i, mib }, function(v)
+          if v == "OK" then answered = answered + 1 end
+        end)
+        if not ok then
+          refused = refused or { at = i, err = err, code = code }
+        end
+      end
+      assert.is_truthy(refused, "20 MiB of commands were taken")
+      assert.equal(17, refused.at) -- 16 MiB at most
+      assert.equal("ENOBUFS", refused.code)
+      assert.matches("bytes waiting to be written to the server past 16777216", refused.err, 1, true)
+      local ok, err = conn:command({ "SET", "huge", mib:rep(17) }, function() end)
+      assert.is_nil(ok)
+      assert.matches("ENOBUFS", err, 1, true)
+      -- once written, there is room again; the connection serves on
+      helpers.wait_for(function() return answered == 16 end)
+      local v
+      assert(conn:command({ "DBSIZE" }, function(x) v = x end))
+      helpers.wait_for(function() return v ~= nil end)
+      assert.is_true(up, up)
+      -- a client's call fails at once, saying why
+      local c = rq.close_after(assert(client.new(rq.server().url, { max_reply = 1024 * 1024 })))
+      assert(c:wait_ready())
+      local value, cerr = c:call_wait({ "SET", "huge", mib:rep(17) })
+      assert.is_nil(value)
+      assert.matches("ENOBUFS: this command would take", cerr, 1, true)
     end)
 
     it("refuses a command of subscriptions sent as a plain command", function()

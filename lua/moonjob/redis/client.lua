@@ -328,7 +328,8 @@ end
 -- server refused for now: M.refusal_kind) or "connection"; after a
 -- "connection" error cb's fourth argument is true when the call was handed
 -- to a connection (it may have run: its reply was lost), nil when it never
--- was (it waited for a connection until timeout_ms, or the client closed). Two refusals never
+-- was (it waited for a connection until timeout_ms, the client closed, or
+-- too many bytes already waited to be written: ENOBUFS). Two refusals never
 -- reach cb, as the call never ran: "Function not found" (the library is
 -- loaded again on that connection and the call sent again, twice at most)
 -- and READONLY, MASTERDOWN or LOADING (the server is not a primary now: the
@@ -338,7 +339,7 @@ function Client:call(args, cb, tries)
   if self.closed then return cb(nil, "EREDIS: the client is closed", "connection") end
   local conn = self.conn
   if self.ready and conn then
-    local ok, err = conn:command(args, function(v, e, kind)
+    local ok, err, code = conn:command(args, function(v, e, kind)
       if e and kind == "reply" then
         local state = setup.state_refusal(e) or self.sentinel and self.sentinel:state_refusal(e) -- (Sentinel)
         if state then return self:_retire(conn, state, args, cb, tries) end
@@ -353,6 +354,8 @@ function Client:call(args, cb, tries)
       cb(v, e, kind, kind == "connection" or nil)
     end)
     if ok then return end
+    -- too many bytes wait to be written: waiting for a connection would not help
+    if code == "ENOBUFS" then return cb(nil, connection_error(self, err), "connection") end
     self.why = err
   end
   self:_wait(args, cb, tries)
