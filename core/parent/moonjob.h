@@ -482,6 +482,7 @@ struct mj_redis_s {
   unsigned tls_heard : 1;              /* a TLS record came (not plaintext) */
   unsigned tls_cert : 1, tls_ca : 1;   /* a client certificate, a ca= given (for messages) */
   unsigned tls_asked : 1;              /* the server asked for a client certificate */
+  unsigned tls_blocked : 1;            /* a write waits for the session to read first */
 };
 
 /* redis.c */

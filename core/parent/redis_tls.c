@@ -20,9 +20,16 @@
  * renewed) is made again for the connections that follow. A file that cannot
  * be used is said at once, when a connection is asked for.
  *
+ * Renegotiation is refused (SSL_OP_NO_RENEGOTIATION: TLS 1.3 has none, and
+ * a server asking for one mid-stream is answered with a no_renegotiation
+ * alert; a server that then ends the connection is an ordinary connection
+ * loss, reconnected as any other).
+ *
  * Errors say what to do: a message that begins with "TLS: " is one a person
- * must act on (a CA, a name, a certificate); lua/moonjob/redis/client.lua
- * tells them apart so.
+ * must act on (a file, a CA, a name, a certificate, a handshake the server
+ * refuses); lua/moonjob/redis/client.lua tells them apart so. A session that
+ * fails once up (a corrupt record, an alert) is an ordinary connection loss,
+ * without that prefix.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -160,6 +167,10 @@ static SSL_CTX *make_context(const char *const paths[NFILES], const struct stat 
     return NULL;
   }
   SSL_CTX_set_min_proto_version(c, TLS1_2_VERSION);
+  SSL_CTX_set_options(c, SSL_OP_NO_RENEGOTIATION);
+  /* a write OpenSSL could not do yet (WANT_READ) is tried again from a
+   * buffer that may have moved (more commands staged meanwhile) */
+  SSL_CTX_set_mode(c, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   SSL_CTX_set_verify(c, SSL_VERIFY_PEER, NULL);
   SSL_CTX_set_default_passwd_cb(c, no_passphrase);
   if (paths[CERT] == NULL) SSL_CTX_set_client_cert_cb(c, no_certificate);
@@ -242,28 +253,36 @@ int mj__tls_unwelcome(mj_redis_t *r, char *why, size_t n) {
   return 1;
 }
 
-/* The session failed (handshake or later): down, saying why. */
+static int refuses_certificate(int code) {
+  return code == SSL_R_SSLV3_ALERT_BAD_CERTIFICATE || code == SSL_R_TLSV1_ALERT_UNKNOWN_CA
+         || code == SSL_R_SSLV3_ALERT_CERTIFICATE_UNKNOWN || code == SSL_R_SSLV3_ALERT_UNSUPPORTED_CERTIFICATE
+         || code == SSL_R_TLSV1_ALERT_ACCESS_DENIED;
+}
+
+/* The session failed: down, saying why. The server's word on the client
+ * certificate may come once the handshake ended (TLS 1.3), before any
+ * reply; past that, a failure is the link's, not the settings'. */
 static void failed(mj_redis_t *r, int ssl_error) {
   char why[sizeof r->why], text[120];
   unsigned long e = ERR_peek_last_error();
   long v = SSL_get_verify_result(r->ssl);
   int code = ERR_GET_REASON(e);
+  int handshake = r->state == MJ_REDIS_CONNECTING, settings = handshake || !r->replied;
   reason(text, sizeof text);
-  if (r->state == MJ_REDIS_CONNECTING && v != X509_V_OK) {
+  if (handshake && v != X509_V_OK) {
     verify_failed(r, v, why, sizeof why);
-  } else if (code == SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED
-             || (!r->tls_cert && code == SSL_R_SSLV3_ALERT_HANDSHAKE_FAILURE)) {
+  } else if (settings && (code == SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED
+                          || (!r->tls_cert && code == SSL_R_SSLV3_ALERT_HANDSHAKE_FAILURE))) {
     snprintf(why, sizeof why, "%s (%s)", REQUIRED, text);
-  } else if (r->tls_cert && (code == SSL_R_SSLV3_ALERT_BAD_CERTIFICATE || code == SSL_R_TLSV1_ALERT_UNKNOWN_CA
-                             || code == SSL_R_SSLV3_ALERT_CERTIFICATE_UNKNOWN
-                             || code == SSL_R_SSLV3_ALERT_UNSUPPORTED_CERTIFICATE
-                             || code == SSL_R_TLSV1_ALERT_ACCESS_DENIED)) {
+  } else if (settings && r->tls_cert && refuses_certificate(code)) {
     snprintf(why, sizeof why, "TLS: the server refused our client certificate (%s): is cert= a client"
              " certificate signed by a CA the server trusts (its tls-ca-cert-file)?", text);
-  } else if (ssl_error == SSL_ERROR_SSL) {
+  } else if (handshake && ssl_error == SSL_ERROR_SSL) {
     snprintf(why, sizeof why, "TLS: %s", text);
+  } else if (ssl_error == SSL_ERROR_SSL) {
+    snprintf(why, sizeof why, "the TLS session failed: %s", text);
   } else {
-    snprintf(why, sizeof why, "TLS: the session failed (OpenSSL error %d: %s)", ssl_error, text);
+    snprintf(why, sizeof why, "the TLS session failed (OpenSSL error %d: %s)", ssl_error, text);
   }
   mj__redis_fail(r, why);
 }
@@ -374,6 +393,7 @@ static void read_clear(mj_redis_t *r) {
     }
     int e = SSL_get_error(r->ssl, n);
     if (take_output(r) != 0) return; /* (a key update answered) */
+    if (r->tls_blocked && r->state == MJ_REDIS_UP) (void) mj__tls_encrypt(r); /* the session went on */
     mj__redis_send(r);
     if (r->state != MJ_REDIS_UP || e == SSL_ERROR_WANT_READ) return;
     if (e == SSL_ERROR_ZERO_RETURN) mj__redis_fail(r, "Server closed the connection");
@@ -402,17 +422,24 @@ void mj__tls_received(mj_redis_t *r, const char *data, size_t len) {
 }
 
 /* The commands staged, encrypted into r->out, a piece at a time (OpenSSL's
- * write BIO stays small). 0, or -1 (down). */
+ * write BIO stays small). A session that must read first (WANT_READ)
+ * keeps the rest in r->plain, encrypted once bytes came (read_clear).
+ * 0, or -1 (down). */
 int mj__tls_encrypt(mj_redis_t *r) {
   enum { PIECE = 256 * 1024 };
   size_t done = 0;
   if (r->ssl == NULL) return -1;
+  r->tls_blocked = 0;
   while (done < r->plain_len) {
     size_t piece = r->plain_len - done < PIECE ? r->plain_len - done : PIECE;
     ERR_clear_error();
     int n = SSL_write(r->ssl, r->plain + done, (int) piece);
     int e = n > 0 ? SSL_ERROR_NONE : SSL_get_error(r->ssl, n);
     if (take_output(r) != 0) return -1;
+    if (e == SSL_ERROR_WANT_READ) {
+      r->tls_blocked = 1;
+      break;
+    }
     if (n <= 0) {
       failed(r, e);
       return -1;

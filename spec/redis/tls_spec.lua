@@ -172,6 +172,47 @@ describe("Redis over TLS #slow", function()
     assert.matches("larger than 1048576 bytes", up)
   end)
 
+  it("takes a server's renegotiation request as a connection loss, not a refusal a person must act on", function()
+    -- openssl s_server, TLS 1.2: a line "r" on its standard input asks the client to renegotiate,
+    -- another line goes to the client as data (-crlf: ending with \r\n, a Redis reply)
+    local dir = helpers.tmpdir()
+    rq.close_after({ close = function() os.execute("rm -rf " .. dir) end })
+    assert(os.execute(("mkfifo %s/in"):format(dir)) == 0)
+    local pid = assert(tonumber(helpers.first_line(("openssl s_server -accept 127.0.0.1:0 -tls1_2 -naccept 1 -crlf"
+      .. " -cert %s -key %s < %s/in > %s/out 2>&1 & echo $!"):format(certs.server_cert, certs.server_key, dir, dir))))
+    rq.close_after({ close = function() os.execute(("kill -KILL %d 2>/dev/null"):format(pid)) end })
+    local stdin = assert(io.open(dir .. "/in", "w"))
+    rq.close_after(stdin)
+    local function told(line)
+      stdin:write(line .. "\n")
+      stdin:flush()
+      os.execute("sleep 0.3") -- (the loop not run: what it sends waits, unread, for the next read)
+    end
+    local port
+    helpers.wait_for(function()
+      port = tonumber(read(dir .. "/out"):match("ACCEPT 127%.0%.0%.1:(%d+)"))
+      return port ~= nil
+    end)
+    local core = require "moonjob.core"
+    local up
+    local conn = rq.close_after(assert(core.redis("127.0.0.1", port, 30000, 1024 * 1024,
+      function(kind, why) up = kind == "up" or why end, { ca = certs.ca })))
+    helpers.wait_for(function() return up ~= nil end)
+    assert.is_true(up, up)
+    local replies = {}
+    conn:command({ "PING" }, function(v, err)
+      replies[#replies + 1] = v or err
+      conn:command({ "PING" }, function(v2, err2) replies[#replies + 1] = v2 or err2 end) -- sent mid-renegotiation
+    end)
+    helpers.wait_for(function() return read(dir .. "/out"):find("PING", 1, true) ~= nil end)
+    told("+PONG") -- the reply, then the request to renegotiate: read together
+    told("r")
+    helpers.wait_for(function() return up ~= true end)
+    assert.equal("PONG", replies[1])
+    assert.is_nil(up:match("^TLS: "), up)
+    assert.matches("TLS session", up, 1, true)
+  end)
+
   it("carries small commands after a big one as before it", function()
     local core = require "moonjob.core"
     local up
