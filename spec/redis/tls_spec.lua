@@ -238,6 +238,19 @@ describe("Redis over TLS #slow", function()
     assert.is_true(up, up)
   end)
 
+  it("refuses an @ left as such in a URL's query, which would end the password there", function()
+    for _, url in ipairs({ "rediss://h:6380/0?ca=/x@y", "rediss://u:pw@h:6380/0?servername=a&ca=/x@y",
+      "redis://h/0?ca=/x@y", "redis+sentinel://s1:26379/m/0?sentinel_password=a@b" }) do
+      local t, err = client.parse(url)
+      assert.is_nil(t, url)
+      assert.matches("%40", err, 1, true)
+    end
+    -- a password may hold @ and ?, with no query key after the ?
+    local t = assert(client.parse("rediss://u:p@ss?w@example.com/2"))
+    assert.equal("p@ss?w", t.password)
+    assert.equal("example.com", t.host)
+  end)
+
   it("reads rediss:// URLs: query values percent-decoded, the query over the environment, no password shown", function()
     local t = assert(client.parse("rediss://u:p%40ss@example.com/2?ca=%2Ftmp%2Fmy%20ca.pem&servername=redis.internal"))
     assert.same({ ca = "/tmp/my ca.pem", servername = "redis.internal" }, t.tls)

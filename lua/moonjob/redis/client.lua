@@ -28,7 +28,8 @@
 --
 -- Caveats: no Unix sockets; no Cluster redirections here (a
 -- redis+cluster:// URL gets moonjob.redis.cluster's client). An @ in a
--- query value is written %40 (the last @ of a URL ends its password).
+-- query value is written %40 (the last @ of a URL ends its password; one
+-- left as such is refused).
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
 local setup = require "moonjob.redis.setup"
@@ -74,6 +75,23 @@ local function tls_options(query)
   return M.tls_defaults(tls)
 end
 
+-- The keys a Redis URL's query may hold (rediss://, redis+sentinel://).
+local QUERY_KEYS = { ca = true, cert = true, key = true, servername = true, sentinel_user = true,
+  sentinel_password = true }
+
+-- M.query_in_auth(auth) -> err | nil: the user info of a URL (what comes
+-- before its last @) that holds a query: an @ in a query value was left as
+-- such, and would be taken for the end of a password (the host would be
+-- what follows it).
+function M.query_in_auth(auth)
+  for pair in (auth:match("%?(.*)$") or ""):gmatch("[^&]+") do
+    if QUERY_KEYS[pair:match("^([^=]*)=")] then
+      return "an @ in a Redis URL's query must be written %40 (the last @ of a URL ends its password, so the"
+        .. " host would be what follows it)"
+    end
+  end
+end
+
 -- parse(url) -> { host, port, db, user, password, tls } | nil, err; tls
 -- (rediss:// only): core.redis's TLS options (a redis+sentinel:// URL:
 -- moonjob.redis.sentinel's target).
@@ -87,6 +105,7 @@ function M.parse(url)
   end
   local t = { port = 6379, db = 0 }
   local auth, hostpart = rest:match("^(.*)@([^@]*)$") -- the last @: a password may hold one
+  if auth and M.query_in_auth(auth) then return nil, M.query_in_auth(auth) end
   if auth then
     local user, password = auth:match("^([^:]*):(.*)$")
     if user then
