@@ -504,6 +504,7 @@ int mj__tls_context(mj_ctx_t *ctx, const mj_redis_tls_options_t *o, struct ssl_c
 int mj__tls_start(mj_redis_t *r);
 void mj__tls_received(mj_redis_t *r, const char *data, size_t len);
 int mj__tls_encrypt(mj_redis_t *r);
+void mj__tls_goodbye(mj_redis_t *r);
 void mj__tls_end(mj_redis_t *r, int for_good);
 int mj__tls_silence(mj_redis_t *r, uint64_t ms, char *why, size_t why_len);
 int mj__tls_unwelcome(mj_redis_t *r, char *why, size_t why_len);

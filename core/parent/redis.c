@@ -225,12 +225,14 @@ static void fail_all(mj_redis_t *r) {
  * owner, once, with why. Nothing can be sent from now on. */
 static void went_down(mj_redis_t *r, const char *why) {
   if (r->state == MJ_REDIS_DOWN) return;
+  int was_up = r->state == MJ_REDIS_UP;
   r->state = MJ_REDIS_DOWN;
   r->ping_pending = r->drop_due = 0;
   r->unsent = 0;
   uv_timer_stop(&r->watchdog);
   mj__list_unlink(&r->staged_link);
   if (r->why[0] == '\0') snprintf(r->why, sizeof r->why, "%s", why ? why : "connection closed");
+  if (r->closed && was_up && r->tls != NULL) mj__tls_goodbye(r); /* the owner's close, before the socket's */
   close_socket(r);
   fail_all(r);
   if (r->on_state && !r->closed) r->on_state(r, 0, r->why);

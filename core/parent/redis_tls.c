@@ -20,6 +20,9 @@
  * renewed) is made again for the connections that follow. A file that cannot
  * be used is said at once, when a connection is asked for.
  *
+ * A connection its owner closes ends its session with a close_notify (best
+ * effort: written if the socket takes it at once).
+ *
  * Renegotiation is refused (SSL_OP_NO_RENEGOTIATION: TLS 1.3 has none, and
  * a server asking for one mid-stream is answered with a no_renegotiation
  * alert; a server that then ends the connection is an ordinary connection
@@ -317,7 +320,7 @@ int mj__tls_silence(mj_redis_t *r, uint64_t ms, char *why, size_t n) {
  * memory BIO's reset would clear its whole capacity, however little it
  * holds: after one big command, every small one would pay for it). 0, or
  * -1 (down). */
-static int take_output(mj_redis_t *r) {
+static int drain(mj_redis_t *r, const char **why) {
   BIO *wbio = SSL_get_wbio(r->ssl);
   size_t len;
   while ((len = BIO_ctrl_pending(wbio)) > 0) {
@@ -325,12 +328,19 @@ static int take_output(mj_redis_t *r) {
     char *room = mj__redis_out_room(r, (size_t) want);
     int n = room != NULL ? BIO_read(wbio, room, want) : -1;
     if (n <= 0) {
-      mj__redis_fail(r, room != NULL ? "cannot read OpenSSL's output" : "out of memory");
+      *why = room != NULL ? "cannot read OpenSSL's output" : "out of memory";
       return -1;
     }
     r->out_len += (size_t) n;
   }
   return 0;
+}
+
+static int take_output(mj_redis_t *r) {
+  const char *why;
+  if (drain(r, &why) == 0) return 0;
+  mj__redis_fail(r, why);
+  return -1;
 }
 
 static void handshake(mj_redis_t *r) {
@@ -449,6 +459,20 @@ int mj__tls_encrypt(mj_redis_t *r) {
   if (done > 0 && done < r->plain_len) memmove(r->plain, r->plain + done, r->plain_len - done);
   r->plain_len -= done;
   return 0;
+}
+
+/* The owner closes a connection that was up: a close_notify alert, so that
+ * the server sees an orderly end rather than a truncation; best effort,
+ * written now if the socket takes it, never waited for. */
+void mj__tls_goodbye(mj_redis_t *r) {
+  const char *why;
+  if (r->ssl == NULL || !SSL_is_init_finished(r->ssl) || !r->tcp_open) return; /* (after a failure: not) */
+  ERR_clear_error();
+  int rc = SSL_shutdown(r->ssl);
+  ERR_clear_error();
+  if (rc < 0 || drain(r, &why) != 0 || r->out_len == 0) return;
+  uv_buf_t buf = uv_buf_init(r->out, (unsigned) (r->out_len < INT_MAX ? r->out_len : INT_MAX));
+  (void) uv_try_write((uv_stream_t *) &r->tcp, &buf, 1); /* (fails while a write is in flight: so be it) */
 }
 
 /* The session ends (the next address is tried, or the connection is freed);

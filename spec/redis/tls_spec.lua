@@ -172,45 +172,67 @@ describe("Redis over TLS #slow", function()
     assert.matches("larger than 1048576 bytes", up)
   end)
 
-  it("takes a server's renegotiation request as a connection loss, not a refusal a person must act on", function()
-    -- openssl s_server, TLS 1.2: a line "r" on its standard input asks the client to renegotiate,
-    -- another line goes to the client as data (-crlf: ending with \r\n, a Redis reply)
+  -- openssl s_server, TLS 1.2, on loopback, for one connection -> { port, out(), tell(line) }: out()
+  -- is what it printed (what the client sent, its errors); a line told on its standard input goes
+  -- to the client as data (-crlf: ending with \r\n, a Redis reply), or "r" asks the client to
+  -- renegotiate. Its standard input stays open (at its end, it would end the connection).
+  local function s_server()
     local dir = helpers.tmpdir()
     rq.close_after({ close = function() os.execute("rm -rf " .. dir) end })
     assert(os.execute(("mkfifo %s/in"):format(dir)) == 0)
     local pid = assert(tonumber(helpers.first_line(("openssl s_server -accept 127.0.0.1:0 -tls1_2 -naccept 1 -crlf"
       .. " -cert %s -key %s < %s/in > %s/out 2>&1 & echo $!"):format(certs.server_cert, certs.server_key, dir, dir))))
     rq.close_after({ close = function() os.execute(("kill -KILL %d 2>/dev/null"):format(pid)) end })
-    local stdin = assert(io.open(dir .. "/in", "w"))
-    rq.close_after(stdin)
-    local function told(line)
+    local stdin = rq.close_after(assert(io.open(dir .. "/in", "w")))
+    local self = { out = function() return read(dir .. "/out") end }
+    function self.tell(line)
       stdin:write(line .. "\n")
       stdin:flush()
       os.execute("sleep 0.3") -- (the loop not run: what it sends waits, unread, for the next read)
     end
-    local port
     helpers.wait_for(function()
-      port = tonumber(read(dir .. "/out"):match("ACCEPT 127%.0%.0%.1:(%d+)"))
-      return port ~= nil
+      self.port = tonumber(self.out():match("ACCEPT 127%.0%.0%.1:(%d+)"))
+      return self.port ~= nil
     end)
+    return self
+  end
+
+  -- A connection to s_server's port, up -> conn, and a function that says how it is (true: up; else why).
+  local function connect(port)
     local core = require "moonjob.core"
     local up
     local conn = rq.close_after(assert(core.redis("127.0.0.1", port, 30000, 1024 * 1024,
       function(kind, why) up = kind == "up" or why end, { ca = certs.ca })))
     helpers.wait_for(function() return up ~= nil end)
     assert.is_true(up, up)
+    return conn, function() return up end
+  end
+
+  it("takes a server's renegotiation request as a connection loss, not a refusal a person must act on", function()
+    local server_ = s_server()
+    local conn, state = connect(server_.port)
     local replies = {}
     conn:command({ "PING" }, function(v, err)
       replies[#replies + 1] = v or err
       conn:command({ "PING" }, function(v2, err2) replies[#replies + 1] = v2 or err2 end) -- sent mid-renegotiation
     end)
-    helpers.wait_for(function() return read(dir .. "/out"):find("PING", 1, true) ~= nil end)
-    told("+PONG") -- the reply, then the request to renegotiate: read together
-    told("r")
-    helpers.wait_for(function() return up ~= true end)
+    helpers.wait_for(function() return server_.out():find("PING", 1, true) ~= nil end)
+    server_.tell("+PONG") -- the reply, then the request to renegotiate: read together
+    server_.tell("r")
+    helpers.wait_for(function() return state() ~= true end)
     assert.equal("PONG", replies[1])
-    assert.is_nil(up:match("^TLS: "), up)
-    assert.matches("TLS session", up, 1, true)
+    assert.is_nil(state():match("^TLS: "), state())
+    assert.matches("TLS session", state(), 1, true)
+  end)
+
+  it("ends a session with a close_notify when the connection is closed", function()
+    local server_ = s_server()
+    local conn = connect(server_.port)
+    conn:command({ "PING" }, function() end)
+    helpers.wait_for(function() return server_.out():find("PING", 1, true) ~= nil end)
+    conn:close()
+    helpers.wait_for(function() return server_.out():find("DONE", 1, true) or server_.out():find("ERROR", 1, true) end)
+    assert.is_nil(server_.out():find("ERROR", 1, true), server_.out())
   end)
 
   it("carries small commands after a big one as before it", function()
