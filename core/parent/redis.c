@@ -35,6 +35,10 @@
  * and the connection drops once the unparsed rest of a reply passes that
  * bound (the reader buffers a bulk string whole before those functions see it).
  *
+ * What waits to be written is bounded (max_out: 16 times max_reply): past
+ * it a command is refused (UV_ENOBUFS) rather than held while a server does
+ * not read.
+ *
  * Caveat: a callback may close the connection, or a reply's callback may
  * end it; the commands still in flight then hear of it once that callback
  * returned (as they did with hiredis), never in the middle of it.
@@ -860,8 +864,9 @@ static int add_subs(mj_redis_t *r, int argc, const char **argv, const size_t *le
  * reply; a persistent command (SUBSCRIBE or SSUBSCRIBE, and only those) gets
  * its confirmations, every message of its channels, and a last call without
  * a reply when the connection ends (with an error reply: refused). Returns 0,
- * UV_ENOTCONN when the connection is not up, or UV_EINVAL for a command of
- * subscriptions sent the other way (or another one of them). */
+ * UV_ENOTCONN when the connection is not up, UV_EINVAL for a command of
+ * subscriptions sent the other way (or another one of them), UV_ENOBUFS
+ * when more than max_out bytes would wait to be written, or UV_ENOMEM. */
 int mj_redis_command(mj_redis_t *r, int argc, const char **argv, const size_t *lens, intptr_t tag,
                      int persistent) {
   if (!usable(r)) return UV_ENOTCONN;
@@ -891,13 +896,16 @@ int mj_redis_command(mj_redis_t *r, int argc, const char **argv, const size_t *l
  * within timeout_ms, or the connection drops: a subscription waits for
  * messages that may never come, so only this notices a link that died
  * silently. Its answer (["pong", ""]) is nobody's. Returns 0, UV_ENOTCONN
- * when not up, or UV_EINVAL on a connection not (only) subscribed. */
+ * when not up, UV_EINVAL on a connection not (only) subscribed, or
+ * UV_ENOBUFS / UV_ENOMEM as mj_redis_command. */
 int mj_redis_ping(mj_redis_t *r) {
   static const char ping[] = "*1\r\n$4\r\nPING\r\n";
   if (!usable(r)) return UV_ENOTCONN;
   if (r->nsubs == 0 || r->pending > 0) return UV_EINVAL;
   if (r->ping_pending) return 0; /* the last one is still due */
-  if (due_room(r) != 0 || stage(r, ping, sizeof ping - 1) != 0) return UV_ENOMEM;
+  int rc = due_room(r);
+  if (rc == 0) rc = stage(r, ping, sizeof ping - 1);
+  if (rc != 0) return rc;
   due_push(r, MJ_DUE_PING, 0, 0);
   r->unsent++;
   r->ping_pending = 1;
