@@ -30,7 +30,7 @@
 -- redis+cluster:// URL gets moonjob.redis.cluster's client, the same face,
 -- over one client of this file per primary: M.from_target, the hooks marked
 -- "Cluster" below). An @ in a query value is written %40 (the last @ of a
--- URL ends its password).
+-- URL ends its password; one left as such is refused).
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
 local setup = require "moonjob.redis.setup"
@@ -81,6 +81,23 @@ local function is_cluster(url)
   return type(url) == "string" and url:match("^rediss?%+cluster://") ~= nil
 end
 
+-- The keys a Redis URL's query may hold (rediss://, redis+sentinel://).
+local QUERY_KEYS = { ca = true, cert = true, key = true, servername = true, sentinel_user = true,
+  sentinel_password = true }
+
+-- M.query_in_auth(auth) -> err | nil: the user info of a URL (what comes
+-- before its last @) that holds a query: an @ in a query value was left as
+-- such, and would be taken for the end of a password (the host would be
+-- what follows it).
+function M.query_in_auth(auth)
+  for pair in (auth:match("%?(.*)$") or ""):gmatch("[^&]+") do
+    if QUERY_KEYS[pair:match("^([^=]*)=")] then
+      return "an @ in a Redis URL's query must be written %40 (the last @ of a URL ends its password, so the"
+        .. " host would be what follows it)"
+    end
+  end
+end
+
 -- parse(url) -> { host, port, db, user, password, tls } | nil, err; tls
 -- (rediss:// only): core.redis's TLS options (a redis+sentinel:// URL:
 -- moonjob.redis.sentinel's target; a redis+cluster:// URL:
@@ -96,6 +113,7 @@ function M.parse(url)
   end
   local t = { port = 6379, db = 0 }
   local auth, hostpart = rest:match("^(.*)@([^@]*)$") -- the last @: a password may hold one
+  if auth and M.query_in_auth(auth) then return nil, M.query_in_auth(auth) end
   if auth then
     local user, password = auth:match("^([^:]*):(.*)$")
     if user then
@@ -346,7 +364,8 @@ end
 -- server refused for now: M.refusal_kind) or "connection"; after a
 -- "connection" error cb's fourth argument is true when the call was handed
 -- to a connection (it may have run: its reply was lost), nil when it never
--- was (it waited for a connection until timeout_ms, or the client closed). Two refusals never
+-- was (it waited for a connection until timeout_ms, the client closed, or
+-- too many bytes already waited to be written: ENOBUFS). Two refusals never
 -- reach cb, as the call never ran: "Function not found" (the library is
 -- loaded again on that connection and the call sent again, twice at most)
 -- and READONLY, MASTERDOWN or LOADING (the server is not a primary now: the
@@ -358,7 +377,7 @@ function Client:call(args, cb, tries)
   if self.ready and conn then
     -- (args.asking: a cluster's ASK redirection, ASKING right before it)
     if args.asking then conn:command({ "ASKING" }, function() end) end -- Cluster
-    local ok, err = conn:command(args, function(v, e, kind)
+    local ok, err, code = conn:command(args, function(v, e, kind)
       if e and kind == "reply" then
         local state = setup.state_refusal(e) or self.sentinel and self.sentinel:state_refusal(e) -- (Sentinel)
         if state then return self:_retire(conn, state, args, cb, tries) end
@@ -373,6 +392,8 @@ function Client:call(args, cb, tries)
       cb(v, e, kind, kind == "connection" or nil)
     end)
     if ok then return end
+    -- too many bytes wait to be written: waiting for a connection would not help
+    if code == "ENOBUFS" then return cb(nil, connection_error(self, err), "connection") end
     self.why = err
   end
   self:_wait(args, cb, tries)

@@ -113,6 +113,8 @@ function M.parse(url)
   if not scheme then return nil, "not a redis+sentinel:// URL" end
   local t = { scheme = scheme, db = 0, tls = scheme == "rediss+sentinel" and {} or nil }
   local auth, after = rest:match("^(.*)@([^@]*)$")
+  local at_err = auth and require("moonjob.redis.client").query_in_auth(auth) -- (client requires this module)
+  if at_err then return nil, at_err end
   if auth then
     local user, password = auth:match("^([^:]*):(.*)$")
     if user then
