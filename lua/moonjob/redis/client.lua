@@ -384,8 +384,13 @@ end
 
 -- client:wait_ready() -> true | nil, err: waits up to timeout_ms for a connection.
 function Client:wait_ready()
-  local deadline = loop.now() + self.timeout_ms
-  loop.wait_until(function() return self.ready or self.closed or self.refused or loop.now() >= deadline end)
+  -- a moment past timeout_ms: a connection that fails then says why (a TLS
+  -- client at a plaintext port) rather than "no answer"
+  local deadline = loop.now() + self.timeout_ms + 250
+  loop.wait_until(function()
+    return self.ready or self.closed or self.refused or loop.now() >= deadline
+      or (self.why and loop.now() >= deadline - 250)
+  end)
   if self.ready then return true end
   return nil, connection_error(self, self.why or "no answer")
 end
