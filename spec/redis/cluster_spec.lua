@@ -366,6 +366,16 @@ describe("queues on a Redis Cluster #slow", function()
       "listed once the registry's shard is back: " .. read(log))
   end)
 
+  it("lists a queue a one-shot add made while the registry's primary was slow to take its connection", function()
+    local registry, seed = cluster:owner(names.REGISTRY), not_registry()
+    local name = names_on(seed, 1, "slowreg")[1]
+    registry:cli("CLIENT", "PAUSE", 1500, "ALL") -- (the add's program connects to it meanwhile)
+    local _, err, status = helpers.sh(("%s scripts/moonjob add --queue %s --redis redis+cluster://%s/")
+      :format(helpers.LUAJIT, name, seed.address), '{"n":1}\n')
+    assert.equal(0, status, err)
+    assert.is_true(registered(name))
+  end)
+
   it("lists a queue added to again right after it was obliterated, by the same program", function()
     local name = cluster:spread_names(1, "again")[1]
     local q = producer(name)

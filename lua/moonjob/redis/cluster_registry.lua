@@ -7,7 +7,9 @@
 --     it answered, again after REGISTER_AGAIN_MS (an obliterated queue used
 --     again is listed again). The caller's reply waits for that write (a
 --     program that ends right after its add leaves its queue listed), at
---     most HOLD_MS, and not at all while the registry's primary is down;
+--     most HOLD_MS once it can be sent (longer while the connection to the
+--     registry's primary is first being made, within the timeout: unsent,
+--     it would be lost), and not at all while that primary is down;
 --   * a worker's queue when it connects (register): kept, written again
 --     whenever the registry is written again;
 --   * a write that failed for want of the registry's primary: written
@@ -40,12 +42,15 @@ function M.new(cluster)
   }, Registry)
 end
 
--- Whether the registry's primary, as the map says, is up.
-function Registry:_ready()
+-- The registry's primary, as the map says: "up", "down" (its client said
+-- why), or "connecting" (its client not up yet, nor said why).
+function Registry:_state()
   local c = self.cluster
   local address = c.owner[M.SLOT]
   local node = address and c.nodes[address]
-  return node ~= nil and node.ready == true
+  if node and node.ready then return "up" end
+  if not node or c.down_why[address] then return "down" end
+  return "connecting"
 end
 
 -- SADD of name; done() once it answered. A write lost for want of the node
@@ -93,7 +98,7 @@ function Registry:after_call(args, release)
   local now = loop.now()
   local due = due_names(self, args, now)
   if #due == 0 then return false end
-  local hold = self:_ready()
+  local hold = self:_state() ~= "down"
   local left, held = #due, hold
   local function give()
     if held then held = false; release() end
@@ -106,19 +111,21 @@ function Registry:after_call(args, release)
   end
   if not hold then return false end
   if held then
-    self.holds[#self.holds + 1] = { now + HOLD_MS, give }
+    self.holds[#self.holds + 1] = { now + HOLD_MS, give, now + self.cluster.timeout_ms }
     self.timer = self.timer or core.timer(function() self:_tick() end)
     self.timer:start(50, 50)
   end
   return true
 end
 
--- The replies held past HOLD_MS given.
+-- The replies held past HOLD_MS given (not while their write waits for
+-- the registry's primary's first connection: it would not be sent).
 function Registry:_tick()
   local now, list = loop.now(), self.holds
   self.holds = {}
+  local connecting = self:_state() == "connecting"
   for _, h in ipairs(list) do
-    if now >= h[1] then h[2]() else self.holds[#self.holds + 1] = h end
+    if now >= h[1] and not (connecting and now < h[3]) then h[2]() else self.holds[#self.holds + 1] = h end
   end
   if #self.holds == 0 then self.timer:stop() end
 end
@@ -145,7 +152,7 @@ end
 -- The primary at address is up: if it serves the registry, the writes that
 -- failed are sent again.
 function Registry:node_up(address)
-  if not address or address ~= self.cluster.owner[M.SLOT] or not self:_ready() then return end
+  if not address or address ~= self.cluster.owner[M.SLOT] or self:_state() ~= "up" then return end
   for _, name in ipairs(keys(self.unwritten)) do self:write(name) end
 end
 
