@@ -23,7 +23,7 @@
 --   * TRYAGAIN, CLUSTERDOWN: sent again after a short wait, within the
 --     call's timeout (then the caller gets the refusal, kind "transient");
 --   * a primary down: the map is asked of the other nodes (on the
---     connections open to them) after 250 ms, then at gaps doubling to 5 s
+--     connections open to them) after 250 ms, then at gaps doubling to 1 s
 --     while it comes back unchanged, until it changes (its replica
 --     promoted) or the node is back; the calls waiting for it (never sent)
 --     go to the slot's new owner.
@@ -47,7 +47,8 @@ Cluster.__index = Cluster
 
 local MAX_HOPS = 5              -- redirections one call follows
 local DOWN_REFRESH_MS = 250     -- the map asked for again while a primary is down: after this,
-local DOWN_REFRESH_MAX_MS = 5000 -- doubling up to this while it comes back unchanged
+local DOWN_REFRESH_MAX_MS = 1000 -- doubling up to this while it comes back unchanged (a promoted
+                                 -- replica seen within 1 s; one small request a second)
 local REFRESH_GAP_MS = 100      -- at most one request for the map in this time
 
 M.parse, M.display = map.parse, map.display
