@@ -75,6 +75,8 @@ function M.parse(url)
   if not scheme then return nil, "not a redis+sentinel:// URL" end
   local t = { scheme = scheme, db = 0, tls = scheme == "rediss+sentinel" and {} or nil }
   local auth, after = rest:match("^(.*)@([^@]*)$")
+  local at_err = auth and require("moonjob.redis.url").query_in_auth(auth) -- (it requires this module)
+  if at_err then return nil, at_err end
   if auth then
     local user, password = auth:match("^([^:]*):(.*)$")
     if user then
@@ -103,8 +105,8 @@ function M.parse(url)
   end
   local ok, qerr = parse_query(t, query)
   if not ok then return nil, qerr end
-  if t.tls then -- (client requires this module)
-    require("moonjob.redis.client").tls_defaults(t.tls)
+  if t.tls then
+    require("moonjob.redis.url").tls_defaults(t.tls)
     t.sentinel_tls = {} -- the sentinels': the same files, their own name (else the host in the URL)
     for k, v in pairs(t.tls) do t.sentinel_tls[k] = v end
     t.sentinel_tls.servername, t.sentinel_tls.sentinel_servername, t.tls.sentinel_servername =
