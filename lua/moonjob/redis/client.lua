@@ -22,9 +22,8 @@
 -- environment's MOONJOB_REDIS_CA, MOONJOB_REDIS_CERT and MOONJOB_REDIS_KEY
 -- stand in for what the query leaves out (cert and key as a pair).
 --
--- redis+sentinel:// URLs: the primary is asked of the sentinels before each
--- connection, verified, and followed at +switch-master
--- (moonjob.redis.sentinel, through the hooks marked "Sentinel" below).
+-- redis+sentinel:// URLs: the primary asked of the sentinels, verified and
+-- followed (moonjob.redis.sentinel; the hooks marked "Sentinel" below).
 --
 -- Caveats: no Unix sockets; no Cluster redirections here (a
 -- redis+cluster:// URL gets moonjob.redis.cluster's client, the same face,
@@ -193,8 +192,9 @@ end
 -- starts after a back-off (back_off).
 function Client:_down(why)
   local was_ready = self.ready
-  self.ready, self.why, self.conn = false, why, nil
   if needs_a_person(why) then self.refused = why end
+  if self.sentinel then why = self.sentinel:down(why) end -- Sentinel: the address and who named it
+  self.ready, self.why, self.conn = false, why, nil
   if self.closed then return end
   self.backoff, self.reconnect_at = back_off(self.backoff)
   self.timer:start(50, 50)
@@ -249,24 +249,25 @@ end
 -- "connection" error cb's fourth argument is true when the call was handed
 -- to a connection (it may have run: its reply was lost), nil when it never
 -- was (it waited for a connection until timeout_ms, the client closed, or
--- too many bytes already waited to be written: ENOBUFS). Two refusals never
--- reach cb, as the call never ran: "Function not found" (the library is
--- loaded again on that connection and the call sent again, twice at most)
--- and READONLY, MASTERDOWN or LOADING (the server is not a primary now: the
--- call waits for the next connection, as while disconnected). `tries`:
--- internal, the reloads this call caused.
-function Client:call(args, cb, tries)
+-- too many bytes already waited to be written: ENOBUFS). Refusals of a call
+-- that never ran do not reach cb: "Function not found" (the library loaded
+-- again, the call sent again, twice at most), READONLY, MASTERDOWN, LOADING
+-- (not a primary now: it waits for the next connection, until timeout_ms
+-- after it was made). tries, deadline: internal.
+function Client:call(args, cb, tries, deadline)
   if self.closed then return cb(nil, "EREDIS: the client is closed", "connection") end
   local conn = self.conn
+  deadline = deadline or loop.now() + self.timeout_ms
   if self.ready and conn then
     -- (args.asking: a cluster's ASK redirection, ASKING right before it)
     if args.asking then conn:command({ "ASKING" }, function() end) end -- Cluster
     local ok, err, code = conn:command(args, function(v, e, kind)
       if e and kind == "reply" then
-        local state = setup.state_refusal(e) or self.sentinel and self.sentinel:state_refusal(e) -- (Sentinel)
-        if state then return self:_retire(conn, state, args, cb, tries) end
+        if self.sentinel and self.sentinel:hold(e, args, cb, tries, deadline) then return self:_settle(conn) end
+        local state = setup.state_refusal(e)
+        if state then return self:_retire(conn, state, args, cb, tries, deadline) end
         if setup.function_missing(e) and (tries or 0) < 2 then
-          return self:_reload(conn, args, cb, (tries or 0) + 1)
+          return self:_reload(conn, args, cb, (tries or 0) + 1, deadline)
         end
         kind = M.refusal_kind(e)
       elseif e then
@@ -280,12 +281,12 @@ function Client:call(args, cb, tries)
     if code == "ENOBUFS" then return cb(nil, connection_error(self, err), "connection") end
     self.why = err
   end
-  self:_wait(args, cb, tries)
+  self:_wait(args, cb, tries, deadline)
 end
 
--- The call waits for a connection ready for it (until timeout_ms from now).
-function Client:_wait(args, cb, tries)
-  self.waiting[#self.waiting + 1] = { args, cb, loop.now() + self.timeout_ms, tries }
+-- The call waits for a connection ready for it, until its deadline.
+function Client:_wait(args, cb, tries, deadline)
+  self.waiting[#self.waiting + 1] = { args, cb, deadline or loop.now() + self.timeout_ms, tries }
   self.timer:start(50, 50)
 end
 
@@ -293,16 +294,16 @@ end
 function Client:_flush()
   local reloads, waiting = self.reloads, self.waiting
   self.reloads, self.waiting = {}, {}
-  for _, w in ipairs(reloads) do self:call(w[1], w[2], w[4]) end
-  for _, w in ipairs(waiting) do self:call(w[1], w[2], w[4]) end
+  for _, w in ipairs(reloads) do self:call(w[1], w[2], w[4], w[3]) end
+  for _, w in ipairs(waiting) do self:call(w[1], w[2], w[4], w[3]) end
 end
 
 -- The server is not a primary now: no more calls on conn (the ones in
 -- flight end there), said once through on_state, and a new connection after
 -- the back-off, whose set-up checks for a primary again. The refused call
 -- never ran: it waits for that connection.
-function Client:_retire(conn, why, args, cb, tries)
-  self:_wait(args, cb, tries)
+function Client:_retire(conn, why, args, cb, tries, deadline)
+  self:_wait(args, cb, tries, deadline)
   self:_retire_conn(conn, why)
 end
 
@@ -327,9 +328,9 @@ end
 -- "Function not found": the library was flushed (FUNCTION FLUSH, a restart
 -- without it). It is loaded again on this connection, once for every call
 -- that met it meanwhile; those calls never ran, and are sent again, first.
-function Client:_reload(conn, args, cb, tries)
-  if self.conn ~= conn then return self:_wait(args, cb, tries) end -- the next connection loads it
-  self.reloads[#self.reloads + 1] = { args, cb, nil, tries }
+function Client:_reload(conn, args, cb, tries, deadline)
+  if self.conn ~= conn then return self:_wait(args, cb, tries, deadline) end -- the next connection loads it
+  self.reloads[#self.reloads + 1] = { args, cb, deadline, tries }
   if self.reloading then return end
   self.reloading, self.ready = true, false -- new calls wait until it is loaded
   setup.ensure_library(conn, self.target, function(err, kind)
@@ -338,7 +339,7 @@ function Client:_reload(conn, args, cb, tries)
       -- this connection goes (down, or not a primary): the next one loads it
       local reloads = self.reloads
       self.reloads = {}
-      for _, w in ipairs(reloads) do self:_wait(w[1], w[2], w[4]) end
+      for _, w in ipairs(reloads) do self:_wait(w[1], w[2], w[4], w[3]) end
       if kind == "state" and self.conn == conn then self:_retire_conn(conn, err) end
       return
     end
@@ -372,7 +373,7 @@ function Client:in_flight()
   local sent = 0
   if self.conn then sent = self.conn:pending() end
   for conn in pairs(self.retiring) do sent = sent + conn:pending() end
-  return sent + #self.waiting + #self.reloads
+  return sent + #self.waiting + #self.reloads + (self.sentinel and #self.sentinel.held or 0) -- (Sentinel: NOREPLICAS)
 end
 
 -- client:call_wait(args) -> reply | nil, err: a blocking call (the REPL, a

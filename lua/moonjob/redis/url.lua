@@ -53,7 +53,7 @@ end
 
 -- The keys a Redis URL's query may hold (rediss://, redis+sentinel://).
 local QUERY_KEYS = { ca = true, cert = true, key = true, servername = true, sentinel_user = true,
-  sentinel_password = true }
+  sentinel_password = true, sentinel_servername = true }
 
 -- M.query_in_auth(auth) -> err | nil: the user info of a URL (what comes
 -- before its last @) that holds a query: an @ in a query value was left as
