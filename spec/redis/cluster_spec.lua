@@ -24,15 +24,7 @@ local function keep(obj)
   return obj
 end
 
--- Runs the loop until cond() or `seconds` (20) pass; -> cond().
-local function wait_for(cond, seconds)
-  local deadline = loop.now() + (seconds or 20) * 1000
-  local t = require("moonjob.core").timer(function() end)
-  t:start(20, 20)
-  loop.wait_until(function() return cond() or loop.now() > deadline end)
-  t:close()
-  return cond()
-end
+local wait_for = require("redis_queue").wait_for -- the loop run until cond() or `seconds` (20) pass; -> cond()
 
 local function read(path)
   local f = io.open(path)

@@ -15,8 +15,9 @@ M.PORT = 26379
 local TLS_KEYS = { ca = true, cert = true, key = true, servername = true, sentinel_servername = true }
 local OWN_KEYS = { sentinel_user = true, sentinel_password = true }
 
+-- %XX decoded, as in any Redis URL (url.lua requires this module: asked when used).
 local function unescape(s)
-  return (s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
+  return require("moonjob.redis.url").unescape(s)
 end
 
 -- "host:port" of s ({ host, port }), an IPv6 host in brackets.
@@ -97,12 +98,9 @@ function M.parse(url)
       .. " redis+sentinel://127.0.0.1:26379/mymaster/0"
   end
   t.master = unescape(master)
-  if db ~= "" then
-    t.db = tonumber(db)
-    if not t.db or t.db < 0 or t.db % 1 ~= 0 then
-      return nil, ("the database in a Redis URL must be a number, not '%s'"):format(db)
-    end
-  end
+  local db_err
+  t.db, db_err = require("moonjob.redis.url").database(db) -- (url.lua requires this module)
+  if not t.db then return nil, db_err end
   local ok, qerr = parse_query(t, query)
   if not ok then return nil, qerr end
   if t.tls then

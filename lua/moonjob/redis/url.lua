@@ -68,6 +68,16 @@ function M.query_in_auth(auth)
   end
 end
 
+-- M.database(text) -> number | nil, err: a URL's database ("" is 0).
+function M.database(text)
+  if text == "" then return 0 end
+  local db = tonumber(text)
+  if not db or db < 0 or db % 1 ~= 0 then
+    return nil, ("the database in a Redis URL must be a number, not '%s'"):format(text)
+  end
+  return db
+end
+
 -- parse(url) -> { host, port, db, user, password, tls } | nil, err; tls
 -- (rediss:// only): core.redis's TLS options (a redis+sentinel:// URL:
 -- moonjob.redis.sentinel's target; a redis+cluster:// URL:
@@ -103,12 +113,9 @@ function M.parse(url)
     return nil, "a redis:// URL takes no query: ca=, cert=, key= and servername= are for rediss:// (TLS)"
   end
   local hostport, db = rest:match("^([^/]*)/?(.*)$")
-  if db ~= "" then
-    t.db = tonumber(db)
-    if not t.db or t.db < 0 or t.db % 1 ~= 0 then
-      return nil, ("the database in a Redis URL must be a number, not '%s'"):format(db)
-    end
-  end
+  local err
+  t.db, err = M.database(db)
+  if not t.db then return nil, err end
   local host, port = hostport:match("^%[([^%]]+)%]:?(%d*)$")
   if not host then host, port = hostport:match("^([^:]*):?(%d*)$") end
   if not host or host == "" then
