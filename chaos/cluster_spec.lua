@@ -30,7 +30,7 @@ local netns = require "netns"
 local NET, HOSTS = "10.231.79", 3
 local PASSWORD = "cluster-pw"
 local PER_QUEUE = 400 -- jobs added to each queue before the workers start
-local HELD = 4                  -- jobs a worker holds of each queue at most (-j 2 --prefetch 2: 2 + 2)
+local HELD = 4        -- jobs a worker holds of each queue at most (-j 2 --prefetch 2: 2 + 2)
 local PROCESSOR = helpers.abs("chaos/processor.lua")
 local wall_ms = helpers.wall_ms
 
