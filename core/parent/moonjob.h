@@ -446,12 +446,16 @@ struct mj_redis_s {
   size_t max_reply;                    /* bytes one reply may take */
   size_t reply_bytes;                  /* taken by the reply being read */
   unsigned pending;                    /* commands whose reply is due (not SUBSCRIBE, PING) */
-  uint64_t last_progress;              /* loop time: connect started, or last reply */
+  unsigned unsent;                     /* of those and a PING: staged, not flushed yet */
+  uint64_t last_progress;              /* loop time: connect started, last reply, or the
+                                          first command still unanswered went out */
   mj_redis_state_t state;
   char why[320];                       /* why it went down */
   char *out, *plain, *wire;            /* bytes for the socket not handed to libuv yet; TLS:
-                                          commands staged, to encrypt; the write in flight */
+                                          commands staged, to encrypt; the writes in flight */
   size_t out_len, out_cap, plain_len, plain_cap, wire_cap;
+  size_t wire_len, wire_off, wire_piece; /* wire's bytes, those written, the write in flight's */
+  size_t max_out;                      /* bytes of commands that may wait to be written */
   mj_redis_due_t *due;                 /* replies due: a ring, oldest first */
   unsigned due_first, due_count, due_cap;
   mj_redis_sub_t *subs;                /* channels subscribed to */
@@ -478,6 +482,7 @@ struct mj_redis_s {
   unsigned tls_heard : 1;              /* a TLS record came (not plaintext) */
   unsigned tls_cert : 1, tls_ca : 1;   /* a client certificate, a ca= given (for messages) */
   unsigned tls_asked : 1;              /* the server asked for a client certificate */
+  unsigned tls_blocked : 1;            /* a write waits for the session to read first */
 };
 
 /* redis.c */
@@ -499,6 +504,7 @@ int mj__tls_context(mj_ctx_t *ctx, const mj_redis_tls_options_t *o, struct ssl_c
 int mj__tls_start(mj_redis_t *r);
 void mj__tls_received(mj_redis_t *r, const char *data, size_t len);
 int mj__tls_encrypt(mj_redis_t *r);
+void mj__tls_goodbye(mj_redis_t *r);
 void mj__tls_end(mj_redis_t *r, int for_good);
 int mj__tls_silence(mj_redis_t *r, uint64_t ms, char *why, size_t why_len);
 int mj__tls_unwelcome(mj_redis_t *r, char *why, size_t why_len);
@@ -509,7 +515,7 @@ void mj__redis_up(mj_redis_t *r);
 void mj__redis_feed(mj_redis_t *r, const char *data, size_t len);
 void mj__redis_fail(mj_redis_t *r, const char *why);
 void mj__redis_send(mj_redis_t *r);
-int mj__redis_out(mj_redis_t *r, const char *data, size_t len);
+char *mj__redis_out_room(mj_redis_t *r, size_t len);
 
 /* ------------------------------------------------ http.c, http_response.c --- */
 

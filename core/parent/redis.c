@@ -24,7 +24,8 @@
  * A cut network would hang a connection for ever: a watchdog timer drops the
  * connection when connecting (and the TLS handshake) takes longer than
  * timeout_ms, or when commands are in flight and no reply came for
- * timeout_ms. Commands sent with `persistent` (SUBSCRIBE, SSUBSCRIBE) are not
+ * timeout_ms (counted from the last reply, or from when the first command
+ * still unanswered went out: commands sent meanwhile do not push it back). Commands sent with `persistent` (SUBSCRIBE, SSUBSCRIBE) are not
  * counted: their messages come when they come; the owner PINGs a subscribed
  * connection instead (mj_redis_ping), whose answer is due within timeout_ms.
  *
@@ -33,6 +34,10 @@
  * would take more than max_reply bytes (millions of tiny array elements, say),
  * and the connection drops once the unparsed rest of a reply passes that
  * bound (the reader buffers a bulk string whole before those functions see it).
+ *
+ * What waits to be written is bounded (max_out: 16 times max_reply): past
+ * it a command is refused (UV_ENOBUFS) rather than held while a server does
+ * not read.
  *
  * Caveat: a callback may close the connection, or a reply's callback may
  * end it; the commands still in flight then hear of it once that callback
@@ -224,11 +229,14 @@ static void fail_all(mj_redis_t *r) {
  * owner, once, with why. Nothing can be sent from now on. */
 static void went_down(mj_redis_t *r, const char *why) {
   if (r->state == MJ_REDIS_DOWN) return;
+  int was_up = r->state == MJ_REDIS_UP;
   r->state = MJ_REDIS_DOWN;
   r->ping_pending = r->drop_due = 0;
+  r->unsent = 0;
   uv_timer_stop(&r->watchdog);
   mj__list_unlink(&r->staged_link);
   if (r->why[0] == '\0') snprintf(r->why, sizeof r->why, "%s", why ? why : "connection closed");
+  if (r->closed && was_up && r->tls != NULL) mj__tls_goodbye(r); /* the owner's close, before the socket's */
   close_socket(r);
   fail_all(r);
   if (r->on_state && !r->closed) r->on_state(r, 0, r->why);
@@ -250,43 +258,48 @@ static void socket_failed(mj_redis_t *r, const char *what, int status) {
 
 /* ------------------------------------------------------------ writing --- */
 
-static void written_cb(uv_write_t *req, int status) {
-  mj_redis_t *r = req->data;
-  r->writing = 0;
-  if (status == UV_ECANCELED || r->state == MJ_REDIS_DOWN) return; /* closing */
-  if (status < 0) {
-    socket_failed(r, "socket error", status);
-    return;
-  }
-  mj__redis_send(r); /* what came meanwhile */
+/* A buffer emptied goes back to the system when it grew past this (one big
+ * command must not keep its size for the life of the connection). */
+#define KEEP_BYTES ((size_t) 1 << 20)
+
+/* The bytes of commands that may wait to be written, as many replies' worth
+ * as max_reply bounds (its default, 64 MiB, gives 1 GiB: the
+ * client-query-buffer-limit of a Redis with default settings, past which
+ * the server would drop the connection anyway). */
+#define OUT_PER_REPLY 16
+
+/* A write's buffers each hold at most PIECE bytes (uv_buf_init's length is
+ * an unsigned int), NPIECES of them at most: the rest goes in the next one. */
+#define PIECE ((size_t) 1 << 30)
+#define NPIECES 4
+
+static void shrink(char **buf, size_t *cap) {
+  if (*cap <= KEEP_BYTES) return;
+  free(*buf);
+  *buf = NULL;
+  *cap = 0;
 }
 
-/* Hands what is in r->out to the socket: written at once when the kernel
- * takes it all (the usual case: one write, no callback), else the rest goes
- * in a libuv write, and new bytes gather in r->out meanwhile. */
-void mj__redis_send(mj_redis_t *r) {
-  if (r->writing || r->out_len == 0 || !r->tcp_open) return;
-  uv_buf_t buf = uv_buf_init(r->out, (unsigned) r->out_len);
-  int n = uv_try_write((uv_stream_t *) &r->tcp, &buf, 1);
-  if (n == UV_EAGAIN) n = 0;
-  if (n < 0) {
-    socket_failed(r, "socket error", n);
-    return;
+/* data[0, len) as bufs (NPIECES at most); *total gets the bytes they hold. */
+static unsigned pieces(uv_buf_t *bufs, char *data, size_t len, size_t *total) {
+  unsigned n = 0;
+  *total = 0;
+  while (len > *total && n < NPIECES) {
+    size_t k = len - *total < PIECE ? len - *total : PIECE;
+    bufs[n++] = uv_buf_init(data + *total, (unsigned) k);
+    *total += k;
   }
-  if ((size_t) n == r->out_len) {
-    r->out_len = 0;
-    return;
-  }
-  char *rest = r->out; /* the buffers swap: libuv holds this one until the write is over */
-  size_t cap = r->out_cap, len = r->out_len;
-  r->out = r->wire;
-  r->out_cap = r->wire_cap;
-  r->out_len = 0;
-  r->wire = rest;
-  r->wire_cap = cap;
-  buf = uv_buf_init(rest + n, (unsigned) (len - (size_t) n));
+  return n;
+}
+
+static void written_cb(uv_write_t *req, int status);
+
+/* The next part of r->wire, in a libuv write. */
+static void write_wire(mj_redis_t *r) {
+  uv_buf_t bufs[NPIECES];
+  unsigned n = pieces(bufs, r->wire + r->wire_off, r->wire_len - r->wire_off, &r->wire_piece);
   r->writer.data = r;
-  int rc = uv_write(&r->writer, (uv_stream_t *) &r->tcp, &buf, 1, written_cb);
+  int rc = uv_write(&r->writer, (uv_stream_t *) &r->tcp, bufs, n, written_cb);
   if (rc != 0) {
     socket_failed(r, "socket error", rc);
     return;
@@ -294,31 +307,103 @@ void mj__redis_send(mj_redis_t *r) {
   r->writing = 1;
 }
 
-/* Appends bytes for the socket: 0 or UV_ENOMEM. */
-int mj__redis_out(mj_redis_t *r, const char *data, size_t len) {
-  if (mj__grow(&r->out, &r->out_cap, r->out_len + len, 4096) != 0) return UV_ENOMEM;
-  memcpy(r->out + r->out_len, data, len);
-  r->out_len += len;
-  return 0;
+static void written_cb(uv_write_t *req, int status) {
+  mj_redis_t *r = req->data;
+  r->writing = 0;
+  r->wire_off += r->wire_piece;
+  if (status == UV_ECANCELED || r->state == MJ_REDIS_DOWN) { /* closing */
+    r->wire_len = r->wire_off = 0;
+    return;
+  }
+  if (status < 0) {
+    socket_failed(r, "socket error", status);
+    return;
+  }
+  if (r->wire_off < r->wire_len) {
+    write_wire(r);
+    return;
+  }
+  r->wire_len = r->wire_off = 0;
+  shrink(&r->wire, &r->wire_cap);
+  mj__redis_send(r); /* what came meanwhile */
 }
 
-/* Stages a command's bytes for the next flush (TLS: in the clear, encrypted then). */
+/* Hands what is in r->out to the socket: written at once when the kernel
+ * takes it all (the usual case: one write, no callback), else the rest goes
+ * in libuv writes, and new bytes gather in r->out meanwhile. */
+void mj__redis_send(mj_redis_t *r) {
+  if (r->writing || r->out_len == 0 || !r->tcp_open) return;
+  uv_buf_t bufs[NPIECES];
+  size_t total;
+  unsigned nbufs = pieces(bufs, r->out, r->out_len, &total);
+  int n = uv_try_write((uv_stream_t *) &r->tcp, bufs, nbufs);
+  if (n == UV_EAGAIN) n = 0;
+  if (n < 0) {
+    socket_failed(r, "socket error", n);
+    return;
+  }
+  if ((size_t) n == r->out_len) {
+    r->out_len = 0;
+    shrink(&r->out, &r->out_cap);
+    return;
+  }
+  char *rest = r->out; /* the buffers swap: libuv holds this one until its writes are over */
+  size_t cap = r->out_cap;
+  r->wire_len = r->out_len;
+  r->wire_off = (size_t) n;
+  r->out = r->wire;
+  r->out_cap = r->wire_cap;
+  r->out_len = 0;
+  r->wire = rest;
+  r->wire_cap = cap;
+  write_wire(r);
+}
+
+/* Room for len more bytes at the end of r->out (the caller adds them to
+ * out_len), or NULL: out of memory. */
+char *mj__redis_out_room(mj_redis_t *r, size_t len) {
+  if (mj__grow(&r->out, &r->out_cap, r->out_len + len, 4096) != 0) return NULL;
+  return r->out + r->out_len;
+}
+
+/* The bytes waiting to be written: staged, encrypted, in flight. */
+static size_t waiting_bytes(const mj_redis_t *r) {
+  return r->out_len + r->plain_len + (r->wire_len - r->wire_off);
+}
+
+/* Stages a command's bytes for the next flush (TLS: in the clear, encrypted
+ * then). 0, UV_ENOBUFS (past max_out) or UV_ENOMEM. */
 static int stage(mj_redis_t *r, const char *data, size_t len) {
+  if (len > r->max_out || waiting_bytes(r) > r->max_out - len) return UV_ENOBUFS;
   if (r->tls != NULL) {
     if (mj__grow(&r->plain, &r->plain_cap, r->plain_len + len, 4096) != 0) return UV_ENOMEM;
     memcpy(r->plain + r->plain_len, data, len);
     r->plain_len += len;
-  } else if (mj__redis_out(r, data, len) != 0) {
-    return UV_ENOMEM;
+  } else {
+    char *room = mj__redis_out_room(r, len);
+    if (room == NULL) return UV_ENOMEM;
+    memcpy(room, data, len);
+    r->out_len += len;
   }
   if (!mj__list_linked(&r->staged_link)) mj__list_push(&r->ctx->redis_staged, &r->staged_link);
   return 0;
 }
 
+/* The commands staged go out. When none sent before awaits its reply, the
+ * reply deadline starts now; else it stays the one of those before (a
+ * server that stopped answering is noticed however often commands come). */
 static void flush(mj_redis_t *r) {
   mj__list_unlink(&r->staged_link);
   if (r->state != MJ_REDIS_UP) return;
-  if (r->tls != NULL && mj__tls_encrypt(r) != 0) return;
+  if (r->unsent > 0 && (long) r->pending + r->ping_pending <= (long) r->unsent) {
+    uv_update_time(&r->ctx->loop); /* the loop's cached time may be old: the caller ran long */
+    r->last_progress = uv_now(&r->ctx->loop);
+  }
+  r->unsent = 0;
+  if (r->tls != NULL) {
+    if (mj__tls_encrypt(r) != 0) return;
+    if (r->plain_len == 0) shrink(&r->plain, &r->plain_cap);
+  }
   mj__redis_send(r);
 }
 
@@ -393,7 +478,7 @@ static int pushed(mj_redis_t *r, const redisReply *reply) {
     return 0;
   if (r->subscribed + r->shard_subscribed <= 0 && (head == NULL || head->kind != MJ_DUE_SUBSCRIBE)) return 0;
   const redisReply *kind = reply->element[0];
-  int sharded = kind->len > 0 && kind->str[0] == 's';
+  int sharded = is(kind, "smessage") || is(kind, "ssubscribe") || is(kind, "sunsubscribe");
   if (is(kind, "message") || is(kind, "smessage")) {
     deliver_message(r, reply, sharded);
   } else if (is(kind, "unsubscribe") || is(kind, "sunsubscribe")) {
@@ -507,10 +592,9 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
 
 /* ----------------------------------------------------------- watchdog --- */
 
+/* (the deadline is last_progress: set by the caller, or by flush) */
 static void arm_watchdog(mj_redis_t *r) {
   uint64_t every = r->timeout_ms / 4 ? r->timeout_ms / 4 : 1;
-  uv_update_time(&r->ctx->loop); /* the loop's cached time may be old: the caller ran long */
-  r->last_progress = uv_now(&r->ctx->loop);
   if (!uv_is_active((uv_handle_t *) &r->watchdog))
     uv_timer_start(&r->watchdog, watchdog_cb, every, every);
 }
@@ -529,10 +613,9 @@ static void attempt_failed(mj_redis_t *r) {
 static void watchdog_cb(uv_timer_t *handle) {
   mj_redis_t *r = handle->data;
   uint64_t now = uv_now(&r->ctx->loop);
-  if (mj__list_linked(&r->staged_link)) { /* not sent yet (the loop was not run): due from now */
+  if (mj__list_linked(&r->staged_link)) { /* staged by a timer before this one: out first */
     flush(r);
-    r->last_progress = now;
-    return;
+    if (r->state == MJ_REDIS_DOWN) return;
   }
   int waiting = r->state == MJ_REDIS_RESOLVING || r->state == MJ_REDIS_CONNECTING || r->pending > 0
                 || r->ping_pending;
@@ -720,11 +803,14 @@ int mj_redis_open(mj_ctx_t *ctx, mj_redis_t *r, const char *host, int port, uint
   r->port = port;
   r->timeout_ms = timeout_ms ? timeout_ms : 1;
   r->max_reply = max_reply;
+  r->max_out = max_reply > SIZE_MAX / OUT_PER_REPLY ? SIZE_MAX : max_reply * OUT_PER_REPLY;
   r->state = MJ_REDIS_RESOLVING;
   uv_timer_init(&ctx->loop, &r->watchdog);
   r->watchdog.data = r;
   r->open_handles = 1;
   mj__list_push(&ctx->redis, &r->link);
+  uv_update_time(&ctx->loop);
+  r->last_progress = uv_now(&ctx->loop);
   arm_watchdog(r);
   return 0;
 }
@@ -778,8 +864,9 @@ static int add_subs(mj_redis_t *r, int argc, const char **argv, const size_t *le
  * reply; a persistent command (SUBSCRIBE or SSUBSCRIBE, and only those) gets
  * its confirmations, every message of its channels, and a last call without
  * a reply when the connection ends (with an error reply: refused). Returns 0,
- * UV_ENOTCONN when the connection is not up, or UV_EINVAL for a command of
- * subscriptions sent the other way (or another one of them). */
+ * UV_ENOTCONN when the connection is not up, UV_EINVAL for a command of
+ * subscriptions sent the other way (or another one of them), UV_ENOBUFS
+ * when more than max_out bytes would wait to be written, or UV_ENOMEM. */
 int mj_redis_command(mj_redis_t *r, int argc, const char **argv, const size_t *lens, intptr_t tag,
                      int persistent) {
   if (!usable(r)) return UV_ENOTCONN;
@@ -798,7 +885,10 @@ int mj_redis_command(mj_redis_t *r, int argc, const char **argv, const size_t *l
   free(cmd);
   if (rc != 0) return rc;
   due_push(r, kind ? MJ_DUE_SUBSCRIBE : MJ_DUE_REPLY, tag, kind ? (unsigned) argc - 1 : 0);
-  if (!persistent && r->pending++ == 0) arm_watchdog(r);
+  if (!persistent) {
+    r->unsent++;
+    if (r->pending++ == 0) arm_watchdog(r);
+  }
   return 0;
 }
 
@@ -806,16 +896,20 @@ int mj_redis_command(mj_redis_t *r, int argc, const char **argv, const size_t *l
  * within timeout_ms, or the connection drops: a subscription waits for
  * messages that may never come, so only this notices a link that died
  * silently. Its answer (["pong", ""]) is nobody's. Returns 0, UV_ENOTCONN
- * when not up, or UV_EINVAL on a connection not (only) subscribed. */
+ * when not up, UV_EINVAL on a connection not (only) subscribed, or
+ * UV_ENOBUFS / UV_ENOMEM as mj_redis_command. */
 int mj_redis_ping(mj_redis_t *r) {
   static const char ping[] = "*1\r\n$4\r\nPING\r\n";
   if (!usable(r)) return UV_ENOTCONN;
   if (r->nsubs == 0 || r->pending > 0) return UV_EINVAL;
   if (r->ping_pending) return 0; /* the last one is still due */
-  if (due_room(r) != 0 || stage(r, ping, sizeof ping - 1) != 0) return UV_ENOMEM;
+  int rc = due_room(r);
+  if (rc == 0) rc = stage(r, ping, sizeof ping - 1);
+  if (rc != 0) return rc;
   due_push(r, MJ_DUE_PING, 0, 0);
-  arm_watchdog(r);
+  r->unsent++;
   r->ping_pending = 1;
+  arm_watchdog(r);
   return 0;
 }
 

@@ -20,12 +20,23 @@
  * renewed) is made again for the connections that follow. A file that cannot
  * be used is said at once, when a connection is asked for.
  *
+ * A connection its owner closes ends its session with a close_notify (best
+ * effort: written if the socket takes it at once).
+ *
+ * Renegotiation is refused (SSL_OP_NO_RENEGOTIATION: TLS 1.3 has none, and
+ * a server asking for one mid-stream is answered with a no_renegotiation
+ * alert; a server that then ends the connection is an ordinary connection
+ * loss, reconnected as any other).
+ *
  * Errors say what to do: a message that begins with "TLS: " is one a person
- * must act on (a CA, a name, a certificate); lua/moonjob/redis/client.lua
- * tells them apart so.
+ * must act on (a file, a CA, a name, a certificate, a handshake the server
+ * refuses); lua/moonjob/redis/client.lua tells them apart so. A session that
+ * fails once up (a corrupt record, an alert) is an ordinary connection loss,
+ * without that prefix.
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -159,6 +170,10 @@ static SSL_CTX *make_context(const char *const paths[NFILES], const struct stat 
     return NULL;
   }
   SSL_CTX_set_min_proto_version(c, TLS1_2_VERSION);
+  SSL_CTX_set_options(c, SSL_OP_NO_RENEGOTIATION);
+  /* a write OpenSSL could not do yet (WANT_READ) is tried again from a
+   * buffer that may have moved (more commands staged meanwhile) */
+  SSL_CTX_set_mode(c, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   SSL_CTX_set_verify(c, SSL_VERIFY_PEER, NULL);
   SSL_CTX_set_default_passwd_cb(c, no_passphrase);
   if (paths[CERT] == NULL) SSL_CTX_set_client_cert_cb(c, no_certificate);
@@ -241,28 +256,36 @@ int mj__tls_unwelcome(mj_redis_t *r, char *why, size_t n) {
   return 1;
 }
 
-/* The session failed (handshake or later): down, saying why. */
+static int refuses_certificate(int code) {
+  return code == SSL_R_SSLV3_ALERT_BAD_CERTIFICATE || code == SSL_R_TLSV1_ALERT_UNKNOWN_CA
+         || code == SSL_R_SSLV3_ALERT_CERTIFICATE_UNKNOWN || code == SSL_R_SSLV3_ALERT_UNSUPPORTED_CERTIFICATE
+         || code == SSL_R_TLSV1_ALERT_ACCESS_DENIED;
+}
+
+/* The session failed: down, saying why. The server's word on the client
+ * certificate may come once the handshake ended (TLS 1.3), before any
+ * reply; past that, a failure is the link's, not the settings'. */
 static void failed(mj_redis_t *r, int ssl_error) {
   char why[sizeof r->why], text[120];
   unsigned long e = ERR_peek_last_error();
   long v = SSL_get_verify_result(r->ssl);
   int code = ERR_GET_REASON(e);
+  int handshake = r->state == MJ_REDIS_CONNECTING, settings = handshake || !r->replied;
   reason(text, sizeof text);
-  if (r->state == MJ_REDIS_CONNECTING && v != X509_V_OK) {
+  if (handshake && v != X509_V_OK) {
     verify_failed(r, v, why, sizeof why);
-  } else if (code == SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED
-             || (!r->tls_cert && code == SSL_R_SSLV3_ALERT_HANDSHAKE_FAILURE)) {
+  } else if (settings && (code == SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED
+                          || (!r->tls_cert && code == SSL_R_SSLV3_ALERT_HANDSHAKE_FAILURE))) {
     snprintf(why, sizeof why, "%s (%s)", REQUIRED, text);
-  } else if (r->tls_cert && (code == SSL_R_SSLV3_ALERT_BAD_CERTIFICATE || code == SSL_R_TLSV1_ALERT_UNKNOWN_CA
-                             || code == SSL_R_SSLV3_ALERT_CERTIFICATE_UNKNOWN
-                             || code == SSL_R_SSLV3_ALERT_UNSUPPORTED_CERTIFICATE
-                             || code == SSL_R_TLSV1_ALERT_ACCESS_DENIED)) {
+  } else if (settings && r->tls_cert && refuses_certificate(code)) {
     snprintf(why, sizeof why, "TLS: the server refused our client certificate (%s): is cert= a client"
              " certificate signed by a CA the server trusts (its tls-ca-cert-file)?", text);
-  } else if (ssl_error == SSL_ERROR_SSL) {
+  } else if (handshake && ssl_error == SSL_ERROR_SSL) {
     snprintf(why, sizeof why, "TLS: %s", text);
+  } else if (ssl_error == SSL_ERROR_SSL) {
+    snprintf(why, sizeof why, "the TLS session failed: %s", text);
   } else {
-    snprintf(why, sizeof why, "TLS: the session failed (OpenSSL error %d: %s)", ssl_error, text);
+    snprintf(why, sizeof why, "the TLS session failed (OpenSSL error %d: %s)", ssl_error, text);
   }
   mj__redis_fail(r, why);
 }
@@ -293,18 +316,31 @@ int mj__tls_silence(mj_redis_t *r, uint64_t ms, char *why, size_t n) {
 
 /* ----------------------------------------------------------- sessions --- */
 
-/* What OpenSSL has to send goes to r->out. 0, or -1 (down). */
-static int take_output(mj_redis_t *r) {
+/* What OpenSSL has to send goes to r->out, read out of its write BIO (a
+ * memory BIO's reset would clear its whole capacity, however little it
+ * holds: after one big command, every small one would pay for it). 0, or
+ * -1 (down). */
+static int drain(mj_redis_t *r, const char **why) {
   BIO *wbio = SSL_get_wbio(r->ssl);
-  char *data = NULL;
-  long len = BIO_get_mem_data(wbio, &data);
-  if (len <= 0) return 0;
-  if (mj__redis_out(r, data, (size_t) len) != 0) {
-    mj__redis_fail(r, "out of memory");
-    return -1;
+  size_t len;
+  while ((len = BIO_ctrl_pending(wbio)) > 0) {
+    int want = len < INT_MAX ? (int) len : INT_MAX;
+    char *room = mj__redis_out_room(r, (size_t) want);
+    int n = room != NULL ? BIO_read(wbio, room, want) : -1;
+    if (n <= 0) {
+      *why = room != NULL ? "cannot read OpenSSL's output" : "out of memory";
+      return -1;
+    }
+    r->out_len += (size_t) n;
   }
-  (void) BIO_reset(wbio);
   return 0;
+}
+
+static int take_output(mj_redis_t *r) {
+  const char *why;
+  if (drain(r, &why) == 0) return 0;
+  mj__redis_fail(r, why);
+  return -1;
 }
 
 static void handshake(mj_redis_t *r) {
@@ -367,6 +403,7 @@ static void read_clear(mj_redis_t *r) {
     }
     int e = SSL_get_error(r->ssl, n);
     if (take_output(r) != 0) return; /* (a key update answered) */
+    if (r->tls_blocked && r->state == MJ_REDIS_UP) (void) mj__tls_encrypt(r); /* the session went on */
     mj__redis_send(r);
     if (r->state != MJ_REDIS_UP || e == SSL_ERROR_WANT_READ) return;
     if (e == SSL_ERROR_ZERO_RETURN) mj__redis_fail(r, "Server closed the connection");
@@ -394,22 +431,48 @@ void mj__tls_received(mj_redis_t *r, const char *data, size_t len) {
   if (r->state == MJ_REDIS_UP) read_clear(r);
 }
 
-/* The commands staged this turn, encrypted into r->out. 0, or -1 (down). */
+/* The commands staged, encrypted into r->out, a piece at a time (OpenSSL's
+ * write BIO stays small). A session that must read first (WANT_READ)
+ * keeps the rest in r->plain, encrypted once bytes came (read_clear).
+ * 0, or -1 (down). */
 int mj__tls_encrypt(mj_redis_t *r) {
+  enum { PIECE = 256 * 1024 };
   size_t done = 0;
   if (r->ssl == NULL) return -1;
-  ERR_clear_error();
+  r->tls_blocked = 0;
   while (done < r->plain_len) {
-    size_t piece = r->plain_len - done < (1u << 30) ? r->plain_len - done : (1u << 30);
+    size_t piece = r->plain_len - done < PIECE ? r->plain_len - done : PIECE;
+    ERR_clear_error();
     int n = SSL_write(r->ssl, r->plain + done, (int) piece);
+    int e = n > 0 ? SSL_ERROR_NONE : SSL_get_error(r->ssl, n);
+    if (take_output(r) != 0) return -1;
+    if (e == SSL_ERROR_WANT_READ) {
+      r->tls_blocked = 1;
+      break;
+    }
     if (n <= 0) {
-      failed(r, SSL_get_error(r->ssl, n));
+      failed(r, e);
       return -1;
     }
     done += (size_t) n;
   }
-  r->plain_len = 0;
-  return take_output(r);
+  if (done > 0 && done < r->plain_len) memmove(r->plain, r->plain + done, r->plain_len - done);
+  r->plain_len -= done;
+  return 0;
+}
+
+/* The owner closes a connection that was up: a close_notify alert, so that
+ * the server sees an orderly end rather than a truncation; best effort,
+ * written now if the socket takes it, never waited for. */
+void mj__tls_goodbye(mj_redis_t *r) {
+  const char *why;
+  if (r->ssl == NULL || !SSL_is_init_finished(r->ssl) || !r->tcp_open) return; /* (after a failure: not) */
+  ERR_clear_error();
+  int rc = SSL_shutdown(r->ssl);
+  ERR_clear_error();
+  if (rc < 0 || drain(r, &why) != 0 || r->out_len == 0) return;
+  uv_buf_t buf = uv_buf_init(r->out, (unsigned) (r->out_len < INT_MAX ? r->out_len : INT_MAX));
+  (void) uv_try_write((uv_stream_t *) &r->tcp, &buf, 1); /* (fails while a write is in flight: so be it) */
 }
 
 /* The session ends (the next address is tried, or the connection is freed);

@@ -12,6 +12,7 @@ local client = require "moonjob.redis.client"
 local loop = require "moonjob.loop"
 local names = require "moonjob.redis.names"
 local slots = require "moonjob.redis.slots"
+local queue_of = require("moonjob.redis.producer").attach
 
 local PROCESSOR = helpers.abs(helpers.fixture("remote.lua"))
 
@@ -76,6 +77,43 @@ local function other_than(node)
   for i = 1, cluster.made_with do
     if cluster.nodes[i] ~= node then return cluster.nodes[i] end
   end
+end
+
+-- n queue names (BASE1, BASE2, ...) whose slot node serves.
+local function names_on(node, n, base)
+  local owner, out, k = cluster:owners(), {}, 0
+  while #out < n do
+    k = k + 1
+    if owner[slots.key_slot(base .. k)] == node then out[#out + 1] = base .. k end
+  end
+  return out
+end
+
+-- A primary the cluster was made with that does not serve the registry.
+local function not_registry()
+  local registry = cluster:owner(names.REGISTRY)
+  for i = 1, cluster.made_with do
+    if cluster.nodes[i] ~= registry then return cluster.nodes[i] end
+  end
+end
+
+-- Whether the registry (on its primary now) holds name.
+local function registered(name)
+  local members = cluster:owner(names.REGISTRY):cli("SMEMBERS", names.REGISTRY)
+  for line in members:gmatch("[^\n]+") do if line == name then return true end end
+  return false
+end
+
+-- Runs the loop for ms.
+local function pause_ms(ms)
+  local until_ms = loop.now() + ms
+  wait_for(function() return loop.now() >= until_ms end, ms / 1000 + 1)
+end
+
+-- A node killed comes back (its cluster state from its own file).
+local function back(node)
+  node:restart()
+  cluster:wait_ok()
 end
 
 local function has_library(node)
@@ -286,6 +324,196 @@ describe("queues on a Redis Cluster #slow", function()
       :format(helpers.LUAJIT, port))
     assert.is_not.equal(0, status)
     assert.matches("127.0.0.1:" .. port .. ": ", said, 1, true)
+  end)
+
+  it("hears the messages of a call by a user the ACL denies CLUSTER MYID, and of every call after it", function()
+    local name = cluster:spread_names(1, "acl")[1]
+    local node = cluster:owner(name)
+    for _, n in ipairs(cluster.nodes) do
+      assert.equal("OK", n:cli("ACL", "SETUSER", "nomyid", "on", ">pw", "~*", "&*", "+@all", "-cluster",
+        "+cluster|slots"))
+    end
+    keep({ close = function() for _, n in ipairs(cluster.nodes) do n:cli("ACL", "DELUSER", "nomyid") end end })
+    local c = keep(assert(client.new(cluster.url)))
+    assert(c:wait_ready())
+    local channel, heard = names.prefix(name) .. "events", {}
+    c:subscribe(channel, function(kind, message) if kind == "message" then heard[#heard + 1] = message end end)
+    assert(wait_for(function() return node:cli("PUBSUB", "SHARDCHANNELS"):find(channel, 1, true) ~= nil end, 5))
+    local limited = keep(assert(moonjob.queue((cluster.url:gsub("//", "//nomyid:pw@")), name)))
+    local q = producer(name)
+    assert.equal("OK", node:cli("FUNCTION", "FLUSH"))
+    assert(limited:pause()) -- (the library loaded again by this user, whose call is its first message)
+    assert(wait_for(function() return #heard == 1 end, 5), "heard the limited user's pause")
+    assert(q:resume())
+    assert(wait_for(function() return #heard == 2 end, 5), "heard the next call's message")
+    assert.same({ "paused", "resumed" }, heard)
+  end)
+
+  it("answers an add at once while the registry's shard is down, and lists the queue once it is back", function()
+    local registry = cluster:owner(names.REGISTRY)
+    local list = names_on(not_registry(), 2, "regdown")
+    local q = producer(list[1])
+    registry:kill9()
+    keep({ close = function() if not helpers.running(registry.pid) then back(registry) end end })
+    assert(wait_for(function() return not q.client.nodes[registry.address].ready end, 5))
+    local started = loop.now()
+    assert(q:add({ n = 1 }))
+    assert.is_true(loop.now() - started < 1000, "the add waited for the registry: " .. (loop.now() - started) .. " ms")
+    local _, log = start_worker({ list[2] })
+    pause_ms(7000) -- (past the registry writes' timeout: they failed)
+    back(registry)
+    assert(wait_for(function() return registered(list[1]) and registered(list[2]) end, 20),
+      "listed once the registry's shard is back: " .. read(log))
+  end)
+
+  it("lists a queue a one-shot add made while the registry's primary was slow to take its connection", function()
+    local registry, seed = cluster:owner(names.REGISTRY), not_registry()
+    local name = names_on(seed, 1, "slowreg")[1]
+    registry:cli("CLIENT", "PAUSE", 1500, "ALL") -- (the add's program connects to it meanwhile)
+    local _, err, status = helpers.sh(("%s scripts/moonjob add --queue %s --redis redis+cluster://%s/")
+      :format(helpers.LUAJIT, name, seed.address), '{"n":1}\n')
+    assert.equal(0, status, err)
+    assert.is_true(registered(name))
+  end)
+
+  it("lists a queue added to again right after it was obliterated, by the same program", function()
+    local name = cluster:spread_names(1, "again")[1]
+    local q = producer(name)
+    assert(q:add({ n = 1 }))
+    assert(q:obliterate())
+    assert.is_false(registered(name))
+    assert(q:add({ n = 2 }))
+    assert.is_true(registered(name), "listed again")
+  end)
+
+  it("writes the registry again when its slot moves, leaving out a queue obliterated meanwhile", function()
+    local list = cluster:spread_names(1, "back")
+    local kept, gone, other = list[1], list[2], list[3]
+    local c = keep(assert(client.new(cluster.url)))
+    assert(c:wait_ready())
+    for _, name in ipairs(list) do assert(queue_of(c, name):add({ n = 1 })) end
+    assert(producer(gone):obliterate()) -- (by another program)
+    local from = cluster:owner(names.REGISTRY)
+    from:cli("SREM", names.REGISTRY, kept) -- (a write a failover lost)
+    cluster:migrate(slots.key_slot(names.REGISTRY), from, other_than(from))
+    local away = cluster:owner(other)
+    cluster:migrate(slots.key_slot(other), away, other_than(away))
+    assert(queue_of(c, other):counts()) -- (MOVED: the map read again, the registry's new owner in it)
+    assert(wait_for(function() return registered(kept) end, 5), "written again")
+    assert(wait_for(function() return c:in_flight() == 0 end, 5))
+    assert.is_false(registered(gone), "an obliterated queue written back")
+  end)
+
+  it("writes the registry again when a MOVED tells it the registry's slot moved", function()
+    local kept = cluster:spread_names(1, "moved")[1]
+    local c = keep(assert(client.new(cluster.url)))
+    assert(c:wait_ready())
+    assert(queue_of(c, kept):add({ n = 1 }))
+    local from = cluster:owner(names.REGISTRY)
+    from:cli("SREM", names.REGISTRY, kept) -- (a write a failover lost)
+    cluster:migrate(slots.key_slot(names.REGISTRY), from, other_than(from))
+    assert(c:call_wait({ "SCARD", names.REGISTRY })) -- (MOVED)
+    assert(wait_for(function() return registered(kept) end, 5), "written again")
+  end)
+
+  it("lists at once the queues of a shard that is down, each said unreachable", function()
+    local down = not_registry()
+    local list, on_down = names_on(down, 3, "shard"), {}
+    for _, name in ipairs(list) do on_down[name] = true end
+    for _, name in ipairs(cluster:spread_names(1, "shardup")) do
+      if cluster:owner(name) ~= down then list[#list + 1] = name end
+    end
+    for _, name in ipairs(list) do assert(producer(name):add({ n = 1 })) end
+    down:kill9()
+    keep({ close = function() if not helpers.running(down.pid) then back(down) end end })
+    local started = loop.now()
+    local rows = listed()
+    local took = loop.now() - started
+    for _, name in ipairs(list) do
+      assert(rows[name], name .. " listed")
+      if on_down[name] then
+        assert.is_true(rows[name].unreachable, name)
+        assert.matches("EREDIS", rows[name].error)
+      else
+        assert.is_nil(rows[name].unreachable)
+        assert.equal(1, rows[name].waiting)
+      end
+    end
+    assert.is_true(took < 8000, ("moonjob queues took %d ms"):format(took))
+  end)
+
+  it("asks for the map less and less often while a primary stays down", function()
+    local down = not_registry()
+    local c = keep(assert(client.new(cluster.url)))
+    assert(c:wait_ready())
+    local alive = {}
+    for _, node in ipairs(cluster.nodes) do
+      if node ~= down then alive[#alive + 1] = node end
+    end
+    down:kill9()
+    keep({ close = function() if not helpers.running(down.pid) then back(down) end end })
+    assert(wait_for(function() return not c.ready end, 5))
+    for _, node in ipairs(alive) do node:cli("CONFIG", "RESETSTAT") end
+    pause_ms(4000)
+    local asked = 0
+    for _, node in ipairs(alive) do
+      asked = asked + tonumber(node:cli("INFO", "commandstats"):match("cmdstat_cluster|slots:calls=(%d+)") or 0)
+    end
+    assert.is_true(asked <= 8, ("the map asked for %d times in 4 s"):format(asked))
+  end)
+
+  it("gives up a call sent back and forth past its redirections as transient", function()
+    local name = cluster:spread_names(1, "hops")[1]
+    local from = cluster:owner(name)
+    local slot = slots.key_slot(name)
+    -- migrating to a node that does not import it: ASK there, MOVED back
+    assert.equal("OK", from:cli("CLUSTER", "SETSLOT", slot, "MIGRATING", other_than(from).id))
+    keep({ close = function() from:cli("CLUSTER", "SETSLOT", slot, "STABLE") end })
+    local c = keep(assert(client.new(cluster.url)))
+    assert(c:wait_ready())
+    local v, err, kind = loop.await(function(cb) c:call({ "GET", names.prefix(name) .. "none" }, cb) end)
+    assert.is_nil(v)
+    assert.matches("^[AM][SO][KV]", err)
+    assert.equal("transient", kind)
+  end)
+
+  it("says 'resubscribed' when a subscription is made again on the node it was on", function()
+    local c = keep(assert(client.new(cluster.url)))
+    assert(c:wait_ready())
+    local first = c:primaries()[1] -- (the node asked for the map first)
+    local name
+    for _, n in ipairs(cluster:spread_names(1, "resub")) do
+      if cluster:owner(n).address ~= first then name = n end
+    end
+    local node, asked = cluster:owner(name), nil
+    for _, n in ipairs(cluster.nodes) do if n.address == first then asked = n end end
+    local channel, heard = names.prefix(name) .. "events", {}
+    c:subscribe(channel, function(kind) heard[#heard + 1] = kind end)
+    assert(wait_for(function() return heard[1] == "resubscribed" end, 5), "subscribed")
+    heard = {}
+    -- the map's answer held back while the subscription's connection is
+    -- made again on the same node
+    asked:cli("CLIENT", "PAUSE", 1000, "ALL")
+    node:cli("CLIENT", "KILL", "TYPE", "pubsub")
+    assert(wait_for(function()
+      for _, kind in ipairs(heard) do if kind == "resubscribed" then return true end end
+      return false
+    end, 5), "heard: " .. table.concat(heard, ", "))
+  end)
+
+  it("keeps every node's address off what a page may be shown", function()
+    local c = keep(assert(client.new((cluster.url:gsub("/$", ",127.0.0.1:1/")))))
+    assert(c:wait_ready())
+    local list = c:primaries()
+    list[#list + 1] = "127.0.0.1:1" -- (a seed that is no node)
+    for _, address in ipairs(list) do
+      for _, text in ipairs({ "MOVED 3999 " .. address, address .. " is not a primary of the cluster now",
+        "EREDIS: redis://" .. address .. "/0: connection lost", address .. ": connection refused" }) do
+        local shown = c:without_address(text)
+        assert.is_nil(shown:find(address, 1, true), shown)
+      end
+    end
+    assert.equal("MOVED 3999 a node", c:without_address("MOVED 3999 " .. list[1]))
   end)
 
   it("follows a failover: the replica promoted serves its primary's queues", function()

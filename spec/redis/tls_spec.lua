@@ -172,6 +172,107 @@ describe("Redis over TLS #slow", function()
     assert.matches("larger than 1048576 bytes", up)
   end)
 
+  -- openssl s_server, TLS 1.2, on loopback, for one connection -> { port, out(), tell(line) }: out()
+  -- is what it printed (what the client sent, its errors); a line told on its standard input goes
+  -- to the client as data (-crlf: ending with \r\n, a Redis reply), or "r" asks the client to
+  -- renegotiate. Its standard input stays open (at its end, it would end the connection).
+  local function s_server()
+    local dir = helpers.tmpdir()
+    rq.close_after({ close = function() os.execute("rm -rf " .. dir) end })
+    assert(os.execute(("mkfifo %s/in"):format(dir)) == 0)
+    local pid = assert(tonumber(helpers.first_line(("openssl s_server -accept 127.0.0.1:0 -tls1_2 -naccept 1 -crlf"
+      .. " -cert %s -key %s < %s/in > %s/out 2>&1 & echo $!"):format(certs.server_cert, certs.server_key, dir, dir))))
+    rq.close_after({ close = function() os.execute(("kill -KILL %d 2>/dev/null"):format(pid)) end })
+    local stdin = rq.close_after(assert(io.open(dir .. "/in", "w")))
+    local self = { out = function() return read(dir .. "/out") end }
+    function self.tell(line)
+      stdin:write(line .. "\n")
+      stdin:flush()
+      os.execute("sleep 0.3") -- (the loop not run: what it sends waits, unread, for the next read)
+    end
+    helpers.wait_for(function()
+      self.port = tonumber(self.out():match("ACCEPT 127%.0%.0%.1:(%d+)"))
+      return self.port ~= nil
+    end)
+    return self
+  end
+
+  -- A connection to s_server's port, up -> conn, and a function that says how it is (true: up; else why).
+  local function connect(port)
+    local core = require "moonjob.core"
+    local up
+    local conn = rq.close_after(assert(core.redis("127.0.0.1", port, 30000, 1024 * 1024,
+      function(kind, why) up = kind == "up" or why end, { ca = certs.ca })))
+    helpers.wait_for(function() return up ~= nil end)
+    assert.is_true(up, up)
+    return conn, function() return up end
+  end
+
+  it("takes a server's renegotiation request as a connection loss, not a refusal a person must act on", function()
+    local server_ = s_server()
+    local conn, state = connect(server_.port)
+    local replies = {}
+    conn:command({ "PING" }, function(v, err)
+      replies[#replies + 1] = v or err
+      conn:command({ "PING" }, function(v2, err2) replies[#replies + 1] = v2 or err2 end) -- sent mid-renegotiation
+    end)
+    helpers.wait_for(function() return server_.out():find("PING", 1, true) ~= nil end)
+    server_.tell("+PONG") -- the reply, then the request to renegotiate: read together
+    server_.tell("r")
+    helpers.wait_for(function() return state() ~= true end)
+    assert.equal("PONG", replies[1])
+    assert.is_nil(state():match("^TLS: "), state())
+    assert.matches("TLS session", state(), 1, true)
+  end)
+
+  it("ends a session with a close_notify when the connection is closed", function()
+    local server_ = s_server()
+    local conn = connect(server_.port)
+    conn:command({ "PING" }, function() end)
+    helpers.wait_for(function() return server_.out():find("PING", 1, true) ~= nil end)
+    conn:close()
+    helpers.wait_for(function() return server_.out():find("DONE", 1, true) or server_.out():find("ERROR", 1, true) end)
+    assert.is_nil(server_.out():find("ERROR", 1, true), server_.out())
+  end)
+
+  it("carries small commands after a big one as before it", function()
+    local core = require "moonjob.core"
+    local up
+    local conn = rq.close_after(assert(core.redis("127.0.0.1", server.port, 30000, 8 * 1024 * 1024,
+      function(kind, why) up = kind == "up" or why end, { ca = certs.ca })))
+    helpers.wait_for(function() return up ~= nil end)
+    assert.is_true(up, up)
+    local big
+    conn:command({ "SET", "big", ("x"):rep(48 * 1024 * 1024) }, function(v, err) big = v or err end)
+    helpers.wait_for(function() return big ~= nil end, 60)
+    assert.equal("OK", big)
+    -- one after another: each its own loop turn, its own encryption
+    local answered = 0
+    local function ping()
+      conn:command({ "PING" }, function(v)
+        assert.equal("PONG", v)
+        answered = answered + 1
+        if answered < 1000 then ping() end
+      end)
+    end
+    ping()
+    helpers.wait_for(function() return answered == 1000 end, 60)
+    assert.is_true(up, up)
+  end)
+
+  it("refuses an @ left as such in a URL's query, which would end the password there", function()
+    for _, url in ipairs({ "rediss://h:6380/0?ca=/x@y", "rediss://u:pw@h:6380/0?servername=a&ca=/x@y",
+      "redis://h/0?ca=/x@y", "redis+sentinel://s1:26379/m/0?sentinel_password=a@b" }) do
+      local t, err = client.parse(url)
+      assert.is_nil(t, url)
+      assert.matches("%40", err, 1, true)
+    end
+    -- a password may hold @ and ?, with no query key after the ?
+    local t = assert(client.parse("rediss://u:p@ss?w@example.com/2"))
+    assert.equal("p@ss?w", t.password)
+    assert.equal("example.com", t.host)
+  end)
+
   it("reads rediss:// URLs: query values percent-decoded, the query over the environment, no password shown", function()
     local t = assert(client.parse("rediss://u:p%40ss@example.com/2?ca=%2Ftmp%2Fmy%20ca.pem&servername=redis.internal"))
     assert.same({ ca = "/tmp/my ca.pem", servername = "redis.internal" }, t.tls)

@@ -1,9 +1,13 @@
 -- One connection to Redis (core.redis: core/parent/redis.c) against a real
 -- redis-server: subscriptions of both kinds on one connection, a refused
--- subscription, the commands of a loop turn in one write, and a close from
--- inside a reply's callback.
+-- subscription, the commands of a loop turn in one write, a close from
+-- inside a reply's callback, the reply timeout of a server that stopped
+-- answering while calls keep coming, the bound on bytes waiting to be
+-- written.
 local core = require "moonjob.core"
+local client = require "moonjob.redis.client"
 local helpers = require "helpers"
+local loop = require "moonjob.loop"
 local rq = require "redis_queue"
 
 -- A connection to the file's server, up -> conn.
@@ -16,6 +20,50 @@ local function connect()
   helpers.wait_for(function() return up ~= nil end)
   assert(up == true, up)
   return conn
+end
+
+-- A fake server on loopback (Python): takes one connection, waits until the
+-- client sent `until_seen` (bytes), then sends each of `pushes` (RESP text)
+-- 0.1 s apart, and holds the connection until the client ends it. -> its
+-- port; it is killed after the test.
+local FAKE = [==[
+import socket, sys, time
+until_seen, pushes = sys.argv[1].encode(), [p.encode() for p in sys.argv[2:]]
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen(1)
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept()
+seen = b""
+while until_seen not in seen:
+    data = c.recv(65536)
+    if not data:
+        sys.exit(0)
+    seen += data
+for p in pushes:
+    c.sendall(p.replace(b"|", b"\r\n"))
+    time.sleep(0.1)
+while c.recv(65536):
+    pass
+]==]
+
+local function fake_server(until_seen, pushes)
+  local dir = helpers.tmpdir()
+  helpers.write_file(dir .. "/fake.py", FAKE)
+  local args = {}
+  for i, p in ipairs(pushes) do args[i] = "'" .. p .. "'" end
+  local pid = assert(tonumber(helpers.first_line(("python3 %s/fake.py '%s' %s > %s/port & echo $!")
+    :format(dir, until_seen, table.concat(args, " "), dir))))
+  rq.close_after({ close = function()
+    os.execute(("kill -KILL %d 2>/dev/null"):format(pid))
+    os.execute("rm -rf " .. dir)
+  end })
+  local port
+  helpers.wait_for(function()
+    port = tonumber(helpers.first_line("cat " .. dir .. "/port"))
+    return port ~= nil
+  end)
+  return port
 end
 
 -- The server's count of reads it processed (INFO stats), less the one of the INFO.
@@ -101,6 +149,87 @@ rq.describe(function()
       helpers.wait_for(function() return #log == 4 end)
       assert.same({ "first PONG", "closed", "second closed", "third closed" }, log)
       assert.has_error(function() conn:command({ "PING" }, function() end) end)
+    end)
+
+    it("keeps a plain subscription's messages once the server ended the sharded one", function()
+      -- a server-side sunsubscribe (a slot moved) leaves no sharded channel, one plain
+      local port = fake_server("SSUBSCRIBE", {
+        "*3|$9|subscribe|$1|a|:1|", "*3|$10|ssubscribe|$1|b|:1|", "*3|$12|sunsubscribe|$1|b|:0|",
+        "*3|$7|message|$1|a|$5|hello|", "*3|$7|message|$1|a|$5|world|" })
+      local up
+      local conn = rq.close_after(assert(core.redis("127.0.0.1", port, 5000, 1024 * 1024, function(kind, why)
+        up = kind == "up" or why
+      end)))
+      helpers.wait_for(function() return up ~= nil end)
+      assert.is_true(up, up)
+      local plain, sharded = {}, {}
+      assert(conn:subscribe({ "SUBSCRIBE", "a" }, function(msg, err)
+        plain[#plain + 1] = msg and table.concat(msg, " ") or "end: " .. err
+      end))
+      assert(conn:subscribe({ "SSUBSCRIBE", "b" }, function(msg, err)
+        sharded[#sharded + 1] = msg and table.concat(msg, " ") or "end: " .. err
+      end))
+      assert.is_truthy(rq.wait_for(function() return #plain >= 3 or up ~= true end, 10), "nothing came")
+      assert.is_true(up, up)
+      assert.same({ "subscribe a 1", "message a hello", "message a world" }, plain)
+      assert.same({ "ssubscribe b 1", "sunsubscribe b 0" }, sharded)
+    end)
+
+    it("drops a connection whose server stopped answering, though calls keep coming", function()
+      local c = rq.close_after(assert(client.new(rq.server().url, { timeout_ms = 1000 })))
+      assert(c:wait_ready())
+      local answered, failed = 0, nil
+      local pinger = core.timer(function()
+        c:call({ "PING" }, function(v, err)
+          if v == "PONG" then answered = answered + 1
+          elseif not failed then failed = { err = err, at = loop.now() } end
+        end)
+      end)
+      rq.close_after({ close = function() pinger:close() end })
+      pinger:start(250, 250) -- as the watchdog ticks (a quarter of the timeout): a call at each of its ticks
+      helpers.wait_for(function() return answered >= 2 end)
+      rq.close_after({ close = function() rq.server():signal("CONT") end })
+      rq.server():signal("STOP")
+      local stopped = loop.now()
+      assert.is_truthy(rq.wait_for(function() return failed ~= nil end, 8), "no call failed within 8 s")
+      assert.is_true(failed.at - stopped < 5000, ("the first error came %d ms after the stop"):format(failed.at - stopped))
+      assert.matches("no reply from the server within 1000 ms", failed.err, 1, true)
+    end)
+
+    it("bounds the bytes waiting to be written: 16 times max_reply, then a clear refusal", function()
+      local up
+      local conn = rq.close_after(assert(core.redis("127.0.0.1", rq.server().port, 5000, 1024 * 1024,
+        function(kind, why) up = kind == "up" or why end)))
+      helpers.wait_for(function() return up ~= nil end)
+      local mib = ("x"):rep(1024 * 1024 - 64)
+      local answered, refused = 0, nil
+      for i = 1, 20 do -- one loop turn: none written yet
+        local ok, err, code = conn:command({ "SET", "big" .. i, mib }, function(v)
+          if v == "OK" then answered = answered + 1 end
+        end)
+        if not ok then
+          refused = refused or { at = i, err = err, code = code }
+        end
+      end
+      assert.is_truthy(refused, "20 MiB of commands were taken")
+      assert.equal(17, refused.at) -- 16 MiB at most
+      assert.equal("ENOBUFS", refused.code)
+      assert.matches("bytes waiting to be written to the server past 16777216", refused.err, 1, true)
+      local ok, err = conn:command({ "SET", "huge", mib:rep(17) }, function() end)
+      assert.is_nil(ok)
+      assert.matches("ENOBUFS", err, 1, true)
+      -- once written, there is room again; the connection serves on
+      helpers.wait_for(function() return answered == 16 end)
+      local v
+      assert(conn:command({ "DBSIZE" }, function(x) v = x end))
+      helpers.wait_for(function() return v ~= nil end)
+      assert.is_true(up, up)
+      -- a client's call fails at once, saying why
+      local c = rq.close_after(assert(client.new(rq.server().url, { max_reply = 1024 * 1024 })))
+      assert(c:wait_ready())
+      local value, cerr = c:call_wait({ "SET", "huge", mib:rep(17) })
+      assert.is_nil(value)
+      assert.matches("ENOBUFS: this command would take", cerr, 1, true)
     end)
 
     it("refuses a command of subscriptions sent as a plain command", function()

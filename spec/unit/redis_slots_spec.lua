@@ -4,6 +4,7 @@
 local slots = require "moonjob.redis.slots"
 local client = require "moonjob.redis.client"
 local names = require "moonjob.redis.names"
+local map = require "moonjob.redis.cluster_map"
 
 describe("a Redis Cluster's slots", function()
   it("hashes with CRC16/XMODEM as the Redis Cluster specification says", function()
@@ -62,6 +63,28 @@ describe("a Redis Cluster's URL", function()
     assert.equal("redis+cluster://u:***@127.0.0.1:7000,[::1]:7001,host:6379/", client.display(t))
     assert.equal(0, assert(client.parse("redis+cluster://h:1/0")).db)
     assert.equal(0, assert(client.parse("redis+cluster://h:1")).db)
+  end)
+
+  it("takes a password holding a raw '?' (the user info ends at the last @)", function()
+    local t = assert(client.parse("redis+cluster://u:p?ss@127.0.0.1:7000,127.0.0.1:7001/"))
+    assert.same({ "u", "p?ss" }, { t.user, t.password })
+    assert.same({ { host = "127.0.0.1", port = 7000 }, { host = "127.0.0.1", port = 7001 } }, t.seeds)
+    t = assert(client.parse("redis+cluster://:a?b@c@h:1/0"))
+    assert.same({ "a?b@c", "h", 1 }, { t.password, t.host, t.port })
+  end)
+
+  it("reads MOVED and ASK: an IPv6 host without brackets, a host left out", function()
+    local function read(err, from) return { map.redirection(err, from) } end
+    assert.same({ "MOVED", 3999, "127.0.0.1:7002" }, read("MOVED 3999 127.0.0.1:7002", "127.0.0.1:7000"))
+    assert.same({ "MOVED", 3999, "::1:7002" }, read("MOVED 3999 ::1:7002", "127.0.0.1:7000"))
+    assert.same({ "ASK", 12, "fe80::1:7002" }, read("ASK 12 fe80::1:7002", "::1:7000"))
+    assert.same({ "MOVED", 5, "::1:7002" }, read("MOVED 5 [::1]:7002", "10.0.0.1:7000"))
+    -- no endpoint ("?" or nothing): the host of the node that answered
+    assert.same({ "ASK", 12, "10.0.0.5:7002" }, read("ASK 12 ?:7002", "10.0.0.5:7000"))
+    assert.same({ "MOVED", 12, "10.0.0.5:7002" }, read("MOVED 12 :7002", "10.0.0.5:7000"))
+    assert.same({ "MOVED", 12, "::1:7002" }, read("MOVED 12 :7002", "::1:7000"))
+    assert.same({}, read("ERR unknown command", "h:1"))
+    assert.same({}, read("MOVED 12 nowhere", "h:1"))
   end)
 
   it("refuses a database other than 0, and empty or bad nodes, saying why", function()

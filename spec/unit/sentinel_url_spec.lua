@@ -38,6 +38,17 @@ describe("a redis+sentinel:// URL", function()
     assert.matches("'ca' is a TLS setting: write rediss+sentinel://", err, 1, true)
   end)
 
+  it("checks the sentinels' certificate name apart from the data servers'", function()
+    local t = assert(client.parse("rediss+sentinel://s1/m?ca=/etc/ca.pem&servername=redis.internal"
+      .. "&sentinel_servername=sentinel.internal"))
+    assert.same({ ca = "/etc/ca.pem", servername = "redis.internal" }, t.tls)
+    assert.same({ ca = "/etc/ca.pem", servername = "sentinel.internal" }, t.sentinel_tls)
+    t = assert(client.parse("rediss+sentinel://s1/m?ca=/etc/ca.pem&servername=redis.internal"))
+    assert.same({ ca = "/etc/ca.pem" }, t.sentinel_tls) -- each sentinel's host as the URL gives it
+    local _, err = client.parse("redis+sentinel://s1/m?sentinel_servername=x")
+    assert.matches("'sentinel_servername' is a TLS setting: write rediss+sentinel://", err, 1, true)
+  end)
+
   it("says what is wrong with a bad one", function()
     local cases = {
       ["redis+sentinel://s1:26379"] = "needs the master's name after the sentinels",

@@ -228,12 +228,21 @@ static int lmj_redis_send(lua_State *L, int persistent) {
     return luaL_argerror(L, 2, persistent ? "conn:subscribe takes SUBSCRIBE or SSUBSCRIBE and channels"
                                           : "SUBSCRIBE and SSUBSCRIBE go through conn:subscribe; other commands"
                                             " of subscriptions (and MONITOR) are not supported");
+  if (rc == UV_ENOBUFS) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "ENOBUFS: this command would take the bytes waiting to be written to the server past %f"
+                    " (16 times the largest reply taken): the server reads too slowly, or not at all, or the"
+                    " command is too large", (double) lr->r.max_out);
+    lua_pushliteral(L, "ENOBUFS");
+    return 3;
+  }
   if (rc != 0) return lmj_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
 }
 
-/* conn:command(args, cb) -> true | nil, err: cb gets the reply (see above). */
+/* conn:command(args, cb) -> true | nil, err, code: cb gets the reply (see
+ * above); code "ENOBUFS": too many bytes would wait to be written. */
 static int lmj_redis_command(lua_State *L) {
   return lmj_redis_send(L, 0);
 }

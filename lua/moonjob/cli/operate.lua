@@ -189,13 +189,17 @@ function M.queues(o)
   local out = new_out(o)
   local columns, parents, lapsed = { "name", "waiting", "delayed", "active", "running", "held", "completed",
     "failed", "completed_ever", "failed_ever", "workers", "paused" }, 0, 0
+  local failing = false
   for _, q in ipairs(list) do
     out:object({ name = q.name, waiting = q.waiting, delayed = q.delayed, active = q.active, held = q.held,
       running = q.running, lapsed = q.lapsed, completed = q.completed, failed = q.failed, completed_ever = q.completed_ever,
       failed_ever = q.failed_ever, workers = q.workers, paused = q.paused,
-      waiting_children = q.waiting_children or 0, error = q.error and tostring(q.error) or nil })
+      waiting_children = q.waiting_children or 0, error = q.error and tostring(q.error) or nil,
+      unreachable = q.unreachable })
     parents, lapsed = parents + (q.waiting_children or 0), lapsed + q.lapsed
+    failing = failing or q.error ~= nil
   end
+  if failing then columns[#columns + 1] = "error" end -- (a shard unreachable, a key spoiled: say it)
   if out.table and #list == 0 then say("no queue on this server (a queue appears once a moonjob program used it)") end
   if parents > 0 then table.insert(columns, 3, "waiting_children") end -- (a column only where flows wait)
   if lapsed > 0 then -- (a column only while a worker lapsed: after held)

@@ -22,127 +22,28 @@
 -- environment's MOONJOB_REDIS_CA, MOONJOB_REDIS_CERT and MOONJOB_REDIS_KEY
 -- stand in for what the query leaves out (cert and key as a pair).
 --
--- redis+sentinel:// URLs: the primary is asked of the sentinels before each
--- connection, verified, and followed at +switch-master
--- (moonjob.redis.sentinel, through the hooks marked "Sentinel" below).
+-- redis+sentinel:// URLs: the primary asked of the sentinels, verified and
+-- followed (moonjob.redis.sentinel; the hooks marked "Sentinel" below).
 --
 -- Caveats: no Unix sockets; no Cluster redirections here (a
 -- redis+cluster:// URL gets moonjob.redis.cluster's client, the same face,
 -- over one client of this file per primary: M.from_target, the hooks marked
 -- "Cluster" below). An @ in a query value is written %40 (the last @ of a
--- URL ends its password).
+-- URL ends its password; one left as such is refused).
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
 local setup = require "moonjob.redis.setup"
 local sentinel = require "moonjob.redis.sentinel"
+local urls = require "moonjob.redis.url"
 
 local M = {}
 local Client = {}
 Client.__index = Client
 
-local function unescape(s)
-  return (s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
-end
-
-local TLS_QUERY = "ca, cert, key, servername (rediss://host:6380/0?ca=PATH&cert=PATH&key=PATH&servername=NAME)"
-local TLS_ENV = { ca = "MOONJOB_REDIS_CA", cert = "MOONJOB_REDIS_CERT", key = "MOONJOB_REDIS_KEY" }
-
--- M.tls_defaults(tls) -> tls: the environment's files where a URL's query
--- named none (a client certificate and its key only as a pair); also for
--- rediss+sentinel:// URLs (moonjob.redis.sentinel).
-function M.tls_defaults(tls)
-  local pair = tls.cert == nil and tls.key == nil
-  for k, name in pairs(TLS_ENV) do
-    local v = os.getenv(name)
-    if tls[k] == nil and v and v ~= "" and (k == "ca" or pair) then tls[k] = v end
-  end
-  return tls
-end
-
--- A rediss:// URL's query -> { ca, cert, key, servername } (core.redis's TLS
--- options), the environment's files where the query names none (a client
--- certificate and its key only as a pair) | nil, err.
-local function tls_options(query)
-  local tls = {}
-  for pair in query:gmatch("[^&]+") do
-    local k, v = pair:match("^([^=]*)=(.*)$")
-    k = k and unescape(k)
-    if not (k == "ca" or k == "cert" or k == "key" or k == "servername") then
-      return nil, ("'%s' is unknown in a rediss:// URL's query: it takes %s"):format(k or pair, TLS_QUERY)
-    end
-    if v == "" or tls[k] then return nil, ("%s= in a rediss:// URL needs one value"):format(k) end
-    tls[k] = unescape(v)
-  end
-  return M.tls_defaults(tls)
-end
-
--- A URL of a Redis Cluster (redis+cluster://, rediss+cluster://).
-local function is_cluster(url)
-  return type(url) == "string" and url:match("^rediss?%+cluster://") ~= nil
-end
-
--- parse(url) -> { host, port, db, user, password, tls } | nil, err; tls
--- (rediss:// only): core.redis's TLS options (a redis+sentinel:// URL:
--- moonjob.redis.sentinel's target; a redis+cluster:// URL:
--- moonjob.redis.cluster's, with cluster = true).
-function M.parse(url)
-  if type(url) ~= "string" then return nil, "a Redis URL must be a string like redis://host:6379/0" end
-  if url:match("^rediss?%+sentinel://") then return sentinel.parse(url) end -- Sentinel
-  if is_cluster(url) then return require("moonjob.redis.cluster").parse(url) end -- Cluster
-  local scheme, rest = url:match("^(rediss?)://(.*)$")
-  if not rest then
-    return nil, ("'%s' is not a Redis URL: write redis://[user:password@]host[:port][/db], or rediss://"
-      .. " for TLS"):format((url:gsub("^([%w+.-]*:?//).*@", "%1***@")))
-  end
-  local t = { port = 6379, db = 0 }
-  local auth, hostpart = rest:match("^(.*)@([^@]*)$") -- the last @: a password may hold one
-  if auth then
-    local user, password = auth:match("^([^:]*):(.*)$")
-    if user then
-      t.user, t.password = user ~= "" and unescape(user) or nil, unescape(password)
-    else
-      t.password = unescape(auth)
-    end
-    rest = hostpart
-  end
-  local query
-  rest, query = rest:match("^([^?]*)%??(.*)$")
-  if scheme == "rediss" then
-    local tls, err = tls_options(query)
-    if not tls then return nil, err end
-    t.tls = tls
-  elseif query ~= "" then
-    return nil, "a redis:// URL takes no query: ca=, cert=, key= and servername= are for rediss:// (TLS)"
-  end
-  local hostport, db = rest:match("^([^/]*)/?(.*)$")
-  if db ~= "" then
-    t.db = tonumber(db)
-    if not t.db or t.db < 0 or t.db % 1 ~= 0 then
-      return nil, ("the database in a Redis URL must be a number, not '%s'"):format(db)
-    end
-  end
-  local host, port = hostport:match("^%[([^%]]+)%]:?(%d*)$")
-  if not host then host, port = hostport:match("^([^:]*):?(%d*)$") end
-  if not host or host == "" then
-    return nil, "a Redis URL needs a host: redis://127.0.0.1:6379/0"
-  end
-  t.host = host
-  if port ~= "" then
-    t.port = tonumber(port)
-    if t.port < 1 or t.port > 65535 then return nil, "the port in a Redis URL must be from 1 to 65535" end
-  end
-  return t
-end
-
--- The URL as it may be printed: the password replaced by ***.
-function M.display(t)
-  if t.sentinels then return sentinel.display(t) end -- Sentinel
-  if t.cluster then return require("moonjob.redis.cluster").display(t) end -- Cluster
-  local auth = ""
-  if t.password then auth = (t.user or "") .. ":***@" end
-  local host = t.host:find(":") and "[" .. t.host .. "]" or t.host
-  return ("%s://%s%s:%d/%d"):format(t.tls and "rediss" or "redis", auth, host, t.port, t.db)
-end
+-- URLs are read and printed by moonjob.redis.url; these names stay here for
+-- the modules that know them from the client.
+M.parse, M.display, M.tls_defaults, M.query_in_auth = urls.parse, urls.display, urls.tls_defaults,
+  urls.query_in_auth
 
 -- M.open(target, host, port, timeout_ms, max_reply, on_event) -> conn | nil,
 -- err: one connection (core.redis) to host:port, with target's TLS options
@@ -167,7 +68,7 @@ end
 -- waiting for a connection; default 5000), max_reply (bytes; default 64 MiB),
 -- on_state(up, why) (the connection came up or went down).
 function M.new(url, opts)
-  if is_cluster(url) then return require("moonjob.redis.cluster").new(url, opts) end -- Cluster
+  if urls.is_cluster(url) then return require("moonjob.redis.cluster").new(url, opts) end -- Cluster
   local t, err = M.parse(url)
   if not t then return nil, err end
   return M.from_target(t, opts)
@@ -291,8 +192,9 @@ end
 -- starts after a back-off (back_off).
 function Client:_down(why)
   local was_ready = self.ready
-  self.ready, self.why, self.conn = false, why, nil
   if needs_a_person(why) then self.refused = why end
+  if self.sentinel then why = self.sentinel:down(why) end -- Sentinel: the address and who named it
+  self.ready, self.why, self.conn = false, why, nil
   if self.closed then return end
   self.backoff, self.reconnect_at = back_off(self.backoff)
   self.timer:start(50, 50)
@@ -346,24 +248,26 @@ end
 -- server refused for now: M.refusal_kind) or "connection"; after a
 -- "connection" error cb's fourth argument is true when the call was handed
 -- to a connection (it may have run: its reply was lost), nil when it never
--- was (it waited for a connection until timeout_ms, or the client closed). Two refusals never
--- reach cb, as the call never ran: "Function not found" (the library is
--- loaded again on that connection and the call sent again, twice at most)
--- and READONLY, MASTERDOWN or LOADING (the server is not a primary now: the
--- call waits for the next connection, as while disconnected). `tries`:
--- internal, the reloads this call caused.
-function Client:call(args, cb, tries)
+-- was (it waited for a connection until timeout_ms, the client closed, or
+-- too many bytes already waited to be written: ENOBUFS). Refusals of a call
+-- that never ran do not reach cb: "Function not found" (the library loaded
+-- again, the call sent again, twice at most), READONLY, MASTERDOWN, LOADING
+-- (not a primary now: it waits for the next connection, until timeout_ms
+-- after it was made). tries, deadline: internal.
+function Client:call(args, cb, tries, deadline)
   if self.closed then return cb(nil, "EREDIS: the client is closed", "connection") end
   local conn = self.conn
+  deadline = deadline or loop.now() + self.timeout_ms
   if self.ready and conn then
     -- (args.asking: a cluster's ASK redirection, ASKING right before it)
     if args.asking then conn:command({ "ASKING" }, function() end) end -- Cluster
-    local ok, err = conn:command(args, function(v, e, kind)
+    local ok, err, code = conn:command(args, function(v, e, kind)
       if e and kind == "reply" then
-        local state = setup.state_refusal(e) or self.sentinel and self.sentinel:state_refusal(e) -- (Sentinel)
-        if state then return self:_retire(conn, state, args, cb, tries) end
+        if self.sentinel and self.sentinel:hold(e, args, cb, tries, deadline) then return self:_settle(conn) end
+        local state = setup.state_refusal(e)
+        if state then return self:_retire(conn, state, args, cb, tries, deadline) end
         if setup.function_missing(e) and (tries or 0) < 2 then
-          return self:_reload(conn, args, cb, (tries or 0) + 1)
+          return self:_reload(conn, args, cb, (tries or 0) + 1, deadline)
         end
         kind = M.refusal_kind(e)
       elseif e then
@@ -373,14 +277,16 @@ function Client:call(args, cb, tries)
       cb(v, e, kind, kind == "connection" or nil)
     end)
     if ok then return end
+    -- too many bytes wait to be written: waiting for a connection would not help
+    if code == "ENOBUFS" then return cb(nil, connection_error(self, err), "connection") end
     self.why = err
   end
-  self:_wait(args, cb, tries)
+  self:_wait(args, cb, tries, deadline)
 end
 
--- The call waits for a connection ready for it (until timeout_ms from now).
-function Client:_wait(args, cb, tries)
-  self.waiting[#self.waiting + 1] = { args, cb, loop.now() + self.timeout_ms, tries }
+-- The call waits for a connection ready for it, until its deadline.
+function Client:_wait(args, cb, tries, deadline)
+  self.waiting[#self.waiting + 1] = { args, cb, deadline or loop.now() + self.timeout_ms, tries }
   self.timer:start(50, 50)
 end
 
@@ -388,16 +294,16 @@ end
 function Client:_flush()
   local reloads, waiting = self.reloads, self.waiting
   self.reloads, self.waiting = {}, {}
-  for _, w in ipairs(reloads) do self:call(w[1], w[2], w[4]) end
-  for _, w in ipairs(waiting) do self:call(w[1], w[2], w[4]) end
+  for _, w in ipairs(reloads) do self:call(w[1], w[2], w[4], w[3]) end
+  for _, w in ipairs(waiting) do self:call(w[1], w[2], w[4], w[3]) end
 end
 
 -- The server is not a primary now: no more calls on conn (the ones in
 -- flight end there), said once through on_state, and a new connection after
 -- the back-off, whose set-up checks for a primary again. The refused call
 -- never ran: it waits for that connection.
-function Client:_retire(conn, why, args, cb, tries)
-  self:_wait(args, cb, tries)
+function Client:_retire(conn, why, args, cb, tries, deadline)
+  self:_wait(args, cb, tries, deadline)
   self:_retire_conn(conn, why)
 end
 
@@ -422,9 +328,9 @@ end
 -- "Function not found": the library was flushed (FUNCTION FLUSH, a restart
 -- without it). It is loaded again on this connection, once for every call
 -- that met it meanwhile; those calls never ran, and are sent again, first.
-function Client:_reload(conn, args, cb, tries)
-  if self.conn ~= conn then return self:_wait(args, cb, tries) end -- the next connection loads it
-  self.reloads[#self.reloads + 1] = { args, cb, nil, tries }
+function Client:_reload(conn, args, cb, tries, deadline)
+  if self.conn ~= conn then return self:_wait(args, cb, tries, deadline) end -- the next connection loads it
+  self.reloads[#self.reloads + 1] = { args, cb, deadline, tries }
   if self.reloading then return end
   self.reloading, self.ready = true, false -- new calls wait until it is loaded
   setup.ensure_library(conn, self.target, function(err, kind)
@@ -433,7 +339,7 @@ function Client:_reload(conn, args, cb, tries)
       -- this connection goes (down, or not a primary): the next one loads it
       local reloads = self.reloads
       self.reloads = {}
-      for _, w in ipairs(reloads) do self:_wait(w[1], w[2], w[4]) end
+      for _, w in ipairs(reloads) do self:_wait(w[1], w[2], w[4], w[3]) end
       if kind == "state" and self.conn == conn then self:_retire_conn(conn, err) end
       return
     end
@@ -467,7 +373,7 @@ function Client:in_flight()
   local sent = 0
   if self.conn then sent = self.conn:pending() end
   for conn in pairs(self.retiring) do sent = sent + conn:pending() end
-  return sent + #self.waiting + #self.reloads
+  return sent + #self.waiting + #self.reloads + (self.sentinel and #self.sentinel.held or 0) -- (Sentinel: NOREPLICAS)
 end
 
 -- client:call_wait(args) -> reply | nil, err: a blocking call (the REPL, a
@@ -479,8 +385,13 @@ end
 
 -- client:wait_ready() -> true | nil, err: waits up to timeout_ms for a connection.
 function Client:wait_ready()
-  local deadline = loop.now() + self.timeout_ms
-  loop.wait_until(function() return self.ready or self.closed or self.refused or loop.now() >= deadline end)
+  -- a moment past timeout_ms: a connection that fails then says why (a TLS
+  -- client at a plaintext port) rather than "no answer"
+  local deadline = loop.now() + self.timeout_ms + 250
+  loop.wait_until(function()
+    return self.ready or self.closed or self.refused or loop.now() >= deadline
+      or (self.why and loop.now() >= deadline - 250)
+  end)
   if self.ready then return true end
   return nil, connection_error(self, self.why or "no answer")
 end

@@ -11,6 +11,8 @@
 -- keyless call to the node named (call_on, each_primary) or any.
 --   * MOVED: the slot's entry is changed, the call sent to the new owner,
 --     and the whole map asked for again soon (one request for many MOVED);
+--     past MAX_HOPS redirections (nodes that disagree for now) the caller
+--     gets the last one, kind "transient";
 --   * ASK (a slot being migrated): a plain command is sent to the node
 --     named, ASKING right before it on the same connection; a function
 --     (FCALL) waits instead, sent again until the slot has moved (MOVED):
@@ -21,23 +23,22 @@
 --   * TRYAGAIN, CLUSTERDOWN: sent again after a short wait, within the
 --     call's timeout (then the caller gets the refusal, kind "transient");
 --   * a primary down: the map is asked of the other nodes (on the
---     connections open to them) every 250 ms until it changes (its replica
+--     connections open to them) after 250 ms, then at gaps doubling to 1 s
+--     while it comes back unchanged, until it changes (its replica
 --     promoted) or the node is back; the calls waiting for it (never sent)
 --     go to the slot's new owner.
 --     Calls sent before a drop keep moonjob.redis.client's contract (cb's
 --     fourth argument true: the caller's own retries, reports carry tokens).
 -- The registry of queues (moonjob.redis.names.REGISTRY) is one key, on its
 -- slot's owner; the library's own writes to it are refused there (another
--- slot), so this client writes it: the queues of a registering function's
--- keys once it answered (again after REGISTER_AGAIN_MS), and every name it
--- wrote again when the registry's slot changes owner (a failover can lose
--- a write). A subscription is sharded (SSUBSCRIBE) on the primary serving
--- its channel's slot (the channel holds the queue's hash tag), moved with it.
+-- slot), so this client writes it (moonjob.redis.cluster_registry). A
+-- subscription is sharded (SSUBSCRIBE) on the primary serving its
+-- channel's slot (the channel holds the queue's hash tag), moved with it.
 local core = require "moonjob.core"
 local loop = require "moonjob.loop"
 local client = require "moonjob.redis.client"
 local map = require "moonjob.redis.cluster_map"
-local names = require "moonjob.redis.names"
+local registry = require "moonjob.redis.cluster_registry"
 local slots = require "moonjob.redis.slots"
 
 local M = {}
@@ -45,10 +46,10 @@ local Cluster = {}
 Cluster.__index = Cluster
 
 local MAX_HOPS = 5              -- redirections one call follows
-local DOWN_REFRESH_MS = 250     -- the map asked for again while a primary is down
+local DOWN_REFRESH_MS = 250     -- the map asked for again while a primary is down: after this,
+local DOWN_REFRESH_MAX_MS = 1000 -- doubling up to this while it comes back unchanged (a promoted
+                                 -- replica seen within 1 s; one small request a second)
 local REFRESH_GAP_MS = 100      -- at most one request for the map in this time
-local REGISTER_AGAIN_MS = 10000 -- a queue this client registered, registered again after it
-local REGISTRY_SLOT = slots.key_slot(names.REGISTRY)
 
 M.parse, M.display = map.parse, map.display
 
@@ -73,9 +74,11 @@ function M.new(url, opts)
     unrouted = {},    -- calls made before the map was known
     retired = {},     -- client -> until: nodes no longer primaries, closed once idle
     subs = {},        -- channel -> { cb, address }
-    registered = {},  -- queue name -> when this client registered it
-    refreshed_at = -math.huge, backoff = 0,
+    seen = {},        -- address -> true: every seed and node this client knew (without_address)
+    refreshed_at = -math.huge, backoff = 0, down_wait = DOWN_REFRESH_MS,
   }, Cluster)
+  for _, seed in ipairs(t.seeds) do self.seen[map.address(seed.host, seed.port)] = true end
+  self.registry = registry.new(self)
   self.timer = core.timer(function() self:_tick() end)
   self:_discover()
   return self
@@ -113,7 +116,7 @@ function Cluster:_tick()
     if c:in_flight() == 0 or now >= until_ms then self.retired[c] = nil; c:close() end
   end
   local down = self:_down_node()
-  if down and not self.refresh_at then self.refresh_at = now + DOWN_REFRESH_MS end
+  if down and not self.refresh_at then self.refresh_at = now + self.down_wait end
   if not (self.refresh_at or down or #self.delayed > 0 or #self.unrouted > 0 or next(self.retired)) then
     self.armed = false
     self.timer:stop()
@@ -177,7 +180,11 @@ function Cluster:_discover()
         return try()
       end
       self.asking, self.backoff = false, 0
-      self:_apply(map.read(reply, node))
+      local owner, primaries, text = map.read(reply, node)
+      -- (while a primary stays down, the map is asked for less often as long as it is the same)
+      self.down_wait = text == self.map_text and math.min(self.down_wait * 2, DOWN_REFRESH_MAX_MS) or DOWN_REFRESH_MS
+      self.map_text = text
+      self:_apply(owner, primaries)
     end)
   end
   try()
@@ -191,7 +198,6 @@ function Cluster:_apply(owner, primaries)
     self:_refresh_soon(1000)
     return self:_set_why("the cluster serves no slot yet (CLUSTER SLOTS is empty)")
   end
-  local registry_was = self.known and self.owner[REGISTRY_SLOT]
   self.owner, self.known = owner, true
   for address, p in pairs(primaries) do self:_node(address, p.host, p.port) end
   for address, node in pairs(self.nodes) do
@@ -201,10 +207,10 @@ function Cluster:_apply(owner, primaries)
   local unrouted = self.unrouted
   self.unrouted = {}
   for _, r in ipairs(unrouted) do self:_send(r) end
-  for channel in pairs(self.subs) do self:_place(channel) end
-  if registry_was and registry_was ~= owner[REGISTRY_SLOT] then
-    for name in pairs(self.registered) do self:register(name) end
-  end
+  local channels = {}
+  for channel in pairs(self.subs) do channels[#channels + 1] = channel end
+  for _, channel in ipairs(channels) do self:_place(channel) end
+  self.registry:map_read()
   self:_update_state()
 end
 
@@ -224,6 +230,7 @@ function Cluster:_node(address, host, port)
     return nil
   end
   self.nodes[address], self.settled[address], self.down_why[address] = node, nil, nil
+  self.seen[address] = true
   return node
 end
 
@@ -231,7 +238,12 @@ function Cluster:_node_state(address, node, up, why)
   if self.nodes[address] ~= node then return end
   self.settled[address] = true
   self.down_why[address] = not up and why or nil
-  if not up then self:_refresh_soon() end
+  if not up then
+    self.down_wait = DOWN_REFRESH_MS
+    self:_refresh_soon()
+  else
+    self.registry:node_up(address)
+  end
   self:_update_state()
 end
 
@@ -323,7 +335,10 @@ function Cluster:_set_why(why, was_ready)
 end
 
 -- cluster:call(args, cb): as moonjob.redis.client's call, routed by the
--- slot of args' key (slots.command_key).
+-- slot of args' key (slots.command_key). args.no_wait: a call for the
+-- primary of a slot whose client is down (it said why, and the map names
+-- no other owner) fails at once (kind "connection", never sent) instead of
+-- waiting for it (a listing of every queue: a shard down costs nothing).
 function Cluster:call(args, cb)
   if self.closed then return cb(nil, closed_error(), "connection") end
   self:_send({ args = args, cb = cb, slot = slots.command_slot(args), deadline = loop.now() + self.timeout_ms,
@@ -373,6 +388,9 @@ function Cluster:_send(r, to, asking)
   if not node then
     return r.cb(nil, ("CLUSTERDOWN no primary serves slot %s (%s)"):format(tostring(r.slot), self.name), "transient")
   end
+  if r.args.no_wait and not node.ready and self.down_why[address] then -- (the map names no other owner)
+    return r.cb(nil, ("EREDIS: %s: %s: %s"):format(self.name, address, self.down_why[address]), "connection")
+  end
   local args = r.args
   if asking then
     args = { unpack(r.args) }
@@ -381,19 +399,14 @@ function Cluster:_send(r, to, asking)
   node:call(args, function(v, err, kind, sent) self:_answer(r, address, v, err, kind, sent) end)
 end
 
--- A redirection's word, slot and address ("MOVED 3999 127.0.0.1:7002"),
--- the host of the node that answered when the reply leaves it out.
-local function redirection(err, from)
-  local word, slot, address = err:match("^(%u+) (%d+) (%S+)$")
-  if word ~= "MOVED" and word ~= "ASK" then return nil end
-  if address:sub(1, 1) == ":" then address = (map.split(from)) .. address end
-  return word, tonumber(slot), address
-end
-
 function Cluster:_answer(r, from, v, err, kind, sent)
   if err and kind ~= "connection" and not self.closed then
-    local word, slot, to = redirection(err, from)
-    if word and r.hops < MAX_HOPS then
+    local word, slot, to = map.redirection(err, from)
+    if word and r.hops >= MAX_HOPS then -- (nodes that disagree, for now: the map is read again)
+      self:_refresh_soon()
+      return r.cb(nil, err, "transient")
+    end
+    if word then
       r.hops = r.hops + 1
       if word == "MOVED" then
         self:_moved(slot, to)
@@ -409,7 +422,7 @@ function Cluster:_answer(r, from, v, err, kind, sent)
       return self:_later(r, err)
     end
   end
-  if not err and self:_registering(r.args, function() r.cb(v, err, kind, sent) end) then return end
+  if not err and self.registry:after_call(r.args, function() r.cb(v, err, kind, sent) end) then return end
   r.cb(v, err, kind, sent)
 end
 
@@ -487,7 +500,8 @@ function Cluster:_place(channel)
   if not address or (sub.address == address and self.nodes[address]) then return end
   local old = sub.address and self.nodes[sub.address]
   if old then old:unsubscribe(channel) end
-  sub.address = address
+  local again = sub.placed
+  sub.address, sub.placed = address, true
   self.nodes[address]:subscribe(channel, function(kind, message)
     if self.subs[channel] ~= sub or sub.address ~= address then return end
     if kind == "unsubscribed" then -- (the server dropped it: its slot moved)
@@ -496,46 +510,53 @@ function Cluster:_place(channel)
     end
     sub.cb(kind, message)
   end, true)
+  -- placed again: said here, as the node's own "resubscribed" may have
+  -- come while it was not placed (and been dropped), or never come (the
+  -- node's connection still subscribed)
+  if again then sub.cb("resubscribed") end
 end
 
--- cluster:register(name [, done]): the queue in the registry
--- (moonjob.redis.names; best effort, as the library's), remembered:
--- written again when the registry's slot changes owner. done() once answered.
+-- cluster:register(name [, done]): a worker's queue in the registry
+-- (moonjob.redis.names; best effort, as the library's), kept there while
+-- this client lives (moonjob.redis.cluster_registry). done() once answered.
 function Cluster:register(name, done)
-  self.registered[name] = loop.now()
-  self:call({ "SADD", names.REGISTRY, name }, done or function() end)
+  self.registry:register(name, done)
 end
 
--- After a registering function answered: its queues registered (again
--- after REGISTER_AGAIN_MS: an obliterated queue used again is listed
--- again), then done() (its reply to the caller: a program that ends right
--- after an add leaves its queue listed) -> true; false when none is to be.
-function Cluster:_registering(args, done)
-  if args[1] ~= "FCALL" or not names.REGISTERING[args[2]] then return false end
-  local now, left = loop.now(), 0
-  local function answered()
-    left = left - 1
-    if left == 0 then done() end
-  end
-  for _, key in ipairs(slots.script_keys(args)) do
-    local name = names.queue_name(key)
-    if name and now - (self.registered[name] or -math.huge) >= REGISTER_AGAIN_MS then
-      left = left + 1
-      self:register(name, answered)
-    end
-  end
-  return left > 0
+-- cluster:forget(name): the queue was obliterated; its next registering
+-- call writes it in the registry again, and it is not written back before.
+function Cluster:forget(name)
+  self.registry:forget(name)
 end
 
--- cluster:without_address(text): as moonjob.redis.client's, for any node.
+-- text with each occurrence of word (not inside a longer name or number)
+-- replaced by with.
+local function replace_word(text, word, with)
+  local pattern = "()" .. word:gsub("%p", "%%%0") .. "()"
+  return (text:gsub(pattern, function(from, to)
+    if text:sub(from - 1, from - 1):match("[%w.:%-]") or text:sub(to, to):match("%d") then return nil end
+    return with
+  end))
+end
+
+-- cluster:without_address(text): as moonjob.redis.client's, for any node;
+-- the address of any node or seed this client knew (a node retired, one
+-- a redirection or the map named) replaced by "a node".
 function Cluster:without_address(text)
   text = tostring(text)
+  if text:find(self.name, 1, true) then return "Redis is unreachable" end
   for _, node in pairs(self.nodes) do
-    if text:find(node.name, 1, true) then return node:without_address(text) end
+    if text:find(node.name, 1, true) then
+      text = node:without_address(text)
+      break
+    end
   end
-  local at = text:find(self.name, 1, true)
-  if not at then return text end
-  return "Redis is unreachable"
+  for address in pairs(self.seen) do
+    local host, port = map.split(address)
+    local forms = { client.display(map.node_target(self.target, host, port)), "[" .. host .. "]:" .. port, address }
+    for _, form in ipairs(forms) do text = replace_word(text, form, "a node") end
+  end
+  return text
 end
 
 -- cluster:in_flight() -> the calls sent and not answered, and those waiting.
@@ -555,6 +576,7 @@ function Cluster:close()
   for _, d in ipairs(self.delayed) do waiting[#waiting + 1] = d[1] end
   self.nodes, self.retired, self.delayed, self.unrouted = {}, {}, {}, {}
   for _, r in ipairs(waiting) do r.cb(nil, closed_error(), "connection") end
+  self.registry:close()
   self.timer:close()
 end
 

@@ -38,10 +38,10 @@ function M.parse(url)
     return nil, ("'%s' is not a Redis Cluster URL: write redis+cluster://host1:port1,host2:port2/")
       :format((url:gsub("^(%w*%+?%w*:?//).*@", "%1***@")))
   end
-  local query = rest:match("(%?.*)$") or ""
-  rest = rest:sub(1, #rest - #query)
-  local auth, hostpart = rest:match("^(.*)@([^@]*)$") -- the last @: a password may hold one
+  local auth, hostpart = rest:match("^(.*)@([^@]*)$") -- the last @: a password may hold one (a '?' too)
   hostpart = hostpart or rest
+  local query = hostpart:match("(%?.*)$") or ""
+  hostpart = hostpart:sub(1, #hostpart - #query)
   local hostlist, db = hostpart:match("^([^/]*)/?(.*)$")
   if db ~= "" and db ~= "0" then return nil, ("%s, not /%s"):format(CLUSTER_DB, db) end
   if hostlist == "" then
@@ -75,6 +75,19 @@ end
 -- host, unless the URL's servername= names one for all), its host and port.
 function M.node_target(t, host, port)
   return { host = host, port = port, db = 0, user = t.user, password = t.password, tls = t.tls }
+end
+
+-- M.redirection(err, from) -> word, slot, address | nil: a MOVED or ASK
+-- refusal's ("MOVED 3999 127.0.0.1:7002"), from the node at address from.
+-- The port is what follows the last ':' (Redis writes an IPv6 host without
+-- brackets); a host left out ("" or "?": the cluster knows no endpoint for
+-- it) is from's.
+function M.redirection(err, from)
+  local word, slot, host, port = tostring(err):match("^(%u+) (%d+) (%S*):(%d+)$")
+  if word ~= "MOVED" and word ~= "ASK" then return nil end
+  host = host:match("^%[(.*)%]$") or host
+  if host == "" or host == "?" then host = M.split(from) end
+  return word, tonumber(slot), M.address(host, tonumber(port))
 end
 
 -- Where to ask for the map: the primaries known (those whose client is up
@@ -134,12 +147,13 @@ function M.ask(t, node, timeout_ms, max_reply, cb)
   if not conn then finish(nil, ("%s: %s"):format(address, open_err or "cannot start connecting"), true) end
 end
 
--- M.read(reply, asked) -> owner, primaries: owner[slot] the address of the
--- primary serving slot (0-based; nil: none), primaries[address] = { host,
--- port, id }. A node whose host the reply leaves out ("" or "?": unknown
--- to the cluster) is on the host that was asked.
+-- M.read(reply, asked) -> owner, primaries, text: owner[slot] the address
+-- of the primary serving slot (0-based; nil: none), primaries[address] = {
+-- host, port, id }, text: the map in short (equal for equal maps). A node
+-- whose host the reply leaves out ("" or "?": unknown to the cluster) is on
+-- the host that was asked.
 function M.read(reply, asked)
-  local owner, primaries = {}, {}
+  local owner, primaries, ranges = {}, {}, {}
   for _, range in ipairs(type(reply) == "table" and reply or {}) do
     local from, to, node = tonumber(range[1]), tonumber(range[2]), range[3]
     if from and to and type(node) == "table" and tonumber(node[2]) then
@@ -148,9 +162,11 @@ function M.read(reply, asked)
       local address = M.address(host, tonumber(node[2]))
       primaries[address] = { host = host, port = tonumber(node[2]), id = node[3] }
       for slot = from, to do owner[slot] = address end
+      ranges[#ranges + 1] = from .. "-" .. to .. " " .. address
     end
   end
-  return owner, primaries
+  table.sort(ranges)
+  return owner, primaries, table.concat(ranges, ",")
 end
 
 return M

@@ -269,7 +269,10 @@ function M.obliterate(q, opts)
   local n, err = bulk(q, nil, function(limit)
     return call(q, "moonjob_obliterate", 1, q.prefix, limit, force)
   end, true) -- to the end: the queue is paused meanwhile, and gone only then
-  if n then q.client:call_wait({ "SREM", names.REGISTRY, q.name }) end
+  if n then
+    if q.client.forget then q.client:forget(q.name) end -- (a cluster's client: not written back)
+    q.client:call_wait({ "SREM", names.REGISTRY, q.name })
+  end
   return n, err
 end
 

@@ -107,23 +107,44 @@ function M.workers(url, name, opts)
   return on_own_connection(url, opts, M.list_workers, name)
 end
 
+-- Every registered queue's moonjob_counts reply, the calls all sent at
+-- once (a cluster's shards answer together; one down answers at once:
+-- no_wait) -> { { reply, err, kind }, ... } in list's order.
+local function all_counts(c, list)
+  local got, left = {}, #list
+  loop.await(function(done)
+    if left == 0 then return done() end
+    for i, name in ipairs(list) do
+      c:call({ "FCALL", "moonjob_counts", 1, names.prefix(name), no_wait = true }, function(v, e, kind)
+        got[i], left = { v, e, kind }, left - 1
+        if left == 0 then done() end
+      end)
+    end
+  end)
+  return got
+end
+
 -- The registered queues that exist, with their counts, on client c. A
--- queue whose counts cannot be read (a key another client spoiled) is
--- listed with its error (counts.error), never failing the whole list.
+-- queue whose counts cannot be read (a key another client spoiled; its
+-- shard unreachable: unreachable = true) is listed with its error
+-- (counts.error) and zeros, never failing the whole list.
 function M.list_queues(c)
   local list, err = c:call_wait({ "SMEMBERS", names.REGISTRY })
   if not list then return nil, reply_error(err) end
   table.sort(list)
   local out = {}
-  for _, name in ipairs(list) do
-    local counts, cerr = M.attach(c, name):counts()
-    if not counts then
-      out[#out + 1] = { name = name, error = cerr, waiting = 0, delayed = 0, active = 0, held = 0, lapsed = 0,
-        running = 0, completed = 0, failed = 0, completed_ever = 0, failed_ever = 0, workers = 0, missing = 0,
-        paused = false }
-    elseif counts.exists or c.cluster then -- (a cluster's library cannot read the registry: listed is registered)
-      counts.name = name
-      out[#out + 1] = counts
+  for i, r in ipairs(all_counts(c, list)) do
+    local name = list[i]
+    if not r[1] then
+      out[#out + 1] = { name = name, error = reply_error(r[2]), unreachable = r[3] == "connection" or nil,
+        waiting = 0, delayed = 0, active = 0, held = 0, lapsed = 0, running = 0, completed = 0, failed = 0,
+        completed_ever = 0, failed_ever = 0, workers = 0, missing = 0, paused = false }
+    else
+      local counts = queue_calls.read_counts(r[1])
+      if counts.exists or c.cluster then -- (a cluster's library cannot read the registry: listed is registered)
+        counts.name = name
+        out[#out + 1] = counts
+      end
     end
   end
   return out

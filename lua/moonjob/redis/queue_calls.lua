@@ -71,6 +71,11 @@ end
 function M.counts(q)
   local c, err = q.client:call_wait({ "FCALL", "moonjob_counts", 1, q.prefix })
   if not c then return nil, reply_error(err) end
+  return M.read_counts(c)
+end
+
+-- moonjob_counts' reply -> q:counts()'s table.
+function M.read_counts(c)
   return { waiting = c[1], delayed = c[2], active = c[3], completed = c[11], failed = c[12], missing = c[6],
     paused = c[7] == 1, held = c[8], exists = c[9] ~= 0, waiting_children = c[10], completed_ever = c[4],
     failed_ever = c[5], running = c[13], workers = c[14], lapsed = c[15] } -- (the library is ours or newer: setup)

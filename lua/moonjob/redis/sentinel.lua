@@ -1,26 +1,25 @@
--- moonjob.redis.sentinel -- redis+sentinel:// URLs: the primary of a Redis
--- Sentinel group found, verified and followed for moonjob.redis.client
--- (client.sentinel; the hooks in client.lua call it), as Redis's "Sentinel
--- client spec" describes:
+-- moonjob.redis.sentinel -- redis+sentinel:// URLs (their form:
+-- moonjob.redis.sentinel_url): the primary of a Redis Sentinel group found,
+-- verified and followed for moonjob.redis.client (client.sentinel; the
+-- hooks in client.lua call it), as Redis's "Sentinel client spec" describes:
 --
---   redis+sentinel://[user:password@]host1[:port1],host2[:port2],.../MASTER[/DB]
---     [?sentinel_user=U&sentinel_password=P]
---
--- (26379 by default; the user and password are the data servers', the query
--- gives the sentinels' own; rediss+sentinel:// is the same over TLS, to the
--- sentinels and the data servers alike, with the query keys ca, cert, key
--- and servername.)
---
---   * Before each connection the sentinels are asked in turn, each on a
---     short-lived connection with a short timeout (ASK_MS), `SENTINEL
---     get-master-addr-by-name MASTER`; the first that names an address
---     goes first next time. None answers: the client is down for that
---     reason and tries again after its back-off; each answers and none
---     knows the name: refused, a person must act (the name in the URL).
+--   * Before each connection the sentinels are asked in the list's order,
+--     each on a short-lived connection with a short timeout (ASK_MS),
+--     `SENTINEL get-master-addr-by-name MASTER`. None answers: the client
+--     is down for that reason and tries again after its back-off; each
+--     answers and none knows the name, or each fails with a TLS error:
+--     refused, a person must act.
 --   * The connection's set-up (moonjob.redis.setup, through M.set_up)
 --     checks ROLE after AUTH: a server that is not a master now is down
 --     for the "state" reason, and the sentinels are asked again after the
 --     back-off. The subscription's connection goes to the same primary.
+--   * The sentinel that named the address goes first in the list once the
+--     address passed every check; when it fails them (no connection, not a
+--     master, READONLY...) or answers READONLY later, the list turns to
+--     start after that sentinel and the watch leaves it: a sentinel cut off
+--     from its peers that keeps naming a dead primary does not hold the
+--     client. The client's reasons name both ("HOST:PORT, named by
+--     HOST:PORT: ...").
 --   * A watch: one connection to a sentinel subscribed to +switch-master.
 --     A message for our master moves the client at once: the connection to
 --     the old primary is retired (calls in flight end there, as
@@ -28,137 +27,50 @@
 --     made to the new address, the subscription moved too. A lost watch is
 --     made again on the next sentinel of the list (after a back-off), and
 --     the address asked again then, since a message may have been missed.
---   * NOREPLICAS (min-replicas-to-write: the primary lost its replicas, as
---     an old primary does the moment a switchover takes its replica) is
---     taken like READONLY: the call never ran, it waits for the next
---     connection, and the sentinels are asked again.
+--     While no watch is up (a sentinel user refused the channel: said
+--     once) the address is asked every sub_timeout_ms.
+--   * NOREPLICAS (min-replicas-to-write: the primary's replicas lag or are
+--     gone) stops writes, not the client: the connection stays (reads go
+--     on), the refused call (it never ran) is sent again every HOLD_MS
+--     until its deadline, then its caller gets the refusal ("transient");
+--     the sentinels are asked (at most once every CONFIRM_MS) in case a
+--     switchover is taking the primary away, and the client moves if they
+--     name another.
 --   * on_state hears the primary's address when it changes, once: up with
 --     "primary for MASTER is now HOST:PORT (Sentinel)".
 local core = require "moonjob.core"
+local loop = require "moonjob.loop"
+local url = require "moonjob.redis.sentinel_url"
 
 local M = {}
 local Sentinel = {}
 Sentinel.__index = Sentinel
 
-M.PORT = 26379
-local ASK_MS = 1000 -- a sentinel's connect and answer: short, the next one is asked after it
-local MAX_REPLY = 64 * 1024
-local TLS_KEYS = { ca = true, cert = true, key = true, servername = true }
-local OWN_KEYS = { sentinel_user = true, sentinel_password = true }
+M.parse, M.display = url.parse, url.display -- (for client.lua)
+local address = url.address
 
-local NOREPLICAS = "the primary has fewer replicas than min-replicas-to-write (NOREPLICAS): a switchover may be"
-  .. " taking it away; asking the sentinels again"
+local ASK_MS = 1000 -- a sentinel's connect and answer: short, the next one is asked after it
+local HOLD_MS = 250 -- a call refused with NOREPLICAS is sent again after it
+local CONFIRM_MS = 1000 -- NOREPLICAS: the sentinels asked at most once in it
+local MAX_REPLY = 64 * 1024
+
+local NOREPLICAS = "the primary has fewer replicas than min-replicas-to-write (NOREPLICAS) and could not load the"
+  .. " function library: asking the sentinels again"
 local REASONS = {
-  READONLY = "the server the sentinels named is a replica now (READONLY): asking them for the primary again",
-  MASTERDOWN = "the server the sentinels named is a replica cut off from its primary (MASTERDOWN): asking them"
-    .. " for the primary again",
-  ROLE = "the server the sentinels named is not a master now (ROLE): asking them for the primary again",
+  READONLY = "a replica now (READONLY): asking the sentinels for the primary again",
+  MASTERDOWN = "a replica cut off from its primary (MASTERDOWN): asking the sentinels for the primary again",
+  ROLE = "not a master now (ROLE): asking the sentinels for the primary again",
 }
 
-local function unescape(s)
-  return (s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
-end
-
-local function address(s)
-  return (s.host:find(":") and "[" .. s.host .. "]" or s.host) .. ":" .. s.port
-end
-
-local function parse_hosts(list)
-  if list == "" then
-    return nil, "a redis+sentinel:// URL needs at least one sentinel: redis+sentinel://127.0.0.1:26379/mymaster/0"
-  end
-  local out = {}
-  for item in (list .. ","):gmatch("([^,]*),") do
-    if item == "" then return nil, "an empty sentinel address in the URL's list (two commas, or one at an end)" end
-    local host, port = item:match("^%[([^%]]+)%]:?(.*)$")
-    if not host then host, port = item:match("^([^:]*):?(.*)$") end
-    if host == "" or not port:match("^%d*$") then
-      return nil, ("'%s' is not host:port (a sentinel of a redis+sentinel:// URL)"):format(item)
-    end
-    port = port == "" and M.PORT or tonumber(port)
-    if port < 1 or port > 65535 then
-      return nil, ("the port of sentinel '%s' must be from 1 to 65535"):format(item)
-    end
-    out[#out + 1] = { host = host, port = port }
-  end
-  return out
-end
-
--- The query's settings into t: the sentinels' user and password, and for
--- rediss+sentinel:// the TLS ones (t.tls).
-local function parse_query(t, query)
-  if query == "" then return true end
-  local known = "sentinel_user, sentinel_password" .. (t.tls and ", ca, cert, key, servername" or "")
-  for pair in (query .. "&"):gmatch("([^&]*)&") do
-    local name, value = pair:match("^([^=]*)=(.*)$")
-    name = name or pair
-    if TLS_KEYS[name] and not t.tls then
-      return nil, ("'%s' is a TLS setting: write rediss+sentinel:// to reach the servers over TLS"):format(name)
-    end
-    if not TLS_KEYS[name] and not OWN_KEYS[name] then
-      return nil, ("unknown setting '%s' in a Sentinel URL (it takes %s)"):format(name, known)
-    end
-    if not value or value == "" then return nil, ("'%s' needs a value: %s=..."):format(name, name) end
-    if TLS_KEYS[name] then t.tls[name] = unescape(value) else t[name] = unescape(value) end
-  end
-  return true
-end
-
--- M.parse(url) -> { sentinels = { {host, port}, ... }, master, db, user,
--- password, sentinel_user, sentinel_password, tls, scheme } | nil, err.
--- The user info ends at the last @ (a password may hold @ and ?); the query
--- starts at the first ? after it (its values write @ as %40).
-function M.parse(url)
-  local scheme, rest = url:match("^(rediss?%+sentinel)://(.*)$")
-  if not scheme then return nil, "not a redis+sentinel:// URL" end
-  local t = { scheme = scheme, db = 0, tls = scheme == "rediss+sentinel" and {} or nil }
-  local auth, after = rest:match("^(.*)@([^@]*)$")
-  if auth then
-    local user, password = auth:match("^([^:]*):(.*)$")
-    if user then
-      t.user, t.password = user ~= "" and unescape(user) or nil, unescape(password)
-    else
-      t.password = unescape(auth)
-    end
-    rest = after
-  end
-  local main, query = rest:match("^([^?]*)%??(.*)$")
-  local hosts, path = main:match("^([^/]*)(.*)$")
-  local err
-  t.sentinels, err = parse_hosts(hosts)
-  if not t.sentinels then return nil, err end
-  local master, db = path:match("^/([^/]*)/?(.*)$")
-  if not master or master == "" then
-    return nil, "a redis+sentinel:// URL needs the master's name after the sentinels:"
-      .. " redis+sentinel://127.0.0.1:26379/mymaster/0"
-  end
-  t.master = unescape(master)
-  if db ~= "" then
-    t.db = tonumber(db)
-    if not t.db or t.db < 0 or t.db % 1 ~= 0 then
-      return nil, ("the database in a Redis URL must be a number, not '%s'"):format(db)
-    end
-  end
-  local ok, qerr = parse_query(t, query)
-  if not ok then return nil, qerr end
-  if t.tls then require("moonjob.redis.client").tls_defaults(t.tls) end -- (client requires this module)
-  return t
-end
-
--- The URL as it may be printed: passwords as ***, no TLS settings.
-function M.display(t)
-  local auth = t.password and ((t.user or "") .. ":***@") or ""
-  local hosts, query = {}, {}
-  for i, s in ipairs(t.sentinels) do hosts[i] = address(s) end
-  if t.sentinel_user then query[#query + 1] = "sentinel_user=" .. t.sentinel_user end
-  if t.sentinel_password then query[#query + 1] = "sentinel_password=***" end
-  return ("%s://%s%s/%s/%d%s"):format(t.scheme, auth, table.concat(hosts, ","), t.master, t.db,
-    #query > 0 and "?" .. table.concat(query, "&") or "")
-end
-
--- Every connection to a sentinel opens here (the TLS settings go with it).
+-- Every connection to a sentinel opens here (the sentinels' TLS settings
+-- go with it).
 function M.open(t, host, port, timeout_ms, cb)
-  return core.redis(host, port, timeout_ms, MAX_REPLY, cb, t.tls)
+  return core.redis(host, port, timeout_ms, MAX_REPLY, cb, t.sentinel_tls)
+end
+
+-- A TLS error of a sentinel's connection names the sentinels' setting.
+local function sentinel_error(why)
+  return type(why) == "string" and (why:gsub("give servername=", "give sentinel_servername=")) or why
 end
 
 -- The set-up's step after AUTH: the server must say it is a master. ROLE
@@ -174,7 +86,9 @@ end
 
 -- For moonjob.redis.setup's run on a sentinel-guided connection: the ROLE
 -- step (steps holds AUTH and SELECT so far), and NOREPLICAS met in the
--- set-up told as the server's state (ask again) rather than a refusal.
+-- set-up (loading the library: a write) told as the server's state (ask
+-- again) rather than a refusal; moonjob_writable's NOREPLICAS, after ROLE
+-- said master, passes (moonjob.redis.setup).
 function M.set_up(steps, done)
   steps[#steps + 1] = check_role
   return steps, function(err, kind)
@@ -198,25 +112,29 @@ end
 function M.new(c)
   local self = setmetatable({
     client = c, target = c.target,
-    primary = nil,     -- { host, port }: the address last named (a lookup, or +switch-master)
+    primary = nil,     -- { host, port, by }: the address last named, by sentinel `by`
     current = nil,     -- the address the calls' connection went to last
+    subject = nil,     -- current while the calls' connection to it stands (Sentinel:down)
+    checked = false,   -- that connection passed the set-up's checks
     fresh = false,     -- primary was named since the last connection was made
     asking = false,    -- a lookup for the calls' connection is under way
     epoch = 0,         -- +1 at each switch: an answer asked for before it is stale
     announced = nil,   -- the address on_state last heard
     asks = {},         -- the lookups' connections: closed with the client
+    held = {},         -- calls refused with NOREPLICAS: { args, cb, deadline, tries, err }
     watch_backoff = 0,
   }, Sentinel)
   local on_state = c.on_state
-  c.on_state = function(up, why)
-    if up then why = self:_news() else why = self:_reason(why) end
+  c.on_state = function(up, why) -- (a down's why is Sentinel:down's already)
+    if up then why = self:_news() end
     if on_state then on_state(up, why) end
   end
-  self.ping_timer = core.timer(function()
-    if self.watch and self.watch_up then self.watch:ping() end
+  self.ping_timer = core.timer(function() -- the watch PINGed; without one, the address asked
+    if self.watch and self.watch_up then self.watch:ping() else self:_poll() end
   end)
   self.ping_timer:start(c.sub_timeout_ms, c.sub_timeout_ms)
   self.retry_timer = core.timer(function() self:_watch() end)
+  self.hold_timer = core.timer(function() self:_resend() end)
   self:_watch()
   return self
 end
@@ -235,7 +153,7 @@ function Sentinel:_ask(s, args, cb)
     cb(v, err)
   end
   conn = M.open(self.target, s.host, s.port, ASK_MS, function(kind, why)
-    if kind ~= "up" then return finish(nil, why or "connection lost") end
+    if kind ~= "up" then return finish(nil, sentinel_error(why) or "connection lost") end
     sentinel_auth(conn, self.target, function(err)
       if err then return finish(nil, err) end
       local ok, cerr = conn:command(args, function(v, e) finish(v, e) end)
@@ -246,19 +164,33 @@ function Sentinel:_ask(s, args, cb)
   self.asks[conn] = true
 end
 
--- Why a lookup named no primary; true: every sentinel that answered knows
--- no such master (the URL's name is wrong: a person must act).
+-- Why a lookup named no primary; true: a person must act (every sentinel
+-- that answered knows no such master: the URL's name is wrong; or every
+-- one failed with a TLS error: a CA, a name, a certificate).
 local function lookup_failure(t, errors, unknown, count)
   if unknown > 0 then
     return ("no sentinel knows a master named '%s' (%d of %d asked answered nothing%s): check the name in the"
       .. " URL against `sentinel monitor` in the sentinels' configuration"):format(t.master, unknown, count,
       #errors > 0 and "; " .. table.concat(errors, "; ") or ""), true
   end
+  local tls = #errors == count
+  for _, e in ipairs(errors) do tls = tls and e:match("^%S+: TLS: ") ~= nil end
+  if tls then return ("no sentinel could be reached over TLS (%s)"):format(table.concat(errors, "; ")), true end
   return ("no sentinel answered (%s)"):format(table.concat(errors, "; "))
 end
 
--- Asks the sentinels in turn where the primary is: cb(addr) or cb(nil,
--- why, refused). The first that names it goes first in the list.
+-- A sentinel's answer to get-master-addr-by-name: { host, port, by = s }, or nil.
+local function named(v, s)
+  local port = type(v) == "table" and tonumber(v[2])
+  if port and type(v[1]) == "string" then return { host = v[1], port = port, by = s } end
+end
+
+local function same(a, b)
+  return a ~= nil and b ~= nil and a.host == b.host and a.port == b.port
+end
+
+-- Asks the sentinels in the list's order where the primary is: cb(addr,
+-- addr.by the sentinel that named it) or cb(nil, why, refused).
 function Sentinel:_lookup(cb)
   local t = self.target
   local order, errors, unknown, i = { unpack(t.sentinels) }, {}, 0, 0
@@ -268,13 +200,8 @@ function Sentinel:_lookup(cb)
     if not s then return cb(nil, lookup_failure(t, errors, unknown, #order)) end
     self:_ask(s, { "SENTINEL", "get-master-addr-by-name", t.master }, function(v, err)
       if self.closed then return end
-      local port = type(v) == "table" and tonumber(v[2])
-      if port and type(v[1]) == "string" then
-        for k, x in ipairs(t.sentinels) do
-          if x == s then table.insert(t.sentinels, 1, table.remove(t.sentinels, k)) break end
-        end
-        return cb({ host = v[1], port = port })
-      end
+      local addr = named(v, s)
+      if addr then return cb(addr) end
       if err then errors[#errors + 1] = ("%s: %s"):format(address(s), err) else unknown = unknown + 1 end
       next_one()
     end)
@@ -282,16 +209,33 @@ function Sentinel:_lookup(cb)
   next_one()
 end
 
+-- The list turned to start after s (s asked last).
+local function turn_after(list, s)
+  for k, x in ipairs(list) do
+    if x == s then
+      for _ = 1, k do table.insert(list, (table.remove(list, 1))) end
+      return
+    end
+  end
+end
+
+-- s put first in the list.
+local function to_front(list, s)
+  for k, x in ipairs(list) do
+    if x == s then return table.insert(list, 1, table.remove(list, k)) end
+  end
+end
+
 -- For client:_connect: the primary's host and port for the calls'
 -- connection, or nil while the sentinels are asked (then _connect runs
 -- again once they named it; if they did not, the client is down for why).
 function Sentinel:calls_address()
   if self.fresh then
-    self.fresh, self.current = false, self.primary
+    self.fresh, self.current, self.subject, self.checked = false, self.primary, self.primary, false
     return self.primary.host, self.primary.port
   end
   if self.asking then return nil end
-  self.asking = true
+  self.asking, self.subject = true, nil
   local epoch = self.epoch
   self:_lookup(function(addr, why, refused)
     self.asking = false
@@ -324,28 +268,103 @@ local function move_subscription(c)
   c:_resubscribe()
 end
 
--- What on_state's "up" says: the primary's address when it changed.
+-- What on_state's "up" says: the primary's address when it changed, and
+-- a notice not said yet (the watch refused). The connection passed every
+-- check: the sentinel that named it goes first in the list.
 function Sentinel:_news()
   local p = self.current
   if not p then return nil end
-  local at = address(p)
+  if self.subject and not self.checked then to_front(self.target.sentinels, self.subject.by) end
+  self.checked = true
+  local at, news = address(p), nil
   if self.sub_at ~= at then move_subscription(self.client) end
-  if at == self.announced then return nil end
-  local again = self.announced ~= nil
-  self.announced = at
-  return ("primary for %s is %s%s (Sentinel)"):format(self.target.master, again and "now " or "", at)
+  if at ~= self.announced then
+    news = ("primary for %s is %s%s (Sentinel)"):format(self.target.master, self.announced and "now " or "", at)
+    self.announced = at
+  end
+  local notice = self.notice
+  self.notice = nil
+  if news and notice then return news .. "; " .. notice end
+  return news or notice
 end
 
 -- A state refusal's reason as said for a primary the sentinels name.
-function Sentinel:_reason(why)
+local function reason(why)
   if type(why) ~= "string" then return why end
   local code = why:match("%((READONLY)%)") or why:match("%((MASTERDOWN)%)")
   return code and REASONS[code] or why
 end
 
--- For client:call: NOREPLICAS is a state refusal here (the call never ran).
-function Sentinel:state_refusal(err)
-  if type(err) == "string" and err:match("^NOREPLICAS") then return NOREPLICAS end
+-- For client:_down: why, as said of the calls' connection; when it went to
+-- an address a sentinel named, why names both. When that address failed
+-- the set-up's checks (no connection, not a master, READONLY...), or is a
+-- replica now, the next lookup starts after that sentinel, and the watch
+-- leaves it. (A connection lost after its checks is no sentinel's fault.)
+function Sentinel:down(why)
+  why = reason(why)
+  local p = self.subject
+  if not p or not p.by then return why end
+  self.subject = nil
+  if not self.checked or why == REASONS.READONLY or why == REASONS.MASTERDOWN then
+    turn_after(self.target.sentinels, p.by)
+    if self.watched == p.by and self.watch then self:_watch_lost() end
+  end
+  local plain = type(why) == "string" and why:match("^cannot connect to .-: (.+)$") or why
+  return ("%s, named by %s: %s"):format(address(p), address(p.by), tostring(plain or "connection lost"))
+end
+
+-- For client:call, a reply refused: true when the Sentinel took the call
+-- (NOREPLICAS: the primary's replicas lag or are gone; it is still the
+-- primary). The call never ran: it is sent again every HOLD_MS until its
+-- deadline, then its caller gets the refusal (kind "transient"); the
+-- sentinels are asked meanwhile, in case a switchover is taking the
+-- primary away.
+function Sentinel:hold(err, args, cb, tries, deadline)
+  if type(err) ~= "string" or not err:match("^NOREPLICAS") then return false end
+  self.held[#self.held + 1] = { args, cb, deadline, tries, err }
+  if #self.held == 1 then self.hold_timer:start(HOLD_MS) end
+  self:_confirm()
+  return true
+end
+
+function Sentinel:_resend()
+  local held, now, c = self.held, loop.now(), self.client
+  self.held = {}
+  for _, h in ipairs(held) do
+    if now >= h[3] then h[2](nil, h[5], "transient") else c:call(h[1], h[2], h[4], h[3]) end
+  end
+end
+
+-- The primary the sentinels name now, asked at most once every CONFIRM_MS.
+function Sentinel:_confirm()
+  local now = loop.now()
+  if self.confirming or now < (self.confirmed_at or -CONFIRM_MS) + CONFIRM_MS then return end
+  self.confirming, self.confirmed_at = true, now
+  local epoch = self.epoch
+  self:_lookup(function(addr)
+    self.confirming = false
+    self:_follow(addr, epoch, "the primary refused writes for too few replicas (NOREPLICAS) and Sentinel names"
+      .. " another primary for %s")
+  end)
+end
+
+-- addr, named by a sentinel asked when the epoch was `epoch`: the client
+-- moves there when it is not the primary known (why: a format of the name).
+function Sentinel:_follow(addr, epoch, why)
+  local p = self.primary
+  if self.closed or not addr or epoch ~= self.epoch or not p or same(addr, p) then return end
+  self:_switch(addr, why:format(self.target.master))
+end
+
+-- No watch up: the address asked, so that a failover is still followed.
+function Sentinel:_poll()
+  if self.polling or self.asking or self.closed or not self.client.ready then return end
+  self.polling = true
+  local epoch = self.epoch
+  self:_lookup(function(addr)
+    self.polling = false
+    self:_follow(addr, epoch, "Sentinel names another primary for %s")
+  end)
 end
 
 -- The primary is now addr: the calls' connection moves there at once (the
@@ -355,9 +374,8 @@ function Sentinel:_switch(addr, why)
   if self.closed or c.closed then return end
   self.epoch = self.epoch + 1
   self.primary = addr
-  local cur = self.current
-  if c.conn and cur and cur.host == addr.host and cur.port == addr.port then return end -- (there already)
-  self.fresh = true
+  if c.conn and same(self.current, addr) then return end -- (there already)
+  self.fresh, self.subject = true, nil -- (the old address did not fail: no sentinel is blamed)
   local old = c.conn
   if old and c.ready then
     c:_retire_conn(old, why)
@@ -367,26 +385,23 @@ function Sentinel:_switch(addr, why)
   end
   c.backoff, c.reconnect_at = 0, 0
   c:_connect()
+  self:_resend() -- (calls held for NOREPLICAS wait for the new primary)
 end
 
 -- "+switch-master MASTER OLD_IP OLD_PORT NEW_IP NEW_PORT"
 function Sentinel:_message(text)
   local name, host, port = tostring(text):match("^(%S+) %S+ %S+ (%S+) (%d+)$")
   if name ~= self.target.master then return end
-  self:_switch({ host = host, port = tonumber(port) },
+  self:_switch({ host = host, port = tonumber(port), by = self.watched },
     ("Sentinel moved the primary for %s (+switch-master)"):format(name))
 end
 
--- After the watch is (re)made: a switch may have been missed meanwhile.
+-- After the watch is (re)made: a switch may have been missed meanwhile
+-- (not followed once the watch left s: an address it named failed).
 function Sentinel:_check(s)
   local epoch = self.epoch
   self:_ask(s, { "SENTINEL", "get-master-addr-by-name", self.target.master }, function(v)
-    local port = type(v) == "table" and tonumber(v[2])
-    local p = self.primary
-    if self.closed or epoch ~= self.epoch or not port or not p then return end
-    if v[1] ~= p.host or port ~= p.port then
-      self:_switch({ host = v[1], port = port }, ("Sentinel names another primary for %s"):format(self.target.master))
-    end
+    if self.watched == s then self:_follow(named(v, s), epoch, "Sentinel names another primary for %s") end
   end)
 end
 
@@ -410,8 +425,12 @@ function Sentinel:_watch()
     sentinel_auth(conn, t, function(err)
       if self.watch ~= conn then return end
       if err then return self:_watch_lost() end
-      local ok = conn:subscribe({ "SUBSCRIBE", "+switch-master" }, function(msg, serr)
-        if serr or self.watch ~= conn then return end
+      local ok = conn:subscribe({ "SUBSCRIBE", "+switch-master" }, function(msg, serr, kind)
+        if self.watch ~= conn then return end
+        if serr then -- (a lost connection: its "down" event makes the watch again)
+          if kind == "reply" then self:_watch_refused(serr) end
+          return
+        end
         if msg[1] == "subscribe" then
           self.watch_up, self.watch_backoff = true, 0
           self:_check(s)
@@ -436,6 +455,23 @@ function Sentinel:_watch_lost()
   self.retry_timer:start(math.floor(self.watch_backoff * (0.5 + math.random())))
 end
 
+-- SUBSCRIBE refused (NOPERM: a sentinel ACL user without the channel):
+-- said once (with the next "up", at once when the client is up), tried
+-- again after the longest back-off; meanwhile the address is asked
+-- (Sentinel:_poll).
+function Sentinel:_watch_refused(err)
+  if not self.told_refused then
+    self.told_refused = true
+    self.notice = ("the sentinel user may not subscribe to +switch-master: grant it &+switch-master (ACL; the"
+      .. " sentinel said %s); meanwhile the sentinels are asked where the primary is every %g s")
+      :format(tostring(err):match("^%S+"), self.client.sub_timeout_ms / 1000)
+    local c = self.client
+    if c.ready then c.on_state(true) end
+  end
+  self.watch_backoff = 5000
+  self:_watch_lost()
+end
+
 function Sentinel:close()
   if self.closed then return end
   self.closed = true
@@ -443,8 +479,12 @@ function Sentinel:close()
   self.watch = nil
   for conn in pairs(self.asks) do conn:close() end
   self.asks = {}
+  local held = self.held
+  self.held = {}
+  for _, h in ipairs(held) do h[2](nil, "EREDIS: the client is closed", "connection") end
   self.ping_timer:close()
   self.retry_timer:close()
+  self.hold_timer:close()
 end
 
 return M

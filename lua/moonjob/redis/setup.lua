@@ -19,7 +19,8 @@
 --       denied too, if moonjob_version says our version) or a newer one that
 --       serves ours; anything else is refused with the command an admin runs;
 --     - a primary: moonjob_writable is refused with READONLY, MASTERDOWN or
---       LOADING when the server is not a writable primary now.
+--       LOADING when the server is not a writable primary now (NOREPLICAS
+--       passes behind Sentinel, where ROLE said master).
 -- done(nil) once set up, else done(why, kind): kind "state" (the server's
 -- state: a replica, loading; try again later), "refused" (a person must act:
 -- a password, an ACL, the server's configuration) or "connection".
@@ -334,8 +335,13 @@ function M.ensure_library(conn, target, next)
   settle_library(conn, target.db, next, 1)
 end
 
-local function check_primary(conn, next)
+-- sentinels: a sentinel-guided connection, whose ROLE said master: there a
+-- NOREPLICAS (too few replicas in touch for min-replicas-to-write, for
+-- now) is a primary's answer, and the connection is used (its writes are
+-- refused meanwhile: moonjob.redis.sentinel).
+local function check_primary(conn, next, sentinels)
   command(conn, { "FCALL", "moonjob_writable", 0 }, function(_, err, kind)
+    if err and sentinels and kind == "reply" and err:match("^NOREPLICAS") then return next() end
     if err then return next(refusal(err, kind)) end
     next()
   end)
@@ -351,7 +357,7 @@ function M.run(conn, target, calls, done)
   if calls then
     steps[#steps + 1] = check_policy
     steps[#steps + 1] = function(c, next) M.ensure_library(c, target, next) end
-    steps[#steps + 1] = check_primary
+    steps[#steps + 1] = function(c, next) check_primary(c, next, target.sentinels) end
   end
   chain(conn, steps, done)
 end

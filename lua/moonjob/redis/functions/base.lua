@@ -155,11 +155,24 @@ end
 -- on a cluster node SPUBLISH, heard by SSUBSCRIBE on the shard of the
 -- channel's slot alone (PUBLISH would go to every node over the cluster
 -- bus; moonjob before this library did not run on a cluster). H.cluster:
--- whether this server is a cluster node, asked once per load (a server
--- cannot change it without a restart).
+-- whether this server is a cluster node, kept for the load once an answer
+-- says it (a server cannot change it without a restart): an id, or
+-- "cluster support disabled". Any other answer (an ACL that denies the
+-- caller CLUSTER MYID) says nothing: the next call asks again, and this
+-- message goes both ways (SPUBLISH protected: one server's ACL may deny it).
 local function announce(channel, message)
-  if H.cluster == "unknown" then H.cluster = type(redis.pcall("CLUSTER", "MYID")) == "string" end
-  redis.call(H.cluster == true and "SPUBLISH" or "PUBLISH", channel, message)
+  if H.cluster == "unknown" then
+    local id = redis.pcall("CLUSTER", "MYID")
+    if type(id) == "string" then
+      H.cluster = true
+    elseif type(id) == "table" and string.find(tostring(id.err), "cluster support disabled", 1, true) then
+      H.cluster = false
+    else
+      redis.call("PUBLISH", channel, message)
+      return redis.pcall("SPUBLISH", channel, message)
+    end
+  end
+  redis.call(H.cluster and "SPUBLISH" or "PUBLISH", channel, message)
 end
 
 local function publish(p, message)
