@@ -239,8 +239,10 @@ test-fast: deps all spec-host
 	$(PARALLEL) --busted "$(BUSTED)" --exclude-tags=slow $(SPECS)
 
 # Three workers in network namespaces on one Redis, killed, cut off, stopped,
-# and Redis killed and restarted: every job completes exactly once; and a
-# queue paused under three workers on two hosts stops within a second (needs root).
+# and Redis killed and restarted: every job completes exactly once; a
+# queue paused under three workers on two hosts stops within a second; and
+# three workers on six queues of a Redis Cluster while a primary is killed,
+# a node added and a queue's slot moved: every job completes (needs root).
 chaos: deps all
 	$(BUSTED) chaos/
 
@@ -303,6 +305,8 @@ bench: deps bench-deps bullmq-deps all $(BUILD)/bench-floor
 	$(LUA) bench/flows.lua
 	$(LUA) bench/producer.lua
 	$(LUA) bench/dashboard.lua
+	$(LUA) bench/cluster.lua
+	$(LUA) bench/failover.lua
 
 # Modules an older layout installed and this one has not, removed by
 # install: pool.lua and cli.lua would be found before pool/init.lua and

@@ -5,18 +5,26 @@
 --    (FLAGS each), on a cluster of 3 primaries (a replica each,
 --    spec/support/redis_cluster.lua: 2 queues on each shard) and on one
 --    redis-server; the ratio cluster / one Redis. Timed from the workers'
---    start to the last completion. Each setup's best of ROUNDS.
--- 2. Failover: the same workers on 6 queues of 20 ms jobs (chaos/
---    processor.lua, which logs when each run starts); 2 s in, the primary
---    of 2 of them SIGKILLed. Its replica's promotion (the harness's
---    measure), and the first run of its queues started after the
---    promotion, from the kill: the time its queues were stopped. Runs on
---    the other shards meanwhile, to show they went on.
+--    start to the last completion. Each setup's best of ROUNDS, with the
+--    CPU per job of its servers (INFO cpu: one Redis; the primaries, and
+--    the replicas, which replay every write).
+-- 2. Failover: WORKERS workers (FAILOVER_FLAGS each) on 6 queues of 20 ms
+--    jobs (chaos/processor.lua, which logs when each run starts); 2 s in,
+--    the primary of 2 of them SIGKILLed. Its replica's promotion (the
+--    harness's measure), and the first run of its queues started after
+--    the promotion, from the kill: the time its queues were stopped. Runs
+--    on the other shards meanwhile, to show they went on. (A small
+--    prefetch: a worker starts the jobs it holds in the order it fetched
+--    them, so with --prefetch 32 the first job fetched from the new
+--    primary waits behind 32 held of each other queue: 1.4 s more here.)
 -- The figures compare setups on this machine only: one Redis uses one core
 -- for commands, so the cluster's gain needs a core for each shard and the
--- workers' own; with fewer, the ratio shows the cost of the routing.
+-- workers' own; with fewer, the ratio shows what the extra servers and the
+-- routing cost.
 -- BENCH_CLUSTER_JOBS, BENCH_CLUSTER_WORKERS, BENCH_CLUSTER_FLAGS,
--- BENCH_CLUSTER_ROUNDS set them. Each process is ended by its pid.
+-- BENCH_CLUSTER_ROUNDS, BENCH_CLUSTER_FAILOVER_FLAGS, BENCH_CLUSTER_FAILOVERS
+-- (runs of 2., each on fresh queues; the medians printed) set them. Each
+-- process is ended by its pid.
 package.path = "lua/?.lua;lua/?/init.lua;bench/?.lua;spec/support/?.lua;" .. package.path
 package.cpath = "build/?.so;" .. package.cpath
 
@@ -31,7 +39,9 @@ local LUAJIT, wait_for = common.LUAJIT, common.wait_for
 local JOBS = tonumber(os.getenv("BENCH_CLUSTER_JOBS")) or 30000
 local WORKERS = tonumber(os.getenv("BENCH_CLUSTER_WORKERS")) or 3
 local FLAGS = os.getenv("BENCH_CLUSTER_FLAGS") or "-j 2 --prefetch 32"
-local ROUNDS = tonumber(os.getenv("BENCH_CLUSTER_ROUNDS")) or 1
+local ROUNDS = tonumber(os.getenv("BENCH_CLUSTER_ROUNDS")) or 3
+local FAILOVER_FLAGS = os.getenv("BENCH_CLUSTER_FAILOVER_FLAGS") or "-j 2 --prefetch 2"
+local FAILOVERS = tonumber(os.getenv("BENCH_CLUSTER_FAILOVERS")) or 3
 local QUEUES = 6
 local DEADLINE = 600 -- seconds a phase may take before the bench fails
 local PROCESSOR = helpers.abs("chaos/processor.lua")
@@ -69,17 +79,31 @@ local function close_queues(qs)
   for _, q in ipairs(qs) do q:close() end
 end
 
-local function start_workers(url, names, processor)
+local function start_workers(url, names, processor, flags)
   local pids = {}
-  for i = 1, WORKERS do pids[i] = common.start_worker(url, table.concat(names, ","), FLAGS, processor) end
+  for i = 1, WORKERS do pids[i] = common.start_worker(url, table.concat(names, ","), flags or FLAGS, processor) end
   return pids
 end
 
--- One drain of JOBS no-op jobs over queues `names` at url: -> jobs/s.
-function M.drain(url, names)
+-- The CPU time (user + system, seconds) the servers in `nodes` have used.
+local function cpu_of(nodes)
+  local sum = 0
+  for _, node in ipairs(nodes) do
+    local info = node:cli("INFO", "cpu")
+    sum = sum + tonumber(info:match("used_cpu_user:([%d.]+)")) + tonumber(info:match("used_cpu_sys:([%d.]+)"))
+  end
+  return sum
+end
+
+-- One drain of JOBS no-op jobs over queues `names` at url: -> jobs/s, and
+-- the CPU per job (µs) of the servers in each list of `groups` (the
+-- primaries, the replicas).
+function M.drain(url, names, groups)
   local per = math.floor(JOBS / #names)
   for _, name in ipairs(names) do add(url, name, per, function(n) return '{"n":' .. n .. '}' end) end
   local qs = open_queues(url, names)
+  local cpu = {}
+  for i, nodes in ipairs(groups) do cpu[i] = cpu_of(nodes) end
   local t0 = loop.now()
   local pids = start_workers(url, names)
   local last, done = 0, 0
@@ -91,18 +115,24 @@ function M.drain(url, names)
   for _, pid in ipairs(pids) do common.stop(pid) end
   close_queues(qs)
   assert(ok, "the jobs did not finish")
-  return per * #names / seconds
+  for i, nodes in ipairs(groups) do cpu[i] = (cpu_of(nodes) - cpu[i]) * 1e6 / (per * #names) end
+  return per * #names / seconds, cpu
 end
 
 -- -> the best jobs/s of ROUNDS drains on one Redis, and on the cluster,
--- taking turns; each round on fresh queues, 2 on each shard (the same
--- names on the one Redis).
+-- taking turns, each with the CPU per job of its round (one Redis; the
+-- primaries, the replicas); each round on fresh queues, 2 on each shard
+-- (the same names on the one Redis).
 function M.rates(cluster, server)
-  local one, many = 0, 0
+  local one, many = { rate = 0 }, { rate = 0 }
+  local primaries, replicas = cluster:primaries(), {}
+  for i, p in ipairs(primaries) do replicas[i] = cluster:replica_of(p) end
   for round = 1, ROUNDS do
-    local names = cluster:spread_queues(("r%d_"):format(round), QUEUES / #cluster:primaries())
-    one = math.max(one, M.drain(server.url, names))
-    many = math.max(many, M.drain(cluster.url, names))
+    local names = cluster:spread_queues(("r%d_"):format(round), QUEUES / #primaries)
+    local rate, cpu = M.drain(server.url, names, { { server } })
+    if rate > one.rate then one = { rate = rate, cpu = cpu } end
+    rate, cpu = M.drain(cluster.url, names, { primaries, replicas })
+    if rate > many.rate then many = { rate = rate, cpu = cpu } end
   end
   return one, many
 end
@@ -129,17 +159,18 @@ local function runs_of(dir, names, t, from, t2)
   return first, between
 end
 
--- 20 ms jobs on QUEUES queues run by the workers; 2 s in, the primary of
--- the first two SIGKILLed. -> ms to its replica's promotion, ms until a
--- run of its queues started after that, runs of the other queues started
--- meanwhile.
-function M.failover(cluster)
-  local names, of = cluster:spread_queues("f", QUEUES / #cluster:primaries())
+-- 20 ms jobs on QUEUES queues (names from base) run by the workers; 2 s
+-- in, the primary of the first two SIGKILLed, then started again (a
+-- replica now, for the next run). -> ms to its replica's promotion, ms
+-- until a run of its queues started after that, runs of the other queues
+-- started meanwhile.
+function M.failover(cluster, base)
+  local names, of = cluster:spread_queues(base, QUEUES / #cluster:primaries())
   local dir = helpers.tmpdir()
   for _, name in ipairs(names) do
-    add(cluster.url, name, 2000, function(n) return ('{"n":%d,"ms":20,"log":"%s/%s.log"}'):format(n, dir, name) end)
+    add(cluster.url, name, 1000, function(n) return ('{"n":%d,"ms":20,"log":"%s/%s.log"}'):format(n, dir, name) end)
   end
-  local pids = start_workers(cluster.url, names, PROCESSOR)
+  local pids = start_workers(cluster.url, names, PROCESSOR, FAILOVER_FLAGS)
   assert(wait_for(function() return runs_of(dir, names, 0) ~= nil end, 60), "no job ran")
   helpers.sleep(2)
   local victim, hit, others = of[names[1]], {}, {}
@@ -155,7 +186,25 @@ function M.failover(cluster)
   assert(ok, "no job of the killed primary's queues ran again within 60 s of its replica's promotion")
   local _, meanwhile = runs_of(dir, others, resumed, killed, resumed)
   os.execute("rm -rf " .. dir)
+  cluster:restart(victim)
   return promoted, resumed - killed, meanwhile
+end
+
+local function median(t)
+  local sorted = { unpack(t) }
+  table.sort(sorted)
+  return sorted[math.ceil(#sorted / 2)]
+end
+
+-- FAILOVERS runs of M.failover: -> the medians of its figures.
+function M.failovers(cluster)
+  local promoted, resumed, meanwhile = {}, {}, {}
+  for run = 1, FAILOVERS do
+    promoted[run], resumed[run], meanwhile[run] = M.failover(cluster, ("f%d_"):format(run))
+    io.stderr:write(("cluster failover run %d: replica master %d ms, jobs running again %d ms\n")
+      :format(run, promoted[run], resumed[run]))
+  end
+  return median(promoted), median(resumed), median(meanwhile)
 end
 
 function M.measure(cluster, server)
@@ -163,14 +212,17 @@ function M.measure(cluster, server)
     .. " queue; best of %d round(s); %s cores here"):format(QUEUES, JOBS, WORKERS, FLAGS, ROUNDS,
     common.first_line("nproc") or "?"))
   local one, many = M.rates(cluster, server)
-  print(("%-44s %10.0f jobs/s"):format("one redis-server", one))
-  print(("%-44s %10.0f jobs/s"):format(("cluster of %d primaries (a replica each)"):format(#cluster:primaries()), many))
-  print(("cluster / one Redis: %.2fx"):format(many / one))
-  local promoted, resumed, meanwhile = M.failover(cluster)
-  print(("Cluster failover (a primary SIGKILLed, cluster-node-timeout %d ms): its replica master after %d ms;"
-    .. " its queues' jobs running again after %d ms; %d runs started on the other shards' queues meanwhile")
-    :format(redis_cluster.NODE_TIMEOUT_MS, promoted, resumed, meanwhile))
-  return { one = one, cluster = many, ratio = many / one, promoted_ms = promoted, resumed_ms = resumed }
+  print(("%-44s %10.0f jobs/s   Redis CPU %5.1f µs a job"):format("one redis-server", one.rate, one.cpu[1]))
+  print(("%-44s %10.0f jobs/s   Redis CPU %5.1f µs a job on the primaries, %5.1f on the replicas"):format(
+    ("cluster of %d primaries (a replica each)"):format(#cluster:primaries()), many.rate, many.cpu[1], many.cpu[2]))
+  print(("cluster / one Redis: %.2fx"):format(many.rate / one.rate))
+  local promoted, resumed, meanwhile = M.failovers(cluster)
+  print(("Cluster failover (a primary SIGKILLed, cluster-node-timeout %d ms; workers %s), median of %d runs:"
+    .. " its replica master after %d ms; its queues' jobs running again after %d ms; %d runs started on the"
+    .. " other shards' queues meanwhile"):format(redis_cluster.NODE_TIMEOUT_MS, FAILOVER_FLAGS, FAILOVERS,
+    promoted, resumed, meanwhile))
+  return { one = one.rate, cluster = many.rate, ratio = many.rate / one.rate, promoted_ms = promoted,
+    resumed_ms = resumed }
 end
 
 if not pcall(debug.getlocal, 4, 1) then -- run as a script
