@@ -144,10 +144,10 @@ local function new_job(q, reply)
 end
 
 -- An add's error: a link that failed once the call may have been sent
--- leaves it unknown whether the job was added.
-local function add_error(err)
+-- leaves it unknown whether the job was added (unsent: it was not sent).
+local function add_error(err, unsent)
   local e = reply_error(err)
-  if e.code == "ECONNECT" then
+  if e.code == "ECONNECT" and not unsent then
     e.message = e.message .. "; the job may or may not have been added (an add with an id may be sent again: "
       .. "it joins the job the first one added)"
   end
@@ -165,9 +165,9 @@ end
 function Queue:add(data, opts)
   local args, err = self:_add_args(data, opts)
   if not args then return nil, err end
-  local reply
-  reply, err = self.client:call_wait(args)
-  if err then return nil, add_error(err) end
+  local reply, unsent
+  reply, err, unsent = self.client:call_wait(args)
+  if err then return nil, add_error(err, unsent) end
   return new_job(self, reply)
 end
 
@@ -189,9 +189,9 @@ function Queue:add_bulk(list, opts)
   if #texts == 0 then return {} end
   local calls, argv = add.bulk_calls(one, texts), {}
   for i, call in ipairs(calls) do argv[i] = call.args end
-  local got
-  got, err = self.client:pipeline(argv)
-  if not got then return nil, add_error(err) end
+  local got, unsent
+  got, err, unsent = self.client:pipeline(argv)
+  if not got then return nil, add_error(err, unsent) end
   local tally = add.bulk_tally(#texts)
   for c, r in ipairs(got) do
     tally:take(calls[c], r[1], function(row) return new_job(self, row) end,
@@ -209,8 +209,8 @@ function Queue:add_flow(tree)
   local args, nodes = flow.args(tree, self.name, { max_payload = self.max_payload, codec = self.json,
     nonce = function() return self:_nonce() end })
   if not args then return nil, nodes end
-  local reply, err = self.client:call_wait(args)
-  if err then return nil, add_error(err) end
+  local reply, err, unsent = self.client:call_wait(args)
+  if err then return nil, add_error(err, unsent) end
   return flow.handles(nodes, reply, function(name) -- (a child's queue: on this queue's link)
     return name == self.name and self or new_queue(self.client, name, self.max_payload, self.json)
   end, new_job)

@@ -70,6 +70,20 @@ describe("moonjob's help", function()
       end
     end
   end)
+
+  it("--redis names every form of URL, in the help's short lines and in the reference", function()
+    local out = h.sh(MOONJOB .. "worker --help")
+    local entry = out:match("\n  %-%-redis URL(.-)\n  %-%-")
+    assert.truthy(entry, out)
+    local doc = assert(cli.read("docs/reference/cli.md")):match("\n%*%*%-%-redis%*%* %*URL%*\n(.-)\n\n")
+    assert.truthy(doc)
+    for _, form in ipairs({ "redis://", "rediss://", "redis+sentinel://", "redis+cluster://", "rediss+sentinel://",
+      "rediss+cluster://", "MOONJOB_REDIS_CA", "MOONJOB_REDIS" }) do
+      assert.truthy(entry:find(form, 1, true), form .. " missing from the help's --redis")
+      assert.truthy(doc:find(form, 1, true), form .. " missing from the reference's --redis")
+    end
+    for line in out:gmatch("[^\n]+") do assert.truthy(#line <= 80, line) end
+  end)
 end)
 
 describe("moonjob's usage errors", function()

@@ -36,6 +36,48 @@ local function run(lua, queue, body)
   return rows
 end
 
+-- A fake server on loopback (Python), serving one connection after
+-- another: "moved" answers each command -MOVED 3300 127.0.0.1:1 (a Redis
+-- Cluster node that does not serve the key's slot); "close" closes each
+-- connection at once (a TLS port does so to plaintext) -> its port; it is
+-- killed after the test.
+local FAKE = [==[
+import socket, sys
+mode = sys.argv[1]
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen(8)
+print(s.getsockname()[1], flush=True)
+while True:
+    c, _ = s.accept()
+    if mode == "close":
+        c.close()
+        continue
+    while True:
+        data = c.recv(65536)
+        if not data:
+            break
+        n = sum(1 for line in data.split(b"\r\n") if line.startswith(b"*"))
+        c.sendall(b"-MOVED 3300 127.0.0.1:1\r\n" * n)
+    c.close()
+]==]
+
+local function fake_server(mode)
+  local dir = helpers.tmpdir()
+  helpers.write_file(dir .. "/fake.py", FAKE)
+  local pid = assert(tonumber(helpers.first_line(("python3 %s/fake.py %s > %s/port & echo $!"):format(dir, mode, dir))))
+  rq.close_after({ close = function()
+    os.execute(("kill -KILL %d 2>/dev/null"):format(pid))
+    os.execute("rm -rf " .. dir)
+  end })
+  local port
+  helpers.wait_for(function()
+    port = tonumber(helpers.first_line("cat " .. dir .. "/port"))
+    return port ~= nil
+  end)
+  return port
+end
+
 local function loaded_version(server)
   return rq.server():cli("FCALL_RO", "moonjob_version", "0")
 end
@@ -255,6 +297,45 @@ rq.describe(function()
       local rows = run("luajit", queue, body)
       assert.same({ { "one", "one" }, { "bulk", "a", "b" }, { "full", "EQUEUEFULL" }, { "missing", "nil" },
         { "flow", "500", "root", "500" }, { "still usable", "true" } }, rows)
+    end)
+  end)
+
+  describe("moonjob.producer on a server it cannot use", function()
+    it("says a Redis Cluster's redirection is not followed, naming moonjob.queue", function()
+      local out, err, status = pure_lua.run("lua5.4", fake_server("moved"), [[
+        local q = assert(producer.queue({ port = PORT }, "q"))
+        local job, e = q:add({ n = 1 })
+        say("add", job, e.code, e.message)
+        local jobs, be = q:add_bulk({ { n = 1 }, { n = 2 } })
+        say("bulk", jobs, be and be.message)
+      ]])
+      assert.equal(0, status, err .. out)
+      local rows = pure_lua.rows(out)
+      for i = 1, 2 do
+        local said = table.concat(rows[i], " ")
+        assert.matches("does not follow Redis Cluster redirections (MOVED 3300 127.0.0.1:1)", said, 1, true)
+        assert.matches("use moonjob.queue with a redis+cluster:// URL", said, 1, true)
+      end
+    end)
+
+    it("hints at TLS when a connection it opened is closed before any reply, and says nothing was sent", function()
+      local port = fake_server("close")
+      local out, err, status = pure_lua.run("lua5.4", port, [[
+        local q = assert(producer.queue({ port = PORT }, "q"))
+        local job, e = q:add({ n = 1 })
+        say("add", job, e.code, e.message)
+        local q2, e2 = producer.queue({ port = PORT, password = "s3cret" }, "q")
+        say("auth", q2, e2.code, e2.message)
+      ]])
+      assert.equal(0, status, err .. out)
+      local rows = pure_lua.rows(out)
+      for i = 1, 2 do
+        local said = table.concat(rows[i], " ")
+        assert.matches("ECONNECT", said, 1, true)
+        assert.matches("if the server's port is a TLS port, connect with TLS through your own client", said, 1, true)
+        assert.falsy(said:find("may or may not have been added", 1, true), said)
+        assert.falsy(said:find("s3cret", 1, true), said)
+      end
     end)
   end)
 

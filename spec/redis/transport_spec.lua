@@ -66,6 +66,35 @@ local function fake_server(until_seen, pushes)
   return port
 end
 
+-- A fake server on loopback (Python) that closes every connection at once,
+-- as a TLS port does to plaintext: -> its port; it is killed after the test.
+local CLOSER = [==[
+import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen(8)
+print(s.getsockname()[1], flush=True)
+while True:
+    c, _ = s.accept()
+    c.close()
+]==]
+
+local function closing_server()
+  local dir = helpers.tmpdir()
+  helpers.write_file(dir .. "/closer.py", CLOSER)
+  local pid = assert(tonumber(helpers.first_line(("python3 %s/closer.py > %s/port & echo $!"):format(dir, dir))))
+  rq.close_after({ close = function()
+    os.execute(("kill -KILL %d 2>/dev/null"):format(pid))
+    os.execute("rm -rf " .. dir)
+  end })
+  local port
+  helpers.wait_for(function()
+    port = tonumber(helpers.first_line("cat " .. dir .. "/port"))
+    return port ~= nil
+  end)
+  return port
+end
+
 -- The server's count of reads it processed (INFO stats), less the one of the INFO.
 local function reads()
   return tonumber(rq.server():cli("INFO", "stats"):match("total_reads_processed:(%d+)"))
@@ -230,6 +259,20 @@ rq.describe(function()
       local value, cerr = c:call_wait({ "SET", "huge", mib:rep(17) })
       assert.is_nil(value)
       assert.matches("ENOBUFS: this command would take", cerr, 1, true)
+    end)
+
+    it("hints at the TLS form of its own URL when a server closes before any reply", function()
+      local port = closing_server()
+      local c = assert(client.new(("redis://:s3cret@127.0.0.1:%d/0"):format(port), { timeout_ms = 1000 }))
+      rq.close_after(c)
+      local _, err = c:wait_ready()
+      assert.matches("use a rediss:// URL", err, 1, true)
+      c = assert(client.new(("redis+sentinel://:s3cret@127.0.0.1:%d/mymaster/0"):format(port), { timeout_ms = 1000 }))
+      rq.close_after(c)
+      _, err = c:wait_ready()
+      assert.matches("rediss+sentinel://", err, 1, true)
+      assert.falsy(err:find("use a rediss:// URL", 1, true), err)
+      assert.falsy(err:find("s3cret", 1, true), err)
     end)
 
     it("refuses a command of subscriptions sent as a plain command", function()

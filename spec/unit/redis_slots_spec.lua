@@ -103,6 +103,37 @@ describe("a Redis Cluster's URL", function()
     assert.matches("needs a host", err, 1, true)
   end)
 
+  it("names the form a bad URL needs, and never its password", function()
+    local function refused(url)
+      local t, err = client.parse(url)
+      assert.is_nil(t, url)
+      assert.falsy(err:find("s3cret", 1, true), err)
+      return err
+    end
+    local err = refused("redis://u:s3cret@h1:1,h2:2/0")
+    assert.matches("redis+cluster://", err, 1, true)
+    assert.matches("redis+sentinel://", err, 1, true)
+    assert.falsy(err:find("needs a host", 1, true), err)
+    err = refused("redis+cluster://u:s3cret@h:notaport/")
+    assert.matches("'h:notaport'", err, 1, true)
+    assert.matches("port", err, 1, true)
+    assert.falsy(err:find("redis://", 1, true), err)
+    err = refused("redis://:s3cret@h:notaport/0")
+    assert.matches("'h:notaport'", err, 1, true)
+    err = refused("redis+cluster://:s3cret@h:1,h:2/?ca=x")
+    assert.matches("a redis+cluster:// URL takes no query", err, 1, true)
+    assert.matches("rediss+cluster://", err, 1, true)
+    if client.parse("rediss://h:1/0") then -- (a build with TLS)
+      err = refused("rediss+cluster://:s3cret@h:1/?sentinel_user=x")
+      assert.matches("'sentinel_user' is unknown in a rediss+cluster:// URL", err, 1, true)
+    end
+    err = refused("http://u:s3cret@h:1/")
+    for _, form in ipairs({ "redis://", "rediss://", "redis+sentinel://", "rediss+sentinel://", "redis+cluster://",
+      "rediss+cluster://" }) do
+      assert.matches(form, err, 1, true)
+    end
+  end)
+
   it("takes rediss+cluster:// when this build speaks TLS, carrying its settings to every node", function()
     local plain_tls = client.parse("rediss://127.0.0.1:7000/0")
     local t, err = client.parse("rediss+cluster://127.0.0.1:7000,127.0.0.1:7001/")

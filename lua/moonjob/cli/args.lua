@@ -132,7 +132,8 @@ local VALUED = {
   ["--timeout"] = { "timeout", positive_seconds, "a number", SECONDS_POSITIVE },
   ["--start-timeout"] = { "start_timeout", positive_seconds, "a number", SECONDS_POSITIVE },
   ["--kill-after"] = { "kill_after", seconds, "a number", SECONDS_ANY },
-  ["--redis"] = { "redis", path, "a URL", "a URL: redis://[user:password@]host[:port][/db] or rediss://..." },
+  ["--redis"] = { "redis", path, "a URL", "a URL: redis://[user:password@]host[:port][/db]"
+    .. " (or rediss://, redis+sentinel://, redis+cluster://...)" },
   ["--queue"] = { "queue", path, "a name", "a queue name" },
   ["--lease"] = { "lease", positive_seconds, "a number", SECONDS_POSITIVE },
   ["--grace"] = { "grace", seconds, "a number", SECONDS_ANY },

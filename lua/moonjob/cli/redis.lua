@@ -59,10 +59,16 @@ local function worker_name()
   return ("%s:%d:"):format((host:gsub("[^%w.-]", "")), core.getpid())
 end
 
--- A job as a worker's log line names it: its id in the queue, its name.
-local function job_text(job)
+-- A job as a worker's log line names it: its id in the queue, its name,
+-- and, when the worker serves several queues (ids repeat across them), its
+-- queue.
+local function job_text(job, several)
   local id = tostring(job.remote_id or job.id)
-  return job.name and ("job %s (%s)"):format(id, job.name) or ("job " .. id)
+  local queue = several and job.owner and job.owner.name -- (a Remote: moonjob.redis.remote)
+  local about = {}
+  if job.name then about[#about + 1] = job.name end
+  if queue then about[#about + 1] = "queue " .. queue end
+  return #about > 0 and ("job %s (%s)"):format(id, table.concat(about, ", ")) or ("job " .. id)
 end
 
 local function error_text(err)
@@ -71,19 +77,20 @@ end
 
 -- One stderr line per job that failed for good or will be retried (and,
 -- verbose, per completed job), attempt n of max.
-local function log_jobs(pool, verbose)
+local function log_jobs(pool, verbose, several)
   local function attempt(job) return ("attempt %d/%d"):format(job.attempts or 0, job.max_attempts or 1) end
+  local function text(job) return job_text(job, several) end
   pool:on("failed", function(job, err)
     if err and err.code == "ECLOSED" then return end -- given back to the queue: not a failure
-    say(("%s failed, %s: %s"):format(job_text(job), attempt(job), error_text(err)))
+    say(("%s failed, %s: %s"):format(text(job), attempt(job), error_text(err)))
   end)
   pool:on("retrying", function(job, err, delay)
-    say(("%s failed, %s: %s; retried in %.3g s"):format(job_text(job), attempt(job), error_text(err), delay or 0))
+    say(("%s failed, %s: %s; retried in %.3g s"):format(text(job), attempt(job), error_text(err), delay or 0))
   end)
   if verbose then
     pool:on("completed", function(job)
       local ms = job.ms and (" in %.1f ms"):format(job.ms) or ""
-      say(("%s completed, %s%s"):format(job_text(job), attempt(job), ms))
+      say(("%s completed, %s%s"):format(text(job), attempt(job), ms))
     end)
   end
 end
@@ -136,7 +143,7 @@ function M.worker(processor, o, pool_options)
       say("Redis unreachable (", tostring(why), "); running jobs go on, fetching resumes when it is back", of)
     else say(tostring(why), of) end -- stale, error, broken, mended, fenced, lost: each says what and why
   end)
-  if not o.quiet then log_jobs(pool, o.verbose) end
+  if not o.quiet then log_jobs(pool, o.verbose, several) end
   local metrics
   if o.metrics then
     metrics, err = serve_metrics(pool, o.metrics)

@@ -48,9 +48,16 @@ function M.socket(sock, owned)
   return setmetatable({ sock = sock, kind = "socket", owned = owned }, Socket)
 end
 
+-- A connection the producer opened, closed before any reply: a TLS port
+-- does so to plaintext, and the producer speaks no TLS itself.
+local TLS_HINT = "; if the server's port is a TLS port, connect with TLS through your own client"
+  .. " (docs/guide/producer.md)"
+
 -- The link failed: the socket is closed (a reply may be half read), so
 -- that later calls fail at once rather than read another call's reply.
 function Socket:_broken(err)
+  local first = self.owned and not self.heard and self.sock.getfd ~= nil -- (not the stub below)
+  if first and (err == "closed" or tostring(err):find("reset", 1, true)) then err = tostring(err) .. TLS_HINT end
   self.sock:close()
   self.sock = { send = function() return nil, "closed" end, close = function() end }
   return nil, err, "connection"
@@ -61,15 +68,17 @@ function Socket:call(argv)
   if not ok then return self:_broken(err) end
   local v, e, kind = resp.read(self.sock)
   if kind == "connection" then return self:_broken(e) end
+  self.heard = true
   return v, e, kind
 end
 
 function Socket:pipeline(list)
   local out, err = resp.pipeline(self.sock, list)
   if not out then
-    self:_broken(err)
-    return nil, err
+    local _, why = self:_broken(err)
+    return nil, why
   end
+  self.heard = true
   return out
 end
 

@@ -33,9 +33,20 @@ function M.new(a, key, name, db)
   return setmetatable({ adapter = a, key = key, name = name, target = { db = db } }, Link)
 end
 
+-- A Redis Cluster node's redirection (MOVED, ASK): the producer talks to
+-- one server and follows none -> the error that says so | e as it is.
+local function unfollowed(e)
+  if type(e) == "string" and (e:match("^MOVED %d+ ") or e:match("^ASK %d+ ")) then
+    return ("moonjob.producer talks to one server and does not follow Redis Cluster redirections (%s):"
+      .. " use moonjob.queue with a redis+cluster:// URL"):format(e)
+  end
+  return e
+end
+
 -- moonjob.redis.setup's connection: cb gets the reply before this returns.
 function Link:command(args, cb)
-  cb(self.adapter:call(args))
+  local v, e, kind = self.adapter:call(args)
+  cb(v, unfollowed(e), kind)
   return true
 end
 
@@ -59,10 +70,11 @@ function Link:resettle()
   return self:settle()
 end
 
--- One call -> reply | nil, err (text).
+-- One call -> reply | nil, err (text) [, unsent: true when the call was
+-- not sent (the library could not be made sure of)].
 function Link:call_wait(argv)
   local ok, err = self:settle()
-  if not ok then return nil, err end
+  if not ok then return nil, err, true end
   local v, e, kind = self.adapter:call(argv)
   if kind == "reply" and setup.function_missing(e) then
     ok, err = self:resettle()
@@ -70,19 +82,21 @@ function Link:call_wait(argv)
     v, e, kind = self.adapter:call(argv)
   end
   if kind == "connection" then return nil, self:_lost(e) end
-  return v, e
+  return v, unfollowed(e)
 end
 
 -- The calls of list sent at once (a pipeline where the client has one) ->
--- { { reply, err }, ... } | nil, err (the link failed: which ran is unknown).
+-- { { reply, err }, ... } | nil, err (the link failed: which ran is unknown)
+-- [, unsent: true when none was sent].
 function Link:pipeline(list)
   local ok, err = self:settle()
-  if not ok then return nil, err end
+  if not ok then return nil, err, true end
   local got
   got, err = self.adapter:pipeline(list)
   if not got then return nil, self:_lost(err) end
   local again, at = {}, {}
   for i, r in ipairs(got) do
+    r[2] = unfollowed(r[2])
     if r[3] == "reply" and setup.function_missing(r[2]) then again[#again + 1], at[#at + 1] = list[i], i end
   end
   if #again == 0 then return got end

@@ -32,7 +32,6 @@ end
 -- (what rediss:// gives a server, from the first seed), host and port (the
 -- first seed's).
 function M.parse(url)
-  local client = require "moonjob.redis.client"
   local scheme, rest = url:match("^(rediss?)%+cluster://(.*)$")
   if not scheme then
     return nil, ("'%s' is not a Redis Cluster URL: write redis+cluster://host1:port1,host2:port2/")
@@ -53,7 +52,8 @@ function M.parse(url)
       return nil, "a Redis Cluster URL lists its nodes with commas, none empty:"
         .. " redis+cluster://127.0.0.1:7000,127.0.0.1:7001/"
     end
-    local one, err = client.parse(("%s://%s%s/0%s"):format(scheme, auth and auth .. "@" or "", hostport, query))
+    local one, err = require("moonjob.redis.url").server(scheme, ("%s%s/0%s"):format(auth and auth .. "@" or "",
+      hostport, query), scheme .. "+cluster")
     if not one then return nil, err end
     t.user, t.password, t.tls = one.user, one.password, one.tls
     t.seeds[#t.seeds + 1] = { host = one.host, port = one.port }

@@ -68,9 +68,15 @@ function M.open(t, host, port, timeout_ms, cb)
   return core.redis(host, port, timeout_ms, MAX_REPLY, cb, t.sentinel_tls)
 end
 
+-- A plaintext connection closed before any reply (a TLS port, likely): the
+-- hint names this URL's TLS form.
+local function tls_form(why)
+  return type(why) == "string" and (why:gsub("use a rediss:// URL", "use a rediss+sentinel:// URL")) or why
+end
+
 -- A TLS error of a sentinel's connection names the sentinels' setting.
 local function sentinel_error(why)
-  return type(why) == "string" and (why:gsub("give servername=", "give sentinel_servername=")) or why
+  return type(why) == "string" and (tls_form(why):gsub("give servername=", "give sentinel_servername=")) or why
 end
 
 -- The set-up's step after AUTH: the server must say it is a master. ROLE
@@ -291,6 +297,7 @@ end
 -- A state refusal's reason as said for a primary the sentinels name.
 local function reason(why)
   if type(why) ~= "string" then return why end
+  why = tls_form(why)
   local code = why:match("%((READONLY)%)") or why:match("%((MASTERDOWN)%)")
   return code and REASONS[code] or why
 end

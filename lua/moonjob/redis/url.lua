@@ -14,7 +14,7 @@ function M.unescape(s)
   return (s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
 end
 
-local TLS_QUERY = "ca, cert, key, servername (rediss://host:6380/0?ca=PATH&cert=PATH&key=PATH&servername=NAME)"
+local TLS_QUERY = "ca, cert, key, servername (?ca=PATH&cert=PATH&key=PATH&servername=NAME)"
 local TLS_ENV = { ca = "MOONJOB_REDIS_CA", cert = "MOONJOB_REDIS_CERT", key = "MOONJOB_REDIS_KEY" }
 
 -- M.tls_defaults(tls) -> tls: the environment's files where a URL's query
@@ -31,16 +31,17 @@ end
 
 -- A rediss:// URL's query -> { ca, cert, key, servername } (core.redis's TLS
 -- options), the environment's files where the query names none (a client
--- certificate and its key only as a pair) | nil, err.
-local function tls_options(query)
+-- certificate and its key only as a pair) | nil, err; form: the URL's
+-- scheme, as errors name it.
+local function tls_options(query, form)
   local tls = {}
   for pair in query:gmatch("[^&]+") do
     local k, v = pair:match("^([^=]*)=(.*)$")
     k = k and M.unescape(k)
     if not (k == "ca" or k == "cert" or k == "key" or k == "servername") then
-      return nil, ("'%s' is unknown in a rediss:// URL's query: it takes %s"):format(k or pair, TLS_QUERY)
+      return nil, ("'%s' is unknown in a %s:// URL's query: it takes %s"):format(k or pair, form, TLS_QUERY)
     end
-    if v == "" or tls[k] then return nil, ("%s= in a rediss:// URL needs one value"):format(k) end
+    if v == "" or tls[k] then return nil, ("%s= in a %s:// URL needs one value"):format(k, form) end
     tls[k] = M.unescape(v)
   end
   return M.tls_defaults(tls)
@@ -78,19 +79,32 @@ function M.database(text)
   return db
 end
 
--- parse(url) -> { host, port, db, user, password, tls } | nil, err; tls
--- (rediss:// only): core.redis's TLS options (a redis+sentinel:// URL:
--- moonjob.redis.sentinel's target; a redis+cluster:// URL:
--- moonjob.redis.cluster's, with cluster = true).
-function M.parse(url)
-  if type(url) ~= "string" then return nil, "a Redis URL must be a string like redis://host:6379/0" end
-  if url:match("^rediss?%+sentinel://") then return sentinel.parse(url) end -- Sentinel
-  if M.is_cluster(url) then return require("moonjob.redis.cluster").parse(url) end -- Cluster
-  local scheme, rest = url:match("^(rediss?)://(.*)$")
-  if not rest then
-    return nil, ("'%s' is not a Redis URL: write redis://[user:password@]host[:port][/db], or rediss://"
-      .. " for TLS"):format((url:gsub("^([%w+.-]*:?//).*@", "%1***@")))
+local FORMS = "write redis://[user:password@]host[:port][/db], redis+sentinel://s1:port,s2:port/MASTER[/db]"
+  .. " (Sentinel) or redis+cluster://host1:port,host2:port/ (Cluster); over TLS: rediss://,"
+  .. " rediss+sentinel://, rediss+cluster://"
+
+-- host[:port] of a URL -> host, port ("" when left out) | nil, err; form:
+-- the URL's scheme, as errors name it.
+local function host_port(hostport, form)
+  if hostport:find(",", 1, true) and not form:find("+", 1, true) then
+    return nil, ("several hosts (%s) need %s+cluster://host1:port,host2:port/ (a Redis Cluster) or"
+      .. " %s+sentinel://s1:port,s2:port/MASTER (Sentinel): %s:// names one server"):format(hostport, form, form, form)
   end
+  local host, port = hostport:match("^%[([^%]]+)%]:?(.*)$")
+  if not host then host, port = hostport:match("^([^:]*):?(.*)$") end
+  if not host or host == "" then
+    return nil, ("a %s:// URL needs a host: %s://127.0.0.1:6379/0"):format(form, form)
+  end
+  if not port:match("^%d*$") then
+    return nil, ("'%s' is not host:port in a %s:// URL: the port must be a number"):format(hostport, form)
+  end
+  return host, port
+end
+
+-- M.server(scheme, rest, form) -> target | nil, err: one server's URL
+-- (scheme "redis" or "rediss", rest what follows "://"); form: the URL's
+-- scheme as errors name it (a cluster's nodes are read so: redis+cluster).
+function M.server(scheme, rest, form)
   local t = { port = 6379, db = 0 }
   local auth, hostpart = rest:match("^(.*)@([^@]*)$") -- the last @: a password may hold one
   if auth and M.query_in_auth(auth) then return nil, M.query_in_auth(auth) end
@@ -106,27 +120,40 @@ function M.parse(url)
   local query
   rest, query = rest:match("^([^?]*)%??(.*)$")
   if scheme == "rediss" then
-    local tls, err = tls_options(query)
+    local tls, err = tls_options(query, form)
     if not tls then return nil, err end
     t.tls = tls
   elseif query ~= "" then
-    return nil, "a redis:// URL takes no query: ca=, cert=, key= and servername= are for rediss:// (TLS)"
+    return nil, ("a %s:// URL takes no query: ca=, cert=, key= and servername= are for %s:// (TLS)")
+      :format(form, form:gsub("^redis", "rediss"))
   end
   local hostport, db = rest:match("^([^/]*)/?(.*)$")
   local err
   t.db, err = M.database(db)
   if not t.db then return nil, err end
-  local host, port = hostport:match("^%[([^%]]+)%]:?(%d*)$")
-  if not host then host, port = hostport:match("^([^:]*):?(%d*)$") end
-  if not host or host == "" then
-    return nil, "a Redis URL needs a host: redis://127.0.0.1:6379/0"
-  end
+  local host, port = host_port(hostport, form)
+  if not host then return nil, port end
   t.host = host
   if port ~= "" then
     t.port = tonumber(port)
     if t.port < 1 or t.port > 65535 then return nil, "the port in a Redis URL must be from 1 to 65535" end
   end
   return t
+end
+
+-- parse(url) -> { host, port, db, user, password, tls } | nil, err; tls
+-- (rediss:// only): core.redis's TLS options (a redis+sentinel:// URL:
+-- moonjob.redis.sentinel's target; a redis+cluster:// URL:
+-- moonjob.redis.cluster's, with cluster = true).
+function M.parse(url)
+  if type(url) ~= "string" then return nil, "a Redis URL must be a string like redis://host:6379/0" end
+  if url:match("^rediss?%+sentinel://") then return sentinel.parse(url) end -- Sentinel
+  if M.is_cluster(url) then return require("moonjob.redis.cluster").parse(url) end -- Cluster
+  local scheme, rest = url:match("^(rediss?)://(.*)$")
+  if not rest then
+    return nil, ("'%s' is not a Redis URL: %s"):format((url:gsub("^([%w+.-]*:?//).*@", "%1***@")), FORMS)
+  end
+  return M.server(scheme, rest, scheme)
 end
 
 -- The URL as it may be printed: the password replaced by ***.
