@@ -573,4 +573,25 @@ describe("queues on a Redis Cluster #slow", function()
       assert.is_false(registered(q), q .. " no longer listed")
     end
   end)
+
+  it("refuses redis:// at a node of the cluster at once, naming redis+cluster://; a worker says it once", function()
+    local address = cluster.nodes[1].address
+    local url = "redis://" .. address .. "/"
+    local said = address .. " is a Redis Cluster node: use redis+cluster://" .. address
+      .. "/ (a queue lives on its slot's shard)"
+    local started = loop.now()
+    local q, err = moonjob.queue(url, "plain", { timeout = 5 })
+    assert.is_nil(q)
+    assert.matches(said, tostring(err), 1, true)
+    assert.is_true(loop.now() - started < 3000, "refused at once")
+    local log = os.tmpname()
+    local pid = assert(tonumber(helpers.first_line(("%s scripts/moonjob worker %s --redis %s --queue plain 2>%s"
+      .. " >/dev/null & echo $!"):format(helpers.LUAJIT, PROCESSOR, url, log))))
+    keep({ close = function() os.execute(("kill -KILL %d 2>/dev/null"):format(pid)) end })
+    assert(wait_for(function() return read(log):find(said, 1, true) ~= nil end, 10), "the worker said it: " .. read(log))
+    wait_for(function() return not helpers.running(pid) end, 3) -- (it may stop, or wait for a person)
+    local _, times = read(log):gsub(said:gsub("%p", "%%%0"), "")
+    assert.equal(1, times, read(log))
+    assert.is_nil(read(log):find("MOVED", 1, true), read(log))
+  end)
 end)
