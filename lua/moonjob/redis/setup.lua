@@ -127,7 +127,7 @@ local function cluster_refusal(target)
     :format(address, target.tls and "rediss+cluster" or "redis+cluster", host and address or "HOST:PORT")
 end
 
--- target.cluster: a node's connection made by moonjob.redis.cluster's
+-- target.cluster_node: a node's connection made by moonjob.redis.cluster's
 -- client (a node of a cluster, as it should be).
 local function check_policy(conn, next, target)
   read_policy(conn, function(policy, err, cluster)
@@ -138,7 +138,7 @@ local function check_policy(conn, next, target)
         .. " maxmemory-policy noeviction, and in redis.conf) or give queues a server of their own")
         :format(policy), "refused")
     end
-    if cluster and not target.cluster then return next(cluster_refusal(target), "refused") end
+    if cluster and not target.cluster_node then return next(cluster_refusal(target), "refused") end
     next()
   end)
 end
