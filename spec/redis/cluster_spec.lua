@@ -13,6 +13,8 @@ local loop = require "moonjob.loop"
 local names = require "moonjob.redis.names"
 local slots = require "moonjob.redis.slots"
 local queue_of = require("moonjob.redis.producer").attach
+local dashboard = require "moonjob.dashboard"
+local http = require "dashboard_http"
 
 local PROCESSOR = helpers.abs(helpers.fixture("remote.lua"))
 
@@ -541,5 +543,55 @@ describe("queues on a Redis Cluster #slow", function()
     end, 10), "subscribed on the new primary")
     assert(q:pause())
     assert(wait_for(function() return heard[#heard] == "paused" end, 10), "heard on the new primary")
+  end)
+
+  it("takes a queue with only a worker, or only listed, as there: status, limit, pause, the dashboard, obliterate",
+    function()
+    local name, listed_only = unpack(names_on(not_registry(), 2, "bare"))
+    local pid, log = start_worker({ name })
+    assert(wait_for(function() local row = listed()[name] return row and row.workers == 1 end, 20),
+      "the worker's queue listed with its worker: " .. read(log))
+    for _, args in ipairs({ "status", "limit --rate 1/s", "pause" }) do
+      local _, err, status = moonjob_cli((args:gsub("^(%S+)", "%1 --queue " .. name)))
+      assert.equal(0, status, args .. ": " .. err)
+    end
+    assert.equal("1", cluster:owner(names.REGISTRY):cli("SADD", names.REGISTRY, listed_only))
+    local server = keep(assert(dashboard.start({ redis = cluster.url, listen = "127.0.0.1:0" })))
+    local code, text = http(server, "GET", "/metrics")
+    assert.equal(200, code, text)
+    assert.matches('moonjob_queue_workers{queue="' .. name .. '"} 1', text, 1, true)
+    for _, q in ipairs({ name, listed_only }) do
+      code, text = http(server, "GET", "/api/queues/" .. q)
+      assert.equal(200, code, q .. ": " .. text)
+    end
+    os.execute("kill -KILL " .. pid)
+    for _, q in ipairs({ name, listed_only }) do
+      for _, args in ipairs({ "drain", "obliterate --yes" }) do
+        local _, err, status = moonjob_cli((args:gsub("^(%S+)", "%1 --queue " .. q)))
+        assert.equal(0, status, q .. ": " .. args .. ": " .. err)
+      end
+      assert.is_false(registered(q), q .. " no longer listed")
+    end
+  end)
+
+  it("refuses redis:// at a node of the cluster at once, naming redis+cluster://; a worker says it once", function()
+    local address = cluster.nodes[1].address
+    local url = "redis://" .. address .. "/"
+    local said = address .. " is a Redis Cluster node: use redis+cluster://" .. address
+      .. "/ (a queue lives on its slot's shard)"
+    local started = loop.now()
+    local q, err = moonjob.queue(url, "plain", { timeout = 5 })
+    assert.is_nil(q)
+    assert.matches(said, tostring(err), 1, true)
+    assert.is_true(loop.now() - started < 3000, "refused at once")
+    local log = os.tmpname()
+    local pid = assert(tonumber(helpers.first_line(("%s scripts/moonjob worker %s --redis %s --queue plain 2>%s"
+      .. " >/dev/null & echo $!"):format(helpers.LUAJIT, PROCESSOR, url, log))))
+    keep({ close = function() os.execute(("kill -KILL %d 2>/dev/null"):format(pid)) end })
+    assert(wait_for(function() return read(log):find(said, 1, true) ~= nil end, 10), "the worker said it: " .. read(log))
+    wait_for(function() return not helpers.running(pid) end, 3) -- (it may stop, or wait for a person)
+    local _, times = read(log):gsub(said:gsub("%p", "%%%0"), "")
+    assert.equal(1, times, read(log))
+    assert.is_nil(read(log):find("MOVED", 1, true), read(log))
   end)
 end)

@@ -6,6 +6,8 @@
 --
 --   local rc = require "redis_cluster_min"
 --   local cluster = rc.start(3)             -- 3 primaries, slots spread evenly
+--   rc.start(3, { tls = { cert =, key =, ca =, client_cert =, client_key = } })
+--                                           -- TLS only, the bus too (rediss+cluster://)
 --   cluster.url                             -- redis+cluster://127.0.0.1:P1,.../
 --   cluster:owner(key)                      -- the node (a redis_server) serving key's slot
 --   node:cli(...)                           -- redis-cli on a node
@@ -28,9 +30,14 @@ Cluster.__index = Cluster
 local NODE_ARGS = "--cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 1000"
   .. " --cluster-replica-validity-factor 0 --repl-diskless-sync-delay 0 --cluster-require-full-coverage no"
 
-local function start_node()
+local function start_node(tls)
   local bus = redis_server.free_port()
-  local node = redis_server.start({ extra = NODE_ARGS .. " --cluster-port " .. bus })
+  local extra = NODE_ARGS .. " --cluster-port " .. bus
+  if tls then -- (a node shows the bus a client certificate: the bus asks for one)
+    extra = ("%s --tls-cluster yes --tls-replication yes --tls-client-cert-file %s --tls-client-key-file %s")
+      :format(extra, tls.client_cert, tls.client_key)
+  end
+  local node = redis_server.start({ extra = extra, tls = tls })
   node.address, node.bus_port = "127.0.0.1:" .. node.port, bus
   node.id = node:cli("CLUSTER", "MYID")
   return node
@@ -77,21 +84,27 @@ function Cluster:_owners(node)
   return table.concat(lines, "\n")
 end
 
-function M.start(n)
-  local self = setmetatable({ nodes = {} }, Cluster)
+-- M.start(n [, opts]): opts.tls (redis_server.start's) makes every port,
+-- the cluster bus's too, TLS only; the URL then is rediss+cluster:// with
+-- the CA.
+function M.start(n, opts)
+  local tls = opts and opts.tls
+  local self = setmetatable({ nodes = {}, tls = tls }, Cluster)
   local ok, err = pcall(function()
     local list = {}
     for i = 1, n do
-      self.nodes[i] = start_node()
+      self.nodes[i] = start_node(tls)
       list[i] = self.nodes[i].address
     end
-    local out = helpers.first_line(("%s --cluster create %s --cluster-replicas 0 --cluster-yes 2>&1"
-      .. " | grep -c 'All 16384 slots covered'"):format(redis_server.CLI, table.concat(list, " ")))
+    local out = helpers.first_line(("timeout 60 %s %s --cluster create %s --cluster-replicas 0 --cluster-yes 2>&1"
+      .. " | grep -c 'All 16384 slots covered'"):format(redis_server.CLI, tls and "--tls --cacert " .. tls.ca or "",
+      table.concat(list, " ")))
     assert(out == "1", "redis-cli --cluster create did not cover every slot")
     self:wait_ok()
   end)
   if not ok then self:stop(); error(err, 0) end
-  self.url = ("redis+cluster://%s/"):format(self.nodes[1].address)
+  self.url = tls and ("rediss+cluster://%s/?ca=%s"):format(self.nodes[1].address, tls.ca)
+    or ("redis+cluster://%s/"):format(self.nodes[1].address)
   self.made_with = n
   return self
 end
@@ -153,7 +166,7 @@ end
 
 -- A new node, empty (no slots, no library), met by the cluster.
 function Cluster:add_node()
-  local node = start_node()
+  local node = start_node(self.tls)
   self.nodes[#self.nodes + 1] = node
   self.nodes[1]:cli("CLUSTER", "MEET", "127.0.0.1", node.port, node.bus_port)
   wait(function()
@@ -167,7 +180,7 @@ end
 
 -- A replica of primary, synced with it.
 function Cluster:add_replica(primary)
-  local node = start_node()
+  local node = start_node(self.tls)
   node.replica_of = primary
   self.replicas = self.replicas or {}
   self.replicas[#self.replicas + 1] = node

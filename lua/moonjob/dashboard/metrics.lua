@@ -33,6 +33,8 @@ end
 -- One queue's samples added to the families f. -> true | nil, err.
 local function add_queue(f, server, c)
   local q = c.name
+  local m, err = producer.attach(server.client, q):metrics({ minutes = 1 })
+  if not m then return nil, err end
   local values = { waiting = c.waiting, delayed = c.delayed, running = c.running, held = c.held,
     lapsed = c.lapsed, ["waiting-children"] = c.waiting_children or 0, completed = c.completed,
     failed = c.failed }
@@ -44,8 +46,6 @@ local function add_queue(f, server, c)
   f.workers.samples[#f.workers.samples + 1] = { labels = { queue = q }, value = c.workers }
   f.completed.samples[#f.completed.samples + 1] = { labels = { queue = q }, value = c.completed_ever }
   f.failed.samples[#f.failed.samples + 1] = { labels = { queue = q }, value = c.failed_ever }
-  local m, err = producer.attach(server.client, q):metrics({ minutes = 1 })
-  if not m then return nil, err end
   -- (the buckets of moonjob.run_buckets, as a pool's /metrics writes them)
   local bounds, counts, t = {}, {}, m.total
   for i, ms in ipairs(m.buckets) do bounds[i] = ms / 1000 end
@@ -55,8 +55,18 @@ local function add_queue(f, server, c)
   return true
 end
 
--- The text of every queue's families, or nil and why. A queue whose keys
--- another client spoiled (its counts cannot be read) is left out.
+-- A comment line saying queue `name` was left out, and why (one line, no
+-- address of a node).
+local function left_out(server, name, err)
+  local why = server.client:without_address(tostring(type(err) == "table" and err.message or err))
+  return ("# queue %s left out: its counts could not be read: %s\n"):format(name:gsub("[\r\n]", " "),
+    (why:gsub("[\r\n]+", " ")))
+end
+
+-- The text of every queue's families, or nil and why (the queues' list
+-- cannot be read). A queue whose counts or metrics cannot be read (a key
+-- another client spoiled; its shard down) is left out, with a comment line
+-- saying so: the other queues are still scraped.
 function M.render(server)
   local list, err = producer.list_queues(server.client)
   if not list then return nil, err end
@@ -71,13 +81,13 @@ function M.render(server)
     runs = family("moonjob_queue_job_duration_seconds", "histogram",
       "Run time of the queue's jobs, as their workers measured it."),
   }
+  local skipped = {}
   for _, c in ipairs(list) do
-    if not c.error then
-      local ok, aerr = add_queue(f, server, c)
-      if not ok then return nil, aerr end
-    end
+    local ok, aerr = not c.error, c.error
+    if ok then ok, aerr = add_queue(f, server, c) end
+    if not ok then skipped[#skipped + 1] = left_out(server, c.name, aerr) end
   end
-  return prometheus.render({ f.jobs, f.paused, f.workers, f.completed, f.failed, f.runs })
+  return prometheus.render({ f.jobs, f.paused, f.workers, f.completed, f.failed, f.runs }) .. table.concat(skipped)
 end
 
 return M

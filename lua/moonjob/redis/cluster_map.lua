@@ -72,9 +72,10 @@ end
 
 -- The target of one node (moonjob.redis.client's, database 0): the
 -- cluster's user, password and TLS settings (the name checked: the node's
--- host, unless the URL's servername= names one for all), its host and port.
+-- host, unless the URL's servername= names one for all), its host and port;
+-- cluster_node = true (moonjob.redis.setup refuses a cluster node to a plain URL).
 function M.node_target(t, host, port)
-  return { host = host, port = port, db = 0, user = t.user, password = t.password, tls = t.tls }
+  return { host = host, port = port, db = 0, user = t.user, password = t.password, tls = t.tls, cluster_node = true }
 end
 
 -- M.redirection(err, from) -> word, slot, address | nil: a MOVED or ASK

@@ -9,6 +9,7 @@
 local errors = require "moonjob.errors"
 local fcall = require "moonjob.redis.fcall"
 local flow = require "moonjob.redis.flow"
+local names = require "moonjob.redis.names"
 
 local M = {}
 
@@ -71,7 +72,15 @@ end
 function M.counts(q)
   local c, err = q.client:call_wait({ "FCALL", "moonjob_counts", 1, q.prefix })
   if not c then return nil, reply_error(err) end
-  return M.read_counts(c)
+  local counts = M.read_counts(c)
+  if not counts.exists and q.client.cluster then counts.exists = M.registered(q) end
+  return counts
+end
+
+-- Whether the registry lists q: on a cluster the library cannot read it
+-- (another slot), so the client asks it; a failed read says no.
+function M.registered(q)
+  return q.client:call_wait({ "SISMEMBER", names.REGISTRY, q.name }) == 1
 end
 
 -- moonjob_counts' reply -> q:counts()'s table.

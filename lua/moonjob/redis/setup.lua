@@ -5,7 +5,9 @@
 --     - the eviction policy: a server that may evict any key when full
 --       (maxmemory-policy allkeys-*) would lose jobs without a word, so it is
 --       refused (CONFIG GET, else INFO memory; when the user may run
---       neither, the check is skipped);
+--       neither, the check is skipped); in the same round trip, whether
+--       it is a node of a Redis Cluster, refused for a plain URL (a queue
+--       on another shard would answer MOVED: redis+cluster:// follows it);
 --     - the function library (moonjob.redis.library), the server's for every
 --       program of every moonjob version: ours is loaded when none is, or
 --       when the loaded one is older (its moonjob_version) or ours in another
@@ -96,20 +98,39 @@ local function auth_steps(target)
   return steps
 end
 
--- The server's maxmemory-policy, or false when this user may not read it.
+-- The server's maxmemory-policy (false when this user may not read it) and
+-- whether it is a node of a Redis Cluster, in the same round trip: cb(policy,
+-- nil, cluster) or cb(nil, err) for a lost connection.
 local function read_policy(conn, cb)
-  command(conn, { "CONFIG", "GET", "maxmemory-policy" }, function(v, err, kind)
+  command(conn, { "CONFIG", "GET", "maxmemory-policy", "cluster-enabled" }, function(v, err, kind)
     if kind == "connection" then return cb(nil, err) end
-    if type(v) == "table" and type(v[2]) == "string" then return cb(v[2]) end
-    command(conn, { "INFO", "memory" }, function(info, ierr, ikind)
+    if type(v) == "table" then
+      local got = {}
+      for i = 1, #v - 1, 2 do got[v[i]] = v[i + 1] end
+      local policy = got["maxmemory-policy"]
+      if type(policy) == "string" then return cb(policy, nil, got["cluster-enabled"] == "yes") end
+    end
+    command(conn, { "INFO", "memory", "cluster" }, function(info, ierr, ikind)
       if ikind == "connection" then return cb(nil, ierr) end
-      cb(type(info) == "string" and info:match("maxmemory_policy:([%w%-]+)") or false)
+      info = type(info) == "string" and info or ""
+      cb(info:match("maxmemory_policy:([%w%-]+)") or false, nil, info:find("cluster_enabled:1", 1, true) ~= nil)
     end)
   end)
 end
 
-local function check_policy(conn, next)
-  read_policy(conn, function(policy, err)
+-- A node of a Redis Cluster named by a plain URL: its first call on a key of
+-- another shard would answer MOVED, which this client does not follow.
+local function cluster_refusal(target)
+  local host = target.host and (target.host:find(":", 1, true) and "[" .. target.host .. "]" or target.host)
+  local address = host and (host .. ":" .. tostring(target.port)) or "the server"
+  return ("%s is a Redis Cluster node: use %s://%s/ (a queue lives on its slot's shard)")
+    :format(address, target.tls and "rediss+cluster" or "redis+cluster", host and address or "HOST:PORT")
+end
+
+-- target.cluster_node: a node's connection made by moonjob.redis.cluster's
+-- client (a node of a cluster, as it should be).
+local function check_policy(conn, next, target)
+  read_policy(conn, function(policy, err, cluster)
     if err then return next(err, "connection") end
     if policy and policy:match("^allkeys%-") then
       return next(("the server's maxmemory-policy is %s: when memory is full it evicts any key, queue keys"
@@ -117,6 +138,7 @@ local function check_policy(conn, next)
         .. " maxmemory-policy noeviction, and in redis.conf) or give queues a server of their own")
         :format(policy), "refused")
     end
+    if cluster and not target.cluster_node then return next(cluster_refusal(target), "refused") end
     next()
   end)
 end
@@ -355,7 +377,7 @@ function M.run(conn, target, calls, done)
     steps, done = require("moonjob.redis.sentinel").set_up(steps, done)
   end
   if calls then
-    steps[#steps + 1] = check_policy
+    steps[#steps + 1] = function(c, next) check_policy(c, next, target) end
     steps[#steps + 1] = function(c, next) M.ensure_library(c, target, next) end
     steps[#steps + 1] = function(c, next) check_primary(c, next, target.sentinels) end
   end

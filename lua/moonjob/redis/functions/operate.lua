@@ -246,12 +246,10 @@ local DROP = {
   sheets = function(p, sheet) redis.call("DEL", p .. "added:" .. sheet) end, -- (producers' named adds: add.lua)
 }
 
--- The keys of a queue that are not jobs (obliterate deletes them last).
--- tokens stays: a run of a job obliterated must never share its token with a
--- run of a job added after (its late report would land in the new job).
-local QUEUE_KEYS = { "seq", "ids", "totals", "paused", "m:all", "limits", "limited", "starts", "groups", "gparked",
-  "ungrouped", "turn", "gswitch", "gunpark", "gkeys", "cached", "sheets",
-  "workers", "wdrop" }
+-- The keys of a queue that are not jobs (H.QUEUE_KEYS: obliterate deletes
+-- them last). tokens stays: a run of a job obliterated must never share its
+-- token with a run of a job added after (its late report would land in the
+-- new job).
 
 -- obliterate(p; limit [, force]) -> { removed, left }: every job, schedule
 -- and key of the queue (but its token counter), limit jobs per call, then
@@ -289,7 +287,7 @@ local function obliterate(keys, args)
     end
   end
   if left == 0 then
-    for _, k in ipairs(QUEUE_KEYS) do redis.call("UNLINK", p .. k) end -- (starts may hold a million entries)
+    for _, k in ipairs(H.QUEUE_KEYS) do redis.call("UNLINK", p .. k) end -- (starts may hold a million entries)
     local minute = math.floor(now_ms() / 60000)
     for m = minute - METRICS_TTL / 60, minute do redis.call("DEL", p .. "m:" .. m) end
   end

@@ -146,12 +146,14 @@ local function ran_and_lapsed(p, beating)
   return ran, lapsed
 end
 
--- Whether the queue exists: it has a key, or it is registered (a worker
--- waits on it though nothing was added yet). pcall: the registry is outside
--- the queue's keys, which an ACL user may not read.
+-- Whether the queue exists: it has a key (a job's set, or one a worker or
+-- an operator makes: H.QUEUE_KEYS), or it is registered (a worker waits on
+-- it though nothing was added yet). pcall: the registry is outside the
+-- queue's keys, which an ACL user may not read, and on a cluster lives on
+-- another slot (refused: the client asks it).
 local function exists(p)
-  local keys = { "wait", "delayed", "active", "completed", "failed", "totals", "seq", "ids", "paused",
-    "schedules", "parents" }
+  local keys = { "wait", "delayed", "active", "completed", "failed", "schedules", "parents" }
+  for _, k in ipairs(H.QUEUE_KEYS) do keys[#keys + 1] = k end
   for i, k in ipairs(keys) do keys[i] = p .. k end
   if redis.call("EXISTS", unpack(keys)) > 0 then return 1 end
   local registered = redis.pcall("SISMEMBER", REGISTRY, H.queue_name(p))
