@@ -298,23 +298,6 @@ function Cluster:add_node()
   return node
 end
 
--- Run on the slot's owner: its keys listed, the slot set MIGRATING, every
--- key sent by MIGRATE (batches of 500, all in this one script). ARGV: slot,
--- the new owner's id, host, port, password ("" for none). -> keys moved.
-local MOVE_SCRIPT = [[
-local slot, id, host, port, auth = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local count = redis.call("CLUSTER", "COUNTKEYSINSLOT", slot)
-local keys = redis.call("CLUSTER", "GETKEYSINSLOT", slot, math.max(count, 1))
-redis.call("CLUSTER", "SETSLOT", slot, "MIGRATING", id)
-for i = 1, #keys, 500 do
-  local args = { host, port, "", 0, 10000 }
-  if auth ~= "" then args[#args + 1] = "AUTH"; args[#args + 1] = auth end
-  args[#args + 1] = "KEYS"
-  for j = i, math.min(i + 499, #keys) do args[#args + 1] = keys[j] end
-  redis.call("MIGRATE", unpack(args))
-end
-return #keys]]
-
 local function must(node, ...)
   local out = node:cli(...)
   assert(out == "OK", ("%s on %s: %s"):format(table.concat({ ... }, " "), node.address, out))
@@ -352,7 +335,8 @@ end
 --     key, the queue's prefix, which no key is: the owner answers ASK to
 --     every one of them for the whole move, while the queue's other keys
 --     are on both nodes (a client must not run them on `to` with ASKING);
---   * else every key at once (MOVE_SCRIPT, one script on the owner), then
+--   * else every key in batches of 1000 sent back to back (no script: a
+--     MIGRATE inside a script ends the connection on Valkey 8.0), then
 --     ASK for opts.ask_seconds (default 1) spent by opts.wait(seconds)
 --     (default helpers.sleep, which runs the loop).
 -- Then the slot is given to `to` (SETSLOT NODE on it, on the old owner, on
@@ -366,8 +350,7 @@ function Cluster:move_slot(slot, to, opts)
   if opts.batch then
     moved = self:_move_in_batches(slot, from, to, opts.batch, opts.between)
   else
-    local out = from:cli("EVAL", MOVE_SCRIPT, 0, slot, to.id, to.host, to.port, self.password or "")
-    moved = assert(tonumber(out), "moving the keys: " .. out)
+    moved = self:_move_in_batches(slot, from, to, 1000)
     local ask = opts.ask_seconds or 1
     if ask > 0 then (opts.wait or helpers.sleep)(ask) end
   end

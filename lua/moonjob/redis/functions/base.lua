@@ -323,8 +323,9 @@ H.JOB_DEFAULTS, H.defaulted = JOB_DEFAULTS, defaulted
 
 -- The keys of a queue that are not jobs, nor their sets: what a worker
 -- (workers, wdrop), an operator (paused, limits) or an add makes. Obliterate
--- deletes them last; a queue with one of them exists (views.lua). tokens is
--- not one: it outlives an obliterate (operate.lua).
+-- deletes them last; a queue with one of them exists (views.lua), but for
+-- the heartbeats' two. tokens is not one: it outlives an obliterate
+-- (operate.lua).
 H.QUEUE_KEYS = { "seq", "ids", "totals", "paused", "m:all", "limits", "limited", "starts", "groups", "gparked",
   "ungrouped", "turn", "gswitch", "gunpark", "gkeys", "cached", "sheets", "workers", "wdrop" }
 end

@@ -146,14 +146,17 @@ local function ran_and_lapsed(p, beating)
   return ran, lapsed
 end
 
--- Whether the queue exists: it has a key (a job's set, or one a worker or
--- an operator makes: H.QUEUE_KEYS), or it is registered (a worker waits on
+-- Whether the queue exists: it has a key (a job's set, or one an operator
+-- or an add makes: H.QUEUE_KEYS, but a worker's heartbeat), or it is
+-- registered (a worker registers what it serves, and waits on
 -- it though nothing was added yet). pcall: the registry is outside the
 -- queue's keys, which an ACL user may not read, and on a cluster lives on
 -- another slot (refused: the client asks it).
 local function exists(p)
   local keys = { "wait", "delayed", "active", "completed", "failed", "schedules", "parents" }
-  for _, k in ipairs(H.QUEUE_KEYS) do keys[#keys + 1] = k end
+  for _, k in ipairs(H.QUEUE_KEYS) do -- (a heartbeat alone makes none: it beats on after an obliterate)
+    if k ~= "workers" and k ~= "wdrop" then keys[#keys + 1] = k end
+  end
   for i, k in ipairs(keys) do keys[i] = p .. k end
   if redis.call("EXISTS", unpack(keys)) > 0 then return 1 end
   local registered = redis.pcall("SISMEMBER", REGISTRY, H.queue_name(p))
