@@ -63,19 +63,7 @@ while True:
 ]==]
 
 local function fake_server(mode)
-  local dir = helpers.tmpdir()
-  helpers.write_file(dir .. "/fake.py", FAKE)
-  local pid = assert(tonumber(helpers.first_line(("python3 %s/fake.py %s > %s/port & echo $!"):format(dir, mode, dir))))
-  rq.close_after({ close = function()
-    os.execute(("kill -KILL %d 2>/dev/null"):format(pid))
-    os.execute("rm -rf " .. dir)
-  end })
-  local port
-  helpers.wait_for(function()
-    port = tonumber(helpers.first_line("cat " .. dir .. "/port"))
-    return port ~= nil
-  end)
-  return port
+  return rq.python_server(FAKE, mode)
 end
 
 local function loaded_version(server)

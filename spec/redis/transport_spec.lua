@@ -48,22 +48,9 @@ while c.recv(65536):
 ]==]
 
 local function fake_server(until_seen, pushes)
-  local dir = helpers.tmpdir()
-  helpers.write_file(dir .. "/fake.py", FAKE)
   local args = {}
   for i, p in ipairs(pushes) do args[i] = "'" .. p .. "'" end
-  local pid = assert(tonumber(helpers.first_line(("python3 %s/fake.py '%s' %s > %s/port & echo $!")
-    :format(dir, until_seen, table.concat(args, " "), dir))))
-  rq.close_after({ close = function()
-    os.execute(("kill -KILL %d 2>/dev/null"):format(pid))
-    os.execute("rm -rf " .. dir)
-  end })
-  local port
-  helpers.wait_for(function()
-    port = tonumber(helpers.first_line("cat " .. dir .. "/port"))
-    return port ~= nil
-  end)
-  return port
+  return rq.python_server(FAKE, ("'%s' %s"):format(until_seen, table.concat(args, " ")))
 end
 
 -- A fake server on loopback (Python) that closes every connection at once,
@@ -80,19 +67,7 @@ while True:
 ]==]
 
 local function closing_server()
-  local dir = helpers.tmpdir()
-  helpers.write_file(dir .. "/closer.py", CLOSER)
-  local pid = assert(tonumber(helpers.first_line(("python3 %s/closer.py > %s/port & echo $!"):format(dir, dir))))
-  rq.close_after({ close = function()
-    os.execute(("kill -KILL %d 2>/dev/null"):format(pid))
-    os.execute("rm -rf " .. dir)
-  end })
-  local port
-  helpers.wait_for(function()
-    port = tonumber(helpers.first_line("cat " .. dir .. "/port"))
-    return port ~= nil
-  end)
-  return port
+  return rq.python_server(CLOSER)
 end
 
 -- The server's count of reads it processed (INFO stats), less the one of the INFO.

@@ -150,6 +150,26 @@ function M.pool(queue, opts)
   return M.close_after(assert(moonjob.pool(M.PROCESSOR, opts)))
 end
 
+-- A fake server on loopback: a Python script that prints its port, run
+-- with args (a string, already quoted for the shell) -> its port; it is
+-- killed and its folder removed after the test.
+function M.python_server(script, args)
+  local dir = helpers.tmpdir()
+  helpers.write_file(dir .. "/server.py", script)
+  local pid = assert(tonumber(helpers.first_line(("python3 %s/server.py %s > %s/port & echo $!")
+    :format(dir, args or "", dir))))
+  M.close_after({ close = function()
+    os.execute(("kill -KILL %d 2>/dev/null"):format(pid))
+    os.execute("rm -rf " .. dir)
+  end })
+  local port
+  helpers.wait_for(function()
+    port = tonumber(helpers.first_line("cat " .. dir .. "/port"))
+    return port ~= nil
+  end)
+  return port
+end
+
 -- Runs the loop until cond() is true or `seconds` (default 20) pass; ->
 -- cond() (a spec asserts it, saying what it waited for).
 function M.wait_for(cond, seconds)
